@@ -1,0 +1,1 @@
+//! The publication wire codec and the WAN protocol messages.

@@ -1,0 +1,1 @@
+//! Replicas of remote pools and request scoring across datacenters.

@@ -1,0 +1,181 @@
+//! Reference-compatible token → block → sequence hashing.
+//!
+//! Tokens are hashed as little-endian `u32`s with XXH3-64. The block-hash seed starts at
+//! [`XXH3_SEED`] and is salted (wrapping add) by the LoRA adapter name and the cache
+//! namespace; the rolling sequence hash always uses the fixed [`XXH3_SEED`]. The filter is
+//! keyed by canonical sequence hashes built with [`canonical_root`] and [`canonical_child`].
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::query::KvQueryHashFormat;
+
+/// Seed of every block hash before salting, and of the rolling sequence hash.
+pub const XXH3_SEED: u64 = 1337;
+
+/// Seed used to hash a LoRA adapter name into the block-hash salt.
+const LORA_SALT_SEED: u64 = 0;
+
+/// Seed used to hash a cache namespace into the block-hash salt.
+const NAMESPACE_SALT_SEED: u64 = 1;
+
+/// The salt inputs of block hashing: optional LoRA adapter name and cache namespace.
+///
+/// Empty strings count as absent, as in the reference.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HashSalt<'a> {
+    /// The LoRA adapter name the request or event runs under, if any.
+    pub lora_name: Option<&'a str>,
+    /// The cache namespace (tenant isolation salt), if any.
+    pub cache_namespace: Option<&'a str>,
+}
+
+impl HashSalt<'_> {
+    /// The block-hash seed for this salt: [`XXH3_SEED`] plus (wrapping) the salt hashes.
+    pub fn seed(&self) -> u64 {
+        let mut seed = XXH3_SEED;
+        if let Some(lora) = self.lora_name.filter(|name| !name.is_empty()) {
+            seed = seed.wrapping_add(xxh3_64_with_seed(lora.as_bytes(), LORA_SALT_SEED));
+        }
+        if let Some(ns) = self.cache_namespace.filter(|ns| !ns.is_empty()) {
+            seed = seed.wrapping_add(xxh3_64_with_seed(ns.as_bytes(), NAMESPACE_SALT_SEED));
+        }
+        seed
+    }
+}
+
+/// Hashes one window of tokens (the block's tokens, LE `u32` each) with `seed`.
+///
+/// `mm_hashes` are the block's multimodal object hashes; they are appended (sorted
+/// ascending, LE `u64` each) after the token bytes, as the reference does.
+pub fn block_hash(tokens: &[u32], mm_hashes: &[u64], seed: u64) -> u64 {
+    // Stack buffer covers common block sizes without allocating.
+    const STACK_TOKENS: usize = 128;
+    let n_bytes = tokens.len() * 4 + mm_hashes.len() * 8;
+    if mm_hashes.is_empty() && tokens.len() <= STACK_TOKENS {
+        let mut buf = [0u8; STACK_TOKENS * 4];
+        for (chunk, token) in buf.chunks_exact_mut(4).zip(tokens) {
+            chunk.copy_from_slice(&token.to_le_bytes());
+        }
+        return xxh3_64_with_seed(&buf[..n_bytes], seed);
+    }
+    let mut buf = Vec::with_capacity(n_bytes);
+    for token in tokens {
+        buf.extend_from_slice(&token.to_le_bytes());
+    }
+    let mut sorted = mm_hashes.to_vec();
+    sorted.sort_unstable();
+    for mm in sorted {
+        buf.extend_from_slice(&mm.to_le_bytes());
+    }
+    xxh3_64_with_seed(&buf, seed)
+}
+
+/// Block hashes of `tokens` for `block_size` and `format`, complete blocks only.
+///
+/// Standard windows are `block_size` tokens with stride `block_size`; Eagle windows are
+/// `block_size + 1` tokens with the same stride. A zero block size yields no hashes.
+pub fn block_hashes(
+    tokens: &[u32],
+    block_size: u32,
+    format: KvQueryHashFormat,
+    salt: HashSalt<'_>,
+) -> Vec<u64> {
+    let seed = salt.seed();
+    let windows = BlockWindows::new(tokens.len(), block_size, format);
+    let mut out = Vec::with_capacity(windows.n_blocks);
+    for (start, end) in windows {
+        out.push(block_hash(&tokens[start..end], &[], seed));
+    }
+    out
+}
+
+/// Block hashes where each block may carry multimodal hashes (`mm_per_block[i]` for
+/// block `i`; missing entries mean no multimodal data).
+pub fn block_hashes_with_mm(
+    tokens: &[u32],
+    block_size: u32,
+    format: KvQueryHashFormat,
+    salt: HashSalt<'_>,
+    mm_per_block: &[Vec<u64>],
+) -> Vec<u64> {
+    let seed = salt.seed();
+    let windows = BlockWindows::new(tokens.len(), block_size, format);
+    let mut out = Vec::with_capacity(windows.n_blocks);
+    for (block_idx, (start, end)) in windows.enumerate() {
+        let mm = mm_per_block.get(block_idx).map_or(&[][..], Vec::as_slice);
+        out.push(block_hash(&tokens[start..end], mm, seed));
+    }
+    out
+}
+
+/// Rolling sequence hashes: `seq[0] = block[0]`, `seq[i] = chain(seq[i-1], block[i])`.
+pub fn sequence_hashes(block_hashes: &[u64]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(block_hashes.len());
+    let mut parent: Option<u64> = None;
+    for &block in block_hashes {
+        let seq = match parent {
+            None => canonical_root(block),
+            Some(parent) => canonical_child(parent, block),
+        };
+        out.push(seq);
+        parent = Some(seq);
+    }
+    out
+}
+
+/// Canonical sequence hash of a root block: its token hash.
+#[inline]
+pub fn canonical_root(token_hash: u64) -> u64 {
+    token_hash
+}
+
+/// Canonical sequence hash of a block whose parent has canonical hash `parent`:
+/// XXH3-64 of `le(parent) ‖ le(token_hash)` with seed [`XXH3_SEED`].
+#[inline]
+pub fn canonical_child(parent: u64, token_hash: u64) -> u64 {
+    let mut buf = [0u8; 16];
+    buf[..8].copy_from_slice(&parent.to_le_bytes());
+    buf[8..].copy_from_slice(&token_hash.to_le_bytes());
+    xxh3_64_with_seed(&buf, XXH3_SEED)
+}
+
+/// Start/end token offsets of each complete block window.
+#[derive(Debug, Clone)]
+struct BlockWindows {
+    next_block: usize,
+    n_blocks: usize,
+    stride: usize,
+    window: usize,
+}
+
+impl BlockWindows {
+    fn new(n_tokens: usize, block_size: u32, format: KvQueryHashFormat) -> Self {
+        let stride = block_size as usize;
+        let (window, n_blocks) = if stride == 0 {
+            (0, 0)
+        } else if format.is_eagle() {
+            (stride + 1, n_tokens.saturating_sub(1) / stride)
+        } else {
+            (stride, n_tokens / stride)
+        };
+        Self {
+            next_block: 0,
+            n_blocks,
+            stride,
+            window,
+        }
+    }
+}
+
+impl Iterator for BlockWindows {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        if self.next_block >= self.n_blocks {
+            return None;
+        }
+        let start = self.next_block * self.stride;
+        self.next_block += 1;
+        Some((start, start + self.window))
+    }
+}

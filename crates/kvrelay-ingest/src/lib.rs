@@ -1,0 +1,1 @@
+//! KV event sources: vLLM and SGLang over ZMQ, Dynamo over NATS, trace replay.

@@ -1,0 +1,1 @@
+//! Model cards, discovery backends and the membership projection with topology and readiness.

@@ -1,0 +1,1 @@
+//! Pool registry, pool actor and publication hub lifecycle.

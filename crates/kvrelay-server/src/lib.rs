@@ -1,0 +1,1 @@
+//! The relay host: wiring, WAN server and admin HTTP.

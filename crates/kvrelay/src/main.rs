@@ -1,0 +1,3 @@
+//! The kvrelay command-line tool.
+
+fn main() {}
