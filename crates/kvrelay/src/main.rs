@@ -1,3 +1,58 @@
-//! The kvrelay command-line tool.
+//! The kvrelay command-line tool: `relay`, `route`, `demo`, `inspect`, `hash`.
+//!
+//! Errors print as one line on stderr. Bad arguments or bad input files exit with code 2,
+//! other failures with code 1.
 
-fn main() {}
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod hash;
+mod inspect;
+mod usage;
+
+pub(crate) use usage::UsageError;
+
+/// kvrelay: cross-datacenter KV-cache-aware routing relay.
+#[derive(Debug, Parser)]
+#[command(name = "kvrelay", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compute reference-compatible block and sequence hashes of a token sequence.
+    Hash(hash::HashArgs),
+    /// Inspect identities, filter addresses, frames, memberships and engine batches.
+    #[command(subcommand)]
+    Inspect(inspect::InspectCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // clap prints help/version to stdout and usage errors to stderr; both keep
+            // clap's exit codes (0 for help, 2 for usage errors).
+            let _ = err.print();
+            return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
+        }
+    };
+    let result = match cli.command {
+        Command::Hash(args) => hash::run(&args),
+        Command::Inspect(command) => inspect::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            if err.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
