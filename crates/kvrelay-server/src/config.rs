@@ -1,0 +1,508 @@
+//! The relay's configuration: the TOML file format, overrides, and validation.
+//!
+//! Precedence is flags, then environment, then file, then defaults. The binary's clap layer
+//! resolves flags against environment variables into one [`RelayOverrides`]; this module
+//! parses the file (or starts from [`RelayConfig::default`]) and applies the overrides on top
+//! with [`RelayConfig::apply`]. Nothing here touches a socket.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::Limits;
+
+/// Default WAN listen address: loopback only, so an unconfigured relay is never exposed.
+pub const DEFAULT_WAN_LISTEN: &str = "127.0.0.1:7400";
+/// Default admin HTTP listen address.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7401";
+/// Default datacenter name.
+pub const DEFAULT_DC_ID: &str = "dc-local";
+/// Default trace replay speed: 0 means as fast as the pipeline accepts events.
+pub const DEFAULT_REPLAY_SPEED: f64 = 0.0;
+
+/// A configuration that failed to load or validate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading config file {path}: {message}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error text.
+        message: String,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("parsing config file {path}: {message}")]
+    Parse {
+        /// The file (`<inline>` for strings).
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A limit is out of range.
+    #[error("limit {name} = {value} {reason}")]
+    InvalidLimit {
+        /// The `[limits]` key.
+        name: &'static str,
+        /// The offending value.
+        value: u64,
+        /// What is expected.
+        reason: &'static str,
+    },
+    /// A field is invalid.
+    #[error("config field {field} = {value:?}: {reason}")]
+    InvalidField {
+        /// Dotted path of the field.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// What is expected.
+        reason: &'static str,
+    },
+}
+
+/// The whole relay configuration, as read from `relay.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelayConfig {
+    /// The operator's datacenter name (hashed into the `DcId`).
+    pub dc_id: String,
+    /// The WAN listener.
+    pub wan: WanConfig,
+    /// The admin HTTP listener.
+    pub admin: AdminConfig,
+    /// Where model cards come from.
+    pub discovery: DiscoveryConfig,
+    /// Statically configured engine event sources, in addition to discovered ones.
+    pub sources: Vec<SourceConfig>,
+    /// An optional trace to replay into the pools (the embedded workload).
+    pub workload: Option<WorkloadConfig>,
+    /// Every bound.
+    pub limits: Limits,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            dc_id: DEFAULT_DC_ID.to_owned(),
+            wan: WanConfig::default(),
+            admin: AdminConfig::default(),
+            discovery: DiscoveryConfig::default(),
+            sources: Vec::new(),
+            workload: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// The `[wan]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WanConfig {
+    /// Listen address of the WAN protocol.
+    pub listen: SocketAddr,
+    /// Optional TLS on the WAN listener.
+    pub tls: Option<TlsConfig>,
+    /// Optional bearer-token authentication.
+    pub auth: Option<AuthConfig>,
+}
+
+impl Default for WanConfig {
+    fn default() -> Self {
+        Self { listen: default_socket(DEFAULT_WAN_LISTEN, 7400), tls: None, auth: None }
+    }
+}
+
+/// The `[wan.tls]` table: PEM files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Server private key (PEM, PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs (PEM).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The `[wan.auth]` table: exactly one of `token` or `token_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The bearer token inline (prefer `token_file` or the environment).
+    pub token: Option<String>,
+    /// A file whose trimmed contents are the bearer token.
+    pub token_file: Option<PathBuf>,
+}
+
+/// The `[admin]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Listen address of the admin HTTP server; `enabled = false` turns it off.
+    pub listen: SocketAddr,
+    /// Whether the admin HTTP server runs.
+    pub enabled: bool,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self { listen: default_socket(DEFAULT_ADMIN_LISTEN, 7401), enabled: true }
+    }
+}
+
+/// The `[discovery]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Which backend lists and watches model cards.
+    pub backend: DiscoveryBackend,
+    /// Directory of card files (`backend = "file"`).
+    pub dir: Option<PathBuf>,
+    /// etcd endpoints (`backend = "etcd"`), e.g. `http://127.0.0.1:2379`.
+    pub etcd_endpoints: Vec<String>,
+    /// Namespaces to watch (empty with `watch_all` = every namespace).
+    pub namespaces: Vec<String>,
+    /// Endpoint prefixes (`namespace.component[.endpoint]`) to watch.
+    pub endpoint_prefixes: Vec<String>,
+    /// Watch every namespace.
+    pub watch_all: bool,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            backend: DiscoveryBackend::File,
+            dir: None,
+            etcd_endpoints: Vec::new(),
+            namespaces: Vec::new(),
+            endpoint_prefixes: Vec::new(),
+            watch_all: true,
+        }
+    }
+}
+
+/// A discovery backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscoveryBackend {
+    /// A watched directory of card JSON files.
+    File,
+    /// etcd.
+    Etcd,
+}
+
+/// One `[[sources]]` entry: an engine's KV event socket for one (worker, rank).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// Serving endpoint as `namespace.component.endpoint`.
+    pub endpoint: String,
+    /// Worker (instance) id.
+    pub worker_id: u64,
+    /// Data-parallel rank.
+    #[serde(default)]
+    pub dp_rank: u32,
+    /// Which engine publishes the events.
+    pub engine: EngineKind,
+    /// ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub zmq: String,
+    /// Optional ZMQ ROUTER replay endpoint.
+    pub replay: Option<String>,
+    /// Optional Prometheus endpoint of the engine to scrape KV usage from.
+    pub metrics_url: Option<String>,
+}
+
+/// An engine kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+}
+
+/// The `[workload]` table: replay a trace into the discovered pools.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadConfig {
+    /// The trace file (JSONL).
+    pub trace: PathBuf,
+    /// Replay speed multiplier; 0 = as fast as possible.
+    #[serde(default)]
+    pub speed: f64,
+    /// Replay the trace this many times (0 = forever).
+    #[serde(default = "one")]
+    pub loops: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Values resolved from flags and environment that beat the file. `None` keeps the file's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RelayOverrides {
+    /// `--dc-id` / `KVRELAY_DC_ID`.
+    pub dc_id: Option<String>,
+    /// `--listen` / `KVRELAY_LISTEN`.
+    pub wan_listen: Option<SocketAddr>,
+    /// `--admin-listen` / `KVRELAY_ADMIN_LISTEN`.
+    pub admin_listen: Option<SocketAddr>,
+    /// `--no-admin`.
+    pub admin_disabled: bool,
+    /// `--cards DIR` / `KVRELAY_CARDS`: file discovery from this directory.
+    pub cards_dir: Option<PathBuf>,
+    /// `--etcd URL` / `KVRELAY_ETCD`: etcd discovery.
+    pub etcd_endpoints: Vec<String>,
+    /// `--trace FILE` / `KVRELAY_TRACE`.
+    pub trace: Option<PathBuf>,
+    /// `--replay-speed X`.
+    pub replay_speed: Option<f64>,
+    /// `--tls-cert` / `KVRELAY_TLS_CERT`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key` / `KVRELAY_TLS_KEY`.
+    pub tls_key: Option<PathBuf>,
+    /// `--tls-client-ca` / `KVRELAY_TLS_CLIENT_CA`.
+    pub tls_client_ca: Option<PathBuf>,
+    /// `KVRELAY_TOKEN` (prefer the environment over a flag for secrets).
+    pub token: Option<String>,
+    /// `--token-file` / `KVRELAY_TOKEN_FILE`.
+    pub token_file: Option<PathBuf>,
+}
+
+impl RelayConfig {
+    /// Parses a TOML document. `origin` names the file in errors.
+    pub fn from_toml_str(text: &str, origin: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|err| ConfigError::Parse {
+            path: origin.to_path_buf(),
+            message: err.message().to_owned(),
+        })
+    }
+
+    /// Reads and parses a TOML file (does not validate; call [`RelayConfig::validate`]).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+            path: path.to_path_buf(),
+            message: err.to_string(),
+        })?;
+        Self::from_toml_str(&text, path)
+    }
+
+    /// Applies overrides on top of this configuration.
+    pub fn apply(&mut self, overrides: RelayOverrides) {
+        if let Some(dc_id) = overrides.dc_id {
+            self.dc_id = dc_id;
+        }
+        if let Some(listen) = overrides.wan_listen {
+            self.wan.listen = listen;
+        }
+        if let Some(listen) = overrides.admin_listen {
+            self.admin.listen = listen;
+        }
+        if overrides.admin_disabled {
+            self.admin.enabled = false;
+        }
+        if let Some(dir) = overrides.cards_dir {
+            self.discovery.backend = DiscoveryBackend::File;
+            self.discovery.dir = Some(dir);
+        }
+        if !overrides.etcd_endpoints.is_empty() {
+            self.discovery.backend = DiscoveryBackend::Etcd;
+            self.discovery.etcd_endpoints = overrides.etcd_endpoints;
+        }
+        if let Some(trace) = overrides.trace {
+            let workload = self.workload.get_or_insert(WorkloadConfig {
+                trace: trace.clone(),
+                speed: DEFAULT_REPLAY_SPEED,
+                loops: 1,
+            });
+            workload.trace = trace;
+        }
+        if let (Some(speed), Some(workload)) = (overrides.replay_speed, self.workload.as_mut()) {
+            workload.speed = speed;
+        }
+        if overrides.tls_cert.is_some() || overrides.tls_key.is_some() {
+            let tls = self.wan.tls.get_or_insert(TlsConfig {
+                cert: PathBuf::new(),
+                key: PathBuf::new(),
+                client_ca: None,
+            });
+            if let Some(cert) = overrides.tls_cert {
+                tls.cert = cert;
+            }
+            if let Some(key) = overrides.tls_key {
+                tls.key = key;
+            }
+        }
+        if let (Some(ca), Some(tls)) = (overrides.tls_client_ca, self.wan.tls.as_mut()) {
+            tls.client_ca = Some(ca);
+        }
+        if overrides.token.is_some() || overrides.token_file.is_some() {
+            self.wan.auth = Some(AuthConfig { token: overrides.token, token_file: overrides.token_file });
+        }
+    }
+
+    /// Checks everything that can be checked without touching the network.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.dc_id.is_empty() || self.dc_id.trim() != self.dc_id {
+            return Err(ConfigError::InvalidField {
+                field: "dc_id",
+                value: self.dc_id.clone(),
+                reason: "must be non-empty without surrounding whitespace",
+            });
+        }
+        self.limits.validate()?;
+        match self.discovery.backend {
+            DiscoveryBackend::File if self.discovery.dir.is_none() => {
+                return Err(ConfigError::InvalidField {
+                    field: "discovery.dir",
+                    value: String::new(),
+                    reason: "file discovery needs a card directory",
+                });
+            }
+            DiscoveryBackend::Etcd if self.discovery.etcd_endpoints.is_empty() => {
+                return Err(ConfigError::InvalidField {
+                    field: "discovery.etcd_endpoints",
+                    value: String::new(),
+                    reason: "etcd discovery needs at least one endpoint",
+                });
+            }
+            DiscoveryBackend::File | DiscoveryBackend::Etcd => {}
+        }
+        if let Some(tls) = &self.wan.tls
+            && (tls.cert.as_os_str().is_empty() || tls.key.as_os_str().is_empty())
+        {
+            return Err(ConfigError::InvalidField {
+                field: "wan.tls",
+                value: format!("cert={} key={}", tls.cert.display(), tls.key.display()),
+                reason: "TLS needs both a certificate and a key",
+            });
+        }
+        if let Some(auth) = &self.wan.auth {
+            match (&auth.token, &auth.token_file) {
+                (Some(token), None) if token.trim().is_empty() => {
+                    return Err(ConfigError::InvalidField {
+                        field: "wan.auth.token",
+                        value: String::new(),
+                        reason: "token must not be empty",
+                    });
+                }
+                (Some(_), None) | (None, Some(_)) => {}
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(ConfigError::InvalidField {
+                        field: "wan.auth",
+                        value: String::new(),
+                        reason: "set exactly one of token or token_file",
+                    });
+                }
+            }
+        }
+        if let Some(workload) = &self.workload
+            && !(workload.speed.is_finite() && workload.speed >= 0.0)
+        {
+            return Err(ConfigError::InvalidField {
+                field: "workload.speed",
+                value: workload.speed.to_string(),
+                reason: "must be a finite number >= 0",
+            });
+        }
+        for source in &self.sources {
+            if source.endpoint.split('.').count() != 3 {
+                return Err(ConfigError::InvalidField {
+                    field: "sources.endpoint",
+                    value: source.endpoint.clone(),
+                    reason: "must be namespace.component.endpoint",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn default_socket(text: &str, port: u16) -> SocketAddr {
+    text.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RelayConfig, ConfigError> {
+        RelayConfig::from_toml_str(text, Path::new("relay.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(parse("").unwrap(), RelayConfig::default());
+    }
+
+    #[test]
+    fn file_values_beat_defaults_and_missing_limits_keep_theirs() {
+        let config = parse(
+            r#"
+            dc_id = "dc-west"
+            [wan]
+            listen = "0.0.0.0:9000"
+            [discovery]
+            dir = "cards"
+            [limits]
+            max_subscribers_per_pool = 3
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.dc_id, "dc-west");
+        assert_eq!(config.wan.listen, "0.0.0.0:9000".parse().unwrap());
+        assert_eq!(config.limits.max_subscribers_per_pool, 3);
+        assert_eq!(config.limits.max_catalog_streams, Limits::default().max_catalog_streams);
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn overrides_beat_file_values() {
+        let mut config = parse("dc_id = \"from-file\"\n[discovery]\ndir = \"a\"\n").unwrap();
+        config.apply(RelayOverrides {
+            dc_id: Some("from-flag".into()),
+            cards_dir: Some("b".into()),
+            ..RelayOverrides::default()
+        });
+        assert_eq!(config.dc_id, "from-flag");
+        assert_eq!(config.discovery.dir, Some(PathBuf::from("b")));
+    }
+
+    #[test]
+    fn absent_overrides_keep_file_values() {
+        let mut config = parse("dc_id = \"from-file\"\n").unwrap();
+        config.apply(RelayOverrides::default());
+        assert_eq!(config.dc_id, "from-file");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_the_file_name() {
+        let err = parse("dc_idd = \"x\"").unwrap_err();
+        assert!(err.to_string().starts_with("parsing config file relay.toml: unknown field"), "{err}");
+    }
+
+    #[test]
+    fn file_discovery_without_a_directory_is_invalid() {
+        let err = RelayConfig::default().validate().unwrap_err();
+        assert!(matches!(err, ConfigError::InvalidField { field: "discovery.dir", .. }));
+    }
+
+    #[test]
+    fn auth_needs_exactly_one_token_source() {
+        let mut config = parse("[discovery]\ndir = \"c\"\n").unwrap();
+        config.wan.auth = Some(AuthConfig { token: None, token_file: None });
+        assert!(matches!(config.validate(), Err(ConfigError::InvalidField { field: "wan.auth", .. })));
+    }
+
+    #[test]
+    fn example_config_parses_and_validates() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/relay.toml");
+        let config = RelayConfig::from_file(&path).unwrap();
+        assert_eq!(config.validate(), Ok(()));
+    }
+}

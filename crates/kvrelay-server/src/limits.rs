@@ -1,0 +1,233 @@
+//! Every bound the relay server enforces, in one place, each default a documented const.
+//!
+//! `Limits` is plain data read from the `[limits]` table of the relay's TOML file; every field
+//! is optional there and falls back to the const beside it. [`Limits::validate`] rejects zero
+//! capacities and durations before the server starts.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+
+/// Default concurrent `WatchCatalog` streams (whole relay).
+pub const DEFAULT_MAX_CATALOG_STREAMS: u32 = 64;
+/// Default concurrent `SubscribePool` streams across all pools.
+pub const DEFAULT_MAX_POOL_STREAMS_TOTAL: u32 = 64;
+/// Default concurrent subscribers of one pool.
+pub const DEFAULT_MAX_SUBSCRIBERS_PER_POOL: u32 = 64;
+/// Default concurrent `WatchLoad` streams.
+pub const DEFAULT_MAX_LOAD_STREAMS: u32 = 64;
+/// Default concurrent `WatchTopology` streams.
+pub const DEFAULT_MAX_TOPOLOGY_STREAMS: u32 = 64;
+/// Default concurrent `RelayInfo` requests being answered.
+pub const DEFAULT_MAX_INFO_STREAMS: u32 = 64;
+/// Default concurrent TCP connections, including ones that have not sent a request yet.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 1024;
+/// Default number of publication hubs holding a filter mirror at once.
+pub const DEFAULT_MAX_INITIALIZED_HUBS: u32 = 64;
+/// Default time a new connection has to complete TLS and send its stream request, in ms.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 5_000;
+/// Default time one snapshot frame may wait for the client to accept it, in ms.
+pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT_MS: u64 = 60_000;
+/// Default idle interval after which a stream sends a heartbeat, in ms.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 10_000;
+/// Default time any single frame write may take before the client counts as stalled, in ms.
+pub const DEFAULT_WRITE_TIMEOUT_MS: u64 = 30_000;
+/// Default load window published on `WatchLoad`, in ms.
+pub const DEFAULT_LOAD_WINDOW_MS: u64 = 1_000;
+/// Default largest frame the server reads or writes, in bytes (8 MiB).
+pub const DEFAULT_MAX_FRAME_LEN: u32 = 8 * 1024 * 1024;
+/// Default per-subscriber queue depth, in frames.
+pub const DEFAULT_SUBSCRIBER_QUEUE_FRAMES: u32 = 16;
+/// Default per-subscriber queue size, in bytes (16 MiB).
+pub const DEFAULT_SUBSCRIBER_QUEUE_BYTES: u64 = 16 * 1024 * 1024;
+/// Default bound on the whole ordered shutdown, in ms.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+
+/// Every bound of the relay server. Plain data; see the `DEFAULT_*` consts for defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Concurrent `WatchCatalog` streams.
+    pub max_catalog_streams: u32,
+    /// Concurrent `SubscribePool` streams across all pools.
+    pub max_pool_streams_total: u32,
+    /// Concurrent subscribers of one pool.
+    pub max_subscribers_per_pool: u32,
+    /// Concurrent `WatchLoad` streams.
+    pub max_load_streams: u32,
+    /// Concurrent `WatchTopology` streams.
+    pub max_topology_streams: u32,
+    /// Concurrent `RelayInfo` requests.
+    pub max_info_streams: u32,
+    /// Concurrent TCP connections (accepted sockets).
+    pub max_connections: u32,
+    /// Publication hubs holding a filter mirror at once.
+    pub max_initialized_hubs: u32,
+    /// Time to complete TLS and send the stream request, in ms.
+    pub request_timeout_ms: u64,
+    /// Time one snapshot frame may wait for the client, in ms.
+    pub snapshot_progress_timeout_ms: u64,
+    /// Idle interval before a heartbeat, in ms.
+    pub heartbeat_interval_ms: u64,
+    /// Time one frame write may take, in ms.
+    pub write_timeout_ms: u64,
+    /// Load window, in ms.
+    pub load_window_ms: u64,
+    /// Largest frame read or written, in bytes.
+    pub max_frame_len: u32,
+    /// Per-subscriber queue depth, in frames.
+    pub subscriber_queue_frames: u32,
+    /// Per-subscriber queue size, in bytes.
+    pub subscriber_queue_bytes: u64,
+    /// Bound on the ordered shutdown, in ms.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_catalog_streams: DEFAULT_MAX_CATALOG_STREAMS,
+            max_pool_streams_total: DEFAULT_MAX_POOL_STREAMS_TOTAL,
+            max_subscribers_per_pool: DEFAULT_MAX_SUBSCRIBERS_PER_POOL,
+            max_load_streams: DEFAULT_MAX_LOAD_STREAMS,
+            max_topology_streams: DEFAULT_MAX_TOPOLOGY_STREAMS,
+            max_info_streams: DEFAULT_MAX_INFO_STREAMS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_initialized_hubs: DEFAULT_MAX_INITIALIZED_HUBS,
+            request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+            snapshot_progress_timeout_ms: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT_MS,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            write_timeout_ms: DEFAULT_WRITE_TIMEOUT_MS,
+            load_window_ms: DEFAULT_LOAD_WINDOW_MS,
+            max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            subscriber_queue_frames: DEFAULT_SUBSCRIBER_QUEUE_FRAMES,
+            subscriber_queue_bytes: DEFAULT_SUBSCRIBER_QUEUE_BYTES,
+            shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+        }
+    }
+}
+
+/// Longest duration accepted for any `*_ms` limit: one year, well inside tokio's timer range.
+const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
+/// Smallest accepted frame limit: a frame must hold a maximal CBI1 chunk (4,194,368 bytes)
+/// plus envelope headroom.
+pub const MIN_MAX_FRAME_LEN: u32 = 4_194_368 + 64 * 1024;
+
+impl Limits {
+    /// Checks that every capacity is nonzero, every duration is in `1..=1 year` and the frame
+    /// limit holds a maximal snapshot chunk.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let counts = [
+            ("max_catalog_streams", u64::from(self.max_catalog_streams)),
+            ("max_pool_streams_total", u64::from(self.max_pool_streams_total)),
+            ("max_subscribers_per_pool", u64::from(self.max_subscribers_per_pool)),
+            ("max_load_streams", u64::from(self.max_load_streams)),
+            ("max_topology_streams", u64::from(self.max_topology_streams)),
+            ("max_info_streams", u64::from(self.max_info_streams)),
+            ("max_connections", u64::from(self.max_connections)),
+            ("max_initialized_hubs", u64::from(self.max_initialized_hubs)),
+            ("subscriber_queue_frames", u64::from(self.subscriber_queue_frames)),
+            ("subscriber_queue_bytes", self.subscriber_queue_bytes),
+        ];
+        for (name, value) in counts {
+            if value == 0 {
+                return Err(ConfigError::InvalidLimit { name, value, reason: "must be nonzero" });
+            }
+        }
+        let durations = [
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("snapshot_progress_timeout_ms", self.snapshot_progress_timeout_ms),
+            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
+            ("write_timeout_ms", self.write_timeout_ms),
+            ("load_window_ms", self.load_window_ms),
+            ("shutdown_timeout_ms", self.shutdown_timeout_ms),
+        ];
+        for (name, value) in durations {
+            if value == 0 || value > MAX_DURATION_MS {
+                return Err(ConfigError::InvalidLimit {
+                    name,
+                    value,
+                    reason: "must be between 1 ms and one year",
+                });
+            }
+        }
+        if self.max_frame_len < MIN_MAX_FRAME_LEN {
+            return Err(ConfigError::InvalidLimit {
+                name: "max_frame_len",
+                value: u64::from(self.max_frame_len),
+                reason: "must hold a maximal snapshot chunk (at least 4259904 bytes)",
+            });
+        }
+        Ok(())
+    }
+
+    /// The request timeout as a `Duration`.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The snapshot progress timeout as a `Duration`.
+    pub fn snapshot_progress_timeout(&self) -> Duration {
+        Duration::from_millis(self.snapshot_progress_timeout_ms)
+    }
+
+    /// The heartbeat interval as a `Duration`.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+
+    /// The per-frame write timeout as a `Duration`.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
+    }
+
+    /// The load window as a `Duration`.
+    pub fn load_window(&self) -> Duration {
+        Duration::from_millis(self.load_window_ms)
+    }
+
+    /// The shutdown bound as a `Duration`.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(Limits::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn zero_capacity_is_rejected_with_its_name() {
+        let limits = Limits { max_subscribers_per_pool: 0, ..Limits::default() };
+        let err = limits.validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "limit max_subscribers_per_pool = 0 must be nonzero"
+        );
+    }
+
+    #[test]
+    fn zero_duration_is_rejected() {
+        let limits = Limits { heartbeat_interval_ms: 0, ..Limits::default() };
+        assert!(matches!(
+            limits.validate(),
+            Err(ConfigError::InvalidLimit { name: "heartbeat_interval_ms", .. })
+        ));
+    }
+
+    #[test]
+    fn frame_limit_must_hold_a_snapshot_chunk() {
+        let limits = Limits { max_frame_len: 1024, ..Limits::default() };
+        assert!(matches!(
+            limits.validate(),
+            Err(ConfigError::InvalidLimit { name: "max_frame_len", .. })
+        ));
+    }
+}

@@ -1,0 +1,177 @@
+//! Prometheus metrics of the relay: a fixed, low-cardinality set registered once.
+//!
+//! Label values come from closed sets (stream kinds, error reasons, outcomes, dispositions),
+//! never from remote input, so the series count is bounded. Pool-level figures are exported
+//! as relay-wide aggregates for the same reason; per-pool detail lives in
+//! `/v1/pools/{pool}/stats`.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::admission::StreamKind;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StreamLabel {
+    pub(crate) stream: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RejectionLabels {
+    pub(crate) stream: &'static str,
+    pub(crate) scope: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OutcomeLabel {
+    pub(crate) outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DispositionLabel {
+    pub(crate) disposition: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StateLabel {
+    pub(crate) state: &'static str,
+}
+
+/// Every metric the relay exports, registered in one registry.
+#[derive(Debug)]
+pub(crate) struct RelayMetrics {
+    registry: Registry,
+    /// Accepted connections by outcome (served, tls_failed, auth_failed, bad_request, ...).
+    pub(crate) connections: Family<OutcomeLabel, Counter>,
+    /// Open streams by kind.
+    pub(crate) streams: Family<StreamLabel, Gauge>,
+    /// Admission rejections by stream kind and limit scope.
+    pub(crate) admission_rejected: Family<RejectionLabels, Counter>,
+    /// Error frames sent, by wire reason.
+    pub(crate) errors_sent: Family<ReasonLabel, Counter>,
+    /// Streams cut off because the subscriber lagged.
+    pub(crate) subscriber_lagged: Family<StreamLabel, Counter>,
+    /// Frames written, by stream kind.
+    pub(crate) frames_sent: Family<StreamLabel, Counter>,
+    /// Bytes written, by stream kind.
+    pub(crate) bytes_sent: Family<StreamLabel, Counter>,
+    /// Heartbeats written, by stream kind.
+    pub(crate) heartbeats: Family<StreamLabel, Counter>,
+    /// Pools in the catalog.
+    pub(crate) pools: Gauge,
+    /// Event sources by state (connected, disconnected).
+    pub(crate) sources: Family<StateLabel, Gauge>,
+    /// Engine events by disposition (applied, rejected, ...).
+    pub(crate) events: Family<DispositionLabel, Counter>,
+    /// Blocks the filters could not place (capacity omissions), summed over pools.
+    pub(crate) filter_omissions: Gauge,
+    /// Highest filter load factor across pools (0..1).
+    pub(crate) filter_load_max: Gauge<f64, AtomicU64>,
+    /// Catalog revision currently published.
+    pub(crate) catalog_revision: Gauge,
+}
+
+impl RelayMetrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::with_prefix("kvrelay");
+        let connections = Family::<OutcomeLabel, Counter>::default();
+        registry.register("connections", "WAN connections by outcome", connections.clone());
+        let streams = Family::<StreamLabel, Gauge>::default();
+        registry.register("streams", "Open WAN streams by kind", streams.clone());
+        let admission_rejected = Family::<RejectionLabels, Counter>::default();
+        registry.register(
+            "admission_rejected",
+            "Streams refused by an admission limit",
+            admission_rejected.clone(),
+        );
+        let errors_sent = Family::<ReasonLabel, Counter>::default();
+        registry.register("errors_sent", "Error frames sent by reason", errors_sent.clone());
+        let subscriber_lagged = Family::<StreamLabel, Counter>::default();
+        registry.register(
+            "subscriber_lagged",
+            "Streams cut off because the subscriber lagged",
+            subscriber_lagged.clone(),
+        );
+        let frames_sent = Family::<StreamLabel, Counter>::default();
+        registry.register("frames_sent", "Frames written by stream kind", frames_sent.clone());
+        let bytes_sent = Family::<StreamLabel, Counter>::default();
+        registry.register("bytes_sent", "Bytes written by stream kind", bytes_sent.clone());
+        let heartbeats = Family::<StreamLabel, Counter>::default();
+        registry.register("heartbeats", "Heartbeats written by stream kind", heartbeats.clone());
+        let pools = Gauge::default();
+        registry.register("pools", "Pools in the catalog", pools.clone());
+        let sources = Family::<StateLabel, Gauge>::default();
+        registry.register("sources", "Event sources by state", sources.clone());
+        let events = Family::<DispositionLabel, Counter>::default();
+        registry.register("events", "Engine events by disposition", events.clone());
+        let filter_omissions = Gauge::default();
+        registry.register(
+            "filter_omissions",
+            "Blocks the filters could not place, summed over pools",
+            filter_omissions.clone(),
+        );
+        let filter_load_max = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "filter_load_max",
+            "Highest filter load factor across pools",
+            filter_load_max.clone(),
+        );
+        let catalog_revision = Gauge::default();
+        registry.register("catalog_revision", "Catalog revision published", catalog_revision.clone());
+        for kind in StreamKind::ALL {
+            let _ = streams.get_or_create(&StreamLabel { stream: kind.label() });
+        }
+        Self {
+            registry,
+            connections,
+            streams,
+            admission_rejected,
+            errors_sent,
+            subscriber_lagged,
+            frames_sent,
+            bytes_sent,
+            heartbeats,
+            pools,
+            sources,
+            events,
+            filter_omissions,
+            filter_load_max,
+            catalog_revision,
+        }
+    }
+
+    /// The OpenMetrics text exposition of every metric.
+    pub(crate) fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    pub(crate) fn stream(kind: StreamKind) -> StreamLabel {
+        StreamLabel { stream: kind.label() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_stream_kind() {
+        let metrics = RelayMetrics::new();
+        metrics.frames_sent.get_or_create(&RelayMetrics::stream(StreamKind::Pool)).inc_by(3);
+        let text = metrics.encode();
+        assert!(text.contains("kvrelay_frames_sent_total{stream=\"pool\"} 3"), "{text}");
+        assert!(text.contains("kvrelay_streams{stream=\"topology\"} 0"), "{text}");
+    }
+}
