@@ -22,6 +22,14 @@ impl KvQueryHashFormat {
         }
     }
 
+    /// The short name used on the command line: `standard` or `eagle`.
+    pub const fn short_name(self) -> &'static str {
+        match self {
+            Self::DynamoStandardV1 => "standard",
+            Self::DynamoEagleV1 => "eagle",
+        }
+    }
+
     /// Whether this format uses Eagle windows.
     pub fn is_eagle(self) -> bool {
         matches!(self, Self::DynamoEagleV1)
@@ -33,5 +41,74 @@ impl KvQueryHashFormat {
             Self::DynamoStandardV1 => 1,
             Self::DynamoEagleV1 => 2,
         }
+    }
+}
+
+/// Why KV query semantics were rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvQuerySemanticsError {
+    /// The KV block size is zero.
+    #[error("kv query block size must be nonzero, got 0")]
+    ZeroBlockSize,
+}
+
+/// How a pool's filter keys are built: the KV block size (tokens) and the hash format.
+///
+/// Invariant: `kv_block_size > 0`. JSON: `{"kv_block_size":N,"hash_format":"..."}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawKvQuerySemantics")]
+pub struct KvQuerySemantics {
+    kv_block_size: u32,
+    hash_format: KvQueryHashFormat,
+}
+
+impl KvQuerySemantics {
+    /// Validates the block size (tokens per block, non-zero).
+    ///
+    /// ```
+    /// use kvrelay_identity::{KvQueryHashFormat, KvQuerySemantics, KvQuerySemanticsError};
+    /// assert!(KvQuerySemantics::new(16, KvQueryHashFormat::DynamoStandardV1).is_ok());
+    /// assert_eq!(
+    ///     KvQuerySemantics::new(0, KvQueryHashFormat::DynamoStandardV1),
+    ///     Err(KvQuerySemanticsError::ZeroBlockSize)
+    /// );
+    /// ```
+    pub const fn new(
+        kv_block_size: u32,
+        hash_format: KvQueryHashFormat,
+    ) -> Result<Self, KvQuerySemanticsError> {
+        if kv_block_size == 0 {
+            return Err(KvQuerySemanticsError::ZeroBlockSize);
+        }
+        Ok(Self {
+            kv_block_size,
+            hash_format,
+        })
+    }
+
+    /// Tokens per KV block (at least 1).
+    pub const fn kv_block_size(&self) -> u32 {
+        self.kv_block_size
+    }
+
+    /// The token → sequence-hash pipeline.
+    pub const fn hash_format(&self) -> KvQueryHashFormat {
+        self.hash_format
+    }
+}
+
+/// The unvalidated serde shape of [`KvQuerySemantics`].
+#[derive(Deserialize)]
+struct RawKvQuerySemantics {
+    kv_block_size: u32,
+    hash_format: KvQueryHashFormat,
+}
+
+impl TryFrom<RawKvQuerySemantics> for KvQuerySemantics {
+    type Error = KvQuerySemanticsError;
+
+    fn try_from(raw: RawKvQuerySemantics) -> Result<Self, Self::Error> {
+        Self::new(raw.kv_block_size, raw.hash_format)
     }
 }

@@ -1,0 +1,191 @@
+//! [`EndpointId`]: the `namespace/component/name` triple naming a serving endpoint.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Namespace used when parsed text names none.
+pub const DEFAULT_ENDPOINT_NAMESPACE: &str = "NS";
+
+/// Component used when parsed text names none.
+pub const DEFAULT_ENDPOINT_COMPONENT: &str = "C";
+
+/// Endpoint name used when parsed text names none.
+pub const DEFAULT_ENDPOINT_NAME: &str = "E";
+
+/// The URL scheme accepted (and stripped) when parsing an [`EndpointId`].
+pub const ENDPOINT_SCHEME: &str = "dyn://";
+
+/// Which part of an endpoint triple a validation error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndpointPart {
+    /// The namespace.
+    Namespace,
+    /// The component.
+    Component,
+    /// The endpoint name.
+    Name,
+}
+
+impl fmt::Display for EndpointPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Namespace => "namespace",
+            Self::Component => "component",
+            Self::Name => "name",
+        })
+    }
+}
+
+/// Why an endpoint triple was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndpointIdError {
+    /// A part is the empty string.
+    #[error("endpoint {part} must not be empty")]
+    Empty {
+        /// The empty part.
+        part: EndpointPart,
+    },
+    /// A part starts or ends with whitespace.
+    #[error("endpoint {part} {value:?} must not contain leading or trailing whitespace")]
+    SurroundingWhitespace {
+        /// The offending part.
+        part: EndpointPart,
+        /// Its value.
+        value: String,
+    },
+}
+
+/// A serving endpoint: `{namespace, component, name}`.
+///
+/// Invariant: every part is non-empty and has no leading or trailing whitespace (the rule
+/// the WAN validator applies to every text field). `Display` is `ns/component/name`;
+/// [`EndpointId::dotted`] gives `ns.component.name`. Parsing (`FromStr`) strips an optional
+/// `dyn://`, trims spaces, slashes and dots, splits on `.` or `/` and drops empty parts:
+/// one part is the component, two are namespace and component, a third and further parts
+/// are joined with `_` into the name; missing parts take the `NS`/`C`/`E` defaults.
+/// `Display` and parsing round-trip when no part contains `.`, `/` or `_`-joined pieces.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawEndpointId")]
+pub struct EndpointId {
+    namespace: String,
+    component: String,
+    name: String,
+}
+
+impl EndpointId {
+    /// Validates the three parts.
+    ///
+    /// ```
+    /// use kvrelay_identity::EndpointId;
+    /// let endpoint = EndpointId::new("prod", "router", "generate").unwrap();
+    /// assert_eq!(endpoint.to_string(), "prod/router/generate");
+    /// assert_eq!(endpoint.dotted(), "prod.router.generate");
+    /// ```
+    pub fn new(namespace: &str, component: &str, name: &str) -> Result<Self, EndpointIdError> {
+        check_part(EndpointPart::Namespace, namespace)?;
+        check_part(EndpointPart::Component, component)?;
+        check_part(EndpointPart::Name, name)?;
+        Ok(Self {
+            namespace: namespace.to_owned(),
+            component: component.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The component.
+    pub fn component(&self) -> &str {
+        &self.component
+    }
+
+    /// The endpoint name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `namespace.component.name`.
+    pub fn dotted(&self) -> String {
+        format!("{}.{}.{}", self.namespace, self.component, self.name)
+    }
+
+    /// `dyn://namespace.component.name`.
+    pub fn as_url(&self) -> String {
+        format!("{ENDPOINT_SCHEME}{}", self.dotted())
+    }
+}
+
+impl fmt::Display for EndpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.namespace, self.component, self.name)
+    }
+}
+
+impl FromStr for EndpointId {
+    type Err = EndpointIdError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.strip_prefix(ENDPOINT_SCHEME).unwrap_or(text);
+        let mut parts = text
+            .trim_matches([' ', '/', '.'])
+            .split(['.', '/'])
+            .filter(|part| !part.is_empty());
+        let first = parts.next();
+        let second = parts.next();
+        let rest: Vec<&str> = parts.collect();
+        let (namespace, component) = match (first, second) {
+            (None, _) => (DEFAULT_ENDPOINT_NAMESPACE, DEFAULT_ENDPOINT_COMPONENT),
+            (Some(component), None) => (DEFAULT_ENDPOINT_NAMESPACE, component),
+            (Some(namespace), Some(component)) => (namespace, component),
+        };
+        let name = if rest.is_empty() {
+            DEFAULT_ENDPOINT_NAME.to_owned()
+        } else {
+            rest.join("_")
+        };
+        Self::new(namespace, component, &name)
+    }
+}
+
+/// The unvalidated serde shape of [`EndpointId`].
+#[derive(Deserialize)]
+struct RawEndpointId {
+    namespace: String,
+    component: String,
+    name: String,
+}
+
+impl TryFrom<RawEndpointId> for EndpointId {
+    type Error = EndpointIdError;
+
+    fn try_from(raw: RawEndpointId) -> Result<Self, Self::Error> {
+        check_part(EndpointPart::Namespace, &raw.namespace)?;
+        check_part(EndpointPart::Component, &raw.component)?;
+        check_part(EndpointPart::Name, &raw.name)?;
+        Ok(Self {
+            namespace: raw.namespace,
+            component: raw.component,
+            name: raw.name,
+        })
+    }
+}
+
+fn check_part(part: EndpointPart, value: &str) -> Result<(), EndpointIdError> {
+    if value.is_empty() {
+        return Err(EndpointIdError::Empty { part });
+    }
+    if value.trim() != value {
+        return Err(EndpointIdError::SurroundingWhitespace {
+            part,
+            value: value.to_owned(),
+        });
+    }
+    Ok(())
+}

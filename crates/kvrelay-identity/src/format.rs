@@ -1,0 +1,183 @@
+//! [`CkfFormat`]: the identity of a cuckoo-filter layout (CKF v1).
+
+use serde::{Deserialize, Serialize};
+
+/// The only CKF format version.
+pub const CKF_FORMAT_V1: u16 = 1;
+
+/// The default CKF seed.
+pub const DEFAULT_CKF_SEED: u64 = 0x5DEE_CE66_D1B5_4A33;
+
+/// Fingerprint width of CKF v1, in bits.
+pub const CKF_FINGERPRINT_BITS: u8 = 16;
+
+/// Slots per bucket of CKF v1.
+pub const CKF_SLOTS_PER_BUCKET: u8 = 4;
+
+/// Fewest buckets a CKF may have.
+pub const MIN_CKF_BUCKET_COUNT: u32 = 2;
+
+/// Most buckets a CKF may have (the CBI1 image limit).
+pub const MAX_CKF_BUCKET_COUNT: u32 = 16_777_216;
+
+/// Why a CKF format was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CkfFormatError {
+    /// The format version is not [`CKF_FORMAT_V1`].
+    #[error("ckf format version {version} is unsupported, expected {CKF_FORMAT_V1}")]
+    UnsupportedVersion {
+        /// The version given.
+        version: u16,
+    },
+    /// The bucket count is not a power of two in
+    /// [`MIN_CKF_BUCKET_COUNT`]..=[`MAX_CKF_BUCKET_COUNT`].
+    #[error(
+        "ckf bucket count {bucket_count} must be a power of two in \
+         {MIN_CKF_BUCKET_COUNT}..={MAX_CKF_BUCKET_COUNT}"
+    )]
+    InvalidBucketCount {
+        /// The bucket count given.
+        bucket_count: u32,
+    },
+    /// The fingerprint width is not [`CKF_FINGERPRINT_BITS`].
+    #[error("ckf fingerprint width {bits} bits is unsupported, expected {CKF_FINGERPRINT_BITS}")]
+    UnsupportedFingerprintBits {
+        /// The width given.
+        bits: u8,
+    },
+    /// The slot count is not [`CKF_SLOTS_PER_BUCKET`].
+    #[error("ckf slots per bucket {slots} is unsupported, expected {CKF_SLOTS_PER_BUCKET}")]
+    UnsupportedSlotsPerBucket {
+        /// The slot count given.
+        slots: u8,
+    },
+}
+
+/// The layout identity of a CKF: `(format_version, seed, bucket_count, fingerprint_bits,
+/// slots_per_bucket)`. Two filters are interchangeable only if all five are equal.
+///
+/// Invariants: version [`CKF_FORMAT_V1`]; bucket count a power of two in
+/// [`MIN_CKF_BUCKET_COUNT`]..=[`MAX_CKF_BUCKET_COUNT`] buckets; [`CKF_FINGERPRINT_BITS`]-bit
+/// fingerprints; [`CKF_SLOTS_PER_BUCKET`] slots per bucket. Deserialising re-validates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawCkfFormat")]
+pub struct CkfFormat {
+    format_version: u16,
+    seed: u64,
+    bucket_count: u32,
+    fingerprint_bits: u8,
+    slots_per_bucket: u8,
+}
+
+impl CkfFormat {
+    /// A v1 format with `seed` and `bucket_count` buckets.
+    ///
+    /// ```
+    /// use kvrelay_identity::{CkfFormat, DEFAULT_CKF_SEED};
+    /// let format = CkfFormat::v1(DEFAULT_CKF_SEED, 1 << 19).unwrap();
+    /// assert_eq!(format.bucket_count(), 524_288);
+    /// assert!(CkfFormat::v1(DEFAULT_CKF_SEED, 3).is_err());
+    /// ```
+    pub const fn v1(seed: u64, bucket_count: u32) -> Result<Self, CkfFormatError> {
+        Self::from_parts(
+            CKF_FORMAT_V1,
+            seed,
+            bucket_count,
+            CKF_FINGERPRINT_BITS,
+            CKF_SLOTS_PER_BUCKET,
+        )
+    }
+
+    /// Validates every field, as received from the wire.
+    pub const fn from_parts(
+        format_version: u16,
+        seed: u64,
+        bucket_count: u32,
+        fingerprint_bits: u8,
+        slots_per_bucket: u8,
+    ) -> Result<Self, CkfFormatError> {
+        if format_version != CKF_FORMAT_V1 {
+            return Err(CkfFormatError::UnsupportedVersion {
+                version: format_version,
+            });
+        }
+        if !bucket_count.is_power_of_two()
+            || bucket_count < MIN_CKF_BUCKET_COUNT
+            || bucket_count > MAX_CKF_BUCKET_COUNT
+        {
+            return Err(CkfFormatError::InvalidBucketCount { bucket_count });
+        }
+        if fingerprint_bits != CKF_FINGERPRINT_BITS {
+            return Err(CkfFormatError::UnsupportedFingerprintBits {
+                bits: fingerprint_bits,
+            });
+        }
+        if slots_per_bucket != CKF_SLOTS_PER_BUCKET {
+            return Err(CkfFormatError::UnsupportedSlotsPerBucket {
+                slots: slots_per_bucket,
+            });
+        }
+        Ok(Self {
+            format_version,
+            seed,
+            bucket_count,
+            fingerprint_bits,
+            slots_per_bucket,
+        })
+    }
+
+    /// The format version ([`CKF_FORMAT_V1`]).
+    pub const fn format_version(&self) -> u16 {
+        self.format_version
+    }
+
+    /// The addressing seed.
+    pub const fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The number of buckets (a power of two).
+    pub const fn bucket_count(&self) -> u32 {
+        self.bucket_count
+    }
+
+    /// `bucket_count - 1`, the mask that maps a hash to a bucket index.
+    pub const fn bucket_mask(&self) -> u32 {
+        self.bucket_count - 1
+    }
+
+    /// Fingerprint width in bits ([`CKF_FINGERPRINT_BITS`]).
+    pub const fn fingerprint_bits(&self) -> u8 {
+        self.fingerprint_bits
+    }
+
+    /// Slots per bucket ([`CKF_SLOTS_PER_BUCKET`]).
+    pub const fn slots_per_bucket(&self) -> u8 {
+        self.slots_per_bucket
+    }
+}
+
+/// The unvalidated serde shape of [`CkfFormat`].
+#[derive(Deserialize)]
+struct RawCkfFormat {
+    format_version: u16,
+    seed: u64,
+    bucket_count: u32,
+    fingerprint_bits: u8,
+    slots_per_bucket: u8,
+}
+
+impl TryFrom<RawCkfFormat> for CkfFormat {
+    type Error = CkfFormatError;
+
+    fn try_from(raw: RawCkfFormat) -> Result<Self, Self::Error> {
+        Self::from_parts(
+            raw.format_version,
+            raw.seed,
+            raw.bucket_count,
+            raw.fingerprint_bits,
+            raw.slots_per_bucket,
+        )
+    }
+}
