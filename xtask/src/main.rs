@@ -1,3 +1,45 @@
-//! Workspace automation.
+//! Workspace automation for kvrelay, run through the `cargo xtask` alias.
+//!
+//! - `cargo xtask ci`: rustfmt check, clippy `-D warnings`, tidy checks (layering, purity,
+//!   docs, hygiene, manifests), the whole test suite, rustdoc `-D warnings`.
+//! - `cargo xtask tidy`: only the tidy checks.
+//! - `cargo xtask bench [--quick] [BENCH]`: criterion benchmarks, then a summary table of
+//!   figures and same-run ratios against each group's baseline.
+//! - `cargo xtask fuzz [SECONDS]`: every cargo-fuzz target for SECONDS each (nightly).
+//! - `cargo xtask demo`: the one-command demo (`kvrelay demo`) in release mode.
+//! - `cargo xtask services`: checks that the external servers the tests start are installed.
 
-fn main() {}
+use std::process::ExitCode;
+
+mod bench;
+mod ci;
+mod command;
+mod fuzz;
+mod services;
+mod tidy;
+
+const USAGE: &str =
+    "usage: cargo xtask <ci | tidy | bench [--quick] [BENCH] | fuzz [SECONDS] | demo | services>";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci::run(),
+        Some("tidy") => tidy::run(),
+        Some("bench") => bench::run(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
+        Some("demo") => command::cargo(&["run", "--release", "-p", "kvrelay", "--", "demo"]),
+        Some("services") => services::run(),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

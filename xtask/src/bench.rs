@@ -1,0 +1,283 @@
+//! `cargo xtask bench [--quick] [BENCH]`: runs criterion benchmarks and prints a summary.
+//!
+//! Every benchmark group measures its own baseline (ids starting with `baseline`) in the
+//! same run, so the summary reports ratios that survive a noisy, shared machine:
+//! `ratio = baseline time per element / our time per element` (above 1: faster than the
+//! baseline). Results are read from criterion's `target/criterion/**/new/*.json`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+use crate::command::{self, cargo_bin, workspace_root};
+
+/// Runs the benchmarks then prints the summary table.
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let bench_target = args.iter().find(|a| !a.starts_with("--")).cloned();
+    let criterion_dir = workspace_root().join("target").join("criterion");
+    // Stale results from an earlier run must not leak into this run's table.
+    if criterion_dir.exists() {
+        std::fs::remove_dir_all(&criterion_dir)
+            .with_context(|| format!("removing {}", criterion_dir.display()))?;
+    }
+    let mut cargo_args: Vec<String> = vec!["bench".into(), "--workspace".into(), "--locked".into()];
+    cargo_args.push("--bench".into());
+    cargo_args.push(bench_target.unwrap_or_else(|| "*".into()));
+    cargo_args.push("--".into());
+    if quick {
+        cargo_args.extend(
+            ["--quick", "--warm-up-time", "1", "--measurement-time", "1"].map(String::from),
+        );
+        cargo_args.push("--noplot".into());
+    } else {
+        cargo_args.extend(
+            ["--warm-up-time", "2", "--measurement-time", "5", "--noplot"].map(String::from),
+        );
+    }
+    command::run(
+        Command::new(cargo_bin())
+            .args(&cargo_args)
+            .current_dir(workspace_root()),
+        &format!("cargo {}", cargo_args.join(" ")),
+    )?;
+    let results = collect(&criterion_dir)?;
+    print!("{}", render(&results));
+    let summary_path = workspace_root().join("target").join("bench-summary.md");
+    std::fs::write(&summary_path, render(&results))
+        .with_context(|| format!("writing {}", summary_path.display()))?;
+    eprintln!("summary written to {}", summary_path.display());
+    Ok(())
+}
+
+/// One benchmark's figures.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BenchResult {
+    pub(crate) group: String,
+    pub(crate) function: String,
+    pub(crate) value: Option<String>,
+    pub(crate) mean_ns: f64,
+    pub(crate) throughput: Option<Throughput>,
+}
+
+/// Criterion's throughput declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub(crate) enum Throughput {
+    Bytes(u64),
+    BytesDecimal(u64),
+    Elements(u64),
+}
+
+impl Throughput {
+    fn amount(self) -> u64 {
+        match self {
+            Self::Bytes(n) | Self::BytesDecimal(n) | Self::Elements(n) => n,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct BenchmarkJson {
+    group_id: String,
+    function_id: Option<String>,
+    value_str: Option<String>,
+    throughput: Option<Throughput>,
+}
+
+#[derive(Debug, Deserialize)]
+struct EstimatesJson {
+    mean: Estimate,
+}
+
+#[derive(Debug, Deserialize)]
+struct Estimate {
+    point_estimate: f64,
+}
+
+fn collect(criterion_dir: &Path) -> Result<Vec<BenchResult>> {
+    let mut results = Vec::new();
+    let mut stack = vec![criterion_dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n == "new") {
+                    if let Some(result) = read_result(&path)? {
+                        results.push(result);
+                    }
+                } else {
+                    stack.push(path);
+                }
+            }
+        }
+    }
+    results
+        .sort_by(|a, b| (&a.group, &a.value, &a.function).cmp(&(&b.group, &b.value, &b.function)));
+    Ok(results)
+}
+
+fn read_result(new_dir: &Path) -> Result<Option<BenchResult>> {
+    let benchmark_path: PathBuf = new_dir.join("benchmark.json");
+    let estimates_path: PathBuf = new_dir.join("estimates.json");
+    if !benchmark_path.is_file() || !estimates_path.is_file() {
+        return Ok(None);
+    }
+    let benchmark: BenchmarkJson = serde_json::from_slice(
+        &std::fs::read(&benchmark_path)
+            .with_context(|| format!("reading {}", benchmark_path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", benchmark_path.display()))?;
+    let estimates: EstimatesJson = serde_json::from_slice(
+        &std::fs::read(&estimates_path)
+            .with_context(|| format!("reading {}", estimates_path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", estimates_path.display()))?;
+    Ok(Some(BenchResult {
+        group: benchmark.group_id,
+        function: benchmark.function_id.unwrap_or_default(),
+        value: benchmark.value_str,
+        mean_ns: estimates.mean.point_estimate,
+        throughput: benchmark.throughput,
+    }))
+}
+
+/// Time per throughput element (or per iteration without a declared throughput).
+fn ns_per_element(result: &BenchResult) -> f64 {
+    match result.throughput {
+        Some(t) if t.amount() > 0 => result.mean_ns / t.amount() as f64,
+        _ => result.mean_ns,
+    }
+}
+
+/// The same-run baseline of `result`: same group, id starting with `baseline`, and the
+/// same parameter value when the baseline has one.
+fn baseline_for<'a>(result: &BenchResult, all: &'a [BenchResult]) -> Option<&'a BenchResult> {
+    let in_group = all
+        .iter()
+        .filter(|r| r.group == result.group && r.function.starts_with("baseline") && r != &result);
+    let candidates: Vec<&BenchResult> = in_group.collect();
+    candidates
+        .iter()
+        .find(|r| r.value == result.value)
+        .or_else(|| candidates.iter().find(|r| r.value.is_none()))
+        .or_else(|| {
+            if candidates.len() == 1 {
+                candidates.first()
+            } else {
+                None
+            }
+        })
+        .copied()
+}
+
+fn format_time(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}
+
+fn format_rate(result: &BenchResult) -> String {
+    let Some(throughput) = result.throughput else {
+        return "-".into();
+    };
+    let per_second = throughput.amount() as f64 / (result.mean_ns / 1e9);
+    let (value, unit) = match throughput {
+        Throughput::Bytes(_) | Throughput::BytesDecimal(_) => {
+            (per_second / (1024.0 * 1024.0), "MiB/s")
+        }
+        Throughput::Elements(_) => (per_second / 1e6, "M elem/s"),
+    };
+    format!("{value:.2} {unit}")
+}
+
+/// Renders the results as a Markdown table.
+pub(crate) fn render(results: &[BenchResult]) -> String {
+    let mut out = String::from(
+        "\n| group | benchmark | param | mean | throughput | vs baseline |\n|---|---|---|---|---|---|\n",
+    );
+    let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
+    for result in results {
+        *groups.entry(result.group.as_str()).or_default() += 1;
+        let ratio = if result.function.starts_with("baseline") {
+            "(baseline)".to_owned()
+        } else {
+            baseline_for(result, results).map_or_else(
+                || "-".to_owned(),
+                |base| format!("{:.2}×", ns_per_element(base) / ns_per_element(result)),
+            )
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            result.group,
+            result.function,
+            result.value.as_deref().unwrap_or(""),
+            format_time(result.mean_ns),
+            format_rate(result),
+            ratio
+        ));
+    }
+    out.push_str(&format!(
+        "\n{} benchmarks in {} groups\n",
+        results.len(),
+        groups.len()
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(function: &str, value: Option<&str>, mean_ns: f64, elements: u64) -> BenchResult {
+        BenchResult {
+            group: "g".into(),
+            function: function.into(),
+            value: value.map(String::from),
+            mean_ns,
+            throughput: Some(Throughput::Elements(elements)),
+        }
+    }
+
+    #[test]
+    fn ratio_compares_time_per_element_against_the_same_parameter_baseline() {
+        let results = vec![
+            result("baseline-xxh3", Some("64"), 100.0, 64),
+            result("ours", Some("64"), 125.0, 64),
+            result("baseline-xxh3", Some("128"), 100.0, 128),
+            result("ours", Some("128"), 50.0, 128),
+        ];
+        let table = render(&results);
+        assert!(
+            table.contains("| g | ours | 64 | 125.0 ns | 512.00 M elem/s | 0.80× |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| g | ours | 128 | 50.0 ns | 2560.00 M elem/s | 2.00× |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn benchmark_without_baseline_shows_no_ratio() {
+        let results = vec![BenchResult {
+            group: "solo".into(),
+            function: "alone".into(),
+            value: None,
+            mean_ns: 2_000.0,
+            throughput: None,
+        }];
+        assert!(render(&results).contains("| solo | alone |  | 2.00 µs | - | - |"));
+    }
+}

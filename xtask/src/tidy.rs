@@ -1,0 +1,547 @@
+//! `cargo xtask tidy`: machine-checked house rules (STYLE.md rule 29).
+//!
+//! Each finding names a `file:line` and the STYLE.md rule it enforces. The same checks run
+//! as a `#[test]` so `cargo test` alone catches a violation.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::command::{cargo_bin, workspace_root};
+
+/// Runs every tidy check and fails listing all findings.
+pub(crate) fn run() -> Result<()> {
+    eprintln!("==> tidy (layering, purity, docs, hygiene, manifests)");
+    let findings = check_all(&workspace_root())?;
+    if findings.is_empty() {
+        return Ok(());
+    }
+    for finding in &findings {
+        eprintln!("{finding}");
+    }
+    bail!("tidy found {} problem(s)", findings.len())
+}
+
+/// One violated rule at one place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Finding {
+    path: String,
+    line: usize,
+    rule: u8,
+    message: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}: [rule {}] {}",
+            self.path, self.line, self.rule, self.message
+        )
+    }
+}
+
+/// A workspace crate's declared layer (`[package.metadata.kvrelay]`).
+#[derive(Debug, Clone)]
+struct CrateInfo {
+    name: String,
+    layer: String,
+    rank: i64,
+    manifest: PathBuf,
+    /// Internal (`kvrelay*`) dependencies: (name, kind) where kind is normal/dev/build.
+    internal_deps: Vec<(String, String)>,
+}
+
+fn check_all(root: &Path) -> Result<Vec<Finding>> {
+    let crates = load_crates(root)?;
+    let allow = load_allow_list(root)?;
+    let mut findings = Vec::new();
+    check_layering(root, &crates, &mut findings)?;
+    check_purity(root, &crates, &mut findings)?;
+    check_sources(root, &crates, &allow, &mut findings)?;
+    check_manifests(root, &crates, &mut findings)?;
+    Ok(findings)
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+fn load_crates(root: &Path) -> Result<Vec<CrateInfo>> {
+    let output = Command::new(cargo_bin())
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("parsing cargo metadata output")?;
+    let mut crates = Vec::new();
+    for package in metadata["packages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let name = package["name"].as_str().unwrap_or_default().to_owned();
+        let declared = &package["metadata"]["kvrelay"];
+        let internal_deps = package["dependencies"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|dep| {
+                let dep_name = dep["name"].as_str()?;
+                dep_name.starts_with("kvrelay").then(|| {
+                    (
+                        dep_name.to_owned(),
+                        dep["kind"].as_str().unwrap_or("normal").to_owned(),
+                    )
+                })
+            })
+            .collect();
+        crates.push(CrateInfo {
+            name,
+            layer: declared["layer"].as_str().unwrap_or_default().to_owned(),
+            rank: declared["rank"].as_i64().unwrap_or(-1),
+            manifest: PathBuf::from(package["manifest_path"].as_str().unwrap_or_default()),
+            internal_deps,
+        });
+    }
+    crates.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(crates)
+}
+
+/// `xtask/tidy-allow.txt`: `path<TAB or spaces>pattern  # reason` lines that exempt a file
+/// from a hygiene check.
+fn load_allow_list(root: &Path) -> Result<Vec<(String, String)>> {
+    let path = root.join("xtask").join("tidy-allow.txt");
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut allow = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        if let (Some(file), Some(pattern)) = (parts.next(), parts.next()) {
+            allow.push((file.to_owned(), pattern.to_owned()));
+        }
+    }
+    Ok(allow)
+}
+
+fn check_layering(root: &Path, crates: &[CrateInfo], findings: &mut Vec<Finding>) -> Result<()> {
+    let by_name: BTreeMap<&str, &CrateInfo> = crates.iter().map(|c| (c.name.as_str(), c)).collect();
+    for info in crates.iter().filter(|c| c.name != "xtask") {
+        let manifest = relative(root, &info.manifest);
+        if !matches!(info.layer.as_str(), "pure" | "async" | "bin") || info.rank < 0 {
+            findings.push(Finding {
+                path: manifest.clone(),
+                line: 1,
+                rule: 2,
+                message: format!(
+                    "crate {} must declare [package.metadata.kvrelay] layer (pure/async/bin) and rank",
+                    info.name
+                ),
+            });
+            continue;
+        }
+        for (dep, kind) in &info.internal_deps {
+            let Some(target) = by_name.get(dep.as_str()) else {
+                continue;
+            };
+            if target.rank >= info.rank {
+                findings.push(Finding {
+                    path: manifest.clone(),
+                    line: 1,
+                    rule: 2,
+                    message: format!(
+                        "{} (rank {}) has a {kind} dependency on {dep} (rank {}): edges must point to lower ranks",
+                        info.name, info.rank, target.rank
+                    ),
+                });
+            }
+            if info.layer == "pure" && kind == "normal" && target.layer != "pure" {
+                findings.push(Finding {
+                    path: manifest.clone(),
+                    line: 1,
+                    rule: 2,
+                    message: format!(
+                        "pure crate {} depends on {} crate {dep}",
+                        info.name, target.layer
+                    ),
+                });
+            }
+        }
+    }
+    let architecture = root.join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&architecture)
+        .with_context(|| format!("reading {}", architecture.display()))?;
+    for info in crates.iter().filter(|c| c.name != "xtask") {
+        let row = text
+            .lines()
+            .enumerate()
+            .find(|(_, line)| line.starts_with('|') && line.contains(&format!("`{}`", info.name)));
+        match row {
+            None => findings.push(Finding {
+                path: "ARCHITECTURE.md".into(),
+                line: 1,
+                rule: 2,
+                message: format!("the crate table has no row for `{}`", info.name),
+            }),
+            Some((idx, line)) => {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let layer_ok = cells.iter().any(|c| *c == info.layer);
+                let rank_ok = cells.iter().any(|c| *c == info.rank.to_string());
+                if !layer_ok || !rank_ok {
+                    findings.push(Finding {
+                        path: "ARCHITECTURE.md".into(),
+                        line: idx + 1,
+                        rule: 2,
+                        message: format!(
+                            "row for `{}` must show layer {} and rank {} as in its Cargo.toml",
+                            info.name, info.layer, info.rank
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A blocking sleep call, spelled in pieces so this file does not flag itself.
+const SLEEP_CALL: &str = concat!("thread::", "sleep(");
+
+/// Source patterns a pure crate must not contain outside feature-gated shells.
+const IMPURE_PATTERNS: &[&str] = &[
+    "tokio::",
+    "std::fs",
+    "std::net",
+    "Instant::now",
+    "SystemTime::now",
+    concat!("thread::", "sleep"),
+    "thread_rng",
+    "rand::rng",
+];
+
+fn check_purity(root: &Path, crates: &[CrateInfo], findings: &mut Vec<Finding>) -> Result<()> {
+    for info in crates.iter().filter(|c| c.layer == "pure") {
+        let output = Command::new(cargo_bin())
+            .args([
+                "tree",
+                "-e",
+                "normal",
+                "--no-default-features",
+                "--prefix",
+                "none",
+                "-p",
+                &info.name,
+            ])
+            .current_dir(root)
+            .output()
+            .with_context(|| format!("running cargo tree for {}", info.name))?;
+        let tree = String::from_utf8_lossy(&output.stdout);
+        for banned in ["tokio ", "mio ", "socket2 "] {
+            if tree.lines().any(|line| line.starts_with(banned)) {
+                findings.push(Finding {
+                    path: relative(root, &info.manifest),
+                    line: 1,
+                    rule: 10,
+                    message: format!(
+                        "pure crate {} pulls in {} without default features",
+                        info.name,
+                        banned.trim()
+                    ),
+                });
+            }
+        }
+        let src = info
+            .manifest
+            .parent()
+            .map(|dir| dir.join("src"))
+            .unwrap_or_default();
+        for file in rust_files(&src)? {
+            let text = read(&file)?;
+            if text.contains("#![cfg(feature") {
+                continue;
+            }
+            for (idx, line) in code_lines(&text) {
+                for pattern in IMPURE_PATTERNS {
+                    if line.contains(pattern) {
+                        findings.push(Finding {
+                            path: relative(root, &file),
+                            line: idx + 1,
+                            rule: 10,
+                            message: format!("pure crate source uses `{pattern}`"),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_sources(
+    root: &Path,
+    crates: &[CrateInfo],
+    allow: &[(String, String)],
+    findings: &mut Vec<Finding>,
+) -> Result<()> {
+    let allowed = |path: &str, pattern: &str| allow.iter().any(|(f, p)| f == path && p == pattern);
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap_or_default();
+    for info in crates {
+        let Some(crate_dir) = info.manifest.parent() else {
+            continue;
+        };
+        let is_library = info.layer == "pure" || info.layer == "async";
+        if info.name != "xtask" && !architecture.contains(&info.name) {
+            findings.push(Finding {
+                path: "ARCHITECTURE.md".into(),
+                line: 1,
+                rule: 29,
+                message: format!("ARCHITECTURE.md does not mention {}", info.name),
+            });
+        }
+        for file in rust_files(&crate_dir.join("src"))? {
+            let text = read(&file)?;
+            let rel = relative(root, &file);
+            let first = text
+                .lines()
+                .find(|line| !line.trim().is_empty())
+                .unwrap_or_default();
+            if !first.starts_with("//!") {
+                findings.push(Finding {
+                    path: rel.clone(),
+                    line: 1,
+                    rule: 28,
+                    message: "source file must start with `//!` module docs".into(),
+                });
+            }
+            check_markers(&rel, &text, findings);
+            if is_library {
+                for (idx, line) in code_lines(&text) {
+                    for banned in ["dbg!(", "todo!(", "unimplemented!(", "println!("] {
+                        if line.contains(banned) && !allowed(&rel, banned) {
+                            findings.push(Finding {
+                                path: rel.clone(),
+                                line: idx + 1,
+                                rule: 29,
+                                message: format!("library code must not use `{banned}`"),
+                            });
+                        }
+                    }
+                }
+            }
+            check_test_hygiene(&rel, &text, &allowed, findings);
+        }
+        for dir in ["tests", "benches"] {
+            for file in rust_files(&crate_dir.join(dir))? {
+                let text = read(&file)?;
+                let rel = relative(root, &file);
+                check_markers(&rel, &text, findings);
+                check_test_hygiene(&rel, &text, &allowed, findings);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `TODO`/`FIXME`/`XXX` need an issue reference like `(#12)`.
+fn check_markers(rel: &str, text: &str, findings: &mut Vec<Finding>) {
+    for (idx, line) in text.lines().enumerate() {
+        // Spelled in pieces so this file does not flag itself.
+        for marker in [
+            concat!("TO", "DO"),
+            concat!("FIX", "ME"),
+            concat!("X", "XX"),
+        ] {
+            if let Some(pos) = line.find(marker)
+                && !line[pos..].contains("(#")
+            {
+                findings.push(Finding {
+                    path: rel.to_owned(),
+                    line: idx + 1,
+                    rule: 29,
+                    message: format!("`{marker}` without an issue reference `(#N)`"),
+                });
+            }
+        }
+    }
+}
+
+fn check_test_hygiene(
+    rel: &str,
+    text: &str,
+    allowed: &dyn Fn(&str, &str) -> bool,
+    findings: &mut Vec<Finding>,
+) {
+    for (idx, line) in code_lines(text) {
+        for banned in [
+            concat!("#[ig", "nore"),
+            concat!("#[should", "_panic"),
+            SLEEP_CALL,
+        ] {
+            if line.contains(banned) && !allowed(rel, banned) {
+                findings.push(Finding {
+                    path: rel.to_owned(),
+                    line: idx + 1,
+                    rule: 26,
+                    message: format!(
+                        "`{banned}` is banned (waiting must use signals; see STYLE rule 25)"
+                    ),
+                });
+            }
+        }
+    }
+}
+
+fn check_manifests(root: &Path, crates: &[CrateInfo], findings: &mut Vec<Finding>) -> Result<()> {
+    for info in crates {
+        let text = read(&info.manifest)?;
+        let manifest: toml::Value = toml::from_str(&text)
+            .with_context(|| format!("parsing {}", info.manifest.display()))?;
+        let rel = relative(root, &info.manifest);
+        if manifest
+            .get("lints")
+            .and_then(|l| l.get("workspace"))
+            .and_then(toml::Value::as_bool)
+            != Some(true)
+        {
+            findings.push(Finding {
+                path: rel.clone(),
+                line: 1,
+                rule: 1,
+                message: "crate must set `[lints] workspace = true`".into(),
+            });
+        }
+        for table in ["dependencies", "dev-dependencies", "build-dependencies"] {
+            let Some(deps) = manifest.get(table).and_then(toml::Value::as_table) else {
+                continue;
+            };
+            for (name, spec) in deps {
+                let uses_workspace =
+                    spec.get("workspace").and_then(toml::Value::as_bool) == Some(true);
+                if !uses_workspace {
+                    let line = text
+                        .lines()
+                        .position(|l| l.trim_start().starts_with(name.as_str()))
+                        .map_or(1, |i| i + 1);
+                    findings.push(Finding {
+                        path: rel.clone(),
+                        line,
+                        rule: 1,
+                        message: format!("[{table}] {name} must use `workspace = true`"),
+                    });
+                }
+            }
+        }
+    }
+    let root_manifest = read(&root.join("Cargo.toml"))?;
+    for lint in ["unwrap_used", "expect_used", "panic"] {
+        if !root_manifest
+            .lines()
+            .any(|l| l.starts_with(lint) && l.contains("deny"))
+        {
+            findings.push(Finding {
+                path: "Cargo.toml".into(),
+                line: 1,
+                rule: 20,
+                message: format!("[workspace.lints.clippy] must deny {lint}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Lines that are not comments (so docs may mention banned patterns).
+fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines().enumerate().filter(|(_, line)| {
+        let trimmed = line.trim_start();
+        !(trimmed.starts_with("//") || trimmed.starts_with("*") || trimmed.starts_with("/*"))
+    })
+}
+
+fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    if !dir.is_dir() {
+        return Ok(files);
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        let entries = std::fs::read_dir(&current)
+            .with_context(|| format!("reading {}", current.display()))?;
+        for entry in entries {
+            let path = entry
+                .with_context(|| format!("reading {}", current.display()))?
+                .path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_passes_tidy() {
+        let findings = check_all(&workspace_root()).expect("tidy checks run");
+        let listing: Vec<String> = findings.iter().map(ToString::to_string).collect();
+        assert!(
+            findings.is_empty(),
+            "tidy findings:\n{}",
+            listing.join("\n")
+        );
+    }
+
+    #[test]
+    fn marker_without_issue_reference_is_reported() {
+        let mut findings = Vec::new();
+        check_markers(
+            "a.rs",
+            "let x = 1; // TODO fix\n// TODO(#4) tracked\n",
+            &mut findings,
+        );
+        assert_eq!(findings.len(), 1);
+        assert_eq!(findings[0].line, 1);
+        assert_eq!(findings[0].rule, 29);
+    }
+
+    #[test]
+    fn sleeping_test_is_reported_unless_allowed() {
+        let mut findings = Vec::new();
+        let text = format!("fn t() {{ std::{SLEEP_CALL}d); }}\n");
+        check_test_hygiene("t.rs", &text, &|_, _| false, &mut findings);
+        assert_eq!(findings.len(), 1);
+        findings.clear();
+        check_test_hygiene("t.rs", &text, &|_, _| true, &mut findings);
+        assert!(findings.is_empty());
+    }
+}
