@@ -1,1 +1,36 @@
-//! Model cards, discovery backends and the membership projection with topology and readiness.
+//! Model cards, discovery, and the membership projection with topology and readiness.
+//!
+//! This crate owns what a relay learns from discovery: the model deployment card schema
+//! ([`ModelDeploymentCard`]), the discovery scope ([`DiscoveryConfig`]), the incremental
+//! projection of cards into endpoint memberships ([`MembershipProjection`] →
+//! [`MembershipView`]) with conflicts of three scopes, and serving topology/readiness
+//! ([`TopologyState`]).
+//!
+//! Invariants: the core is sans-IO (no tokio, no clock, no filesystem, no sockets); a
+//! one-card change re-projects only the endpoints it affects; a request-facing name claimed
+//! by two targets anywhere in the scope is omitted everywhere (fail closed).
+//!
+//! The async shell sits behind the default `watch` feature: the [`Discovery`] trait, its
+//! memory, file and etcd backends, and [`MembershipWatch`], the list/watch/reconcile loop.
+//! Start reading at [`MembershipProjection`].
+
+mod card;
+mod config;
+mod diagnostic;
+mod endpoint;
+mod instance;
+mod membership;
+mod projection;
+
+pub use card::{LoraInfo, ModelDeploymentCard, ModelType, RuntimeConfig, WorkerType};
+pub use config::{DiscoveryConfig, DiscoveryConfigError, EndpointFilter};
+pub use diagnostic::{Diagnostic, ProjectionStats};
+pub use instance::{
+    DiscoveryEvent, DiscoveryQuery, InstancePathError, InstanceRecordError, ModelCardInstance,
+    ModelCardInstanceId,
+};
+pub use membership::{
+    AdapterMembership, ConflictReason, ConflictScope, ConflictSubject, EndpointMembership,
+    MembershipConflict, MembershipView, ResolvedDomain, WorkerId, WorkerTopology, role_of,
+};
+pub use projection::{MAX_PENDING_DIAGNOSTICS, MembershipProjection};
