@@ -21,6 +21,8 @@ mod endpoint;
 mod instance;
 mod membership;
 mod projection;
+mod readiness;
+mod topology;
 
 pub use card::{LoraInfo, ModelDeploymentCard, ModelType, RuntimeConfig, WorkerType};
 pub use config::{DiscoveryConfig, DiscoveryConfigError, EndpointFilter};
@@ -34,3 +36,7 @@ pub use membership::{
     MembershipConflict, MembershipView, ResolvedDomain, WorkerId, WorkerTopology, role_of,
 };
 pub use projection::{MAX_PENDING_DIAGNOSTICS, MembershipProjection};
+pub use readiness::{Readiness, ReadinessUnit, evaluate_readiness};
+pub use topology::{
+    AdapterReadiness, ServingState, TopologyEntry, TopologyMember, TopologySnapshot, TopologyState,
+};
