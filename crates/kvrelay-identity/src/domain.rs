@@ -94,3 +94,57 @@ pub fn resolve_indexer_domain(
         routing_scope: routing_scope_id(endpoint, spec.routing_scope.as_ref()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::IdentitySource;
+    use crate::material::Material;
+    use crate::query::KvQueryHashFormat;
+
+    fn standard(block_size: u32) -> KvQuerySemantics {
+        KvQuerySemantics::new(block_size, KvQueryHashFormat::DynamoStandardV1).unwrap()
+    }
+
+    #[test]
+    fn length_framing_separates_shifted_boundaries() {
+        let split_late = Material::start(CACHE_SEMANTICS_TAGS, &["ab", "c"], None).finish();
+        let split_early = Material::start(CACHE_SEMANTICS_TAGS, &["a", "bc"], None).finish();
+        assert_ne!(split_late, split_early);
+    }
+
+    #[test]
+    fn block_size_and_format_always_enter_cache_semantics() {
+        let map = ExplicitIdentityMap::from_pairs([("weights", "r")]).unwrap();
+        for explicit in [None, Some(&map)] {
+            let base = cache_semantics_id("m", explicit, standard(16));
+            assert_ne!(base, cache_semantics_id("m", explicit, standard(32)));
+            let eagle = KvQuerySemantics::new(16, KvQueryHashFormat::DynamoEagleV1).unwrap();
+            assert_ne!(base, cache_semantics_id("m", explicit, eagle));
+        }
+    }
+
+    #[test]
+    fn explicit_map_marks_the_source() {
+        let map = ExplicitIdentityMap::from_pairs([("weights", "r")]).unwrap();
+        let id = cache_semantics_id("m", Some(&map), standard(16));
+        assert_eq!(id.source(), IdentitySource::Explicit);
+        let id = cache_semantics_id("m", None, standard(16));
+        assert_eq!(id.source(), IdentitySource::DefaultDerived);
+    }
+
+    #[test]
+    fn domain_display_joins_digests_with_a_colon() {
+        let endpoint = EndpointId::new("prod", "router", "generate").unwrap();
+        let domain = resolve_indexer_domain(
+            "meta/llama",
+            &IndexerIdentitySpec::default(),
+            standard(512),
+            &endpoint,
+        );
+        assert_eq!(
+            domain.to_string(),
+            "7d31eb9019357572470605f4a8be687e:18270d3ba03effaec8d167ba02c7752d"
+        );
+    }
+}

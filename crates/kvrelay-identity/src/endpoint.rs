@@ -189,3 +189,98 @@ fn check_part(part: EndpointPart, value: &str) -> Result<(), EndpointIdError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str, expected: (&str, &str, &str)) {
+        let endpoint: EndpointId = text.parse().unwrap();
+        assert_eq!(
+            (endpoint.namespace(), endpoint.component(), endpoint.name()),
+            expected,
+            "parsing {text:?}"
+        );
+    }
+
+    #[test]
+    fn three_parts_split_on_dots_or_slashes() {
+        check("prod/router/generate", ("prod", "router", "generate"));
+        check("prod.router.generate", ("prod", "router", "generate"));
+        check("prod.router/generate", ("prod", "router", "generate"));
+    }
+
+    #[test]
+    fn scheme_and_surrounding_separators_are_stripped() {
+        check("dyn://prod.router.generate", ("prod", "router", "generate"));
+        check(" /prod//router/generate./ ", ("prod", "router", "generate"));
+    }
+
+    #[test]
+    fn one_part_is_the_component() {
+        check("router", ("NS", "router", "E"));
+    }
+
+    #[test]
+    fn two_parts_are_namespace_and_component() {
+        check("prod/router", ("prod", "router", "E"));
+    }
+
+    #[test]
+    fn extra_parts_are_joined_into_the_name() {
+        check(
+            "prod/router/generate/v2.fast",
+            ("prod", "router", "generate_v2_fast"),
+        );
+    }
+
+    #[test]
+    fn empty_text_gives_all_defaults() {
+        check("", ("NS", "C", "E"));
+        check("dyn://", ("NS", "C", "E"));
+    }
+
+    #[test]
+    fn display_and_dotted_forms() {
+        let endpoint = EndpointId::new("prod", "router", "generate").unwrap();
+        assert_eq!(endpoint.to_string(), "prod/router/generate");
+        assert_eq!(endpoint.dotted(), "prod.router.generate");
+        assert_eq!(endpoint.as_url(), "dyn://prod.router.generate");
+        assert_eq!(endpoint.to_string().parse::<EndpointId>(), Ok(endpoint));
+    }
+
+    #[test]
+    fn empty_part_is_rejected() {
+        assert_eq!(
+            EndpointId::new("prod", "", "generate"),
+            Err(EndpointIdError::Empty {
+                part: EndpointPart::Component
+            })
+        );
+    }
+
+    #[test]
+    fn part_with_surrounding_whitespace_is_rejected() {
+        assert_eq!(
+            EndpointId::new("prod", "router", " generate"),
+            Err(EndpointIdError::SurroundingWhitespace {
+                part: EndpointPart::Name,
+                value: " generate".to_owned(),
+            })
+        );
+        assert!("prod\t/router/generate".parse::<EndpointId>().is_err());
+    }
+
+    #[test]
+    fn serde_uses_field_names_and_revalidates() {
+        let endpoint = EndpointId::new("prod", "router", "generate").unwrap();
+        let json = serde_json::to_string(&endpoint).unwrap();
+        assert_eq!(
+            json,
+            r#"{"namespace":"prod","component":"router","name":"generate"}"#
+        );
+        assert_eq!(serde_json::from_str::<EndpointId>(&json).unwrap(), endpoint);
+        let bad = r#"{"namespace":"","component":"router","name":"generate"}"#;
+        assert!(serde_json::from_str::<EndpointId>(bad).is_err());
+    }
+}

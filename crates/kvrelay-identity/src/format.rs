@@ -181,3 +181,81 @@ impl TryFrom<RawCkfFormat> for CkfFormat {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(bucket_count: u32, expected: Result<(), CkfFormatError>) {
+        let got = CkfFormat::v1(DEFAULT_CKF_SEED, bucket_count).map(|_| ());
+        assert_eq!(got, expected, "bucket count {bucket_count}");
+    }
+
+    #[test]
+    fn bucket_count_must_be_a_power_of_two_in_range() {
+        let invalid = |bucket_count| Err(CkfFormatError::InvalidBucketCount { bucket_count });
+        check(0, invalid(0));
+        check(1, invalid(1));
+        check(2, Ok(()));
+        check(3, invalid(3));
+        check(1 << 19, Ok(()));
+        check(MAX_CKF_BUCKET_COUNT, Ok(()));
+        check(MAX_CKF_BUCKET_COUNT * 2, invalid(MAX_CKF_BUCKET_COUNT * 2));
+        check(MAX_CKF_BUCKET_COUNT - 1, invalid(MAX_CKF_BUCKET_COUNT - 1));
+    }
+
+    #[test]
+    fn only_version_1_is_accepted() {
+        assert_eq!(
+            CkfFormat::from_parts(2, 0, 4, 16, 4),
+            Err(CkfFormatError::UnsupportedVersion { version: 2 })
+        );
+    }
+
+    #[test]
+    fn only_16_bit_fingerprints_are_accepted() {
+        assert_eq!(
+            CkfFormat::from_parts(1, 0, 4, 8, 4),
+            Err(CkfFormatError::UnsupportedFingerprintBits { bits: 8 })
+        );
+    }
+
+    #[test]
+    fn only_4_slots_per_bucket_are_accepted() {
+        assert_eq!(
+            CkfFormat::from_parts(1, 0, 4, 16, 8),
+            Err(CkfFormatError::UnsupportedSlotsPerBucket { slots: 8 })
+        );
+    }
+
+    #[test]
+    fn default_seed_matches_the_spec() {
+        assert_eq!(DEFAULT_CKF_SEED, 6_768_574_230_984_739_379);
+    }
+
+    #[test]
+    fn accessors_return_the_fields() {
+        let format = CkfFormat::v1(9, 1024).unwrap();
+        assert_eq!(
+            (
+                format.format_version(),
+                format.seed(),
+                format.bucket_count(),
+                format.bucket_mask(),
+                format.fingerprint_bits(),
+                format.slots_per_bucket()
+            ),
+            (1, 9, 1024, 1023, 16, 4)
+        );
+    }
+
+    #[test]
+    fn deserialising_revalidates() {
+        let json = r#"{"format_version":1,"seed":5,"bucket_count":6,"fingerprint_bits":16,"slots_per_bucket":4}"#;
+        let err = serde_json::from_str::<CkfFormat>(json).unwrap_err();
+        assert!(err.to_string().contains("bucket count 6"), "{err}");
+        let format = CkfFormat::v1(5, 8).unwrap();
+        let json = serde_json::to_string(&format).unwrap();
+        assert_eq!(serde_json::from_str::<CkfFormat>(&json).unwrap(), format);
+    }
+}

@@ -179,3 +179,126 @@ impl Iterator for BlockWindows {
         Some((start, start + self.window))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STANDARD: KvQueryHashFormat = KvQueryHashFormat::DynamoStandardV1;
+    const EAGLE: KvQueryHashFormat = KvQueryHashFormat::DynamoEagleV1;
+
+    fn tokens(n: u32) -> Vec<u32> {
+        (0..n).collect()
+    }
+
+    #[test]
+    fn standard_hashes_complete_blocks_only() {
+        assert_eq!(
+            block_hashes(&tokens(11), 4, STANDARD, HashSalt::default()).len(),
+            2
+        );
+        assert_eq!(
+            block_hashes(&tokens(12), 4, STANDARD, HashSalt::default()).len(),
+            3
+        );
+        assert!(block_hashes(&tokens(3), 4, STANDARD, HashSalt::default()).is_empty());
+    }
+
+    #[test]
+    fn eagle_needs_one_extra_token_per_window() {
+        assert_eq!(
+            block_hashes(&tokens(12), 4, EAGLE, HashSalt::default()).len(),
+            2
+        );
+        assert_eq!(
+            block_hashes(&tokens(13), 4, EAGLE, HashSalt::default()).len(),
+            3
+        );
+        assert!(block_hashes(&[], 4, EAGLE, HashSalt::default()).is_empty());
+    }
+
+    #[test]
+    fn eagle_window_overlaps_the_next_block_by_one_token() {
+        let all = tokens(9);
+        let blocks = block_hashes(&all, 4, EAGLE, HashSalt::default());
+        assert_eq!(blocks[0], block_hash(&all[0..5], &[], XXH3_SEED));
+        assert_eq!(blocks[1], block_hash(&all[4..9], &[], XXH3_SEED));
+    }
+
+    #[test]
+    fn zero_block_size_yields_no_hashes() {
+        assert!(block_hashes(&tokens(8), 0, STANDARD, HashSalt::default()).is_empty());
+        assert!(block_hashes(&tokens(8), 0, EAGLE, HashSalt::default()).is_empty());
+    }
+
+    #[test]
+    fn block_hash_is_xxh3_of_little_endian_tokens() {
+        let window = [1u32, 0x0102_0304, u32::MAX];
+        let mut bytes = Vec::new();
+        for token in window {
+            bytes.extend_from_slice(&token.to_le_bytes());
+        }
+        assert_eq!(block_hash(&window, &[], 99), xxh3_64_with_seed(&bytes, 99));
+    }
+
+    #[test]
+    fn long_windows_hash_like_short_ones() {
+        // Windows above the stack buffer take the heap path; both encode the same bytes.
+        let window = tokens(300);
+        let mut bytes = Vec::new();
+        for token in &window {
+            bytes.extend_from_slice(&token.to_le_bytes());
+        }
+        assert_eq!(block_hash(&window, &[], 7), xxh3_64_with_seed(&bytes, 7));
+    }
+
+    #[test]
+    fn multimodal_hashes_are_appended_sorted() {
+        let window = [5u32, 6];
+        let mut bytes = Vec::new();
+        for token in window {
+            bytes.extend_from_slice(&token.to_le_bytes());
+        }
+        for mm in [3u64, 9] {
+            bytes.extend_from_slice(&mm.to_le_bytes());
+        }
+        let expected = xxh3_64_with_seed(&bytes, XXH3_SEED);
+        assert_eq!(block_hash(&window, &[9, 3], XXH3_SEED), expected);
+        assert_eq!(block_hash(&window, &[3, 9], XXH3_SEED), expected);
+    }
+
+    #[test]
+    fn multimodal_data_changes_only_its_block() {
+        let all = tokens(8);
+        let plain = block_hashes(&all, 4, STANDARD, HashSalt::default());
+        let mm = block_hashes_with_mm(&all, 4, STANDARD, HashSalt::default(), &[vec![], vec![42]]);
+        assert_eq!(mm[0], plain[0]);
+        assert_ne!(mm[1], plain[1]);
+        let none = block_hashes_with_mm(&all, 4, STANDARD, HashSalt::default(), &[]);
+        assert_eq!(none, plain);
+    }
+
+    #[test]
+    fn salt_changes_block_hashes_but_not_the_chain_seed() {
+        let salt = HashSalt {
+            lora_name: Some("adapter-a"),
+            cache_namespace: None,
+        };
+        let salted = block_hashes(&tokens(8), 4, STANDARD, salt);
+        let plain = block_hashes(&tokens(8), 4, STANDARD, HashSalt::default());
+        assert_ne!(salted, plain);
+        let seqs = sequence_hashes(&salted);
+        assert_eq!(seqs[1], canonical_child(salted[0], salted[1]));
+    }
+
+    #[test]
+    fn sequence_chain_starts_at_the_first_block_hash() {
+        let blocks = [11u64, 22, 33];
+        let seqs = sequence_hashes(&blocks);
+        assert_eq!(seqs[0], canonical_root(11));
+        assert_eq!(seqs[0], 11);
+        assert_eq!(seqs[1], canonical_child(11, 22));
+        assert_eq!(seqs[2], canonical_child(seqs[1], 33));
+        assert!(sequence_hashes(&[]).is_empty());
+    }
+}

@@ -252,3 +252,120 @@ fn check_name(kind: ModelNameKind, value: &str) -> Result<(), ModelNameError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(name: &str) -> CanonicalModelId {
+        CanonicalModelId::new(name).unwrap()
+    }
+
+    fn alias(name: &str) -> ModelAlias {
+        ModelAlias::new(name).unwrap()
+    }
+
+    #[test]
+    fn empty_names_are_rejected() {
+        assert_eq!(
+            CanonicalModelId::new(""),
+            Err(ModelNameError::Empty {
+                kind: ModelNameKind::CanonicalModelId
+            })
+        );
+        assert_eq!(
+            ModelAlias::new(""),
+            Err(ModelNameError::Empty {
+                kind: ModelNameKind::ModelAlias
+            })
+        );
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_rejected_naming_the_value() {
+        let err = CanonicalModelId::new("llama ").unwrap_err();
+        assert_eq!(
+            err,
+            ModelNameError::SurroundingWhitespace {
+                kind: ModelNameKind::CanonicalModelId,
+                value: "llama ".to_owned()
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "canonical model id \"llama \" must not contain leading or trailing whitespace"
+        );
+        assert!(ModelAlias::new("\tb").is_err());
+    }
+
+    #[test]
+    fn interior_whitespace_and_any_characters_are_accepted() {
+        assert!(CanonicalModelId::new("meta llama/3.1:8B@fp8 é").is_ok());
+        assert!(ModelAlias::new(&"x".repeat(10_000)).is_ok());
+    }
+
+    #[test]
+    fn names_serialise_as_plain_strings_and_revalidate() {
+        assert_eq!(serde_json::to_string(&model("llama")).unwrap(), "\"llama\"");
+        assert_eq!(
+            serde_json::from_str::<ModelAlias>("\"b\"").unwrap(),
+            alias("b")
+        );
+        assert!(serde_json::from_str::<CanonicalModelId>("\" x\"").is_err());
+        assert!(serde_json::from_str::<ModelAlias>("\"\"").is_err());
+    }
+
+    #[test]
+    fn target_serialises_externally_tagged() {
+        let base = ModelTarget::Base {
+            base_model: model("llama"),
+        };
+        assert_eq!(
+            serde_json::to_string(&base).unwrap(),
+            r#"{"Base":{"base_model":"llama"}}"#
+        );
+        let lora = ModelTarget::Lora {
+            base_model: model("llama"),
+            adapter: model("sql"),
+        };
+        assert_eq!(
+            serde_json::to_string(&lora).unwrap(),
+            r#"{"Lora":{"base_model":"llama","adapter":"sql"}}"#
+        );
+        assert!(base < lora);
+        assert_eq!(lora.base_model(), &model("llama"));
+        assert_eq!(lora.adapter(), Some(&model("sql")));
+        assert_eq!(base.adapter(), None);
+    }
+
+    #[test]
+    fn registration_drops_alias_equal_to_model_sorts_and_dedups() {
+        let registration = CanonicalModelRegistration::base(
+            model("llama"),
+            vec![alias("c"), alias("llama"), alias("a"), alias("c")],
+        );
+        assert_eq!(registration.aliases(), [alias("a"), alias("c")]);
+        assert_eq!(
+            registration.target(),
+            &ModelTarget::Base {
+                base_model: model("llama")
+            }
+        );
+        let names: Vec<&str> = registration.request_names().collect();
+        assert_eq!(names, ["llama", "a", "c"]);
+    }
+
+    #[test]
+    fn deserialising_a_registration_renormalises() {
+        let json =
+            r#"{"model":"m","target":{"Base":{"base_model":"m"}},"aliases":["z","m","a","z"]}"#;
+        let registration: CanonicalModelRegistration = serde_json::from_str(json).unwrap();
+        assert_eq!(registration.aliases(), [alias("a"), alias("z")]);
+    }
+
+    #[test]
+    fn deserialising_a_registration_revalidates_names() {
+        let json = r#"{"model":"m","target":{"Base":{"base_model":"m"}},"aliases":[" a"]}"#;
+        assert!(serde_json::from_str::<CanonicalModelRegistration>(json).is_err());
+    }
+}

@@ -34,3 +34,55 @@ impl fmt::Display for PoolId {
         write!(f, "{}/{}", self.indexer_domain, self.dc_id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::{CacheSemanticsId, IdentitySource, RoutingScopeId};
+
+    fn domain(source: IdentitySource) -> IndexerDomainId {
+        IndexerDomainId {
+            cache_semantics: CacheSemanticsId::new([0xaa; 16], IdentitySource::Explicit),
+            routing_scope: RoutingScopeId::new([0xbb; 16], source),
+        }
+    }
+
+    #[test]
+    fn display_joins_domain_and_dc() {
+        let pool = PoolId {
+            indexer_domain: domain(IdentitySource::Explicit),
+            dc_id: DcId(1),
+        };
+        assert_eq!(
+            pool.to_string(),
+            format!("{}:{}/0000000000000001", "aa".repeat(16), "bb".repeat(16))
+        );
+    }
+
+    #[test]
+    fn relies_on_defaults_when_either_axis_is_default_derived() {
+        let explicit = PoolId {
+            indexer_domain: domain(IdentitySource::Explicit),
+            dc_id: DcId(1),
+        };
+        let derived = PoolId {
+            indexer_domain: domain(IdentitySource::DefaultDerived),
+            dc_id: DcId(1),
+        };
+        assert!(!explicit.relies_on_defaults());
+        assert!(derived.relies_on_defaults());
+    }
+
+    #[test]
+    fn pools_order_by_domain_before_dc() {
+        let low = PoolId {
+            indexer_domain: domain(IdentitySource::DefaultDerived),
+            dc_id: DcId(9),
+        };
+        let high = PoolId {
+            indexer_domain: domain(IdentitySource::Explicit),
+            dc_id: DcId(1),
+        };
+        assert!(low < high);
+    }
+}

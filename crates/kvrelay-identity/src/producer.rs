@@ -88,3 +88,52 @@ impl TryFrom<RawProducerIdentity> for ProducerIdentity {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dc::DcId;
+    use crate::digest::{CacheSemanticsId, IdentitySource, RoutingScopeId};
+    use crate::domain::IndexerDomainId;
+    use crate::format::DEFAULT_CKF_SEED;
+
+    fn pool() -> PoolId {
+        PoolId {
+            indexer_domain: IndexerDomainId {
+                cache_semantics: CacheSemanticsId::new([1; 16], IdentitySource::DefaultDerived),
+                routing_scope: RoutingScopeId::new([2; 16], IdentitySource::Explicit),
+            },
+            dc_id: DcId(7),
+        }
+    }
+
+    #[test]
+    fn zero_layout_generation_is_rejected() {
+        let format = CkfFormat::v1(DEFAULT_CKF_SEED, 16).unwrap();
+        assert_eq!(
+            ProducerIdentity::new(pool(), 9, 0, format),
+            Err(ProducerIdentityError::ZeroLayoutGeneration)
+        );
+    }
+
+    #[test]
+    fn serde_uses_field_names_and_revalidates() {
+        let format = CkfFormat::v1(DEFAULT_CKF_SEED, 16).unwrap();
+        let producer = ProducerIdentity::new(pool(), 9, 1, format).unwrap();
+        let json = serde_json::to_string(&producer).unwrap();
+        for field in [
+            "pool_id",
+            "producer_incarnation",
+            "layout_generation",
+            "format",
+        ] {
+            assert!(json.contains(&format!("\"{field}\"")), "{json}");
+        }
+        assert_eq!(
+            serde_json::from_str::<ProducerIdentity>(&json).unwrap(),
+            producer
+        );
+        let zero = json.replace("\"layout_generation\":1", "\"layout_generation\":0");
+        assert!(serde_json::from_str::<ProducerIdentity>(&zero).is_err());
+    }
+}

@@ -112,3 +112,62 @@ impl TryFrom<RawKvQuerySemantics> for KvQuerySemantics {
         Self::new(raw.kv_block_size, raw.hash_format)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_serialise_snake_case() {
+        assert_eq!(
+            serde_json::to_string(&KvQueryHashFormat::DynamoStandardV1).unwrap(),
+            "\"dynamo_standard_v1\""
+        );
+        assert_eq!(
+            serde_json::to_string(&KvQueryHashFormat::DynamoEagleV1).unwrap(),
+            "\"dynamo_eagle_v1\""
+        );
+    }
+
+    #[test]
+    fn identity_version_is_1_for_standard_and_2_for_eagle() {
+        assert_eq!(KvQueryHashFormat::DynamoStandardV1.identity_version(), 1);
+        assert_eq!(KvQueryHashFormat::DynamoEagleV1.identity_version(), 2);
+    }
+
+    #[test]
+    fn enable_eagle_selects_the_eagle_format() {
+        assert!(KvQueryHashFormat::from_enable_eagle(true).is_eagle());
+        assert!(!KvQueryHashFormat::from_enable_eagle(false).is_eagle());
+    }
+
+    #[test]
+    fn zero_block_size_is_rejected() {
+        assert_eq!(
+            KvQuerySemantics::new(0, KvQueryHashFormat::DynamoEagleV1),
+            Err(KvQuerySemanticsError::ZeroBlockSize)
+        );
+    }
+
+    #[test]
+    fn semantics_serde_uses_field_names_and_revalidates() {
+        let semantics = KvQuerySemantics::new(16, KvQueryHashFormat::DynamoStandardV1).unwrap();
+        let json = serde_json::to_string(&semantics).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kv_block_size":16,"hash_format":"dynamo_standard_v1"}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<KvQuerySemantics>(&json).unwrap(),
+            semantics
+        );
+        let zero = r#"{"kv_block_size":0,"hash_format":"dynamo_standard_v1"}"#;
+        let err = serde_json::from_str::<KvQuerySemantics>(zero).unwrap_err();
+        assert!(err.to_string().contains("must be nonzero"), "{err}");
+    }
+
+    #[test]
+    fn unknown_format_is_rejected() {
+        assert!(serde_json::from_str::<KvQueryHashFormat>("\"unspecified\"").is_err());
+    }
+}

@@ -84,3 +84,33 @@ impl TryFrom<RawDcRelayIdentity> for DcRelayIdentity {
         Self::from_parts(raw.drt_instance_id, raw.relay_incarnation)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incarnation_is_masked_to_63_bits() {
+        let relay = DcRelayIdentity::new(3, u64::MAX);
+        assert_eq!(relay.relay_incarnation(), (1 << 63) - 1);
+        assert_eq!(relay.drt_instance_id(), 3);
+        assert_eq!(DcRelayIdentity::new(3, 1 << 63).relay_incarnation(), 0);
+    }
+
+    #[test]
+    fn from_parts_rejects_the_top_bit() {
+        assert_eq!(
+            DcRelayIdentity::from_parts(3, 1 << 63),
+            Err(DcRelayIdentityError::IncarnationOutOfRange {
+                incarnation: 1 << 63
+            })
+        );
+        assert!(DcRelayIdentity::from_parts(3, 5).is_ok());
+    }
+
+    #[test]
+    fn deserialising_rejects_a_64_bit_incarnation() {
+        let json = r#"{"drt_instance_id":1,"relay_incarnation":18446744073709551615}"#;
+        assert!(serde_json::from_str::<DcRelayIdentity>(json).is_err());
+    }
+}

@@ -77,3 +77,40 @@ impl FromStr for WorkerRole {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_sort_in_declaration_order() {
+        let mut roles = vec![
+            WorkerRole::Legacy,
+            WorkerRole::Aggregated,
+            WorkerRole::Encode,
+            WorkerRole::Decode,
+            WorkerRole::Prefill,
+        ];
+        roles.sort();
+        assert_eq!(roles, WorkerRole::ALL);
+    }
+
+    #[test]
+    fn serde_name_equals_as_str_and_parses_back() {
+        for role in WorkerRole::ALL {
+            let json = serde_json::to_string(&role).unwrap();
+            assert_eq!(json, format!("\"{}\"", role.as_str()));
+            assert_eq!(role.as_str().parse::<WorkerRole>(), Ok(role));
+        }
+    }
+
+    #[test]
+    fn unknown_role_is_rejected() {
+        assert_eq!(
+            "unspecified".parse::<WorkerRole>(),
+            Err(WorkerRoleParseError::Unknown {
+                text: "unspecified".to_owned()
+            })
+        );
+    }
+}

@@ -247,3 +247,142 @@ fn validate(entries: &BTreeMap<String, String>) -> Result<(), IdentityMapError> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(pairs: &[(&str, &str)], expected: Result<(), IdentityMapError>) {
+        let got = ExplicitIdentityMap::from_pairs(pairs.iter().copied()).map(|_| ());
+        assert_eq!(got, expected, "pairs {pairs:?}");
+    }
+
+    #[test]
+    fn empty_map_is_rejected() {
+        check(&[], Err(IdentityMapError::Empty));
+    }
+
+    #[test]
+    fn thirty_two_entries_are_accepted_and_thirty_three_rejected() {
+        let keys: Vec<String> = (0..33).map(|idx| format!("k{idx}")).collect();
+        let pairs: Vec<(&str, &str)> = keys.iter().map(|key| (key.as_str(), "v")).collect();
+        check(&pairs[..32], Ok(()));
+        check(
+            &pairs,
+            Err(IdentityMapError::TooManyEntries {
+                n_entries: 33,
+                max: 32,
+            }),
+        );
+    }
+
+    #[test]
+    fn empty_key_is_rejected() {
+        check(&[("", "v")], Err(IdentityMapError::EmptyKey));
+    }
+
+    #[test]
+    fn empty_value_is_rejected_naming_the_key() {
+        check(
+            &[("weights", "")],
+            Err(IdentityMapError::EmptyValue {
+                key: "weights".to_owned(),
+            }),
+        );
+    }
+
+    #[test]
+    fn key_of_128_bytes_is_accepted_and_129_rejected() {
+        let long = "k".repeat(129);
+        check(&[(&long[..128], "v")], Ok(()));
+        check(
+            &[(&long, "v")],
+            Err(IdentityMapError::KeyTooLong {
+                key: long.clone(),
+                len: 129,
+                max: 128,
+            }),
+        );
+    }
+
+    #[test]
+    fn value_of_1024_bytes_is_accepted_and_1025_rejected() {
+        let long = "v".repeat(1025);
+        check(&[("k", &long[..1024])], Ok(()));
+        check(
+            &[("k", &long)],
+            Err(IdentityMapError::ValueTooLong {
+                key: "k".to_owned(),
+                len: 1025,
+                max: 1024,
+            }),
+        );
+    }
+
+    #[test]
+    fn repeated_key_in_pairs_is_rejected() {
+        check(
+            &[("a", "1"), ("a", "2")],
+            Err(IdentityMapError::DuplicateKey {
+                key: "a".to_owned(),
+            }),
+        );
+    }
+
+    #[test]
+    fn deserialising_rejects_duplicate_json_keys() {
+        let err = serde_json::from_str::<ExplicitIdentityMap>(r#"{"a":"1","a":"2"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"a\" appears more than once"), "{err}");
+    }
+
+    #[test]
+    fn deserialising_revalidates_entries() {
+        let err = serde_json::from_str::<ExplicitIdentityMap>(r#"{"a":""}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must not be empty"), "{err}");
+        assert!(serde_json::from_str::<ExplicitIdentityMap>("{}").is_err());
+    }
+
+    #[test]
+    fn deserialising_counts_every_entry_past_the_limit() {
+        let body: Vec<String> = (0..40).map(|idx| format!("\"k{idx}\":\"v\"")).collect();
+        let json = format!("{{{}}}", body.join(","));
+        let err = serde_json::from_str::<ExplicitIdentityMap>(&json)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("has 40 entries, at most 32"), "{err}");
+    }
+
+    #[test]
+    fn entries_iterate_in_key_order() {
+        let map = ExplicitIdentityMap::from_pairs([("b", "2"), ("a", "1")]).unwrap();
+        let keys: Vec<&str> = map.iter().map(|(key, _)| key).collect();
+        assert_eq!(keys, ["a", "b"]);
+        assert_eq!(serde_json::to_string(&map).unwrap(), r#"{"a":"1","b":"2"}"#);
+    }
+
+    #[test]
+    fn empty_spec_serialises_without_fields() {
+        let spec = IndexerIdentitySpec::default();
+        assert!(spec.is_empty());
+        assert_eq!(serde_json::to_string(&spec).unwrap(), "{}");
+        let parsed: IndexerIdentitySpec = serde_json::from_str("{}").unwrap();
+        assert_eq!(parsed, spec);
+    }
+
+    #[test]
+    fn spec_with_one_axis_is_not_empty() {
+        let spec: IndexerIdentitySpec =
+            serde_json::from_str(r#"{"routing_scope":{"fleet":"global"}}"#).unwrap();
+        assert!(!spec.is_empty());
+        assert!(spec.semantics.is_none());
+    }
+
+    #[test]
+    fn spec_rejects_unknown_fields() {
+        assert!(serde_json::from_str::<IndexerIdentitySpec>(r#"{"semantic":{"a":"b"}}"#).is_err());
+    }
+}
