@@ -1,1 +1,44 @@
 //! KV event sources: vLLM and SGLang over ZMQ, Dynamo over NATS, trace replay.
+//!
+//! Every source yields canonical [`kvrelay_ckf::RouterEvent`]s for one or more
+//! `(worker_id, dp_rank)` sources, in each source's order, plus lifecycle signals.
+//!
+//! # Layers
+//!
+//! - Pure (no tokio, usable anywhere): [`decode_engine_batch`] (msgpack → [`EngineBatch`]),
+//!   [`Canonicalizer`] ([`EngineBatch`] → router events, with the media/attention-group
+//!   filtering rule), [`SequenceTracker`] (gap → replay, buffering, resets), the event
+//!   trace format and the [`TraceWorkload`] generator.
+//! - Async shells: the ZMQ source, the NATS source and trace replay wrap the pure parts.
+//!
+//! Malformed input is a typed error, counted per source and kind; a source never stops
+//! on bad data. Start reading at [`decode_engine_batch`] and [`Canonicalizer`].
+
+mod canonical;
+mod engine;
+mod engine_decoder;
+mod error;
+pub mod limits;
+mod msgpack;
+mod sequence;
+mod source;
+mod stats;
+mod zmq_frames;
+mod zmq_source;
+
+pub use canonical::{
+    BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, multimodal_hash,
+    stored_token_hashes,
+};
+pub use engine::{
+    BlockRemoved, BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, ExtraKey,
+    HashRepr, TokenIds,
+};
+pub use engine_decoder::decode_engine_batch;
+pub use error::{CanonicalizeError, DecodeError, RejectionKind, SourceError};
+pub use limits::Limits;
+pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
+pub use stats::SourceStats;
+pub use source::{SourceHandle, SourceOutput, SourceSignal};
+pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
+pub use zmq_source::{ZmqSourceConfig, spawn_zmq_source};

@@ -1,0 +1,2 @@
+//! Decode + canonicalize throughput (placeholder until the benchmark lands).
+fn main() {}

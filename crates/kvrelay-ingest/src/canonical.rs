@@ -1,0 +1,299 @@
+//! Logical engine events → canonical router events for the pool's filter.
+//!
+//! Each stored block gets the token hash the pool's query semantics give its tokens
+//! (block size, standard or Eagle windows, salted by the event's LoRA name and cache
+//! salt, with multimodal hashes from vLLM `extra_keys`). Engine block ids are kept as
+//! per-source ids only; the filter derives canonical sequence hashes from token hashes.
+//!
+//! # Filtering rule (media and attention groups)
+//!
+//! The filter describes what a worker holds in device (GPU) memory for full attention:
+//! - an event whose `medium` is present and is not `GPU` or `DEVICE` (any case) is
+//!   filtered out (CPU offload, disk and external tiers);
+//! - a stored event whose `kv_cache_spec_kind` is present and is not `full_attention` is
+//!   filtered out; a `full_attention` event teaches the canonicalizer its source's
+//!   full-attention `group_idx`;
+//! - an event without a spec kind (every removal, and stored events of older engines) is
+//!   kept when its `group_idx` is absent or equals the learned full-attention group
+//!   (group 0 until one is learned).
+//!
+//! Filtered events are counted, never errors.
+
+use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_identity::KvQueryHashFormat;
+use kvrelay_identity::hashing::{HashSalt, block_hash};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::engine::{BlockRemoved, BlockStored, EngineBatch, EngineEvent, ExtraKey, TokenIds};
+use crate::error::CanonicalizeError;
+
+/// The pool's token-hashing rules events are canonicalized with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CanonicalConfig {
+    /// Tokens per block; events with another `block_size` are rejected.
+    pub block_size: u32,
+    /// Standard or Eagle windows.
+    pub hash_format: KvQueryHashFormat,
+}
+
+/// What canonicalizing one batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Router events produced.
+    pub n_events: usize,
+    /// Engine events dropped by the filtering rule.
+    pub n_filtered: usize,
+    /// Engine events rejected, each with its reason; the rest of the batch still applies.
+    pub rejected: Vec<CanonicalizeError>,
+}
+
+/// Per-worker canonicalization state: the learned full-attention group and the next
+/// event id.
+#[derive(Debug, Clone)]
+pub struct Canonicalizer {
+    config: CanonicalConfig,
+    worker_id: u64,
+    default_dp_rank: u32,
+    full_attention_group: Option<u32>,
+    next_event_id: u64,
+}
+
+impl Canonicalizer {
+    /// A canonicalizer for `worker_id`; batches without a rank use `default_dp_rank`.
+    pub fn new(worker_id: u64, default_dp_rank: u32, config: CanonicalConfig) -> Self {
+        Self {
+            config,
+            worker_id,
+            default_dp_rank,
+            full_attention_group: None,
+            next_event_id: 0,
+        }
+    }
+
+    /// The source a batch belongs to: this worker and the batch's rank.
+    pub fn source_of(&self, batch: &EngineBatch) -> SourceId {
+        SourceId::new(self.worker_id, batch.dp_rank.unwrap_or(self.default_dp_rank))
+    }
+
+    /// The source a reset or clear applies to when no batch names a rank.
+    pub fn default_source(&self) -> SourceId {
+        SourceId::new(self.worker_id, self.default_dp_rank)
+    }
+
+    /// Forgets learned per-source state (on a source reset).
+    pub fn reset(&mut self) {
+        self.full_attention_group = None;
+    }
+
+    /// Appends the router events of `batch` to `out`, in order.
+    ///
+    /// ```
+    /// use kvrelay_ingest::{CanonicalConfig, Canonicalizer, EngineBatch, EngineEvent};
+    /// use kvrelay_identity::KvQueryHashFormat;
+    /// let config = CanonicalConfig { block_size: 16, hash_format: KvQueryHashFormat::DynamoStandardV1 };
+    /// let mut canonicalizer = Canonicalizer::new(7, 0, config);
+    /// let batch = EngineBatch { ts: 0.0, events: vec![EngineEvent::AllBlocksCleared], dp_rank: Some(2) };
+    /// let mut out = Vec::new();
+    /// let outcome = canonicalizer.canonicalize(&batch, &mut out);
+    /// assert_eq!(outcome.n_events, 1);
+    /// assert_eq!(out[0].source.dp_rank, 2);
+    /// ```
+    pub fn canonicalize(&mut self, batch: &EngineBatch, out: &mut Vec<RouterEvent>) -> BatchOutcome {
+        let source = self.source_of(batch);
+        let mut outcome = BatchOutcome::default();
+        for (event_idx, event) in batch.events.iter().enumerate() {
+            let payload = match event {
+                EngineEvent::BlockStored(stored) => {
+                    if !self.keeps_stored(stored) {
+                        outcome.n_filtered += 1;
+                        continue;
+                    }
+                    match stored_payload(stored, event_idx, self.config) {
+                        Ok(payload) => payload,
+                        Err(err) => {
+                            outcome.rejected.push(err);
+                            continue;
+                        }
+                    }
+                }
+                EngineEvent::BlockRemoved(removed) => {
+                    if !self.keeps_removed(removed) {
+                        outcome.n_filtered += 1;
+                        continue;
+                    }
+                    EventPayload::Removed(RemovedBlocks {
+                        engine_block_ids: removed.block_hashes.iter().map(|h| h.value).collect(),
+                    })
+                }
+                EngineEvent::AllBlocksCleared => EventPayload::AllCleared,
+            };
+            out.push(RouterEvent {
+                source,
+                event_id: self.next_event_id,
+                payload,
+            });
+            self.next_event_id += 1;
+            outcome.n_events += 1;
+        }
+        outcome
+    }
+
+    /// A clear event for `source` (used when the source resets).
+    pub fn clear_event(&mut self, source: SourceId) -> RouterEvent {
+        let event = RouterEvent {
+            source,
+            event_id: self.next_event_id,
+            payload: EventPayload::AllCleared,
+        };
+        self.next_event_id += 1;
+        event
+    }
+
+    fn keeps_stored(&mut self, stored: &BlockStored) -> bool {
+        if !is_device_medium(stored.medium.as_deref()) {
+            return false;
+        }
+        match stored.kv_cache_spec_kind.as_deref() {
+            Some(kind) if kind.eq_ignore_ascii_case("full_attention") => {
+                if let Some(group) = stored.group_idx {
+                    self.full_attention_group = Some(group);
+                }
+                true
+            }
+            Some(_) => false,
+            None => self.in_full_attention_group(stored.group_idx),
+        }
+    }
+
+    fn keeps_removed(&self, removed: &BlockRemoved) -> bool {
+        is_device_medium(removed.medium.as_deref()) && self.in_full_attention_group(removed.group_idx)
+    }
+
+    fn in_full_attention_group(&self, group_idx: Option<u32>) -> bool {
+        match group_idx {
+            None => true,
+            Some(group) => group == self.full_attention_group.unwrap_or(0),
+        }
+    }
+}
+
+/// Whether a medium string names device (GPU) memory; absent means device.
+pub fn is_device_medium(medium: Option<&str>) -> bool {
+    match medium {
+        None => true,
+        Some(text) => text.eq_ignore_ascii_case("GPU") || text.eq_ignore_ascii_case("DEVICE"),
+    }
+}
+
+/// The u64 a multimodal identifier contributes to its block's hash: the first 16 hex
+/// digits of a 64-hex digest, otherwise XXH3-64 of the identifier; empty gives none.
+pub fn multimodal_hash(identifier: &str) -> Option<u64> {
+    if identifier.is_empty() {
+        return None;
+    }
+    if identifier.len() == 64 && identifier.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return u64::from_str_radix(&identifier[..16], 16).ok();
+    }
+    Some(xxh3_64(identifier.as_bytes()))
+}
+
+/// The token hashes of a stored event's blocks under `config`.
+pub fn stored_token_hashes(
+    stored: &BlockStored,
+    event_idx: usize,
+    config: CanonicalConfig,
+) -> Result<Vec<u64>, CanonicalizeError> {
+    let n_blocks = stored.block_hashes.len();
+    if n_blocks == 0 {
+        return Err(CanonicalizeError::EmptyStored { event_idx });
+    }
+    if stored.block_size != config.block_size {
+        return Err(CanonicalizeError::BlockSizeMismatch {
+            event_idx,
+            block_size: stored.block_size,
+            expected: config.block_size,
+        });
+    }
+    let bs = config.block_size as usize;
+    if stored.token_ids.len() != n_blocks * bs {
+        return Err(CanonicalizeError::TokenCountMismatch {
+            event_idx,
+            n_tokens: stored.token_ids.len(),
+            n_blocks,
+            block_size: config.block_size,
+        });
+    }
+    let eagle = config.hash_format.is_eagle();
+    let mut window: Vec<u32> = Vec::with_capacity(bs + 1);
+    let mut mm: Vec<u64> = Vec::new();
+    let mut out = Vec::with_capacity(n_blocks);
+    for block_idx in 0..n_blocks {
+        let start = block_idx * bs;
+        window.clear();
+        match &stored.token_ids {
+            TokenIds::Flat(tokens) => {
+                window.extend_from_slice(&tokens[start..start + bs]);
+                if eagle {
+                    let next = tokens.get(start + bs).copied().or_else(|| {
+                        stored
+                            .lookahead_token_ids
+                            .get(block_idx)
+                            .and_then(|ahead| ahead.first().copied())
+                    });
+                    window.push(next.ok_or(CanonicalizeError::MissingLookahead { event_idx, block_idx })?);
+                }
+            }
+            TokenIds::Bigram(pairs) => {
+                let block = &pairs[start..start + bs];
+                window.extend(block.iter().map(|pair| pair[0]));
+                if eagle && let Some(last) = block.last() {
+                    window.push(last[1]);
+                }
+            }
+        }
+        let keys = stored.extra_keys.get(block_idx).and_then(Option::as_ref);
+        let salt_text = keys.and_then(|keys| block_salt(keys, stored.lora_name.as_deref()));
+        let salt = HashSalt {
+            lora_name: stored.lora_name.as_deref(),
+            cache_namespace: stored.cache_salt.as_deref().or(salt_text),
+        };
+        mm.clear();
+        if let Some(keys) = keys {
+            mm.extend(keys.iter().filter_map(|key| match key {
+                ExtraKey::Multimodal { identifier, .. } => multimodal_hash(identifier),
+                ExtraKey::Text(_) => None,
+            }));
+        }
+        out.push(block_hash(&window, &mm, salt.seed()));
+    }
+    Ok(out)
+}
+
+/// The cache salt among a block's extra keys: the first text key that is not the LoRA name.
+fn block_salt<'a>(keys: &'a [ExtraKey], lora_name: Option<&str>) -> Option<&'a str> {
+    keys.iter().find_map(|key| match key {
+        ExtraKey::Text(text) if Some(text.as_str()) != lora_name => Some(text.as_str()),
+        _ => None,
+    })
+}
+
+fn stored_payload(
+    stored: &BlockStored,
+    event_idx: usize,
+    config: CanonicalConfig,
+) -> Result<EventPayload, CanonicalizeError> {
+    let token_hashes = stored_token_hashes(stored, event_idx, config)?;
+    let blocks = stored
+        .block_hashes
+        .iter()
+        .zip(token_hashes)
+        .map(|(engine, token_hash)| StoredBlock {
+            engine_block_id: engine.value,
+            token_hash,
+        })
+        .collect();
+    Ok(EventPayload::Stored(StoredBlocks {
+        parent_engine_block_id: stored.parent_block_hash.map(|h| h.value),
+        blocks,
+    }))
+}
