@@ -71,3 +71,9 @@ pub struct RemovedBlocks {
     /// The engine ids of the removed blocks.
     pub engine_block_ids: Vec<u64>,
 }
+
+impl std::fmt::Display for SourceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "worker {} rank {}", self.worker_id, self.dp_rank)
+    }
+}

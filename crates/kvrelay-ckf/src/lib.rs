@@ -6,19 +6,49 @@
 //! - **Events in** ([`event`]): [`RouterEvent`] = [`SourceId`] `{worker_id, dp_rank}` +
 //!   `event_id` + [`EventPayload`] (`Stored` chain with optional parent engine block id and
 //!   per-block `engine_block_id` + `token_hash`; `Removed` engine block ids; `AllCleared`).
+//! - **Producer** ([`ownership`]): [`PoolFilter::new`]`(`[`CkfConfig`]`)`, then
+//!   [`PoolFilter::apply`] per event ([`ApplyError`] = rejected, nothing changed),
+//!   [`PoolFilter::clear_source`], [`PoolFilter::remove_worker`],
+//!   [`PoolFilter::reset_source`]; publish with [`PoolFilter::take_delta`] (call it at your
+//!   cadence) and [`PoolFilter::snapshot`] (a barrier: pending tail delta, then chunks).
+//!   [`PoolFilter::counters`] and [`PoolFilter::memory`] for telemetry.
 //! - **Images out** ([`image`]): [`BucketImage`] `{bucket_idx, word}` (absolute word),
 //!   [`Delta`] `{base_sequence, sequence, images}` (coalesced, sorted, never empty) and
 //!   [`SnapshotChunk`] `{sequence, bucket_count, chunk_index, chunk_count, first_bucket,
 //!   words}`. Plain data; the codec crate owns their CBI1 bytes and checksum.
+//! - **Replica** ([`replica`]): [`Replica`] installs chunks and applies deltas strictly in
+//!   sequence; any error leaves it invalid until a new snapshot.
+//! - **Query** ([`query`]): [`QueryTable`] holds any number of pool lanes bucket-major and
+//!   answers [`PrefixQuery::prefix_depths`]; [`ExactIndex`] is the exact baseline.
+//! - **Addressing** ([`addressing`]): [`Addressing::address`] gives a hash's
+//!   fingerprint, primary and alternate bucket for a `kvrelay_identity::CkfFormat`.
 //!
 //! # Invariants
 //!
 //! Pure and single-threaded: no tokio, no clock, no IO, no ambient randomness (relocation
-//! is driven by a seed passed in). Every fallible mutation validates first: on `Err` the
-//! state is unchanged.
+//! is driven by the format's seed). Every fallible mutation validates first: on `Err` the
+//! state is unchanged. Only an owner count going 0 → 1 inserts a fingerprint and only
+//! 1 → 0 removes one. Start reading at [`ownership`].
 
+pub mod addressing;
+mod bucket;
+pub mod counters;
 pub mod event;
+pub mod format;
 pub mod image;
+mod keyhash;
+pub mod ownership;
+mod publication;
+pub mod query;
+pub mod replica;
+mod search;
+mod table;
 
+pub use addressing::{Address, Addressing};
+pub use counters::{ApplyOutcome, FilterCounters, MemoryUsage};
 pub use event::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+pub use format::{CkfConfig, ConfigError};
 pub use image::{BucketImage, Delta, MAX_BUCKET_COUNT, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
+pub use ownership::{ApplyError, BarrierSnapshot, PoolFilter, PublishError};
+pub use query::{ExactIndex, PrefixDepths, PrefixQuery, QueryConfig, QueryConfigError, QueryTable};
+pub use replica::{Replica, ReplicaError, ReplicaStatus};

@@ -1,0 +1,343 @@
+//! Multi-pool prefix queries: the [`PrefixQuery`] trait, the lossy [`QueryTable`] of pool
+//! lanes and its result type.
+//!
+//! The table stores every lane's replica bucket-major: row `b` holds bucket `b` of every
+//! lane side by side (`stride` words, lanes `0..n_lanes`), so one probe of a hash reads two
+//! rows and answers "which pools hold this hash" for all pools at once. There is no lane
+//! cap; adding a lane beyond the stride re-lays the table out with a doubled stride.
+
+use kvrelay_identity::CkfFormat;
+
+use crate::addressing::Addressing;
+use crate::bucket;
+use crate::format::ConfigError;
+use crate::image::{Delta, SnapshotChunk};
+use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
+use crate::search::{Prober, SearchScratch, search};
+
+/// Default number of positions verified below each depth.
+pub const DEFAULT_VERIFICATION_WINDOW: u32 = 2;
+
+/// Largest accepted verification window.
+pub const MAX_VERIFICATION_WINDOW: u32 = 8;
+
+/// Answers "how many leading blocks of this request does each pool hold".
+pub trait PrefixQuery {
+    /// Pools (lanes) the answer has one entry for.
+    fn n_pools(&self) -> usize;
+
+    /// Fills `out` with each pool's matched prefix depth for the request's canonical
+    /// sequence hashes (`kvrelay_identity::sequence_hashes` of its block hashes).
+    fn prefix_depths_into(&self, sequence_hashes: &[u64], out: &mut PrefixDepths);
+
+    /// Allocating form of [`PrefixQuery::prefix_depths_into`].
+    fn prefix_depths(&self, sequence_hashes: &[u64]) -> PrefixDepths {
+        let mut out = PrefixDepths::default();
+        self.prefix_depths_into(sequence_hashes, &mut out);
+        out
+    }
+}
+
+/// Per pool, the matched prefix depth in blocks (`None`: the pool's lane is not ready).
+/// Reuse one value across queries to avoid allocating.
+#[derive(Debug, Clone, Default)]
+pub struct PrefixDepths {
+    depths: Vec<Option<u32>>,
+    scratch: SearchScratch,
+}
+
+impl PrefixDepths {
+    /// Depth per pool, indexed by lane.
+    pub fn depths(&self) -> &[Option<u32>] {
+        &self.depths
+    }
+
+    /// Depth of one pool.
+    pub fn depth(&self, pool: usize) -> Option<u32> {
+        self.depths.get(pool).copied().flatten()
+    }
+
+    /// Positions probed by the last query (filter probes, or exact lookups per pool).
+    pub fn n_probes(&self) -> u32 {
+        self.scratch.n_probes
+    }
+}
+
+/// Query table settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryConfig {
+    /// Positions re-checked below each depth, `1..=MAX_VERIFICATION_WINDOW`.
+    pub verification_window: u32,
+}
+
+impl Default for QueryConfig {
+    fn default() -> Self {
+        Self {
+            verification_window: DEFAULT_VERIFICATION_WINDOW,
+        }
+    }
+}
+
+/// Why a query table could not be built or grown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryConfigError {
+    /// The verification window is outside `1..=MAX_VERIFICATION_WINDOW`.
+    #[error("verification window {window} is outside 1..={MAX_VERIFICATION_WINDOW}")]
+    InvalidVerificationWindow {
+        /// The rejected window.
+        window: u32,
+    },
+    /// An allocation failed; the table is unchanged.
+    #[error(transparent)]
+    Allocation(#[from] ConfigError),
+}
+
+/// Replicas of many pools (one lane each, one shared format), laid out bucket-major.
+///
+/// ```
+/// use kvrelay_ckf::{CkfConfig, PoolFilter, PrefixQuery, QueryConfig, QueryTable};
+/// let producer = PoolFilter::new(CkfConfig::new(64))?;
+/// let mut table = QueryTable::new(producer.format(), QueryConfig::default())?;
+/// let lane = table.add_lane()?;
+/// assert_eq!(table.prefix_depths(&[11, 12]).depth(lane), None); // no snapshot yet
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct QueryTable {
+    format: CkfFormat,
+    addressing: Addressing,
+    window: u32,
+    stride: usize,
+    words: Vec<u64>,
+    lanes: Vec<Sequencer>,
+}
+
+impl QueryTable {
+    /// An empty table (no lanes) for `format`.
+    pub fn new(format: CkfFormat, config: QueryConfig) -> Result<Self, QueryConfigError> {
+        let window = config.verification_window;
+        if !(1..=MAX_VERIFICATION_WINDOW).contains(&window) {
+            return Err(QueryConfigError::InvalidVerificationWindow { window });
+        }
+        Ok(Self {
+            format,
+            addressing: Addressing::new(format),
+            window,
+            stride: 0,
+            words: Vec::new(),
+            lanes: Vec::new(),
+        })
+    }
+
+    /// The shared format of every lane.
+    pub fn format(&self) -> CkfFormat {
+        self.format
+    }
+
+    /// Lanes in the table.
+    pub fn n_lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Adds an empty lane and returns its index. Grows the row stride (doubling, fallible
+    /// allocation, re-layout) when full; on `Err` the table is unchanged.
+    pub fn add_lane(&mut self) -> Result<usize, QueryConfigError> {
+        if self.lanes.len() == self.stride {
+            self.grow()?;
+        }
+        self.lanes
+            .push(Sequencer::new(u64::from(self.format.bucket_count())));
+        Ok(self.lanes.len() - 1)
+    }
+
+    /// Installs one snapshot chunk into `lane`; `true` when the snapshot is complete.
+    /// While assembling, the lane answers nothing.
+    pub fn install_chunk(
+        &mut self,
+        lane: usize,
+        chunk: &SnapshotChunk,
+    ) -> Result<bool, ReplicaError> {
+        let complete = self.lane_mut(lane)?.accept_chunk(chunk)?;
+        let first = chunk.first_bucket as usize;
+        for (offset, &word) in chunk.words.iter().enumerate() {
+            self.words[(first + offset) * self.stride + lane] = word;
+        }
+        Ok(complete)
+    }
+
+    /// Applies a delta to `lane` whole, strictly in sequence; any error leaves the lane
+    /// invalid (it answers nothing) until a new snapshot.
+    pub fn apply_delta(&mut self, lane: usize, delta: &Delta) -> Result<(), ReplicaError> {
+        self.lane_mut(lane)?.accept_delta(delta)?;
+        for image in &delta.images {
+            self.words[image.bucket_idx as usize * self.stride + lane] = image.word;
+        }
+        Ok(())
+    }
+
+    /// Returns `lane` to empty (for example when its pool went away) and clears its words.
+    pub fn reset_lane(&mut self, lane: usize) -> Result<(), ReplicaError> {
+        self.lane_mut(lane)?.reset();
+        let stride = self.stride;
+        for row in self.words.chunks_exact_mut(stride) {
+            row[lane] = 0;
+        }
+        Ok(())
+    }
+
+    /// Where `lane` stands.
+    pub fn lane_status(&self, lane: usize) -> Option<ReplicaStatus> {
+        self.lanes.get(lane).map(Sequencer::status)
+    }
+
+    /// Bytes of bucket words held (all lanes, including spare stride).
+    pub fn table_bytes(&self) -> u64 {
+        self.words.len() as u64 * 8
+    }
+
+    fn lane_mut(&mut self, lane: usize) -> Result<&mut Sequencer, ReplicaError> {
+        let n_lanes = self.lanes.len();
+        self.lanes
+            .get_mut(lane)
+            .ok_or(ReplicaError::UnknownLane { lane, n_lanes })
+    }
+
+    fn grow(&mut self) -> Result<(), ConfigError> {
+        let new_stride = (self.stride * 2).max(4);
+        let bucket_count = self.format.bucket_count() as usize;
+        let n_words = bucket_count * new_stride;
+        let mut words = Vec::new();
+        words
+            .try_reserve_exact(n_words)
+            .map_err(|_| ConfigError::AllocationFailed {
+                what: "query table",
+                bytes: n_words as u64 * 8,
+            })?;
+        words.resize(n_words, 0);
+        if self.stride > 0 {
+            for (new_row, old_row) in words
+                .chunks_exact_mut(new_stride)
+                .zip(self.words.chunks_exact(self.stride))
+            {
+                new_row[..self.stride].copy_from_slice(old_row);
+            }
+        }
+        self.words = words;
+        self.stride = new_stride;
+        Ok(())
+    }
+}
+
+impl Prober for QueryTable {
+    fn n_lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    fn is_ready(&self, lane: usize) -> bool {
+        self.lanes[lane].is_ready()
+    }
+
+    #[inline]
+    fn probe(&self, hash: u64, mask: &mut [u64]) {
+        let address = self.addressing.address(hash);
+        let n_lanes = self.lanes.len();
+        let primary = address.primary as usize * self.stride;
+        let alternate = address.alternate as usize * self.stride;
+        let row_a = &self.words[primary..primary + n_lanes];
+        let row_b = &self.words[alternate..alternate + n_lanes];
+        for (lane, (&a, &b)) in row_a.iter().zip(row_b).enumerate() {
+            let present =
+                bucket::contains(a, address.fingerprint) | bucket::contains(b, address.fingerprint);
+            mask[lane / 64] |= u64::from(present && self.lanes[lane].is_ready()) << (lane % 64);
+        }
+    }
+}
+
+impl PrefixQuery for QueryTable {
+    fn n_pools(&self) -> usize {
+        self.lanes.len()
+    }
+
+    fn prefix_depths_into(&self, sequence_hashes: &[u64], out: &mut PrefixDepths) {
+        search(
+            self,
+            sequence_hashes,
+            self.window,
+            &mut out.scratch,
+            &mut out.depths,
+        );
+    }
+}
+
+/// Exact per-pool membership behind the same [`PrefixQuery`] trait: the accuracy and
+/// speed baseline. A pool's depth is its first absent position (a linear scan).
+#[derive(Debug, Clone, Default)]
+pub struct ExactIndex {
+    pools: Vec<crate::keyhash::KeySet<u64>>,
+}
+
+impl ExactIndex {
+    /// An index with no pools.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an empty pool and returns its index.
+    pub fn add_pool(&mut self) -> usize {
+        self.pools.push(Default::default());
+        self.pools.len() - 1
+    }
+
+    /// Marks `hash` present in `pool` (no-op for an unknown pool).
+    pub fn insert(&mut self, pool: usize, hash: u64) {
+        if let Some(set) = self.pools.get_mut(pool) {
+            set.insert(hash);
+        }
+    }
+
+    /// Marks `hash` absent in `pool`.
+    pub fn remove(&mut self, pool: usize, hash: u64) {
+        if let Some(set) = self.pools.get_mut(pool) {
+            set.remove(&hash);
+        }
+    }
+
+    /// Whether `pool` holds `hash`.
+    pub fn contains(&self, pool: usize, hash: u64) -> bool {
+        self.pools.get(pool).is_some_and(|set| set.contains(&hash))
+    }
+
+    /// Hashes held by `pool`.
+    pub fn len(&self, pool: usize) -> usize {
+        self.pools.get(pool).map_or(0, |set| set.len())
+    }
+
+    /// Whether `pool` holds nothing.
+    pub fn is_empty(&self, pool: usize) -> bool {
+        self.len(pool) == 0
+    }
+}
+
+impl PrefixQuery for ExactIndex {
+    fn n_pools(&self) -> usize {
+        self.pools.len()
+    }
+
+    fn prefix_depths_into(&self, sequence_hashes: &[u64], out: &mut PrefixDepths) {
+        out.depths.clear();
+        let mut n_probes = 0u32;
+        for set in &self.pools {
+            let depth = sequence_hashes
+                .iter()
+                .position(|hash| {
+                    n_probes += 1;
+                    !set.contains(hash)
+                })
+                .unwrap_or(sequence_hashes.len());
+            out.depths
+                .push(Some(u32::try_from(depth).unwrap_or(u32::MAX)));
+        }
+        out.scratch.n_probes = n_probes;
+    }
+}
