@@ -1,0 +1,1 @@
+//! Explicit conversions between domain types and the v1 wire types.

@@ -1,0 +1,129 @@
+//! The stream request: the first and only frame a client sends on a connection.
+
+use bytes::BytesMut;
+use serde::{Deserialize, Serialize};
+
+use super::body::{DecodeError, EncodeError, decode_body, encode_body};
+use super::identity::ProducerIdentity;
+use super::validation::{ValidationError, check_label};
+use crate::frame::MessageKind;
+use crate::limits::{MAX_AUTH_TOKEN_LEN, MAX_SUBSCRIBER_ID_LEN};
+
+/// What a client asks a relay for. Every stream opens with a complete state, then changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StreamRequest {
+    /// A diagnostic label: non-empty, at most 128 UTF-8 bytes, no control characters.
+    pub subscriber_id: String,
+    /// The stream.
+    pub rpc: StreamRpc,
+    /// A bearer token, when the relay requires one (at most 4096 bytes).
+    pub auth_token: Option<String>,
+}
+
+/// The stream a request opens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamRpc {
+    /// One `RelayInfo` frame.
+    RelayInfo,
+    /// Complete catalog updates.
+    WatchCatalog,
+    /// Snapshot chunks then deltas of one exact producer generation.
+    SubscribePool {
+        /// The producer generation the client saw in the catalog.
+        expected_producer: ProducerIdentity,
+    },
+    /// Complete load windows.
+    WatchLoad,
+    /// Complete topology updates.
+    WatchTopology,
+}
+
+impl StreamRpc {
+    /// The wire code.
+    pub fn code(&self) -> u32 {
+        match self {
+            StreamRpc::RelayInfo => 1,
+            StreamRpc::WatchCatalog => 2,
+            StreamRpc::SubscribePool { .. } => 3,
+            StreamRpc::WatchLoad => 4,
+            StreamRpc::WatchTopology => 5,
+        }
+    }
+}
+
+impl StreamRequest {
+    /// Checks the subscriber id, the token and the expected producer.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        check_label("subscriber_id", &self.subscriber_id, MAX_SUBSCRIBER_ID_LEN)?;
+        if let Some(token) = &self.auth_token {
+            check_label("auth_token", token, MAX_AUTH_TOKEN_LEN)?;
+        }
+        if let StreamRpc::SubscribePool { expected_producer } = &self.rpc {
+            expected_producer.validate()?;
+        }
+        Ok(())
+    }
+
+    /// Appends the body to `dst`.
+    pub fn encode_body(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
+        let (rpc, expected_producer) = match &self.rpc {
+            StreamRpc::SubscribePool { expected_producer } => {
+                (self.rpc.code(), Some(*expected_producer))
+            }
+            other => (other.code(), None),
+        };
+        let wire = RequestWire {
+            subscriber_id: self.subscriber_id.clone(),
+            rpc,
+            expected_producer,
+            auth_token: self.auth_token.clone(),
+        };
+        encode_body(MessageKind::StreamRequest, &wire, dst)
+    }
+
+    /// Decodes a body sent with protocol minor `minor`.
+    pub fn decode_body(body: &[u8], minor: u16) -> Result<Self, DecodeError> {
+        let wire: RequestWire = decode_body(MessageKind::StreamRequest, body, minor)?;
+        let needs_producer = wire.rpc == 3;
+        let rpc = match (wire.rpc, wire.expected_producer) {
+            (1, None) => StreamRpc::RelayInfo,
+            (2, None) => StreamRpc::WatchCatalog,
+            (3, Some(expected_producer)) => StreamRpc::SubscribePool { expected_producer },
+            (4, None) => StreamRpc::WatchLoad,
+            (5, None) => StreamRpc::WatchTopology,
+            (code @ (0 | 6..), _) => {
+                return Err(match code {
+                    0 => DecodeError::RpcArguments {
+                        rpc: 0,
+                        detail: "rpc is unspecified",
+                    },
+                    code => DecodeError::UnsupportedRpc { code },
+                });
+            }
+            (rpc, _) => {
+                return Err(DecodeError::RpcArguments {
+                    rpc,
+                    detail: if needs_producer {
+                        "expected_producer is missing"
+                    } else {
+                        "expected_producer is only allowed for subscribe_pool"
+                    },
+                });
+            }
+        };
+        Ok(Self {
+            subscriber_id: wire.subscriber_id,
+            rpc,
+            auth_token: wire.auth_token,
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct RequestWire {
+    subscriber_id: String,
+    rpc: u32,
+    expected_producer: Option<ProducerIdentity>,
+    auth_token: Option<String>,
+}
