@@ -1,0 +1,512 @@
+//! The pool actor: one serialized task per pool generation, the only owner of that
+//! generation's filter state (exact ownership + counting cuckoo filter).
+//!
+//! Others hold a cloneable [`PoolActorHandle`]. Events enter through a bounded mailbox
+//! after taking block-weighted permits (an event weighs its block count, at least 1), so
+//! queued work is bounded both in commands and in blocks. Applied events are batched: a
+//! delta is published every `publish_every_n_events` events, or `publication_delay` after
+//! the first pending event, whichever comes first; [`PoolActorHandle::flush`] publishes now.
+//!
+//! Deltas only get sequence numbers while a publication hub is attached (a lease); without
+//! one the actor still drains its dirty buckets but publishes nothing, so the sequence
+//! stays where the last hub left it. Attaching drains the pending tail, copies the table
+//! and hands the hub a snapshot at sequence `S` and a bounded feed of deltas `S → S+1 → …`.
+//! If the hub does not keep up, its feed is closed and flagged as overrun (the hub
+//! resynchronises from a new snapshot); the actor never waits for a hub.
+//!
+//! Run loop (`biased`): fence first, then the mailbox, then the publication timer.
+//! [`PoolActorHandle::shutdown`] is graceful (queued commands run, the tail is published);
+//! [`PoolActorHandle::fence`] is not (the tail is discarded). Faults go to a bounded
+//! channel; when it is full the actor waits for its owner to drain it, unless fenced.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kvrelay_ckf::{Delta, RouterEvent, SourceId};
+use kvrelay_identity::ProducerIdentity;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::error::ActorError;
+use crate::filter::{Applied, FilterState, FilterStats};
+use crate::limits::Limits;
+
+/// How bad a fault is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FaultCategory {
+    /// The filter could not allocate; the source should be rebuilt later.
+    Resource,
+    /// The source sent an event that does not fit its history (missing parent,
+    /// contradictory block ids); the source should be reset and replayed.
+    SourceProtocol,
+    /// The filter's own invariants broke; the generation must be fenced and rebuilt.
+    ProducerInvariant,
+}
+
+/// One fault reported by a pool actor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorFault {
+    /// The source whose event failed.
+    pub source: SourceId,
+    /// The event's id.
+    pub event_id: u64,
+    /// How bad it is.
+    pub category: FaultCategory,
+    /// What happened.
+    pub message: String,
+}
+
+/// A snapshot of one actor's counters and filter statistics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolActorStats {
+    /// The last published sequence.
+    pub sequence: u64,
+    /// Whether a hub is attached (deltas are being sequenced).
+    pub publishing: bool,
+    /// Events applied (accepted, possibly with omissions).
+    pub events_applied: u64,
+    /// Events rejected with a fault.
+    pub events_rejected: u64,
+    /// Deltas published to a hub.
+    pub publications: u64,
+    /// Publication boundaries that found no changed bucket.
+    pub unchanged_publications: u64,
+    /// Bucket images drained from the filter (published or not).
+    pub emitted_images: u64,
+    /// Times a hub's feed overran and was closed.
+    pub hub_overruns: u64,
+    /// Faults reported.
+    pub faults: u64,
+    /// The filter's own statistics (load, omissions, unknown removals, resident blocks
+    /// per source).
+    pub filter: FilterStats,
+}
+
+/// What a hub receives when it attaches: a snapshot and the feed of later deltas.
+pub(crate) struct PublicationFeed {
+    pub(crate) identity: ProducerIdentity,
+    pub(crate) lease: u64,
+    pub(crate) sequence: u64,
+    pub(crate) words: Vec<u64>,
+    pub(crate) deltas: mpsc::Receiver<Arc<Delta>>,
+    pub(crate) overrun: Arc<AtomicBool>,
+}
+
+/// A cloneable handle to one pool actor.
+#[derive(Debug, Clone)]
+pub struct PoolActorHandle {
+    shared: Arc<ActorShared>,
+}
+
+#[derive(Debug)]
+struct ActorShared {
+    mailbox: mpsc::Sender<Command>,
+    permits: Arc<Semaphore>,
+    max_weight: u32,
+    identity: ProducerIdentity,
+    fence: CancellationToken,
+    stopped: CancellationToken,
+}
+
+#[derive(Debug)]
+enum Command {
+    Apply {
+        event: RouterEvent,
+        _permit: OwnedSemaphorePermit,
+    },
+    ClearSource {
+        source: SourceId,
+        reply: oneshot::Sender<()>,
+    },
+    Flush {
+        reply: oneshot::Sender<()>,
+    },
+    Stats {
+        reply: oneshot::Sender<PoolActorStats>,
+    },
+    Attach {
+        reply: oneshot::Sender<PublicationFeed>,
+    },
+    Detach {
+        lease: u64,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+impl std::fmt::Debug for PublicationFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublicationFeed")
+            .field("lease", &self.lease)
+            .field("sequence", &self.sequence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PoolActorHandle {
+    /// Spawns the actor on `tracker`; returns its handle and its fault receiver.
+    pub(crate) fn spawn(
+        state: FilterState,
+        identity: ProducerIdentity,
+        limits: &Limits,
+        tracker: &TaskTracker,
+    ) -> (Self, mpsc::Receiver<ActorFault>) {
+        let (mailbox, commands) = mpsc::channel(limits.actor_mailbox);
+        let (faults_tx, faults) = mpsc::channel(limits.fault_queue);
+        let shared = Arc::new(ActorShared {
+            mailbox,
+            permits: Arc::new(Semaphore::new(limits.actor_pending_blocks as usize)),
+            max_weight: limits.actor_pending_blocks,
+            identity,
+            fence: CancellationToken::new(),
+            stopped: CancellationToken::new(),
+        });
+        let actor = Actor {
+            identity,
+            state,
+            commands,
+            faults: faults_tx,
+            fence: shared.fence.clone(),
+            publish_every: limits.publish_every_n_events,
+            delay: limits.publication_delay,
+            hub_queue: limits.hub_delta_queue,
+            pending_events: 0,
+            deadline: None,
+            lease: None,
+            next_lease: 1,
+            sequence: 0,
+            shutdown_replies: Vec::new(),
+            stats: PoolActorStats::default(),
+        };
+        let span = tracing::info_span!(
+            "pool_actor",
+            pool = %identity.pool_id().indexer_domain,
+            generation = identity.layout_generation()
+        );
+        let stopped = shared.stopped.clone();
+        tracker.spawn(
+            async move {
+                let _stopped = StoppedGuard(stopped);
+                actor.run().await;
+            }
+            .instrument(span),
+        );
+        (Self { shared }, faults)
+    }
+
+    /// The producer generation this actor publishes.
+    pub fn identity(&self) -> ProducerIdentity {
+        self.shared.identity
+    }
+
+    /// Queues one event; returns once queued, not once applied.
+    ///
+    /// Waits for block permits (the event's block count, at least 1, at most
+    /// `actor_pending_blocks`) and then for mailbox room. Cancel-safe: dropping the future
+    /// before it returns queues nothing.
+    pub async fn submit(&self, event: RouterEvent) -> Result<(), ActorError> {
+        let weight = event_weight(&event, self.shared.max_weight);
+        let permit = self
+            .shared
+            .permits
+            .clone()
+            .acquire_many_owned(weight)
+            .await
+            .map_err(|_| ActorError::ShuttingDown)?;
+        self.shared
+            .mailbox
+            .send(Command::Apply {
+                event,
+                _permit: permit,
+            })
+            .await
+            .map_err(|_| ActorError::ShuttingDown)
+    }
+
+    /// Removes every block of `source` (its cache was cleared or the source went away)
+    /// and waits until it is applied.
+    pub async fn clear_source(&self, source: SourceId) -> Result<(), ActorError> {
+        self.request(|reply| Command::ClearSource { source, reply }).await
+    }
+
+    /// Publishes the pending batch now and waits until it is done.
+    pub async fn flush(&self) -> Result<(), ActorError> {
+        self.request(|reply| Command::Flush { reply }).await
+    }
+
+    /// The actor's counters and filter statistics, after every queued command.
+    pub async fn stats(&self) -> Result<PoolActorStats, ActorError> {
+        self.request(|reply| Command::Stats { reply }).await
+    }
+
+    /// Graceful stop: queued commands still run, the pending batch is published, then the
+    /// task exits. A second or later call gets `ShuttingDown`.
+    pub async fn shutdown(&self) -> Result<(), ActorError> {
+        self.request(|reply| Command::Shutdown { reply }).await?;
+        self.shared.stopped.cancelled().await;
+        Ok(())
+    }
+
+    /// Hard stop: the pending batch is discarded and the hub's feed closes. Waits for the
+    /// task to exit. Always succeeds.
+    pub async fn fence(&self) {
+        self.shared.fence.cancel();
+        self.shared.stopped.cancelled().await;
+    }
+
+    /// True once the actor task has exited.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.stopped.is_cancelled()
+    }
+
+    /// Block permits currently free (tests and stats).
+    pub fn available_block_permits(&self) -> usize {
+        self.shared.permits.available_permits()
+    }
+
+    pub(crate) async fn attach_publication(&self) -> Result<PublicationFeed, ActorError> {
+        self.request(|reply| Command::Attach { reply }).await
+    }
+
+    /// Retires `lease` if it is still the current one. Never waits.
+    pub(crate) fn detach_publication(&self, lease: u64) {
+        let _ = self.shared.mailbox.try_send(Command::Detach { lease });
+    }
+
+    async fn request<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, ActorError> {
+        let (reply, answer) = oneshot::channel();
+        self.shared
+            .mailbox
+            .send(command(reply))
+            .await
+            .map_err(|_| ActorError::ShuttingDown)?;
+        answer.await.map_err(|_| ActorError::Stopped)
+    }
+}
+
+/// An event's permit weight: its block count, at least 1, at most `max`.
+fn event_weight(event: &RouterEvent, max: u32) -> u32 {
+    let blocks = match &event.payload {
+        kvrelay_ckf::EventPayload::Stored(stored) => stored.blocks.len(),
+        kvrelay_ckf::EventPayload::Removed(removed) => removed.engine_block_ids.len(),
+        kvrelay_ckf::EventPayload::AllCleared => 1,
+    };
+    u32::try_from(blocks).unwrap_or(u32::MAX).clamp(1, max.max(1))
+}
+
+struct StoppedGuard(CancellationToken);
+
+impl Drop for StoppedGuard {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+struct Lease {
+    id: u64,
+    deltas: mpsc::Sender<Arc<Delta>>,
+    overrun: Arc<AtomicBool>,
+}
+
+struct Actor {
+    identity: ProducerIdentity,
+    state: FilterState,
+    commands: mpsc::Receiver<Command>,
+    faults: mpsc::Sender<ActorFault>,
+    fence: CancellationToken,
+    publish_every: u32,
+    delay: std::time::Duration,
+    hub_queue: usize,
+    pending_events: u32,
+    deadline: Option<Instant>,
+    lease: Option<Lease>,
+    next_lease: u64,
+    sequence: u64,
+    shutdown_replies: Vec<oneshot::Sender<()>>,
+    stats: PoolActorStats,
+}
+
+impl Actor {
+    async fn run(mut self) {
+        let fence = self.fence.clone();
+        let discard_tail = loop {
+            let deadline = self.deadline;
+            tokio::select! {
+                biased;
+                () = fence.cancelled() => break true,
+                command = self.commands.recv() => match command {
+                    Some(command) => self.handle(command).await,
+                    None => break false,
+                },
+                () = sleep_until_armed(deadline), if deadline.is_some() => {
+                    self.deadline = None;
+                    self.publish();
+                }
+            }
+            if self.fence.is_cancelled() {
+                break true;
+            }
+        };
+        if !discard_tail {
+            self.publish();
+        }
+        self.lease = None;
+        for reply in self.shutdown_replies.drain(..) {
+            let _ = reply.send(());
+        }
+    }
+
+    async fn handle(&mut self, command: Command) {
+        match command {
+            Command::Apply { event, _permit } => {
+                let applied = self.state.apply(&event);
+                drop(_permit);
+                self.after_apply(&event, applied).await;
+            }
+            Command::ClearSource { source, reply } => {
+                self.state.clear_source(source);
+                self.publish();
+                let _ = reply.send(());
+            }
+            Command::Flush { reply } => {
+                self.publish();
+                let _ = reply.send(());
+            }
+            Command::Stats { reply } => {
+                let mut stats = self.stats.clone();
+                stats.sequence = self.sequence;
+                stats.publishing = self.lease.is_some();
+                stats.filter = self.state.stats();
+                let _ = reply.send(stats);
+            }
+            Command::Attach { reply } => self.attach(reply),
+            Command::Detach { lease } => {
+                if self.lease.as_ref().is_some_and(|current| current.id == lease) {
+                    self.lease = None;
+                }
+            }
+            Command::Shutdown { reply } => {
+                self.commands.close();
+                self.shutdown_replies.push(reply);
+            }
+        }
+    }
+
+    async fn after_apply(&mut self, event: &RouterEvent, applied: Applied) {
+        match applied.fault {
+            None => self.stats.events_applied += 1,
+            Some((category, message)) => {
+                self.stats.events_rejected += 1;
+                self.report(ActorFault {
+                    source: event.source,
+                    event_id: event.event_id,
+                    category,
+                    message,
+                })
+                .await;
+            }
+        }
+        self.pending_events = self.pending_events.saturating_add(1);
+        if self.pending_events >= self.publish_every {
+            self.publish();
+        } else if self.deadline.is_none() {
+            self.deadline = Some(Instant::now() + self.delay);
+        }
+    }
+
+    async fn report(&mut self, fault: ActorFault) {
+        self.stats.faults += 1;
+        tracing::warn!(
+            worker_id = fault.source.worker_id,
+            dp_rank = fault.source.dp_rank,
+            category = ?fault.category,
+            error = %fault.message,
+            "pool actor rejected an event"
+        );
+        tokio::select! {
+            biased;
+            () = self.fence.cancelled() => {}
+            // A closed receiver means the owner stopped listening: the fault is dropped.
+            _ = self.faults.send(fault) => {}
+        }
+    }
+
+    /// Drains the filter's dirty buckets into one delta and hands it to the hub, if any.
+    fn publish(&mut self) {
+        self.pending_events = 0;
+        self.deadline = None;
+        let Some(images) = self.state.take_images() else {
+            self.stats.unchanged_publications += 1;
+            return;
+        };
+        self.stats.emitted_images += images.len() as u64;
+        let Some(lease) = &self.lease else {
+            return;
+        };
+        if lease.deltas.is_closed() {
+            self.lease = None;
+            return;
+        }
+        let base_sequence = self.sequence;
+        let Some(sequence) = base_sequence.checked_add(1) else {
+            tracing::error!(seq = base_sequence, "publication sequence exhausted");
+            self.lease = None;
+            return;
+        };
+        let delta = Arc::new(Delta {
+            base_sequence,
+            sequence,
+            images,
+        });
+        match lease.deltas.try_send(delta) {
+            Ok(()) => {
+                self.sequence = sequence;
+                self.stats.publications += 1;
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                lease.overrun.store(true, Ordering::Release);
+                self.stats.hub_overruns += 1;
+                self.lease = None;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => self.lease = None,
+        }
+    }
+
+    fn attach(&mut self, reply: oneshot::Sender<PublicationFeed>) {
+        // The tail goes to the current hub, if any; the new snapshot covers it anyway.
+        self.publish();
+        self.lease = None;
+        let words = self.state.copy_words();
+        let (deltas_tx, deltas) = mpsc::channel(self.hub_queue);
+        let overrun = Arc::new(AtomicBool::new(false));
+        let id = self.next_lease;
+        self.next_lease = self.next_lease.wrapping_add(1);
+        let feed = PublicationFeed {
+            identity: self.identity,
+            lease: id,
+            sequence: self.sequence,
+            words,
+            deltas,
+            overrun: overrun.clone(),
+        };
+        if reply.send(feed).is_ok() {
+            self.lease = Some(Lease {
+                id,
+                deltas: deltas_tx,
+                overrun,
+            });
+        }
+    }
+}
+
+async fn sleep_until_armed(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

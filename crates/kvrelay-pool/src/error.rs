@@ -1,0 +1,272 @@
+//! Typed errors of the pool registry, its actors and its publication hubs.
+//!
+//! One enum per failure domain. Messages are lowercase phrases naming the thing and the
+//! value. [`SubscriptionEnd`] is not an error of a call but the typed reason a pool
+//! subscription stream ended; the server maps both to wire reasons.
+
+use kvrelay_identity::{CanonicalModelId, EndpointId, ModelAlias, PoolId, WorkerRole};
+
+/// A [`crate::Limits`] value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitsError {
+    /// A capacity or duration is zero.
+    #[error("limit {field} must be greater than zero")]
+    Zero {
+        /// The field's name.
+        field: &'static str,
+    },
+}
+
+/// Worker capacity that cannot be turned into declared ranks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadCapacityError {
+    /// The same worker appears twice.
+    #[error("worker {worker_id} is declared twice")]
+    DuplicateWorker {
+        /// The worker.
+        worker_id: u64,
+    },
+    /// A worker declares no ranks.
+    #[error("worker {worker_id} has zero data_parallel_size")]
+    ZeroDataParallelSize {
+        /// The worker.
+        worker_id: u64,
+    },
+    /// A worker declares more ranks than supported.
+    #[error("worker {worker_id} declares {ranks} data-parallel ranks, above the supported {max}")]
+    TooManyRanks {
+        /// The worker.
+        worker_id: u64,
+        /// Declared ranks.
+        ranks: u32,
+        /// The supported maximum.
+        max: u32,
+    },
+    /// `start + size` overflows.
+    #[error("worker {worker_id} data-parallel rank range {start}+{size} overflows")]
+    RankRangeOverflow {
+        /// The worker.
+        worker_id: u64,
+        /// First rank.
+        start: u32,
+        /// Rank count.
+        size: u32,
+    },
+}
+
+/// Registrations or roles a pool cannot carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationError {
+    /// No canonical model at all.
+    #[error("pool {pool} requires at least one canonical model registration")]
+    NoRegistrations {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// A model is registered twice with the same target.
+    #[error("duplicate canonical model registration {model}")]
+    DuplicateModel {
+        /// The model.
+        model: CanonicalModelId,
+    },
+    /// A model is registered twice with different targets.
+    #[error("canonical model {model} resolves to conflicting targets in the same pool")]
+    ConflictingTargets {
+        /// The model.
+        model: CanonicalModelId,
+    },
+    /// An alias names a canonical model of the same pool.
+    #[error("model alias {alias} conflicts with a canonical model of the same pool")]
+    AliasIsModel {
+        /// The alias.
+        alias: ModelAlias,
+    },
+    /// Two models claim one alias.
+    #[error("model alias {alias} is claimed by both {first} and {second} in the same pool")]
+    AliasClaimedTwice {
+        /// The alias.
+        alias: ModelAlias,
+        /// The first claimant.
+        first: CanonicalModelId,
+        /// The second claimant.
+        second: CanonicalModelId,
+    },
+    /// No declared worker role.
+    #[error("pool requires at least one declared worker role")]
+    NoRoles,
+    /// A role repeats.
+    #[error("pool repeats declared worker role {role:?}")]
+    DuplicateRole {
+        /// The role.
+        role: WorkerRole,
+    },
+}
+
+/// Why an attach failed. On any error nothing was published and the reservation is gone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The registry is shutting down.
+    #[error("pool registry is shutting down")]
+    ShuttingDown,
+    /// Registrations or roles are invalid.
+    #[error(transparent)]
+    Registration(#[from] RegistrationError),
+    /// Another endpoint owns or reserves the pool (collisions are fenced, never merged).
+    #[error("pool {pool} is already owned by endpoint {owner} and cannot also attach endpoint {endpoint}")]
+    PoolAlreadyOwned {
+        /// The pool.
+        pool: PoolId,
+        /// Its current owner.
+        owner: Box<EndpointId>,
+        /// The endpoint that asked.
+        endpoint: Box<EndpointId>,
+    },
+    /// The endpoint already has a pool (it must be removed first).
+    #[error("endpoint {endpoint} is already assigned to pool {assigned} and cannot attach pool {pool}")]
+    EndpointAlreadyAssigned {
+        /// The endpoint.
+        endpoint: Box<EndpointId>,
+        /// Its current pool.
+        assigned: PoolId,
+        /// The pool it asked for.
+        pool: PoolId,
+    },
+    /// Layout generations are exhausted (`u64::MAX` attaches).
+    #[error("layout generation space exhausted")]
+    GenerationsExhausted,
+    /// The filter could not be built.
+    #[error("pool {pool} filter allocation failed: {reason}")]
+    Allocation {
+        /// The pool.
+        pool: PoolId,
+        /// The filter's build error.
+        reason: String,
+    },
+    /// The reservation was retired (shutdown) while the filter was being built.
+    #[error("pool {pool} generation {generation} reservation was retired before commit")]
+    RetiredBeforeCommit {
+        /// The pool.
+        pool: PoolId,
+        /// The reserved generation.
+        generation: u64,
+    },
+}
+
+/// Why an operation on an attached pool generation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// The pool is not attached.
+    #[error("pool {pool} is not attached")]
+    NotAttached {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// The generation was withdrawn, fenced or replaced.
+    #[error("pool {pool} generation {generation} is no longer active")]
+    GenerationInactive {
+        /// The pool.
+        pool: PoolId,
+        /// The caller's generation.
+        generation: u64,
+    },
+    /// Registrations or roles are invalid.
+    #[error(transparent)]
+    Registration(#[from] RegistrationError),
+    /// Capacity is invalid (the load snapshot was degraded and republished).
+    #[error(transparent)]
+    Capacity(#[from] LoadCapacityError),
+}
+
+/// Why a pool actor refused a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActorError {
+    /// The actor is shutting down or fenced and takes no new commands.
+    #[error("pool actor is shutting down")]
+    ShuttingDown,
+    /// The actor stopped before answering.
+    #[error("pool actor stopped before answering")]
+    Stopped,
+}
+
+/// Why a subscription could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// No active generation of this pool.
+    #[error("pool {pool} not found")]
+    UnknownPool {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// The pool's active generation is not the expected producer.
+    #[error("pool {pool}: expected producer generation {expected_generation}, got {current_generation}")]
+    ProducerMismatch {
+        /// The pool.
+        pool: PoolId,
+        /// The generation the subscriber asked for.
+        expected_generation: u64,
+        /// The active generation.
+        current_generation: u64,
+    },
+    /// The pool already has its maximum number of subscribers.
+    #[error("pool {pool} has reached max_subscribers_per_pool {limit}")]
+    SubscriberLimit {
+        /// The pool.
+        pool: PoolId,
+        /// The limit.
+        limit: usize,
+    },
+    /// Every hub slot is taken by a hub with subscribers.
+    #[error("initialized publication hubs reached max_initialized_hubs {limit}")]
+    InitializedHubLimit {
+        /// The limit.
+        limit: usize,
+    },
+    /// The generation retired, failed or the registry is shutting down.
+    #[error("pool publication unavailable: {reason}")]
+    Unavailable {
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// Why a subscription stream ended. Every end is terminal: the subscriber must open a new
+/// subscription (and take a new snapshot) to continue.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscriptionEnd {
+    /// The subscriber's queue overflowed (frames or bytes), or its hub had to
+    /// resynchronise; it never receives a gapped stream.
+    #[error("subscriber lagged")]
+    SubscriberLagged,
+    /// The producer generation was withdrawn, fenced or replaced.
+    #[error("producer generation withdrawn")]
+    ProducerWithdrawn,
+    /// The subscriber took longer than `snapshot_progress_timeout` between chunks.
+    #[error("snapshot progress timeout after {timeout_ms} ms")]
+    SnapshotProgressTimeout {
+        /// The timeout (ms).
+        timeout_ms: u64,
+    },
+    /// The hub found an invalid publication and fenced the generation.
+    #[error("invalid publication: {reason}")]
+    InvalidPublication {
+        /// What was wrong.
+        reason: String,
+    },
+    /// The registry is shutting down.
+    #[error("relay shutting down")]
+    ShuttingDown,
+    /// A frame could not be encoded (a bug: please report it).
+    #[error("internal error: {reason}")]
+    Internal {
+        /// What happened.
+        reason: String,
+    },
+}

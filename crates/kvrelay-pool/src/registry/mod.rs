@@ -1,0 +1,734 @@
+//! The pool registry: which pool generations exist, their catalog and load views, and
+//! lazy, bounded publication hubs.
+//!
+//! [`PoolRegistry`] is a cloneable handle over one [`core::RegistryCore`] (the sync
+//! decision core) behind a short lock that is never held across an `.await`. Every spawn
+//! (actors, hub tasks, hub initialisations, evictions, filter allocations) joins the
+//! registry's `TaskTracker`; [`PoolRegistry::shutdown`] fences everything and waits.
+
+pub(crate) mod core;
+pub(crate) mod registration;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, Weak};
+
+use kvrelay_identity::{
+    CanonicalModelRegistration, DcRelayIdentity, EndpointId, KvQuerySemantics, PoolId,
+    ProducerIdentity, WorkerRole,
+};
+use parking_lot::Mutex;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::core::{Commit, HubStep, InitOutcome, RegistryCore, Reserved};
+pub use self::core::RetirementMode;
+use crate::actor::{ActorFault, PoolActorHandle};
+use crate::catalog::PoolCatalog;
+use crate::error::{AttachError, LimitsError, PoolError, SubscribeError};
+use crate::filter::FilterState;
+use crate::hub::{HubContext, HubHandle};
+use crate::limits::Limits;
+use crate::load::{LoadObservation, PoolLoadSnapshot, PoolLoadState, WorkerCapacity};
+use crate::subscription::PoolSubscription;
+
+/// What the registry needs to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// This relay's identity; its incarnation fences producers across relay lifetimes.
+    pub relay: DcRelayIdentity,
+    /// Every bound (see [`Limits`]).
+    pub limits: Limits,
+}
+
+/// One pool generation to attach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachRequest {
+    /// The pool (indexer domain + DC).
+    pub pool: PoolId,
+    /// The serving endpoint that owns the pool; one pool per endpoint and vice versa.
+    pub endpoint: EndpointId,
+    /// The models served (at least one; validated).
+    pub registrations: Vec<CanonicalModelRegistration>,
+    /// How consumers hash requests for this pool.
+    pub query_semantics: KvQuerySemantics,
+    /// The declared worker roles (at least one, no repeats).
+    pub roles: Vec<WorkerRole>,
+    /// Filter sizing: expected unique resident blocks (> 0).
+    pub expected_unique_blocks: u64,
+    /// Load capacity of the pool's workers; `None` publishes no load for this pool.
+    /// Invalid capacity does not block the attach: the load snapshot is degraded.
+    pub load_capacity: Option<Vec<WorkerCapacity>>,
+}
+
+/// An attached pool generation, owned by whoever attached it.
+///
+/// Its `generation_cancel` token is cancelled when the generation is withdrawn, fenced
+/// (for example by a terminal hub failure) or removed: the owner should then call
+/// [`PoolRegistry::retire`] (or [`PoolRegistry::detach`]).
+#[derive(Debug)]
+pub struct PoolAttachment {
+    /// The pool.
+    pub pool: PoolId,
+    /// Its layout generation (unique in this registry, never reused).
+    pub generation: u64,
+    /// The pool actor: submit events here.
+    pub actor: PoolActorHandle,
+    /// The actor's faults; drain it.
+    pub faults: mpsc::Receiver<ActorFault>,
+    /// Cancelled when the generation stops being publishable.
+    pub generation_cancel: CancellationToken,
+    registrations: Arc<[CanonicalModelRegistration]>,
+    roles: Arc<[WorkerRole]>,
+}
+
+impl PoolAttachment {
+    /// The producer identity consumers subscribe with.
+    pub fn identity(&self) -> ProducerIdentity {
+        self.actor.identity()
+    }
+}
+
+/// Registry-wide counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistryStats {
+    /// Attached generations (any state).
+    pub pools: usize,
+    /// Attaches in flight.
+    pub reservations: usize,
+    /// Hub capacity units in use (≤ `max_initialized_hubs`).
+    pub initialized_hubs: usize,
+    /// Tasks alive in the registry's tracker.
+    pub tasks: usize,
+}
+
+/// The cloneable registry handle.
+#[derive(Clone)]
+pub struct PoolRegistry {
+    inner: Arc<RegistryInner>,
+}
+
+type Core = RegistryCore<PoolActorHandle, HubHandle>;
+
+struct RegistryInner {
+    limits: Arc<Limits>,
+    core: Mutex<Core>,
+    catalog: watch::Sender<PoolCatalog>,
+    load: watch::Sender<Vec<PoolLoadSnapshot>>,
+    allocation: Arc<Semaphore>,
+    encoding: Arc<Semaphore>,
+    eviction_coordinator: Arc<Semaphore>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    #[cfg(test)]
+    gates: tests::Gates,
+}
+
+impl std::fmt::Debug for PoolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolRegistry").field("stats", &self.stats()).finish()
+    }
+}
+
+impl PoolRegistry {
+    /// A registry with no pools; fails on invalid limits.
+    pub fn new(config: RegistryConfig) -> Result<Self, LimitsError> {
+        config.limits.validate()?;
+        Ok(Self::build(
+            config,
+            #[cfg(test)]
+            tests::Gates::default(),
+        ))
+    }
+
+    fn build(config: RegistryConfig, #[cfg(test)] gates: tests::Gates) -> Self {
+        let limits = Arc::new(config.limits);
+        Self {
+            inner: Arc::new(RegistryInner {
+                core: Mutex::new(RegistryCore::new(config.relay, limits.max_initialized_hubs)),
+                catalog: watch::Sender::new(PoolCatalog::new(config.relay)),
+                load: watch::Sender::new(Vec::new()),
+                allocation: Arc::new(Semaphore::new(limits.allocation_concurrency)),
+                encoding: Arc::new(Semaphore::new(limits.encoding_permits)),
+                eviction_coordinator: Arc::new(Semaphore::new(1)),
+                tracker: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+                limits,
+                #[cfg(test)]
+                gates,
+            }),
+        }
+    }
+
+    /// The relay identity.
+    pub fn relay(&self) -> DcRelayIdentity {
+        self.inner.core.lock().relay()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Attaches a new pool generation: validates, reserves the pool and endpoint, builds
+    /// the filter on a blocking thread (at most `allocation_concurrency` at once), spawns
+    /// the actor and publishes the descriptor (and load, if any).
+    ///
+    /// Cancel-safe: dropping the future, or a shutdown meanwhile, rolls the reservation
+    /// back and publishes nothing.
+    pub async fn attach(&self, request: AttachRequest) -> Result<PoolAttachment, AttachError> {
+        self.attach_with_builder(request, FilterState::build).await
+    }
+
+    async fn attach_with_builder<B>(&self, request: AttachRequest, builder: B) -> Result<PoolAttachment, AttachError>
+    where
+        B: FnOnce(u64) -> Result<FilterState, String> + Send + 'static,
+    {
+        registration::validate_registrations(request.pool, &request.registrations)?;
+        registration::validate_roles(&request.roles)?;
+        let load = request.load_capacity.as_ref().map(|workers| {
+            PoolLoadState::from_capacities(workers).unwrap_or_else(|error| {
+                tracing::warn!(%error, "ignoring invalid pool load capacity during attach");
+                PoolLoadState::default()
+            })
+        });
+        let reserved = self.inner.core.lock().reserve(request.pool, &request.endpoint)?;
+        let mut guard = ReservationGuard {
+            inner: &self.inner,
+            reserved,
+            armed: true,
+        };
+
+        let permit = self
+            .inner
+            .allocation
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| AttachError::ShuttingDown)?;
+        let expected = request.expected_unique_blocks;
+        let pool = request.pool;
+        let state = self
+            .inner
+            .tracker
+            .spawn_blocking(move || {
+                let result = builder(expected);
+                drop(permit);
+                result
+            })
+            .await
+            .map_err(|error| AttachError::Allocation {
+                pool,
+                reason: format!("allocation task failed: {error}"),
+            })?
+            .map_err(|reason| AttachError::Allocation { pool, reason })?;
+
+        let identity = ProducerIdentity::new(
+            request.pool,
+            self.relay().relay_incarnation(),
+            reserved.generation,
+            state.format(),
+        )
+        .map_err(|error| AttachError::Allocation {
+            pool,
+            reason: error.to_string(),
+        })?;
+        let registrations: Arc<[CanonicalModelRegistration]> = request.registrations.into();
+        let roles: Arc<[WorkerRole]> = request.roles.into();
+        let generation_cancel = CancellationToken::new();
+        let (actor, faults) = {
+            let mut core = self.inner.core.lock();
+            if !core.is_reserved(reserved) {
+                return Err(AttachError::RetiredBeforeCommit {
+                    pool,
+                    generation: reserved.generation,
+                });
+            }
+            let (actor, faults) = PoolActorHandle::spawn(state, identity, &self.inner.limits, &self.inner.tracker);
+            core.commit(Commit {
+                reserved,
+                endpoint: request.endpoint,
+                actor: actor.clone(),
+                identity,
+                registrations: registrations.clone(),
+                query_semantics: request.query_semantics,
+                roles: roles.clone(),
+                load,
+                cancel: generation_cancel.clone(),
+            })?;
+            self.publish(&mut core);
+            (actor, faults)
+        };
+        guard.armed = false;
+        tracing::info!(pool = %pool.indexer_domain, generation = reserved.generation, "pool attached");
+        Ok(PoolAttachment {
+            pool,
+            generation: reserved.generation,
+            actor,
+            faults,
+            generation_cancel,
+            registrations,
+            roles,
+        })
+    }
+
+    /// Graceful retirement: withdraw (catalog first), drain the actor and remove.
+    pub async fn detach(&self, attachment: PoolAttachment) {
+        self.retire(attachment, RetirementMode::Graceful).await;
+    }
+
+    /// Retires a generation: withdraws it from catalog and load, stops its hub, then shuts
+    /// the actor down (`Graceful`: tail published) or fences it (`Fenced`: tail
+    /// discarded), draining its faults meanwhile, and removes the entry.
+    pub async fn retire(&self, attachment: PoolAttachment, mode: RetirementMode) {
+        let PoolAttachment {
+            pool,
+            generation,
+            actor,
+            mut faults,
+            ..
+        } = attachment;
+        self.withdraw(pool, generation, mode).await;
+        let stop = async {
+            match mode {
+                RetirementMode::Graceful => {
+                    if actor.shutdown().await.is_err() {
+                        actor.fence().await;
+                    }
+                }
+                RetirementMode::Fenced => actor.fence().await,
+            }
+        };
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                fault = faults.recv() => match fault {
+                    Some(fault) => tracing::debug!(
+                        worker_id = fault.source.worker_id,
+                        dp_rank = fault.source.dp_rank,
+                        error = %fault.message,
+                        "draining a fault of a retiring pool"
+                    ),
+                    None => {
+                        (&mut stop).await;
+                        break;
+                    }
+                },
+            }
+        }
+        self.remove(pool, generation).await;
+    }
+
+    /// Withdraws a generation from catalog and load and stops its hub (subscribers end
+    /// with `ProducerWithdrawn`). The actor keeps running. False if `generation` is not
+    /// the pool's current one.
+    pub async fn withdraw(&self, pool: PoolId, generation: u64, mode: RetirementMode) -> bool {
+        let hub = {
+            let mut core = self.inner.core.lock();
+            if core.withdraw(pool, generation, mode).is_none() {
+                return false;
+            }
+            let hub = core.retire_slot(generation);
+            self.publish(&mut core);
+            hub
+        };
+        if let Some(hub) = hub {
+            hub.shutdown().await;
+        }
+        self.wait_slot_settled(generation).await;
+        true
+    }
+
+    /// Fences a generation after a terminal failure: withdrawn from catalog and load,
+    /// token cancelled, hub retired. A stale generation fences nothing. True if the
+    /// generation was active.
+    pub fn fence_generation(&self, pool: PoolId, generation: u64, reason: &str) -> bool {
+        let (was_active, hub) = {
+            let mut core = self.inner.core.lock();
+            let Some(was_active) = core.withdraw(pool, generation, RetirementMode::Fenced) else {
+                return false;
+            };
+            let hub = core.retire_slot(generation);
+            self.publish(&mut core);
+            (was_active, hub)
+        };
+        if let Some(hub) = hub {
+            hub.retire();
+        }
+        if was_active {
+            tracing::error!(pool = %pool.indexer_domain, generation, %reason, "pool generation fenced");
+        }
+        was_active
+    }
+
+    /// Removes a generation's entry (withdrawing it first if needed) and waits for its hub
+    /// to stop. False if `generation` is not the pool's current one.
+    pub async fn remove(&self, pool: PoolId, generation: u64) -> bool {
+        let hub = {
+            let mut core = self.inner.core.lock();
+            if core.generation_of(pool).map(|(current, _)| current) != Some(generation) {
+                return false;
+            }
+            let hub = core.retire_slot(generation);
+            core.remove(pool, generation);
+            self.publish(&mut core);
+            hub
+        };
+        if let Some(hub) = hub {
+            hub.shutdown().await;
+        }
+        self.wait_slot_settled(generation).await;
+        true
+    }
+
+    /// Replaces an active generation's registrations without a new generation.
+    pub fn replace_registrations(
+        &self,
+        attachment: &mut PoolAttachment,
+        registrations: Vec<CanonicalModelRegistration>,
+    ) -> Result<(), PoolError> {
+        registration::validate_registrations(attachment.pool, &registrations)?;
+        if attachment.registrations.as_ref() == registrations.as_slice() {
+            return Ok(());
+        }
+        let registrations: Arc<[CanonicalModelRegistration]> = registrations.into();
+        let mut core = self.inner.core.lock();
+        core.replace_registrations(attachment.pool, attachment.generation, registrations.clone())?;
+        self.publish(&mut core);
+        attachment.registrations = registrations;
+        Ok(())
+    }
+
+    /// Replaces an active generation's declared roles without a new generation.
+    pub fn replace_roles(&self, attachment: &mut PoolAttachment, roles: Vec<WorkerRole>) -> Result<(), PoolError> {
+        registration::validate_roles(&roles)?;
+        if attachment.roles.as_ref() == roles.as_slice() {
+            return Ok(());
+        }
+        let roles: Arc<[WorkerRole]> = roles.into();
+        let mut core = self.inner.core.lock();
+        core.replace_roles(attachment.pool, attachment.generation, roles.clone())?;
+        self.publish(&mut core);
+        attachment.roles = roles;
+        Ok(())
+    }
+
+    /// Replaces an active generation's load capacity. `Ok(false)`: not active or no load
+    /// published; `Ok(true)`: accepted. On `Err` the load snapshot was degraded and
+    /// republished.
+    pub fn replace_load_capacity(&self, pool: PoolId, generation: u64, workers: &[WorkerCapacity]) -> Result<bool, PoolError> {
+        let mut core = self.inner.core.lock();
+        let result = core.replace_load_capacity(pool, generation, workers);
+        self.publish(&mut core);
+        result
+    }
+
+    /// Records one rank's load for an active generation; false if not accepted (stale
+    /// generation, no load, unknown rank).
+    pub fn observe_load(&self, pool: PoolId, generation: u64, observation: LoadObservation) -> bool {
+        let mut core = self.inner.core.lock();
+        let accepted = core.observe_load(pool, generation, observation);
+        self.publish(&mut core);
+        accepted
+    }
+
+    /// Drops an active generation's load observations; false if not active or no load.
+    pub fn clear_load_observations(&self, pool: PoolId, generation: u64) -> bool {
+        let mut core = self.inner.core.lock();
+        let cleared = core.clear_load_observations(pool, generation);
+        self.publish(&mut core);
+        cleared
+    }
+
+    /// Checks that `expected` is the active producer of its pool; returns a token that is
+    /// cancelled when that generation retires (observe-only).
+    pub fn validate_active_producer(&self, expected: &ProducerIdentity) -> Result<CancellationToken, SubscribeError> {
+        self.inner.core.lock().active_generation_token(expected)
+    }
+
+    /// Opens a subscription to the exact producer `expected`.
+    ///
+    /// Checks the producer first (no waiting for a stale request), then gets or lazily
+    /// starts the pool's hub (reclaiming an idle hub's capacity when all
+    /// `max_initialized_hubs` are taken), then subscribes. Fails with
+    /// `InitializedHubLimit` when every hub has subscribers.
+    pub async fn subscribe(&self, expected: ProducerIdentity) -> Result<PoolSubscription, SubscribeError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(SubscribeError::Unavailable {
+                reason: "relay shutting down".to_owned(),
+            });
+        }
+        let admission = self.inner.core.lock().begin_admission(&expected)?;
+        let _pending = AdmissionGuard {
+            inner: &self.inner,
+            generation: admission.generation,
+        };
+        let mut attempted = false;
+        loop {
+            let step = self.inner.core.lock().hub_step(&admission, attempted)?;
+            match step {
+                HubStep::Ready(hub) => {
+                    let subscription = hub.subscribe().await?;
+                    self.inner.core.lock().active_generation_token(&expected)?;
+                    return Ok(subscription);
+                }
+                HubStep::Wait(mut changed) => {
+                    tokio::select! {
+                        _ = changed.changed() => {}
+                        () = admission.generation_cancel.cancelled() => {
+                            return Err(SubscribeError::Unavailable {
+                                reason: "pool generation retired".to_owned(),
+                            });
+                        }
+                    }
+                }
+                HubStep::Initialize { with_capacity } => {
+                    attempted = true;
+                    let registry = self.clone();
+                    let initialization = Initialization {
+                        pool: admission.pool,
+                        generation: admission.generation,
+                        actor: admission.actor.clone(),
+                        identity: admission.identity,
+                        cancel: admission.generation_cancel.clone(),
+                    };
+                    self.inner
+                        .tracker
+                        .spawn(async move { registry.initialize(initialization, with_capacity).await });
+                }
+            }
+        }
+    }
+
+    /// The current catalog.
+    pub fn catalog(&self) -> PoolCatalog {
+        self.inner.catalog.borrow().clone()
+    }
+
+    /// A watch of complete catalog snapshots.
+    pub fn watch_catalog(&self) -> watch::Receiver<PoolCatalog> {
+        self.inner.catalog.subscribe()
+    }
+
+    /// The current load snapshots, sorted by pool.
+    pub fn load(&self) -> Vec<PoolLoadSnapshot> {
+        self.inner.load.borrow().clone()
+    }
+
+    /// A watch of complete load views (sorted by pool).
+    pub fn watch_load(&self) -> watch::Receiver<Vec<PoolLoadSnapshot>> {
+        self.inner.load.subscribe()
+    }
+
+    /// Registry-wide counters.
+    pub fn stats(&self) -> RegistryStats {
+        let core = self.inner.core.lock();
+        RegistryStats {
+            pools: core.pool_count(),
+            reservations: core.reservation_count(),
+            initialized_hubs: core.hubs_in_use(),
+            tasks: self.inner.tracker.len(),
+        }
+    }
+
+    /// A token cancelled when the registry shuts down.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.child_token()
+    }
+
+    /// Stops the registry: refuses new attaches, clears catalog and load, ends every
+    /// subscription with `ShuttingDown`, fences every actor (tails discarded) and waits for
+    /// every task it spawned.
+    pub async fn shutdown(&self) {
+        let (entries, hubs) = {
+            let mut core = self.inner.core.lock();
+            let entries = core.shutdown();
+            let hubs: Vec<HubHandle> = entries
+                .iter()
+                .filter_map(|(_, generation, _, _)| core.retire_slot(*generation))
+                .collect();
+            self.publish(&mut core);
+            (entries, hubs)
+        };
+        self.inner.shutdown.cancel();
+        self.inner.allocation.close();
+        for hub in &hubs {
+            hub.shutdown().await;
+        }
+        for (_, generation, cancel, actor) in entries {
+            cancel.cancel();
+            actor.fence().await;
+            self.wait_slot_settled(generation).await;
+        }
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+        tracing::info!("pool registry stopped");
+    }
+
+    fn publish(&self, core: &mut Core) {
+        while let Some(publication) = core.poll_publication() {
+            self.inner
+                .catalog
+                .send_if_modified(|catalog| core::apply_to_catalog(catalog, &publication));
+            self.inner
+                .load
+                .send_if_modified(|load| core::apply_to_load(load, &publication));
+        }
+    }
+
+    async fn wait_slot_settled(&self, generation: u64) {
+        loop {
+            let Some(mut changed) = self.inner.core.lock().unsettled_slot(generation) else {
+                return;
+            };
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn initialize(self, init: Initialization, with_capacity: bool) {
+        if !with_capacity
+            && let Err(error) = self.reclaim_capacity(&init).await
+        {
+            tracing::debug!(%error, "publication hub initialisation found no capacity");
+            let mut core = self.inner.core.lock();
+            core.abort_initialization(init.generation, init.cancel.is_cancelled());
+            return;
+        }
+        let result = self.start_hub(&init).await;
+        let outcome = self.inner.core.lock().finish_initialization(init.generation, result);
+        match outcome {
+            InitOutcome::Installed => {}
+            InitOutcome::Discard(Some(hub)) => hub.shutdown().await,
+            InitOutcome::Discard(None) => {}
+            InitOutcome::Fence(reason) => {
+                self.fence_generation(init.pool, init.generation, &format!("publication hub: {reason}"));
+            }
+        }
+    }
+
+    async fn start_hub(&self, init: &Initialization) -> Result<HubHandle, String> {
+        #[cfg(test)]
+        self.inner.gates.initialization.pass(&init.cancel).await?;
+        let feed = tokio::select! {
+            biased;
+            () = init.cancel.cancelled() => return Err("pool generation retired".to_owned()),
+            feed = init.actor.attach_publication() => {
+                feed.map_err(|error| format!("failed to attach to the pool actor: {error}"))?
+            }
+        };
+        let lease = feed.lease;
+        #[cfg(test)]
+        if let Err(reason) = self.inner.gates.post_snapshot.pass(&init.cancel).await {
+            init.actor.detach_publication(lease);
+            return Err(reason);
+        }
+        if init.cancel.is_cancelled() {
+            init.actor.detach_publication(lease);
+            return Err("pool generation retired".to_owned());
+        }
+        HubHandle::spawn(&init.actor, feed, self.hub_context(init))
+    }
+
+    fn hub_context(&self, init: &Initialization) -> HubContext {
+        let registry: Weak<RegistryInner> = Arc::downgrade(&self.inner);
+        let pool = init.pool;
+        let generation = init.generation;
+        HubContext {
+            identity: init.identity,
+            limits: self.inner.limits.clone(),
+            encoding: self.inner.encoding.clone(),
+            tracker: self.inner.tracker.clone(),
+            shutdown: self.inner.shutdown.clone(),
+            on_failure: Arc::new(move |reason| {
+                if let Some(inner) = registry.upgrade() {
+                    PoolRegistry { inner }.fence_generation(pool, generation, &format!("publication hub: {reason}"));
+                }
+            }),
+        }
+    }
+
+    /// Takes the eviction coordinator, retries free capacity, then evicts one idle hub of
+    /// another pool and takes over its capacity. The eviction runs in its own tracked task
+    /// so a requester that retires meanwhile cannot strand the victim or leak its unit.
+    async fn reclaim_capacity(&self, init: &Initialization) -> Result<(), SubscribeError> {
+        let retired = || SubscribeError::Unavailable {
+            reason: "pool generation retired while waiting for publication hub capacity".to_owned(),
+        };
+        let coordinator = tokio::select! {
+            biased;
+            () = init.cancel.cancelled() => return Err(retired()),
+            permit = self.inner.eviction_coordinator.clone().acquire_owned() => {
+                permit.map_err(|_| retired())?
+            }
+        };
+        let limit = SubscribeError::InitializedHubLimit {
+            limit: self.inner.limits.max_initialized_hubs,
+        };
+        let victim = {
+            let mut core = self.inner.core.lock();
+            if core.try_take_capacity(init.generation) {
+                return Ok(());
+            }
+            core.claim_idle_victim(init.generation).ok_or(limit.clone())?
+        };
+        let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
+        let registry = self.clone();
+        let requester = init.generation;
+        self.inner.tracker.spawn(async move {
+            let _coordinator = coordinator;
+            #[cfg(test)]
+            registry.inner.gates.eviction.pass_uncancellable().await;
+            victim.hub.shutdown().await;
+            let granted = registry.inner.core.lock().finish_eviction(victim.generation, requester);
+            tracing::debug!(pool = %victim.pool.indexer_domain, generation = victim.generation, "idle publication hub evicted");
+            let _ = granted_tx.send(granted);
+        });
+        tokio::select! {
+            biased;
+            () = init.cancel.cancelled() => Err(retired()),
+            granted = granted_rx => match granted {
+                Ok(true) => Ok(()),
+                _ => Err(limit),
+            },
+        }
+    }
+}
+
+struct Initialization {
+    pool: PoolId,
+    generation: u64,
+    actor: PoolActorHandle,
+    identity: ProducerIdentity,
+    cancel: CancellationToken,
+}
+
+/// Rolls an attach's reservation back unless disarmed (cancelled or failed attach).
+struct ReservationGuard<'a> {
+    inner: &'a RegistryInner,
+    reserved: Reserved,
+    armed: bool,
+}
+
+impl Drop for ReservationGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.inner.core.lock().rollback(self.reserved);
+        }
+    }
+}
+
+/// Ends a pending admission when the subscribe call returns or is dropped.
+struct AdmissionGuard<'a> {
+    inner: &'a RegistryInner,
+    generation: u64,
+}
+
+impl Drop for AdmissionGuard<'_> {
+    fn drop(&mut self) {
+        self.inner.core.lock().end_admission(self.generation);
+    }
+}
