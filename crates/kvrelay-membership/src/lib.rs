@@ -17,16 +17,24 @@
 mod card;
 mod config;
 mod diagnostic;
+#[cfg(feature = "watch")]
+mod discovery;
 mod endpoint;
 mod instance;
 mod membership;
+#[cfg(feature = "watch")]
+mod memory;
 mod projection;
 mod readiness;
 mod topology;
+#[cfg(feature = "watch")]
+mod watch;
 
 pub use card::{LoraInfo, ModelDeploymentCard, ModelType, RuntimeConfig, WorkerType};
 pub use config::{DiscoveryConfig, DiscoveryConfigError, EndpointFilter};
 pub use diagnostic::{Diagnostic, ProjectionStats};
+#[cfg(feature = "watch")]
+pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
 pub use instance::{
     DiscoveryEvent, DiscoveryQuery, InstancePathError, InstanceRecordError, ModelCardInstance,
     ModelCardInstanceId,
@@ -35,8 +43,16 @@ pub use membership::{
     AdapterMembership, ConflictReason, ConflictScope, ConflictSubject, EndpointMembership,
     MembershipConflict, MembershipView, ResolvedDomain, WorkerId, WorkerTopology, role_of,
 };
+#[cfg(feature = "watch")]
+pub use memory::{MEMORY_WATCH_QUEUE_DEPTH, MemoryDiscovery};
 pub use projection::{MAX_PENDING_DIAGNOSTICS, MembershipProjection};
 pub use readiness::{Readiness, ReadinessUnit, evaluate_readiness};
 pub use topology::{
     AdapterReadiness, ServingState, TopologyEntry, TopologyMember, TopologySnapshot, TopologyState,
+};
+#[cfg(feature = "watch")]
+pub use watch::{
+    DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX, DEFAULT_RECONCILE_INTERVAL,
+    DEFAULT_SHUTDOWN_TIMEOUT, MembershipSubscription, MembershipWatch, MembershipWatchError,
+    WatchConfig,
 };
