@@ -17,6 +17,7 @@
 mod canonical;
 mod engine;
 mod engine_decoder;
+mod engine_encoder;
 mod error;
 pub mod limits;
 mod msgpack;
@@ -35,6 +36,7 @@ pub use engine::{
     HashRepr, TokenIds,
 };
 pub use engine_decoder::decode_engine_batch;
+pub use engine_encoder::{EngineLayout, encode_engine_batch};
 pub use error::{CanonicalizeError, DecodeError, RejectionKind, SourceError};
 pub use limits::Limits;
 pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};

@@ -5,7 +5,9 @@
 //! [`SequenceTracker::handle_replay_failed`]), then drains [`SequenceTracker::poll_action`]
 //! until `None`. Rules:
 //!
-//! - the first batch seen is applied whatever its sequence (joining a running engine);
+//! - the first batch seen is applied when it is sequence 0 or there is no replay
+//!   endpoint; otherwise (joining a running engine, or a slow subscription) the tracker
+//!   first replays from 0 to recover what the engine still buffers, as for a gap;
 //! - the next sequence is applied; a jump forward is a **gap**: with a replay endpoint the
 //!   tracker asks for a replay from the first missing sequence and buffers live batches
 //!   until the replay ends, then applies the buffer in order; without one it resets;
@@ -155,23 +157,13 @@ impl<P> SequenceTracker<P> {
     pub fn handle_live(&mut self, seq: u64, payload: P) {
         let state = std::mem::replace(&mut self.state, State::Fresh);
         self.state = match state {
-            State::Fresh => self.apply(seq, payload),
+            State::Fresh if seq == 0 || !self.config.replay_available => self.apply(seq, payload),
+            State::Fresh => self.start_replay(0, seq, payload),
             State::Live { next } if seq == next => self.apply(seq, payload),
             State::Live { next } if seq > next => {
                 self.actions.push_back(SequenceAction::Gap { expected: next, got: seq });
                 if self.config.replay_available {
-                    self.epoch += 1;
-                    self.actions.push_back(SequenceAction::RequestReplay {
-                        from_seq: next,
-                        epoch: self.epoch,
-                    });
-                    let mut buffered = VecDeque::new();
-                    buffered.push_back((seq, payload));
-                    State::Replaying {
-                        next,
-                        epoch: self.epoch,
-                        buffered,
-                    }
+                    self.start_replay(next, seq, payload)
                 } else {
                     self.reset(ResetReason::GapWithoutReplay { expected: next, got: seq });
                     self.apply(seq, payload)
@@ -271,6 +263,21 @@ impl<P> SequenceTracker<P> {
         self.state = State::Live { next };
     }
 
+    fn start_replay(&mut self, from_seq: u64, seq: u64, payload: P) -> State<P> {
+        self.epoch += 1;
+        self.actions.push_back(SequenceAction::RequestReplay {
+            from_seq,
+            epoch: self.epoch,
+        });
+        let mut buffered = VecDeque::new();
+        buffered.push_back((seq, payload));
+        State::Replaying {
+            next: from_seq,
+            epoch: self.epoch,
+            buffered,
+        }
+    }
+
     fn apply(&mut self, seq: u64, payload: P) -> State<P> {
         self.actions.push_back(SequenceAction::Apply { seq, payload });
         State::Live { next: seq.wrapping_add(1) }
@@ -278,5 +285,181 @@ impl<P> SequenceTracker<P> {
 
     fn reset(&mut self, reason: ResetReason) {
         self.actions.push_back(SequenceAction::Reset(reason));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracker(replay_available: bool) -> SequenceTracker<&'static str> {
+        SequenceTracker::new(SequenceConfig {
+            replay_available,
+            max_buffered: 3,
+        })
+    }
+
+    fn drain(tracker: &mut SequenceTracker<&'static str>) -> Vec<SequenceAction<&'static str>> {
+        std::iter::from_fn(|| tracker.poll_action()).collect()
+    }
+
+    fn apply(seq: u64, payload: &'static str) -> SequenceAction<&'static str> {
+        SequenceAction::Apply { seq, payload }
+    }
+
+    #[test]
+    fn in_order_batches_apply_in_order() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(1, "b");
+        assert_eq!(drain(&mut t), vec![apply(0, "a"), apply(1, "b")]);
+    }
+
+    #[test]
+    fn gap_requests_replay_and_buffers_live_batches_until_it_ends() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(3, "d");
+        t.handle_live(4, "e");
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                apply(0, "a"),
+                SequenceAction::Gap { expected: 1, got: 3 },
+                SequenceAction::RequestReplay { from_seq: 1, epoch: 1 },
+            ]
+        );
+        t.handle_replay(1, 1, "b");
+        t.handle_replay(1, 2, "c");
+        t.handle_replay(1, 3, "d");
+        t.handle_replay_end(1);
+        t.handle_live(5, "f");
+        assert_eq!(
+            drain(&mut t),
+            vec![apply(1, "b"), apply(2, "c"), apply(3, "d"), apply(4, "e"), apply(5, "f")]
+        );
+    }
+
+    #[test]
+    fn sequence_going_back_resets_and_applies_as_new_start() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(1, "b");
+        t.handle_live(0, "new");
+        let actions = drain(&mut t);
+        assert_eq!(
+            actions[2..],
+            [
+                SequenceAction::Reset(ResetReason::SequenceWentBack { expected: 2, got: 0 }),
+                apply(0, "new"),
+            ]
+        );
+    }
+
+    #[test]
+    fn gap_without_replay_endpoint_resets() {
+        let mut t = tracker(false);
+        t.handle_live(0, "a");
+        t.handle_live(2, "c");
+        assert_eq!(
+            drain(&mut t)[1..],
+            [
+                SequenceAction::Gap { expected: 1, got: 2 },
+                SequenceAction::Reset(ResetReason::GapWithoutReplay { expected: 1, got: 2 }),
+                apply(2, "c"),
+            ]
+        );
+    }
+
+    #[test]
+    fn replay_that_skips_sequences_resets_then_continues() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(5, "f");
+        drain(&mut t);
+        t.handle_replay(1, 3, "d");
+        t.handle_replay(1, 4, "e");
+        t.handle_replay_end(1);
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                SequenceAction::Reset(ResetReason::ReplayIncomplete { expected: 1, got: 3 }),
+                apply(3, "d"),
+                apply(4, "e"),
+                apply(5, "f"),
+            ]
+        );
+    }
+
+    #[test]
+    fn failed_replay_resets_and_applies_the_buffer() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(2, "c");
+        drain(&mut t);
+        t.handle_replay_failed(1);
+        t.handle_live(3, "d");
+        assert_eq!(
+            drain(&mut t),
+            vec![SequenceAction::Reset(ResetReason::ReplayFailed), apply(2, "c"), apply(3, "d")]
+        );
+    }
+
+    #[test]
+    fn replies_of_an_abandoned_replay_are_ignored() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(2, "c");
+        t.handle_replay_failed(1);
+        drain(&mut t);
+        t.handle_replay(1, 1, "late");
+        t.handle_replay_end(1);
+        assert!(drain(&mut t).is_empty());
+    }
+
+    #[test]
+    fn buffer_overflow_during_replay_resets() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        for (seq, payload) in [(2, "c"), (3, "d"), (4, "e"), (5, "f")] {
+            t.handle_live(seq, payload);
+        }
+        let actions = drain(&mut t);
+        assert!(actions.contains(&SequenceAction::Reset(ResetReason::ReplayBufferOverflow)));
+        assert_eq!(actions.last(), Some(&apply(5, "f")));
+        assert!(!t.is_replaying());
+    }
+
+    #[test]
+    fn late_joiner_replays_from_zero_first() {
+        let mut t = tracker(true);
+        t.handle_live(7, "h");
+        assert_eq!(
+            drain(&mut t),
+            vec![SequenceAction::RequestReplay { from_seq: 0, epoch: 1 }]
+        );
+        for seq in 0..7 {
+            t.handle_replay(1, seq, "old");
+        }
+        t.handle_replay_end(1);
+        assert_eq!(drain(&mut t).last(), Some(&apply(7, "h")));
+        assert_eq!(t.next_seq(), Some(8));
+    }
+
+    #[test]
+    fn restart_during_replay_abandons_it() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(3, "d");
+        t.handle_live(0, "restart");
+        let actions = drain(&mut t);
+        assert_eq!(
+            actions[3..],
+            [
+                SequenceAction::Reset(ResetReason::SequenceWentBack { expected: 4, got: 0 }),
+                apply(0, "restart"),
+            ]
+        );
+        assert!(!t.is_replaying());
     }
 }
