@@ -20,6 +20,8 @@ mod diagnostic;
 #[cfg(feature = "watch")]
 mod discovery;
 mod endpoint;
+#[cfg(feature = "watch")]
+mod file;
 mod instance;
 mod membership;
 #[cfg(feature = "watch")]
@@ -35,6 +37,11 @@ pub use config::{DiscoveryConfig, DiscoveryConfigError, EndpointFilter};
 pub use diagnostic::{Diagnostic, ProjectionStats};
 #[cfg(feature = "watch")]
 pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
+#[cfg(feature = "watch")]
+pub use file::{
+    CardDirListing, CardFileError, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery, MAX_CARD_FILE_BYTES,
+    card_file_name, read_card_dir, read_card_file, write_card_file,
+};
 pub use instance::{
     DiscoveryEvent, DiscoveryQuery, InstancePathError, InstanceRecordError, ModelCardInstance,
     ModelCardInstanceId,
