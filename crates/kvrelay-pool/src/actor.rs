@@ -7,10 +7,10 @@
 //! delta is published every `publish_every_n_events` events, or `publication_delay` after
 //! the first pending event, whichever comes first; [`PoolActorHandle::flush`] publishes now.
 //!
-//! Deltas only get sequence numbers while a publication hub is attached (a lease); without
-//! one the actor still drains its dirty buckets but publishes nothing, so the sequence
-//! stays where the last hub left it. Attaching drains the pending tail, copies the table
-//! and hands the hub a snapshot at sequence `S` and a bounded feed of deltas `S → S+1 → …`.
+//! Deltas are handed to a publication hub only while one is attached (a lease); without
+//! one the actor still drains its dirty buckets (the filter's sequence advances) but
+//! delivers nothing. Attaching drains the pending tail, copies the table and hands the hub
+//! a snapshot at sequence `S` and a bounded feed of deltas `S → S+1 → …`.
 //! If the hub does not keep up, its feed is closed and flagged as overrun (the hub
 //! resynchronises from a new snapshot); the actor never waits for a hub.
 //!
@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kvrelay_ckf::{Delta, RouterEvent, SourceId};
+use kvrelay_ckf::{ApplyOutcome, Delta, RouterEvent, SourceId};
 use kvrelay_identity::ProducerIdentity;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::error::ActorError;
-use crate::filter::{Applied, FilterState, FilterStats};
+use crate::filter::{Fault, FilterState, FilterStats};
 use crate::limits::Limits;
 
 /// How bad a fault is.
@@ -81,6 +81,8 @@ pub struct PoolActorStats {
     pub hub_overruns: u64,
     /// Faults reported.
     pub faults: u64,
+    /// Blocks owned but not resident because the filter was full (lossy, not a fault).
+    pub capacity_omissions: u64,
     /// The filter's own statistics (load, omissions, unknown removals, resident blocks
     /// per source).
     pub filter: FilterStats,
@@ -129,13 +131,17 @@ enum Command {
         reply: oneshot::Sender<PoolActorStats>,
     },
     Attach {
-        reply: oneshot::Sender<PublicationFeed>,
+        reply: oneshot::Sender<Result<PublicationFeed, String>>,
     },
     Detach {
         lease: u64,
     },
     Shutdown {
         reply: oneshot::Sender<()>,
+    },
+    #[cfg(test)]
+    Words {
+        reply: oneshot::Sender<(u64, Vec<u64>)>,
     },
 }
 
@@ -179,7 +185,6 @@ impl PoolActorHandle {
             deadline: None,
             lease: None,
             next_lease: 1,
-            sequence: 0,
             shutdown_replies: Vec::new(),
             stats: PoolActorStats::default(),
         };
@@ -269,8 +274,16 @@ impl PoolActorHandle {
         self.shared.permits.available_permits()
     }
 
-    pub(crate) async fn attach_publication(&self) -> Result<PublicationFeed, ActorError> {
-        self.request(|reply| Command::Attach { reply }).await
+    /// The filter's sequence and table, after every queued command (tests).
+    #[cfg(test)]
+    pub(crate) async fn words(&self) -> Result<(u64, Vec<u64>), ActorError> {
+        self.request(|reply| Command::Words { reply }).await
+    }
+
+    pub(crate) async fn attach_publication(&self) -> Result<PublicationFeed, String> {
+        self.request(|reply| Command::Attach { reply })
+            .await
+            .map_err(|error| error.to_string())?
     }
 
     /// Retires `lease` if it is still the current one. Never waits.
@@ -326,7 +339,6 @@ struct Actor {
     deadline: Option<Instant>,
     lease: Option<Lease>,
     next_lease: u64,
-    sequence: u64,
     shutdown_replies: Vec<oneshot::Sender<()>>,
     stats: PoolActorStats,
 }
@@ -345,7 +357,7 @@ impl Actor {
                 },
                 () = sleep_until_armed(deadline), if deadline.is_some() => {
                     self.deadline = None;
-                    self.publish();
+                    self.publish().await;
                 }
             }
             if self.fence.is_cancelled() {
@@ -353,7 +365,7 @@ impl Actor {
             }
         };
         if !discard_tail {
-            self.publish();
+            self.publish().await;
         }
         self.lease = None;
         for reply in self.shutdown_replies.drain(..) {
@@ -364,27 +376,35 @@ impl Actor {
     async fn handle(&mut self, command: Command) {
         match command {
             Command::Apply { event, _permit } => {
-                let applied = self.state.apply(&event);
+                let result = self.state.apply(&event);
                 drop(_permit);
-                self.after_apply(&event, applied).await;
+                self.after_apply(&event, result).await;
             }
             Command::ClearSource { source, reply } => {
-                self.state.clear_source(source);
-                self.publish();
+                if let Err((category, message)) = self.state.clear_source(source) {
+                    self.report(ActorFault {
+                        source,
+                        event_id: 0,
+                        category,
+                        message,
+                    })
+                    .await;
+                }
+                self.publish().await;
                 let _ = reply.send(());
             }
             Command::Flush { reply } => {
-                self.publish();
+                self.publish().await;
                 let _ = reply.send(());
             }
             Command::Stats { reply } => {
                 let mut stats = self.stats.clone();
-                stats.sequence = self.sequence;
+                stats.sequence = self.state.sequence();
                 stats.publishing = self.lease.is_some();
                 stats.filter = self.state.stats();
                 let _ = reply.send(stats);
             }
-            Command::Attach { reply } => self.attach(reply),
+            Command::Attach { reply } => self.attach(reply).await,
             Command::Detach { lease } => {
                 if self.lease.as_ref().is_some_and(|current| current.id == lease) {
                     self.lease = None;
@@ -394,13 +414,32 @@ impl Actor {
                 self.commands.close();
                 self.shutdown_replies.push(reply);
             }
+            #[cfg(test)]
+            Command::Words { reply } => {
+                let _ = reply.send((self.state.sequence(), self.state.words().to_vec()));
+            }
         }
     }
 
-    async fn after_apply(&mut self, event: &RouterEvent, applied: Applied) {
-        match applied.fault {
-            None => self.stats.events_applied += 1,
-            Some((category, message)) => {
+    async fn after_apply(&mut self, event: &RouterEvent, result: Result<ApplyOutcome, Fault>) {
+        match result {
+            Ok(outcome) => {
+                self.stats.events_applied += 1;
+                if outcome.capacity_omissions > 0 {
+                    self.stats.capacity_omissions += outcome.capacity_omissions;
+                    let total = self.stats.capacity_omissions;
+                    // Logged on the first omission, then at powers of two.
+                    if total.is_power_of_two() || total == outcome.capacity_omissions {
+                        tracing::warn!(
+                            worker_id = event.source.worker_id,
+                            dp_rank = event.source.dp_rank,
+                            omissions = total,
+                            "filter full: blocks owned but not resident"
+                        );
+                    }
+                }
+            }
+            Err((category, message)) => {
                 self.stats.events_rejected += 1;
                 self.report(ActorFault {
                     source: event.source,
@@ -413,7 +452,7 @@ impl Actor {
         }
         self.pending_events = self.pending_events.saturating_add(1);
         if self.pending_events >= self.publish_every {
-            self.publish();
+            self.publish().await;
         } else if self.deadline.is_none() {
             self.deadline = Some(Instant::now() + self.delay);
         }
@@ -426,7 +465,7 @@ impl Actor {
             dp_rank = fault.source.dp_rank,
             category = ?fault.category,
             error = %fault.message,
-            "pool actor rejected an event"
+            "pool actor fault"
         );
         tokio::select! {
             biased;
@@ -436,52 +475,57 @@ impl Actor {
         }
     }
 
-    /// Drains the filter's dirty buckets into one delta and hands it to the hub, if any.
-    fn publish(&mut self) {
+    /// Drains the filter's pending window into one delta and hands it to the hub, if any.
+    /// Without a hub the delta is dropped: a hub that attaches later starts from a
+    /// snapshot at the filter's sequence.
+    async fn publish(&mut self) {
         self.pending_events = 0;
         self.deadline = None;
-        let Some(images) = self.state.take_images() else {
-            self.stats.unchanged_publications += 1;
-            return;
+        let delta = match self.state.take_delta() {
+            Ok(Some(delta)) => delta,
+            Ok(None) => {
+                self.stats.unchanged_publications += 1;
+                return;
+            }
+            Err((category, message)) => {
+                // The window is kept; a later publication retries.
+                self.report(ActorFault {
+                    source: SourceId::default(),
+                    event_id: 0,
+                    category,
+                    message,
+                })
+                .await;
+                return;
+            }
         };
-        self.stats.emitted_images += images.len() as u64;
+        self.stats.emitted_images += delta.images.len() as u64;
         let Some(lease) = &self.lease else {
             return;
         };
-        if lease.deltas.is_closed() {
-            self.lease = None;
-            return;
-        }
-        let base_sequence = self.sequence;
-        let Some(sequence) = base_sequence.checked_add(1) else {
-            tracing::error!(seq = base_sequence, "publication sequence exhausted");
-            self.lease = None;
-            return;
-        };
-        let delta = Arc::new(Delta {
-            base_sequence,
-            sequence,
-            images,
-        });
-        match lease.deltas.try_send(delta) {
-            Ok(()) => {
-                self.sequence = sequence;
-                self.stats.publications += 1;
-            }
+        match lease.deltas.try_send(Arc::new(delta)) {
+            Ok(()) => self.stats.publications += 1,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 lease.overrun.store(true, Ordering::Release);
                 self.stats.hub_overruns += 1;
+                tracing::warn!(seq = self.state.sequence(), "publication hub overran, closing its feed");
                 self.lease = None;
             }
             Err(mpsc::error::TrySendError::Closed(_)) => self.lease = None,
         }
     }
 
-    fn attach(&mut self, reply: oneshot::Sender<PublicationFeed>) {
-        // The tail goes to the current hub, if any; the new snapshot covers it anyway.
-        self.publish();
+    async fn attach(&mut self, reply: oneshot::Sender<Result<PublicationFeed, String>>) {
+        // The pending tail goes to the current hub, if any; the snapshot includes it.
+        self.publish().await;
         self.lease = None;
-        let words = self.state.copy_words();
+        let words = match self.state.copy_words() {
+            Ok(words) => words,
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+                return;
+            }
+        };
         let (deltas_tx, deltas) = mpsc::channel(self.hub_queue);
         let overrun = Arc::new(AtomicBool::new(false));
         let id = self.next_lease;
@@ -489,12 +533,13 @@ impl Actor {
         let feed = PublicationFeed {
             identity: self.identity,
             lease: id,
-            sequence: self.sequence,
+            sequence: self.state.sequence(),
             words,
             deltas,
             overrun: overrun.clone(),
         };
-        if reply.send(feed).is_ok() {
+        // A requester that went away leaves no lease behind.
+        if reply.send(Ok(feed)).is_ok() {
             self.lease = Some(Lease {
                 id,
                 deltas: deltas_tx,

@@ -1,9 +1,9 @@
-//! The pool actor's view of its filter state (temporary stand-in until kvrelay-ckf's
-//! producer state lands).
+//! The pool actor's adapter over `kvrelay_ckf::PoolFilter`: classifies failures into
+//! fault categories and keeps the per-source block counts load accounting needs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use kvrelay_ckf::{BucketImage, EventPayload, RouterEvent, SourceId};
+use kvrelay_ckf::{ApplyError, ApplyOutcome, CkfConfig, Delta, FilterCounters, PoolFilter, PublishError, RouterEvent, SourceId};
 use kvrelay_identity::CkfFormat;
 
 use crate::actor::FaultCategory;
@@ -13,112 +13,114 @@ use crate::actor::FaultCategory;
 pub struct FilterStats {
     /// Buckets in the filter.
     pub bucket_count: u64,
-    /// Canonical blocks resident in the filter.
+    /// Occupied fingerprint slots (4 per bucket).
+    pub occupied_slots: u64,
+    /// Canonical blocks whose fingerprint is in the filter.
     pub resident_blocks: u64,
-    /// Blocks whose fingerprint could not be placed (capacity omissions).
-    pub capacity_omissions: u64,
-    /// Removals of blocks the source never reported.
-    pub unknown_removals: u64,
-    /// Blocks held per source, sorted by source (for load accounting).
+    /// Canonical blocks owned by at least one source (resident or omitted).
+    pub owned_blocks: u64,
+    /// Engine block mappings per source, sorted by source: the exact resident block count
+    /// of each `(worker_id, dp_rank)` (for load accounting).
     pub blocks_per_source: Vec<(SourceId, u64)>,
+    /// Bytes held by the filter (table, dirty window, lineage, owners).
+    pub memory_bytes: u64,
+    /// The filter's cumulative counters (applied, rejected, omissions, unknown removals…).
+    pub counters: FilterCounters,
 }
 
-/// What applying one event did.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Applied {
-    pub(crate) fault: Option<(FaultCategory, String)>,
-}
+/// A failure the actor reports as a fault.
+pub(crate) type Fault = (FaultCategory, String);
 
 /// The filter state one actor owns.
 pub(crate) struct FilterState {
-    words: Vec<u64>,
-    format: CkfFormat,
-    dirty: BTreeSet<u32>,
-    sources: BTreeMap<SourceId, BTreeSet<u64>>,
-    unknown_removals: u64,
+    filter: PoolFilter,
+    blocks_per_source: BTreeMap<SourceId, u64>,
 }
 
 impl FilterState {
-    /// Builds a filter sized for `expected_unique_blocks`.
+    /// Builds a filter sized for `expected_unique_blocks` (allocates the whole table).
     pub(crate) fn build(expected_unique_blocks: u64) -> Result<Self, String> {
-        if expected_unique_blocks == 0 {
-            return Err("expected unique blocks must be greater than zero".to_owned());
-        }
-        let bucket_count = expected_unique_blocks.div_ceil(2).next_power_of_two().max(2);
-        let bucket_count = u32::try_from(bucket_count).map_err(|error| error.to_string())?;
-        let format = CkfFormat::v1(kvrelay_identity::DEFAULT_CKF_SEED, bucket_count).map_err(|error| error.to_string())?;
+        let filter = PoolFilter::new(CkfConfig::new(expected_unique_blocks)).map_err(|error| error.to_string())?;
         Ok(Self {
-            words: vec![0; bucket_count as usize],
-            format,
-            dirty: BTreeSet::new(),
-            sources: BTreeMap::new(),
-            unknown_removals: 0,
+            filter,
+            blocks_per_source: BTreeMap::new(),
         })
     }
 
     pub(crate) fn format(&self) -> CkfFormat {
-        self.format
+        self.filter.format()
     }
 
-    pub(crate) fn apply(&mut self, event: &RouterEvent) -> Applied {
-        match &event.payload {
-            EventPayload::Stored(stored) => {
-                for block in &stored.blocks {
-                    if self.sources.entry(event.source).or_default().insert(block.engine_block_id) {
-                        self.bump(block.engine_block_id, 1);
-                    }
-                }
-            }
-            EventPayload::Removed(removed) => {
-                for id in &removed.engine_block_ids {
-                    if self.sources.entry(event.source).or_default().remove(id) {
-                        self.bump(*id, u64::MAX);
-                    } else {
-                        self.unknown_removals += 1;
-                    }
-                }
-            }
-            EventPayload::AllCleared => self.clear_source(event.source),
-        }
-        Applied::default()
+    /// Applies one event; on `Err` nothing changed.
+    pub(crate) fn apply(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, Fault> {
+        let outcome = self.filter.apply(event).map_err(classify)?;
+        self.account(event.source, &outcome);
+        Ok(outcome)
     }
 
-    pub(crate) fn clear_source(&mut self, source: SourceId) {
-        for id in self.sources.remove(&source).unwrap_or_default() {
-            self.bump(id, u64::MAX);
-        }
+    /// Drops every block of `source`.
+    pub(crate) fn clear_source(&mut self, source: SourceId) -> Result<ApplyOutcome, Fault> {
+        let outcome = self.filter.clear_source(source).map_err(classify)?;
+        self.blocks_per_source.remove(&source);
+        Ok(outcome)
     }
 
-    fn bump(&mut self, id: u64, by: u64) {
-        let idx = (id % self.words.len() as u64) as u32;
-        if let Some(word) = self.words.get_mut(idx as usize) {
-            *word = word.wrapping_add(by);
-            self.dirty.insert(idx);
-        }
+    /// Drains the pending window into a delta (`None` when nothing changed net).
+    pub(crate) fn take_delta(&mut self) -> Result<Option<Delta>, Fault> {
+        self.filter.take_delta().map_err(|error| match error {
+            PublishError::SequenceExhausted { .. } => (FaultCategory::ProducerInvariant, error.to_string()),
+            _ => (FaultCategory::Resource, error.to_string()),
+        })
     }
 
-    pub(crate) fn take_images(&mut self) -> Option<Vec<BucketImage>> {
-        let images: Vec<BucketImage> = std::mem::take(&mut self.dirty)
-            .into_iter()
-            .map(|bucket_idx| BucketImage {
-                bucket_idx,
-                word: self.words.get(bucket_idx as usize).copied().unwrap_or(0),
-            })
-            .collect();
-        (!images.is_empty()).then_some(images)
+    /// The sequence of the last delta.
+    pub(crate) fn sequence(&self) -> u64 {
+        self.filter.sequence()
     }
 
-    pub(crate) fn copy_words(&self) -> Vec<u64> {
-        self.words.clone()
+    /// A copy of the table, allocated fallibly.
+    pub(crate) fn copy_words(&self) -> Result<Vec<u64>, String> {
+        let words = self.filter.words();
+        let mut copy = Vec::new();
+        copy.try_reserve_exact(words.len())
+            .map_err(|_| format!("allocation of {} bytes for a snapshot failed", words.len() * 8))?;
+        copy.extend_from_slice(words);
+        Ok(copy)
     }
 
     pub(crate) fn stats(&self) -> FilterStats {
         FilterStats {
-            bucket_count: self.words.len() as u64,
-            resident_blocks: self.sources.values().map(|set| set.len() as u64).sum(),
-            capacity_omissions: 0,
-            unknown_removals: self.unknown_removals,
-            blocks_per_source: self.sources.iter().map(|(source, set)| (*source, set.len() as u64)).collect(),
+            bucket_count: u64::from(self.filter.format().bucket_count()),
+            occupied_slots: self.filter.occupied_slots(),
+            resident_blocks: self.filter.n_resident(),
+            owned_blocks: self.filter.n_canonicals(),
+            blocks_per_source: self.blocks_per_source.iter().map(|(source, n)| (*source, *n)).collect(),
+            memory_bytes: self.filter.memory().total_bytes(),
+            counters: *self.filter.counters(),
         }
     }
+
+    /// A copy of the table (tests: compare replicas bit for bit).
+    #[cfg(test)]
+    pub(crate) fn words(&self) -> &[u64] {
+        self.filter.words()
+    }
+
+    fn account(&mut self, source: SourceId, outcome: &ApplyOutcome) {
+        let count = self.blocks_per_source.entry(source).or_insert(0);
+        *count = count
+            .saturating_add(outcome.blocks_mapped)
+            .saturating_sub(outcome.mappings_removed);
+        if *count == 0 {
+            self.blocks_per_source.remove(&source);
+        }
+    }
+}
+
+fn classify(error: ApplyError) -> Fault {
+    let category = match error {
+        ApplyError::AllocationFailed { .. } => FaultCategory::Resource,
+        _ => FaultCategory::SourceProtocol,
+    };
+    (category, error.to_string())
 }

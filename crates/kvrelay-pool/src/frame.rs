@@ -1,43 +1,114 @@
-//! Encoding of pool frames (temporary stand-in until kvrelay-codec's pool frames land).
+//! Encoding of pool frames with `kvrelay-codec`: snapshot chunks, deltas and heartbeats of
+//! one producer generation, each a complete codec frame ready to write to a socket.
+//!
+//! The wire identities are converted once per hub ([`FrameEncoder::new`]); each frame is
+//! then encoded straight into one buffer (CBI1 payload in place, no intermediate copy).
 
-use bytes::{BufMut, Bytes, BytesMut};
-use kvrelay_ckf::{Delta, SnapshotChunk};
-use kvrelay_identity::ProducerIdentity;
+use std::time::{SystemTime, UNIX_EPOCH};
 
-/// A frame that could not be encoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("pool frame encoding failed: {reason}")]
-pub(crate) struct FrameEncodeError {
-    reason: String,
+use bytes::{Bytes, BytesMut};
+use kvrelay_ckf::Delta;
+use kvrelay_codec::v1::{self, PoolFrameHeader, PoolFrameKind as WireKind};
+use kvrelay_identity::{DcRelayIdentity, IdentitySource, ProducerIdentity};
+
+/// Encodes the frames of one producer generation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FrameEncoder {
+    relay: v1::RelayIdentity,
+    producer: v1::ProducerIdentity,
+    limits: kvrelay_codec::Limits,
 }
 
-pub(crate) fn encode_snapshot_chunk(_identity: &ProducerIdentity, chunk: &SnapshotChunk) -> Result<Bytes, FrameEncodeError> {
-    let mut buf = BytesMut::with_capacity(32 + chunk.words.len() * 8);
-    buf.put_u8(1);
-    buf.put_u64_le(chunk.sequence);
-    buf.put_u32_le(chunk.chunk_index);
-    buf.put_u32_le(chunk.chunk_count);
-    buf.put_u64_le(chunk.first_bucket);
-    for word in &chunk.words {
-        buf.put_u64_le(*word);
+impl FrameEncoder {
+    /// An encoder for `producer`, published by `relay`.
+    pub(crate) fn new(relay: DcRelayIdentity, producer: &ProducerIdentity) -> Self {
+        Self {
+            relay: v1::RelayIdentity {
+                drt_instance_id: relay.drt_instance_id(),
+                relay_incarnation: relay.relay_incarnation(),
+            },
+            producer: wire_producer(producer),
+            limits: kvrelay_codec::Limits::default(),
+        }
     }
-    Ok(buf.freeze())
-}
 
-pub(crate) fn encode_delta(_identity: &ProducerIdentity, delta: &Delta) -> Result<Bytes, FrameEncodeError> {
-    let mut buf = BytesMut::with_capacity(32 + delta.images.len() * 12);
-    buf.put_u8(2);
-    buf.put_u64_le(delta.base_sequence);
-    for image in &delta.images {
-        buf.put_u32_le(image.bucket_idx);
-        buf.put_u64_le(image.word);
+    /// How many chunks a snapshot of `bucket_count` buckets has.
+    pub(crate) fn chunk_count(bucket_count: usize) -> u32 {
+        kvrelay_codec::cbi1::snapshot_chunk_count(bucket_count as u64)
     }
-    Ok(buf.freeze())
+
+    /// Chunk `chunk_index` of the snapshot of `table` at `sequence`.
+    pub(crate) fn snapshot_chunk(&self, sequence: u64, table: &[u64], chunk_index: u32) -> Result<Bytes, v1::EncodeError> {
+        let header = self.header(WireKind::SnapshotChunk, sequence, sequence);
+        let mut buf = BytesMut::new();
+        v1::encode_chunk_frame(&header, table, chunk_index, &self.limits, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// One delta.
+    pub(crate) fn delta(&self, delta: &Delta) -> Result<Bytes, v1::EncodeError> {
+        let header = self.header(WireKind::Delta, delta.base_sequence, delta.sequence);
+        let mut buf = BytesMut::with_capacity(128 + delta.images.len() * 12);
+        v1::encode_delta_frame(&header, &delta.images, &self.limits, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// A heartbeat at `sequence`.
+    pub(crate) fn heartbeat(&self, sequence: u64) -> Result<Bytes, v1::EncodeError> {
+        let header = self.header(WireKind::Heartbeat, sequence, sequence);
+        let mut buf = BytesMut::with_capacity(128);
+        v1::encode_heartbeat_frame(&header, &self.limits, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    fn header(&self, kind: WireKind, base_sequence: u64, sequence: u64) -> PoolFrameHeader {
+        PoolFrameHeader {
+            relay: self.relay,
+            producer: self.producer,
+            base_sequence,
+            sequence,
+            kind,
+            sent_unix_us: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|elapsed| u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
+                .unwrap_or(0),
+        }
+    }
 }
 
-pub(crate) fn encode_heartbeat(_identity: &ProducerIdentity, sequence: u64) -> Result<Bytes, FrameEncodeError> {
-    let mut buf = BytesMut::with_capacity(9);
-    buf.put_u8(3);
-    buf.put_u64_le(sequence);
-    Ok(buf.freeze())
+/// The wire form of a producer identity (the subscription key on the WAN).
+pub(crate) fn wire_producer(producer: &ProducerIdentity) -> v1::ProducerIdentity {
+    let pool = producer.pool_id();
+    let domain = &pool.indexer_domain;
+    let format = producer.format();
+    v1::ProducerIdentity {
+        pool_id: v1::PoolId {
+            identity_version: v1::POOL_IDENTITY_VERSION,
+            cache_semantics: v1::DigestId {
+                digest: *domain.cache_semantics.digest(),
+                source: wire_source(domain.cache_semantics.source()),
+            },
+            routing_scope: v1::DigestId {
+                digest: *domain.routing_scope.digest(),
+                source: wire_source(domain.routing_scope.source()),
+            },
+            dc_id: pool.dc_id.0,
+        },
+        producer_incarnation: producer.producer_incarnation(),
+        layout_generation: producer.layout_generation(),
+        ckf_format: v1::CkfFormat {
+            format_version: u32::from(format.format_version()),
+            seed: format.seed(),
+            bucket_count: u64::from(format.bucket_count()),
+            fingerprint_bits: u32::from(format.fingerprint_bits()),
+            slots_per_bucket: u32::from(format.slots_per_bucket()),
+        },
+    }
+}
+
+fn wire_source(source: IdentitySource) -> v1::IdentitySource {
+    match source {
+        IdentitySource::DefaultDerived => v1::IdentitySource::DefaultDerived,
+        IdentitySource::Explicit => v1::IdentitySource::Explicit,
+    }
 }

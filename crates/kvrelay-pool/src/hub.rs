@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::actor::{PoolActorHandle, PublicationFeed};
 use crate::error::{SubscribeError, SubscriptionEnd};
-use crate::frame;
+use crate::frame::FrameEncoder;
 use crate::limits::Limits;
 use crate::registry::core::SlotHub;
 use crate::subscription::{self, Offer, PoolFrame, PoolFrameKind, PoolSubscription, SubscriberSender};
@@ -41,6 +41,7 @@ pub(crate) type FailureCallback = Arc<dyn Fn(String) + Send + Sync>;
 #[derive(Clone)]
 pub(crate) struct HubContext {
     pub(crate) identity: ProducerIdentity,
+    pub(crate) relay: kvrelay_identity::DcRelayIdentity,
     pub(crate) limits: Arc<Limits>,
     pub(crate) encoding: Arc<Semaphore>,
     pub(crate) tracker: TaskTracker,
@@ -98,6 +99,7 @@ impl HubHandle {
             commands: command_rx,
             shared: shared.clone(),
             actor: actor.clone(),
+            encoder: FrameEncoder::new(context.relay, &context.identity),
             context: context.clone(),
         };
         let span = tracing::info_span!(
@@ -148,6 +150,7 @@ struct HubTask {
     commands: mpsc::Receiver<HubCommand>,
     shared: Arc<HubShared>,
     actor: PoolActorHandle,
+    encoder: FrameEncoder,
     context: HubContext,
 }
 
@@ -224,7 +227,7 @@ impl HubTask {
                     identity: self.context.identity,
                     sequence: self.sequence,
                     words: self.mirror.clone(),
-                    chunk_buckets: limits.snapshot_chunk_buckets,
+                    encoder: self.encoder,
                     queue_frames: limits.subscriber_queue_frames,
                     queue_bytes: limits.subscriber_queue_bytes,
                     encoding: self.context.encoding.clone(),
@@ -270,7 +273,9 @@ impl HubTask {
                     permit.map_err(|_| "encoding permits closed".to_owned())?
                 }
             };
-            let bytes = frame::encode_delta(&self.context.identity, delta)
+            let bytes = self
+                .encoder
+                .delta(delta)
                 .map_err(|error| format!("delta encoding failed: {error}"))?;
             drop(permit);
             Some(PoolFrame {

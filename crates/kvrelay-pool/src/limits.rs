@@ -38,8 +38,6 @@ pub const FRAME_ACCOUNTING_OVERHEAD: usize = 256;
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// Longest a subscriber may take between two snapshot chunks (60 s).
 pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
-/// Buckets per snapshot chunk (512 Ki words, 4 MiB): the CBI1 chunk size.
-pub const DEFAULT_SNAPSHOT_CHUNK_BUCKETS: u32 = 1 << 19;
 
 /// Every bound of the pool registry, its actors and its hubs.
 ///
@@ -75,8 +73,6 @@ pub struct Limits {
     pub heartbeat_interval: Duration,
     /// Snapshot progress timeout ([`DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT`]).
     pub snapshot_progress_timeout: Duration,
-    /// Buckets per snapshot chunk ([`DEFAULT_SNAPSHOT_CHUNK_BUCKETS`]).
-    pub snapshot_chunk_buckets: u32,
 }
 
 impl Default for Limits {
@@ -96,7 +92,6 @@ impl Default for Limits {
             subscriber_queue_bytes: DEFAULT_SUBSCRIBER_QUEUE_BYTES,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             snapshot_progress_timeout: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
-            snapshot_chunk_buckets: DEFAULT_SNAPSHOT_CHUNK_BUCKETS,
         }
     }
 }
@@ -116,7 +111,6 @@ impl Limits {
             ("encoding_permits", self.encoding_permits),
             ("subscriber_queue_frames", self.subscriber_queue_frames),
             ("subscriber_queue_bytes", self.subscriber_queue_bytes),
-            ("snapshot_chunk_buckets", self.snapshot_chunk_buckets as usize),
         ];
         for (field, value) in counts {
             if value == 0 {

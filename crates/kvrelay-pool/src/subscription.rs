@@ -12,13 +12,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvrelay_ckf::SnapshotChunk;
 use kvrelay_identity::ProducerIdentity;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 
 use crate::error::SubscriptionEnd;
-use crate::frame;
+use crate::frame::FrameEncoder;
 use crate::limits::FRAME_ACCOUNTING_OVERHEAD;
 
 /// What a [`PoolFrame`] carries.
@@ -61,6 +60,7 @@ pub struct PoolSubscription {
     queue: mpsc::Receiver<PoolFrame>,
     shared: Arc<SubscriberShared>,
     encoding: Arc<Semaphore>,
+    encoder: FrameEncoder,
     heartbeat_interval: Duration,
     snapshot_progress_timeout: Duration,
     last_progress: Instant,
@@ -111,17 +111,18 @@ impl PoolSubscription {
                     timeout_ms: duration_ms(self.snapshot_progress_timeout),
                 });
             }
-            let chunk = cursor.chunk();
             let permit = self
                 .encoding
                 .clone()
                 .acquire_owned()
                 .await
                 .map_err(|_| SubscriptionEnd::ShuttingDown)?;
-            let bytes = frame::encode_snapshot_chunk(&self.identity, &chunk)
+            let sequence = cursor.sequence;
+            let bytes = self
+                .encoder
+                .snapshot_chunk(sequence, &cursor.words, cursor.next_chunk)
                 .map_err(|error| SubscriptionEnd::Internal { reason: error.to_string() })?;
             drop(permit);
-            let sequence = chunk.sequence;
             if let Some(cursor) = self.snapshot.as_mut() {
                 cursor.next_chunk += 1;
                 if cursor.next_chunk >= cursor.chunk_count {
@@ -148,7 +149,9 @@ impl PoolSubscription {
             }
             Ok(None) => Err(self.shared.end_reason()),
             Err(_elapsed) => {
-                let bytes = frame::encode_heartbeat(&self.identity, self.sequence)
+                let bytes = self
+                    .encoder
+                    .heartbeat(self.sequence)
                     .map_err(|error| SubscriptionEnd::Internal { reason: error.to_string() })?;
                 Ok(PoolFrame {
                     kind: PoolFrameKind::Heartbeat,
@@ -222,7 +225,7 @@ pub(crate) struct SubscriptionParts {
     pub(crate) identity: ProducerIdentity,
     pub(crate) sequence: u64,
     pub(crate) words: Arc<Vec<u64>>,
-    pub(crate) chunk_buckets: u32,
+    pub(crate) encoder: FrameEncoder,
     pub(crate) queue_frames: usize,
     pub(crate) queue_bytes: usize,
     pub(crate) encoding: Arc<Semaphore>,
@@ -236,15 +239,12 @@ pub(crate) fn open(parts: SubscriptionParts) -> (PoolSubscription, SubscriberSen
     let (tx, rx) = mpsc::channel(parts.queue_frames);
     let shared = Arc::new(SubscriberShared::default());
     parts.subscribers.fetch_add(1, Ordering::AcqRel);
-    let bucket_count = parts.words.len() as u64;
-    let chunk_buckets = u64::from(parts.chunk_buckets.max(1));
-    let chunk_count = u32::try_from(bucket_count.div_ceil(chunk_buckets).max(1)).unwrap_or(u32::MAX);
+    let chunk_count = FrameEncoder::chunk_count(parts.words.len());
     let subscription = PoolSubscription {
         identity: parts.identity,
         snapshot: Some(SnapshotCursor {
             words: parts.words,
             sequence: parts.sequence,
-            chunk_buckets: parts.chunk_buckets.max(1),
             next_chunk: 0,
             chunk_count,
         }),
@@ -252,6 +252,7 @@ pub(crate) fn open(parts: SubscriptionParts) -> (PoolSubscription, SubscriberSen
         queue: rx,
         shared: shared.clone(),
         encoding: parts.encoding,
+        encoder: parts.encoder,
         heartbeat_interval: parts.heartbeat_interval,
         snapshot_progress_timeout: parts.snapshot_progress_timeout,
         last_progress: Instant::now(),
@@ -273,27 +274,8 @@ pub(crate) fn open(parts: SubscriptionParts) -> (PoolSubscription, SubscriberSen
 struct SnapshotCursor {
     words: Arc<Vec<u64>>,
     sequence: u64,
-    chunk_buckets: u32,
     next_chunk: u32,
     chunk_count: u32,
-}
-
-impl SnapshotCursor {
-    fn chunk(&self) -> SnapshotChunk {
-        let first = u64::from(self.next_chunk) * u64::from(self.chunk_buckets);
-        let start = usize::try_from(first).unwrap_or(usize::MAX).min(self.words.len());
-        let end = start
-            .saturating_add(self.chunk_buckets as usize)
-            .min(self.words.len());
-        SnapshotChunk {
-            sequence: self.sequence,
-            bucket_count: self.words.len() as u64,
-            chunk_index: self.next_chunk,
-            chunk_count: self.chunk_count,
-            first_bucket: first,
-            words: self.words.get(start..end).map(<[u64]>::to_vec).unwrap_or_default(),
-        }
-    }
 }
 
 #[derive(Debug, Default)]

@@ -639,6 +639,7 @@ impl PoolRegistry {
         let generation = init.generation;
         HubContext {
             identity: init.identity,
+            relay: self.relay(),
             limits: self.inner.limits.clone(),
             encoding: self.inner.encoding.clone(),
             tracker: self.inner.tracker.clone(),

@@ -233,7 +233,7 @@ mod behaviour {
         attachment.actor.flush().await.unwrap();
         let stats = attachment.actor.stats().await.unwrap();
         assert!(stats.emitted_images > 0);
-        assert_eq!(stats.sequence, 0, "no hub attached, nothing sequenced");
+        assert_eq!(stats.publications, 0, "no hub attached, nothing delivered");
         registry.detach(attachment).await;
     }
 
@@ -904,7 +904,7 @@ mod behaviour {
             loop {
                 attachment.actor.submit(stored_event(event_id)).await.unwrap();
                 attachment.actor.flush().await.unwrap();
-                if attachment.actor.stats().await.unwrap().sequence > 0 {
+                if attachment.actor.stats().await.unwrap().publications > 0 {
                     break;
                 }
                 event_id += 1;
@@ -918,11 +918,11 @@ mod behaviour {
         wait_for("the slot to retire", || phase(&registry, generation) == "retired").await;
         // Let the actor process the detach before measuring.
         attachment.actor.flush().await.unwrap();
-        let before = attachment.actor.stats().await.unwrap().sequence;
+        let before = attachment.actor.stats().await.unwrap().publications;
         attachment.actor.submit(stored_event(event_id + 1)).await.unwrap();
         attachment.actor.flush().await.unwrap();
         let stats = attachment.actor.stats().await.unwrap();
-        assert_eq!(stats.sequence, before);
+        assert_eq!(stats.publications, before, "the abandoned hub gets nothing");
         assert!(!stats.publishing);
         registry.detach(attachment).await;
     }
