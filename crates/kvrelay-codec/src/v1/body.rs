@@ -68,6 +68,14 @@ pub enum DecodeError {
         /// What is missing or extra.
         detail: &'static str,
     },
+    /// A pool frame whose metadata checksum does not match.
+    #[error("pool frame metadata checksum {declared:#010x} does not match {computed:#010x}")]
+    PoolFrameChecksum {
+        /// Checksum in the frame.
+        declared: u32,
+        /// Checksum of the received metadata.
+        computed: u32,
+    },
     /// A pool frame whose metadata length runs past the body.
     #[error("pool frame metadata length {meta_len} exceeds body length {body_len}")]
     PoolFrameMeta {

@@ -1,19 +1,22 @@
 //! Pool frames: snapshot chunks, deltas and heartbeats of one producer generation.
 //!
-//! Body: metadata length u32 LE, the bincode [`PoolFrameHeader`], then the raw CBI1
-//! payload to the end of the frame (empty for heartbeats). The payload is never copied by
+//! Body: metadata length u32 LE, the bincode [`PoolFrameHeader`], a u32 LE metadata
+//! checksum (low 32 bits of unseeded xxh3-64 over the frame's minor version, u16 LE, then
+//! the metadata bytes), then the raw CBI1 payload to the end of the frame (empty for
+//! heartbeats). With the CBI1 body checksum, every byte of a pool frame is covered. The payload is never copied by
 //! the decoder, and the in-place encoders write CBI1 straight into the frame buffer.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kvrelay_ckf::BucketImage;
 use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::Xxh3;
 
 use super::body::{DecodeError, EncodeError, decode_prefix, encode_body};
 use super::code::PoolFrameKind;
 use super::identity::{ProducerIdentity, RelayIdentity};
 use super::validation::ValidationError;
 use crate::cbi1::{self, ChunkView, Cbi1Error, Cbi1FrameType, Cbi1Payload, DeltaView};
-use crate::frame::{self, MessageKind};
+use crate::frame::{self, MessageKind, PROTOCOL_MINOR};
 use crate::limits::Limits;
 
 /// Everything in a pool frame except the payload.
@@ -252,7 +255,19 @@ impl PoolFrame {
                 body_len: body.len(),
             });
         }
-        let (header, used) = decode_prefix::<PoolFrameHeader>(MessageKind::PoolFrame, &rest[..meta_len])?;
+        let meta = &rest[..meta_len];
+        let Some(declared) = rest.get(meta_len..meta_len + 4) else {
+            return Err(DecodeError::PoolFrameMeta {
+                meta_len: meta_len as u64 + 4,
+                body_len: body.len(),
+            });
+        };
+        let declared = u32::from_le_bytes([declared[0], declared[1], declared[2], declared[3]]);
+        let computed = meta_checksum(minor, meta);
+        if declared != computed {
+            return Err(DecodeError::PoolFrameChecksum { declared, computed });
+        }
+        let (header, used) = decode_prefix::<PoolFrameHeader>(MessageKind::PoolFrame, meta)?;
         if used != meta_len && !frame::is_newer_minor(minor) {
             return Err(DecodeError::TrailingBytes {
                 kind: MessageKind::PoolFrame.name(),
@@ -261,7 +276,7 @@ impl PoolFrame {
         }
         Ok(Self {
             header,
-            payload: body.slice(4 + meta_len..),
+            payload: body.slice(4 + meta_len + 4..),
         })
     }
 }
@@ -365,5 +380,14 @@ fn put_meta(header: &PoolFrameHeader, dst: &mut BytesMut) -> Result<(), EncodeEr
     }
     let meta_len = (dst.len() - at - 4) as u32;
     dst[at..at + 4].copy_from_slice(&meta_len.to_le_bytes());
+    let sum = meta_checksum(PROTOCOL_MINOR, &dst[at + 4..]);
+    dst.put_u32_le(sum);
     Ok(())
+}
+
+fn meta_checksum(minor: u16, meta: &[u8]) -> u32 {
+    let mut hasher = Xxh3::new();
+    hasher.update(&minor.to_le_bytes());
+    hasher.update(meta);
+    hasher.digest() as u32
 }

@@ -1,0 +1,20 @@
+//! The `TopologyUpdate` body decoder (any minor version), validation and re-encoding.
+#![no_main]
+
+use bytes::BytesMut;
+use kvrelay_codec::v1::TopologyUpdate;
+use libfuzzer_sys::fuzz_target;
+
+mod support;
+
+fuzz_target!(|data: &[u8]| {
+    let (flag, body) = support::flag(data);
+    let minor = u16::from(flag & 1);
+    if let Ok(message) = TopologyUpdate::decode_body(body, minor) {
+        let _ = message.validate();
+        let mut dst = BytesMut::new();
+        if message.encode_body(&mut dst).is_ok() {
+            assert_eq!(TopologyUpdate::decode_body(&dst, 0).ok(), Some(message));
+        }
+    }
+});

@@ -1,0 +1,316 @@
+//! Validation: malformed versus unsupported, per-entry quarantine, request rules, and
+//! version evolution.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
+
+use bytes::{BufMut, BytesMut};
+use kvrelay_codec::frame::{self, MessageKind};
+use kvrelay_codec::v1::{
+    self, CatalogUpdate, CkfFormat, DecodeError, DigestId, EndpointId, EntryError, ErrorMessage,
+    ErrorReason, HashFormat, IdentitySource, Message, ModelRegistration, PoolDescriptor, PoolId,
+    ProducerIdentity, QuerySemantics, RelayIdentity, StreamRequest, StreamRpc, ValidationError,
+    WorkerRole,
+};
+use kvrelay_codec::{FrameError, Limits};
+
+fn producer(dc_id: u64) -> ProducerIdentity {
+    let digest = |byte| DigestId {
+        digest: [byte; 16],
+        source: IdentitySource::Explicit,
+    };
+    ProducerIdentity {
+        pool_id: PoolId {
+            identity_version: 1,
+            cache_semantics: digest(1),
+            routing_scope: digest(2),
+            dc_id,
+        },
+        producer_incarnation: 5,
+        layout_generation: 1,
+        ckf_format: CkfFormat {
+            format_version: 1,
+            seed: 1,
+            bucket_count: 1 << 16,
+            fingerprint_bits: 16,
+            slots_per_bucket: 4,
+        },
+    }
+}
+
+fn descriptor(dc_id: u64) -> PoolDescriptor {
+    PoolDescriptor {
+        producer: producer(dc_id),
+        serving_endpoint: EndpointId {
+            namespace: "prod".into(),
+            component: "backend".into(),
+            name: "generate".into(),
+        },
+        registrations: vec![ModelRegistration {
+            model: "llama-3-8b".into(),
+            base_model: "llama-3-8b".into(),
+            adapter: None,
+            aliases: vec!["llama3".into()],
+        }],
+        query_semantics: QuerySemantics {
+            kv_block_size: 16,
+            hash_format: HashFormat::DynamoStandardV1,
+        },
+        pool_roles: vec![WorkerRole::Prefill, WorkerRole::Decode],
+    }
+}
+
+fn catalog(pools: Vec<PoolDescriptor>) -> CatalogUpdate {
+    CatalogUpdate {
+        relay: RelayIdentity {
+            drt_instance_id: 1,
+            relay_incarnation: 5,
+        },
+        revision: 3,
+        pools,
+    }
+}
+
+fn check(pool: PoolDescriptor, expected: Result<(), ValidationError>) {
+    assert_eq!(pool.validate(), expected);
+}
+
+#[test]
+fn valid_descriptor_passes() {
+    check(descriptor(1), Ok(()));
+}
+
+#[test]
+fn descriptor_rules_name_the_offending_value() {
+    let mut pool = descriptor(1);
+    pool.registrations[0].model = " llama".into();
+    check(
+        pool,
+        Err(ValidationError::SurroundingWhitespace {
+            field: "registration.model",
+            value: " llama".into(),
+        }),
+    );
+    let mut pool = descriptor(1);
+    pool.pool_roles = vec![WorkerRole::Decode, WorkerRole::Decode];
+    check(
+        pool,
+        Err(ValidationError::DuplicateRole {
+            field: "pool_roles",
+            role: WorkerRole::Decode,
+        }),
+    );
+    let mut pool = descriptor(1);
+    pool.registrations.clear();
+    check(pool, Err(ValidationError::NoRegistrations));
+    let mut pool = descriptor(1);
+    pool.query_semantics.kv_block_size = 0;
+    check(pool, Err(ValidationError::ZeroBlockSize));
+    let mut pool = descriptor(1);
+    pool.producer.ckf_format.bucket_count = 3;
+    check(pool, Err(ValidationError::InvalidBucketCount { bucket_count: 3 }));
+    let mut pool = descriptor(1);
+    pool.registrations[0].aliases = vec!["llama-3-8b".into()];
+    check(
+        pool,
+        Err(ValidationError::AliasCollision {
+            alias: "llama-3-8b".into(),
+        }),
+    );
+}
+
+#[test]
+fn unknown_codes_and_versions_are_unsupported_not_malformed() {
+    let mut cases = Vec::new();
+    let mut pool = descriptor(1);
+    pool.producer.ckf_format.format_version = 2;
+    cases.push(pool);
+    let mut pool = descriptor(1);
+    pool.query_semantics.hash_format = HashFormat::Unrecognized(9);
+    cases.push(pool);
+    let mut pool = descriptor(1);
+    pool.pool_roles.push(WorkerRole::Unrecognized(40));
+    cases.push(pool);
+    let mut pool = descriptor(1);
+    pool.producer.pool_id.identity_version = 2;
+    cases.push(pool);
+    for pool in cases {
+        let err = pool.validate().unwrap_err();
+        assert!(err.is_unsupported(), "{err}");
+    }
+    let mut pool = descriptor(1);
+    pool.query_semantics.hash_format = HashFormat::Unrecognized(0);
+    assert!(!pool.validate().unwrap_err().is_unsupported());
+}
+
+#[test]
+fn unsupported_catalog_entry_is_quarantined_and_the_rest_kept() {
+    let mut newer = descriptor(2);
+    newer.producer.ckf_format.format_version = 2;
+    let verdict = catalog(vec![descriptor(1), newer, descriptor(3)]).validate().unwrap();
+    assert_eq!(verdict.accepted, vec![0, 2]);
+    assert_eq!(verdict.quarantined.len(), 1);
+    assert_eq!(verdict.quarantined[0].index, 1);
+}
+
+#[test]
+fn malformed_catalog_entry_fails_the_update() {
+    let mut broken = descriptor(2);
+    broken.pool_roles.clear();
+    assert_eq!(
+        catalog(vec![descriptor(1), broken]).validate(),
+        Err(EntryError {
+            collection: "pools",
+            index: 1,
+            error: ValidationError::EmptyRoles {
+                field: "pool_roles"
+            },
+        })
+    );
+}
+
+#[test]
+fn duplicate_pool_in_catalog_is_malformed() {
+    let err = catalog(vec![descriptor(1), descriptor(1)])
+        .validate()
+        .unwrap_err();
+    assert_eq!(err.index, 1);
+    assert!(matches!(err.error, ValidationError::DuplicateEntry { .. }));
+}
+
+#[test]
+fn validation_leaves_the_message_unchanged() {
+    let update = catalog(vec![descriptor(1)]);
+    let before = update.clone();
+    let _ = update.validate();
+    assert_eq!(update, before);
+}
+
+fn request(subscriber_id: &str) -> StreamRequest {
+    StreamRequest {
+        subscriber_id: subscriber_id.into(),
+        rpc: StreamRpc::WatchCatalog,
+        auth_token: None,
+    }
+}
+
+#[test]
+fn subscriber_id_rules() {
+    assert_eq!(request(&"é".repeat(64)).validate(), Ok(()));
+    assert_eq!(
+        request("").validate(),
+        Err(ValidationError::EmptyText {
+            field: "subscriber_id"
+        })
+    );
+    assert_eq!(
+        request(&"a".repeat(129)).validate(),
+        Err(ValidationError::TooLong {
+            field: "subscriber_id",
+            len: 129,
+            max: 128
+        })
+    );
+    assert!(matches!(
+        request("router\n1").validate(),
+        Err(ValidationError::ControlCharacter { .. })
+    ));
+}
+
+#[test]
+fn subscribe_pool_checks_the_expected_producer() {
+    let mut expected_producer = producer(1);
+    expected_producer.layout_generation = 0;
+    let request = StreamRequest {
+        subscriber_id: "router-a".into(),
+        rpc: StreamRpc::SubscribePool { expected_producer },
+        auth_token: Some("secret".into()),
+    };
+    assert_eq!(request.validate(), Err(ValidationError::ZeroLayoutGeneration));
+}
+
+fn frame_with(kind_code: u16, minor: u16, body: &[u8]) -> BytesMut {
+    let mut buf = BytesMut::new();
+    buf.put_slice(b"KVRW");
+    buf.put_u16_le(1);
+    buf.put_u16_le(minor);
+    buf.put_u16_le(kind_code);
+    buf.put_u16_le(0);
+    buf.put_u32_le(body.len() as u32);
+    buf.put_slice(body);
+    buf
+}
+
+#[test]
+fn unknown_rpc_is_unsupported() {
+    // subscriber_id "a", rpc 9, no producer, no token (bincode varints).
+    let mut buf = frame_with(MessageKind::StreamRequest.code(), 0, &[1, b'a', 9, 0, 0]);
+    let err = v1::decode_message(&mut buf, &Limits::default()).unwrap_err();
+    assert_eq!(err, DecodeError::UnsupportedRpc { code: 9 });
+    assert_eq!(err.reason(), ErrorReason::UnsupportedFeature);
+}
+
+#[test]
+fn subscribe_pool_without_producer_is_invalid() {
+    let mut buf = frame_with(MessageKind::StreamRequest.code(), 0, &[1, b'a', 3, 0, 0]);
+    let err = v1::decode_message(&mut buf, &Limits::default()).unwrap_err();
+    assert!(matches!(err, DecodeError::RpcArguments { rpc: 3, .. }));
+    assert_eq!(err.reason(), ErrorReason::InvalidRequest);
+}
+
+#[test]
+fn unknown_kind_is_skipped_and_the_stream_continues() {
+    let mut buf = frame_with(42, 1, b"from the future");
+    let error = Message::Error(ErrorMessage::new(ErrorReason::Internal, "boom"));
+    v1::encode_message(&error, &Limits::default(), &mut buf).unwrap();
+    let err = v1::decode_message(&mut buf, &Limits::default()).unwrap_err();
+    assert!(err.is_unsupported());
+    assert_eq!(v1::decode_message(&mut buf, &Limits::default()), Ok(Some(error)));
+}
+
+#[test]
+fn newer_minor_may_append_fields_but_ours_may_not() {
+    let mut body = BytesMut::new();
+    ErrorMessage::new(ErrorReason::ResourceLimit, "limit")
+        .encode_body(&mut body)
+        .unwrap();
+    body.put_slice(b"appended");
+    let newer = frame_with(MessageKind::Error.code(), frame::PROTOCOL_MINOR + 1, &body);
+    assert!(matches!(
+        v1::decode_message(&mut newer.clone(), &Limits::default()),
+        Ok(Some(Message::Error(_)))
+    ));
+    let same = frame_with(MessageKind::Error.code(), frame::PROTOCOL_MINOR, &body);
+    assert_eq!(
+        v1::decode_message(&mut same.clone(), &Limits::default()),
+        Err(DecodeError::TrailingBytes {
+            kind: "error",
+            extra: 8
+        })
+    );
+}
+
+#[test]
+fn other_major_is_a_contract_mismatch_reason() {
+    let mut buf = frame_with(1, 0, b"");
+    buf[4] = 2;
+    let err = v1::decode_message(&mut buf, &Limits::default()).unwrap_err();
+    assert_eq!(err, DecodeError::Frame(FrameError::ContractMismatch { major: 2 }));
+    assert_eq!(err.reason(), ErrorReason::ContractMismatch);
+}
+
+#[test]
+fn unrecognized_error_reason_is_handled_as_internal() {
+    let message = ErrorMessage {
+        reason: ErrorReason::Unrecognized(99),
+        message: "new".into(),
+    };
+    assert!(message.validate().unwrap_err().is_unsupported());
+    assert_eq!(message.effective_reason(), ErrorReason::Internal);
+}
+
+#[test]
+fn long_error_message_is_cut_at_a_char_boundary() {
+    let message = ErrorMessage::new(ErrorReason::Internal, &"é".repeat(3000));
+    assert!(message.message.len() <= 4096);
+    assert!(message.message.chars().all(|c| c == 'é'));
+}
