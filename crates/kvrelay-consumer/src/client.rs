@@ -1,0 +1,477 @@
+//! The async relay client: one task per relay running connection epochs, one task per
+//! subscribed producer generation, all feeding one [`ConsumerState`].
+//!
+//! Concurrency: the state sits behind one `RwLock`. Writers are the relay and
+//! subscription tasks, each holding the lock only to apply one validated message
+//! (never across an `.await`); `score` takes the read lock. Each mutation is whole, so a
+//! query sees a replica before or after a delta, never half of one.
+//!
+//! Task tree: `Consumer` owns a `TaskTracker` and a `CancellationToken`; each relay task
+//! owns a child token and a tracker for its subscriptions, cancelled and awaited when its
+//! epoch ends. Nothing outlives [`Consumer::shutdown`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvrelay_codec::PROTOCOL_MAJOR;
+use kvrelay_codec::v1::{ErrorReason, Message, RelayIdentity, StreamRpc};
+use parking_lot::RwLock;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use crate::backoff::Backoff;
+use crate::catalog::{PoolKey, QuarantinedEntry};
+use crate::config::{ConfigError, ConsumerConfig};
+use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
+use crate::scoring::{Ranking, ScoreError, ScoreRequest};
+use crate::state::{ConsumerState, FrameOutcome, PoolStatus};
+use crate::wire::{WireError, WireStream};
+
+/// How long [`Consumer::shutdown`] waits for its tasks.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A running consumer: relay connections, replicas and scoring.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use kvrelay_consumer::{Consumer, ConsumerConfig, ScoreRequest};
+/// let config = ConsumerConfig::new(vec!["127.0.0.1:7400=dc-a:5".parse()?]);
+/// let consumer = Consumer::start(config)?;
+/// let ranking = consumer.score(&ScoreRequest {
+///     tokens: (0..256).collect(),
+///     model: "llama".into(),
+///     ..ScoreRequest::default()
+/// });
+/// consumer.shutdown().await;
+/// # let _ = ranking; Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Consumer {
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: ConsumerConfig,
+    state: RwLock<ConsumerState>,
+    metrics: MetricsRecorder,
+    /// Bumped after every state change, so waiters re-check their condition.
+    changed: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.changed
+            .send_modify(|version| *version = version.wrapping_add(1));
+    }
+}
+
+impl Consumer {
+    /// Validates `config` and starts one task per relay on the current tokio runtime.
+    pub fn start(config: ConsumerConfig) -> Result<Self, ConfigError> {
+        let state = ConsumerState::new(&config)?;
+        let (changed, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            config,
+            state: RwLock::new(state),
+            metrics: MetricsRecorder::default(),
+            changed,
+        });
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        for relay in 0..shared.config.relays.len() {
+            let shared = Arc::clone(&shared);
+            let cancel = cancel.child_token();
+            tracker.spawn(run_relay(shared, relay, cancel));
+        }
+        Ok(Self {
+            shared,
+            cancel,
+            tracker,
+        })
+    }
+
+    /// Ranks the deployments that can serve `request`, now.
+    pub fn score(&self, request: &ScoreRequest) -> Result<Ranking, ScoreError> {
+        let started = Instant::now();
+        let result = self.shared.state.read().score(request, started);
+        self.shared.metrics.observe_score(started.elapsed());
+        result
+    }
+
+    /// A snapshot of every metric.
+    pub fn metrics(&self) -> ConsumerMetrics {
+        let mut out = ConsumerMetrics::default();
+        self.shared.metrics.fill(&mut out);
+        self.shared
+            .state
+            .read()
+            .fill_gauges(&mut out, Instant::now());
+        out
+    }
+
+    /// Every admitted pool with its replica state.
+    pub fn pools(&self) -> Vec<PoolStatus> {
+        self.shared.state.read().pools(Instant::now())
+    }
+
+    /// Every quarantined catalog entry.
+    pub fn quarantined(&self) -> Vec<QuarantinedEntry> {
+        self.shared.state.read().quarantined()
+    }
+
+    /// Waits until `condition` holds on the state (checked after every change), or
+    /// `timeout` passes; returns whether it held.
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        condition: impl Fn(&ConsumerState, Instant) -> bool,
+    ) -> bool {
+        let mut changes = self.shared.changed.subscribe();
+        let wait = async {
+            loop {
+                if condition(&self.shared.state.read(), Instant::now()) {
+                    return true;
+                }
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(false)
+    }
+
+    /// Cancels every task and waits (bounded) for them to finish.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(SHUTDOWN_DEADLINE, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!("consumer tasks did not stop within the shutdown deadline");
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Why a relay epoch ended.
+#[derive(Debug, thiserror::Error)]
+enum EpochError {
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("relay {addr} speaks protocol major {major}, we speak {PROTOCOL_MAJOR}")]
+    ContractMismatch { addr: String, major: u16 },
+    #[error("relay {addr} restarted: incarnation {previous:?} became {current:?}")]
+    RelayRestart {
+        addr: String,
+        previous: RelayIdentity,
+        current: RelayIdentity,
+    },
+    #[error(transparent)]
+    Catalog(#[from] crate::state::CatalogError),
+    #[error("relay {addr} sent error {reason}: {message}")]
+    Relay {
+        addr: String,
+        reason: ErrorReason,
+        message: String,
+    },
+    #[error("relay {addr} sent an unexpected {kind} message on the {stream} stream")]
+    Unexpected {
+        addr: String,
+        kind: &'static str,
+        stream: &'static str,
+    },
+    #[error("relay {addr} closed the {stream} stream")]
+    Closed { addr: String, stream: &'static str },
+    #[error("relay {addr} sent no catalog for {timeout:?}")]
+    CatalogStale { addr: String, timeout: Duration },
+}
+
+async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken) {
+    let mut backoff = Backoff::new(shared.config.backoff);
+    let addr = shared.config.relays[relay].addr.clone();
+    let dc = shared.config.relays[relay].dc.clone();
+    loop {
+        let started = Instant::now();
+        let result = relay_epoch(&shared, relay, &cancel).await;
+        let dropped = shared.state.write().reset_relay(relay);
+        shared.bump();
+        if cancel.is_cancelled() {
+            return;
+        }
+        shared.metrics.incr(Counter::RelayEpochFailures);
+        if let Err(EpochError::RelayRestart { .. }) = &result {
+            for _ in &dropped {
+                shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
+            }
+        }
+        match &result {
+            Ok(()) => warn!(dc = %dc, peer = %addr, "relay epoch ended"),
+            Err(err) => warn!(dc = %dc, peer = %addr, error = %err, "relay epoch failed"),
+        }
+        let delay = backoff.on_failure(started.elapsed(), rand::random::<f64>());
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+async fn open(
+    shared: &Shared,
+    relay: usize,
+    suffix: &str,
+    rpc: StreamRpc,
+) -> Result<WireStream, WireError> {
+    let config = &shared.config;
+    WireStream::open(
+        &config.relays[relay].addr,
+        &format!("{}/{suffix}", config.subscriber_id),
+        rpc,
+        config.limits.max_frame_len,
+        config.limits.connect_timeout,
+    )
+    .await
+}
+
+/// One connection epoch: relay info, catalog and load streams, subscriptions. Returns
+/// `Ok` only when cancelled.
+async fn relay_epoch(
+    shared: &Arc<Shared>,
+    relay: usize,
+    cancel: &CancellationToken,
+) -> Result<(), EpochError> {
+    let addr = shared.config.relays[relay].addr.clone();
+    let limits = shared.config.limits;
+    let identity = relay_info(shared, relay).await?;
+    shared.metrics.incr(Counter::RelayConnects);
+    info!(dc = %shared.config.relays[relay].dc, peer = %addr, incarnation = identity.relay_incarnation, "relay connected");
+
+    let mut catalog = open(shared, relay, "catalog", StreamRpc::WatchCatalog).await?;
+    let mut load = open(shared, relay, "load", StreamRpc::WatchLoad).await?;
+    let epoch_cancel = cancel.child_token();
+    let subscriptions = TaskTracker::new();
+    let mut tokens: HashMap<PoolKey, CancellationToken> = HashMap::new();
+
+    let result = loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => break Ok(()),
+            // `WireStream::next` is cancel safe (its buffer lives in the stream).
+            message = tokio::time::timeout(limits.catalog_staleness_bound, catalog.next()) => {
+                let message = match message {
+                    Err(_) => break Err(EpochError::CatalogStale { addr: addr.clone(), timeout: limits.catalog_staleness_bound }),
+                    Ok(Err(err)) => break Err(err.into()),
+                    Ok(Ok(None)) => break Err(EpochError::Closed { addr: addr.clone(), stream: "catalog" }),
+                    Ok(Ok(Some(message))) => message,
+                };
+                let update = match message {
+                    Message::CatalogUpdate(update) => update,
+                    other => break Err(unexpected(&addr, &other, "catalog")),
+                };
+                if update.relay != identity {
+                    break Err(EpochError::RelayRestart { addr: addr.clone(), previous: identity, current: update.relay });
+                }
+                let change = shared.state.write().apply_catalog(relay, &update);
+                let change = match change {
+                    Ok(change) => change,
+                    Err(err) => break Err(err.into()),
+                };
+                shared.metrics.incr(Counter::CatalogsApplied);
+                if change.newly_quarantined > 0 {
+                    shared.metrics.add(Counter::QuarantinedTotal, change.newly_quarantined as u64);
+                    for entry in shared.state.read().quarantined() {
+                        warn!(dc = %entry.dc, pool = %entry.entry, reason = %entry.reason, "catalog entry quarantined");
+                    }
+                }
+                for key in &change.removed {
+                    if let Some(token) = tokens.remove(key) {
+                        token.cancel();
+                    }
+                }
+                for (key, _) in &change.added {
+                    let token = epoch_cancel.child_token();
+                    tokens.insert(*key, token.clone());
+                    subscriptions.spawn(run_subscription(Arc::clone(shared), relay, *key, identity, token));
+                }
+                shared.bump();
+            }
+            message = load.next() => {
+                match message {
+                    Ok(Some(Message::LoadWindow(window))) => {
+                        shared.state.write().apply_load_window(relay, &window);
+                        shared.metrics.incr(Counter::LoadWindows);
+                        shared.bump();
+                    }
+                    Ok(Some(other)) => break Err(unexpected(&addr, &other, "load")),
+                    Ok(None) => break Err(EpochError::Closed { addr: addr.clone(), stream: "load" }),
+                    Err(err) => break Err(err.into()),
+                }
+            }
+        }
+    };
+    epoch_cancel.cancel();
+    subscriptions.close();
+    subscriptions.wait().await;
+    result
+}
+
+async fn relay_info(shared: &Shared, relay: usize) -> Result<RelayIdentity, EpochError> {
+    let addr = &shared.config.relays[relay].addr;
+    let mut stream = open(shared, relay, "info", StreamRpc::RelayInfo).await?;
+    let message = tokio::time::timeout(shared.config.limits.connect_timeout, stream.next())
+        .await
+        .map_err(|_| {
+            EpochError::Wire(WireError::ConnectTimeout {
+                addr: addr.clone(),
+                timeout: shared.config.limits.connect_timeout,
+            })
+        })??;
+    match message {
+        Some(Message::RelayInfo(info)) if info.protocol_major == PROTOCOL_MAJOR => Ok(info.relay),
+        Some(Message::RelayInfo(info)) => Err(EpochError::ContractMismatch {
+            addr: addr.clone(),
+            major: info.protocol_major,
+        }),
+        Some(other) => Err(unexpected(addr, &other, "relay info")),
+        None => Err(EpochError::Closed {
+            addr: addr.clone(),
+            stream: "relay info",
+        }),
+    }
+}
+
+fn unexpected(addr: &str, message: &Message, stream: &'static str) -> EpochError {
+    match message {
+        Message::Error(err) => EpochError::Relay {
+            addr: addr.to_owned(),
+            reason: err.effective_reason(),
+            message: err.message.clone(),
+        },
+        other => EpochError::Unexpected {
+            addr: addr.to_owned(),
+            kind: other.kind().name(),
+            stream,
+        },
+    }
+}
+
+async fn run_subscription(
+    shared: Arc<Shared>,
+    relay: usize,
+    key: PoolKey,
+    identity: RelayIdentity,
+    cancel: CancellationToken,
+) {
+    let mut backoff = Backoff::new(shared.config.backoff);
+    loop {
+        let started = Instant::now();
+        let reason = subscription_attempt(&shared, relay, key, identity, &cancel).await;
+        shared.state.write().invalidate(key);
+        shared.bump();
+        let Some(reason) = reason else { return };
+        if cancel.is_cancelled() {
+            return;
+        }
+        shared.metrics.resubscribe(reason);
+        let delay = backoff.on_failure(started.elapsed(), rand::random::<f64>());
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// One subscription attempt; `None` means stop for good (cancelled, or the generation
+/// left the catalog), `Some(reason)` means resubscribe after backoff.
+async fn subscription_attempt(
+    shared: &Shared,
+    relay: usize,
+    key: PoolKey,
+    identity: RelayIdentity,
+    cancel: &CancellationToken,
+) -> Option<ResubscribeReason> {
+    let dc = &shared.config.relays[relay].dc;
+    let producer = shared.state.write().begin_subscription(key).ok()?;
+    shared.bump();
+    let stream = tokio::select! {
+        biased;
+        () = cancel.cancelled() => return None,
+        stream = open(shared, relay, "pool", StreamRpc::SubscribePool { expected_producer: producer }) => stream,
+    };
+    let mut stream = match stream {
+        Ok(stream) => stream,
+        Err(err) => {
+            debug!(dc = %dc, pool = key.as_u64(), error = %err, "pool subscription failed to open");
+            return Some(ResubscribeReason::Disconnected);
+        }
+    };
+    let staleness = shared.config.limits.staleness_bound;
+    loop {
+        let message = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return None,
+            message = tokio::time::timeout(staleness, stream.next()) => message,
+        };
+        let frame = match message {
+            Err(_) => return Some(ResubscribeReason::Stale),
+            Ok(Err(err)) => {
+                warn!(dc = %dc, pool = key.as_u64(), error = %err, "pool stream failed");
+                return Some(ResubscribeReason::Disconnected);
+            }
+            Ok(Ok(None)) => return Some(ResubscribeReason::Disconnected),
+            Ok(Ok(Some(Message::PoolFrame(frame)))) => frame,
+            Ok(Ok(Some(Message::Error(err)))) => {
+                let reason = match err.effective_reason() {
+                    ErrorReason::SubscriberLagged => ResubscribeReason::Lagged,
+                    ErrorReason::ProducerChanged | ErrorReason::PoolNotFound => {
+                        ResubscribeReason::ProducerChanged
+                    }
+                    ErrorReason::InvalidPublication => ResubscribeReason::Validation,
+                    _ => ResubscribeReason::Disconnected,
+                };
+                warn!(dc = %dc, pool = key.as_u64(), reason = %err.effective_reason(), message = %err.message, "relay ended pool stream");
+                return Some(reason);
+            }
+            Ok(Ok(Some(_other))) => return Some(ResubscribeReason::Validation),
+        };
+        if frame.header.relay != identity {
+            return Some(ResubscribeReason::RelayRestart);
+        }
+        let outcome = shared
+            .state
+            .write()
+            .apply_pool_frame(key, &frame, Instant::now());
+        match outcome {
+            Ok(outcome) => {
+                let counter = match outcome {
+                    FrameOutcome::ChunkStored => None,
+                    FrameOutcome::SnapshotInstalled(_) => Some(Counter::SnapshotsInstalled),
+                    FrameOutcome::DeltaApplied(_) => Some(Counter::DeltasApplied),
+                    FrameOutcome::Heartbeat(_) => Some(Counter::Heartbeats),
+                };
+                if let Some(counter) = counter {
+                    shared.metrics.incr(counter);
+                }
+                shared.bump();
+            }
+            Err(err) => {
+                warn!(dc = %dc, pool = key.as_u64(), error = %err, "pool frame refused; resubscribing");
+                return Some(err.reason);
+            }
+        }
+    }
+}

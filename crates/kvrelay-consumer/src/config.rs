@@ -1,0 +1,294 @@
+//! Consumer configuration: the relays to watch, the ranking weights, backoff and bounds.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::backoff::BackoffConfig;
+use crate::weights::{ScoreWeights, WeightError};
+
+/// One relay to watch: its address, the DC name it serves and a per-DC cost.
+///
+/// Parsed from `ADDR[=DC[:COST]]`, e.g. `10.0.0.7:7400=us-east:12.5`. Without `=DC` the
+/// address doubles as the DC name; without `:COST` the cost is 0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelayConfig {
+    /// `host:port` of the relay's WAN listener.
+    pub addr: String,
+    /// The DC label reported with scores.
+    pub dc: String,
+    /// The DC's cost in the ranking formula (e.g. network latency in ms); finite, ≥ 0.
+    pub cost: f64,
+}
+
+impl RelayConfig {
+    /// A relay at `addr` named `dc` with cost 0.
+    pub fn new(addr: &str, dc: &str) -> Self {
+        Self {
+            addr: addr.to_owned(),
+            dc: dc.to_owned(),
+            cost: 0.0,
+        }
+    }
+}
+
+impl FromStr for RelayConfig {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        let (addr, rest) = match text.split_once('=') {
+            Some((addr, rest)) => (addr, Some(rest)),
+            None => (text, None),
+        };
+        if addr.is_empty() || addr.trim() != addr {
+            return Err(ConfigError::RelayAddress {
+                text: text.to_owned(),
+            });
+        }
+        let (dc, cost) = match rest {
+            None => (addr, 0.0),
+            Some(rest) => match rest.rsplit_once(':') {
+                None => (rest, 0.0),
+                Some((dc, cost_text)) => {
+                    let cost = cost_text
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|cost| cost.is_finite() && *cost >= 0.0)
+                        .ok_or_else(|| ConfigError::RelayCost {
+                            text: text.to_owned(),
+                            cost: cost_text.to_owned(),
+                        })?;
+                    (dc, cost)
+                }
+            },
+        };
+        if dc.is_empty() || dc.trim() != dc {
+            return Err(ConfigError::RelayDc {
+                text: text.to_owned(),
+            });
+        }
+        Ok(Self {
+            addr: addr.to_owned(),
+            dc: dc.to_owned(),
+            cost,
+        })
+    }
+}
+
+/// Every bound of the consumer, each default a documented constant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest frame accepted from a relay, bytes.
+    pub max_frame_len: u32,
+    /// Catalog entries accepted per relay; a larger catalog fails that relay's epoch.
+    pub max_pools_per_relay: usize,
+    /// Time allowed to connect and receive the first frame of a stream.
+    pub connect_timeout: Duration,
+    /// Replicas older than this (time since the last snapshot, delta or heartbeat) are not
+    /// used for scoring; their subscription is dropped and renewed.
+    pub staleness_bound: Duration,
+    /// Catalog streams older than this without a frame fail the relay's epoch.
+    pub catalog_staleness_bound: Duration,
+}
+
+impl Limits {
+    /// Default [`Limits::max_frame_len`]: 8 MiB, the codec's default.
+    pub const DEFAULT_MAX_FRAME_LEN: u32 = 8 << 20;
+    /// Default [`Limits::max_pools_per_relay`].
+    pub const DEFAULT_MAX_POOLS_PER_RELAY: usize = 4096;
+    /// Default [`Limits::connect_timeout`]: 5 s.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default [`Limits::staleness_bound`]: 30 s, three relay heartbeat intervals.
+    pub const DEFAULT_STALENESS_BOUND: Duration = Duration::from_secs(30);
+    /// Default [`Limits::catalog_staleness_bound`]: 45 s.
+    pub const DEFAULT_CATALOG_STALENESS_BOUND: Duration = Duration::from_secs(45);
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_frame_len: Self::DEFAULT_MAX_FRAME_LEN,
+            max_pools_per_relay: Self::DEFAULT_MAX_POOLS_PER_RELAY,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            staleness_bound: Self::DEFAULT_STALENESS_BOUND,
+            catalog_staleness_bound: Self::DEFAULT_CATALOG_STALENESS_BOUND,
+        }
+    }
+}
+
+/// The whole consumer configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerConfig {
+    /// The relays to watch, one per DC; any number.
+    pub relays: Vec<RelayConfig>,
+    /// Ranking weights.
+    pub weights: ScoreWeights,
+    /// Reconnect and resubscribe backoff.
+    pub backoff: BackoffConfig,
+    /// Bounds and timeouts.
+    pub limits: Limits,
+    /// Diagnostic label sent with every stream request (suffixed per stream).
+    pub subscriber_id: String,
+}
+
+impl ConsumerConfig {
+    /// A configuration with defaults for everything but the relays.
+    pub fn new(relays: Vec<RelayConfig>) -> Self {
+        Self {
+            relays,
+            weights: ScoreWeights::default(),
+            backoff: BackoffConfig::default(),
+            limits: Limits::default(),
+            subscriber_id: "kvrelay-consumer".to_owned(),
+        }
+    }
+
+    /// Checks the relay list, weights and bounds.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.relays.is_empty() {
+            return Err(ConfigError::NoRelays);
+        }
+        for (idx, relay) in self.relays.iter().enumerate() {
+            if self.relays[..idx].iter().any(|other| other.dc == relay.dc) {
+                return Err(ConfigError::DuplicateDc {
+                    dc: relay.dc.clone(),
+                });
+            }
+            if !relay.cost.is_finite() || relay.cost < 0.0 {
+                return Err(ConfigError::RelayCost {
+                    text: relay.addr.clone(),
+                    cost: relay.cost.to_string(),
+                });
+            }
+        }
+        self.weights.validate()?;
+        // The stream suffix ("/catalog", "/pool") must still fit the 128-byte id limit.
+        if self.subscriber_id.is_empty()
+            || self.subscriber_id.len() > 112
+            || self.subscriber_id.chars().any(char::is_control)
+        {
+            return Err(ConfigError::SubscriberId {
+                id: self.subscriber_id.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `ADDR` is empty or has surrounding whitespace.
+    #[error("relay {text:?}: address must be non-empty host:port")]
+    RelayAddress {
+        /// The whole relay argument.
+        text: String,
+    },
+    /// The DC name is empty or has surrounding whitespace.
+    #[error("relay {text:?}: dc name must be non-empty without surrounding whitespace")]
+    RelayDc {
+        /// The whole relay argument.
+        text: String,
+    },
+    /// The cost is not a finite number ≥ 0.
+    #[error("relay {text:?}: cost {cost:?} must be a finite number >= 0")]
+    RelayCost {
+        /// The whole relay argument.
+        text: String,
+        /// The rejected cost text.
+        cost: String,
+    },
+    /// No relay configured.
+    #[error("at least one relay must be configured")]
+    NoRelays,
+    /// Two relays claim the same DC name.
+    #[error("dc {dc:?} is configured for more than one relay")]
+    DuplicateDc {
+        /// The repeated DC name.
+        dc: String,
+    },
+    /// The subscriber id is empty, too long (> 112 bytes) or has control characters.
+    #[error("subscriber id {id:?} must be 1..=112 bytes without control characters")]
+    SubscriberId {
+        /// The rejected id.
+        id: String,
+    },
+    /// A ranking weight is invalid.
+    #[error(transparent)]
+    Weight(#[from] WeightError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str, addr: &str, dc: &str, cost: f64) {
+        let relay: RelayConfig = text.parse().unwrap();
+        assert_eq!(
+            relay,
+            RelayConfig {
+                addr: addr.into(),
+                dc: dc.into(),
+                cost
+            },
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn relay_argument_parses_address_dc_and_cost() {
+        check("127.0.0.1:7400", "127.0.0.1:7400", "127.0.0.1:7400", 0.0);
+        check("127.0.0.1:7400=us-east", "127.0.0.1:7400", "us-east", 0.0);
+        check("relay.b:7400=eu-west:35.5", "relay.b:7400", "eu-west", 35.5);
+        check("[::1]:7400=v6:2", "[::1]:7400", "v6", 2.0);
+    }
+
+    #[test]
+    fn relay_argument_with_bad_cost_is_rejected() {
+        for text in ["a:1=dc:-1", "a:1=dc:nan", "a:1=dc:fast", "a:1=dc:inf"] {
+            assert!(
+                matches!(
+                    text.parse::<RelayConfig>(),
+                    Err(ConfigError::RelayCost { .. })
+                ),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn relay_argument_with_empty_parts_is_rejected() {
+        assert!(matches!(
+            "=dc".parse::<RelayConfig>(),
+            Err(ConfigError::RelayAddress { .. })
+        ));
+        assert!(matches!(
+            "a:1=".parse::<RelayConfig>(),
+            Err(ConfigError::RelayDc { .. })
+        ));
+        assert!(matches!(
+            "a:1=:3".parse::<RelayConfig>(),
+            Err(ConfigError::RelayDc { .. })
+        ));
+    }
+
+    #[test]
+    fn duplicate_dc_names_are_rejected() {
+        let config = ConsumerConfig::new(vec![
+            RelayConfig::new("a:1", "x"),
+            RelayConfig::new("b:1", "x"),
+        ]);
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::DuplicateDc { dc: "x".into() })
+        );
+    }
+
+    #[test]
+    fn empty_relay_list_is_rejected() {
+        assert_eq!(
+            ConsumerConfig::new(Vec::new()).validate(),
+            Err(ConfigError::NoRelays)
+        );
+    }
+}

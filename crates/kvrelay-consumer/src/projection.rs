@@ -1,0 +1,180 @@
+//! From wire messages to the consumer's domain: catalog descriptors to pool entries (with
+//! per-entry quarantine), load windows to samples, CBI1 views to `kvrelay-ckf` images.
+
+use kvrelay_ckf::{Delta, SnapshotChunk};
+use kvrelay_codec::cbi1::{ChunkView, DeltaView};
+use kvrelay_codec::v1::{
+    CatalogUpdate, HashFormat, LoadWindow, PoolDescriptor, ProducerIdentity, WorkerRole,
+};
+use kvrelay_identity::{CkfFormat, KvQueryHashFormat};
+
+use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry, Registration, Roles, Target};
+use crate::load::LoadSample;
+
+/// A descriptor that passed validation, ready to be admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AdmittedPool {
+    pub(crate) producer: ProducerIdentity,
+    /// The entry; its `key` and `relay` are assigned when admitted.
+    pub(crate) entry: PoolEntry,
+}
+
+/// A catalog split into admitted entries and quarantined ones.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct ProjectedCatalog {
+    pub(crate) admitted: Vec<AdmittedPool>,
+    pub(crate) quarantined: Vec<QuarantinedEntry>,
+}
+
+/// Why a whole catalog was refused (the envelope cannot be trusted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DuplicatePool {
+    pub(crate) pool: String,
+}
+
+/// Validates each descriptor on its own: failing ones (unsupported *or* malformed, each
+/// still identified by its pool id) are quarantined and the rest admitted. Two entries
+/// with one pool id make the envelope untrustworthy: the whole catalog is refused.
+pub(crate) fn project_catalog(
+    dc: &str,
+    update: &CatalogUpdate,
+) -> Result<ProjectedCatalog, DuplicatePool> {
+    let mut out = ProjectedCatalog::default();
+    for (idx, descriptor) in update.pools.iter().enumerate() {
+        if update.pools[..idx]
+            .iter()
+            .any(|other| other.pool_id() == descriptor.pool_id())
+        {
+            return Err(DuplicatePool {
+                pool: descriptor.pool_id().to_string(),
+            });
+        }
+        match project_descriptor(descriptor) {
+            Ok(entry) => out.admitted.push(AdmittedPool {
+                producer: descriptor.producer,
+                entry,
+            }),
+            Err(reason) => out.quarantined.push(QuarantinedEntry {
+                dc: dc.to_owned(),
+                entry: descriptor.pool_id().to_string(),
+                reason,
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// The domain format of a validated producer (`None` if the wire format is unusable).
+pub(crate) fn domain_format(producer: &ProducerIdentity) -> Option<CkfFormat> {
+    let format = &producer.ckf_format;
+    let bucket_count = u32::try_from(format.bucket_count).ok()?;
+    CkfFormat::v1(format.seed, bucket_count).ok()
+}
+
+fn project_descriptor(descriptor: &PoolDescriptor) -> Result<PoolEntry, String> {
+    descriptor.validate().map_err(|err| {
+        let kind = if err.is_unsupported() {
+            "unsupported"
+        } else {
+            "malformed"
+        };
+        format!("{kind}: {err}")
+    })?;
+    if domain_format(&descriptor.producer).is_none() {
+        return Err(format!(
+            "unsupported: ckf format {:?}",
+            descriptor.producer.ckf_format
+        ));
+    }
+    let hash_format = match descriptor.query_semantics.hash_format {
+        HashFormat::DynamoStandardV1 => KvQueryHashFormat::DynamoStandardV1,
+        HashFormat::DynamoEagleV1 => KvQueryHashFormat::DynamoEagleV1,
+        other => return Err(format!("unsupported: hash format {other}")),
+    };
+    let mut roles = Roles::default();
+    for role in &descriptor.pool_roles {
+        match role {
+            WorkerRole::Prefill => roles.prefill = true,
+            WorkerRole::Decode => roles.decode = true,
+            WorkerRole::Aggregated | WorkerRole::Legacy => roles.aggregated = true,
+            WorkerRole::Encode => {}
+            other => return Err(format!("unsupported: role {other}")),
+        }
+    }
+    let registrations = descriptor
+        .registrations
+        .iter()
+        .map(|reg| Registration {
+            model: reg.model.clone(),
+            target: match &reg.adapter {
+                None => Target::Base,
+                Some(adapter) => Target::Lora {
+                    base_model: reg.base_model.clone(),
+                    adapter: adapter.clone(),
+                },
+            },
+            aliases: reg.aliases.clone(),
+        })
+        .collect();
+    let endpoint = &descriptor.serving_endpoint;
+    Ok(PoolEntry {
+        key: PoolKey(0),
+        relay: 0,
+        pool_label: descriptor.pool_id().to_string(),
+        namespace: endpoint.namespace.clone(),
+        endpoint: format!(
+            "{}.{}.{}",
+            endpoint.namespace, endpoint.component, endpoint.name
+        ),
+        registrations,
+        block_size: descriptor.query_semantics.kv_block_size,
+        hash_format,
+        roles,
+    })
+}
+
+/// The load samples of a window, by producer (entries failing validation are skipped).
+pub(crate) fn project_load(window: &LoadWindow) -> Vec<(ProducerIdentity, LoadSample)> {
+    window
+        .pools
+        .iter()
+        .filter(|pool| pool.validate().is_ok())
+        .map(|pool| {
+            let sample = match (pool.kv_used_blocks, pool.total_kv_blocks) {
+                (Some(used), Some(total)) => LoadSample {
+                    kv_used_blocks: used,
+                    total_kv_blocks: total,
+                    observed_ranks: pool.kv_observed_ranks,
+                    expected_ranks: pool.kv_expected_ranks,
+                },
+                // Partial aggregates are unknown, never zero.
+                _ => LoadSample {
+                    expected_ranks: pool.kv_expected_ranks,
+                    ..LoadSample::default()
+                },
+            };
+            (pool.producer, sample)
+        })
+        .collect()
+}
+
+/// A checked CBI1 chunk as a `kvrelay-ckf` snapshot chunk at `sequence`.
+pub(crate) fn chunk_image(view: &ChunkView, sequence: u64, bucket_count: u64) -> SnapshotChunk {
+    SnapshotChunk {
+        sequence,
+        bucket_count,
+        chunk_index: view.chunk_index(),
+        chunk_count: view.chunk_count(),
+        first_bucket: view.bucket_offset(),
+        words: view.words().collect(),
+    }
+}
+
+/// A checked CBI1 delta as a `kvrelay-ckf` delta.
+pub(crate) fn delta_image(view: &DeltaView, base_sequence: u64, sequence: u64) -> Delta {
+    Delta {
+        base_sequence,
+        sequence,
+        images: view.to_images(),
+    }
+}

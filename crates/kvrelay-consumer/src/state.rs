@@ -1,0 +1,546 @@
+//! The sans-IO core of the consumer: per-relay catalogs, load samples and the replica
+//! store, fed with wire messages and asked for rankings.
+//!
+//! [`ConsumerState`] is synchronous and deterministic (the caller passes `now`). The async
+//! client in [`crate::client`] only moves frames between sockets and this state, under a
+//! lock; tests and benchmarks drive it directly. Every method validates before mutating.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvrelay_codec::v1::{
+    CatalogUpdate, LoadWindow, PoolFrame, PoolPayload, ProducerIdentity, RelayIdentity,
+};
+
+use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry};
+use crate::config::{ConfigError, ConsumerConfig, RelayConfig};
+use crate::load::LoadSample;
+use crate::metrics::{ConsumerMetrics, ResubscribeReason};
+use crate::projection::{self, AdmittedPool};
+use crate::scoring::{self, Ranking, ReplicaStatus, ScoreError, ScoreInputs, ScoreRequest};
+use crate::store::{ReplicaStore, StoreError};
+use crate::weights::ScoreWeights;
+
+/// What a catalog changed: subscriptions to start and to stop.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CatalogChange {
+    /// New producer generations to subscribe to.
+    pub added: Vec<(PoolKey, ProducerIdentity)>,
+    /// Generations that left the catalog or were quarantined (replica and load dropped).
+    pub removed: Vec<PoolKey>,
+    /// Entries newly quarantined by this catalog.
+    pub newly_quarantined: usize,
+}
+
+/// A catalog that cannot be applied; the relay's epoch must restart.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatalogError {
+    /// The relay identity differs from the one this epoch started with.
+    #[error("relay identity changed from {previous:?} to {current:?} within one connection epoch")]
+    RelayChanged {
+        /// The epoch's identity.
+        previous: RelayIdentity,
+        /// The catalog's identity.
+        current: RelayIdentity,
+    },
+    /// The revision went backwards.
+    #[error("catalog revision went backwards from {previous} to {current}")]
+    RevisionBackwards {
+        /// The last applied revision.
+        previous: u64,
+        /// The catalog's revision.
+        current: u64,
+    },
+    /// The same revision arrived with different content.
+    #[error("catalog revision {revision} was repeated with different content")]
+    RevisionContentChanged {
+        /// The repeated revision.
+        revision: u64,
+    },
+    /// The catalog has more entries than [`crate::Limits::max_pools_per_relay`].
+    #[error("catalog has {n_pools} pools, above max_pools_per_relay {max}")]
+    TooManyPools {
+        /// Entries in the catalog.
+        n_pools: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Two entries carry one pool id: the envelope is not trustworthy.
+    #[error("catalog lists pool {pool} twice")]
+    DuplicatePool {
+        /// The repeated pool id.
+        pool: String,
+    },
+    /// The relay index is not configured.
+    #[error("relay index {relay} is not configured ({n_relays} relays)")]
+    UnknownRelay {
+        /// The index.
+        relay: usize,
+        /// Relays configured.
+        n_relays: usize,
+    },
+}
+
+/// A pool frame that was refused; the subscription must be dropped and renewed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pool frame refused ({}): {detail}", reason.as_str())]
+pub struct FrameError {
+    /// The resubscribe reason it maps to.
+    pub reason: ResubscribeReason,
+    /// What was wrong, with values.
+    pub detail: String,
+}
+
+/// What an accepted pool frame did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameOutcome {
+    /// A snapshot chunk was stored; the snapshot is not complete yet.
+    ChunkStored,
+    /// The last chunk arrived: the replica is installed at this sequence.
+    SnapshotInstalled(u64),
+    /// A delta moved the replica to this sequence.
+    DeltaApplied(u64),
+    /// A heartbeat confirmed this sequence.
+    Heartbeat(u64),
+}
+
+/// One pool as the consumer sees it (for status output and tests).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolStatus {
+    /// The consumer-local key of this producer generation.
+    pub key: PoolKey,
+    /// The DC (relay) name.
+    pub dc: String,
+    /// The pool id as text.
+    pub pool: String,
+    /// The producer generation.
+    pub producer: ProducerIdentity,
+    /// The replica's state now.
+    pub replica: ReplicaStatus,
+    /// The installed sequence, when ready.
+    pub sequence: Option<u64>,
+}
+
+/// One relay's catalog as last applied.
+#[derive(Debug, Default)]
+struct RelayView {
+    identity: Option<RelayIdentity>,
+    revision: Option<u64>,
+    /// Admitted entries by producer generation.
+    pools: HashMap<ProducerIdentity, PoolEntry>,
+    quarantined: Vec<QuarantinedEntry>,
+}
+
+/// The consumer's state: catalogs, loads and replicas of every configured relay.
+#[derive(Debug)]
+pub struct ConsumerState {
+    relays: Vec<RelayConfig>,
+    weights: ScoreWeights,
+    max_pools_per_relay: usize,
+    relay_views: Vec<RelayView>,
+    /// Every admitted entry of every relay, rebuilt when a catalog changes.
+    entries: Vec<PoolEntry>,
+    loads: HashMap<PoolKey, LoadSample>,
+    /// Newest sequence announced per pool (for lag).
+    announced: HashMap<PoolKey, u64>,
+    producers: HashMap<PoolKey, (usize, ProducerIdentity)>,
+    store: ReplicaStore,
+    next_key: u64,
+}
+
+impl ConsumerState {
+    /// An empty state for `config` (validated).
+    pub fn new(config: &ConsumerConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            relays: config.relays.clone(),
+            weights: config.weights,
+            max_pools_per_relay: config.limits.max_pools_per_relay,
+            relay_views: config.relays.iter().map(|_| RelayView::default()).collect(),
+            entries: Vec::new(),
+            loads: HashMap::new(),
+            announced: HashMap::new(),
+            producers: HashMap::new(),
+            store: ReplicaStore::new(config.limits.staleness_bound),
+            next_key: 1,
+        })
+    }
+
+    /// The configured relays, by index.
+    pub fn relays(&self) -> &[RelayConfig] {
+        &self.relays
+    }
+
+    /// Applies a complete catalog from relay `relay`.
+    ///
+    /// Each entry is validated alone: a failing entry is quarantined (and its previous
+    /// replica and load dropped) while the others stay usable. Entries already admitted
+    /// under the same producer generation keep their key and replica even if their
+    /// metadata changed; new generations get a new key (subscribe to them); absent ones
+    /// are dropped. A repeated revision is a heartbeat and must carry the same content.
+    pub fn apply_catalog(
+        &mut self,
+        relay: usize,
+        update: &CatalogUpdate,
+    ) -> Result<CatalogChange, CatalogError> {
+        let n_relays = self.relays.len();
+        let Some(config) = self.relays.get(relay) else {
+            return Err(CatalogError::UnknownRelay { relay, n_relays });
+        };
+        if update.pools.len() > self.max_pools_per_relay {
+            return Err(CatalogError::TooManyPools {
+                n_pools: update.pools.len(),
+                max: self.max_pools_per_relay,
+            });
+        }
+        let projected = projection::project_catalog(&config.dc, update)
+            .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
+        let view = &self.relay_views[relay];
+        if let Some(previous) = view.identity
+            && previous != update.relay
+        {
+            return Err(CatalogError::RelayChanged {
+                previous,
+                current: update.relay,
+            });
+        }
+        if let Some(previous) = view.revision {
+            if update.revision < previous {
+                return Err(CatalogError::RevisionBackwards {
+                    previous,
+                    current: update.revision,
+                });
+            }
+            if update.revision == previous
+                && !same_content(view, &projected.admitted, &projected.quarantined)
+            {
+                return Err(CatalogError::RevisionContentChanged {
+                    revision: update.revision,
+                });
+            }
+        }
+
+        let newly_quarantined = projected
+            .quarantined
+            .iter()
+            .filter(|q| !view.quarantined.contains(q))
+            .count();
+        let mut change = CatalogChange {
+            newly_quarantined,
+            ..CatalogChange::default()
+        };
+        let mut previous = std::mem::take(&mut self.relay_views[relay].pools);
+        let mut next = HashMap::with_capacity(projected.admitted.len());
+        for AdmittedPool {
+            producer,
+            mut entry,
+        } in projected.admitted
+        {
+            entry.relay = relay;
+            entry.key = match previous.remove(&producer) {
+                Some(old) => old.key,
+                None => {
+                    let key = PoolKey(self.next_key);
+                    self.next_key += 1;
+                    self.producers.insert(key, (relay, producer));
+                    change.added.push((key, producer));
+                    key
+                }
+            };
+            next.insert(producer, entry);
+        }
+        for gone in previous.into_values() {
+            self.forget(gone.key);
+            change.removed.push(gone.key);
+        }
+        let view = &mut self.relay_views[relay];
+        view.identity = Some(update.relay);
+        view.revision = Some(update.revision);
+        view.pools = next;
+        view.quarantined = projected.quarantined;
+        self.rebuild_entries();
+        Ok(change)
+    }
+
+    /// Forgets everything learned from relay `relay` (its epoch ended or it restarted);
+    /// returns the keys dropped.
+    pub fn reset_relay(&mut self, relay: usize) -> Vec<PoolKey> {
+        let Some(view) = self.relay_views.get_mut(relay) else {
+            return Vec::new();
+        };
+        let dropped: Vec<PoolKey> = std::mem::take(view)
+            .pools
+            .into_values()
+            .map(|e| e.key)
+            .collect();
+        for &key in &dropped {
+            self.forget(key);
+        }
+        self.rebuild_entries();
+        dropped
+    }
+
+    /// Replaces relay `relay`'s load samples with a complete window. Admitted pools absent
+    /// from the window lose their sample (missing is not zero). Windows from another
+    /// relay incarnation are ignored.
+    pub fn apply_load_window(&mut self, relay: usize, window: &LoadWindow) {
+        let Some(view) = self.relay_views.get(relay) else {
+            return;
+        };
+        if view
+            .identity
+            .is_some_and(|identity| identity != window.relay)
+        {
+            return;
+        }
+        for entry in view.pools.values() {
+            self.loads.remove(&entry.key);
+        }
+        for (producer, sample) in projection::project_load(window) {
+            if let Some(entry) = view.pools.get(&producer) {
+                self.loads.insert(entry.key, sample);
+            }
+        }
+    }
+
+    /// The producer generation behind `key`, while it is admitted.
+    pub fn producer(&self, key: PoolKey) -> Option<ProducerIdentity> {
+        self.producers.get(&key).map(|(_, producer)| *producer)
+    }
+
+    /// Resets `key`'s replica to empty for a new subscription; returns the producer
+    /// generation to subscribe to.
+    pub fn begin_subscription(&mut self, key: PoolKey) -> Result<ProducerIdentity, StoreError> {
+        let (_, producer) = *self
+            .producers
+            .get(&key)
+            .ok_or(StoreError::UnknownKey { key: key.0 })?;
+        let format =
+            projection::domain_format(&producer).ok_or(StoreError::UnknownKey { key: key.0 })?;
+        self.announced.remove(&key);
+        self.store.reset(key, format)?;
+        Ok(producer)
+    }
+
+    /// Marks `key`'s replica unusable (its stream broke) until a new snapshot.
+    pub fn invalidate(&mut self, key: PoolKey) {
+        self.store.invalidate(key);
+    }
+
+    /// Checks and applies one pool frame for `key`. On `Err` the replica is unusable and
+    /// the subscription must be renewed; nothing was half applied.
+    pub fn apply_pool_frame(
+        &mut self,
+        key: PoolKey,
+        frame: &PoolFrame,
+        now: Instant,
+    ) -> Result<FrameOutcome, FrameError> {
+        let result = self.apply_pool_frame_inner(key, frame, now);
+        if result.is_err() {
+            self.store.invalidate(key);
+        }
+        result
+    }
+
+    fn apply_pool_frame_inner(
+        &mut self,
+        key: PoolKey,
+        frame: &PoolFrame,
+        now: Instant,
+    ) -> Result<FrameOutcome, FrameError> {
+        let Some(&(relay, producer)) = self.producers.get(&key) else {
+            return Err(FrameError {
+                reason: ResubscribeReason::ProducerChanged,
+                detail: format!("pool key {} is no longer in the catalog", key.0),
+            });
+        };
+        if let Some(identity) = self.relay_views[relay].identity
+            && identity != frame.header.relay
+        {
+            return Err(FrameError {
+                reason: ResubscribeReason::RelayRestart,
+                detail: format!(
+                    "frame from relay {:?}, catalog from {:?}",
+                    frame.header.relay, identity
+                ),
+            });
+        }
+        let payload = frame.check(&producer).map_err(|err| {
+            use kvrelay_codec::cbi1::Cbi1Error;
+            use kvrelay_codec::v1::PoolFrameError;
+            let reason = match &err {
+                PoolFrameError::ProducerChanged { .. } => ResubscribeReason::ProducerChanged,
+                PoolFrameError::Cbi1(Cbi1Error::ChecksumMismatch { .. }) => {
+                    ResubscribeReason::Checksum
+                }
+                _ => ResubscribeReason::Validation,
+            };
+            FrameError {
+                reason,
+                detail: err.to_string(),
+            }
+        })?;
+        let header = &frame.header;
+        self.announce(key, header.sequence);
+        let store_err = |err: StoreError| {
+            let reason = match &err {
+                StoreError::Replica {
+                    source: kvrelay_ckf::ReplicaError::SequenceGap { .. },
+                    ..
+                }
+                | StoreError::HeartbeatMismatch { .. } => ResubscribeReason::Gap,
+                _ => ResubscribeReason::Validation,
+            };
+            FrameError {
+                reason,
+                detail: err.to_string(),
+            }
+        };
+        match payload {
+            PoolPayload::SnapshotChunk(view) => {
+                let chunk = projection::chunk_image(
+                    &view,
+                    header.sequence,
+                    producer.ckf_format.bucket_count,
+                );
+                let complete = self
+                    .store
+                    .install_chunk(key, &chunk, now)
+                    .map_err(store_err)?;
+                Ok(if complete {
+                    FrameOutcome::SnapshotInstalled(header.sequence)
+                } else {
+                    FrameOutcome::ChunkStored
+                })
+            }
+            PoolPayload::Delta(view) => {
+                let delta = projection::delta_image(&view, header.base_sequence, header.sequence);
+                self.store
+                    .apply_delta(key, &delta, now)
+                    .map_err(store_err)?;
+                Ok(FrameOutcome::DeltaApplied(header.sequence))
+            }
+            PoolPayload::Heartbeat => {
+                self.store
+                    .heartbeat(key, header.sequence, now)
+                    .map_err(store_err)?;
+                Ok(FrameOutcome::Heartbeat(header.sequence))
+            }
+        }
+    }
+
+    /// Ranks the candidates for `request` at `now`.
+    pub fn score(&self, request: &ScoreRequest, now: Instant) -> Result<Ranking, ScoreError> {
+        let inputs = ScoreInputs {
+            entries: &self.entries,
+            relays: &self.relays,
+            loads: &self.loads,
+            weights: &self.weights,
+        };
+        scoring::rank(&inputs, &self.store, request, now)
+    }
+
+    /// Every admitted pool with its replica state at `now`, sorted by DC then pool.
+    pub fn pools(&self, now: Instant) -> Vec<PoolStatus> {
+        let mut out: Vec<PoolStatus> = self
+            .entries
+            .iter()
+            .filter_map(|entry| {
+                let (_, producer) = *self.producers.get(&entry.key)?;
+                Some(PoolStatus {
+                    key: entry.key,
+                    dc: self.relays[entry.relay].dc.clone(),
+                    pool: entry.pool_label.clone(),
+                    producer,
+                    replica: self.store.status(entry.key, now),
+                    sequence: self.store.sequence(entry.key),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.dc.cmp(&b.dc).then_with(|| a.pool.cmp(&b.pool)));
+        out
+    }
+
+    /// Every quarantined entry, over all relays.
+    pub fn quarantined(&self) -> Vec<QuarantinedEntry> {
+        self.relay_views
+            .iter()
+            .flat_map(|view| view.quarantined.iter().cloned())
+            .collect()
+    }
+
+    /// Fills the gauges of `out` at `now`.
+    pub(crate) fn fill_gauges(&self, out: &mut ConsumerMetrics, now: Instant) {
+        let mut max_age = Duration::ZERO;
+        let mut max_lag = 0u64;
+        for entry in &self.entries {
+            match self.store.status(entry.key, now) {
+                ReplicaStatus::Current => {
+                    out.replicas_current += 1;
+                    let installed = self.store.sequence(entry.key).unwrap_or(0);
+                    let announced = self.announced.get(&entry.key).copied().unwrap_or(installed);
+                    max_lag = max_lag.max(announced.saturating_sub(installed));
+                }
+                ReplicaStatus::Assembling => out.replicas_assembling += 1,
+                ReplicaStatus::Stale => out.replicas_stale += 1,
+                ReplicaStatus::Missing => {}
+            }
+            if let Some(age) = self.store.age(entry.key, now) {
+                max_age = max_age.max(age);
+            }
+        }
+        out.max_replica_age = max_age;
+        out.max_replica_sequence_lag = max_lag;
+        out.quarantined_entries = self
+            .relay_views
+            .iter()
+            .map(|view| view.quarantined.len() as u64)
+            .sum();
+    }
+
+    fn announce(&mut self, key: PoolKey, sequence: u64) {
+        let slot = self.announced.entry(key).or_insert(sequence);
+        *slot = (*slot).max(sequence);
+    }
+
+    fn forget(&mut self, key: PoolKey) {
+        self.store.remove(key);
+        self.loads.remove(&key);
+        self.announced.remove(&key);
+        self.producers.remove(&key);
+    }
+
+    fn rebuild_entries(&mut self) {
+        let mut entries: Vec<PoolEntry> = self
+            .relay_views
+            .iter()
+            .flat_map(|view| view.pools.values().cloned())
+            .collect();
+        entries.sort_by(|a, b| {
+            a.relay
+                .cmp(&b.relay)
+                .then_with(|| a.pool_label.cmp(&b.pool_label))
+        });
+        self.entries = entries;
+    }
+}
+
+/// Whether a repeated revision carries what was applied (ignoring assigned keys).
+fn same_content(
+    view: &RelayView,
+    admitted: &[AdmittedPool],
+    quarantined: &[QuarantinedEntry],
+) -> bool {
+    view.pools.len() == admitted.len()
+        && view.quarantined == quarantined
+        && admitted.iter().all(|pool| {
+            view.pools.get(&pool.producer).is_some_and(|old| {
+                PoolEntry {
+                    key: old.key,
+                    relay: old.relay,
+                    ..pool.entry.clone()
+                } == *old
+            })
+        })
+}

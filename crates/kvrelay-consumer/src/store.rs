@@ -1,0 +1,336 @@
+//! The replica store: one replica per subscribed producer generation, with freshness.
+//!
+//! Each slot is a lane of a `kvrelay-ckf` query table (chunked snapshot install, then
+//! deltas strictly in sequence) plus the time it last heard from its relay. A slot answers prefix queries only while it is *current*: ready, and heard
+//! from within the staleness bound. Any refused chunk, delta or heartbeat leaves the slot
+//! invalid (it answers nothing) until a new snapshot restarts it; callers then drop the
+//! subscription and resubscribe.
+//!
+//! All mutations run under the consumer's write lock and each is applied whole, so a
+//! query sees a replica either before or after a delta, never half of one.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvrelay_ckf::{
+    Delta, PrefixDepths, PrefixQuery, QueryConfig, QueryTable, ReplicaError,
+    ReplicaStatus as CkfStatus, SnapshotChunk,
+};
+use kvrelay_identity::CkfFormat;
+
+use crate::catalog::PoolKey;
+use crate::scoring::{DepthSource, ReplicaDepth, ReplicaStatus};
+
+/// Why the store refused an operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No slot for the key (the pool left the catalog).
+    #[error("pool key {key} has no replica slot")]
+    UnknownKey {
+        /// The key.
+        key: u64,
+    },
+    /// The replica table could not be allocated or grown.
+    #[error("replica for pool key {key} could not be allocated: {reason}")]
+    Allocation {
+        /// The key.
+        key: u64,
+        /// The allocator's complaint.
+        reason: String,
+    },
+    /// The replica refused a chunk or delta; it is now invalid.
+    #[error("replica for pool key {key} refused a frame: {source}")]
+    Replica {
+        /// The key.
+        key: u64,
+        /// What the replica refused.
+        source: ReplicaError,
+    },
+    /// A heartbeat named a sequence other than the installed one, or came before a
+    /// snapshot was installed.
+    #[error(
+        "heartbeat at sequence {sequence} for pool key {key} does not match installed {installed:?}"
+    )]
+    HeartbeatMismatch {
+        /// The key.
+        key: u64,
+        /// The heartbeat's sequence.
+        sequence: u64,
+        /// The installed sequence, if any.
+        installed: Option<u64>,
+    },
+}
+
+/// Where one pool's replica lives, and its freshness.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    format: CkfFormat,
+    lane: usize,
+    last_heard: Option<Instant>,
+    /// Set when a heartbeat or frame was refused: the lane answers nothing until reset.
+    invalid: bool,
+}
+
+/// One multi-pool table per filter format, with its free lanes.
+#[derive(Debug)]
+struct FormatTable {
+    table: QueryTable,
+    free_lanes: Vec<usize>,
+}
+
+/// Replicas by pool key, laid out in one `kvrelay-ckf` [`QueryTable`] per filter format
+/// (pools of one format share bucket rows, so one probe answers all of them).
+#[derive(Debug)]
+pub(crate) struct ReplicaStore {
+    slots: HashMap<PoolKey, Slot>,
+    tables: HashMap<CkfFormat, FormatTable>,
+    staleness_bound: Duration,
+}
+
+impl ReplicaStore {
+    pub(crate) fn new(staleness_bound: Duration) -> Self {
+        Self {
+            slots: HashMap::new(),
+            tables: HashMap::new(),
+            staleness_bound,
+        }
+    }
+
+    /// Gives `key` an empty lane of its format's table (an existing lane is reset).
+    pub(crate) fn reset(&mut self, key: PoolKey, format: CkfFormat) -> Result<(), StoreError> {
+        let alloc = |err: &dyn std::fmt::Display| StoreError::Allocation {
+            key: key.0,
+            reason: err.to_string(),
+        };
+        if let Some(slot) = self.slots.get(&key).copied() {
+            if slot.format == format {
+                let table = self.table_mut(key, format)?;
+                table
+                    .reset_lane(slot.lane)
+                    .map_err(|source| StoreError::Replica { key: key.0, source })?;
+                self.slots.insert(
+                    key,
+                    Slot {
+                        last_heard: None,
+                        invalid: false,
+                        ..slot
+                    },
+                );
+                return Ok(());
+            }
+            self.remove(key);
+        }
+        let entry = match self.tables.entry(format) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(FormatTable {
+                table: QueryTable::new(format, QueryConfig::default()).map_err(|e| alloc(&e))?,
+                free_lanes: Vec::new(),
+            }),
+        };
+        let lane = match entry.free_lanes.pop() {
+            Some(lane) => lane,
+            None => entry.table.add_lane().map_err(|e| alloc(&e))?,
+        };
+        self.slots.insert(
+            key,
+            Slot {
+                format,
+                lane,
+                last_heard: None,
+                invalid: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Drops `key`'s slot and frees its lane; returns whether it existed.
+    pub(crate) fn remove(&mut self, key: PoolKey) -> bool {
+        let Some(slot) = self.slots.remove(&key) else {
+            return false;
+        };
+        if let Some(entry) = self.tables.get_mut(&slot.format) {
+            // The lane was valid when handed out, so resetting it cannot fail; a failure
+            // would only leak the lane, never expose its words.
+            if entry.table.reset_lane(slot.lane).is_ok() {
+                entry.free_lanes.push(slot.lane);
+            }
+            if entry.free_lanes.len() == entry.table.n_lanes() {
+                self.tables.remove(&slot.format);
+            }
+        }
+        true
+    }
+
+    /// Marks `key`'s replica unusable until a new snapshot.
+    pub(crate) fn invalidate(&mut self, key: PoolKey) {
+        if let Some(slot) = self.slots.get_mut(&key) {
+            slot.invalid = true;
+        }
+    }
+
+    /// Installs one snapshot chunk; `Ok(true)` when the snapshot is complete.
+    pub(crate) fn install_chunk(
+        &mut self,
+        key: PoolKey,
+        chunk: &SnapshotChunk,
+        now: Instant,
+    ) -> Result<bool, StoreError> {
+        let slot = self.slot(key)?;
+        let complete = self
+            .table_mut(key, slot.format)?
+            .install_chunk(slot.lane, chunk)
+            .map_err(|source| StoreError::Replica { key: key.0, source })?;
+        let slot = self.slot_mut(key)?;
+        if chunk.chunk_index == 0 {
+            slot.invalid = false;
+        }
+        if complete {
+            slot.last_heard = Some(now);
+        }
+        Ok(complete)
+    }
+
+    /// Applies one delta whole, strictly in sequence.
+    pub(crate) fn apply_delta(
+        &mut self,
+        key: PoolKey,
+        delta: &Delta,
+        now: Instant,
+    ) -> Result<(), StoreError> {
+        let slot = self.slot(key)?;
+        self.table_mut(key, slot.format)?
+            .apply_delta(slot.lane, delta)
+            .map_err(|source| StoreError::Replica { key: key.0, source })?;
+        self.slot_mut(key)?.last_heard = Some(now);
+        Ok(())
+    }
+
+    /// Accepts a heartbeat at `sequence`: it must equal the installed sequence.
+    pub(crate) fn heartbeat(
+        &mut self,
+        key: PoolKey,
+        sequence: u64,
+        now: Instant,
+    ) -> Result<(), StoreError> {
+        let installed = self.sequence(key);
+        let slot = self.slot_mut(key)?;
+        if installed == Some(sequence) {
+            slot.last_heard = Some(now);
+            return Ok(());
+        }
+        slot.invalid = true;
+        Err(StoreError::HeartbeatMismatch {
+            key: key.0,
+            sequence,
+            installed,
+        })
+    }
+
+    /// The installed sequence of `key`, when ready and valid.
+    pub(crate) fn sequence(&self, key: PoolKey) -> Option<u64> {
+        match self.lane_status(key)? {
+            CkfStatus::Ready { sequence } => Some(sequence),
+            _ => None,
+        }
+    }
+
+    /// How usable `key`'s replica is at `now`.
+    pub(crate) fn status(&self, key: PoolKey, now: Instant) -> ReplicaStatus {
+        let Some(slot) = self.slots.get(&key) else {
+            return ReplicaStatus::Missing;
+        };
+        match self.lane_status(key) {
+            None | Some(CkfStatus::Empty | CkfStatus::Invalid) => ReplicaStatus::Missing,
+            Some(CkfStatus::Assembling { .. }) => ReplicaStatus::Assembling,
+            Some(CkfStatus::Ready { .. }) => {
+                let fresh = slot.last_heard.is_some_and(|heard| {
+                    now.saturating_duration_since(heard) <= self.staleness_bound
+                });
+                if fresh {
+                    ReplicaStatus::Current
+                } else {
+                    ReplicaStatus::Stale
+                }
+            }
+        }
+    }
+
+    /// Time since `key` last heard from its relay, for installed replicas.
+    pub(crate) fn age(&self, key: PoolKey, now: Instant) -> Option<Duration> {
+        let slot = self.slots.get(&key)?;
+        slot.last_heard
+            .map(|heard| now.saturating_duration_since(heard))
+    }
+
+    fn lane_status(&self, key: PoolKey) -> Option<CkfStatus> {
+        let slot = self.slots.get(&key)?;
+        if slot.invalid {
+            return Some(CkfStatus::Invalid);
+        }
+        self.tables.get(&slot.format)?.table.lane_status(slot.lane)
+    }
+
+    fn slot(&self, key: PoolKey) -> Result<Slot, StoreError> {
+        self.slots
+            .get(&key)
+            .copied()
+            .ok_or(StoreError::UnknownKey { key: key.0 })
+    }
+
+    fn slot_mut(&mut self, key: PoolKey) -> Result<&mut Slot, StoreError> {
+        self.slots
+            .get_mut(&key)
+            .ok_or(StoreError::UnknownKey { key: key.0 })
+    }
+
+    fn table_mut(
+        &mut self,
+        key: PoolKey,
+        format: CkfFormat,
+    ) -> Result<&mut QueryTable, StoreError> {
+        self.tables
+            .get_mut(&format)
+            .map(|entry| &mut entry.table)
+            .ok_or(StoreError::UnknownKey { key: key.0 })
+    }
+}
+
+impl DepthSource for ReplicaStore {
+    fn depths(
+        &self,
+        keys: &[PoolKey],
+        sequence_hashes: &[u64],
+        now: Instant,
+        out: &mut [ReplicaDepth],
+    ) {
+        // One probe run per format table touched, answering all its lanes at once.
+        let mut answers: Vec<(CkfFormat, PrefixDepths)> = Vec::new();
+        for (key, slot_out) in keys.iter().zip(out.iter_mut()) {
+            let status = self.status(*key, now);
+            let (ReplicaStatus::Current, Some(slot)) = (status, self.slots.get(key)) else {
+                *slot_out = ReplicaDepth::Unusable(status);
+                continue;
+            };
+            let idx = match answers
+                .iter()
+                .position(|(format, _)| *format == slot.format)
+            {
+                Some(idx) => idx,
+                None => {
+                    let depths = self
+                        .tables
+                        .get(&slot.format)
+                        .map(|entry| entry.table.prefix_depths(sequence_hashes))
+                        .unwrap_or_default();
+                    answers.push((slot.format, depths));
+                    answers.len() - 1
+                }
+            };
+            *slot_out = match answers[idx].1.depth(slot.lane) {
+                Some(depth) => ReplicaDepth::Current(depth),
+                None => ReplicaDepth::Unusable(ReplicaStatus::Missing),
+            };
+        }
+    }
+}
