@@ -11,8 +11,9 @@
 //! - the next sequence is applied; a jump forward is a **gap**: with a replay endpoint the
 //!   tracker asks for a replay from the first missing sequence and buffers live batches
 //!   until the replay ends, then applies the buffer in order; without one it resets;
-//! - a sequence at or below the last applied one (publisher restart or wrap) **resets**
-//!   the source and applies the batch as a new start;
+//! - a sequence at or below the last applied one (publisher restart) **resets** the
+//!   source and starts over as for a first batch (replaying the new incarnation from 0
+//!   when the batch is not sequence 0);
 //! - a replay that skips sequences, fails, or overflows the live buffer cannot close the
 //!   gap: the source **resets** and continues from the first batch it still has.
 //!
@@ -171,7 +172,7 @@ impl<P> SequenceTracker<P> {
             }
             State::Live { next } => {
                 self.reset(ResetReason::SequenceWentBack { expected: next, got: seq });
-                self.apply(seq, payload)
+                self.restart(seq, payload)
             }
             State::Replaying {
                 next,
@@ -185,7 +186,7 @@ impl<P> SequenceTracker<P> {
                         expected: last.map_or(next, |l| l + 1),
                         got: seq,
                     });
-                    self.apply(seq, payload)
+                    self.restart(seq, payload)
                 } else if buffered.len() >= self.config.max_buffered {
                     self.reset(ResetReason::ReplayBufferOverflow);
                     for (buffered_seq, buffered_payload) in buffered {
@@ -261,6 +262,15 @@ impl<P> SequenceTracker<P> {
             next = seq + 1;
         }
         self.state = State::Live { next };
+    }
+
+    /// After a restart: recover the new incarnation from its start when possible.
+    fn restart(&mut self, seq: u64, payload: P) -> State<P> {
+        if seq == 0 || !self.config.replay_available {
+            self.apply(seq, payload)
+        } else {
+            self.start_replay(0, seq, payload)
+        }
     }
 
     fn start_replay(&mut self, from_seq: u64, seq: u64, payload: P) -> State<P> {
@@ -354,6 +364,27 @@ mod tests {
                 apply(0, "new"),
             ]
         );
+    }
+
+    #[test]
+    fn restart_seen_mid_stream_replays_the_new_incarnation_from_zero() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(1, "b");
+        t.handle_live(2, "c");
+        drain(&mut t);
+        t.handle_live(1, "new-1");
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                SequenceAction::Reset(ResetReason::SequenceWentBack { expected: 3, got: 1 }),
+                SequenceAction::RequestReplay { from_seq: 0, epoch: 1 },
+            ]
+        );
+        t.handle_replay(1, 0, "new-0");
+        t.handle_replay(1, 1, "new-1");
+        t.handle_replay_end(1);
+        assert_eq!(drain(&mut t), vec![apply(0, "new-0"), apply(1, "new-1")]);
     }
 
     #[test]
@@ -452,6 +483,7 @@ mod tests {
         t.handle_live(0, "a");
         t.handle_live(3, "d");
         t.handle_live(0, "restart");
+        // Sequence 0 needs no replay: the new incarnation starts here.
         let actions = drain(&mut t);
         assert_eq!(
             actions[3..],

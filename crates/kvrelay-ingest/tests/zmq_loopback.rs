@@ -1,0 +1,280 @@
+//! A real ZMQ publisher and replay ROUTER on loopback (the test plays the engine): dropped
+//! messages create gaps, the publisher restarts with a reset sequence, and the ingested
+//! state must equal the publisher's ground truth afterwards.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test")]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
+use kvrelay_identity::KvQueryHashFormat;
+use kvrelay_ingest::{
+    BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
+    EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, SourceHandle, SourceOutput,
+    SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
+};
+use tokio::task::JoinHandle;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const BLOCK_SIZE: u32 = 4;
+const TOPIC: &str = "kv-events";
+const LAYOUT: EngineLayout = EngineLayout {
+    engine: EngineKind::Vllm,
+    map_events: true,
+    map_batch: false,
+};
+
+fn canonical() -> CanonicalConfig {
+    CanonicalConfig {
+        block_size: BLOCK_SIZE,
+        hash_format: KvQueryHashFormat::DynamoStandardV1,
+    }
+}
+
+/// Exact per-source state: engine block id → token hash.
+type State = BTreeMap<SourceId, BTreeMap<u64, u64>>;
+
+fn apply(state: &mut State, event: &RouterEvent) {
+    let blocks = state.entry(event.source).or_default();
+    match &event.payload {
+        EventPayload::Stored(stored) => {
+            for block in &stored.blocks {
+                blocks.insert(block.engine_block_id, block.token_hash);
+            }
+        }
+        EventPayload::Removed(removed) => {
+            for id in &removed.engine_block_ids {
+                blocks.remove(id);
+            }
+        }
+        EventPayload::AllCleared => blocks.clear(),
+    }
+    state.retain(|_, blocks| !blocks.is_empty());
+}
+
+/// The test's engine: a PUB socket, a ROUTER replay server and the replay history.
+struct FakeEngine {
+    publisher: PubSocket,
+    history: Arc<Mutex<Vec<(u64, Bytes)>>>,
+    replay_server: JoinHandle<()>,
+    stop_replays: tokio::sync::oneshot::Sender<()>,
+    next_seq: u64,
+    /// Ground truth of this incarnation.
+    truth: State,
+    canonicalizer: Canonicalizer,
+}
+
+impl FakeEngine {
+    async fn start(pub_endpoint: &str, replay_endpoint: &str) -> (Self, String, String) {
+        let mut publisher = PubSocket::new();
+        let bound_pub = publisher.bind(pub_endpoint).await.expect("bind pub").to_string();
+        let mut router = RouterSocket::new();
+        let bound_replay = router.bind(replay_endpoint).await.expect("bind router").to_string();
+        let history: Arc<Mutex<Vec<(u64, Bytes)>>> = Arc::default();
+        let (stop_replays, stopped) = tokio::sync::oneshot::channel();
+        let replay_server = tokio::spawn(serve_replays(router, history.clone(), stopped));
+        let engine = Self {
+            publisher,
+            history,
+            replay_server,
+            stop_replays,
+            next_seq: 0,
+            truth: State::new(),
+            canonicalizer: Canonicalizer::new(1, 0, canonical()),
+        };
+        (engine, bound_pub, bound_replay)
+    }
+
+    /// Publishes (or, with `drop`, only records for replay) the next batch.
+    async fn publish(&mut self, events: Vec<EngineEvent>, drop: bool) {
+        let batch = EngineBatch {
+            ts: 0.0,
+            events,
+            dp_rank: Some(0),
+        };
+        let mut out = Vec::new();
+        self.canonicalizer.canonicalize(&batch, &mut out);
+        for event in &out {
+            apply(&mut self.truth, event);
+        }
+        let mut payload = Vec::new();
+        encode_engine_batch(&batch, LAYOUT, &mut payload);
+        let payload = Bytes::from(payload);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.history.lock().unwrap().push((seq, payload.clone()));
+        if !drop {
+            let frames = vec![
+                Bytes::from_static(TOPIC.as_bytes()),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload,
+            ];
+            self.publisher.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+        }
+    }
+
+    /// Stops the engine and releases its ports.
+    async fn stop(mut self) {
+        let _ = self.stop_replays.send(());
+        self.replay_server.await.unwrap();
+        self.publisher.unbind_all().await;
+    }
+}
+
+async fn serve_replays(
+    mut router: RouterSocket,
+    history: Arc<Mutex<Vec<(u64, Bytes)>>>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    loop {
+        let request = tokio::select! {
+            _ = &mut stop => break,
+            request = router.recv() => match request {
+                Ok(request) => request,
+                Err(_) => break,
+            },
+        };
+        let frames = request.into_vec();
+        let identity = frames[0].clone();
+        let start = u64::from_be_bytes(frames.last().unwrap()[..8].try_into().unwrap());
+        let batches: Vec<(u64, Bytes)> = history
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(seq, _)| *seq >= start)
+            .cloned()
+            .collect();
+        for (seq, payload) in batches {
+            let reply = vec![
+                identity.clone(),
+                Bytes::new(),
+                Bytes::from_static(TOPIC.as_bytes()),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload,
+            ];
+            if router.send(ZmqMessage::try_from(reply).unwrap()).await.is_err() {
+                break;
+            }
+        }
+        let end = vec![identity, Bytes::new(), Bytes::new(), Bytes::from_static(&[0xff; 8]), Bytes::new()];
+        let _ = router.send(ZmqMessage::try_from(end).unwrap()).await;
+    }
+    router.unbind_all().await;
+}
+
+fn hash(value: u64) -> EngineBlockHash {
+    EngineBlockHash {
+        value,
+        repr: HashRepr::Unsigned,
+    }
+}
+
+fn stored(ids: &[u64], parent: Option<u64>, salt: u32) -> EngineEvent {
+    let tokens = (0..ids.len() as u32 * BLOCK_SIZE).map(|t| t + salt * 1000).collect();
+    EngineEvent::BlockStored(BlockStored {
+        block_hashes: ids.iter().map(|id| hash(*id)).collect(),
+        parent_block_hash: parent.map(hash),
+        token_ids: TokenIds::Flat(tokens),
+        block_size: BLOCK_SIZE,
+        lora_id: None,
+        medium: Some("GPU".to_owned()),
+        lora_name: None,
+        extra_keys: Vec::new(),
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        cache_salt: None,
+        lookahead_token_ids: Vec::new(),
+    })
+}
+
+fn removed(ids: &[u64]) -> EngineEvent {
+    EngineEvent::BlockRemoved(BlockRemoved {
+        block_hashes: ids.iter().map(|id| hash(*id)).collect(),
+        medium: Some("GPU".to_owned()),
+        group_idx: None,
+    })
+}
+
+/// Drives the source until the ingested state equals the engine's truth, publishing an
+/// empty batch on every tick as an idle engine would; fails after a deadline.
+async fn converge(
+    source: &mut SourceHandle,
+    engine: &mut FakeEngine,
+    state: &mut State,
+    signals: &mut Vec<SourceSignal>,
+    what: &str,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    while *state != engine.truth {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                panic!("{what}: ingested state never matched the engine\n ingested {state:?}\n truth {:?}\n signals {signals:?}\n stats {:?}", engine.truth, source.stats());
+            }
+            output = source.next() => match output.expect("source stopped") {
+                SourceOutput::Event(event) => apply(state, &event),
+                SourceOutput::Signal(signal) => signals.push(signal),
+            },
+            _ = tick.tick() => engine.publish(Vec::new(), false).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
+    let (mut engine, pub_endpoint, replay_endpoint) =
+        FakeEngine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0").await;
+    let limits = Limits {
+        idle_reconnect_ms: 300,
+        replay_timeout_ms: 5_000,
+        ..Limits::default()
+    };
+    let mut source = spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint.clone(),
+        replay_endpoint: Some(replay_endpoint.clone()),
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits,
+    });
+    let mut state = State::new();
+    let mut signals = Vec::new();
+
+    // Phase 1: twenty batches, some dropped on the live path (only the replay has them).
+    let mut ids_by_batch: HashMap<u64, Vec<u64>> = HashMap::new();
+    for batch_idx in 0..20u64 {
+        let ids = [batch_idx * 10 + 1, batch_idx * 10 + 2];
+        ids_by_batch.insert(batch_idx, ids.to_vec());
+        let mut events = vec![stored(&ids, None, batch_idx as u32)];
+        if batch_idx >= 2 && batch_idx % 3 == 0 {
+            events.push(removed(&ids_by_batch[&(batch_idx - 2)][..1]));
+        }
+        let drop = matches!(batch_idx, 3 | 4 | 9 | 15);
+        engine.publish(events, drop).await;
+    }
+    converge(&mut source, &mut engine, &mut state, &mut signals, "after gaps").await;
+    let stats = source.stats();
+    assert!(stats.n_replays >= 1, "{stats:?}");
+
+    // Phase 2: the engine restarts on the same ports with a fresh sequence and new content.
+    engine.stop().await;
+    let (mut engine, _, _) = FakeEngine::start(&pub_endpoint, &replay_endpoint).await;
+    engine.publish(vec![stored(&[9001, 9002], None, 77)], false).await;
+    engine.publish(vec![stored(&[9003], Some(9002), 78)], false).await;
+    engine.publish(vec![removed(&[9001])], false).await;
+    converge(&mut source, &mut engine, &mut state, &mut signals, "after restart").await;
+    let stats = source.stats();
+    assert!(stats.n_resets >= 1, "{stats:?}");
+    assert!(
+        signals.iter().any(|s| matches!(s, SourceSignal::Reset { .. })),
+        "{signals:?}"
+    );
+    assert_eq!(stats.n_rejected(), 0, "{stats:?}");
+    assert!(source.shutdown().await, "source tasks did not stop");
+    engine.stop().await;
+}
