@@ -21,6 +21,8 @@ mod diagnostic;
 mod discovery;
 mod endpoint;
 #[cfg(feature = "watch")]
+mod etcd;
+#[cfg(feature = "watch")]
 mod file;
 mod instance;
 mod membership;
@@ -37,6 +39,8 @@ pub use config::{DiscoveryConfig, DiscoveryConfigError, EndpointFilter};
 pub use diagnostic::{Diagnostic, ProjectionStats};
 #[cfg(feature = "watch")]
 pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
+#[cfg(feature = "watch")]
+pub use etcd::{DEFAULT_ETCD_TIMEOUT, ETCD_CARD_PREFIX, EtcdDiscovery, card_key};
 #[cfg(feature = "watch")]
 pub use file::{
     CardDirListing, CardFileError, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery, MAX_CARD_FILE_BYTES,
