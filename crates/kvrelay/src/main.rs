@@ -1,5 +1,8 @@
 //! The kvrelay command-line tool: `relay`, `route`, `demo`, `inspect`, `hash`.
 //!
+//! Each subcommand lives in its own module exposing an `...Args` clap struct and a `run`
+//! function; commands that need tokio build their own runtime.
+//!
 //! Errors print as one line on stderr. Bad arguments or bad input files exit with code 2,
 //! other failures with code 1.
 
@@ -7,8 +10,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod hash;
 mod inspect;
+mod relay;
+mod route;
 mod usage;
 
 pub(crate) use usage::UsageError;
@@ -23,6 +29,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the relay service for this datacenter.
+    Relay(relay::RelayArgs),
+    /// Rank the pools of remote relays for a request.
+    Route(route::RouteArgs),
+    /// Run the one-command demo: relay, trace replay and consumer on loopback.
+    Demo(demo::DemoArgs),
     /// Compute reference-compatible block and sequence hashes of a token sequence.
     Hash(hash::HashArgs),
     /// Inspect identities, filter addresses, frames, memberships and engine batches.
@@ -41,6 +53,9 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Relay(args) => relay::run(args),
+        Command::Route(args) => route::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Hash(args) => hash::run(&args),
         Command::Inspect(command) => inspect::run(command),
     };
