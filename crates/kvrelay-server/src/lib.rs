@@ -1,29 +1,39 @@
 //! The relay host: wiring, WAN server and admin HTTP.
 //!
-//! Owns the running relay process: it turns a [`RelayConfig`] into listeners and tasks,
-//! enforces every bound in [`Limits`], serves the WAN protocol over TCP (optionally TLS and a
-//! bearer token), and serves admin HTTP (health, readiness, Prometheus metrics, JSON views).
+//! Owns the running relay process: [`Relay::start`] turns a [`RelayConfig`] into listeners
+//! and tasks, enforces every bound in [`Limits`], serves the WAN protocol over TCP
+//! (optionally TLS and a bearer token), serves admin HTTP (health, readiness, Prometheus
+//! metrics, JSON views), and [`Relay::shutdown`] stops everything in order.
 //!
 //! Invariants: every bound comes from [`Limits`]; every spawned task belongs to a
 //! `TaskTracker` under a child `CancellationToken`; shutdown is ordered and bounded by
 //! `Limits::shutdown_timeout_ms`; a malformed or hostile client gets an error frame and is
-//! closed without affecting any other connection.
+//! closed without affecting any other connection; wire errors are mapped from domain errors
+//! in one place per source (`host/publisher.rs`, `wan/connection.rs`).
 //!
-//! Start reading at `config.rs` (the file format), then `wan/` (the listener and the
-//! per-connection handler), then the host wiring.
+//! Start reading at `config.rs` (the file format), then `host/mod.rs` (the wiring), then
+//! `wan/connection.rs` (one connection's life).
 
 mod admin;
 mod admission;
 mod config;
+mod host;
 mod limits;
 mod metrics;
+mod mirror;
+mod probe;
 mod tls;
+mod wan;
 
 pub use admission::{AdmissionError, StreamKind};
 pub use config::{
-    AdminConfig, AuthConfig, ConfigError, DiscoveryBackend, DiscoveryConfig, EngineKind,
-    RelayConfig, RelayOverrides, SourceConfig, TlsConfig, WanConfig, WorkloadConfig,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_DC_ID, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN,
+    AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_LISTEN, DEFAULT_DC_ID, DEFAULT_REPLAY_SPEED,
+    DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig, EngineKind, RelayConfig, RelayOverrides,
+    SourceConfig, TlsConfig, WanConfig, WorkloadConfig,
 };
+pub use host::workload::TraceError;
+pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress};
 pub use limits::*;
+pub use mirror::{MirrorError, MirrorProgress, PoolMirror};
+pub use probe::{ProbeError, ProbeStream};
 pub use tls::{TlsError, WanTls};

@@ -1,0 +1,315 @@
+//! The host supervisor: the one owner of pool attachments.
+//!
+//! It turns each membership view into attached pool generations (attach when an endpoint is
+//! materializable and has a connected source, update registrations/roles/capacity in
+//! place, withdraw first and then retire when that stops holding or the binding changes),
+//! republishes the catalog, load windows and topology in wire form, refreshes per-pool stats
+//! for admin and metrics, and on shutdown retires every generation before the registry
+//! shuts down.
+//!
+//! Run loop branches (one `biased` select): shutdown; a new membership view; a catalog
+//! change; a load change; the load-window tick; a fenced generation (rebuilt on the next
+//! reconcile).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::select_all;
+use kvrelay_ckf::SourceId;
+use kvrelay_identity::{DcId, EndpointId, KvQuerySemantics, PoolId, WorkerRole};
+use kvrelay_membership::{EndpointMembership, MembershipView};
+use kvrelay_pool::{AttachRequest, PoolActorHandle, PoolAttachment, PoolRegistry, RetirementMode, WorkerCapacity};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::host::state::{HostState, PoolStatus, Route, Routes};
+use crate::host::wire;
+
+/// Filter sizing when no worker declares its KV capacity, in blocks.
+pub(crate) const DEFAULT_EXPECTED_UNIQUE_BLOCKS: u64 = 65_536;
+/// Smallest filter sizing, in blocks.
+pub(crate) const MIN_EXPECTED_UNIQUE_BLOCKS: u64 = 1_024;
+
+/// What makes a generation: a change here builds a new generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Binding {
+    pool: PoolId,
+    query_semantics: KvQuerySemantics,
+}
+
+struct Attached {
+    binding: Binding,
+    attachment: PoolAttachment,
+    endpoint: EndpointMembership,
+}
+
+pub(crate) struct Supervisor {
+    pub(crate) registry: PoolRegistry,
+    pub(crate) state: Arc<HostState>,
+    pub(crate) dc_id: DcId,
+    /// Whether every discovered worker has a connected source (the trace workload).
+    pub(crate) workload_sources: bool,
+    /// Endpoints with statically configured sources.
+    pub(crate) configured_sources: BTreeMap<EndpointId, Vec<SourceId>>,
+    pub(crate) views: watch::Receiver<Option<MembershipView>>,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl Supervisor {
+    pub(crate) async fn run(mut self) {
+        let mut attached: BTreeMap<EndpointId, Attached> = BTreeMap::new();
+        let mut catalog = self.registry.watch_catalog();
+        let mut load = self.registry.watch_load();
+        let window = self.state.limits.load_window();
+        let mut ticker = tokio::time::interval_at(Instant::now() + window, window);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut window_sequence = 0u64;
+        self.publish_catalog(&catalog.borrow_and_update().clone());
+        loop {
+            let fenced = async {
+                if attached.is_empty() {
+                    return futures::future::pending::<EndpointId>().await;
+                }
+                let waits = attached.iter().map(|(endpoint, entry)| {
+                    let token = entry.attachment.generation_cancel.clone();
+                    let endpoint = endpoint.clone();
+                    Box::pin(async move {
+                        token.cancelled().await;
+                        endpoint
+                    })
+                });
+                select_all(waits).await.0
+            };
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => break,
+                changed = self.views.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let view = self.views.borrow_and_update().clone();
+                    if let Some(view) = view {
+                        self.reconcile(&view, &mut attached).await;
+                    }
+                }
+                changed = catalog.changed() => {
+                    if changed.is_ok() {
+                        let current = catalog.borrow_and_update().clone();
+                        self.publish_catalog(&current);
+                    }
+                }
+                changed = load.changed() => {
+                    if changed.is_ok() {
+                        load.borrow_and_update();
+                    }
+                }
+                _ = ticker.tick() => {
+                    window_sequence += 1;
+                    let snapshots = load.borrow().clone();
+                    self.state.publish_load(wire::load_window(self.state.relay, window_sequence, window, &snapshots));
+                    self.refresh_stats(&attached).await;
+                }
+                endpoint = fenced => {
+                    if let Some(entry) = attached.remove(&endpoint) {
+                        warn!(endpoint = %endpoint.dotted(), generation = entry.attachment.generation, "pool generation fenced; rebuilding");
+                        self.registry.retire(entry.attachment, RetirementMode::Fenced).await;
+                        self.publish_routes(&attached);
+                    }
+                    let view = self.views.borrow().clone();
+                    if let Some(view) = view {
+                        self.reconcile(&view, &mut attached).await;
+                    }
+                }
+            }
+        }
+        // Shutdown: withdraw and retire every generation, then stop the registry.
+        for (_, entry) in std::mem::take(&mut attached) {
+            self.registry.retire(entry.attachment, RetirementMode::Fenced).await;
+        }
+        self.publish_routes(&attached);
+        self.registry.shutdown().await;
+    }
+
+    async fn reconcile(&self, view: &MembershipView, attached: &mut BTreeMap<EndpointId, Attached>) {
+        self.state.mark_discovery_listed();
+        // Departed or no longer materializable endpoints, and changed bindings: retire.
+        let mut desired: BTreeMap<EndpointId, (Binding, &EndpointMembership)> = BTreeMap::new();
+        for membership in view.endpoints() {
+            if let Some(binding) = self.binding_of(membership) {
+                desired.insert(membership.endpoint.clone(), (binding, membership));
+            }
+        }
+        let stale: Vec<EndpointId> = attached
+            .iter()
+            .filter(|(endpoint, entry)| desired.get(*endpoint).is_none_or(|(binding, _)| *binding != entry.binding))
+            .map(|(endpoint, _)| endpoint.clone())
+            .collect();
+        for endpoint in stale {
+            if let Some(entry) = attached.remove(&endpoint) {
+                info!(endpoint = %endpoint.dotted(), generation = entry.attachment.generation, "retiring pool");
+                self.registry.retire(entry.attachment, RetirementMode::Graceful).await;
+            }
+        }
+        for (endpoint, (binding, membership)) in desired {
+            match attached.get_mut(&endpoint) {
+                Some(entry) => {
+                    if !entry.endpoint.same_content(membership) {
+                        self.update_in_place(entry, membership);
+                    }
+                }
+                None => {
+                    let request = AttachRequest {
+                        pool: binding.pool,
+                        endpoint: endpoint.clone(),
+                        registrations: membership.registrations.clone(),
+                        query_semantics: binding.query_semantics,
+                        roles: roles_of(membership),
+                        expected_unique_blocks: expected_unique_blocks(membership),
+                        load_capacity: Some(capacities(membership)),
+                    };
+                    match self.registry.attach(request).await {
+                        Ok(attachment) => {
+                            info!(endpoint = %endpoint.dotted(), generation = attachment.generation, "pool attached");
+                            attached.insert(
+                                endpoint,
+                                Attached { binding, attachment, endpoint: membership.clone() },
+                            );
+                        }
+                        Err(err) => warn!(endpoint = %endpoint.dotted(), error = %err, "pool attach failed"),
+                    }
+                }
+            }
+        }
+        self.publish_routes(attached);
+        self.state.publish_topology(wire::topology_update(self.state.relay, view, &self.state.catalog_snapshot()));
+    }
+
+    fn update_in_place(&self, entry: &mut Attached, membership: &EndpointMembership) {
+        let attachment = &mut entry.attachment;
+        if entry.endpoint.registrations != membership.registrations
+            && let Err(err) = self.registry.replace_registrations(attachment, membership.registrations.clone())
+        {
+            warn!(error = %err, "replacing registrations failed");
+        }
+        if entry.endpoint.roles != membership.roles
+            && let Err(err) = self.registry.replace_roles(attachment, roles_of(membership))
+        {
+            warn!(error = %err, "replacing roles failed");
+        }
+        if let Err(err) = self.registry.replace_load_capacity(attachment.pool, attachment.generation, &capacities(membership)) {
+            warn!(error = %err, "replacing load capacity failed");
+        }
+        entry.endpoint = membership.clone();
+    }
+
+    fn binding_of(&self, membership: &EndpointMembership) -> Option<Binding> {
+        if !membership.is_materializable() {
+            return None;
+        }
+        let has_source = self.workload_sources && !membership.worker_topology.is_empty()
+            || self.configured_sources.contains_key(&membership.endpoint);
+        if !has_source {
+            return None;
+        }
+        let domain = membership.domain?;
+        Some(Binding {
+            pool: PoolId { indexer_domain: domain.id, dc_id: self.dc_id },
+            query_semantics: domain.query_semantics,
+        })
+    }
+
+    fn publish_catalog(&self, catalog: &kvrelay_pool::PoolCatalog) {
+        self.state.publish_catalog(wire::catalog_update(catalog));
+    }
+
+    fn publish_routes(&self, attached: &BTreeMap<EndpointId, Attached>) {
+        let mut routes = BTreeMap::new();
+        let mut pools = BTreeMap::new();
+        for (endpoint, entry) in attached {
+            let sources = sources_of(&entry.endpoint, self.configured_sources.get(endpoint));
+            for (source, capacity) in &sources {
+                routes.insert(
+                    *source,
+                    Route {
+                        pool: entry.attachment.pool,
+                        generation: entry.attachment.generation,
+                        actor: entry.attachment.actor.clone(),
+                        capacity: *capacity,
+                    },
+                );
+            }
+            pools.insert(
+                wire::pool_key(&entry.attachment.pool),
+                PoolStatus {
+                    endpoint: endpoint.dotted(),
+                    generation: entry.attachment.generation,
+                    sources: sources.len(),
+                    stats: None,
+                },
+            );
+        }
+        self.state.publish_routes(Routes { routes }, pools);
+    }
+
+    async fn refresh_stats(&self, attached: &BTreeMap<EndpointId, Attached>) {
+        let mut stats = Vec::new();
+        for entry in attached.values() {
+            let actor: &PoolActorHandle = &entry.attachment.actor;
+            if let Ok(actor_stats) = actor.stats().await {
+                stats.push((wire::pool_key(&entry.attachment.pool), actor_stats));
+            }
+        }
+        self.state.record_pool_stats(stats);
+    }
+}
+
+fn roles_of(membership: &EndpointMembership) -> Vec<WorkerRole> {
+    if membership.roles.is_empty() { vec![WorkerRole::Aggregated] } else { membership.roles.clone() }
+}
+
+/// Per-rank capacity in blocks, by worker, from the runtime configs.
+fn capacities(membership: &EndpointMembership) -> Vec<WorkerCapacity> {
+    membership
+        .runtime_configs
+        .iter()
+        .map(|(worker_id, config)| WorkerCapacity {
+            worker_id: *worker_id,
+            data_parallel_start_rank: config.data_parallel_start_rank,
+            data_parallel_size: config.data_parallel_size.max(1),
+            total_kv_blocks: config.total_kv_blocks,
+        })
+        .collect()
+}
+
+fn expected_unique_blocks(membership: &EndpointMembership) -> u64 {
+    let declared: u64 = membership
+        .runtime_configs
+        .values()
+        .filter_map(|config| {
+            config.total_kv_blocks.map(|blocks| blocks.saturating_mul(u64::from(config.data_parallel_size.max(1))))
+        })
+        .fold(0u64, u64::saturating_add);
+    if declared == 0 { DEFAULT_EXPECTED_UNIQUE_BLOCKS } else { declared.max(MIN_EXPECTED_UNIQUE_BLOCKS) }
+}
+
+/// Default per-rank capacity of a simulated source when its card declares none, in blocks.
+const DEFAULT_SOURCE_CAPACITY: u64 = 4_096;
+
+/// The sources of an endpoint with their per-rank capacity: every (worker, rank) of its
+/// cards, plus statically configured ones.
+fn sources_of(membership: &EndpointMembership, configured: Option<&Vec<SourceId>>) -> Vec<(SourceId, u64)> {
+    let mut sources = BTreeMap::new();
+    for (worker_id, config) in &membership.runtime_configs {
+        let capacity = config.total_kv_blocks.unwrap_or(DEFAULT_SOURCE_CAPACITY);
+        for offset in 0..config.data_parallel_size.max(1) {
+            let rank = config.data_parallel_start_rank.saturating_add(offset);
+            sources.insert(SourceId::new(*worker_id, rank), capacity);
+        }
+    }
+    for source in configured.into_iter().flatten() {
+        sources.entry(*source).or_insert(DEFAULT_SOURCE_CAPACITY);
+    }
+    sources.into_iter().collect()
+}

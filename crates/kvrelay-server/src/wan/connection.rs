@@ -1,0 +1,399 @@
+//! One WAN connection: TLS, the stream request, authentication, admission and the stream.
+//!
+//! A connection carries exactly one stream. The client sends one `StreamRequest` frame
+//! within `request_timeout_ms` and nothing after it; the server answers with the stream's
+//! frames until the client leaves, the stream fails, or the relay shuts down. Every failure
+//! the client can cause ends in one error frame (best effort) and a close, never in a panic,
+//! and never touches another connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use kvrelay_codec::v1::{
+    CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, StreamRequest, StreamRpc,
+    TopologyUpdate, encode_message,
+};
+use kvrelay_codec::{MessageKind, decode_frame};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::admission::{Admission, AdmissionError, StreamKind};
+use crate::limits::Limits;
+use crate::metrics::{OutcomeLabel, ReasonLabel, RejectionLabels, RelayMetrics};
+use crate::tls::WanTls;
+use crate::wan::auth::BearerToken;
+use crate::wan::source::{PublicationViews, StreamFailure};
+
+/// Shared by every connection of one WAN server.
+pub(crate) struct ConnectionContext {
+    pub(crate) views: PublicationViews,
+    pub(crate) admission: Admission,
+    pub(crate) metrics: Arc<RelayMetrics>,
+    pub(crate) limits: Limits,
+    pub(crate) codec_limits: kvrelay_codec::Limits,
+    pub(crate) tls: Option<WanTls>,
+    pub(crate) token: Option<BearerToken>,
+    pub(crate) cancel: CancellationToken,
+}
+
+trait WanIo: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> WanIo for T {}
+
+/// Serves one accepted TCP connection to its end.
+pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: SocketAddr) {
+    let _ = tcp.set_nodelay(true);
+    let io: Box<dyn WanIo> = match &ctx.tls {
+        None => Box::new(tcp),
+        Some(tls) => match timeout(ctx.limits.request_timeout(), tls.accept(tcp)).await {
+            Ok(Ok(stream)) => Box::new(stream),
+            Ok(Err(err)) => {
+                debug!(%peer, error = %err, "tls handshake failed");
+                ctx.outcome("tls_failed");
+                return;
+            }
+            Err(_) => {
+                debug!(%peer, "tls handshake timed out");
+                ctx.outcome("tls_failed");
+                return;
+            }
+        },
+    };
+    let (reader, writer) = tokio::io::split(io);
+    let mut conn = Conn { ctx: ctx.clone(), reader, writer, kind: None, peer };
+    let request = match timeout(ctx.limits.request_timeout(), conn.read_request()).await {
+        Ok(Ok(request)) => request,
+        Ok(Err(failure)) => {
+            ctx.outcome("bad_request");
+            conn.fail(failure).await;
+            return;
+        }
+        Err(_) => {
+            ctx.outcome("bad_request");
+            conn.fail(StreamFailure::new(ErrorReason::InvalidRequest, "no stream request within request_timeout_ms")).await;
+            return;
+        }
+    };
+    if let Some(token) = &ctx.token
+        && !token.matches(request.auth_token.as_deref())
+    {
+        ctx.outcome("auth_failed");
+        conn.fail(StreamFailure::new(ErrorReason::InvalidRequest, "authentication failed: missing or wrong bearer token")).await;
+        return;
+    }
+    ctx.outcome("served");
+    let result = match request.rpc {
+        StreamRpc::RelayInfo => conn.serve_info().await,
+        StreamRpc::WatchCatalog => conn.serve_catalog().await,
+        StreamRpc::WatchLoad => conn.serve_load().await,
+        StreamRpc::WatchTopology => conn.serve_topology().await,
+        StreamRpc::SubscribePool { expected_producer } => {
+            conn.serve_pool(expected_producer, request.subscriber_id).await
+        }
+    };
+    match result {
+        Ok(End::PeerClosed) => debug!(%peer, "peer closed the stream"),
+        Ok(End::Finished) => {
+            let _ = conn.writer.shutdown().await;
+        }
+        Err(failure) => conn.fail(failure).await,
+    }
+}
+
+/// How a stream ended without an error to report.
+enum End {
+    PeerClosed,
+    Finished,
+}
+
+struct Conn {
+    ctx: Arc<ConnectionContext>,
+    reader: ReadHalf<Box<dyn WanIo>>,
+    writer: WriteHalf<Box<dyn WanIo>>,
+    kind: Option<StreamKind>,
+    peer: SocketAddr,
+}
+
+impl ConnectionContext {
+    fn outcome(&self, outcome: &'static str) {
+        self.metrics.connections.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+}
+
+impl Conn {
+    async fn read_request(&mut self) -> Result<StreamRequest, StreamFailure> {
+        let mut buf = BytesMut::with_capacity(512);
+        let frame = loop {
+            match decode_frame(&mut buf, &self.ctx.codec_limits) {
+                Ok(Some(frame)) => break frame,
+                Ok(None) => {}
+                Err(err) => {
+                    let reason = kvrelay_codec::v1::DecodeError::from(err.clone()).reason();
+                    return Err(StreamFailure::new(reason, err.to_string()));
+                }
+            }
+            let n = self.reader.read_buf(&mut buf).await.map_err(|err| {
+                StreamFailure::new(ErrorReason::InvalidRequest, format!("reading request: {err}"))
+            })?;
+            if n == 0 {
+                return Err(StreamFailure::new(ErrorReason::InvalidRequest, "connection closed before a complete stream request"));
+            }
+        };
+        if !buf.is_empty() {
+            return Err(StreamFailure::new(ErrorReason::InvalidRequest, format!("{} bytes follow the stream request", buf.len())));
+        }
+        if frame.kind() != Some(MessageKind::StreamRequest) {
+            return Err(StreamFailure::new(
+                ErrorReason::InvalidRequest,
+                format!("first frame has message kind {}, expected a stream request", frame.kind_code),
+            ));
+        }
+        let request = StreamRequest::decode_body(&frame.body, frame.minor)
+            .map_err(|err| StreamFailure::new(err.reason(), err.to_string()))?;
+        request.validate().map_err(|err| {
+            let reason = if err.is_unsupported() { ErrorReason::UnsupportedFeature } else { ErrorReason::InvalidRequest };
+            StreamFailure::new(reason, err.to_string())
+        })?;
+        Ok(request)
+    }
+
+    fn admitted(&mut self, kind: StreamKind, result: Result<crate::admission::StreamPermit, AdmissionError>) -> Result<crate::admission::StreamPermit, StreamFailure> {
+        match result {
+            Ok(permit) => {
+                self.kind = Some(kind);
+                Ok(permit)
+            }
+            Err(err) => {
+                self.ctx
+                    .metrics
+                    .admission_rejected
+                    .get_or_create(&RejectionLabels { stream: kind.label(), scope: err.scope() })
+                    .inc();
+                Err(StreamFailure::new(ErrorReason::ResourceLimit, err.to_string()))
+            }
+        }
+    }
+
+    async fn serve_info(&mut self) -> Result<End, StreamFailure> {
+        let admitted = self.ctx.admission.admit(StreamKind::Info);
+        let _permit = self.admitted(StreamKind::Info, admitted)?;
+        let info = self.ctx.views.info;
+        let frame = self.encode(&Message::RelayInfo(info))?;
+        self.send(&frame, false).await?;
+        Ok(End::Finished)
+    }
+
+    async fn serve_catalog(&mut self) -> Result<End, StreamFailure> {
+        let admitted = self.ctx.admission.admit(StreamKind::Catalog);
+        let _permit = self.admitted(StreamKind::Catalog, admitted)?;
+        let rx = self.ctx.views.catalog.clone();
+        self.serve_watch(rx, |update: &CatalogUpdate| Message::CatalogUpdate(update.clone()), |_, _| true, true).await
+    }
+
+    async fn serve_topology(&mut self) -> Result<End, StreamFailure> {
+        let admitted = self.ctx.admission.admit(StreamKind::Topology);
+        let _permit = self.admitted(StreamKind::Topology, admitted)?;
+        let rx = self.ctx.views.topology.clone();
+        self.serve_watch(rx, |update: &TopologyUpdate| Message::TopologyUpdate(update.clone()), |_, _| true, true).await
+    }
+
+    async fn serve_load(&mut self) -> Result<End, StreamFailure> {
+        let admitted = self.ctx.admission.admit(StreamKind::Load);
+        let _permit = self.admitted(StreamKind::Load, admitted)?;
+        let rx = self.ctx.views.load.clone();
+        self.serve_watch(
+            rx,
+            |window: &LoadWindow| Message::LoadWindow(window.clone()),
+            |sent: &LoadWindow, next: &LoadWindow| next.window_sequence > sent.window_sequence,
+            false,
+        )
+        .await
+    }
+
+    /// Sends the current value, then every newer value; re-sends the current value after a
+    /// heartbeat interval without changes when `heartbeat` is set.
+    async fn serve_watch<T>(
+        &mut self,
+        mut rx: watch::Receiver<Arc<T>>,
+        message: fn(&T) -> Message,
+        newer: fn(&T, &T) -> bool,
+        heartbeat: bool,
+    ) -> Result<End, StreamFailure> {
+        let mut sent = rx.borrow_and_update().clone();
+        let frame = self.encode(&message(&sent))?;
+        self.send(&frame, false).await?;
+        let interval = self.ctx.limits.heartbeat_interval();
+        let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let cancel = self.ctx.cancel.clone();
+        let mut scratch = [0u8; 64];
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "relay is shutting down"));
+                }
+                read = self.reader.read(&mut scratch) => return peer_read(read),
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "publication stopped"));
+                    }
+                    let next = rx.borrow_and_update().clone();
+                    if newer(&sent, &next) {
+                        sent = next;
+                        let frame = self.encode(&message(&sent))?;
+                        self.send(&frame, false).await?;
+                        ticker.reset();
+                    }
+                }
+                _ = ticker.tick(), if heartbeat => {
+                    let frame = self.encode(&message(&sent))?;
+                    self.send(&frame, true).await?;
+                }
+            }
+        }
+    }
+
+    async fn serve_pool(
+        &mut self,
+        expected: kvrelay_codec::v1::ProducerIdentity,
+        subscriber: String,
+    ) -> Result<End, StreamFailure> {
+        // Cheap identity checks first, before any slot is taken: stale requests never queue.
+        {
+            let catalog = self.ctx.views.catalog.borrow().clone();
+            let Some(current) = catalog.pools.iter().find(|pool| pool.producer.pool_id == expected.pool_id) else {
+                return Err(StreamFailure::new(ErrorReason::PoolNotFound, format!("pool {} is not in the catalog", expected.pool_id)));
+            };
+            if current.producer != expected {
+                return Err(StreamFailure::new(
+                    ErrorReason::ProducerChanged,
+                    format!(
+                        "pool {}: expected producer generation {} incarnation {}, current is generation {} incarnation {}",
+                        expected.pool_id,
+                        expected.layout_generation,
+                        expected.producer_incarnation,
+                        current.producer.layout_generation,
+                        current.producer.producer_incarnation
+                    ),
+                ));
+            }
+        }
+        let pool_key = format!("{}", expected.pool_id);
+        let admitted = self.ctx.admission.admit_pool(pool_key.as_bytes());
+        let _permit = self.admitted(StreamKind::Pool, admitted)?;
+        let cancel = self.ctx.cancel.clone();
+        let subscribe = self.ctx.views.pools.subscribe(expected, subscriber);
+        let mut stream = tokio::select! {
+            () = cancel.cancelled() => {
+                return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "relay is shutting down"));
+            }
+            stream = subscribe => stream?,
+        };
+        let progress = self.ctx.limits.snapshot_progress_timeout();
+        let mut scratch = [0u8; 64];
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {
+                    return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "relay is shutting down"));
+                }
+                read = self.reader.read(&mut scratch) => return peer_read(read),
+                next = stream.next() => {
+                    let Some(next) = next else {
+                        return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "pool publication ended"));
+                    };
+                    let frame = next?;
+                    if frame.snapshot {
+                        // A snapshot frame the client does not take within the progress
+                        // timeout ends the stream without touching the pool.
+                        match timeout(progress, self.send(&frame.frame, false)).await {
+                            Ok(sent) => sent?,
+                            Err(_) => {
+                                return Err(StreamFailure::new(
+                                    ErrorReason::SnapshotProgressTimeout,
+                                    "snapshot frame not accepted within snapshot_progress_timeout_ms",
+                                ));
+                            }
+                        }
+                    } else {
+                        self.send(&frame.frame, frame.heartbeat).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    fn encode(&self, message: &Message) -> Result<Bytes, StreamFailure> {
+        let mut frame = BytesMut::new();
+        encode_message(message, &self.ctx.codec_limits, &mut frame)
+            .map_err(|err| StreamFailure::new(ErrorReason::Internal, err.to_string()))?;
+        Ok(frame.freeze())
+    }
+
+    async fn send(&mut self, frame: &Bytes, heartbeat: bool) -> Result<(), StreamFailure> {
+        let write = async {
+            self.writer.write_all(frame).await?;
+            self.writer.flush().await
+        };
+        match timeout(self.ctx.limits.write_timeout(), write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, format!("writing to {}: {err}", self.peer)));
+            }
+            Err(_) => {
+                return Err(StreamFailure::new(ErrorReason::SubscriberLagged, "frame not accepted within write_timeout_ms"));
+            }
+        }
+        if let Some(kind) = self.kind {
+            let label = RelayMetrics::stream(kind);
+            self.ctx.metrics.frames_sent.get_or_create(&label).inc();
+            self.ctx.metrics.bytes_sent.get_or_create(&label).inc_by(frame.len() as u64);
+            if heartbeat {
+                self.ctx.metrics.heartbeats.get_or_create(&label).inc();
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one error frame (best effort, bounded by the write timeout) and closes.
+    async fn fail(&mut self, failure: StreamFailure) {
+        if failure.reason == ErrorReason::SubscriberLagged {
+            if let Some(kind) = self.kind {
+                self.ctx.metrics.subscriber_lagged.get_or_create(&RelayMetrics::stream(kind)).inc();
+            }
+            warn!(peer = %self.peer, "subscriber lagged; stream cut off");
+        } else {
+            debug!(peer = %self.peer, reason = %failure.reason, message = %failure.message, "stream ended with an error");
+        }
+        self.ctx
+            .metrics
+            .errors_sent
+            .get_or_create(&ReasonLabel { reason: failure.reason.name().unwrap_or("internal") })
+            .inc();
+        let message = ErrorMessage::new(failure.reason, &failure.message);
+        if let Ok(frame) = self.encode(&Message::Error(message)) {
+            let write = async {
+                self.writer.write_all(&frame).await?;
+                self.writer.shutdown().await
+            };
+            let _ = timeout(self.ctx.limits.write_timeout(), write).await;
+        }
+    }
+}
+
+/// A read on a stream connection: EOF means the peer left; any byte is a protocol violation.
+fn peer_read(read: std::io::Result<usize>) -> Result<End, StreamFailure> {
+    match read {
+        Ok(0) | Err(_) => Ok(End::PeerClosed),
+        Ok(n) => Err(StreamFailure::new(
+            ErrorReason::InvalidRequest,
+            format!("{n} unexpected bytes after the stream request"),
+        )),
+    }
+}

@@ -1,0 +1,62 @@
+//! What the WAN server serves: the views and pool publications the host provides.
+//!
+//! The WAN server never touches actors, hubs or discovery. It reads complete states from
+//! `watch` channels (each value a complete message, ready to encode) and asks a
+//! [`PoolPublisher`] for a pool's frame stream. The host implements both.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use kvrelay_codec::v1::{CatalogUpdate, ErrorReason, LoadWindow, ProducerIdentity, RelayInfo, TopologyUpdate};
+use tokio::sync::watch;
+
+/// A stream-ending failure with its wire reason; `message` is diagnostic only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StreamFailure {
+    pub(crate) reason: ErrorReason,
+    pub(crate) message: String,
+}
+
+impl StreamFailure {
+    pub(crate) fn new(reason: ErrorReason, message: impl Into<String>) -> Self {
+        Self { reason, message: message.into() }
+    }
+}
+
+/// One pool frame ready for the wire.
+#[derive(Debug, Clone)]
+pub(crate) struct OutgoingPoolFrame {
+    /// The complete encoded frame (header included), shared between subscribers.
+    pub(crate) frame: Bytes,
+    /// Whether this is a snapshot chunk (written under the snapshot progress timeout).
+    pub(crate) snapshot: bool,
+    /// Whether this is a heartbeat (for metrics).
+    pub(crate) heartbeat: bool,
+}
+
+/// A pool subscription: snapshot chunks, then contiguous deltas, with heartbeats in quiet
+/// periods; ends with an error or `None` when the publication stops.
+pub(crate) type PoolFrameStream = BoxStream<'static, Result<OutgoingPoolFrame, StreamFailure>>;
+
+/// Opens pool subscriptions for an exact producer identity.
+pub(crate) trait PoolPublisher: Send + Sync + 'static {
+    /// Subscribes to the pool whose current producer is `expected` (already checked against
+    /// the catalog by the caller); the stream starts with a complete snapshot.
+    fn subscribe(
+        &self,
+        expected: ProducerIdentity,
+        subscriber: String,
+    ) -> BoxFuture<'static, Result<PoolFrameStream, StreamFailure>>;
+}
+
+/// Everything the WAN server publishes.
+#[derive(Clone)]
+pub(crate) struct PublicationViews {
+    pub(crate) info: RelayInfo,
+    pub(crate) catalog: watch::Receiver<Arc<CatalogUpdate>>,
+    pub(crate) load: watch::Receiver<Arc<LoadWindow>>,
+    pub(crate) topology: watch::Receiver<Arc<TopologyUpdate>>,
+    pub(crate) pools: Arc<dyn PoolPublisher>,
+}
