@@ -206,6 +206,7 @@ pub(crate) struct RegistryCore<A, H> {
     accepting: bool,
     max_hubs: usize,
     hubs_in_use: usize,
+    evictions: u64,
     outbox: std::collections::VecDeque<Publication>,
 }
 
@@ -222,6 +223,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             accepting: true,
             max_hubs,
             hubs_in_use: 0,
+            evictions: 0,
             outbox: std::collections::VecDeque::new(),
         }
     }
@@ -613,6 +615,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     /// meanwhile); its capacity unit goes to the requester if it is still initialising
     /// without one (returns true), otherwise it is released.
     pub(crate) fn finish_eviction(&mut self, victim: u64, requester: u64) -> bool {
+        self.evictions = self.evictions.saturating_add(1);
         let victim_active = self.generation_is_active(victim);
         if let Some(slot) = self.slots.get_mut(&victim)
             && matches!(slot.phase, HubPhase::Evicting)
@@ -684,6 +687,11 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
                 InitOutcome::Fence(reason)
             }
         }
+    }
+
+    /// Idle hubs evicted so far.
+    pub(crate) fn evictions(&self) -> u64 {
+        self.evictions
     }
 
     /// Capacity units in use (tests and stats).

@@ -9,6 +9,10 @@
 pub(crate) mod core;
 pub(crate) mod registration;
 #[cfg(test)]
+mod publication_tests;
+#[cfg(test)]
+mod stress_tests;
+#[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, Weak};
@@ -99,6 +103,8 @@ pub struct RegistryStats {
     pub reservations: usize,
     /// Hub capacity units in use (≤ `max_initialized_hubs`).
     pub initialized_hubs: usize,
+    /// Idle hubs evicted to make room for another pool's hub.
+    pub hub_evictions: u64,
     /// Tasks alive in the registry's tracker.
     pub tasks: usize,
 }
@@ -529,6 +535,7 @@ impl PoolRegistry {
             pools: core.pool_count(),
             reservations: core.reservation_count(),
             initialized_hubs: core.hubs_in_use(),
+            hub_evictions: core.evictions(),
             tasks: self.inner.tracker.len(),
         }
     }

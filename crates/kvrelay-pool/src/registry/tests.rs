@@ -40,7 +40,7 @@ impl Gate {
     }
 }
 
-mod behaviour {
+pub(super) mod behaviour {
     use std::sync::mpsc as std_mpsc;
     use std::time::Duration;
 
@@ -58,7 +58,7 @@ mod behaviour {
     use crate::error::SubscriptionEnd;
     use crate::subscription::PoolFrameKind;
 
-    pub(super) fn pool(seed: u8) -> PoolId {
+    pub(crate) fn pool(seed: u8) -> PoolId {
         PoolId {
             indexer_domain: IndexerDomainId {
                 cache_semantics: CacheSemanticsId::new([seed; 16], IdentitySource::Explicit),
@@ -72,14 +72,14 @@ mod behaviour {
         DcRelayIdentity::new(11, 7)
     }
 
-    pub(super) fn test_limits() -> Limits {
+    pub(crate) fn test_limits() -> Limits {
         Limits {
             publish_every_n_events: 1,
             ..Limits::default()
         }
     }
 
-    pub(super) fn registry_with(limits: Limits, gates: Gates) -> PoolRegistry {
+    pub(crate) fn registry_with(limits: Limits, gates: Gates) -> PoolRegistry {
         limits.validate().unwrap();
         PoolRegistry::build(RegistryConfig { relay: relay(), limits }, gates)
     }
@@ -119,7 +119,7 @@ mod behaviour {
         KvQuerySemantics::new(64, KvQueryHashFormat::DynamoStandardV1).unwrap()
     }
 
-    pub(super) fn request(pool: PoolId, endpoint: &str, name: &str) -> AttachRequest {
+    pub(crate) fn request(pool: PoolId, endpoint: &str, name: &str) -> AttachRequest {
         AttachRequest {
             pool,
             endpoint: endpoint.parse().unwrap(),
@@ -136,7 +136,7 @@ mod behaviour {
         request
     }
 
-    pub(super) fn stored_event(id: u64) -> RouterEvent {
+    pub(crate) fn stored_event(id: u64) -> RouterEvent {
         RouterEvent {
             source: SourceId::new(1, 0),
             event_id: id,
