@@ -19,11 +19,14 @@ mod engine;
 mod engine_decoder;
 mod engine_encoder;
 mod error;
+mod event_trace;
 pub mod limits;
 mod msgpack;
 mod sequence;
 mod source;
 mod stats;
+mod trace_replay;
+mod workload;
 mod zmq_frames;
 mod zmq_source;
 
@@ -44,3 +47,13 @@ pub use stats::SourceStats;
 pub use source::{SourceHandle, SourceOutput, SourceSignal};
 pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
 pub use zmq_source::{ZmqSourceConfig, spawn_zmq_source};
+pub use event_trace::{
+    EVENT_TRACE_FORMAT, EVENT_TRACE_VERSION, EventTrace, EventTraceHeader, RequestRecord,
+    TimedEvent, TraceError, format_event, format_event_trace, format_header, parse_event,
+    parse_event_trace, parse_header, parse_request_trace,
+};
+pub use trace_replay::{TraceReplayConfig, spawn_trace_replay};
+pub use workload::{
+    BUILTIN_REQUEST_TRACE, Routing, TraceWorkload, WorkloadConfig, block_token_hash, block_tokens,
+    request_tokens,
+};

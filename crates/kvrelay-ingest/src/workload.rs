@@ -1,0 +1,300 @@
+//! Engine-like events from a request trace: each worker's prefix cache is simulated as an
+//! LRU of blocks, requests are routed to workers, and every store and eviction becomes a
+//! router event. This is the embedded default workload of the demo and the benchmarks.
+//!
+//! Model: a request's `hash_ids` are its prefix blocks. The request goes to a worker
+//! ([`Routing`]); blocks the worker already caches are touched, missing ones are stored
+//! (one `stored` event per run of missing blocks, parented on the block before the run),
+//! and when the worker is full its least recently used blocks of *other* requests are
+//! evicted first (one `removed` event). A request longer than the capacity is cut to it.
+//! Each block's tokens are synthesized from its id ([`block_tokens`]), so a router can
+//! rebuild a request's tokens with [`request_tokens`] and probe the filter. Engine block
+//! ids differ per worker, like vLLM's randomly seeded hashes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_identity::KvQueryHashFormat;
+use kvrelay_identity::hashing::{HashSalt, block_hash};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::event_trace::{
+    EventTraceHeader, RequestRecord, TimedEvent, TraceError, parse_request_trace,
+};
+
+/// The small request trace shipped with the repository (`traces/requests-small.jsonl`).
+pub const BUILTIN_REQUEST_TRACE: &str = include_str!("../../../traces/requests-small.jsonl");
+
+/// How requests are assigned to workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// The worker caching the longest prefix of the request; ties go to the worker with
+    /// the fewest cached blocks, then the lowest index (a KV-aware router).
+    KvAware,
+    /// Workers in turn.
+    RoundRobin,
+}
+
+/// Generator settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkloadConfig {
+    /// Workers (sources), each with `dp_rank` 0.
+    pub n_workers: u32,
+    /// The first worker's id; the others follow consecutively.
+    pub first_worker_id: u64,
+    /// Blocks each worker's cache holds.
+    pub capacity_blocks: usize,
+    /// Tokens per block of the synthesized tokens.
+    pub block_size: u32,
+    /// Request routing.
+    pub routing: Routing,
+    /// Seeds the per-worker engine block ids and the synthesized tokens.
+    pub seed: u64,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        Self {
+            n_workers: 4,
+            first_worker_id: 1,
+            capacity_blocks: 512,
+            block_size: 16,
+            routing: Routing::KvAware,
+            seed: 0x6b76_7265_6c61_7931,
+        }
+    }
+}
+
+/// A generated workload: router events in time order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceWorkload {
+    config: WorkloadConfig,
+    events: Vec<TimedEvent>,
+    n_requests: usize,
+}
+
+impl TraceWorkload {
+    /// Simulates `requests` under `config`.
+    ///
+    /// ```
+    /// use kvrelay_ingest::{RequestRecord, TraceWorkload, WorkloadConfig};
+    /// let requests = vec![
+    ///     RequestRecord { timestamp: 0, input_length: 32, output_length: 1, hash_ids: vec![1, 2] },
+    ///     RequestRecord { timestamp: 5, input_length: 48, output_length: 1, hash_ids: vec![1, 2, 3] },
+    /// ];
+    /// let workload = TraceWorkload::generate(&requests, WorkloadConfig::default());
+    /// // The second request reuses blocks 1 and 2 on the same worker and stores block 3.
+    /// assert_eq!(workload.events().len(), 2);
+    /// ```
+    pub fn generate(requests: &[RequestRecord], config: WorkloadConfig) -> Self {
+        let n_workers = config.n_workers.max(1) as usize;
+        let mut workers: Vec<WorkerCache> = (0..n_workers)
+            .map(|idx| WorkerCache::new(SourceId::new(config.first_worker_id + idx as u64, 0)))
+            .collect();
+        let mut events = Vec::new();
+        let mut next_round_robin = 0usize;
+        for request in requests {
+            let worker_idx = match config.routing {
+                Routing::RoundRobin => {
+                    let idx = next_round_robin % n_workers;
+                    next_round_robin += 1;
+                    idx
+                }
+                Routing::KvAware => pick_kv_aware(&workers, &request.hash_ids),
+            };
+            workers[worker_idx].serve(request, &config, &mut events);
+        }
+        Self {
+            config,
+            events,
+            n_requests: requests.len(),
+        }
+    }
+
+    /// The workload of the shipped request trace.
+    pub fn builtin(config: WorkloadConfig) -> Result<Self, TraceError> {
+        let requests = parse_request_trace(BUILTIN_REQUEST_TRACE)?;
+        Ok(Self::generate(&requests, config))
+    }
+
+    /// The events, in time order.
+    pub fn events(&self) -> &[TimedEvent] {
+        &self.events
+    }
+
+    /// Consumes the workload, returning its events.
+    pub fn into_events(self) -> Vec<TimedEvent> {
+        self.events
+    }
+
+    /// The settings it was generated with.
+    pub fn config(&self) -> &WorkloadConfig {
+        &self.config
+    }
+
+    /// Requests simulated.
+    pub fn n_requests(&self) -> usize {
+        self.n_requests
+    }
+
+    /// The event-trace header describing these events.
+    pub fn header(&self) -> EventTraceHeader {
+        EventTraceHeader::new(self.config.block_size, KvQueryHashFormat::DynamoStandardV1)
+    }
+}
+
+/// The synthesized tokens of block `hash_id` (`block_size` tokens below 32,000).
+pub fn block_tokens(hash_id: u64, block_size: u32, seed: u64) -> Vec<u32> {
+    (0..u64::from(block_size))
+        .map(|pos| (xxh3_64_with_seed(&[hash_id.to_le_bytes(), pos.to_le_bytes()].concat(), seed) % 32_000) as u32)
+        .collect()
+}
+
+/// The synthesized prompt tokens of a request: its blocks' tokens, concatenated.
+pub fn request_tokens(hash_ids: &[u64], block_size: u32, seed: u64) -> Vec<u32> {
+    hash_ids
+        .iter()
+        .flat_map(|id| block_tokens(*id, block_size, seed))
+        .collect()
+}
+
+/// The token hash of block `hash_id` (standard format, no salt).
+pub fn block_token_hash(hash_id: u64, block_size: u32, seed: u64) -> u64 {
+    block_hash(&block_tokens(hash_id, block_size, seed), &[], HashSalt::default().seed())
+}
+
+fn pick_kv_aware(workers: &[WorkerCache], hash_ids: &[u64]) -> usize {
+    let mut best = 0usize;
+    let mut best_key = (0usize, usize::MAX);
+    for (idx, worker) in workers.iter().enumerate() {
+        let depth = hash_ids.iter().take_while(|id| worker.blocks.contains_key(id)).count();
+        let key = (depth, worker.blocks.len());
+        if idx == 0 || key.0 > best_key.0 || (key.0 == best_key.0 && key.1 < best_key.1) {
+            best = idx;
+            best_key = key;
+        }
+    }
+    best
+}
+
+/// One worker's simulated cache.
+#[derive(Debug)]
+struct WorkerCache {
+    source: SourceId,
+    /// hash id → (engine block id, last use tick).
+    blocks: HashMap<u64, (u64, u64)>,
+    /// last use tick → hash id (LRU order).
+    by_tick: BTreeMap<u64, u64>,
+    tick: u64,
+    next_event_id: u64,
+}
+
+impl WorkerCache {
+    fn new(source: SourceId) -> Self {
+        Self {
+            source,
+            blocks: HashMap::new(),
+            by_tick: BTreeMap::new(),
+            tick: 0,
+            next_event_id: 0,
+        }
+    }
+
+    fn serve(&mut self, request: &RequestRecord, config: &WorkloadConfig, out: &mut Vec<TimedEvent>) {
+        let request_start = self.tick;
+        let chain = &request.hash_ids[..request.hash_ids.len().min(config.capacity_blocks)];
+        let mut removed: Vec<u64> = Vec::new();
+        let mut run: Vec<StoredBlock> = Vec::new();
+        let mut run_parent: Option<u64> = None;
+        let mut stored_runs: Vec<StoredBlocks> = Vec::new();
+        let mut previous_engine_id: Option<u64> = None;
+        for &hash_id in chain {
+            if let Some(engine_id) = self.touch(hash_id) {
+                if !run.is_empty() {
+                    stored_runs.push(StoredBlocks {
+                        parent_engine_block_id: run_parent,
+                        blocks: std::mem::take(&mut run),
+                    });
+                }
+                previous_engine_id = Some(engine_id);
+                continue;
+            }
+            if self.blocks.len() >= config.capacity_blocks {
+                match self.evict_before(request_start) {
+                    Some(engine_id) => removed.push(engine_id),
+                    None => break,
+                }
+            }
+            let engine_id = engine_block_id(self.source, hash_id, config.seed);
+            self.insert(hash_id, engine_id);
+            if run.is_empty() {
+                run_parent = previous_engine_id;
+            }
+            run.push(StoredBlock {
+                engine_block_id: engine_id,
+                token_hash: block_token_hash(hash_id, config.block_size, config.seed),
+            });
+            previous_engine_id = Some(engine_id);
+        }
+        if !run.is_empty() {
+            stored_runs.push(StoredBlocks {
+                parent_engine_block_id: run_parent,
+                blocks: run,
+            });
+        }
+        if !removed.is_empty() {
+            self.emit(request.timestamp, EventPayload::Removed(RemovedBlocks { engine_block_ids: removed }), out);
+        }
+        for stored in stored_runs {
+            self.emit(request.timestamp, EventPayload::Stored(stored), out);
+        }
+    }
+
+    fn emit(&mut self, t_ms: u64, payload: EventPayload, out: &mut Vec<TimedEvent>) {
+        out.push(TimedEvent {
+            t_ms,
+            event: RouterEvent {
+                source: self.source,
+                event_id: self.next_event_id,
+                payload,
+            },
+        });
+        self.next_event_id += 1;
+    }
+
+    /// Marks `hash_id` used; returns its engine id when cached.
+    fn touch(&mut self, hash_id: u64) -> Option<u64> {
+        let tick = self.next_tick();
+        let entry = self.blocks.get_mut(&hash_id)?;
+        self.by_tick.remove(&entry.1);
+        entry.1 = tick;
+        self.by_tick.insert(tick, hash_id);
+        Some(entry.0)
+    }
+
+    fn insert(&mut self, hash_id: u64, engine_id: u64) {
+        let tick = self.next_tick();
+        self.blocks.insert(hash_id, (engine_id, tick));
+        self.by_tick.insert(tick, hash_id);
+    }
+
+    /// Evicts the least recently used block last used before `tick`.
+    fn evict_before(&mut self, tick: u64) -> Option<u64> {
+        let (&oldest, &hash_id) = self.by_tick.iter().next()?;
+        if oldest > tick {
+            return None;
+        }
+        self.by_tick.remove(&oldest);
+        self.blocks.remove(&hash_id).map(|(engine_id, _)| engine_id)
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+}
+
+fn engine_block_id(source: SourceId, hash_id: u64, seed: u64) -> u64 {
+    let material = [source.worker_id.to_le_bytes(), hash_id.to_le_bytes()].concat();
+    xxh3_64_with_seed(&material, seed ^ 0x656e_6769_6e65)
+}
