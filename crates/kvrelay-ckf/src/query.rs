@@ -239,6 +239,19 @@ impl Prober for QueryTable {
     }
 
     #[inline]
+    fn touch(&self, hash: u64) -> u64 {
+        let address = self.addressing.address(hash);
+        let last = self.lanes.len().saturating_sub(1);
+        let primary = address.primary as usize * self.stride;
+        let alternate = address.alternate as usize * self.stride;
+        // First and last lane of both rows: every cache line of a row up to 16 lanes.
+        self.words[primary]
+            ^ self.words[primary + last]
+            ^ self.words[alternate]
+            ^ self.words[alternate + last]
+    }
+
+    #[inline]
     fn probe(&self, hash: u64, mask: &mut [u64]) {
         let address = self.addressing.address(hash);
         let n_lanes = self.lanes.len();

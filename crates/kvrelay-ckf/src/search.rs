@@ -1,22 +1,24 @@
 //! The prefix search: per pool, how many leading positions of a request are present,
-//! with probes shared across pools.
+//! with probes shared across pools and issued in batches.
 //!
 //! Presence is assumed to be prefix-monotone (a block is only cached with its parents), so
 //! each pool's depth is the first missing position. The search brackets it per pool with
-//! `lo` (every pool-known hit ends at `lo - 1`) and `hi` (a known miss at `hi`, or the
-//! request length):
+//! `lo` (a probed hit at `lo - 1`, or 0) and `hi` (a probed miss at `hi`, or the request
+//! length), in rounds; each round's positions are probed as one batch whose memory loads
+//! are issued together, so a round costs about one memory latency, not one per probe:
 //!
-//! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 (capped at the last position) while
-//!    some pool has hit every probe so far;
-//! 2. refine: binary search inside each unresolved `[lo, hi)`; one probe updates every pool
-//!    whose bracket contains the position, so pools holding the same prefix share probes;
-//! 3. verify: re-check the `window` positions just below each depth; a miss there shows the
-//!    bracket rested on a false positive (or a capacity hole), so the pool's bracket is
-//!    reset to `[1 + last verified hit below the miss, miss)` and refined again.
+//! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 and the last position in one batch;
+//!    per pool, the hits before its first miss set `lo`, the first miss sets `hi`;
+//! 2. refine: binary-search rounds; each round probes the midpoint of every unresolved
+//!    bracket (pools with the same bracket share one probe);
+//! 3. verify: probe the `window` positions just below each depth; a miss there shows the
+//!    bracket rested on a false positive (or a capacity hole), so that pool's bracket is
+//!    reset to `[1 + last probed hit below the miss, miss)` and refined again.
 //!
 //! A reported depth `d > 0` always has position `d − 1` probed as present for that pool,
-//! and the `window` positions below it too. Every loop is bounded: each refine probe
-//! shrinks a bracket, and each failed verification strictly lowers that pool's `hi`.
+//! and the `window` positions below it too. Every loop is bounded: each refine round
+//! halves every open bracket, and each failed verification strictly lowers that pool's
+//! `hi`.
 
 /// Scratch buffers reused across searches.
 #[derive(Debug, Clone, Default)]
@@ -26,13 +28,18 @@ pub(crate) struct SearchScratch {
     probed: Vec<bool>,
     lo: Vec<u32>,
     hi: Vec<u32>,
+    batch: Vec<u32>,
     pub(crate) n_probes: u32,
 }
 
-/// The per-position presence oracle: writes one bit per lane into `mask` (already zeroed).
+/// The per-position presence oracle.
 pub(crate) trait Prober {
     fn n_lanes(&self) -> usize;
     fn is_ready(&self, lane: usize) -> bool;
+    /// Loads the memory `probe(hash)` will read and folds it into the result (so a batch of
+    /// touches issues its cache misses together).
+    fn touch(&self, hash: u64) -> u64;
+    /// Writes one bit per ready lane holding `hash` into `mask` (already zeroed).
     fn probe(&self, hash: u64, mask: &mut [u64]);
 }
 
@@ -52,18 +59,21 @@ pub(crate) fn search(
         return;
     }
     let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
-    let mask_words = n_lanes.div_ceil(64);
     let mut search = Search {
         prober,
-        hashes,
-        mask_words,
+        hashes: &hashes[..n as usize],
+        mask_words: n_lanes.div_ceil(64),
         scratch,
     };
     search.reset(n);
     if n > 0 {
         search.gallop(n);
-        search.refine();
-        search.verify(window);
+        loop {
+            search.refine();
+            if !search.verify(window) {
+                break;
+            }
+        }
     }
     for (lane, depth) in depths.iter_mut().enumerate() {
         if prober.is_ready(lane) {
@@ -95,79 +105,110 @@ impl<P: Prober> Search<'_, P> {
         }
     }
 
-    fn hit(&mut self, position: u32, lane: usize) -> bool {
-        let p = position as usize;
-        let words = self.mask_words;
-        if !self.scratch.probed[p] {
-            self.scratch.probed[p] = true;
-            self.scratch.n_probes += 1;
-            let mask = &mut self.scratch.masks[p * words..(p + 1) * words];
-            self.prober.probe(self.hashes[p], mask);
+    /// Probes every not-yet-probed position in `scratch.batch`: touches first, then reads.
+    fn probe_batch(&mut self) {
+        let s = &mut *self.scratch;
+        s.batch.sort_unstable();
+        s.batch.dedup();
+        s.batch.retain(|&p| !s.probed[p as usize]);
+        let mut sink = 0u64;
+        for &p in &s.batch {
+            sink ^= self.prober.touch(self.hashes[p as usize]);
         }
-        self.scratch.masks[p * words + lane / 64] & (1 << (lane % 64)) != 0
+        std::hint::black_box(sink);
+        let words = self.mask_words;
+        for &p in &s.batch {
+            let p = p as usize;
+            s.probed[p] = true;
+            s.n_probes += 1;
+            self.prober
+                .probe(self.hashes[p], &mut s.masks[p * words..(p + 1) * words]);
+        }
+        s.batch.clear();
     }
 
-    /// Probes `position` and narrows every bracket that contains it.
-    fn observe(&mut self, position: u32) {
-        for lane in 0..self.scratch.lo.len() {
-            let (lo, hi) = (self.scratch.lo[lane], self.scratch.hi[lane]);
-            if lo <= position && position < hi {
-                if self.hit(position, lane) {
-                    self.scratch.lo[lane] = position + 1;
-                } else {
-                    self.scratch.hi[lane] = position;
-                }
-            }
-        }
+    /// Whether `lane` holds `position` (which must be probed).
+    fn hit(&self, position: u32, lane: usize) -> bool {
+        let p = position as usize;
+        self.scratch.masks[p * self.mask_words + lane / 64] & (1 << (lane % 64)) != 0
     }
 
     fn gallop(&mut self, n: u32) {
+        let last = n - 1;
         let mut position = 0u32;
         loop {
-            self.observe(position);
-            let last = n - 1;
-            let any_galloping = (0..self.scratch.lo.len())
-                .any(|lane| self.scratch.lo[lane] == position + 1 && self.scratch.hi[lane] == n);
-            if !any_galloping || position == last {
-                return;
+            self.scratch.batch.push(position);
+            if position >= last {
+                break;
             }
             position = position.saturating_mul(2).saturating_add(1).min(last);
+        }
+        let positions = self.scratch.batch.clone();
+        self.probe_batch();
+        for lane in 0..self.scratch.lo.len() {
+            if self.scratch.hi[lane] == 0 {
+                continue;
+            }
+            for &p in &positions {
+                if self.hit(p, lane) {
+                    self.scratch.lo[lane] = p + 1;
+                } else {
+                    self.scratch.hi[lane] = p;
+                    break;
+                }
+            }
         }
     }
 
     fn refine(&mut self) {
-        while let Some(lane) =
-            (0..self.scratch.lo.len()).find(|&l| self.scratch.lo[l] < self.scratch.hi[l])
-        {
-            let (lo, hi) = (self.scratch.lo[lane], self.scratch.hi[lane]);
-            self.observe(lo + (hi - lo) / 2);
+        loop {
+            for lane in 0..self.scratch.lo.len() {
+                let (lo, hi) = (self.scratch.lo[lane], self.scratch.hi[lane]);
+                if lo < hi {
+                    self.scratch.batch.push(lo + (hi - lo) / 2);
+                }
+            }
+            if self.scratch.batch.is_empty() {
+                return;
+            }
+            self.probe_batch();
+            for lane in 0..self.scratch.lo.len() {
+                let (lo, hi) = (self.scratch.lo[lane], self.scratch.hi[lane]);
+                if lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if self.hit(mid, lane) {
+                        self.scratch.lo[lane] = mid + 1;
+                    } else {
+                        self.scratch.hi[lane] = mid;
+                    }
+                }
+            }
         }
     }
 
-    fn verify(&mut self, window: u32) {
-        loop {
-            let mut contradicted = false;
-            for lane in 0..self.scratch.lo.len() {
-                let depth = self.scratch.lo[lane];
-                if depth == 0 {
-                    continue;
-                }
-                let start = depth.saturating_sub(window);
-                let miss = (start..depth).find(|&position| !self.hit(position, lane));
-                if let Some(miss) = miss {
-                    contradicted = true;
-                    let last_hit = (0..miss)
-                        .rev()
-                        .find(|&p| self.scratch.probed[p as usize] && self.hit(p, lane));
-                    self.scratch.lo[lane] = last_hit.map_or(0, |p| p + 1);
-                    self.scratch.hi[lane] = miss;
-                }
+    /// Verifies every depth; returns whether some bracket was reopened.
+    fn verify(&mut self, window: u32) -> bool {
+        for lane in 0..self.scratch.lo.len() {
+            let depth = self.scratch.lo[lane];
+            for position in depth.saturating_sub(window)..depth {
+                self.scratch.batch.push(position);
             }
-            if !contradicted {
-                return;
-            }
-            self.refine();
         }
+        self.probe_batch();
+        let mut reopened = false;
+        for lane in 0..self.scratch.lo.len() {
+            let depth = self.scratch.lo[lane];
+            let start = depth.saturating_sub(window);
+            if let Some(miss) = (start..depth).find(|&p| !self.hit(p, lane)) {
+                reopened = true;
+                let last_hit = (0..miss)
+                    .rev()
+                    .find(|&p| self.scratch.probed[p as usize] && self.hit(p, lane));
+                self.scratch.lo[lane] = last_hit.map_or(0, |p| p + 1);
+                self.scratch.hi[lane] = miss;
+            }
+        }
+        reopened
     }
 }
 
@@ -188,6 +229,9 @@ mod tests {
         }
         fn is_ready(&self, lane: usize) -> bool {
             self.ready[lane]
+        }
+        fn touch(&self, hash: u64) -> u64 {
+            hash
         }
         fn probe(&self, hash: u64, mask: &mut [u64]) {
             for (lane, present) in self.present.iter().enumerate() {
