@@ -5,7 +5,10 @@
 //! namespace; the rolling sequence hash always uses the fixed [`XXH3_SEED`]. The filter is
 //! keyed by canonical sequence hashes built with [`canonical_root`] and [`canonical_child`].
 
+use std::borrow::Cow;
+
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+use zerocopy::IntoBytes;
 
 use crate::query::KvQueryHashFormat;
 
@@ -48,25 +51,12 @@ impl HashSalt<'_> {
 /// `mm_hashes` are the block's multimodal object hashes; they are appended (sorted
 /// ascending, LE `u64` each) after the token bytes, as the reference does.
 pub fn block_hash(tokens: &[u32], mm_hashes: &[u64], seed: u64) -> u64 {
-    // Stack buffer covers common block sizes without allocating.
-    const STACK_TOKENS: usize = 128;
-    let n_bytes = tokens.len() * 4 + mm_hashes.len() * 8;
-    if mm_hashes.is_empty() && tokens.len() <= STACK_TOKENS {
-        let mut buf = [0u8; STACK_TOKENS * 4];
-        for (chunk, token) in buf.chunks_exact_mut(4).zip(tokens) {
-            chunk.copy_from_slice(&token.to_le_bytes());
-        }
-        return xxh3_64_with_seed(&buf[..n_bytes], seed);
+    let bytes = token_bytes(tokens);
+    if mm_hashes.is_empty() {
+        return xxh3_64_with_seed(&bytes, seed);
     }
-    let mut buf = Vec::with_capacity(n_bytes);
-    for token in tokens {
-        buf.extend_from_slice(&token.to_le_bytes());
-    }
-    let mut sorted = mm_hashes.to_vec();
-    sorted.sort_unstable();
-    for mm in sorted {
-        buf.extend_from_slice(&mm.to_le_bytes());
-    }
+    let mut buf = bytes.into_owned();
+    append_mm_hashes(&mut buf, mm_hashes);
     xxh3_64_with_seed(&buf, seed)
 }
 
@@ -83,8 +73,10 @@ pub fn block_hashes(
     let seed = salt.seed();
     let windows = BlockWindows::new(tokens.len(), block_size, format);
     let mut out = Vec::with_capacity(windows.n_blocks);
+    // View (or encode) every covered token once, then hash each window's byte range.
+    let bytes = token_bytes(&tokens[..windows.covered_tokens()]);
     for (start, end) in windows {
-        out.push(block_hash(&tokens[start..end], &[], seed));
+        out.push(xxh3_64_with_seed(&bytes[start * 4..end * 4], seed));
     }
     out
 }
@@ -101,9 +93,19 @@ pub fn block_hashes_with_mm(
     let seed = salt.seed();
     let windows = BlockWindows::new(tokens.len(), block_size, format);
     let mut out = Vec::with_capacity(windows.n_blocks);
+    let bytes = token_bytes(&tokens[..windows.covered_tokens()]);
+    let mut scratch = Vec::new();
     for (block_idx, (start, end)) in windows.enumerate() {
+        let window = &bytes[start * 4..end * 4];
         let mm = mm_per_block.get(block_idx).map_or(&[][..], Vec::as_slice);
-        out.push(block_hash(&tokens[start..end], mm, seed));
+        if mm.is_empty() {
+            out.push(xxh3_64_with_seed(window, seed));
+        } else {
+            scratch.clear();
+            scratch.extend_from_slice(window);
+            append_mm_hashes(&mut scratch, mm);
+            out.push(xxh3_64_with_seed(&scratch, seed));
+        }
     }
     out
 }
@@ -139,6 +141,34 @@ pub fn canonical_child(parent: u64, token_hash: u64) -> u64 {
     xxh3_64_with_seed(&buf, XXH3_SEED)
 }
 
+/// `tokens` as little-endian `u32` bytes: borrowed as-is on little-endian targets,
+/// encoded into a new buffer elsewhere.
+fn token_bytes(tokens: &[u32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(tokens.as_bytes())
+    } else {
+        Cow::Owned(encode_tokens(tokens))
+    }
+}
+
+/// Encodes `tokens` as little-endian `u32`s.
+fn encode_tokens(tokens: &[u32]) -> Vec<u8> {
+    let mut bytes = vec![0u8; tokens.len() * 4];
+    for (chunk, token) in bytes.chunks_exact_mut(4).zip(tokens) {
+        chunk.copy_from_slice(&token.to_le_bytes());
+    }
+    bytes
+}
+
+/// Appends multimodal hashes, sorted ascending, as little-endian `u64`s.
+fn append_mm_hashes(buf: &mut Vec<u8>, mm_hashes: &[u64]) {
+    let mut sorted = mm_hashes.to_vec();
+    sorted.sort_unstable();
+    for mm in sorted {
+        buf.extend_from_slice(&mm.to_le_bytes());
+    }
+}
+
 /// Start/end token offsets of each complete block window.
 #[derive(Debug, Clone)]
 struct BlockWindows {
@@ -163,6 +193,17 @@ impl BlockWindows {
             n_blocks,
             stride,
             window,
+        }
+    }
+}
+
+impl BlockWindows {
+    /// Tokens from the start up to the end of the last complete window.
+    fn covered_tokens(&self) -> usize {
+        if self.n_blocks == 0 {
+            0
+        } else {
+            (self.n_blocks - 1) * self.stride + self.window
         }
     }
 }
@@ -243,13 +284,21 @@ mod tests {
 
     #[test]
     fn long_windows_hash_like_short_ones() {
-        // Windows above the stack buffer take the heap path; both encode the same bytes.
         let window = tokens(300);
         let mut bytes = Vec::new();
         for token in &window {
             bytes.extend_from_slice(&token.to_le_bytes());
         }
         assert_eq!(block_hash(&window, &[], 7), xxh3_64_with_seed(&bytes, 7));
+    }
+
+    #[test]
+    fn borrowed_token_bytes_equal_the_portable_encoding() {
+        let window = tokens(37);
+        assert_eq!(
+            token_bytes(&window).as_ref(),
+            encode_tokens(&window).as_slice()
+        );
     }
 
     #[test]
