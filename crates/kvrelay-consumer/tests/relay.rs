@@ -1,0 +1,452 @@
+//! The consumer against a fake relay over loopback TCP: convergence, mid-snapshot cuts,
+//! lag, gaps, corruption, producer changes, relay restarts and quarantine.
+
+#![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use kvrelay_codec::v1::{HashFormat, WorkerRole};
+use kvrelay_consumer::{
+    Consumer, ConsumerConfig, ConsumerState, ReplicaStatus, ResubscribeReason, ScoreRequest,
+};
+use kvrelay_identity::hashing::HashSalt;
+use support::{FakeRelay, Faults, PoolSpec, within};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn config(relays: &[&FakeRelay]) -> ConsumerConfig {
+    let mut config = ConsumerConfig::new(
+        relays
+            .iter()
+            .map(|relay| relay.relay_arg().parse().unwrap())
+            .collect(),
+    );
+    // Keep retries quick in tests; the schedule itself is unit-tested in `backoff`.
+    config.backoff.initial = Duration::from_millis(10);
+    config.backoff.max = Duration::from_millis(50);
+    config
+}
+
+fn tokens(seed: u32, n: u32) -> Vec<u32> {
+    (0..n).map(|i| seed * 100_000 + i).collect()
+}
+
+/// Every pool of `relay` is current in the consumer at the producer's sequence.
+fn converged(relay: &FakeRelay, n_pools: usize) -> impl Fn(&ConsumerState, Instant) -> bool + '_ {
+    move |state, now| {
+        let pools = state.pools(now);
+        (0..n_pools).all(|idx| {
+            let producer = relay.producer(idx);
+            let (sequence, _) = relay.producer_state(idx);
+            pools.iter().any(|p| {
+                p.producer == producer
+                    && p.replica == ReplicaStatus::Current
+                    && p.sequence == Some(sequence)
+            })
+        })
+    }
+}
+
+fn request(model: &str, tokens: Vec<u32>) -> ScoreRequest {
+    ScoreRequest {
+        tokens,
+        model: model.to_owned(),
+        ..ScoreRequest::default()
+    }
+}
+
+fn depth_for(consumer: &Consumer, model: &str, toks: Vec<u32>, pool_endpoint: &str) -> Option<u32> {
+    let ranking = consumer.score(&request(model, toks)).unwrap();
+    ranking
+        .candidates
+        .iter()
+        .flat_map(|c| &c.legs)
+        .find(|leg| leg.endpoint == pool_endpoint)
+        .and_then(|leg| leg.prefix_blocks)
+}
+
+#[tokio::test]
+async fn replicas_converge_to_the_producers_and_follow_deltas() {
+    let relay = FakeRelay::start(
+        "dc-a",
+        11,
+        vec![
+            PoolSpec::aggregated("alpha", "llama"),
+            PoolSpec::aggregated("beta", "llama"),
+        ],
+    )
+    .await;
+    relay.store(0, 1, &tokens(1, 32), HashSalt::default());
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(
+        consumer.wait_until(WAIT, converged(&relay, 2)).await,
+        "initial convergence"
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(1, 32), "prod.alpha.generate"),
+        Some(8)
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(1, 32), "prod.beta.generate"),
+        Some(0)
+    );
+
+    // Deltas after the snapshot are applied in order.
+    relay.store(1, 2, &tokens(1, 16), HashSalt::default());
+    relay.store(1, 2, &tokens(2, 40), HashSalt::default());
+    relay.heartbeat(0);
+    assert!(
+        consumer.wait_until(WAIT, converged(&relay, 2)).await,
+        "deltas applied"
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(1, 32), "prod.beta.generate"),
+        Some(4)
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(2, 40), "prod.beta.generate"),
+        Some(10)
+    );
+    let ranking = consumer.score(&request("llama", tokens(1, 32))).unwrap();
+    assert!(
+        ranking.candidates[0].legs[0].endpoint.contains("alpha"),
+        "deeper prefix first"
+    );
+
+    let metrics = consumer.metrics();
+    assert_eq!(metrics.replicas_current, 2);
+    assert!(metrics.deltas_applied >= 2);
+    assert_eq!(metrics.snapshots_installed, 2);
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn connection_cut_mid_snapshot_recovers_and_never_serves_a_partial_replica() {
+    // Two million expected blocks size the filter at 2^20 buckets: a two-chunk snapshot.
+    let mut spec = PoolSpec::aggregated("big", "llama");
+    spec.expected_blocks = 2_000_000;
+    let relay = FakeRelay::start("dc-a", 12, vec![spec]).await;
+    relay.store(0, 1, &tokens(3, 64), HashSalt::default());
+    relay.arm(Faults {
+        cut_after_chunks: Some(1),
+        ..Faults::default()
+    });
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    // Until converged, any answer for the pool must be "unknown", never a depth.
+    let seen_partial = std::cell::Cell::new(false);
+    let converged_now = consumer
+        .wait_until(WAIT, |state, now| {
+            let pools = state.pools(now);
+            if let Some(pool) = pools.first()
+                && pool.replica != ReplicaStatus::Current
+            {
+                let ranking = state.score(&request("llama", tokens(3, 64)), now).unwrap();
+                if ranking.candidates[0].legs[0].prefix_blocks.is_some() {
+                    seen_partial.set(true);
+                }
+            }
+            converged(&relay, 1)(state, now)
+        })
+        .await;
+    assert!(converged_now, "converged after the cut");
+    assert!(
+        !seen_partial.get(),
+        "a non-current replica answered a depth"
+    );
+    assert!(
+        relay.subscriptions_opened() >= 2,
+        "resubscribed after the cut"
+    );
+    assert!(
+        consumer
+            .metrics()
+            .resubscribes_for(ResubscribeReason::Disconnected)
+            >= 1
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(3, 64), "prod.big.generate"),
+        Some(16)
+    );
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn lagging_subscriber_cut_off_by_the_relay_resubscribes_from_a_snapshot() {
+    let relay = FakeRelay::start("dc-a", 13, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    relay.arm(Faults {
+        lag_next_subscriber: true,
+        ..Faults::default()
+    });
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    assert_eq!(
+        consumer
+            .metrics()
+            .resubscribes_for(ResubscribeReason::Lagged),
+        1
+    );
+    assert_eq!(relay.subscriptions_opened(), 2);
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn gap_in_deltas_drops_the_replica_and_resubscribes() {
+    let relay = FakeRelay::start("dc-a", 14, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    relay.arm(Faults {
+        drop_next_delta: true,
+        ..Faults::default()
+    });
+    relay.store(0, 1, &tokens(4, 8), HashSalt::default()); // dropped on the wire
+    relay.store(0, 1, &tokens(5, 8), HashSalt::default()); // arrives with a gap
+    within("gap resubscription", async {
+        assert!(
+            consumer
+                .wait_until(WAIT, |_, _| consumer_gap_seen(&consumer))
+                .await
+        );
+    })
+    .await;
+    assert!(
+        consumer.wait_until(WAIT, converged(&relay, 1)).await,
+        "reconverged"
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(4, 8), "prod.alpha.generate"),
+        Some(2)
+    );
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+fn consumer_gap_seen(consumer: &Consumer) -> bool {
+    consumer.metrics().resubscribes_for(ResubscribeReason::Gap) >= 1
+}
+
+#[tokio::test]
+async fn corrupted_delta_fails_its_checksum_and_resubscribes() {
+    let relay = FakeRelay::start("dc-a", 15, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    relay.arm(Faults {
+        corrupt_next_delta: true,
+        ..Faults::default()
+    });
+    relay.store(0, 1, &tokens(6, 8), HashSalt::default());
+    assert!(
+        consumer
+            .wait_until(WAIT, |_, _| {
+                consumer
+                    .metrics()
+                    .resubscribes_for(ResubscribeReason::Checksum)
+                    >= 1
+            })
+            .await
+    );
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(6, 8), "prod.alpha.generate"),
+        Some(2)
+    );
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn producer_change_moves_the_subscription_to_the_new_generation() {
+    let relay = FakeRelay::start("dc-a", 16, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    relay.store(0, 1, &tokens(7, 16), HashSalt::default());
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    let old = relay.producer(0);
+    relay.replace_producer(0);
+    relay.store(0, 1, &tokens(8, 8), HashSalt::default());
+    assert!(
+        consumer.wait_until(WAIT, converged(&relay, 1)).await,
+        "new generation current"
+    );
+    let pools = consumer.pools();
+    assert_eq!(pools.len(), 1);
+    assert_ne!(pools[0].producer, old);
+    // The old generation's blocks are gone with its replica.
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(7, 16), "prod.alpha.generate"),
+        Some(0)
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(8, 8), "prod.alpha.generate"),
+        Some(2)
+    );
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn relay_restart_with_a_new_incarnation_resubscribes_everything() {
+    let relay = FakeRelay::start("dc-a", 17, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    relay.store(0, 1, &tokens(9, 16), HashSalt::default());
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    let addr = relay.addr;
+    relay.stop().await;
+    // While the relay is down nothing from it may answer.
+    assert!(
+        consumer
+            .wait_until(WAIT, |state, now| state.pools(now).is_empty())
+            .await,
+        "state of the dead relay dropped"
+    );
+    let relay = FakeRelay::restart_on(
+        addr,
+        "dc-a",
+        18,
+        vec![PoolSpec::aggregated("alpha", "llama")],
+    )
+    .await;
+    relay.store(0, 1, &tokens(10, 8), HashSalt::default());
+    assert!(
+        consumer.wait_until(WAIT, converged(&relay, 1)).await,
+        "converged after restart"
+    );
+    assert_eq!(consumer.pools()[0].producer.producer_incarnation, 18);
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(10, 8), "prod.alpha.generate"),
+        Some(2)
+    );
+    assert!(consumer.metrics().relay_connects >= 2);
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn unsupported_catalog_entry_is_quarantined_and_the_rest_stay_usable() {
+    let relay = FakeRelay::start("dc-a", 19, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    relay.store(0, 1, &tokens(11, 8), HashSalt::default());
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    relay.add_raw_descriptor(|mut d| {
+        d.producer.pool_id.dc_id ^= 1; // another pool id
+        d.query_semantics.hash_format = HashFormat::Unrecognized(77);
+        d
+    });
+    relay.add_raw_descriptor(|mut d| {
+        d.producer.pool_id.dc_id ^= 2;
+        d.pool_roles = vec![WorkerRole::Unrecognized(42)];
+        d
+    });
+    assert!(
+        consumer
+            .wait_until(WAIT, |state, _| state.quarantined().len() == 2)
+            .await
+    );
+    assert!(
+        consumer.wait_until(WAIT, converged(&relay, 1)).await,
+        "good pool kept"
+    );
+    assert_eq!(
+        depth_for(&consumer, "llama", tokens(11, 8), "prod.alpha.generate"),
+        Some(2)
+    );
+    let metrics = consumer.metrics();
+    assert_eq!(metrics.quarantined_entries, 2);
+    assert_eq!(metrics.quarantined_total, 2);
+    relay.clear_raw_descriptors();
+    assert!(
+        consumer
+            .wait_until(WAIT, |state, _| state.quarantined().is_empty())
+            .await
+    );
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn ranking_combines_prefix_load_and_dc_cost_across_relays() {
+    let near = FakeRelay::start("near", 21, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    let far = FakeRelay::start("far", 22, vec![PoolSpec::aggregated("beta", "llama")]).await;
+    near.store(0, 1, &tokens(12, 32), HashSalt::default());
+    far.store(0, 1, &tokens(12, 32), HashSalt::default());
+    near.publish_load(&[(90, 100)]);
+    far.publish_load(&[(10, 100)]);
+    let mut cfg = config(&[&near, &far]);
+    cfg.relays[1].cost = 30.0;
+    let consumer = Consumer::start(cfg).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&near, 1)).await);
+    assert!(consumer.wait_until(WAIT, converged(&far, 1)).await);
+    assert!(
+        consumer
+            .wait_until(WAIT, |_, _| consumer.metrics().load_windows >= 2)
+            .await
+    );
+    let ranking = consumer.score(&request("llama", tokens(12, 32))).unwrap();
+    assert_eq!(ranking.candidates.len(), 2);
+    // Equal prefixes: near has load 0.9 (-0.45), far has load 0.1 and cost 30 (-0.05-0.3).
+    assert_eq!(ranking.candidates[0].dc, "far");
+    assert_eq!(ranking.candidates[0].load_fraction, Some(0.1));
+    assert_eq!(ranking.candidates[1].load_fraction, Some(0.9));
+    consumer.shutdown().await;
+    near.stop().await;
+    far.stop().await;
+}
+
+#[tokio::test]
+async fn lora_and_prefill_decode_pools_are_scored_with_their_salt_and_both_legs() {
+    let mut prefill = PoolSpec::aggregated("prefill", "llama");
+    prefill.roles = vec![WorkerRole::Prefill];
+    prefill.namespace = "disagg";
+    let mut decode = PoolSpec::aggregated("decode", "llama");
+    decode.roles = vec![WorkerRole::Decode];
+    decode.namespace = "disagg";
+    let mut lora = PoolSpec::aggregated("lora", "llama");
+    lora.adapter = Some("sql");
+    let relay = FakeRelay::start("dc-a", 23, vec![prefill, decode, lora]).await;
+    let salted = HashSalt {
+        lora_name: Some("sql"),
+        cache_namespace: None,
+    };
+    relay.store(0, 1, &tokens(13, 32), HashSalt::default());
+    relay.store(1, 2, &tokens(13, 16), HashSalt::default());
+    relay.store(2, 3, &tokens(13, 24), salted);
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 3)).await);
+
+    let base = consumer.score(&request("llama", tokens(13, 32))).unwrap();
+    let pair = base
+        .candidates
+        .iter()
+        .find(|c| c.legs.len() == 2)
+        .expect("a prefill/decode pair");
+    assert_eq!(pair.legs[0].prefix_blocks, Some(8));
+    assert_eq!(pair.legs[1].prefix_blocks, Some(4));
+    let lora_pool_unsalted = base
+        .candidates
+        .iter()
+        .find(|c| c.legs[0].endpoint == "prod.lora.generate")
+        .expect("the lora pool serves its base model too");
+    assert_eq!(
+        lora_pool_unsalted.legs[0].prefix_blocks,
+        Some(0),
+        "salted blocks never match unsalted"
+    );
+
+    let adapter = consumer
+        .score(&ScoreRequest {
+            lora: Some("sql".into()),
+            ..request("llama", tokens(13, 32))
+        })
+        .unwrap();
+    assert_eq!(
+        adapter.candidates.len(),
+        1,
+        "only the pool registering the adapter"
+    );
+    assert_eq!(adapter.candidates[0].legs[0].prefix_blocks, Some(6));
+    consumer.shutdown().await;
+    relay.stop().await;
+}

@@ -1,0 +1,708 @@
+//! A small in-test relay speaking the codec's WAN protocol over loopback TCP, fed by
+//! `kvrelay-ckf` producer filters. Test-only: unbounded channels and a mutex are fine.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the fake"
+)]
+#![allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used,
+    reason = "test support: a broken fixture must fail the test loudly"
+)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use kvrelay_ckf::{
+    CkfConfig, Delta, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+};
+use kvrelay_codec::Limits;
+use kvrelay_codec::cbi1::snapshot_chunk_count;
+use kvrelay_codec::v1::{
+    CatalogUpdate, CkfFormat, DigestId, EndpointId, ErrorMessage, ErrorReason, HashFormat,
+    IdentitySource, LoadWindow, Message, ModelRegistration, PoolDescriptor, PoolFrameHeader,
+    PoolFrameKind, PoolId, PoolLoad, ProducerIdentity, QuerySemantics, RelayIdentity, RelayInfo,
+    StreamRpc, WorkerRole, decode_message, encode_chunk_frame, encode_delta_frame,
+    encode_heartbeat_frame, encode_message,
+};
+use kvrelay_identity::KvQueryHashFormat;
+use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What a pool looks like in the fake catalog.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolSpec {
+    pub(crate) name: &'static str,
+    pub(crate) namespace: &'static str,
+    pub(crate) model: &'static str,
+    pub(crate) aliases: Vec<&'static str>,
+    pub(crate) adapter: Option<&'static str>,
+    pub(crate) roles: Vec<WorkerRole>,
+    pub(crate) block_size: u32,
+    pub(crate) expected_blocks: u64,
+}
+
+impl PoolSpec {
+    pub(crate) fn aggregated(name: &'static str, model: &'static str) -> Self {
+        Self {
+            name,
+            namespace: "prod",
+            model,
+            aliases: Vec::new(),
+            adapter: None,
+            roles: vec![WorkerRole::Aggregated],
+            block_size: 4,
+            expected_blocks: 4096,
+        }
+    }
+}
+
+/// One producer: its filter, descriptor and live subscribers.
+struct FakePool {
+    spec: PoolSpec,
+    descriptor: PoolDescriptor,
+    filter: PoolFilter,
+    subscribers: Vec<mpsc::UnboundedSender<Outgoing>>,
+    next_engine_id: u64,
+}
+
+enum Outgoing {
+    Bytes(BytesMut),
+    Close,
+}
+
+/// Knobs that make the fake misbehave once.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Faults {
+    /// Close the next pool subscription after this many snapshot chunk frames.
+    pub(crate) cut_after_chunks: Option<u32>,
+    /// Cut the next pool subscription off with `subscriber_lagged` after its snapshot.
+    pub(crate) lag_next_subscriber: bool,
+    /// Skip the next delta for every current subscriber (a gap).
+    pub(crate) drop_next_delta: bool,
+    /// Corrupt one payload byte of the next delta for every current subscriber.
+    pub(crate) corrupt_next_delta: bool,
+}
+
+struct Core {
+    relay: RelayIdentity,
+    dc_name: &'static str,
+    revision: u64,
+    pools: Vec<FakePool>,
+    /// Raw descriptors appended to the catalog as they are (to test quarantine).
+    extra: Vec<PoolDescriptor>,
+    faults: Faults,
+    catalog_tx: watch::Sender<CatalogUpdate>,
+    load_tx: watch::Sender<LoadWindow>,
+    window_sequence: u64,
+    subscriptions_opened: u64,
+}
+
+/// The fake relay: a loopback listener and its state.
+pub(crate) struct FakeRelay {
+    pub(crate) addr: SocketAddr,
+    core: Arc<Mutex<Core>>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+fn limits() -> Limits {
+    Limits::default()
+}
+
+pub(crate) fn dc_id_of(name: &str) -> u64 {
+    kvrelay_identity::DcId::from_dc_name(name).as_u64()
+}
+
+fn digest(text: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&dc_id_of(text).to_le_bytes());
+    out[8..].copy_from_slice(&dc_id_of(&format!("{text}#")).to_le_bytes());
+    out
+}
+
+/// Encodes and decodes `frame` bytes back into a pool frame message (for sans-IO tests).
+pub(crate) fn decode_pool_frame(bytes: &mut BytesMut) -> kvrelay_codec::v1::PoolFrame {
+    match decode_message(bytes, &limits())
+        .expect("decode")
+        .expect("complete")
+    {
+        Message::PoolFrame(frame) => frame,
+        other => panic!("expected a pool frame, got {other:?}"),
+    }
+}
+
+fn descriptor(
+    spec: &PoolSpec,
+    dc: &str,
+    incarnation: u64,
+    generation: u64,
+    filter: &PoolFilter,
+) -> PoolDescriptor {
+    let format = filter.format();
+    PoolDescriptor {
+        producer: ProducerIdentity {
+            pool_id: PoolId {
+                identity_version: 1,
+                cache_semantics: DigestId {
+                    digest: digest(&format!("{}:{}", spec.model, spec.block_size)),
+                    source: IdentitySource::DefaultDerived,
+                },
+                routing_scope: DigestId {
+                    digest: digest(spec.name),
+                    source: IdentitySource::DefaultDerived,
+                },
+                dc_id: dc_id_of(dc),
+            },
+            producer_incarnation: incarnation,
+            layout_generation: generation,
+            ckf_format: CkfFormat {
+                format_version: 1,
+                seed: format.seed(),
+                bucket_count: u64::from(format.bucket_count()),
+                fingerprint_bits: 16,
+                slots_per_bucket: 4,
+            },
+        },
+        serving_endpoint: EndpointId {
+            namespace: spec.namespace.to_owned(),
+            component: spec.name.to_owned(),
+            name: "generate".to_owned(),
+        },
+        registrations: {
+            let mut regs = vec![ModelRegistration {
+                model: spec.model.to_owned(),
+                base_model: spec.model.to_owned(),
+                adapter: None,
+                aliases: spec.aliases.iter().map(|a| (*a).to_owned()).collect(),
+            }];
+            if let Some(adapter) = spec.adapter {
+                regs.push(ModelRegistration {
+                    model: format!("{}-{adapter}", spec.model),
+                    base_model: spec.model.to_owned(),
+                    adapter: Some(adapter.to_owned()),
+                    aliases: Vec::new(),
+                });
+            }
+            regs
+        },
+        query_semantics: QuerySemantics {
+            kv_block_size: spec.block_size,
+            hash_format: HashFormat::DynamoStandardV1,
+        },
+        pool_roles: spec.roles.clone(),
+    }
+}
+
+impl Core {
+    fn catalog(&self) -> CatalogUpdate {
+        let mut pools: Vec<PoolDescriptor> =
+            self.pools.iter().map(|p| p.descriptor.clone()).collect();
+        pools.extend(self.extra.iter().cloned());
+        CatalogUpdate {
+            relay: self.relay,
+            revision: self.revision,
+            pools,
+        }
+    }
+
+    fn publish_catalog(&mut self) {
+        self.revision += 1;
+        let catalog = self.catalog();
+        self.catalog_tx.send_replace(catalog);
+    }
+
+    fn publish_delta(&mut self, pool: usize, delta: &Delta) {
+        let faults = &mut self.faults;
+        let drop = std::mem::take(&mut faults.drop_next_delta);
+        let corrupt = std::mem::take(&mut faults.corrupt_next_delta);
+        let pool = &mut self.pools[pool];
+        let header = PoolFrameHeader {
+            relay: self.relay,
+            producer: pool.descriptor.producer,
+            base_sequence: delta.base_sequence,
+            sequence: delta.sequence,
+            kind: PoolFrameKind::Delta,
+            sent_unix_us: 0,
+        };
+        let mut frame = BytesMut::new();
+        encode_delta_frame(&header, &delta.images, &limits(), &mut frame).expect("encode delta");
+        if corrupt {
+            let last = frame.len() - 1;
+            frame[last] ^= 0x5a;
+        }
+        if drop {
+            return;
+        }
+        pool.subscribers
+            .retain(|tx| tx.send(Outgoing::Bytes(frame.clone())).is_ok());
+    }
+}
+
+impl FakeRelay {
+    /// Starts a relay for DC `dc_name` with `pools` on a free loopback port.
+    pub(crate) async fn start(
+        dc_name: &'static str,
+        incarnation: u64,
+        pools: Vec<PoolSpec>,
+    ) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_on(listener, dc_name, incarnation, pools)
+    }
+
+    /// Starts a relay on `addr` (e.g. the address of a stopped one).
+    pub(crate) async fn restart_on(
+        addr: SocketAddr,
+        dc_name: &'static str,
+        incarnation: u64,
+        pools: Vec<PoolSpec>,
+    ) -> Self {
+        let listener = TcpListener::bind(addr).await.expect("rebind");
+        Self::start_on(listener, dc_name, incarnation, pools)
+    }
+
+    fn start_on(
+        listener: TcpListener,
+        dc_name: &'static str,
+        incarnation: u64,
+        specs: Vec<PoolSpec>,
+    ) -> Self {
+        let addr = listener.local_addr().expect("local addr");
+        let relay = RelayIdentity {
+            drt_instance_id: 7,
+            relay_incarnation: incarnation,
+        };
+        let pools: Vec<FakePool> = specs
+            .into_iter()
+            .map(|spec| {
+                let filter = PoolFilter::new(CkfConfig::new(spec.expected_blocks)).expect("filter");
+                FakePool {
+                    descriptor: descriptor(&spec, dc_name, incarnation, 1, &filter),
+                    spec,
+                    filter,
+                    subscribers: Vec::new(),
+                    next_engine_id: 1,
+                }
+            })
+            .collect();
+        let empty_catalog = CatalogUpdate {
+            relay,
+            revision: 0,
+            pools: Vec::new(),
+        };
+        let (catalog_tx, _) = watch::channel(empty_catalog);
+        let (load_tx, _) = watch::channel(LoadWindow {
+            relay,
+            window_sequence: 0,
+            observed_unix_ms: 0,
+            window_ms: 1000,
+            pools: Vec::new(),
+        });
+        let mut core = Core {
+            relay,
+            dc_name,
+            revision: 0,
+            pools,
+            extra: Vec::new(),
+            faults: Faults::default(),
+            catalog_tx,
+            load_tx,
+            window_sequence: 0,
+            subscriptions_opened: 0,
+        };
+        core.publish_catalog();
+        let core = Arc::new(Mutex::new(core));
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        tracker.spawn(accept_loop(
+            listener,
+            Arc::clone(&core),
+            cancel.clone(),
+            tracker.clone(),
+        ));
+        Self {
+            addr,
+            core,
+            cancel,
+            tracker,
+        }
+    }
+
+    /// `ADDR=DC` for the consumer's relay list.
+    pub(crate) fn relay_arg(&self) -> String {
+        format!("{}={}", self.addr, self.core.lock().dc_name)
+    }
+
+    /// Stops the listener and every connection.
+    pub(crate) async fn stop(self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    /// Stores the blocks of `tokens` in pool `pool` (one chain from a fresh root, as one
+    /// event from worker `worker`) and publishes the resulting delta. Returns the
+    /// canonical sequence hashes stored.
+    pub(crate) fn store(
+        &self,
+        pool: usize,
+        worker: u64,
+        tokens: &[u32],
+        salt: HashSalt<'_>,
+    ) -> Vec<u64> {
+        let mut core = self.core.lock();
+        let block_size = core.pools[pool].spec.block_size;
+        let hashes = block_hashes(
+            tokens,
+            block_size,
+            KvQueryHashFormat::DynamoStandardV1,
+            salt,
+        );
+        let fake = &mut core.pools[pool];
+        let blocks: Vec<StoredBlock> = hashes
+            .iter()
+            .map(|&token_hash| {
+                let engine_block_id = fake.next_engine_id;
+                fake.next_engine_id += 1;
+                StoredBlock {
+                    engine_block_id,
+                    token_hash,
+                }
+            })
+            .collect();
+        let event = RouterEvent {
+            source: SourceId::new(worker, 0),
+            event_id: fake.next_engine_id,
+            payload: EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: None,
+                blocks,
+            }),
+        };
+        fake.filter.apply(&event).expect("apply");
+        if let Some(delta) = fake.filter.take_delta().expect("delta") {
+            core.publish_delta(pool, &delta);
+        }
+        sequence_hashes(&hashes)
+    }
+
+    /// Clears every block of `worker` in pool `pool` and publishes the delta.
+    pub(crate) fn clear(&self, pool: usize, worker: u64) {
+        let mut core = self.core.lock();
+        let fake = &mut core.pools[pool];
+        let event = RouterEvent {
+            source: SourceId::new(worker, 0),
+            event_id: 0,
+            payload: EventPayload::AllCleared,
+        };
+        fake.filter.apply(&event).expect("apply");
+        if let Some(delta) = fake.filter.take_delta().expect("delta") {
+            core.publish_delta(pool, &delta);
+        }
+    }
+
+    /// Sends a heartbeat at the current sequence to every subscriber of `pool`.
+    pub(crate) fn heartbeat(&self, pool: usize) {
+        let mut core = self.core.lock();
+        let relay = core.relay;
+        let fake = &mut core.pools[pool];
+        let sequence = fake.filter.sequence();
+        let header = PoolFrameHeader {
+            relay,
+            producer: fake.descriptor.producer,
+            base_sequence: sequence,
+            sequence,
+            kind: PoolFrameKind::Heartbeat,
+            sent_unix_us: 0,
+        };
+        let mut frame = BytesMut::new();
+        encode_heartbeat_frame(&header, &limits(), &mut frame).expect("heartbeat");
+        fake.subscribers
+            .retain(|tx| tx.send(Outgoing::Bytes(frame.clone())).is_ok());
+    }
+
+    /// The producer's current sequence and bucket words of `pool`.
+    pub(crate) fn producer_state(&self, pool: usize) -> (u64, Vec<u64>) {
+        let core = self.core.lock();
+        let fake = &core.pools[pool];
+        (fake.filter.sequence(), fake.filter.words().to_vec())
+    }
+
+    /// The producer identity of `pool`.
+    pub(crate) fn producer(&self, pool: usize) -> ProducerIdentity {
+        self.core.lock().pools[pool].descriptor.producer
+    }
+
+    /// Whether the producer holds canonical hash `hash` in `pool`.
+    pub(crate) fn contains(&self, pool: usize, hash: u64) -> bool {
+        self.core.lock().pools[pool].filter.contains(hash)
+    }
+
+    /// Replaces `pool`'s producer with a new layout generation (fresh, empty filter);
+    /// current subscribers are told `producer_changed`.
+    pub(crate) fn replace_producer(&self, pool: usize) {
+        let mut core = self.core.lock();
+        let incarnation = core.relay.relay_incarnation;
+        let dc = core.dc_name;
+        let fake = &mut core.pools[pool];
+        let generation = fake.descriptor.producer.layout_generation + 1;
+        fake.filter = PoolFilter::new(CkfConfig::new(fake.spec.expected_blocks)).expect("filter");
+        fake.descriptor = descriptor(&fake.spec, dc, incarnation, generation, &fake.filter);
+        let mut frame = BytesMut::new();
+        let error = Message::Error(ErrorMessage::new(
+            ErrorReason::ProducerChanged,
+            "generation retired",
+        ));
+        encode_message(&error, &limits(), &mut frame).expect("encode error");
+        for tx in fake.subscribers.drain(..) {
+            let _ = tx.send(Outgoing::Bytes(frame.clone()));
+            let _ = tx.send(Outgoing::Close);
+        }
+        core.publish_catalog();
+    }
+
+    /// Appends a raw descriptor to the catalog (for quarantine tests) and publishes it.
+    pub(crate) fn add_raw_descriptor(&self, build: impl FnOnce(PoolDescriptor) -> PoolDescriptor) {
+        let mut core = self.core.lock();
+        let template = core.pools[0].descriptor.clone();
+        core.extra.push(build(template));
+        core.publish_catalog();
+    }
+
+    /// Removes every raw descriptor and publishes the catalog.
+    pub(crate) fn clear_raw_descriptors(&self) {
+        let mut core = self.core.lock();
+        core.extra.clear();
+        core.publish_catalog();
+    }
+
+    /// Publishes a load window for every pool: `used` of `total` blocks, full coverage.
+    pub(crate) fn publish_load(&self, loads: &[(u64, u64)]) {
+        let mut core = self.core.lock();
+        core.window_sequence += 1;
+        let pools = core
+            .pools
+            .iter()
+            .zip(loads)
+            .map(|(pool, &(used, total))| PoolLoad {
+                producer: pool.descriptor.producer,
+                kv_used_blocks: Some(used),
+                total_kv_blocks: Some(total),
+                kv_observed_ranks: 1,
+                kv_capacity_ranks: 1,
+                kv_expected_ranks: 1,
+                authoritative: true,
+            })
+            .collect();
+        let window = LoadWindow {
+            relay: core.relay,
+            window_sequence: core.window_sequence,
+            observed_unix_ms: 1,
+            window_ms: 1000,
+            pools,
+        };
+        core.load_tx.send_replace(window);
+    }
+
+    /// Arms one-shot faults.
+    pub(crate) fn arm(&self, faults: Faults) {
+        self.core.lock().faults = faults;
+    }
+
+    /// Pool subscriptions accepted so far.
+    pub(crate) fn subscriptions_opened(&self) -> u64 {
+        self.core.lock().subscriptions_opened
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    core: Arc<Mutex<Core>>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = cancel.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((socket, _)) = accepted else { continue };
+        let core = Arc::clone(&core);
+        let cancel = cancel.clone();
+        tracker.spawn(async move {
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                () = serve(socket, core) => {}
+            }
+        });
+    }
+}
+
+async fn write(socket: &mut TcpStream, message: &Message) -> bool {
+    let mut buf = BytesMut::new();
+    encode_message(message, &limits(), &mut buf).expect("encode");
+    socket.write_all(&buf).await.is_ok()
+}
+
+async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
+    let mut buf = BytesMut::new();
+    let request = loop {
+        match decode_message(&mut buf, &limits()) {
+            Ok(Some(Message::StreamRequest(request))) => break request,
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) => {}
+        }
+        match socket.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    };
+    match request.rpc {
+        StreamRpc::RelayInfo => {
+            let relay = core.lock().relay;
+            let info = Message::RelayInfo(RelayInfo {
+                protocol_major: kvrelay_codec::PROTOCOL_MAJOR,
+                protocol_minor: kvrelay_codec::PROTOCOL_MINOR,
+                relay,
+                max_frame_len: limits().max_frame_len,
+            });
+            write(&mut socket, &info).await;
+        }
+        StreamRpc::WatchCatalog => {
+            let mut rx = core.lock().catalog_tx.subscribe();
+            loop {
+                let catalog = rx.borrow_and_update().clone();
+                if !write(&mut socket, &Message::CatalogUpdate(catalog)).await {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+        StreamRpc::WatchLoad => {
+            let mut rx = core.lock().load_tx.subscribe();
+            loop {
+                let window = rx.borrow_and_update().clone();
+                if !write(&mut socket, &Message::LoadWindow(window)).await {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+        StreamRpc::SubscribePool { expected_producer } => {
+            serve_pool(socket, core, expected_producer).await
+        }
+        StreamRpc::WatchTopology => {}
+    }
+}
+
+async fn serve_pool(mut socket: TcpStream, core: Arc<Mutex<Core>>, expected: ProducerIdentity) {
+    // Under the lock: take a barrier snapshot, register the subscriber, encode the chunks.
+    let prepared = prepare_subscription(&core, expected);
+    let (mut rx, chunks, faults) = match prepared {
+        Ok(prepared) => prepared,
+        Err(reason) => {
+            write(
+                &mut socket,
+                &Message::Error(ErrorMessage::new(reason, "not current")),
+            )
+            .await;
+            return;
+        }
+    };
+    for (sent, chunk) in chunks.iter().enumerate() {
+        if faults.cut_after_chunks == Some(sent as u32) {
+            return;
+        }
+        if socket.write_all(chunk).await.is_err() {
+            return;
+        }
+    }
+    if faults.lag_next_subscriber {
+        let error = ErrorMessage::new(ErrorReason::SubscriberLagged, "queue full");
+        write(&mut socket, &Message::Error(error)).await;
+        return;
+    }
+    while let Some(out) = rx.recv().await {
+        match out {
+            Outgoing::Bytes(frame) => {
+                if socket.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+            Outgoing::Close => return,
+        }
+    }
+}
+
+type Prepared = (mpsc::UnboundedReceiver<Outgoing>, Vec<BytesMut>, Faults);
+
+fn prepare_subscription(
+    core: &Mutex<Core>,
+    expected: ProducerIdentity,
+) -> Result<Prepared, ErrorReason> {
+    let mut guard = core.lock();
+    guard.subscriptions_opened += 1;
+    let Some(idx) = guard
+        .pools
+        .iter()
+        .position(|p| p.descriptor.producer == expected)
+    else {
+        let known = guard
+            .pools
+            .iter()
+            .any(|p| p.descriptor.producer.pool_id == expected.pool_id);
+        return Err(if known {
+            ErrorReason::ProducerChanged
+        } else {
+            ErrorReason::PoolNotFound
+        });
+    };
+    let relay = guard.relay;
+    let snapshot = guard.pools[idx].filter.snapshot().expect("snapshot");
+    if let Some(tail) = &snapshot.tail {
+        guard.publish_delta(idx, tail);
+    }
+    let fake = &mut guard.pools[idx];
+    let sequence = fake.filter.sequence();
+    let table = fake.filter.words().to_vec();
+    let header = PoolFrameHeader {
+        relay,
+        producer: expected,
+        base_sequence: sequence,
+        sequence,
+        kind: PoolFrameKind::SnapshotChunk,
+        sent_unix_us: 0,
+    };
+    let n_chunks = snapshot_chunk_count(table.len() as u64);
+    let mut chunks = Vec::new();
+    for chunk_index in 0..n_chunks {
+        let mut frame = BytesMut::new();
+        encode_chunk_frame(&header, &table, chunk_index, &limits(), &mut frame).expect("chunk");
+        chunks.push(frame);
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    fake.subscribers.push(tx);
+    let faults = guard.faults;
+    guard.faults.cut_after_chunks = None;
+    guard.faults.lag_next_subscriber = false;
+    Ok((rx, chunks, faults))
+}
+
+/// Waits with a deadline; panics with `what` on timeout.
+pub(crate) async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
