@@ -15,6 +15,7 @@
 //! on bad data. Start reading at [`decode_engine_batch`] and [`Canonicalizer`].
 
 mod canonical;
+mod dynamo_event;
 mod engine;
 mod engine_decoder;
 mod engine_encoder;
@@ -22,6 +23,7 @@ mod error;
 mod event_trace;
 pub mod limits;
 mod msgpack;
+mod nats_source;
 mod sequence;
 mod source;
 mod stats;
@@ -57,3 +59,5 @@ pub use workload::{
     BUILTIN_REQUEST_TRACE, Routing, TraceWorkload, WorkloadConfig, block_token_hash, block_tokens,
     request_tokens,
 };
+pub use dynamo_event::{DynamoDecoded, DynamoEventError, decode_dynamo_events, dynamo_kv_event_subject};
+pub use nats_source::{NatsSourceConfig, spawn_nats_source};

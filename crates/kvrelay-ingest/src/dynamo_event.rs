@@ -1,0 +1,218 @@
+//! Dynamo router events (JSON, as the reference runtime publishes them on its event
+//! plane) → canonical router events. Pure.
+//!
+//! Accepted payloads: one `RouterEvent` object or an array of them:
+//! `{"worker_id": 7, "storage_tier": "device", "event": {"event_id": 3, "dp_rank": 0,
+//! "data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": 11, "tokens_hash": 22}]}}}}`,
+//! with `data` one of `{"stored": {..}}`, `{"removed": {"block_hashes": [..]}}` or
+//! `"cleared"`. Dynamo's `tokens_hash` is the same block hash this crate computes
+//! (XXH3, seed 1337 plus salt), so it is passed through. Events whose `storage_tier` is
+//! present and not `device` are filtered (the same media rule as engine events).
+
+use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use serde::Deserialize;
+
+/// A Dynamo payload that is not a router event (or array of them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DynamoEventError {
+    /// Invalid JSON or the wrong shape.
+    #[error("dynamo router event: {reason}")]
+    Malformed {
+        /// The JSON parser's message.
+        reason: String,
+    },
+}
+
+/// What decoding one payload produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DynamoDecoded {
+    /// Canonical router events, in payload order.
+    pub events: Vec<RouterEvent>,
+    /// Events dropped by the storage-tier rule.
+    pub n_filtered: usize,
+}
+
+/// Decodes a JSON payload of Dynamo router events.
+pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEventError> {
+    let parsed: OneOrMany = serde_json::from_slice(payload).map_err(|err| DynamoEventError::Malformed {
+        reason: err.to_string(),
+    })?;
+    let wire = match parsed {
+        OneOrMany::One(event) => vec![event],
+        OneOrMany::Many(events) => events,
+    };
+    let mut decoded = DynamoDecoded::default();
+    for event in wire {
+        if event
+            .storage_tier
+            .as_deref()
+            .is_some_and(|tier| !tier.eq_ignore_ascii_case("device"))
+        {
+            decoded.n_filtered += 1;
+            continue;
+        }
+        let payload = match event.event.data {
+            WireData::Tagged(TaggedData::Stored(stored)) => EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: stored.parent_hash,
+                blocks: stored
+                    .blocks
+                    .into_iter()
+                    .map(|block| StoredBlock {
+                        engine_block_id: block.block_hash,
+                        token_hash: block.tokens_hash,
+                    })
+                    .collect(),
+            }),
+            WireData::Tagged(TaggedData::Removed(removed)) => EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: removed.block_hashes,
+            }),
+            WireData::Tagged(TaggedData::Cleared(_)) | WireData::Unit(UnitData::Cleared) => {
+                EventPayload::AllCleared
+            }
+        };
+        decoded.events.push(RouterEvent {
+            source: SourceId::new(event.worker_id, event.event.dp_rank),
+            event_id: event.event.event_id,
+            payload,
+        });
+    }
+    Ok(decoded)
+}
+
+/// The event-plane subject of an endpoint's KV events:
+/// `namespace.<ns>.component.<c>.endpoint.<e>.kv-events`, each name percent-encoded
+/// except ASCII alphanumerics, `-` and `_`.
+pub fn dynamo_kv_event_subject(namespace: &str, component: &str, endpoint: &str) -> String {
+    format!(
+        "namespace.{}.component.{}.endpoint.{}.kv-events",
+        percent_encode(namespace),
+        percent_encode(component),
+        percent_encode(endpoint)
+    )
+}
+
+fn percent_encode(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    Many(Vec<WireRouterEvent>),
+    One(WireRouterEvent),
+}
+
+#[derive(Debug, Deserialize)]
+struct WireRouterEvent {
+    worker_id: u64,
+    #[serde(default)]
+    storage_tier: Option<String>,
+    event: WireKvCacheEvent,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireKvCacheEvent {
+    event_id: u64,
+    data: WireData,
+    #[serde(default)]
+    dp_rank: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum WireData {
+    Unit(UnitData),
+    Tagged(TaggedData),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum UnitData {
+    Cleared,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum TaggedData {
+    Stored(WireStored),
+    Removed(WireRemoved),
+    Cleared(()),
+}
+
+#[derive(Debug, Deserialize)]
+struct WireStored {
+    #[serde(default)]
+    parent_hash: Option<u64>,
+    blocks: Vec<WireBlock>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireBlock {
+    block_hash: u64,
+    tokens_hash: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireRemoved {
+    block_hashes: Vec<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test")]
+    use super::*;
+
+    #[test]
+    fn stored_removed_and_cleared_decode_in_order() {
+        let payload = br#"[
+            {"worker_id": 7, "event": {"event_id": 1, "dp_rank": 2, "data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": 11, "tokens_hash": 22}]}}}},
+            {"worker_id": 7, "event": {"event_id": 2, "data": {"removed": {"block_hashes": [11]}}}},
+            {"worker_id": 7, "event": {"event_id": 3, "data": "cleared"}}
+        ]"#;
+        let decoded = decode_dynamo_events(payload).unwrap();
+        assert_eq!(decoded.events.len(), 3);
+        assert_eq!(decoded.events[0].source, SourceId::new(7, 2));
+        assert_eq!(decoded.events[1].source, SourceId::new(7, 0));
+        assert_eq!(
+            decoded.events[0].payload,
+            EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: None,
+                blocks: vec![StoredBlock { engine_block_id: 11, token_hash: 22 }],
+            })
+        );
+        assert_eq!(decoded.events[2].payload, EventPayload::AllCleared);
+    }
+
+    #[test]
+    fn host_tier_events_are_filtered() {
+        let payload = br#"{"worker_id": 1, "storage_tier": "host_pinned", "event": {"event_id": 1, "data": "cleared"}}"#;
+        let decoded = decode_dynamo_events(payload).unwrap();
+        assert!(decoded.events.is_empty());
+        assert_eq!(decoded.n_filtered, 1);
+    }
+
+    #[test]
+    fn malformed_payload_is_a_typed_error() {
+        assert!(matches!(
+            decode_dynamo_events(b"{\"worker_id\": -1}"),
+            Err(DynamoEventError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn subject_percent_encodes_names() {
+        assert_eq!(
+            dynamo_kv_event_subject("dynamo", "vllm.worker", "generate"),
+            "namespace.dynamo.component.vllm%2Eworker.endpoint.generate.kv-events"
+        );
+    }
+}
