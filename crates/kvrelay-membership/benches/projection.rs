@@ -2,6 +2,8 @@
 //! (`projection/baseline-full`) against one card changing on top of it
 //! (`projection/one-card-update`). The update should cost at most 10% of the full run.
 
+#![allow(missing_docs, reason = "criterion macros generate undocumented items")]
+
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
