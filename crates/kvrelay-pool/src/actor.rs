@@ -236,7 +236,8 @@ impl PoolActorHandle {
     /// Removes every block of `source` (its cache was cleared or the source went away)
     /// and waits until it is applied.
     pub async fn clear_source(&self, source: SourceId) -> Result<(), ActorError> {
-        self.request(|reply| Command::ClearSource { source, reply }).await
+        self.request(|reply| Command::ClearSource { source, reply })
+            .await
     }
 
     /// Publishes the pending batch now and waits until it is done.
@@ -291,7 +292,10 @@ impl PoolActorHandle {
         let _ = self.shared.mailbox.try_send(Command::Detach { lease });
     }
 
-    async fn request<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, ActorError> {
+    async fn request<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ActorError> {
         let (reply, answer) = oneshot::channel();
         self.shared
             .mailbox
@@ -309,7 +313,9 @@ fn event_weight(event: &RouterEvent, max: u32) -> u32 {
         kvrelay_ckf::EventPayload::Removed(removed) => removed.engine_block_ids.len(),
         kvrelay_ckf::EventPayload::AllCleared => 1,
     };
-    u32::try_from(blocks).unwrap_or(u32::MAX).clamp(1, max.max(1))
+    u32::try_from(blocks)
+        .unwrap_or(u32::MAX)
+        .clamp(1, max.max(1))
 }
 
 struct StoppedGuard(CancellationToken);
@@ -406,7 +412,11 @@ impl Actor {
             }
             Command::Attach { reply } => self.attach(reply).await,
             Command::Detach { lease } => {
-                if self.lease.as_ref().is_some_and(|current| current.id == lease) {
+                if self
+                    .lease
+                    .as_ref()
+                    .is_some_and(|current| current.id == lease)
+                {
                     self.lease = None;
                 }
             }
@@ -508,7 +518,10 @@ impl Actor {
             Err(mpsc::error::TrySendError::Full(_)) => {
                 lease.overrun.store(true, Ordering::Release);
                 self.stats.hub_overruns += 1;
-                tracing::warn!(seq = self.state.sequence(), "publication hub overran, closing its feed");
+                tracing::warn!(
+                    seq = self.state.sequence(),
+                    "publication hub overran, closing its feed"
+                );
                 self.lease = None;
             }
             Err(mpsc::error::TrySendError::Closed(_)) => self.lease = None,

@@ -116,7 +116,9 @@ pub enum AttachError {
     #[error(transparent)]
     Registration(#[from] RegistrationError),
     /// Another endpoint owns or reserves the pool (collisions are fenced, never merged).
-    #[error("pool {pool} is already owned by endpoint {owner} and cannot also attach endpoint {endpoint}")]
+    #[error(
+        "pool {pool} is already owned by endpoint {owner} and cannot also attach endpoint {endpoint}"
+    )]
     PoolAlreadyOwned {
         /// The pool.
         pool: PoolId,
@@ -126,7 +128,9 @@ pub enum AttachError {
         endpoint: Box<EndpointId>,
     },
     /// The endpoint already has a pool (it must be removed first).
-    #[error("endpoint {endpoint} is already assigned to pool {assigned} and cannot attach pool {pool}")]
+    #[error(
+        "endpoint {endpoint} is already assigned to pool {assigned} and cannot attach pool {pool}"
+    )]
     EndpointAlreadyAssigned {
         /// The endpoint.
         endpoint: Box<EndpointId>,
@@ -205,7 +209,9 @@ pub enum SubscribeError {
         pool: PoolId,
     },
     /// The pool's active generation is not the expected producer.
-    #[error("pool {pool}: expected producer generation {expected_generation}, got {current_generation}")]
+    #[error(
+        "pool {pool}: expected producer generation {expected_generation}, got {current_generation}"
+    )]
     ProducerMismatch {
         /// The pool.
         pool: PoolId,

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use kvrelay_ckf::{ApplyError, ApplyOutcome, CkfConfig, Delta, FilterCounters, PoolFilter, PublishError, RouterEvent, SourceId};
+use kvrelay_ckf::{
+    ApplyError, ApplyOutcome, CkfConfig, Delta, FilterCounters, PoolFilter, PublishError,
+    RouterEvent, SourceId,
+};
 use kvrelay_identity::CkfFormat;
 
 use crate::actor::FaultCategory;
@@ -40,7 +43,8 @@ pub(crate) struct FilterState {
 impl FilterState {
     /// Builds a filter sized for `expected_unique_blocks` (allocates the whole table).
     pub(crate) fn build(expected_unique_blocks: u64) -> Result<Self, String> {
-        let filter = PoolFilter::new(CkfConfig::new(expected_unique_blocks)).map_err(|error| error.to_string())?;
+        let filter = PoolFilter::new(CkfConfig::new(expected_unique_blocks))
+            .map_err(|error| error.to_string())?;
         Ok(Self {
             filter,
             blocks_per_source: BTreeMap::new(),
@@ -68,7 +72,9 @@ impl FilterState {
     /// Drains the pending window into a delta (`None` when nothing changed net).
     pub(crate) fn take_delta(&mut self) -> Result<Option<Delta>, Fault> {
         self.filter.take_delta().map_err(|error| match error {
-            PublishError::SequenceExhausted { .. } => (FaultCategory::ProducerInvariant, error.to_string()),
+            PublishError::SequenceExhausted { .. } => {
+                (FaultCategory::ProducerInvariant, error.to_string())
+            }
             _ => (FaultCategory::Resource, error.to_string()),
         })
     }
@@ -82,8 +88,12 @@ impl FilterState {
     pub(crate) fn copy_words(&self) -> Result<Vec<u64>, String> {
         let words = self.filter.words();
         let mut copy = Vec::new();
-        copy.try_reserve_exact(words.len())
-            .map_err(|_| format!("allocation of {} bytes for a snapshot failed", words.len() * 8))?;
+        copy.try_reserve_exact(words.len()).map_err(|_| {
+            format!(
+                "allocation of {} bytes for a snapshot failed",
+                words.len() * 8
+            )
+        })?;
         copy.extend_from_slice(words);
         Ok(copy)
     }
@@ -94,7 +104,11 @@ impl FilterState {
             occupied_slots: self.filter.occupied_slots(),
             resident_blocks: self.filter.n_resident(),
             owned_blocks: self.filter.n_canonicals(),
-            blocks_per_source: self.blocks_per_source.iter().map(|(source, n)| (*source, *n)).collect(),
+            blocks_per_source: self
+                .blocks_per_source
+                .iter()
+                .map(|(source, n)| (*source, *n))
+                .collect(),
             memory_bytes: self.filter.memory().total_bytes(),
             counters: *self.filter.counters(),
         }

@@ -38,7 +38,12 @@ impl FrameEncoder {
     }
 
     /// Chunk `chunk_index` of the snapshot of `table` at `sequence`.
-    pub(crate) fn snapshot_chunk(&self, sequence: u64, table: &[u64], chunk_index: u32) -> Result<Bytes, v1::EncodeError> {
+    pub(crate) fn snapshot_chunk(
+        &self,
+        sequence: u64,
+        table: &[u64],
+        chunk_index: u32,
+    ) -> Result<Bytes, v1::EncodeError> {
         let header = self.header(WireKind::SnapshotChunk, sequence, sequence);
         let mut buf = BytesMut::new();
         v1::encode_chunk_frame(&header, table, chunk_index, &self.limits, &mut buf)?;

@@ -32,7 +32,9 @@ use crate::error::{SubscribeError, SubscriptionEnd};
 use crate::frame::FrameEncoder;
 use crate::limits::Limits;
 use crate::registry::core::SlotHub;
-use crate::subscription::{self, Offer, PoolFrame, PoolFrameKind, PoolSubscription, SubscriberSender};
+use crate::subscription::{
+    self, Offer, PoolFrame, PoolFrameKind, PoolSubscription, SubscriberSender,
+};
 
 /// Called once with a reason when the hub fails terminally; fences the generation.
 pub(crate) type FailureCallback = Arc<dyn Fn(String) + Send + Sync>;
@@ -77,7 +79,11 @@ impl SlotHub for HubHandle {
 
 impl HubHandle {
     /// Spawns the hub task over an attached feed (a snapshot and its deltas).
-    pub(crate) fn spawn(actor: &PoolActorHandle, feed: PublicationFeed, context: HubContext) -> Result<Self, String> {
+    pub(crate) fn spawn(
+        actor: &PoolActorHandle,
+        feed: PublicationFeed,
+        context: HubContext,
+    ) -> Result<Self, String> {
         if feed.identity != context.identity {
             actor.detach_publication(feed.lease);
             return Err("pool actor identity differs from the hub's producer".to_owned());
@@ -293,20 +299,24 @@ impl HubTask {
         }
         self.sequence = delta.sequence;
         if let Some(frame) = frame {
-            self.subscribers.retain(|subscriber| match subscriber.offer(&frame) {
-                Offer::Queued => true,
-                Offer::Lagged => {
-                    tracing::warn!(seq = frame.sequence, "subscriber lagged, cutting it off");
-                    false
-                }
-                Offer::Gone => false,
-            });
+            self.subscribers
+                .retain(|subscriber| match subscriber.offer(&frame) {
+                    Offer::Queued => true,
+                    Offer::Lagged => {
+                        tracing::warn!(seq = frame.sequence, "subscriber lagged, cutting it off");
+                        false
+                    }
+                    Offer::Gone => false,
+                });
         }
         Ok(())
     }
 
     async fn resynchronise(&mut self) -> Result<(), String> {
-        tracing::warn!(seq = self.sequence, "publication hub overran by its actor, taking a new snapshot");
+        tracing::warn!(
+            seq = self.sequence,
+            "publication hub overran by its actor, taking a new snapshot"
+        );
         self.end_all(SubscriptionEnd::SubscriberLagged);
         let feed: PublicationFeed = self
             .actor

@@ -1,4 +1,94 @@
-//! Pool registry, pool actor and publication hub lifecycle.
+//! Pool registry, pool actors and publication hubs: which pool generations a relay
+//! publishes, the one task that owns each generation's filter, and the bounded fan-out of
+//! its snapshot and deltas to subscribers.
+//!
+//! # API for the relay server
+//!
+//! - **[`PoolRegistry`]** (cloneable handle; build with [`PoolRegistry::new`] from a
+//!   [`RegistryConfig`] = relay identity + [`Limits`]):
+//!   - [`PoolRegistry::attach`]`(`[`AttachRequest`]`)` → [`PoolAttachment`] (pool,
+//!     layout generation, [`PoolActorHandle`], fault receiver, generation token);
+//!     validates registrations and roles, reserves pool and endpoint, builds the filter
+//!     off the executor. [`PoolAttachment::identity`] is the [`ProducerIdentity`](kvrelay_identity::ProducerIdentity)
+//!     subscribers name.
+//!   - [`PoolRegistry::detach`] (graceful) / [`PoolRegistry::retire`]`(.., mode)`:
+//!     withdraw from catalog and load first, stop the hub, stop the actor (drain or
+//!     fence), remove. [`PoolRegistry::withdraw`], [`PoolRegistry::fence_generation`],
+//!     [`PoolRegistry::remove`] are the individual steps; all are no-ops for a stale
+//!     generation.
+//!   - [`PoolRegistry::replace_registrations`], [`PoolRegistry::replace_roles`],
+//!     [`PoolRegistry::replace_load_capacity`] (same generation), and
+//!     [`PoolRegistry::observe_load`] / [`PoolRegistry::clear_load_observations`].
+//!   - [`PoolRegistry::watch_catalog`] → `watch::Receiver<`[`PoolCatalog`]`>`: complete,
+//!     revisioned, sorted by pool, `serde_json`-serialisable. [`PoolRegistry::watch_load`]
+//!     → `watch::Receiver<Vec<`[`PoolLoadSnapshot`]`>>` sorted by pool.
+//!   - [`PoolRegistry::subscribe`]`(expected)` → [`PoolSubscription`] or
+//!     [`SubscribeError`] (unknown pool, producer mismatch, subscriber limit,
+//!     initialized-hub limit, unavailable).
+//!   - [`PoolRegistry::shutdown`]: fences everything, ends subscriptions with
+//!     `ShuttingDown`, waits for every task. [`PoolRegistry::stats`] for metrics.
+//! - **[`PoolActorHandle`]**: [`PoolActorHandle::submit`] (bounded mailbox +
+//!   block-weighted permits; returns when queued), [`PoolActorHandle::clear_source`],
+//!   [`PoolActorHandle::flush`], [`PoolActorHandle::stats`] ([`PoolActorStats`]: sequence,
+//!   counters, per-source block counts for load, filter load and omissions). Drain
+//!   [`PoolAttachment::faults`] ([`ActorFault`] with a [`FaultCategory`]): a full fault
+//!   queue makes the actor wait.
+//! - **[`PoolSubscription`]**: call [`PoolSubscription::next_frame`] in a loop and write
+//!   each [`PoolFrame::bytes`] to the socket as is (a complete codec frame). Order:
+//!   snapshot chunk(s), then deltas in sequence, heartbeats after
+//!   `heartbeat_interval` of quiet; then a terminal [`SubscriptionEnd`] (subscriber
+//!   lagged, producer withdrawn, snapshot progress timeout, invalid publication, shutting
+//!   down) that the server maps to a wire error reason.
+//!
+//! # Invariants
+//!
+//! - One actor task owns each generation's filter; nothing else touches it.
+//! - A subscriber gets a consistent snapshot at `S` and then exactly `S → S+1 → …`,
+//!   including deltas published while its snapshot was being sent; it never sees a gap:
+//!   a full queue (frames or bytes) ends it with `SubscriberLagged`.
+//! - The catalog withdraws a generation before its actor stops; a stale generation can
+//!   never fence, withdraw or initialise its replacement; layout generations never repeat.
+//! - Every bound is in [`Limits`]; every spawn joins the registry's `TaskTracker` under a
+//!   cancellation token, so shutdown leaves no task, permit or hub unit behind.
+//!
+//! # Where to start reading
+//!
+//! `registry/core.rs` (the sync decision core and the hub slot state machine), then
+//! `actor.rs`, `hub.rs` and `subscription.rs`.
+//!
+//! ```
+//! use kvrelay_identity::*;
+//! use kvrelay_pool::{AttachRequest, Limits, PoolFrameKind, PoolRegistry, RegistryConfig};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let registry = PoolRegistry::new(RegistryConfig {
+//!     relay: DcRelayIdentity::new(1, 42),
+//!     limits: Limits::default(),
+//! })?;
+//! let semantics = KvQuerySemantics::new(16, KvQueryHashFormat::DynamoStandardV1)?;
+//! let endpoint: EndpointId = "prod.backend.generate".parse()?;
+//! let domain = resolve_indexer_domain("meta/llama", &IndexerIdentitySpec::default(), semantics, &endpoint);
+//! let attachment = registry
+//!     .attach(AttachRequest {
+//!         pool: PoolId { indexer_domain: domain, dc_id: DcId::from_dc_name("dc-a") },
+//!         endpoint,
+//!         registrations: vec![CanonicalModelRegistration::base(CanonicalModelId::new("llama")?, vec![])],
+//!         query_semantics: semantics,
+//!         roles: vec![WorkerRole::Aggregated],
+//!         expected_unique_blocks: 1024,
+//!         load_capacity: None,
+//!     })
+//!     .await?;
+//! assert_eq!(registry.catalog().len(), 1);
+//! let mut subscription = registry.subscribe(attachment.identity()).await?;
+//! let first = subscription.next_frame().await?;
+//! assert_eq!(first.kind, PoolFrameKind::SnapshotChunk);
+//! drop(subscription);
+//! registry.detach(attachment).await;
+//! registry.shutdown().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 
 mod actor;
 mod catalog;
@@ -18,7 +108,14 @@ pub use error::{
     SubscribeError, SubscriptionEnd,
 };
 pub use filter::FilterStats;
-pub use limits::*;
+pub use limits::{
+    DEFAULT_ACTOR_MAILBOX, DEFAULT_ACTOR_PENDING_BLOCKS, DEFAULT_ALLOCATION_CONCURRENCY,
+    DEFAULT_ENCODING_PERMITS, DEFAULT_FAULT_QUEUE, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HUB_DELTA_QUEUE, DEFAULT_MAX_INITIALIZED_HUBS, DEFAULT_MAX_SUBSCRIBERS_PER_POOL,
+    DEFAULT_PUBLICATION_DELAY, DEFAULT_PUBLISH_EVERY_N_EVENTS, DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
+    DEFAULT_SUBSCRIBER_QUEUE_BYTES, DEFAULT_SUBSCRIBER_QUEUE_FRAMES, FRAME_ACCOUNTING_OVERHEAD,
+    Limits,
+};
 pub use load::{
     LoadObservation, LoadObservationOutcome, MAX_DATA_PARALLEL_RANKS, PoolLoadSnapshot,
     PoolLoadState, WorkerCapacity,

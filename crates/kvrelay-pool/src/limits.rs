@@ -102,7 +102,10 @@ impl Limits {
         let counts = [
             ("actor_mailbox", self.actor_mailbox),
             ("actor_pending_blocks", self.actor_pending_blocks as usize),
-            ("publish_every_n_events", self.publish_every_n_events as usize),
+            (
+                "publish_every_n_events",
+                self.publish_every_n_events as usize,
+            ),
             ("fault_queue", self.fault_queue),
             ("hub_delta_queue", self.hub_delta_queue),
             ("allocation_concurrency", self.allocation_concurrency),

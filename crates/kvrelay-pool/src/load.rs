@@ -117,7 +117,10 @@ impl PoolLoadState {
     /// Invalid input clears capacities and observations (the snapshot becomes degraded)
     /// and returns the error. Identical capacity returns `Ok(false)`. Otherwise keeps only
     /// the observations of ranks whose capacity is unchanged and returns `Ok(true)`.
-    pub fn replace_capacity(&mut self, workers: &[WorkerCapacity]) -> Result<bool, LoadCapacityError> {
+    pub fn replace_capacity(
+        &mut self,
+        workers: &[WorkerCapacity],
+    ) -> Result<bool, LoadCapacityError> {
         let capacity = match declared_ranks(workers) {
             Ok(capacity) => capacity,
             Err(error) => {
@@ -131,8 +134,11 @@ impl PoolLoadState {
         }
         let previous = std::mem::replace(&mut self.capacity, capacity);
         let current = &self.capacity;
-        self.observations
-            .retain(|rank, _| previous.get(rank).is_some_and(|old| current.get(rank) == Some(old)));
+        self.observations.retain(|rank, _| {
+            previous
+                .get(rank)
+                .is_some_and(|old| current.get(rank) == Some(old))
+        });
         Ok(true)
     }
 
@@ -168,8 +174,11 @@ impl PoolLoadState {
                 .values()
                 .fold(0u64, |sum, used| sum.saturating_add(*used))
         });
-        let total = (expected > 0 && known.len() == expected)
-            .then(|| known.iter().fold(0u64, |sum, blocks| sum.saturating_add(*blocks)));
+        let total = (expected > 0 && known.len() == expected).then(|| {
+            known
+                .iter()
+                .fold(0u64, |sum, blocks| sum.saturating_add(*blocks))
+        });
         PoolLoadSnapshot {
             producer,
             kv_used_blocks: used,
@@ -219,4 +228,170 @@ fn declared_ranks(
         }
     }
     Ok(ranks)
+}
+
+#[cfg(test)]
+mod tests {
+    use kvrelay_identity::{
+        CacheSemanticsId, CkfFormat, DcId, IdentitySource, IndexerDomainId, PoolId, RoutingScopeId,
+    };
+
+    use super::*;
+
+    fn producer() -> ProducerIdentity {
+        let digest = CacheSemanticsId::new([1; 16], IdentitySource::Explicit);
+        let pool = PoolId {
+            indexer_domain: IndexerDomainId {
+                cache_semantics: digest,
+                routing_scope: RoutingScopeId::new([2; 16], IdentitySource::Explicit),
+            },
+            dc_id: DcId(9),
+        };
+        ProducerIdentity::new(pool, 1, 1, CkfFormat::v1(1, 16).unwrap()).unwrap()
+    }
+
+    fn used(worker_id: u64, dp_rank: u32, blocks: u64) -> LoadObservation {
+        LoadObservation {
+            worker_id,
+            dp_rank,
+            kv_used_blocks: Some(blocks),
+            ..LoadObservation::default()
+        }
+    }
+
+    fn dp(worker_id: u64, start: u32, size: u32, blocks: Option<u64>) -> WorkerCapacity {
+        WorkerCapacity {
+            worker_id,
+            data_parallel_start_rank: start,
+            data_parallel_size: size,
+            total_kv_blocks: blocks,
+        }
+    }
+
+    #[test]
+    fn load_is_authoritative_only_with_every_rank_reported() {
+        let mut state = PoolLoadState::from_capacities(&[dp(1, 0, 2, Some(100))]).unwrap();
+        assert_eq!(
+            state.observe(used(1, 0, 30)),
+            LoadObservationOutcome::Updated
+        );
+        let partial = state.snapshot(producer());
+        assert_eq!(
+            (partial.kv_used_blocks, partial.total_kv_blocks),
+            (None, Some(200))
+        );
+        assert!(partial.has_degraded_coverage());
+        state.observe(used(1, 1, 20));
+        let full = state.snapshot(producer());
+        assert_eq!(
+            (
+                full.kv_used_blocks,
+                full.kv_observed_ranks,
+                full.kv_expected_ranks
+            ),
+            (Some(50), 2, 2)
+        );
+        assert!(!full.has_degraded_coverage());
+    }
+
+    #[test]
+    fn zero_capacity_means_unknown() {
+        let state =
+            PoolLoadState::from_capacities(&[dp(1, 0, 1, Some(0)), dp(2, 0, 1, Some(10))]).unwrap();
+        let snapshot = state.snapshot(producer());
+        assert_eq!(
+            (snapshot.total_kv_blocks, snapshot.kv_capacity_ranks),
+            (None, 1)
+        );
+        assert!(snapshot.has_degraded_coverage());
+    }
+
+    #[test]
+    fn sums_saturate() {
+        let mut state = PoolLoadState::from_capacities(&[dp(1, 0, 2, Some(u64::MAX))]).unwrap();
+        state.observe(used(1, 0, u64::MAX));
+        state.observe(used(1, 1, 5));
+        let snapshot = state.snapshot(producer());
+        assert_eq!(
+            (snapshot.kv_used_blocks, snapshot.total_kv_blocks),
+            (Some(u64::MAX), Some(u64::MAX))
+        );
+    }
+
+    #[test]
+    fn undeclared_ranks_and_advisory_reports_are_not_stored() {
+        let mut state = PoolLoadState::from_capacities(&[dp(1, 4, 1, Some(10))]).unwrap();
+        assert_eq!(
+            state.observe(used(1, 0, 3)),
+            LoadObservationOutcome::UnknownRank
+        );
+        assert_eq!(
+            state.observe(LoadObservation {
+                worker_id: 1,
+                dp_rank: 4,
+                active_decode_blocks: Some(9),
+                ..LoadObservation::default()
+            }),
+            LoadObservationOutcome::IgnoredAdvisory
+        );
+        assert!(!state.clear_observations());
+    }
+
+    #[test]
+    fn invalid_capacity_is_rejected_with_the_worker() {
+        let cases = [
+            (
+                vec![dp(3, 0, 0, None)],
+                LoadCapacityError::ZeroDataParallelSize { worker_id: 3 },
+            ),
+            (
+                vec![dp(3, 0, 4097, None)],
+                LoadCapacityError::TooManyRanks {
+                    worker_id: 3,
+                    ranks: 4097,
+                    max: 4096,
+                },
+            ),
+            (
+                vec![dp(3, u32::MAX, 2, None)],
+                LoadCapacityError::RankRangeOverflow {
+                    worker_id: 3,
+                    start: u32::MAX,
+                    size: 2,
+                },
+            ),
+            (
+                vec![dp(3, 0, 1, None), dp(3, 1, 1, None)],
+                LoadCapacityError::DuplicateWorker { worker_id: 3 },
+            ),
+        ];
+        for (workers, expected) in cases {
+            assert_eq!(PoolLoadState::from_capacities(&workers), Err(expected));
+        }
+    }
+
+    #[test]
+    fn capacity_change_keeps_only_unchanged_ranks_and_invalid_change_clears() {
+        let mut state =
+            PoolLoadState::from_capacities(&[dp(1, 0, 1, Some(10)), dp(2, 0, 1, Some(10))])
+                .unwrap();
+        state.observe(used(1, 0, 1));
+        state.observe(used(2, 0, 2));
+        assert_eq!(
+            state.replace_capacity(&[dp(1, 0, 1, Some(10)), dp(2, 0, 1, Some(10))]),
+            Ok(false)
+        );
+        assert_eq!(
+            state.replace_capacity(&[dp(1, 0, 1, Some(10)), dp(2, 0, 1, Some(20))]),
+            Ok(true)
+        );
+        assert_eq!(state.snapshot(producer()).kv_observed_ranks, 1);
+        assert!(state.replace_capacity(&[dp(1, 0, 0, None)]).is_err());
+        let degraded = state.snapshot(producer());
+        assert_eq!(
+            (degraded.kv_expected_ranks, degraded.kv_observed_ranks),
+            (0, 0)
+        );
+        assert!(degraded.has_degraded_coverage());
+    }
 }

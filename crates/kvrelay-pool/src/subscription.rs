@@ -121,7 +121,9 @@ impl PoolSubscription {
             let bytes = self
                 .encoder
                 .snapshot_chunk(sequence, &cursor.words, cursor.next_chunk)
-                .map_err(|error| SubscriptionEnd::Internal { reason: error.to_string() })?;
+                .map_err(|error| SubscriptionEnd::Internal {
+                    reason: error.to_string(),
+                })?;
             drop(permit);
             if let Some(cursor) = self.snapshot.as_mut() {
                 cursor.next_chunk += 1;
@@ -149,10 +151,11 @@ impl PoolSubscription {
             }
             Ok(None) => Err(self.shared.end_reason()),
             Err(_elapsed) => {
-                let bytes = self
-                    .encoder
-                    .heartbeat(self.sequence)
-                    .map_err(|error| SubscriptionEnd::Internal { reason: error.to_string() })?;
+                let bytes = self.encoder.heartbeat(self.sequence).map_err(|error| {
+                    SubscriptionEnd::Internal {
+                        reason: error.to_string(),
+                    }
+                })?;
                 Ok(PoolFrame {
                     kind: PoolFrameKind::Heartbeat,
                     base_sequence: self.sequence,

@@ -32,7 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{PoolCatalog, PoolDescriptor};
 use crate::error::{AttachError, PoolError, SubscribeError};
-use crate::load::{LoadObservation, LoadObservationOutcome, PoolLoadSnapshot, PoolLoadState, WorkerCapacity};
+use crate::load::{
+    LoadObservation, LoadObservationOutcome, PoolLoadSnapshot, PoolLoadState, WorkerCapacity,
+};
 
 /// What a hub handle must tell the core.
 pub(crate) trait SlotHub: Clone {
@@ -60,11 +62,23 @@ pub(crate) enum EntryState {
 /// A change the shell must publish, in order.
 #[derive(Debug)]
 pub(crate) enum Publication {
-    CatalogUpsert { revision: u64, descriptor: PoolDescriptor },
-    CatalogRemove { revision: u64, pool: PoolId },
-    CatalogClear { revision: u64 },
-    LoadSet { snapshot: PoolLoadSnapshot },
-    LoadRemove { pool: PoolId },
+    CatalogUpsert {
+        revision: u64,
+        descriptor: PoolDescriptor,
+    },
+    CatalogRemove {
+        revision: u64,
+        pool: PoolId,
+    },
+    CatalogClear {
+        revision: u64,
+    },
+    LoadSet {
+        snapshot: PoolLoadSnapshot,
+    },
+    LoadRemove {
+        pool: PoolId,
+    },
     LoadClear,
 }
 
@@ -239,7 +253,11 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     }
 
     /// Reserves `pool` for `endpoint` and allocates its layout generation.
-    pub(crate) fn reserve(&mut self, pool: PoolId, endpoint: &EndpointId) -> Result<Reserved, AttachError> {
+    pub(crate) fn reserve(
+        &mut self,
+        pool: PoolId,
+        endpoint: &EndpointId,
+    ) -> Result<Reserved, AttachError> {
         if !self.accepting {
             return Err(AttachError::ShuttingDown);
         }
@@ -317,7 +335,10 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         self.pools.insert(reserved.pool, entry);
         self.slots.insert(reserved.generation, HubSlot::new());
         let revision = self.advance_revision();
-        self.outbox.push_back(Publication::CatalogUpsert { revision, descriptor });
+        self.outbox.push_back(Publication::CatalogUpsert {
+            revision,
+            descriptor,
+        });
         self.publish_load(reserved.pool);
         Ok(())
     }
@@ -336,7 +357,10 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         entry.registrations = registrations;
         let descriptor = entry.descriptor();
         let revision = self.advance_revision();
-        self.outbox.push_back(Publication::CatalogUpsert { revision, descriptor });
+        self.outbox.push_back(Publication::CatalogUpsert {
+            revision,
+            descriptor,
+        });
         Ok(())
     }
 
@@ -354,7 +378,10 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         entry.roles = roles;
         let descriptor = entry.descriptor();
         let revision = self.advance_revision();
-        self.outbox.push_back(Publication::CatalogUpsert { revision, descriptor });
+        self.outbox.push_back(Publication::CatalogUpsert {
+            revision,
+            descriptor,
+        });
         Ok(())
     }
 
@@ -381,7 +408,12 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     }
 
     /// Records a load report for an active generation; false if not accepted.
-    pub(crate) fn observe_load(&mut self, pool: PoolId, generation: u64, observation: LoadObservation) -> bool {
+    pub(crate) fn observe_load(
+        &mut self,
+        pool: PoolId,
+        generation: u64,
+        observation: LoadObservation,
+    ) -> bool {
         let Ok(entry) = self.active_entry_mut(pool, generation) else {
             return false;
         };
@@ -416,8 +448,16 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     ///
     /// Returns `None` if `generation` is not the pool's current one; otherwise whether it
     /// was active. Fenced is sticky: a fenced generation stays fenced.
-    pub(crate) fn withdraw(&mut self, pool: PoolId, generation: u64, mode: RetirementMode) -> Option<bool> {
-        let entry = self.pools.get_mut(&pool).filter(|entry| entry.generation == generation)?;
+    pub(crate) fn withdraw(
+        &mut self,
+        pool: PoolId,
+        generation: u64,
+        mode: RetirementMode,
+    ) -> Option<bool> {
+        let entry = self
+            .pools
+            .get_mut(&pool)
+            .filter(|entry| entry.generation == generation)?;
         let was_active = entry.state == EntryState::Active;
         entry.state = match (entry.state, mode) {
             (EntryState::Fenced, _) | (_, RetirementMode::Fenced) => EntryState::Fenced,
@@ -426,7 +466,8 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         entry.cancel.cancel();
         if was_active {
             let revision = self.advance_revision();
-            self.outbox.push_back(Publication::CatalogRemove { revision, pool });
+            self.outbox
+                .push_back(Publication::CatalogRemove { revision, pool });
             self.publish_load(pool);
         }
         Some(was_active)
@@ -462,13 +503,17 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     /// Removes a generation's entry (withdrawing it first if still active).
     /// Returns the entry's actor if removed.
     pub(crate) fn remove(&mut self, pool: PoolId, generation: u64) -> Option<A> {
-        let entry = self.pools.get(&pool).filter(|entry| entry.generation == generation)?;
+        let entry = self
+            .pools
+            .get(&pool)
+            .filter(|entry| entry.generation == generation)?;
         let was_active = entry.state == EntryState::Active;
         let entry = self.pools.remove(&pool)?;
         entry.cancel.cancel();
         if was_active {
             let revision = self.advance_revision();
-            self.outbox.push_back(Publication::CatalogRemove { revision, pool });
+            self.outbox
+                .push_back(Publication::CatalogRemove { revision, pool });
         }
         self.outbox.push_back(Publication::LoadRemove { pool });
         self.collect_slot(generation);
@@ -482,7 +527,8 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         self.reservations.clear();
         let entries = std::mem::take(&mut self.pools);
         let revision = self.advance_revision();
-        self.outbox.push_back(Publication::CatalogClear { revision });
+        self.outbox
+            .push_back(Publication::CatalogClear { revision });
         self.outbox.push_back(Publication::LoadClear);
         entries
             .into_iter()
@@ -493,7 +539,10 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     /// Admits a subscriber of `expected`: the generation must be active and equal, its
     /// slot not retired. Counts a pending admission that protects the hub from eviction
     /// until [`Self::end_admission`].
-    pub(crate) fn begin_admission(&mut self, expected: &ProducerIdentity) -> Result<Admission<A>, SubscribeError> {
+    pub(crate) fn begin_admission(
+        &mut self,
+        expected: &ProducerIdentity,
+    ) -> Result<Admission<A>, SubscribeError> {
         let pool = *expected.pool_id();
         let entry = self.active_producer(expected)?;
         let generation = entry.generation;
@@ -508,12 +557,12 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         if slot.retirement_requested || matches!(slot.phase, HubPhase::Retired) {
             return Err(retired());
         }
-        slot.pending_admissions = slot
-            .pending_admissions
-            .checked_add(1)
-            .ok_or_else(|| SubscribeError::Unavailable {
-                reason: "pool publication admission counter exhausted".to_owned(),
-            })?;
+        slot.pending_admissions =
+            slot.pending_admissions
+                .checked_add(1)
+                .ok_or_else(|| SubscribeError::Unavailable {
+                    reason: "pool publication admission counter exhausted".to_owned(),
+                })?;
         Ok(admission)
     }
 
@@ -525,18 +574,27 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     }
 
     /// The generation token child of an active producer, without admitting anything.
-    pub(crate) fn active_generation_token(&self, expected: &ProducerIdentity) -> Result<CancellationToken, SubscribeError> {
+    pub(crate) fn active_generation_token(
+        &self,
+        expected: &ProducerIdentity,
+    ) -> Result<CancellationToken, SubscribeError> {
         Ok(self.active_producer(expected)?.cancel.child_token())
     }
 
     /// Advances an admitted subscriber; see [`HubStep`]. `attempted` says whether this
     /// subscriber already started an initialisation that fell back to Vacant.
-    pub(crate) fn hub_step(&mut self, admission: &Admission<A>, attempted: bool) -> Result<HubStep<H>, SubscribeError> {
+    pub(crate) fn hub_step(
+        &mut self,
+        admission: &Admission<A>,
+        attempted: bool,
+    ) -> Result<HubStep<H>, SubscribeError> {
         let current = self
             .pools
             .get(&admission.pool)
             .filter(|entry| entry.state == EntryState::Active)
-            .ok_or(SubscribeError::UnknownPool { pool: admission.pool })?;
+            .ok_or(SubscribeError::UnknownPool {
+                pool: admission.pool,
+            })?;
         if current.generation != admission.generation {
             return Err(SubscribeError::Unavailable {
                 reason: "pool publication generation changed".to_owned(),
@@ -544,20 +602,31 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         }
         let has_room = self.hubs_in_use < self.max_hubs;
         let max_hubs = self.max_hubs;
-        let slot = self.slots.get_mut(&admission.generation).ok_or_else(retired)?;
+        let slot = self
+            .slots
+            .get_mut(&admission.generation)
+            .ok_or_else(retired)?;
         match &slot.phase {
             HubPhase::Ready(hub) => Ok(HubStep::Ready(hub.clone())),
-            HubPhase::Failed(reason) => Err(SubscribeError::Unavailable { reason: reason.clone() }),
+            HubPhase::Failed(reason) => Err(SubscribeError::Unavailable {
+                reason: reason.clone(),
+            }),
             HubPhase::Retired => Err(retired()),
-            HubPhase::Initializing | HubPhase::Evicting => Ok(HubStep::Wait(slot.changed.subscribe())),
-            HubPhase::Vacant if attempted => Err(SubscribeError::InitializedHubLimit { limit: max_hubs }),
+            HubPhase::Initializing | HubPhase::Evicting => {
+                Ok(HubStep::Wait(slot.changed.subscribe()))
+            }
+            HubPhase::Vacant if attempted => {
+                Err(SubscribeError::InitializedHubLimit { limit: max_hubs })
+            }
             HubPhase::Vacant => {
                 slot.set_phase(HubPhase::Initializing);
                 if has_room {
                     slot.holds_capacity = true;
                     self.hubs_in_use += 1;
                 }
-                Ok(HubStep::Initialize { with_capacity: has_room })
+                Ok(HubStep::Initialize {
+                    with_capacity: has_room,
+                })
             }
         }
     }
@@ -571,7 +640,10 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         let Some(slot) = self.slots.get_mut(&generation) else {
             return false;
         };
-        if !matches!(slot.phase, HubPhase::Initializing) || slot.retirement_requested || slot.holds_capacity {
+        if !matches!(slot.phase, HubPhase::Initializing)
+            || slot.retirement_requested
+            || slot.holds_capacity
+        {
             return false;
         }
         slot.holds_capacity = true;
@@ -606,7 +678,11 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
                 continue;
             };
             slot.holds_capacity = false;
-            return Some(Victim { pool, generation, hub });
+            return Some(Victim {
+                pool,
+                generation,
+                hub,
+            });
         }
         None
     }
@@ -663,7 +739,11 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     }
 
     /// Ends an initialisation that produced a hub or failed.
-    pub(crate) fn finish_initialization(&mut self, generation: u64, result: Result<H, String>) -> InitOutcome<H> {
+    pub(crate) fn finish_initialization(
+        &mut self,
+        generation: u64,
+        result: Result<H, String>,
+    ) -> InitOutcome<H> {
         let active = self.generation_is_active(generation);
         let Some(slot) = self.slots.get_mut(&generation) else {
             return InitOutcome::Discard(result.ok());
@@ -725,10 +805,15 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
 
     /// The current generation of a pool and its state.
     pub(crate) fn generation_of(&self, pool: PoolId) -> Option<(u64, EntryState)> {
-        self.pools.get(&pool).map(|entry| (entry.generation, entry.state))
+        self.pools
+            .get(&pool)
+            .map(|entry| (entry.generation, entry.state))
     }
 
-    fn active_producer(&self, expected: &ProducerIdentity) -> Result<&PoolEntry<A>, SubscribeError> {
+    fn active_producer(
+        &self,
+        expected: &ProducerIdentity,
+    ) -> Result<&PoolEntry<A>, SubscribeError> {
         let pool = *expected.pool_id();
         let entry = self
             .pools
@@ -763,7 +848,10 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
 
     /// Forgets a settled slot whose entry is gone.
     fn collect_slot(&mut self, generation: u64) {
-        let entry_exists = self.pools.values().any(|entry| entry.generation == generation);
+        let entry_exists = self
+            .pools
+            .values()
+            .any(|entry| entry.generation == generation);
         if entry_exists {
             return;
         }
@@ -772,8 +860,15 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         }
     }
 
-    fn active_entry_mut(&mut self, pool: PoolId, generation: u64) -> Result<&mut PoolEntry<A>, PoolError> {
-        let entry = self.pools.get_mut(&pool).ok_or(PoolError::NotAttached { pool })?;
+    fn active_entry_mut(
+        &mut self,
+        pool: PoolId,
+        generation: u64,
+    ) -> Result<&mut PoolEntry<A>, PoolError> {
+        let entry = self
+            .pools
+            .get_mut(&pool)
+            .ok_or(PoolError::NotAttached { pool })?;
         if entry.generation != generation || entry.state != EntryState::Active {
             return Err(PoolError::GenerationInactive { pool, generation });
         }
@@ -790,7 +885,12 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             .pools
             .get(&pool)
             .filter(|entry| entry.state == EntryState::Active)
-            .and_then(|entry| entry.load.as_ref().map(|load| load.snapshot(entry.identity)));
+            .and_then(|entry| {
+                entry
+                    .load
+                    .as_ref()
+                    .map(|load| load.snapshot(entry.identity))
+            });
         self.outbox.push_back(match snapshot {
             Some(snapshot) => Publication::LoadSet { snapshot },
             None => Publication::LoadRemove { pool },
@@ -801,7 +901,11 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         self.pools
             .get(&pool)
             .map(|entry| &entry.endpoint)
-            .or_else(|| self.reservations.get(&pool).map(|reservation| &reservation.endpoint))
+            .or_else(|| {
+                self.reservations
+                    .get(&pool)
+                    .map(|reservation| &reservation.endpoint)
+            })
     }
 
     fn endpoint_pool(&self, endpoint: &EndpointId) -> Option<PoolId> {
@@ -809,9 +913,9 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             .iter()
             .find_map(|(pool, entry)| (&entry.endpoint == endpoint).then_some(*pool))
             .or_else(|| {
-                self.reservations
-                    .iter()
-                    .find_map(|(pool, reservation)| (&reservation.endpoint == endpoint).then_some(*pool))
+                self.reservations.iter().find_map(|(pool, reservation)| {
+                    (&reservation.endpoint == endpoint).then_some(*pool)
+                })
             })
     }
 }
@@ -825,7 +929,10 @@ fn retired() -> SubscribeError {
 /// Applies one publication to the watched catalog; true if it changed.
 pub(crate) fn apply_to_catalog(catalog: &mut PoolCatalog, publication: &Publication) -> bool {
     match publication {
-        Publication::CatalogUpsert { revision, descriptor } => catalog.upsert(*revision, descriptor.clone()),
+        Publication::CatalogUpsert {
+            revision,
+            descriptor,
+        } => catalog.upsert(*revision, descriptor.clone()),
         Publication::CatalogRemove { revision, pool } => catalog.remove(*revision, *pool),
         Publication::CatalogClear { revision } => catalog.clear(*revision),
         _ => return false,
@@ -865,5 +972,229 @@ pub(crate) fn apply_to_load(load: &mut Vec<PoolLoadSnapshot>, publication: &Publ
             changed
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The decision core driven without a runtime.
+
+    use kvrelay_identity::{
+        CacheSemanticsId, CkfFormat, DcId, IdentitySource, IndexerDomainId, KvQueryHashFormat,
+        RoutingScopeId,
+    };
+
+    use super::*;
+
+    #[derive(Clone)]
+    struct TestHub {
+        idle: bool,
+    }
+
+    impl SlotHub for TestHub {
+        fn is_idle(&self) -> bool {
+            self.idle
+        }
+    }
+
+    type Core = RegistryCore<(), TestHub>;
+
+    fn pool(seed: u8) -> PoolId {
+        PoolId {
+            indexer_domain: IndexerDomainId {
+                cache_semantics: CacheSemanticsId::new([seed; 16], IdentitySource::Explicit),
+                routing_scope: RoutingScopeId::new([seed; 16], IdentitySource::DefaultDerived),
+            },
+            dc_id: DcId(1),
+        }
+    }
+
+    fn endpoint(name: &str) -> EndpointId {
+        format!("ns.{name}.generate").parse().unwrap()
+    }
+
+    fn attach(core: &mut Core, seed: u8) -> ProducerIdentity {
+        let reserved = core
+            .reserve(pool(seed), &endpoint(&seed.to_string()))
+            .unwrap();
+        let identity = ProducerIdentity::new(
+            pool(seed),
+            7,
+            reserved.generation,
+            CkfFormat::v1(1, 16).unwrap(),
+        )
+        .unwrap();
+        core.commit(Commit {
+            reserved,
+            endpoint: endpoint(&seed.to_string()),
+            actor: (),
+            identity,
+            registrations: Arc::from(Vec::new()),
+            query_semantics: KvQuerySemantics::new(16, KvQueryHashFormat::DynamoStandardV1)
+                .unwrap(),
+            roles: Arc::from(vec![WorkerRole::Aggregated]),
+            load: None,
+            cancel: CancellationToken::new(),
+        })
+        .unwrap();
+        while core.poll_publication().is_some() {}
+        identity
+    }
+
+    fn step(core: &mut Core, admission: &Admission<()>, attempted: bool) -> &'static str {
+        match core.hub_step(admission, attempted) {
+            Ok(HubStep::Ready(_)) => "ready",
+            Ok(HubStep::Wait(_)) => "wait",
+            Ok(HubStep::Initialize {
+                with_capacity: true,
+            }) => "initialize",
+            Ok(HubStep::Initialize {
+                with_capacity: false,
+            }) => "reclaim",
+            Err(SubscribeError::InitializedHubLimit { .. }) => "limit",
+            Err(_) => "error",
+        }
+    }
+
+    #[test]
+    fn layout_generations_start_at_one_and_never_repeat() {
+        let mut core = Core::new(DcRelayIdentity::new(1, 2), 4);
+        let first = core.reserve(pool(1), &endpoint("a")).unwrap();
+        core.rollback(first);
+        let second = core.reserve(pool(1), &endpoint("a")).unwrap();
+        assert_eq!((first.generation, second.generation), (1, 2));
+    }
+
+    #[test]
+    fn a_reservation_blocks_its_pool_and_its_endpoint() {
+        let mut core = Core::new(DcRelayIdentity::new(1, 2), 4);
+        core.reserve(pool(1), &endpoint("a")).unwrap();
+        assert!(matches!(
+            core.reserve(pool(1), &endpoint("b")),
+            Err(AttachError::PoolAlreadyOwned { .. })
+        ));
+        assert!(matches!(
+            core.reserve(pool(2), &endpoint("a")),
+            Err(AttachError::EndpointAlreadyAssigned { .. })
+        ));
+    }
+
+    #[test]
+    fn catalog_revision_advances_once_per_change() {
+        let mut core = Core::new(DcRelayIdentity::new(1, 2), 4);
+        let identity = attach(&mut core, 1);
+        assert_eq!(
+            core.withdraw(
+                *identity.pool_id(),
+                identity.layout_generation(),
+                RetirementMode::Graceful
+            ),
+            Some(true)
+        );
+        let revisions: Vec<u64> = std::iter::from_fn(|| core.poll_publication())
+            .filter_map(|publication| match publication {
+                Publication::CatalogRemove { revision, .. } => Some(revision),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(revisions, [2]);
+        assert_eq!(
+            core.withdraw(
+                *identity.pool_id(),
+                identity.layout_generation(),
+                RetirementMode::Fenced
+            ),
+            Some(false)
+        );
+        assert!(
+            std::iter::from_fn(|| core.poll_publication())
+                .all(|p| !matches!(p, Publication::CatalogRemove { .. }))
+        );
+        assert_eq!(
+            core.generation_of(*identity.pool_id())
+                .map(|(_, state)| state),
+            Some(EntryState::Fenced)
+        );
+    }
+
+    #[test]
+    fn capacity_units_follow_hub_slots_through_eviction() {
+        let mut core = Core::new(DcRelayIdentity::new(1, 2), 1);
+        let first = attach(&mut core, 1);
+        let second = attach(&mut core, 2);
+        let a = core.begin_admission(&first).unwrap();
+        assert_eq!(step(&mut core, &a, false), "initialize");
+        assert!(matches!(
+            core.finish_initialization(a.generation, Ok(TestHub { idle: true })),
+            InitOutcome::Installed
+        ));
+        assert_eq!(step(&mut core, &a, false), "ready");
+        core.end_admission(a.generation);
+
+        let b = core.begin_admission(&second).unwrap();
+        assert_eq!(step(&mut core, &b, false), "reclaim");
+        assert!(!core.try_take_capacity(b.generation));
+        let victim = core.claim_idle_victim(b.generation).unwrap();
+        assert_eq!(victim.generation, a.generation);
+        assert_eq!(core.slot_phase(a.generation), "evicting");
+        assert!(
+            core.claim_idle_victim(b.generation).is_none(),
+            "one victim per unit"
+        );
+        assert!(core.finish_eviction(victim.generation, b.generation));
+        assert_eq!(core.slot_phase(a.generation), "vacant");
+        assert_eq!(core.hubs_in_use(), 1);
+        assert!(matches!(
+            core.finish_initialization(b.generation, Ok(TestHub { idle: false })),
+            InitOutcome::Installed
+        ));
+        core.end_admission(b.generation);
+
+        // A busy hub is never a victim: the next pool hits the limit.
+        let again = core.begin_admission(&first).unwrap();
+        assert_eq!(step(&mut core, &again, false), "reclaim");
+        assert!(core.claim_idle_victim(again.generation).is_none());
+        core.abort_initialization(again.generation, false);
+        assert_eq!(step(&mut core, &again, true), "limit");
+        assert_eq!(core.hubs_in_use(), 1);
+    }
+
+    #[test]
+    fn retirement_releases_capacity_and_discards_a_late_hub() {
+        let mut core = Core::new(DcRelayIdentity::new(1, 2), 2);
+        let first = attach(&mut core, 1);
+        let a = core.begin_admission(&first).unwrap();
+        assert_eq!(step(&mut core, &a, false), "initialize");
+        assert_eq!(core.hubs_in_use(), 1);
+        core.withdraw(
+            *first.pool_id(),
+            first.layout_generation(),
+            RetirementMode::Fenced,
+        );
+        assert!(
+            core.retire_slot(a.generation).is_none(),
+            "still initializing"
+        );
+        assert!(matches!(
+            core.finish_initialization(a.generation, Ok(TestHub { idle: true })),
+            InitOutcome::Discard(Some(_))
+        ));
+        assert_eq!(core.slot_phase(a.generation), "retired");
+        assert_eq!(core.hubs_in_use(), 0);
+    }
+
+    #[test]
+    fn a_failed_start_fences_only_an_active_generation() {
+        let mut core = Core::new(DcRelayIdentity::new(1, 2), 2);
+        let first = attach(&mut core, 1);
+        let a = core.begin_admission(&first).unwrap();
+        step(&mut core, &a, false);
+        assert!(matches!(
+            core.finish_initialization(a.generation, Err("boom".to_owned())),
+            InitOutcome::Fence(_)
+        ));
+        assert_eq!(core.slot_phase(a.generation), "failed");
+        assert_eq!(core.hubs_in_use(), 0);
+        assert!(matches!(step(&mut core, &a, false), "error"));
     }
 }

@@ -7,9 +7,9 @@
 //! registry's `TaskTracker`; [`PoolRegistry::shutdown`] fences everything and waits.
 
 pub(crate) mod core;
-pub(crate) mod registration;
 #[cfg(test)]
 mod publication_tests;
+pub(crate) mod registration;
 #[cfg(test)]
 mod stress_tests;
 #[cfg(test)]
@@ -26,8 +26,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::core::{Commit, HubStep, InitOutcome, RegistryCore, Reserved};
 pub use self::core::RetirementMode;
+use self::core::{Commit, HubStep, InitOutcome, RegistryCore, Reserved};
 use crate::actor::{ActorFault, PoolActorHandle};
 use crate::catalog::PoolCatalog;
 use crate::error::{AttachError, LimitsError, PoolError, SubscribeError};
@@ -133,7 +133,9 @@ struct RegistryInner {
 
 impl std::fmt::Debug for PoolRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PoolRegistry").field("stats", &self.stats()).finish()
+        f.debug_struct("PoolRegistry")
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -187,7 +189,11 @@ impl PoolRegistry {
         self.attach_with_builder(request, FilterState::build).await
     }
 
-    async fn attach_with_builder<B>(&self, request: AttachRequest, builder: B) -> Result<PoolAttachment, AttachError>
+    async fn attach_with_builder<B>(
+        &self,
+        request: AttachRequest,
+        builder: B,
+    ) -> Result<PoolAttachment, AttachError>
     where
         B: FnOnce(u64) -> Result<FilterState, String> + Send + 'static,
     {
@@ -199,7 +205,11 @@ impl PoolRegistry {
                 PoolLoadState::default()
             })
         });
-        let reserved = self.inner.core.lock().reserve(request.pool, &request.endpoint)?;
+        let reserved = self
+            .inner
+            .core
+            .lock()
+            .reserve(request.pool, &request.endpoint)?;
         let mut guard = ReservationGuard {
             inner: &self.inner,
             reserved,
@@ -251,7 +261,8 @@ impl PoolRegistry {
                     generation: reserved.generation,
                 });
             }
-            let (actor, faults) = PoolActorHandle::spawn(state, identity, &self.inner.limits, &self.inner.tracker);
+            let (actor, faults) =
+                PoolActorHandle::spawn(state, identity, &self.inner.limits, &self.inner.tracker);
             core.commit(Commit {
                 reserved,
                 endpoint: request.endpoint,
@@ -401,14 +412,22 @@ impl PoolRegistry {
         }
         let registrations: Arc<[CanonicalModelRegistration]> = registrations.into();
         let mut core = self.inner.core.lock();
-        core.replace_registrations(attachment.pool, attachment.generation, registrations.clone())?;
+        core.replace_registrations(
+            attachment.pool,
+            attachment.generation,
+            registrations.clone(),
+        )?;
         self.publish(&mut core);
         attachment.registrations = registrations;
         Ok(())
     }
 
     /// Replaces an active generation's declared roles without a new generation.
-    pub fn replace_roles(&self, attachment: &mut PoolAttachment, roles: Vec<WorkerRole>) -> Result<(), PoolError> {
+    pub fn replace_roles(
+        &self,
+        attachment: &mut PoolAttachment,
+        roles: Vec<WorkerRole>,
+    ) -> Result<(), PoolError> {
         registration::validate_roles(&roles)?;
         if attachment.roles.as_ref() == roles.as_slice() {
             return Ok(());
@@ -424,7 +443,12 @@ impl PoolRegistry {
     /// Replaces an active generation's load capacity. `Ok(false)`: not active or no load
     /// published; `Ok(true)`: accepted. On `Err` the load snapshot was degraded and
     /// republished.
-    pub fn replace_load_capacity(&self, pool: PoolId, generation: u64, workers: &[WorkerCapacity]) -> Result<bool, PoolError> {
+    pub fn replace_load_capacity(
+        &self,
+        pool: PoolId,
+        generation: u64,
+        workers: &[WorkerCapacity],
+    ) -> Result<bool, PoolError> {
         let mut core = self.inner.core.lock();
         let result = core.replace_load_capacity(pool, generation, workers);
         self.publish(&mut core);
@@ -433,7 +457,12 @@ impl PoolRegistry {
 
     /// Records one rank's load for an active generation; false if not accepted (stale
     /// generation, no load, unknown rank).
-    pub fn observe_load(&self, pool: PoolId, generation: u64, observation: LoadObservation) -> bool {
+    pub fn observe_load(
+        &self,
+        pool: PoolId,
+        generation: u64,
+        observation: LoadObservation,
+    ) -> bool {
         let mut core = self.inner.core.lock();
         let accepted = core.observe_load(pool, generation, observation);
         self.publish(&mut core);
@@ -450,7 +479,10 @@ impl PoolRegistry {
 
     /// Checks that `expected` is the active producer of its pool; returns a token that is
     /// cancelled when that generation retires (observe-only).
-    pub fn validate_active_producer(&self, expected: &ProducerIdentity) -> Result<CancellationToken, SubscribeError> {
+    pub fn validate_active_producer(
+        &self,
+        expected: &ProducerIdentity,
+    ) -> Result<CancellationToken, SubscribeError> {
         self.inner.core.lock().active_generation_token(expected)
     }
 
@@ -460,7 +492,10 @@ impl PoolRegistry {
     /// starts the pool's hub (reclaiming an idle hub's capacity when all
     /// `max_initialized_hubs` are taken), then subscribes. Fails with
     /// `InitializedHubLimit` when every hub has subscribers.
-    pub async fn subscribe(&self, expected: ProducerIdentity) -> Result<PoolSubscription, SubscribeError> {
+    pub async fn subscribe(
+        &self,
+        expected: ProducerIdentity,
+    ) -> Result<PoolSubscription, SubscribeError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(SubscribeError::Unavailable {
                 reason: "relay shutting down".to_owned(),
@@ -500,9 +535,9 @@ impl PoolRegistry {
                         identity: admission.identity,
                         cancel: admission.generation_cancel.clone(),
                     };
-                    self.inner
-                        .tracker
-                        .spawn(async move { registry.initialize(initialization, with_capacity).await });
+                    self.inner.tracker.spawn(async move {
+                        registry.initialize(initialization, with_capacity).await
+                    });
                 }
             }
         }
@@ -597,22 +632,28 @@ impl PoolRegistry {
     }
 
     async fn initialize(self, init: Initialization, with_capacity: bool) {
-        if !with_capacity
-            && let Err(error) = self.reclaim_capacity(&init).await
-        {
+        if !with_capacity && let Err(error) = self.reclaim_capacity(&init).await {
             tracing::debug!(%error, "publication hub initialisation found no capacity");
             let mut core = self.inner.core.lock();
             core.abort_initialization(init.generation, init.cancel.is_cancelled());
             return;
         }
         let result = self.start_hub(&init).await;
-        let outcome = self.inner.core.lock().finish_initialization(init.generation, result);
+        let outcome = self
+            .inner
+            .core
+            .lock()
+            .finish_initialization(init.generation, result);
         match outcome {
             InitOutcome::Installed => {}
             InitOutcome::Discard(Some(hub)) => hub.shutdown().await,
             InitOutcome::Discard(None) => {}
             InitOutcome::Fence(reason) => {
-                self.fence_generation(init.pool, init.generation, &format!("publication hub: {reason}"));
+                self.fence_generation(
+                    init.pool,
+                    init.generation,
+                    &format!("publication hub: {reason}"),
+                );
             }
         }
     }
@@ -653,7 +694,11 @@ impl PoolRegistry {
             shutdown: self.inner.shutdown.clone(),
             on_failure: Arc::new(move |reason| {
                 if let Some(inner) = registry.upgrade() {
-                    PoolRegistry { inner }.fence_generation(pool, generation, &format!("publication hub: {reason}"));
+                    PoolRegistry { inner }.fence_generation(
+                        pool,
+                        generation,
+                        &format!("publication hub: {reason}"),
+                    );
                 }
             }),
         }
@@ -681,7 +726,8 @@ impl PoolRegistry {
             if core.try_take_capacity(init.generation) {
                 return Ok(());
             }
-            core.claim_idle_victim(init.generation).ok_or(limit.clone())?
+            core.claim_idle_victim(init.generation)
+                .ok_or(limit.clone())?
         };
         let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
         let registry = self.clone();

@@ -10,8 +10,8 @@ use kvrelay_ckf::{
 };
 use kvrelay_codec::v1::{self, Message, PoolPayload};
 
-use super::tests::behaviour::{pool, registry_with, request, stored_event, test_limits};
 use super::tests::Gates;
+use super::tests::behaviour::{pool, registry_with, request, stored_event, test_limits};
 use super::*;
 use crate::actor::FaultCategory;
 use crate::error::{ActorError, SubscriptionEnd};
@@ -36,7 +36,9 @@ impl WireReplica {
 
     pub(super) fn feed(&mut self, frame: &PoolFrame) {
         let mut buf = BytesMut::from(&frame.bytes[..]);
-        let message = v1::decode_message(&mut buf, &kvrelay_codec::Limits::default()).unwrap().unwrap();
+        let message = v1::decode_message(&mut buf, &kvrelay_codec::Limits::default())
+            .unwrap()
+            .unwrap();
         assert!(buf.is_empty(), "one frame per PoolFrame");
         let Message::PoolFrame(wire) = message else {
             panic!("not a pool frame");
@@ -74,7 +76,11 @@ impl WireReplica {
             }
             PoolPayload::Heartbeat => {
                 assert_eq!(frame.kind, PoolFrameKind::Heartbeat);
-                assert_eq!(Some(frame.sequence), self.sequence, "heartbeat at the installed sequence");
+                assert_eq!(
+                    Some(frame.sequence),
+                    self.sequence,
+                    "heartbeat at the installed sequence"
+                );
             }
         }
     }
@@ -85,7 +91,11 @@ impl WireReplica {
 }
 
 /// Drains `subscription` into `replica` until it reaches `sequence`.
-pub(super) async fn follow_until(subscription: &mut PoolSubscription, replica: &mut WireReplica, sequence: u64) {
+pub(super) async fn follow_until(
+    subscription: &mut PoolSubscription,
+    replica: &mut WireReplica,
+    sequence: u64,
+) {
     tokio::time::timeout(Duration::from_secs(10), async {
         while replica.sequence != Some(sequence) {
             let frame = subscription.next_frame().await.unwrap();
@@ -96,13 +106,23 @@ pub(super) async fn follow_until(subscription: &mut PoolSubscription, replica: &
     .expect("subscriber to reach the producer's sequence");
 }
 
-fn chain(source: SourceId, event_id: u64, parent: Option<u64>, ids: std::ops::Range<u64>) -> RouterEvent {
+fn chain(
+    source: SourceId,
+    event_id: u64,
+    parent: Option<u64>,
+    ids: std::ops::Range<u64>,
+) -> RouterEvent {
     RouterEvent {
         source,
         event_id,
         payload: EventPayload::Stored(StoredBlocks {
             parent_engine_block_id: parent,
-            blocks: ids.map(|id| StoredBlock { engine_block_id: id, token_hash: id * 7919 }).collect(),
+            blocks: ids
+                .map(|id| StoredBlock {
+                    engine_block_id: id,
+                    token_hash: id * 7919,
+                })
+                .collect(),
         }),
     }
 }
@@ -111,7 +131,9 @@ fn removed(source: SourceId, event_id: u64, ids: Vec<u64>) -> RouterEvent {
     RouterEvent {
         source,
         event_id,
-        payload: EventPayload::Removed(RemovedBlocks { engine_block_ids: ids }),
+        payload: EventPayload::Removed(RemovedBlocks {
+            engine_block_ids: ids,
+        }),
     }
 }
 
@@ -129,17 +151,46 @@ async fn next_end(subscription: &mut PoolSubscription) -> SubscriptionEnd {
 
 #[tokio::test]
 async fn subscriber_replica_is_bit_identical_to_the_producer() {
-    let registry = registry_with(Limits { publish_every_n_events: 4, ..test_limits() }, Gates::default());
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let registry = registry_with(
+        Limits {
+            publish_every_n_events: 4,
+            ..test_limits()
+        },
+        Gates::default(),
+    );
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     let mut replica = WireReplica::new(&attachment.identity());
     let a = SourceId::new(1, 0);
     let b = SourceId::new(2, 1);
-    attachment.actor.submit(chain(a, 1, None, 0..8)).await.unwrap();
-    attachment.actor.submit(chain(a, 2, Some(7), 8..12)).await.unwrap();
-    attachment.actor.submit(chain(b, 1, None, 100..106)).await.unwrap();
-    attachment.actor.submit(removed(a, 3, vec![10, 11])).await.unwrap();
-    attachment.actor.submit(removed(b, 2, vec![999])).await.unwrap();
+    attachment
+        .actor
+        .submit(chain(a, 1, None, 0..8))
+        .await
+        .unwrap();
+    attachment
+        .actor
+        .submit(chain(a, 2, Some(7), 8..12))
+        .await
+        .unwrap();
+    attachment
+        .actor
+        .submit(chain(b, 1, None, 100..106))
+        .await
+        .unwrap();
+    attachment
+        .actor
+        .submit(removed(a, 3, vec![10, 11]))
+        .await
+        .unwrap();
+    attachment
+        .actor
+        .submit(removed(b, 2, vec![999]))
+        .await
+        .unwrap();
     attachment.actor.flush().await.unwrap();
     let (sequence, words) = attachment.actor.words().await.unwrap();
     follow_until(&mut subscription, &mut replica, sequence).await;
@@ -153,8 +204,17 @@ async fn subscriber_replica_is_bit_identical_to_the_producer() {
 
 #[tokio::test]
 async fn lagging_subscriber_is_cut_off_while_others_keep_up() {
-    let registry = registry_with(Limits { subscriber_queue_frames: 2, ..test_limits() }, Gates::default());
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let registry = registry_with(
+        Limits {
+            subscriber_queue_frames: 2,
+            ..test_limits()
+        },
+        Gates::default(),
+    );
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let mut slow = registry.subscribe(attachment.identity()).await.unwrap();
     let mut fast = registry.subscribe(attachment.identity()).await.unwrap();
     let mut replica = WireReplica::new(&attachment.identity());
@@ -164,8 +224,15 @@ async fn lagging_subscriber_is_cut_off_while_others_keep_up() {
         let (sequence, _) = attachment.actor.words().await.unwrap();
         follow_until(&mut fast, &mut replica, sequence).await;
     }
-    assert_eq!(slow.next_frame().await.unwrap_err(), SubscriptionEnd::SubscriberLagged);
-    assert_eq!(slow.next_frame().await.unwrap_err(), SubscriptionEnd::SubscriberLagged, "terminal");
+    assert_eq!(
+        slow.next_frame().await.unwrap_err(),
+        SubscriptionEnd::SubscriberLagged
+    );
+    assert_eq!(
+        slow.next_frame().await.unwrap_err(),
+        SubscriptionEnd::SubscriberLagged,
+        "terminal"
+    );
     let (_, words) = attachment.actor.words().await.unwrap();
     assert_eq!(replica.words(), words.as_slice());
     drop((slow, fast));
@@ -181,7 +248,10 @@ async fn byte_budget_cuts_off_a_subscriber() {
         },
         Gates::default(),
     );
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let mut slow = registry.subscribe(attachment.identity()).await.unwrap();
     for id in 1..=4 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
@@ -194,10 +264,16 @@ async fn byte_budget_cuts_off_a_subscriber() {
 #[tokio::test(start_paused = true)]
 async fn quiet_stream_yields_heartbeats_at_the_last_sequence() {
     let registry = registry_with(
-        Limits { heartbeat_interval: Duration::from_secs(10), ..test_limits() },
+        Limits {
+            heartbeat_interval: Duration::from_secs(10),
+            ..test_limits()
+        },
         Gates::default(),
     );
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     attachment.actor.submit(stored_event(1)).await.unwrap();
     attachment.actor.flush().await.unwrap();
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
@@ -217,17 +293,26 @@ async fn quiet_stream_yields_heartbeats_at_the_last_sequence() {
 #[tokio::test(start_paused = true)]
 async fn stalled_snapshot_consumer_times_out_without_fencing() {
     let registry = registry_with(
-        Limits { snapshot_progress_timeout: Duration::from_secs(60), ..test_limits() },
+        Limits {
+            snapshot_progress_timeout: Duration::from_secs(60),
+            ..test_limits()
+        },
         Gates::default(),
     );
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     tokio::time::advance(Duration::from_secs(61)).await;
     assert_eq!(
         subscription.next_frame().await.unwrap_err(),
         SubscriptionEnd::SnapshotProgressTimeout { timeout_ms: 60_000 }
     );
-    assert!(!attachment.generation_cancel.is_cancelled(), "a slow client does not fence the pool");
+    assert!(
+        !attachment.generation_cancel.is_cancelled(),
+        "a slow client does not fence the pool"
+    );
     assert_eq!(registry.catalog().len(), 1);
     registry.detach(attachment).await;
 }
@@ -235,15 +320,27 @@ async fn stalled_snapshot_consumer_times_out_without_fencing() {
 #[tokio::test]
 async fn shutdown_ends_subscriptions_and_leaves_no_task() {
     let registry = registry_with(test_limits(), Gates::default());
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     let actor = attachment.actor.clone();
     registry.shutdown().await;
-    assert_eq!(next_end(&mut subscription).await, SubscriptionEnd::ShuttingDown);
+    assert_eq!(
+        next_end(&mut subscription).await,
+        SubscriptionEnd::ShuttingDown
+    );
     assert!(actor.is_stopped());
-    assert_eq!(actor.submit(stored_event(1)).await, Err(ActorError::ShuttingDown));
+    assert_eq!(
+        actor.submit(stored_event(1)).await,
+        Err(ActorError::ShuttingDown)
+    );
     let stats = registry.stats();
-    assert_eq!((stats.pools, stats.initialized_hubs, stats.tasks), (0, 0, 0));
+    assert_eq!(
+        (stats.pools, stats.initialized_hubs, stats.tasks),
+        (0, 0, 0)
+    );
     assert!(registry.subscribe(attachment.identity()).await.is_err());
     assert!(matches!(
         registry.attach(request(pool(2), "x.y.z", "llama")).await,
@@ -253,19 +350,37 @@ async fn shutdown_ends_subscriptions_and_leaves_no_task() {
 
 #[tokio::test]
 async fn overrun_hub_resnapshots_and_cuts_off_its_subscribers() {
-    let registry = registry_with(Limits { hub_delta_queue: 1, ..test_limits() }, Gates::default());
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let registry = registry_with(
+        Limits {
+            hub_delta_queue: 1,
+            ..test_limits()
+        },
+        Gates::default(),
+    );
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     // Hold every encoding permit: the hub stalls on its first delta while the actor
     // publishes more than its feed holds.
-    let held = registry.inner.encoding.clone().acquire_many_owned(registry.limits().encoding_permits as u32).await.unwrap();
+    let held = registry
+        .inner
+        .encoding
+        .clone()
+        .acquire_many_owned(registry.limits().encoding_permits as u32)
+        .await
+        .unwrap();
     for id in 1..=4 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
         attachment.actor.flush().await.unwrap();
     }
     assert!(attachment.actor.stats().await.unwrap().hub_overruns >= 1);
     drop(held);
-    assert_eq!(next_end(&mut subscription).await, SubscriptionEnd::SubscriberLagged);
+    assert_eq!(
+        next_end(&mut subscription).await,
+        SubscriptionEnd::SubscriberLagged
+    );
 
     // The hub took a new snapshot: a new subscriber converges on the producer.
     let mut fresh = registry.subscribe(attachment.identity()).await.unwrap();
@@ -290,7 +405,10 @@ async fn deltas_are_batched_every_n_events() {
         },
         Gates::default(),
     );
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let subscription = registry.subscribe(attachment.identity()).await.unwrap();
     for id in 1..=3 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
@@ -314,7 +432,10 @@ async fn sparse_tail_is_published_after_the_publication_delay() {
         },
         Gates::default(),
     );
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     let chunk = subscription.next_frame().await.unwrap();
     let submitted = tokio::time::Instant::now();
@@ -323,14 +444,20 @@ async fn sparse_tail_is_published_after_the_publication_delay() {
     assert_eq!(delta.kind, PoolFrameKind::Delta);
     assert_eq!(delta.base_sequence, chunk.sequence);
     let waited = submitted.elapsed();
-    assert!(waited >= Duration::from_millis(5) && waited < Duration::from_secs(10), "{waited:?}");
+    assert!(
+        waited >= Duration::from_millis(5) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
     drop(subscription);
     registry.detach(attachment).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
-    for (mode, expect_tail) in [(RetirementMode::Graceful, true), (RetirementMode::Fenced, false)] {
+    for (mode, expect_tail) in [
+        (RetirementMode::Graceful, true),
+        (RetirementMode::Fenced, false),
+    ] {
         let registry = registry_with(
             Limits {
                 publish_every_n_events: 16,
@@ -339,7 +466,10 @@ async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
             },
             Gates::default(),
         );
-        let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+        let attachment = registry
+            .attach(request(pool(1), "a.b.c", "llama"))
+            .await
+            .unwrap();
         let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
         subscription.next_frame().await.unwrap();
         attachment.actor.submit(stored_event(1)).await.unwrap();
@@ -351,7 +481,11 @@ async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
         }
         let got_tail = matches!(subscription.next_frame().await, Ok(frame) if frame.kind == PoolFrameKind::Delta);
         assert_eq!(got_tail, expect_tail, "{mode:?}");
-        assert_eq!(actor.shutdown().await, Err(ActorError::ShuttingDown), "a second stop is refused");
+        assert_eq!(
+            actor.shutdown().await,
+            Err(ActorError::ShuttingDown),
+            "a second stop is refused"
+        );
         registry.retire(attachment, mode).await;
         assert!(registry.catalog().is_empty());
     }
@@ -360,27 +494,51 @@ async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
 #[tokio::test]
 async fn source_protocol_errors_are_reported_as_faults() {
     let registry = registry_with(test_limits(), Gates::default());
-    let mut attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let mut attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let source = SourceId::new(9, 2);
-    attachment.actor.submit(chain(source, 41, Some(12345), 0..2)).await.unwrap();
-    let fault = tokio::time::timeout(Duration::from_secs(5), attachment.faults.recv()).await.unwrap().unwrap();
+    attachment
+        .actor
+        .submit(chain(source, 41, Some(12345), 0..2))
+        .await
+        .unwrap();
+    let fault = tokio::time::timeout(Duration::from_secs(5), attachment.faults.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(fault.category, FaultCategory::SourceProtocol);
     assert_eq!((fault.source, fault.event_id), (source, 41));
     assert!(fault.message.contains("12345"), "{}", fault.message);
     let stats = attachment.actor.stats().await.unwrap();
     assert_eq!((stats.events_applied, stats.events_rejected), (0, 1));
-    assert!(stats.filter.blocks_per_source.is_empty(), "a rejected event changes nothing");
+    assert!(
+        stats.filter.blocks_per_source.is_empty(),
+        "a rejected event changes nothing"
+    );
     registry.detach(attachment).await;
 }
 
 #[tokio::test]
 async fn clearing_a_source_drops_only_its_blocks() {
     let registry = registry_with(test_limits(), Gates::default());
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     let a = SourceId::new(1, 0);
     let a_rank1 = SourceId::new(1, 1);
-    attachment.actor.submit(chain(a, 1, None, 0..4)).await.unwrap();
-    attachment.actor.submit(chain(a_rank1, 1, None, 0..3)).await.unwrap();
+    attachment
+        .actor
+        .submit(chain(a, 1, None, 0..4))
+        .await
+        .unwrap();
+    attachment
+        .actor
+        .submit(chain(a_rank1, 1, None, 0..3))
+        .await
+        .unwrap();
     attachment.actor.clear_source(a).await.unwrap();
     let stats = attachment.actor.stats().await.unwrap();
     assert_eq!(stats.filter.blocks_per_source, vec![(a_rank1, 3)]);
@@ -389,12 +547,35 @@ async fn clearing_a_source_drops_only_its_blocks() {
 
 #[tokio::test]
 async fn block_permits_are_returned_after_apply() {
-    let registry = registry_with(Limits { actor_pending_blocks: 4, ..test_limits() }, Gates::default());
-    let attachment = registry.attach(request(pool(1), "a.b.c", "llama")).await.unwrap();
+    let registry = registry_with(
+        Limits {
+            actor_pending_blocks: 4,
+            ..test_limits()
+        },
+        Gates::default(),
+    );
+    let attachment = registry
+        .attach(request(pool(1), "a.b.c", "llama"))
+        .await
+        .unwrap();
     // An event larger than the whole budget is admitted with the capped weight.
-    attachment.actor.submit(chain(SourceId::new(1, 0), 1, None, 0..10)).await.unwrap();
+    attachment
+        .actor
+        .submit(chain(SourceId::new(1, 0), 1, None, 0..10))
+        .await
+        .unwrap();
     attachment.actor.flush().await.unwrap();
     assert_eq!(attachment.actor.available_block_permits(), 4);
-    assert_eq!(attachment.actor.stats().await.unwrap().filter.blocks_per_source[0].1, 10);
+    assert_eq!(
+        attachment
+            .actor
+            .stats()
+            .await
+            .unwrap()
+            .filter
+            .blocks_per_source[0]
+            .1,
+        10
+    );
     registry.detach(attachment).await;
 }

@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvrelay_identity::{CanonicalModelId, CanonicalModelRegistration, ModelAlias, PoolId, WorkerRole};
+use kvrelay_identity::{
+    CanonicalModelId, CanonicalModelRegistration, ModelAlias, PoolId, WorkerRole,
+};
 
 use crate::error::RegistrationError;
 
@@ -20,7 +22,9 @@ pub(crate) fn validate_registrations(
     }
     let mut models = BTreeMap::new();
     for registration in registrations {
-        if let Some(previous) = models.insert(registration.model().clone(), registration.target().clone()) {
+        if let Some(previous) =
+            models.insert(registration.model().clone(), registration.target().clone())
+        {
             if previous != *registration.target() {
                 return Err(RegistrationError::ConflictingTargets {
                     model: registration.model().clone(),
@@ -35,7 +39,9 @@ pub(crate) fn validate_registrations(
     for registration in registrations {
         for alias in registration.aliases() {
             if models.keys().any(|model| model.as_str() == alias.as_str()) {
-                return Err(RegistrationError::AliasIsModel { alias: alias.clone() });
+                return Err(RegistrationError::AliasIsModel {
+                    alias: alias.clone(),
+                });
             }
             if let Some(owner) = aliases.insert(alias, registration.model())
                 && owner != registration.model()

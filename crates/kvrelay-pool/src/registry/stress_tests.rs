@@ -53,7 +53,11 @@ fn random_event(rng: &mut SplitMix, event_id: u64) -> RouterEvent {
                 .collect(),
         })
     };
-    RouterEvent { source, event_id, payload }
+    RouterEvent {
+        source,
+        event_id,
+        payload,
+    }
 }
 
 fn endpoint(index: usize) -> String {
@@ -63,7 +67,11 @@ fn endpoint(index: usize) -> String {
 type Slots = Arc<Mutex<Vec<Option<PoolAttachment>>>>;
 
 struct Follower {
-    handle: tokio::task::JoinHandle<(Option<PoolSubscription>, WireReplica, Option<SubscriptionEnd>)>,
+    handle: tokio::task::JoinHandle<(
+        Option<PoolSubscription>,
+        WireReplica,
+        Option<SubscriptionEnd>,
+    )>,
     stop: CancellationToken,
     producer: ProducerIdentity,
 }
@@ -85,7 +93,11 @@ fn follow(mut subscription: PoolSubscription) -> Follower {
             }
         }
     });
-    Follower { handle, stop, producer }
+    Follower {
+        handle,
+        stop,
+        producer,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,10 +146,13 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
                     }
                 });
             } else if dice < 65 {
-                let Some(producer) = slots.lock()[index].as_ref().map(PoolAttachment::identity) else {
+                let Some(producer) = slots.lock()[index].as_ref().map(PoolAttachment::identity)
+                else {
                     continue;
                 };
-                subscribes.push(tokio::spawn(async move { registry.subscribe(producer).await }));
+                subscribes.push(tokio::spawn(
+                    async move { registry.subscribe(producer).await },
+                ));
             } else if dice < 85 {
                 if !followers.is_empty() {
                     let victim = followers.swap_remove(rng.below(followers.len() as u64) as usize);
@@ -150,7 +165,11 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
                         return;
                     };
                     if fenced {
-                        registry.fence_generation(attachment.pool, attachment.generation, "stress fence");
+                        registry.fence_generation(
+                            attachment.pool,
+                            attachment.generation,
+                            "stress fence",
+                        );
                         registry.retire(attachment, RetirementMode::Fenced).await;
                     } else {
                         registry.detach(attachment).await;
@@ -165,7 +184,11 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
         for subscribe in subscribes {
             match subscribe.await.unwrap() {
                 Ok(subscription) => followers.push(follow(subscription)),
-                Err(error) => *ends.entry(format!("refused: {error:?}").chars().take(40).collect()).or_default() += 1,
+                Err(error) => {
+                    *ends
+                        .entry(format!("refused: {error:?}").chars().take(40).collect())
+                        .or_default() += 1
+                }
             }
         }
         while let Some(result) = ops.join_next().await {
@@ -194,22 +217,41 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
         actor.flush().await.unwrap();
         let (sequence, words) = actor.words().await.unwrap();
         follow_until(&mut subscription, &mut replica, sequence).await;
-        assert_eq!(replica.words(), words.as_slice(), "replica of {:?}", follower.producer.pool_id());
+        assert_eq!(
+            replica.words(),
+            words.as_slice(),
+            "replica of {:?}",
+            follower.producer.pool_id()
+        );
         compared += 1;
     }
-    assert!(compared > 0, "some subscribers must survive the churn: {ends:?}");
-    assert!(registry.stats().hub_evictions > 0, "the churn must evict idle hubs");
+    assert!(
+        compared > 0,
+        "some subscribers must survive the churn: {ends:?}"
+    );
+    assert!(
+        registry.stats().hub_evictions > 0,
+        "the churn must evict idle hubs"
+    );
 
-    let attachments: Vec<PoolAttachment> = slots.lock().iter_mut().filter_map(Option::take).collect();
+    let attachments: Vec<PoolAttachment> =
+        slots.lock().iter_mut().filter_map(Option::take).collect();
     for attachment in &attachments {
         attachment.actor.flush().await.unwrap();
-        assert_eq!(attachment.actor.available_block_permits(), max_blocks, "no leaked block permit");
+        assert_eq!(
+            attachment.actor.available_block_permits(),
+            max_blocks,
+            "no leaked block permit"
+        );
     }
     for attachment in attachments {
         registry.detach(attachment).await;
     }
     let stats = registry.stats();
-    assert_eq!((stats.pools, stats.reservations, stats.initialized_hubs), (0, 0, 0));
+    assert_eq!(
+        (stats.pools, stats.reservations, stats.initialized_hubs),
+        (0, 0, 0)
+    );
     tokio::time::timeout(Duration::from_secs(10), async {
         while registry.stats().tasks != 0 {
             tokio::task::yield_now().await;

@@ -62,7 +62,10 @@ pub(super) mod behaviour {
         PoolId {
             indexer_domain: IndexerDomainId {
                 cache_semantics: CacheSemanticsId::new([seed; 16], IdentitySource::Explicit),
-                routing_scope: RoutingScopeId::new([seed.wrapping_add(1); 16], IdentitySource::Explicit),
+                routing_scope: RoutingScopeId::new(
+                    [seed.wrapping_add(1); 16],
+                    IdentitySource::Explicit,
+                ),
             },
             dc_id: DcId(3),
         }
@@ -81,7 +84,13 @@ pub(super) mod behaviour {
 
     pub(crate) fn registry_with(limits: Limits, gates: Gates) -> PoolRegistry {
         limits.validate().unwrap();
-        PoolRegistry::build(RegistryConfig { relay: relay(), limits }, gates)
+        PoolRegistry::build(
+            RegistryConfig {
+                relay: relay(),
+                limits,
+            },
+            gates,
+        )
     }
 
     fn registry() -> PoolRegistry {
@@ -206,8 +215,14 @@ pub(super) mod behaviour {
     async fn one_model_binds_to_independent_pools() {
         // spec: one_model_binds_to_independent_pools
         let registry = registry();
-        let first = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
-        let second = registry.attach(request(pool(2), "slow.router.generate", "llama")).await.unwrap();
+        let first = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        let second = registry
+            .attach(request(pool(2), "slow.router.generate", "llama"))
+            .await
+            .unwrap();
 
         let catalog = registry.catalog();
         assert_eq!(registry.stats().pools, 2);
@@ -218,7 +233,11 @@ pub(super) mod behaviour {
             catalog.pool(pool(1)).unwrap().serving_endpoint,
             "fast.router.generate".parse().unwrap()
         );
-        assert!(catalog.pools().all(|d| d.registrations[0].model().as_str() == "llama"));
+        assert!(
+            catalog
+                .pools()
+                .all(|d| d.registrations[0].model().as_str() == "llama")
+        );
 
         registry.detach(first).await;
         registry.detach(second).await;
@@ -228,7 +247,10 @@ pub(super) mod behaviour {
     async fn actor_drains_images_without_a_subscriber() {
         // spec: default_registry_materializes_publication_images_eagerly
         let registry = registry();
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         attachment.actor.submit(stored_event(1)).await.unwrap();
         attachment.actor.flush().await.unwrap();
         let stats = attachment.actor.stats().await.unwrap();
@@ -246,7 +268,11 @@ pub(super) mod behaviour {
         for seed in (1..=32u8).rev() {
             attachments.push(
                 registry
-                    .attach(request(pool(seed), &format!("pool-{seed}.router.generate"), &format!("model-{seed}")))
+                    .attach(request(
+                        pool(seed),
+                        &format!("pool-{seed}.router.generate"),
+                        &format!("model-{seed}"),
+                    ))
                     .await
                     .unwrap(),
             );
@@ -254,7 +280,10 @@ pub(super) mod behaviour {
         assert_eq!(watch.borrow().revision(), 32);
         let catalog = registry.catalog();
         let ids: Vec<PoolId> = catalog.pools().map(PoolDescriptor::pool_id).collect();
-        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "pools sorted by id");
+        assert!(
+            ids.windows(2).all(|pair| pair[0] < pair[1]),
+            "pools sorted by id"
+        );
         let json = serde_json::to_value(&catalog).unwrap();
         assert_eq!(json["drt_instance_id"], 11);
         assert_eq!(json["relay_incarnation"], 7);
@@ -265,7 +294,11 @@ pub(super) mod behaviour {
         assert!(json["pools"][0].get("pool_roles").is_some());
 
         registry.shutdown().await;
-        assert_eq!(catalog.len(), attachments.len(), "a taken snapshot is immutable");
+        assert_eq!(
+            catalog.len(),
+            attachments.len(),
+            "a taken snapshot is immutable"
+        );
         assert!(registry.catalog().is_empty());
         assert_eq!(registry.catalog().revision(), 33);
     }
@@ -284,7 +317,13 @@ pub(super) mod behaviour {
         assert_eq!(catalog.pool(pool(1)).unwrap().query_semantics, expected);
 
         registry
-            .replace_registrations(&mut attachment, vec![CanonicalModelRegistration::base(model("llama"), vec![alias("chat")])])
+            .replace_registrations(
+                &mut attachment,
+                vec![CanonicalModelRegistration::base(
+                    model("llama"),
+                    vec![alias("chat")],
+                )],
+            )
             .unwrap();
         let catalog = registry.catalog();
         let descriptor = catalog.pool(pool(1)).unwrap();
@@ -298,18 +337,47 @@ pub(super) mod behaviour {
     async fn registration_updates_remain_pool_local() {
         // spec: registration_updates_remain_pool_local
         let registry = registry();
-        let mut first = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
-        let mut second = registry.attach(request(pool(2), "slow.router.generate", "mistral")).await.unwrap();
-        registry
-            .replace_registrations(&mut first, vec![CanonicalModelRegistration::base(model("llama"), vec![alias("mistral-alias")])])
+        let mut first = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
             .unwrap();
-        assert!(registry.catalog().pools().all(|d| d.registrations[0].aliases() == [alias("mistral-alias")]));
+        let mut second = registry
+            .attach(request(pool(2), "slow.router.generate", "mistral"))
+            .await
+            .unwrap();
         registry
-            .replace_registrations(&mut second, vec![CanonicalModelRegistration::base(model("mistral"), vec![alias("llama-alias")])])
+            .replace_registrations(
+                &mut first,
+                vec![CanonicalModelRegistration::base(
+                    model("llama"),
+                    vec![alias("mistral-alias")],
+                )],
+            )
+            .unwrap();
+        assert!(
+            registry
+                .catalog()
+                .pools()
+                .all(|d| d.registrations[0].aliases() == [alias("mistral-alias")])
+        );
+        registry
+            .replace_registrations(
+                &mut second,
+                vec![CanonicalModelRegistration::base(
+                    model("mistral"),
+                    vec![alias("llama-alias")],
+                )],
+            )
             .unwrap();
         let catalog = registry.catalog();
-        assert_eq!(catalog.pool(pool(1)).unwrap().registrations[0].aliases(), [alias("mistral-alias")]);
-        assert_eq!(catalog.pool(pool(2)).unwrap().registrations[0].aliases(), [alias("llama-alias")]);
+        assert_eq!(
+            catalog.pool(pool(1)).unwrap().registrations[0].aliases(),
+            [alias("mistral-alias")]
+        );
+        assert_eq!(
+            catalog.pool(pool(2)).unwrap().registrations[0].aliases(),
+            [alias("llama-alias")]
+        );
         registry.detach(first).await;
         registry.detach(second).await;
     }
@@ -318,17 +386,82 @@ pub(super) mod behaviour {
     async fn invalid_registrations_and_roles_are_rejected_before_reserving() {
         let registry = registry();
         let cases: Vec<(AttachRequest, &str)> = vec![
-            ({ let mut r = request(pool(1), "a.b.c", "llama"); r.registrations.clear(); r }, "at least one canonical model"),
-            ({ let mut r = request(pool(1), "a.b.c", "llama"); r.registrations.push(registration("llama")); r }, "duplicate canonical model"),
-            ({ let mut r = request(pool(1), "a.b.c", "llama"); r.registrations.push(CanonicalModelRegistration::new(model("llama"), ModelTarget::Lora { base_model: model("x"), adapter: model("llama") }, vec![])); r }, "conflicting targets"),
-            ({ let mut r = request(pool(1), "a.b.c", "llama"); r.registrations.push(CanonicalModelRegistration::base(model("mistral"), vec![alias("llama")])); r }, "conflicts with a canonical model"),
-            ({ let mut r = request(pool(1), "a.b.c", "llama"); r.registrations.push(CanonicalModelRegistration::base(model("mistral"), vec![alias("llama-alias")])); r }, "claimed by both"),
-            ({ let mut r = request(pool(1), "a.b.c", "llama"); r.roles.clear(); r }, "at least one declared worker role"),
-            ({ let mut r = request(pool(1), "a.b.c", "llama"); r.roles.push(WorkerRole::Aggregated); r }, "repeats declared worker role"),
+            (
+                {
+                    let mut r = request(pool(1), "a.b.c", "llama");
+                    r.registrations.clear();
+                    r
+                },
+                "at least one canonical model",
+            ),
+            (
+                {
+                    let mut r = request(pool(1), "a.b.c", "llama");
+                    r.registrations.push(registration("llama"));
+                    r
+                },
+                "duplicate canonical model",
+            ),
+            (
+                {
+                    let mut r = request(pool(1), "a.b.c", "llama");
+                    r.registrations.push(CanonicalModelRegistration::new(
+                        model("llama"),
+                        ModelTarget::Lora {
+                            base_model: model("x"),
+                            adapter: model("llama"),
+                        },
+                        vec![],
+                    ));
+                    r
+                },
+                "conflicting targets",
+            ),
+            (
+                {
+                    let mut r = request(pool(1), "a.b.c", "llama");
+                    r.registrations.push(CanonicalModelRegistration::base(
+                        model("mistral"),
+                        vec![alias("llama")],
+                    ));
+                    r
+                },
+                "conflicts with a canonical model",
+            ),
+            (
+                {
+                    let mut r = request(pool(1), "a.b.c", "llama");
+                    r.registrations.push(CanonicalModelRegistration::base(
+                        model("mistral"),
+                        vec![alias("llama-alias")],
+                    ));
+                    r
+                },
+                "claimed by both",
+            ),
+            (
+                {
+                    let mut r = request(pool(1), "a.b.c", "llama");
+                    r.roles.clear();
+                    r
+                },
+                "at least one declared worker role",
+            ),
+            (
+                {
+                    let mut r = request(pool(1), "a.b.c", "llama");
+                    r.roles.push(WorkerRole::Aggregated);
+                    r
+                },
+                "repeats declared worker role",
+            ),
         ];
         for (req, message) in cases {
             let error = registry.attach(req).await.unwrap_err();
-            assert!(error.to_string().contains(message), "{error} should mention {message}");
+            assert!(
+                error.to_string().contains(message),
+                "{error} should mention {message}"
+            );
         }
         assert_eq!(registry.stats().reservations, 0);
         assert_eq!(registry.catalog().revision(), 0);
@@ -338,9 +471,18 @@ pub(super) mod behaviour {
     async fn one_pool_cannot_be_owned_by_two_endpoints() {
         // spec: one_pool_cannot_be_owned_by_two_endpoints
         let registry = registry();
-        let attachment = registry.attach(request(pool(1), "first.router.generate", "llama")).await.unwrap();
-        let error = registry.attach(request(pool(1), "second.router.generate", "llama")).await.unwrap_err();
-        assert!(matches!(error, AttachError::PoolAlreadyOwned { .. }), "{error}");
+        let attachment = registry
+            .attach(request(pool(1), "first.router.generate", "llama"))
+            .await
+            .unwrap();
+        let error = registry
+            .attach(request(pool(1), "second.router.generate", "llama"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, AttachError::PoolAlreadyOwned { .. }),
+            "{error}"
+        );
         assert!(error.to_string().contains("already owned"));
         registry.detach(attachment).await;
     }
@@ -350,18 +492,34 @@ pub(super) mod behaviour {
         // spec: endpoint_reassignment_waits_for_prior_pool_removal
         let registry = registry();
         let endpoint = "fast.router.generate";
-        let first = registry.attach(request(pool(1), endpoint, "llama")).await.unwrap();
-        assert!(registry.withdraw(first.pool, first.generation, RetirementMode::Graceful).await);
+        let first = registry
+            .attach(request(pool(1), endpoint, "llama"))
+            .await
+            .unwrap();
+        assert!(
+            registry
+                .withdraw(first.pool, first.generation, RetirementMode::Graceful)
+                .await
+        );
         assert!(registry.catalog().is_empty());
-        let error = registry.attach(request(pool(2), endpoint, "llama")).await.unwrap_err();
+        let error = registry
+            .attach(request(pool(2), endpoint, "llama"))
+            .await
+            .unwrap_err();
         assert!(error.to_string().contains("already assigned"), "{error}");
         assert!(registry.catalog().is_empty());
 
         registry.detach(first).await;
-        let second = registry.attach(request(pool(2), endpoint, "llama")).await.unwrap();
+        let second = registry
+            .attach(request(pool(2), endpoint, "llama"))
+            .await
+            .unwrap();
         let catalog = registry.catalog();
         assert_eq!(catalog.len(), 1);
-        assert_eq!(catalog.pool(pool(2)).unwrap().serving_endpoint, endpoint.parse().unwrap());
+        assert_eq!(
+            catalog.pool(pool(2)).unwrap().serving_endpoint,
+            endpoint.parse().unwrap()
+        );
         registry.detach(second).await;
     }
 
@@ -384,7 +542,10 @@ pub(super) mod behaviour {
 
         gated.release.send(()).unwrap();
         within("builder finish", gated.finished).await.unwrap();
-        let attachment = registry.attach(request(pool(1), "second.router.generate", "llama")).await.unwrap();
+        let attachment = registry
+            .attach(request(pool(1), "second.router.generate", "llama"))
+            .await
+            .unwrap();
         registry.detach(attachment).await;
     }
 
@@ -405,13 +566,19 @@ pub(super) mod behaviour {
             let registry = registry.clone();
             async move { registry.shutdown().await }
         });
-        wait_for("reservations cleared", || registry.stats().reservations == 0).await;
+        wait_for("reservations cleared", || {
+            registry.stats().reservations == 0
+        })
+        .await;
         assert!(registry.catalog().is_empty());
 
         gated.release.send(()).unwrap();
         within("builder finish", gated.finished).await.unwrap();
         let error = attach.await.unwrap().unwrap_err();
-        assert!(error.to_string().contains("retired before commit"), "{error}");
+        assert!(
+            error.to_string().contains("retired before commit"),
+            "{error}"
+        );
         within("shutdown", shutdown).await.unwrap();
         assert_eq!(registry.stats().pools, 0);
         assert!(registry.catalog().is_empty());
@@ -451,8 +618,14 @@ pub(super) mod behaviour {
         second.expected_unique_blocks = 0;
         let first_error = registry.attach(first).await.unwrap_err();
         let second_error = registry.attach(second).await.unwrap_err();
-        assert!(first_error.to_string().contains("greater than zero"), "{first_error}");
-        assert!(second_error.to_string().contains("greater than zero"), "{second_error}");
+        assert!(
+            first_error.to_string().contains("greater than zero"),
+            "{first_error}"
+        );
+        assert!(
+            second_error.to_string().contains("greater than zero"),
+            "{second_error}"
+        );
         assert_eq!(registry.stats().pools, 0);
         assert_eq!(registry.stats().reservations, 0);
         assert_eq!(registry.catalog().revision(), 0);
@@ -462,10 +635,16 @@ pub(super) mod behaviour {
     async fn reattaching_a_pool_allocates_a_new_layout_generation() {
         // spec: reattaching_a_pool_allocates_a_new_layout_generation
         let registry = registry();
-        let first = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let first = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let first_generation = first.generation;
         registry.detach(first).await;
-        let replacement = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let replacement = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         assert!(replacement.generation > first_generation);
         registry.detach(replacement).await;
     }
@@ -473,10 +652,24 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn relay_incarnation_fences_an_identical_pool_layout() {
         // spec: relay_incarnation_fences_an_identical_pool_layout
-        let first_registry = PoolRegistry::new(RegistryConfig { relay: DcRelayIdentity::new(11, 7), limits: test_limits() }).unwrap();
-        let second_registry = PoolRegistry::new(RegistryConfig { relay: DcRelayIdentity::new(11, 8), limits: test_limits() }).unwrap();
-        let first = first_registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
-        let second = second_registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let first_registry = PoolRegistry::new(RegistryConfig {
+            relay: DcRelayIdentity::new(11, 7),
+            limits: test_limits(),
+        })
+        .unwrap();
+        let second_registry = PoolRegistry::new(RegistryConfig {
+            relay: DcRelayIdentity::new(11, 8),
+            limits: test_limits(),
+        })
+        .unwrap();
+        let first = first_registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        let second = second_registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         assert_ne!(first.identity(), second.identity());
         assert_eq!(first.generation, second.generation);
         first_registry.detach(first).await;
@@ -487,8 +680,19 @@ pub(super) mod behaviour {
     async fn withdraw_removes_catalog_before_actor_retirement() {
         // spec: withdraw_removes_catalog_before_actor_retirement
         let registry = registry();
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
-        assert!(registry.withdraw(attachment.pool, attachment.generation, RetirementMode::Graceful).await);
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        assert!(
+            registry
+                .withdraw(
+                    attachment.pool,
+                    attachment.generation,
+                    RetirementMode::Graceful
+                )
+                .await
+        );
         assert!(registry.catalog().is_empty());
         assert!(attachment.generation_cancel.is_cancelled());
         attachment.actor.stats().await.unwrap();
@@ -499,7 +703,10 @@ pub(super) mod behaviour {
     async fn adapter_registration_changes_without_replacing_pool_generation() {
         // spec: adapter_registration_changes_without_replacing_pool_generation
         let registry = registry();
-        let mut attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let mut attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let generation = attachment.generation;
         let revision = registry.catalog().revision();
         registry
@@ -507,14 +714,28 @@ pub(super) mod behaviour {
                 &mut attachment,
                 vec![
                     CanonicalModelRegistration::base(model("llama"), vec![]),
-                    CanonicalModelRegistration::new(model("tenant-a"), ModelTarget::Lora { base_model: model("llama"), adapter: model("tenant-a") }, vec![]),
+                    CanonicalModelRegistration::new(
+                        model("tenant-a"),
+                        ModelTarget::Lora {
+                            base_model: model("llama"),
+                            adapter: model("tenant-a"),
+                        },
+                        vec![],
+                    ),
                 ],
             )
             .unwrap();
         assert_eq!(attachment.generation, generation);
         let catalog = registry.catalog();
         assert_eq!(catalog.revision(), revision + 1);
-        assert!(catalog.pool(pool(1)).unwrap().registrations.iter().any(|r| r.model() == &model("tenant-a")));
+        assert!(
+            catalog
+                .pool(pool(1))
+                .unwrap()
+                .registrations
+                .iter()
+                .any(|r| r.model() == &model("tenant-a"))
+        );
         registry.detach(attachment).await;
     }
 
@@ -522,14 +743,30 @@ pub(super) mod behaviour {
     async fn declared_role_change_updates_catalog_without_replacing_generation() {
         // spec: declared_role_change_updates_catalog_without_replacing_generation
         let registry = registry();
-        let mut attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let mut attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let producer = attachment.identity();
-        registry.replace_roles(&mut attachment, vec![WorkerRole::Decode]).unwrap();
+        registry
+            .replace_roles(&mut attachment, vec![WorkerRole::Decode])
+            .unwrap();
         let catalog = registry.catalog();
         assert_eq!(catalog.pool(pool(1)).unwrap().producer, producer);
-        assert_eq!(catalog.pool(pool(1)).unwrap().pool_roles.as_ref(), [WorkerRole::Decode]);
+        assert_eq!(
+            catalog.pool(pool(1)).unwrap().pool_roles.as_ref(),
+            [WorkerRole::Decode]
+        );
         assert!(registry.replace_roles(&mut attachment, Vec::new()).is_err());
-        assert_eq!(registry.catalog().pool(pool(1)).unwrap().pool_roles.as_ref(), [WorkerRole::Decode]);
+        assert_eq!(
+            registry
+                .catalog()
+                .pool(pool(1))
+                .unwrap()
+                .pool_roles
+                .as_ref(),
+            [WorkerRole::Decode]
+        );
         registry.detach(attachment).await;
     }
 
@@ -537,7 +774,10 @@ pub(super) mod behaviour {
     async fn one_lora_target_binds_to_independent_pools() {
         // spec: one_lora_target_binds_to_independent_pools
         let registry = registry();
-        let lora = ModelTarget::Lora { base_model: model("llama"), adapter: model("tenant-a") };
+        let lora = ModelTarget::Lora {
+            base_model: model("llama"),
+            adapter: model("tenant-a"),
+        };
         let registrations = || {
             vec![
                 CanonicalModelRegistration::base(model("llama"), vec![]),
@@ -552,7 +792,11 @@ pub(super) mod behaviour {
         let second = registry.attach(second).await.unwrap();
         let catalog = registry.catalog();
         assert_eq!(catalog.len(), 2);
-        assert!(catalog.pools().all(|d| d.registrations.iter().any(|r| r.target() == &lora)));
+        assert!(
+            catalog
+                .pools()
+                .all(|d| d.registrations.iter().any(|r| r.target() == &lora))
+        );
         registry.detach(first).await;
         registry.detach(second).await;
     }
@@ -561,7 +805,10 @@ pub(super) mod behaviour {
     async fn fencing_withdraws_pool_from_catalog() {
         // spec: fencing_withdraws_pool_from_catalog
         let registry = registry();
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let actor = attachment.actor.clone();
         registry.retire(attachment, RetirementMode::Fenced).await;
         assert!(registry.watch_catalog().borrow().is_empty());
@@ -573,14 +820,21 @@ pub(super) mod behaviour {
     async fn fencing_withdraws_only_the_target_pool_descriptor() {
         // spec: fencing_withdraws_only_the_target_pool_descriptor
         let registry = registry();
-        let with_alias = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let with_alias = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let mut req = request(pool(2), "slow.router.generate", "llama");
         req.registrations = vec![CanonicalModelRegistration::base(model("llama"), vec![])];
         let without_alias = registry.attach(req).await.unwrap();
         registry.retire(with_alias, RetirementMode::Fenced).await;
         let catalog = registry.catalog();
         assert_eq!(catalog.len(), 1);
-        assert!(catalog.pool(pool(2)).unwrap().registrations[0].aliases().is_empty());
+        assert!(
+            catalog.pool(pool(2)).unwrap().registrations[0]
+                .aliases()
+                .is_empty()
+        );
         registry.detach(without_alias).await;
     }
 
@@ -588,7 +842,10 @@ pub(super) mod behaviour {
     async fn publication_hub_is_lazy_and_shared_by_concurrent_subscribers() {
         // spec: publication_hub_is_lazy_and_shared_by_concurrent_subscribers
         let registry = registry();
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let producer = attachment.identity();
         assert_eq!(phase(&registry, attachment.generation), "vacant");
         let tasks: Vec<_> = (0..8)
@@ -604,7 +861,11 @@ pub(super) mod behaviour {
             subscriptions.push(subscription);
         }
         assert_eq!(phase(&registry, attachment.generation), "ready");
-        assert_eq!(hubs_in_use(&registry), 1, "one hub shared by all subscribers");
+        assert_eq!(
+            hubs_in_use(&registry),
+            1,
+            "one hub shared by all subscribers"
+        );
         drop(subscriptions);
         let generation = attachment.generation;
         registry.detach(attachment).await;
@@ -616,8 +877,14 @@ pub(super) mod behaviour {
     async fn initialized_hub_limit_protects_active_hubs_and_reclaims_idle_hubs() {
         // spec: initialized_hub_limit_protects_active_hubs_and_reclaims_idle_hubs
         let registry = hub_limited(1, Gates::default());
-        let first = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
-        let second = registry.attach(request(pool(2), "slow.router.generate", "llama")).await.unwrap();
+        let first = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        let second = registry
+            .attach(request(pool(2), "slow.router.generate", "llama"))
+            .await
+            .unwrap();
 
         let first_subscription = registry.subscribe(first.identity()).await.unwrap();
         let error = registry.subscribe(second.identity()).await.unwrap_err();
@@ -627,7 +894,11 @@ pub(super) mod behaviour {
         let second_subscription = registry.subscribe(second.identity()).await.unwrap();
         assert_eq!(phase(&registry, first.generation), "vacant");
         assert_eq!(phase(&registry, second.generation), "ready");
-        assert_eq!(registry.catalog().len(), 2, "eviction never touches the catalog");
+        assert_eq!(
+            registry.catalog().len(),
+            2,
+            "eviction never touches the catalog"
+        );
 
         drop(second_subscription);
         let reopened = registry.subscribe(first.identity()).await.unwrap();
@@ -643,16 +914,31 @@ pub(super) mod behaviour {
     async fn pending_admission_prevents_idle_hub_eviction() {
         // spec: pending_admission_prevents_idle_hub_eviction
         let registry = hub_limited(1, Gates::default());
-        let first = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
-        let second = registry.attach(request(pool(2), "slow.router.generate", "llama")).await.unwrap();
+        let first = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        let second = registry
+            .attach(request(pool(2), "slow.router.generate", "llama"))
+            .await
+            .unwrap();
         drop(registry.subscribe(first.identity()).await.unwrap());
-        let admission = registry.inner.core.lock().begin_admission(&first.identity()).unwrap();
+        let admission = registry
+            .inner
+            .core
+            .lock()
+            .begin_admission(&first.identity())
+            .unwrap();
 
         let error = registry.subscribe(second.identity()).await.unwrap_err();
         assert_eq!(error, SubscribeError::InitializedHubLimit { limit: 1 });
         assert_eq!(phase(&registry, first.generation), "ready");
 
-        registry.inner.core.lock().end_admission(admission.generation);
+        registry
+            .inner
+            .core
+            .lock()
+            .end_admission(admission.generation);
         let subscription = registry.subscribe(second.identity()).await.unwrap();
         assert_eq!(phase(&registry, first.generation), "vacant");
         drop(subscription);
@@ -664,10 +950,25 @@ pub(super) mod behaviour {
     async fn concurrent_pressure_claims_one_idle_victim() {
         // spec: concurrent_pressure_claims_one_idle_victim
         let (eviction, eviction_gate) = closed_gate();
-        let registry = hub_limited(1, Gates { eviction, ..Gates::default() });
-        let first = registry.attach(request(pool(1), "first.router.generate", "llama")).await.unwrap();
-        let second = registry.attach(request(pool(2), "second.router.generate", "llama")).await.unwrap();
-        let third = registry.attach(request(pool(3), "third.router.generate", "llama")).await.unwrap();
+        let registry = hub_limited(
+            1,
+            Gates {
+                eviction,
+                ..Gates::default()
+            },
+        );
+        let first = registry
+            .attach(request(pool(1), "first.router.generate", "llama"))
+            .await
+            .unwrap();
+        let second = registry
+            .attach(request(pool(2), "second.router.generate", "llama"))
+            .await
+            .unwrap();
+        let third = registry
+            .attach(request(pool(3), "third.router.generate", "llama"))
+            .await
+            .unwrap();
         drop(registry.subscribe(first.identity()).await.unwrap());
 
         let second_subscribe = tokio::spawn({
@@ -675,7 +976,10 @@ pub(super) mod behaviour {
             let producer = second.identity();
             async move { registry.subscribe(producer).await }
         });
-        wait_for("the idle hub to be claimed", || phase(&registry, first.generation) == "evicting").await;
+        wait_for("the idle hub to be claimed", || {
+            phase(&registry, first.generation) == "evicting"
+        })
+        .await;
         let third_subscribe = tokio::spawn({
             let registry = registry.clone();
             let producer = third.identity();
@@ -685,7 +989,10 @@ pub(super) mod behaviour {
 
         let second_subscription = within("second", second_subscribe).await.unwrap().unwrap();
         let third_error = within("third", third_subscribe).await.unwrap().unwrap_err();
-        assert_eq!(third_error, SubscribeError::InitializedHubLimit { limit: 1 });
+        assert_eq!(
+            third_error,
+            SubscribeError::InitializedHubLimit { limit: 1 }
+        );
         assert_eq!(phase(&registry, first.generation), "vacant");
         assert_eq!(hubs_in_use(&registry), 1);
 
@@ -700,21 +1007,43 @@ pub(super) mod behaviour {
     async fn generation_retirement_wins_idle_eviction_race() {
         // spec: generation_retirement_wins_idle_eviction_race
         let (eviction, eviction_gate) = closed_gate();
-        let registry = hub_limited(1, Gates { eviction, ..Gates::default() });
-        let first = registry.attach(request(pool(1), "first.router.generate", "llama")).await.unwrap();
-        let second = registry.attach(request(pool(2), "second.router.generate", "llama")).await.unwrap();
+        let registry = hub_limited(
+            1,
+            Gates {
+                eviction,
+                ..Gates::default()
+            },
+        );
+        let first = registry
+            .attach(request(pool(1), "first.router.generate", "llama"))
+            .await
+            .unwrap();
+        let second = registry
+            .attach(request(pool(2), "second.router.generate", "llama"))
+            .await
+            .unwrap();
         drop(registry.subscribe(first.identity()).await.unwrap());
         let second_subscribe = tokio::spawn({
             let registry = registry.clone();
             let producer = second.identity();
             async move { registry.subscribe(producer).await }
         });
-        wait_for("the idle hub to be claimed", || phase(&registry, first.generation) == "evicting").await;
+        wait_for("the idle hub to be claimed", || {
+            phase(&registry, first.generation) == "evicting"
+        })
+        .await;
 
-        assert!(registry.fence_generation(first.pool, first.generation, "test retirement during idle eviction"));
+        assert!(registry.fence_generation(
+            first.pool,
+            first.generation,
+            "test retirement during idle eviction"
+        ));
         eviction_gate.add_permits(1);
         let second_subscription = within("second", second_subscribe).await.unwrap().unwrap();
-        wait_for("the victim to retire", || phase(&registry, first.generation) == "retired").await;
+        wait_for("the victim to retire", || {
+            phase(&registry, first.generation) == "retired"
+        })
+        .await;
 
         drop(second_subscription);
         registry.detach(first).await;
@@ -726,22 +1055,53 @@ pub(super) mod behaviour {
     async fn requester_retirement_does_not_abandon_claimed_idle_eviction() {
         // spec: requester_retirement_does_not_abandon_claimed_idle_eviction
         let (eviction, eviction_gate) = closed_gate();
-        let registry = hub_limited(1, Gates { eviction, ..Gates::default() });
-        let first = registry.attach(request(pool(1), "first.router.generate", "llama")).await.unwrap();
-        let second = registry.attach(request(pool(2), "second.router.generate", "llama")).await.unwrap();
-        let third = registry.attach(request(pool(3), "third.router.generate", "llama")).await.unwrap();
+        let registry = hub_limited(
+            1,
+            Gates {
+                eviction,
+                ..Gates::default()
+            },
+        );
+        let first = registry
+            .attach(request(pool(1), "first.router.generate", "llama"))
+            .await
+            .unwrap();
+        let second = registry
+            .attach(request(pool(2), "second.router.generate", "llama"))
+            .await
+            .unwrap();
+        let third = registry
+            .attach(request(pool(3), "third.router.generate", "llama"))
+            .await
+            .unwrap();
         drop(registry.subscribe(first.identity()).await.unwrap());
         let second_subscribe = tokio::spawn({
             let registry = registry.clone();
             let producer = second.identity();
             async move { registry.subscribe(producer).await }
         });
-        wait_for("the idle hub to be claimed", || phase(&registry, first.generation) == "evicting").await;
+        wait_for("the idle hub to be claimed", || {
+            phase(&registry, first.generation) == "evicting"
+        })
+        .await;
 
-        assert!(registry.fence_generation(second.pool, second.generation, "test requester retirement"));
-        let error = within("the requester to give up", second_subscribe).await.unwrap().unwrap_err();
-        assert!(matches!(error, SubscribeError::Unavailable { .. }), "{error}");
-        wait_for("the requester slot to retire", || phase(&registry, second.generation) == "retired").await;
+        assert!(registry.fence_generation(
+            second.pool,
+            second.generation,
+            "test requester retirement"
+        ));
+        let error = within("the requester to give up", second_subscribe)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(error, SubscribeError::Unavailable { .. }),
+            "{error}"
+        );
+        wait_for("the requester slot to retire", || {
+            phase(&registry, second.generation) == "retired"
+        })
+        .await;
         assert_eq!(phase(&registry, first.generation), "evicting");
 
         eviction_gate.add_permits(1);
@@ -763,7 +1123,10 @@ pub(super) mod behaviour {
     async fn terminal_hub_failure_withdraws_catalog_and_load_visibility() {
         // spec: terminal_hub_failure_withdraws_catalog_and_load_visibility
         let registry = registry();
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
         assert_eq!(registry.catalog().len(), 1);
         assert_eq!(registry.load().len(), 1);
@@ -771,7 +1134,11 @@ pub(super) mod behaviour {
         registry.inner.encoding.close();
         attachment.actor.submit(stored_event(1)).await.unwrap();
         attachment.actor.flush().await.unwrap();
-        within("the generation to be fenced", attachment.generation_cancel.cancelled()).await;
+        within(
+            "the generation to be fenced",
+            attachment.generation_cancel.cancelled(),
+        )
+        .await;
         assert!(registry.catalog().is_empty());
         assert!(registry.load().is_empty());
         assert!(subscription.next_frame().await.is_err());
@@ -782,12 +1149,18 @@ pub(super) mod behaviour {
     async fn stale_generation_cannot_fence_or_initialize_replacement_hub() {
         // spec: stale_generation_cannot_fence_or_initialize_replacement_hub
         let registry = registry();
-        let first = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let first = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let stale_generation = first.generation;
         let stale_producer = first.identity();
         registry.detach(first).await;
 
-        let replacement = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let replacement = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let current = replacement.identity();
         assert_ne!(stale_producer, current);
         assert!(!registry.fence_generation(pool(1), stale_generation, "stale terminal callback"));
@@ -801,7 +1174,10 @@ pub(super) mod behaviour {
         let token = registry.validate_active_producer(&current).unwrap();
         assert!(!token.is_cancelled());
         let error = registry.subscribe(stale_producer).await.unwrap_err();
-        assert!(matches!(error, SubscribeError::ProducerMismatch { .. }), "{error}");
+        assert!(
+            matches!(error, SubscribeError::ProducerMismatch { .. }),
+            "{error}"
+        );
         assert_eq!(phase(&registry, replacement.generation), "vacant");
 
         let subscription = registry.subscribe(current).await.unwrap();
@@ -816,7 +1192,10 @@ pub(super) mod behaviour {
     async fn delta_published_before_snapshot_is_consumed_still_follows_it() {
         // spec: publication_source_streams_snapshot_before_concurrent_delta
         let registry = registry();
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let producer = attachment.identity();
         let mut subscription = registry.subscribe(producer).await.unwrap();
         attachment.actor.submit(stored_event(1)).await.unwrap();
@@ -836,12 +1215,27 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn retired_generation_ends_its_streams_and_refuses_stale_producers() {
         // spec: publication_source_limit_and_retirement_are_generation_safe
-        let registry = registry_with(Limits { max_subscribers_per_pool: 1, ..test_limits() }, Gates::default());
-        let first = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let registry = registry_with(
+            Limits {
+                max_subscribers_per_pool: 1,
+                ..test_limits()
+            },
+            Gates::default(),
+        );
+        let first = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let stale = first.identity();
         let mut stream = registry.subscribe(stale).await.unwrap();
         let error = registry.subscribe(stale).await.unwrap_err();
-        assert_eq!(error, SubscribeError::SubscriberLimit { pool: pool(1), limit: 1 });
+        assert_eq!(
+            error,
+            SubscribeError::SubscriberLimit {
+                pool: pool(1),
+                limit: 1
+            }
+        );
 
         registry.detach(first).await;
         let end = within("the retired stream to end", async {
@@ -855,9 +1249,15 @@ pub(super) mod behaviour {
         assert_eq!(end, SubscriptionEnd::ProducerWithdrawn);
         drop(stream);
 
-        let replacement = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let replacement = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let error = registry.subscribe(stale).await.unwrap_err();
-        assert!(matches!(error, SubscribeError::ProducerMismatch { .. }), "{error}");
+        assert!(
+            matches!(error, SubscribeError::ProducerMismatch { .. }),
+            "{error}"
+        );
         let current = registry.subscribe(replacement.identity()).await.unwrap();
         registry.shutdown().await;
         drop(current);
@@ -868,15 +1268,27 @@ pub(super) mod behaviour {
     async fn retirement_cancels_in_flight_hub_initialization() {
         // spec: retirement_cancels_in_flight_hub_initialization
         let (initialization, _gate) = closed_gate();
-        let registry = registry_with(test_limits(), Gates { initialization, ..Gates::default() });
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let registry = registry_with(
+            test_limits(),
+            Gates {
+                initialization,
+                ..Gates::default()
+            },
+        );
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let generation = attachment.generation;
         let subscriber = tokio::spawn({
             let registry = registry.clone();
             let producer = attachment.identity();
             async move { registry.subscribe(producer).await }
         });
-        wait_for("initialisation to start", || phase(&registry, generation) == "initializing").await;
+        wait_for("initialisation to start", || {
+            phase(&registry, generation) == "initializing"
+        })
+        .await;
         within("detach", registry.detach(attachment)).await;
         assert!(within("subscriber", subscriber).await.unwrap().is_err());
         assert_eq!(phase(&registry, generation), "retired");
@@ -889,20 +1301,36 @@ pub(super) mod behaviour {
     async fn cancellation_after_actor_snapshot_retires_the_publication_lease() {
         // spec: cancellation_after_actor_snapshot_retires_the_publication_lease
         let (post_snapshot, _gate) = closed_gate();
-        let registry = registry_with(test_limits(), Gates { post_snapshot, ..Gates::default() });
-        let attachment = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let registry = registry_with(
+            test_limits(),
+            Gates {
+                post_snapshot,
+                ..Gates::default()
+            },
+        );
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         let generation = attachment.generation;
         let subscriber = tokio::spawn({
             let registry = registry.clone();
             let producer = attachment.identity();
             async move { registry.subscribe(producer).await }
         });
-        wait_for("the actor to be attached", || phase(&registry, generation) == "initializing").await;
+        wait_for("the actor to be attached", || {
+            phase(&registry, generation) == "initializing"
+        })
+        .await;
         // The lease is live once the actor sequences a delta.
         let mut event_id = 1;
         within("the lease to become active", async {
             loop {
-                attachment.actor.submit(stored_event(event_id)).await.unwrap();
+                attachment
+                    .actor
+                    .submit(stored_event(event_id))
+                    .await
+                    .unwrap();
                 attachment.actor.flush().await.unwrap();
                 if attachment.actor.stats().await.unwrap().publications > 0 {
                     break;
@@ -915,11 +1343,18 @@ pub(super) mod behaviour {
 
         attachment.generation_cancel.cancel();
         assert!(within("subscriber", subscriber).await.unwrap().is_err());
-        wait_for("the slot to retire", || phase(&registry, generation) == "retired").await;
+        wait_for("the slot to retire", || {
+            phase(&registry, generation) == "retired"
+        })
+        .await;
         // Let the actor process the detach before measuring.
         attachment.actor.flush().await.unwrap();
         let before = attachment.actor.stats().await.unwrap().publications;
-        attachment.actor.submit(stored_event(event_id + 1)).await.unwrap();
+        attachment
+            .actor
+            .submit(stored_event(event_id + 1))
+            .await
+            .unwrap();
         attachment.actor.flush().await.unwrap();
         let stats = attachment.actor.stats().await.unwrap();
         assert_eq!(stats.publications, before, "the abandoned hub gets nothing");
@@ -936,8 +1371,16 @@ pub(super) mod behaviour {
         let attachment = registry.attach(req).await.unwrap();
         assert_eq!(registry.catalog().len(), 1);
         assert!(registry.load().is_empty());
-        assert!(!registry.replace_load_capacity(attachment.pool, attachment.generation, &[]).unwrap());
-        assert!(!registry.observe_load(attachment.pool, attachment.generation, LoadObservation::default()));
+        assert!(
+            !registry
+                .replace_load_capacity(attachment.pool, attachment.generation, &[])
+                .unwrap()
+        );
+        assert!(!registry.observe_load(
+            attachment.pool,
+            attachment.generation,
+            LoadObservation::default()
+        ));
         attachment.actor.stats().await.unwrap();
         registry.detach(attachment).await;
     }
@@ -948,7 +1391,10 @@ pub(super) mod behaviour {
         let registry = registry();
         let req = with_capacity(
             request(pool(1), "fast.router.generate", "llama"),
-            vec![WorkerCapacity { data_parallel_size: 0, ..WorkerCapacity::single_rank(1, Some(100)) }],
+            vec![WorkerCapacity {
+                data_parallel_size: 0,
+                ..WorkerCapacity::single_rank(1, Some(100))
+            }],
         );
         let attachment = registry.attach(req).await.unwrap();
         assert_eq!(registry.catalog().len(), 1);
@@ -965,7 +1411,10 @@ pub(super) mod behaviour {
     async fn scheduler_only_load_is_accepted_without_changing_snapshot() {
         // spec: scheduler_only_load_is_accepted_without_changing_snapshot
         let registry = registry();
-        let req = with_capacity(request(pool(1), "fast.router.generate", "llama"), vec![WorkerCapacity::single_rank(1, Some(100))]);
+        let req = with_capacity(
+            request(pool(1), "fast.router.generate", "llama"),
+            vec![WorkerCapacity::single_rank(1, Some(100))],
+        );
         let attachment = registry.attach(req).await.unwrap();
         let before = registry.load();
         let watch = registry.watch_load();
@@ -990,12 +1439,20 @@ pub(super) mod behaviour {
     async fn invalid_capacity_refresh_withdraws_authoritative_load_snapshot() {
         // spec: invalid_capacity_refresh_withdraws_authoritative_load_snapshot
         let registry = registry();
-        let req = with_capacity(request(pool(1), "fast.router.generate", "llama"), vec![WorkerCapacity::single_rank(1, Some(100))]);
+        let req = with_capacity(
+            request(pool(1), "fast.router.generate", "llama"),
+            vec![WorkerCapacity::single_rank(1, Some(100))],
+        );
         let attachment = registry.attach(req).await.unwrap();
         assert!(registry.observe_load(
             attachment.pool,
             attachment.generation,
-            LoadObservation { worker_id: 1, dp_rank: 0, kv_used_blocks: Some(40), ..LoadObservation::default() },
+            LoadObservation {
+                worker_id: 1,
+                dp_rank: 0,
+                kv_used_blocks: Some(40),
+                ..LoadObservation::default()
+            },
         ));
         assert!(!registry.load()[0].has_degraded_coverage());
         let mut watch = registry.watch_load();
@@ -1004,10 +1461,16 @@ pub(super) mod behaviour {
             .replace_load_capacity(
                 attachment.pool,
                 attachment.generation,
-                &[WorkerCapacity { data_parallel_size: 0, ..WorkerCapacity::single_rank(1, Some(100)) }],
+                &[WorkerCapacity {
+                    data_parallel_size: 0,
+                    ..WorkerCapacity::single_rank(1, Some(100))
+                }],
             )
             .unwrap_err();
-        assert!(error.to_string().contains("zero data_parallel_size"), "{error}");
+        assert!(
+            error.to_string().contains("zero data_parallel_size"),
+            "{error}"
+        );
         assert!(watch.has_changed().unwrap());
         let load = watch.borrow_and_update().clone();
         assert_eq!(load.len(), 1);
@@ -1023,7 +1486,10 @@ pub(super) mod behaviour {
     async fn load_is_generation_scoped_and_withdrawn_with_the_pool() {
         // spec: load_is_generation_scoped_and_withdrawn_with_the_pool
         let registry = registry();
-        let req = with_capacity(request(pool(1), "fast.router.generate", "llama"), vec![WorkerCapacity::single_rank(1, Some(100))]);
+        let req = with_capacity(
+            request(pool(1), "fast.router.generate", "llama"),
+            vec![WorkerCapacity::single_rank(1, Some(100))],
+        );
         let attachment = registry.attach(req).await.unwrap();
         let old_generation = attachment.generation;
         let old_producer = attachment.identity();
@@ -1048,17 +1514,37 @@ pub(super) mod behaviour {
         assert_eq!(observed.total_kv_blocks, Some(100));
         assert!(!observed.has_degraded_coverage());
 
-        assert!(registry.withdraw(pool(1), old_generation, RetirementMode::Graceful).await);
+        assert!(
+            registry
+                .withdraw(pool(1), old_generation, RetirementMode::Graceful)
+                .await
+        );
         assert!(registry.load().is_empty());
-        assert!(!registry.observe_load(pool(1), old_generation, LoadObservation { kv_used_blocks: Some(99), ..observation }));
+        assert!(!registry.observe_load(
+            pool(1),
+            old_generation,
+            LoadObservation {
+                kv_used_blocks: Some(99),
+                ..observation
+            }
+        ));
         registry.detach(attachment).await;
 
-        let replacement = registry.attach(request(pool(1), "fast.router.generate", "llama")).await.unwrap();
+        let replacement = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
         assert_ne!(replacement.generation, old_generation);
         assert_ne!(replacement.identity(), old_producer);
-        assert!(!registry
-            .replace_load_capacity(pool(1), old_generation, &[WorkerCapacity::single_rank(1, Some(999))])
-            .unwrap());
+        assert!(
+            !registry
+                .replace_load_capacity(
+                    pool(1),
+                    old_generation,
+                    &[WorkerCapacity::single_rank(1, Some(999))]
+                )
+                .unwrap()
+        );
         assert_eq!(registry.load()[0].kv_expected_ranks, 0);
         registry.detach(replacement).await;
     }
