@@ -5,7 +5,7 @@
 //! exactly at the bucket count. A rejected chunk leaves the assembler unchanged; the
 //! consumer is expected to drop the stream and resubscribe.
 
-use crate::cbi1::{ChunkView, Cbi1Layout, snapshot_chunk_count};
+use crate::cbi1::{Cbi1Layout, ChunkView, snapshot_chunk_count};
 
 /// A complete snapshot: one word per bucket, consistent at `sequence`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,7 +257,10 @@ mod tests {
         for index in 0..3 {
             assert_eq!(assembler.handle_chunk(&chunk(&table, index, 8)), Ok(None));
         }
-        let snapshot = assembler.handle_chunk(&chunk(&table, 3, 8)).unwrap().unwrap();
+        let snapshot = assembler
+            .handle_chunk(&chunk(&table, 3, 8))
+            .unwrap()
+            .unwrap();
         assert_eq!(snapshot.sequence, 8);
         assert_eq!(snapshot.words, table);
         assert!(!assembler.is_assembling());
@@ -314,7 +317,10 @@ mod tests {
         for index in 1..3 {
             assembler.handle_chunk(&chunk(&table, index, 12)).unwrap();
         }
-        let snapshot = assembler.handle_chunk(&chunk(&table, 3, 12)).unwrap().unwrap();
+        let snapshot = assembler
+            .handle_chunk(&chunk(&table, 3, 12))
+            .unwrap()
+            .unwrap();
         assert_eq!(snapshot.sequence, 12);
     }
 

@@ -85,7 +85,9 @@ impl MessageKind {
 
     /// The kind for a wire code, or `None` for a code this crate does not know.
     pub fn from_code(code: u16) -> Option<MessageKind> {
-        MessageKind::ALL.into_iter().find(|kind| kind.code() == code)
+        MessageKind::ALL
+            .into_iter()
+            .find(|kind| kind.code() == code)
     }
 
     /// A lowercase name for logs and JSON.
@@ -228,9 +230,7 @@ pub fn decode_frame(src: &mut BytesMut, limits: &Limits) -> Result<Option<RawFra
 pub fn decode_frame_exact(bytes: &[u8], limits: &Limits) -> Result<RawFrame, ExactFrameError> {
     let mut src = BytesMut::from(bytes);
     match decode_frame(&mut src, limits)? {
-        None => Err(ExactFrameError::Truncated {
-            len: bytes.len(),
-        }),
+        None => Err(ExactFrameError::Truncated { len: bytes.len() }),
         Some(_) if !src.is_empty() => Err(ExactFrameError::TrailingBytes { extra: src.len() }),
         Some(frame) => Ok(frame),
     }
@@ -329,7 +329,11 @@ mod tests {
         let whole = frame_bytes(MessageKind::Error, b"0123456789");
         for cut in 0..whole.len() {
             let mut src = BytesMut::from(&whole[..cut]);
-            assert_eq!(decode_frame(&mut src, &Limits::default()), Ok(None), "cut {cut}");
+            assert_eq!(
+                decode_frame(&mut src, &Limits::default()),
+                Ok(None),
+                "cut {cut}"
+            );
             assert_eq!(src.len(), cut);
         }
     }

@@ -24,8 +24,7 @@ pub mod limits;
 
 pub use assembler::{AssembledSnapshot, AssemblyError, SnapshotAssembler};
 pub use frame::{
-    FrameError, MessageKind, PROTOCOL_MAJOR, PROTOCOL_MINOR, RawFrame, decode_frame,
-    encode_frame,
+    FrameError, MessageKind, PROTOCOL_MAJOR, PROTOCOL_MINOR, RawFrame, decode_frame, encode_frame,
 };
 pub use limits::{Limits, LimitsError};
 pub mod v1;

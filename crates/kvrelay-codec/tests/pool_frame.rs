@@ -6,8 +6,8 @@
 use bytes::BytesMut;
 use kvrelay_ckf::BucketImage;
 use kvrelay_codec::v1::{
-    self, CkfFormat, DigestId, IdentitySource, Message, PoolFrame, PoolFrameError,
-    PoolFrameHeader, PoolFrameKind, PoolId, PoolPayload, ProducerIdentity, RelayIdentity,
+    self, CkfFormat, DigestId, IdentitySource, Message, PoolFrame, PoolFrameError, PoolFrameHeader,
+    PoolFrameKind, PoolId, PoolPayload, ProducerIdentity, RelayIdentity,
 };
 use kvrelay_codec::{Limits, SnapshotAssembler};
 use proptest::prelude::*;
@@ -53,13 +53,21 @@ fn header(kind: PoolFrameKind, base_sequence: u64, sequence: u64) -> PoolFrameHe
 }
 
 fn table() -> Vec<u64> {
-    (0..BUCKETS).map(|i| if i % 3 == 0 { i << 16 | 1 } else { 0 }).collect()
+    (0..BUCKETS)
+        .map(|i| if i % 3 == 0 { i << 16 | 1 } else { 0 })
+        .collect()
 }
 
 fn images() -> Vec<BucketImage> {
     vec![
-        BucketImage { bucket_idx: 3, word: 0xabcd },
-        BucketImage { bucket_idx: 63, word: 0 },
+        BucketImage {
+            bucket_idx: 3,
+            word: 0xabcd,
+        },
+        BucketImage {
+            bucket_idx: 63,
+            word: 0,
+        },
     ]
 }
 

@@ -107,7 +107,10 @@ fn descriptor_rules_name_the_offending_value() {
     check(pool, Err(ValidationError::ZeroBlockSize));
     let mut pool = descriptor(1);
     pool.producer.ckf_format.bucket_count = 3;
-    check(pool, Err(ValidationError::InvalidBucketCount { bucket_count: 3 }));
+    check(
+        pool,
+        Err(ValidationError::InvalidBucketCount { bucket_count: 3 }),
+    );
     let mut pool = descriptor(1);
     pool.registrations[0].aliases = vec!["llama-3-8b".into()];
     check(
@@ -146,7 +149,9 @@ fn unknown_codes_and_versions_are_unsupported_not_malformed() {
 fn unsupported_catalog_entry_is_quarantined_and_the_rest_kept() {
     let mut newer = descriptor(2);
     newer.producer.ckf_format.format_version = 2;
-    let verdict = catalog(vec![descriptor(1), newer, descriptor(3)]).validate().unwrap();
+    let verdict = catalog(vec![descriptor(1), newer, descriptor(3)])
+        .validate()
+        .unwrap();
     assert_eq!(verdict.accepted, vec![0, 2]);
     assert_eq!(verdict.quarantined.len(), 1);
     assert_eq!(verdict.quarantined[0].index, 1);
@@ -225,7 +230,10 @@ fn subscribe_pool_checks_the_expected_producer() {
         rpc: StreamRpc::SubscribePool { expected_producer },
         auth_token: Some("secret".into()),
     };
-    assert_eq!(request.validate(), Err(ValidationError::ZeroLayoutGeneration));
+    assert_eq!(
+        request.validate(),
+        Err(ValidationError::ZeroLayoutGeneration)
+    );
 }
 
 fn frame_with(kind_code: u16, minor: u16, body: &[u8]) -> BytesMut {
@@ -264,7 +272,10 @@ fn unknown_kind_is_skipped_and_the_stream_continues() {
     v1::encode_message(&error, &Limits::default(), &mut buf).unwrap();
     let err = v1::decode_message(&mut buf, &Limits::default()).unwrap_err();
     assert!(err.is_unsupported());
-    assert_eq!(v1::decode_message(&mut buf, &Limits::default()), Ok(Some(error)));
+    assert_eq!(
+        v1::decode_message(&mut buf, &Limits::default()),
+        Ok(Some(error))
+    );
 }
 
 #[test]
@@ -294,7 +305,10 @@ fn other_major_is_a_contract_mismatch_reason() {
     let mut buf = frame_with(1, 0, b"");
     buf[4] = 2;
     let err = v1::decode_message(&mut buf, &Limits::default()).unwrap_err();
-    assert_eq!(err, DecodeError::Frame(FrameError::ContractMismatch { major: 2 }));
+    assert_eq!(
+        err,
+        DecodeError::Frame(FrameError::ContractMismatch { major: 2 })
+    );
     assert_eq!(err.reason(), ErrorReason::ContractMismatch);
 }
 

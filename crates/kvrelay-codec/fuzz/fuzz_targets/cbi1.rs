@@ -24,7 +24,11 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(chunk.words().count(), chunk.n_words());
         }
         Ok(Cbi1Payload::Delta(delta)) => {
-            assert!(delta.images().all(|image| u64::from(image.bucket_idx) < bucket_count));
+            assert!(
+                delta
+                    .images()
+                    .all(|image| u64::from(image.bucket_idx) < bucket_count)
+            );
         }
         Err(_) => {}
     }

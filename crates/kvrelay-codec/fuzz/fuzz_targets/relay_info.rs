@@ -11,7 +11,6 @@ fuzz_target!(|data: &[u8]| {
     let (flag, body) = support::flag(data);
     let minor = u16::from(flag & 1);
     if let Ok(message) = RelayInfo::decode_body(body, minor) {
-        
         let mut dst = BytesMut::new();
         if message.encode_body(&mut dst).is_ok() {
             assert_eq!(RelayInfo::decode_body(&dst, 0).ok(), Some(message));

@@ -18,3 +18,11 @@ pub fn flag(data: &[u8]) -> (u8, &[u8]) {
         None => (0, data),
     }
 }
+
+/// The pool frame metadata checksum.
+pub fn meta_checksum(minor: u16, meta: &[u8]) -> u32 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(&minor.to_le_bytes());
+    hasher.update(meta);
+    hasher.digest() as u32
+}

@@ -7,8 +7,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kvrelay_ckf::BucketImage;
 
 use super::header::{
-    self, CBI1_HEADER_LEN, DELTA_HEADER_LEN, DELTA_IMAGE_LEN, Cbi1Error, Cbi1FrameType,
-    Cbi1Header, Cbi1Layout, MAX_DELTA_IMAGES, u64_at,
+    self, CBI1_HEADER_LEN, Cbi1Error, Cbi1FrameType, Cbi1Header, Cbi1Layout, DELTA_HEADER_LEN,
+    DELTA_IMAGE_LEN, MAX_DELTA_IMAGES, u64_at,
 };
 
 /// Appends a delta from `base_epoch` to `epoch` carrying `images` to `dst`.

@@ -98,9 +98,9 @@ impl DecodeError {
     /// The wire reason a relay answers with when a client's frame fails to decode.
     pub fn reason(&self) -> ErrorReason {
         match self {
-            DecodeError::Frame(FrameError::ContractMismatch { .. } | FrameError::BadMagic { .. }) => {
-                ErrorReason::ContractMismatch
-            }
+            DecodeError::Frame(
+                FrameError::ContractMismatch { .. } | FrameError::BadMagic { .. },
+            ) => ErrorReason::ContractMismatch,
             DecodeError::Frame(FrameError::TooLong { .. }) => ErrorReason::ResourceLimit,
             DecodeError::UnsupportedKind { .. } | DecodeError::UnsupportedRpc { .. } => {
                 ErrorReason::UnsupportedFeature

@@ -63,7 +63,10 @@ impl PoolDescriptor {
         for (at, registration) in self.registrations.iter().enumerate() {
             registration.validate()?;
             let earlier = &self.registrations[..at];
-            if earlier.iter().any(|other| other.model == registration.model) {
+            if earlier
+                .iter()
+                .any(|other| other.model == registration.model)
+            {
                 return Err(ValidationError::DuplicateModel {
                     model: registration.model.clone(),
                 });

@@ -213,11 +213,13 @@ impl Visitor<'_> for CodeVisitor {
     }
 
     fn visit_u64<E: de::Error>(self, value: u64) -> Result<u32, E> {
-        u32::try_from(value).map_err(|_| E::custom(format!("{} code {value} exceeds u32", self.what)))
+        u32::try_from(value)
+            .map_err(|_| E::custom(format!("{} code {value} exceeds u32", self.what)))
     }
 
     fn visit_str<E: de::Error>(self, value: &str) -> Result<u32, E> {
-        (self.lookup)(value).ok_or_else(|| E::custom(format!("unknown {} name {value:?}", self.what)))
+        (self.lookup)(value)
+            .ok_or_else(|| E::custom(format!("unknown {} name {value:?}", self.what)))
     }
 }
 
@@ -246,8 +248,14 @@ mod tests {
 
     #[test]
     fn json_uses_names_for_known_codes_and_numbers_otherwise() {
-        assert_eq!(serde_json::to_string(&WorkerRole::Decode).unwrap(), "\"decode\"");
-        assert_eq!(serde_json::to_string(&WorkerRole::Unrecognized(9)).unwrap(), "9");
+        assert_eq!(
+            serde_json::to_string(&WorkerRole::Decode).unwrap(),
+            "\"decode\""
+        );
+        assert_eq!(
+            serde_json::to_string(&WorkerRole::Unrecognized(9)).unwrap(),
+            "9"
+        );
         assert_eq!(
             serde_json::from_str::<WorkerRole>("\"prefill\"").unwrap(),
             WorkerRole::Prefill

@@ -135,7 +135,8 @@ impl PoolId {
                 });
             }
         }
-        self.cache_semantics.validate("pool_id.cache_semantics.source")?;
+        self.cache_semantics
+            .validate("pool_id.cache_semantics.source")?;
         self.routing_scope.validate("pool_id.routing_scope.source")
     }
 }

@@ -15,7 +15,7 @@ use super::body::{DecodeError, EncodeError, decode_prefix, encode_body};
 use super::code::PoolFrameKind;
 use super::identity::{ProducerIdentity, RelayIdentity};
 use super::validation::ValidationError;
-use crate::cbi1::{self, ChunkView, Cbi1Error, Cbi1FrameType, Cbi1Payload, DeltaView};
+use crate::cbi1::{self, Cbi1Error, Cbi1FrameType, Cbi1Payload, ChunkView, DeltaView};
 use crate::frame::{self, MessageKind, PROTOCOL_MINOR};
 use crate::limits::Limits;
 
@@ -182,7 +182,10 @@ impl PoolFrame {
                 found: Box::new(header.producer),
             });
         }
-        header.producer.validate().map_err(PoolFrameError::Producer)?;
+        header
+            .producer
+            .validate()
+            .map_err(PoolFrameError::Producer)?;
         header.check_sequences()?;
         if header.kind == PoolFrameKind::Heartbeat {
             if !self.payload.is_empty() {
@@ -348,7 +351,10 @@ fn precheck_kind(header: &PoolFrameHeader, kind: PoolFrameKind) -> Result<(), En
     })
 }
 
-fn precheck(header: &PoolFrameHeader, kind: PoolFrameKind) -> Result<cbi1::Cbi1Layout, EncodeError> {
+fn precheck(
+    header: &PoolFrameHeader,
+    kind: PoolFrameKind,
+) -> Result<cbi1::Cbi1Layout, EncodeError> {
     precheck_kind(header, kind)?;
     let format = &header.producer.ckf_format;
     cbi1::Cbi1Layout::new(format.seed, format.bucket_count).map_err(EncodeError::Cbi1)

@@ -96,7 +96,10 @@ impl TopologyEntry {
         if self.state == ReadinessState::Ready && !self.missing_roles.is_empty() {
             return Err(ValidationError::Inconsistent {
                 field: "state",
-                detail: format!("ready state with {} missing roles", self.missing_roles.len()),
+                detail: format!(
+                    "ready state with {} missing roles",
+                    self.missing_roles.len()
+                ),
             });
         }
         for (at, member) in self.members.iter().enumerate() {

@@ -246,7 +246,10 @@ pub(crate) fn check_label(
 }
 
 /// Every role known and listed once; unknown roles are unsupported.
-pub(crate) fn check_roles(field: &'static str, roles: &[WorkerRole]) -> Result<(), ValidationError> {
+pub(crate) fn check_roles(
+    field: &'static str,
+    roles: &[WorkerRole],
+) -> Result<(), ValidationError> {
     for (at, role) in roles.iter().enumerate() {
         role.check(field)?;
         if roles[..at].contains(role) {

@@ -12,7 +12,9 @@ pub(crate) fn text() -> impl Strategy<Value = String> {
     "\\PC{0,12}"
 }
 
-pub(crate) fn code<T: 'static + std::fmt::Debug + Clone>(from: fn(u32) -> T) -> impl Strategy<Value = T> {
+pub(crate) fn code<T: 'static + std::fmt::Debug + Clone>(
+    from: fn(u32) -> T,
+) -> impl Strategy<Value = T> {
     prop_oneof![4 => 1u32..=5, 1 => any::<u32>()].prop_map(from)
 }
 
@@ -29,26 +31,39 @@ pub(crate) fn digest() -> impl Strategy<Value = DigestId> {
 }
 
 pub(crate) fn pool_id() -> impl Strategy<Value = PoolId> {
-    (prop_oneof![Just(1u32), any::<u32>()], digest(), digest(), any::<u64>()).prop_map(
-        |(identity_version, cache_semantics, routing_scope, dc_id)| PoolId {
-            identity_version,
-            cache_semantics,
-            routing_scope,
-            dc_id,
-        },
+    (
+        prop_oneof![Just(1u32), any::<u32>()],
+        digest(),
+        digest(),
+        any::<u64>(),
     )
+        .prop_map(
+            |(identity_version, cache_semantics, routing_scope, dc_id)| PoolId {
+                identity_version,
+                cache_semantics,
+                routing_scope,
+                dc_id,
+            },
+        )
 }
 
 pub(crate) fn ckf_format() -> impl Strategy<Value = CkfFormat> {
-    (any::<u32>(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
-        |(format_version, seed, bucket_count, fingerprint_bits, slots_per_bucket)| CkfFormat {
-            format_version,
-            seed,
-            bucket_count,
-            fingerprint_bits,
-            slots_per_bucket,
-        },
+    (
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
     )
+        .prop_map(
+            |(format_version, seed, bucket_count, fingerprint_bits, slots_per_bucket)| CkfFormat {
+                format_version,
+                seed,
+                bucket_count,
+                fingerprint_bits,
+                slots_per_bucket,
+            },
+        )
 }
 
 pub(crate) fn producer() -> impl Strategy<Value = ProducerIdentity> {
@@ -94,7 +109,13 @@ pub(crate) fn descriptor() -> impl Strategy<Value = PoolDescriptor> {
         roles(),
     )
         .prop_map(
-            |(producer, serving_endpoint, registrations, (kv_block_size, hash_format), pool_roles)| {
+            |(
+                producer,
+                serving_endpoint,
+                registrations,
+                (kv_block_size, hash_format),
+                pool_roles,
+            )| {
                 PoolDescriptor {
                     producer,
                     serving_endpoint,
@@ -202,13 +223,13 @@ pub(crate) fn topology_entry() -> impl Strategy<Value = TopologyEntry> {
 }
 
 pub(crate) fn topology() -> impl Strategy<Value = TopologyUpdate> {
-    (relay(), any::<u64>(), vec(topology_entry(), 0..3)).prop_map(
-        |(relay, revision, entries)| TopologyUpdate {
+    (relay(), any::<u64>(), vec(topology_entry(), 0..3)).prop_map(|(relay, revision, entries)| {
+        TopologyUpdate {
             relay,
             revision,
             entries,
-        },
-    )
+        }
+    })
 }
 
 pub(crate) fn stream_request() -> impl Strategy<Value = StreamRequest> {
