@@ -229,8 +229,9 @@ pub enum EngineKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadConfig {
-    /// The trace file (JSONL).
-    pub trace: PathBuf,
+    /// The request trace (JSONL); absent = the small trace built into the binary.
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
     /// Replay speed multiplier; 0 = as fast as possible.
     #[serde(default)]
     pub speed: f64,
@@ -316,11 +317,11 @@ impl RelayConfig {
         }
         if let Some(trace) = overrides.trace {
             let workload = self.workload.get_or_insert(WorkloadConfig {
-                trace: trace.clone(),
+                trace: None,
                 speed: DEFAULT_REPLAY_SPEED,
                 loops: 1,
             });
-            workload.trace = trace;
+            workload.trace = Some(trace);
         }
         if let (Some(speed), Some(workload)) = (overrides.replay_speed, self.workload.as_mut()) {
             workload.speed = speed;

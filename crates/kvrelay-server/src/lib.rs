@@ -31,7 +31,7 @@ pub use config::{
     DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig, EngineKind, RelayConfig, RelayOverrides,
     SourceConfig, TlsConfig, WanConfig, WorkloadConfig,
 };
-pub use host::workload::TraceError;
+pub use host::workload::{TraceError, WORKLOAD_TOKEN_SEED};
 pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress};
 pub use limits::*;
 pub use mirror::{MirrorError, MirrorProgress, PoolMirror};

@@ -203,7 +203,13 @@ impl Relay {
         let tls = config.wan.tls.as_ref().map(WanTls::load).transpose()?;
         let token = config.wan.auth.as_ref().map(BearerToken::load).transpose()?;
         let trace = match &config.workload {
-            Some(workload) => Some(read_trace(&workload.trace)?),
+            Some(workload) => Some(match &workload.trace {
+                Some(path) => read_trace(path)?,
+                None => workload::parse_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE).map_err(|err| RelayError::Trace {
+                    path: PathBuf::from("<builtin>"),
+                    message: err.to_string(),
+                })?,
+            }),
             None => None,
         };
         let scope = MembershipScope {
@@ -594,8 +600,9 @@ impl WorkloadDriver {
         let mut caches: Vec<SourceCache> = sources
             .iter()
             .map(|source| {
-                let capacity = routes.routes.get(source).map_or(1, |route| route.capacity);
-                SourceCache::new(*source, usize::try_from(capacity).unwrap_or(usize::MAX))
+                let (capacity, block_size) =
+                    routes.routes.get(source).map_or((1, 16), |route| (route.capacity, route.block_size));
+                SourceCache::new(*source, usize::try_from(capacity).unwrap_or(usize::MAX), block_size)
             })
             .collect();
         info!(sources = sources.len(), requests = self.requests.len(), "replaying trace");

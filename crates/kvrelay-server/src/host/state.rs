@@ -25,6 +25,8 @@ pub(crate) struct Route {
     pub(crate) actor: PoolActorHandle,
     /// Per-rank KV capacity, in blocks.
     pub(crate) capacity: u64,
+    /// Tokens per block of the pool's query semantics.
+    pub(crate) block_size: u32,
 }
 
 /// Every connected source's route.

@@ -237,6 +237,7 @@ impl Supervisor {
                         generation: entry.attachment.generation,
                         actor: entry.attachment.actor.clone(),
                         capacity: *capacity,
+                        block_size: entry.binding.query_semantics.kv_block_size(),
                     },
                 );
             }

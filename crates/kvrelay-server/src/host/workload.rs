@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use kvrelay_ingest::block_token_hash;
 use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
 use serde::Deserialize;
 
@@ -49,9 +50,13 @@ pub(crate) fn parse_trace(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
         .collect()
 }
 
-/// The canonical token hash of a trace block id (a fixed 64-bit mix, so every relay and
-/// test derives the same keys).
-pub(crate) fn token_hash_of(hash_id: u64) -> u64 {
+/// Seed of the synthesized block tokens: the ingest workload generator's default, so a
+/// consumer scoring `kvrelay_ingest::request_tokens(hash_ids, block_size, WORKLOAD_TOKEN_SEED)`
+/// finds the blocks this workload stored.
+pub const WORKLOAD_TOKEN_SEED: u64 = 0x6b76_7265_6c61_7931;
+
+/// A fixed 64-bit mix of a trace block id, used to spread requests over sources.
+fn mix(hash_id: u64) -> u64 {
     let mut z = hash_id.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -63,6 +68,7 @@ pub(crate) fn token_hash_of(hash_id: u64) -> u64 {
 pub(crate) struct SourceCache {
     source: SourceId,
     capacity: usize,
+    block_size: u32,
     /// Trace block id → (engine block id, last use tick).
     resident: HashMap<u64, (u64, u64)>,
     /// Last use tick → trace block id (the LRU order).
@@ -73,10 +79,11 @@ pub(crate) struct SourceCache {
 }
 
 impl SourceCache {
-    pub(crate) fn new(source: SourceId, capacity: usize) -> Self {
+    pub(crate) fn new(source: SourceId, capacity: usize, block_size: u32) -> Self {
         Self {
             source,
             capacity: capacity.max(1),
+            block_size,
             resident: HashMap::new(),
             by_use: BTreeMap::new(),
             tick: 0,
@@ -132,7 +139,10 @@ impl SourceCache {
             self.tick += 1;
             self.resident.insert(*id, (engine_block_id, self.tick));
             self.by_use.insert(self.tick, *id);
-            blocks.push(StoredBlock { engine_block_id, token_hash: token_hash_of(*id) });
+            blocks.push(StoredBlock {
+                engine_block_id,
+                token_hash: block_token_hash(*id, self.block_size, WORKLOAD_TOKEN_SEED),
+            });
         }
         events.push(self.event(EventPayload::Stored(StoredBlocks { parent_engine_block_id: parent, blocks })));
         events
@@ -157,7 +167,7 @@ impl SourceCache {
 pub(crate) fn route(hash_ids: &[u64], n_sources: usize) -> Option<usize> {
     let first = *hash_ids.first()?;
     let n = u64::try_from(n_sources).ok().filter(|n| *n > 0)?;
-    usize::try_from(token_hash_of(first) % n).ok()
+    usize::try_from(mix(first) % n).ok()
 }
 
 #[cfg(test)]
@@ -173,20 +183,23 @@ mod tests {
 
     #[test]
     fn shared_prefix_is_stored_once_and_chained() {
-        let mut cache = SourceCache::new(SourceId::new(1, 0), 100);
+        let mut cache = SourceCache::new(SourceId::new(1, 0), 100, 16);
         let first = cache.serve(&[1, 2, 3]);
         assert_eq!(first.len(), 1);
         assert_eq!(stored(&first[0]).parent_engine_block_id, None);
         let second = cache.serve(&[1, 2, 4]);
         let blocks = stored(&second[0]);
         assert_eq!(blocks.parent_engine_block_id, Some(2));
-        assert_eq!(blocks.blocks, vec![StoredBlock { engine_block_id: 4, token_hash: token_hash_of(4) }]);
+        assert_eq!(
+            blocks.blocks,
+            vec![StoredBlock { engine_block_id: 4, token_hash: block_token_hash(4, 16, WORKLOAD_TOKEN_SEED) }]
+        );
         assert_eq!(cache.resident(), 4);
     }
 
     #[test]
     fn full_cache_evicts_least_recently_used_first() {
-        let mut cache = SourceCache::new(SourceId::new(1, 0), 3);
+        let mut cache = SourceCache::new(SourceId::new(1, 0), 3, 16);
         cache.serve(&[1, 2]);
         cache.serve(&[7]);
         cache.serve(&[1, 2]);
@@ -200,13 +213,35 @@ mod tests {
 
     #[test]
     fn event_ids_increase_per_source() {
-        let mut cache = SourceCache::new(SourceId::new(1, 0), 2);
+        let mut cache = SourceCache::new(SourceId::new(1, 0), 2, 16);
         let ids: Vec<u64> = [[1u64, 2], [3, 4], [5, 6]]
             .iter()
             .flat_map(|request| cache.serve(request))
             .map(|event| event.event_id)
             .collect();
         assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{ids:?}");
+    }
+
+    #[test]
+    fn blocks_after_a_gap_are_restored_under_their_new_parent() {
+        let mut cache = SourceCache::new(SourceId::new(1, 0), 3, 16);
+        cache.serve(&[1, 2, 3]);
+        // [9] evicts block 1 (least recently used); 2 and 3 stay resident behind the gap.
+        cache.serve(&[9]);
+        let events = cache.serve(&[1, 2, 3]);
+        let removed: Vec<u64> = events
+            .iter()
+            .filter_map(|event| match &event.payload {
+                EventPayload::Removed(removed) => Some(removed.engine_block_ids.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert!(removed.contains(&2) && removed.contains(&3), "stale copies removed: {removed:?}");
+        let stored = stored(events.last().unwrap());
+        assert_eq!(stored.parent_engine_block_id, None);
+        assert_eq!(stored.blocks.len(), 3);
+        assert_eq!(cache.resident(), 3);
     }
 
     #[test]

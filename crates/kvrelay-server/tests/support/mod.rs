@@ -77,7 +77,7 @@ pub(crate) fn deployment(dir: &Path, n_requests: u64) -> RelayConfig {
     config.wan.listen = "127.0.0.1:0".parse().unwrap();
     config.admin.listen = "127.0.0.1:0".parse().unwrap();
     config.discovery.dir = Some(cards);
-    config.workload = Some(WorkloadConfig { trace, speed: 0.0, loops: 1 });
+    config.workload = Some(WorkloadConfig { trace: Some(trace), speed: 0.0, loops: 1 });
     config
 }
 
