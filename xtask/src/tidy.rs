@@ -276,12 +276,18 @@ fn check_purity(root: &Path, crates: &[CrateInfo], findings: &mut Vec<Finding>) 
             .parent()
             .map(|dir| dir.join("src"))
             .unwrap_or_default();
-        for file in rust_files(&src)? {
-            let text = read(&file)?;
-            if text.contains("#![cfg(feature") {
+        let files = rust_files(&src)?;
+        let gated = gated_module_paths(&files)?;
+        for file in files {
+            if gated.iter().any(|gate| file.starts_with(gate)) {
                 continue;
             }
-            for (idx, line) in code_lines(&text) {
+            let text = read(&file)?;
+            if text.contains("#![cfg(feature") || text.contains("#![cfg(test") {
+                continue;
+            }
+            let lines = code_lines(&text).take_while(|(_, line)| !starts_test_module(line));
+            for (idx, line) in lines {
                 for pattern in IMPURE_PATTERNS {
                     if line.contains(pattern) {
                         findings.push(Finding {
@@ -296,6 +302,54 @@ fn check_purity(root: &Path, crates: &[CrateInfo], findings: &mut Vec<Finding>) 
         }
     }
     Ok(())
+}
+
+/// Files and directories of modules declared under `#[cfg(feature = ..)]` or
+/// `#[cfg(test)]`: the feature-gated shells and tests that purity does not apply to.
+fn gated_module_paths(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut gated = Vec::new();
+    for file in files {
+        let text = read(file)?;
+        let Some(dir) = file.parent() else { continue };
+        let stem = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
+        let module_dir = if matches!(stem, "lib" | "main" | "mod") {
+            dir.to_path_buf()
+        } else {
+            dir.join(stem)
+        };
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        for (idx, line) in lines.iter().enumerate() {
+            let Some(name) = declared_module(line) else {
+                continue;
+            };
+            let mut attributes = lines[..idx]
+                .iter()
+                .rev()
+                .take_while(|l| l.starts_with("#["));
+            if attributes.any(|a| a.starts_with("#[cfg(feature") || a.starts_with("#[cfg(test")) {
+                gated.push(module_dir.join(format!("{name}.rs")));
+                gated.push(module_dir.join(name));
+            }
+        }
+    }
+    Ok(gated)
+}
+
+/// The module name of a `mod name;` declaration (any visibility).
+fn declared_module(line: &str) -> Option<&str> {
+    let declaration = line.strip_suffix(';')?;
+    let (prefix, name) = declaration.split_once("mod ")?;
+    let prefix = prefix.trim();
+    (prefix.is_empty() || prefix.starts_with("pub")).then_some(name.trim())
+}
+
+/// Whether a line opens an inline test module (`mod tests {`); purity checks stop there.
+fn starts_test_module(line: &str) -> bool {
+    let trimmed = line.trim();
+    trimmed.starts_with("mod tests") && trimmed.ends_with('{')
 }
 
 fn check_sources(
@@ -519,6 +573,31 @@ mod tests {
             "tidy findings:\n{}",
             listing.join("\n")
         );
+    }
+
+    #[test]
+    fn module_declarations_are_recognised_with_any_visibility() {
+        assert_eq!(declared_module("mod watch;"), Some("watch"));
+        assert_eq!(declared_module("pub(crate) mod etcd;"), Some("etcd"));
+        assert_eq!(declared_module("mod tests {"), None);
+        assert_eq!(declared_module("let model = 1;"), None);
+    }
+
+    #[test]
+    fn feature_gated_modules_are_exempt_from_purity() {
+        let dir = std::env::temp_dir().join(format!("xtask-tidy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lib = dir.join("lib.rs");
+        std::fs::write(
+            &lib,
+            "//! x\n#[cfg(feature = \"watch\")]\nmod watch;\nmod core;\n",
+        )
+        .unwrap();
+        let gated = gated_module_paths(&[lib]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(gated.contains(&dir.join("watch.rs")));
+        assert!(gated.contains(&dir.join("watch")));
+        assert!(!gated.contains(&dir.join("core.rs")));
     }
 
     #[test]
