@@ -706,3 +706,151 @@ pub(crate) async fn within<T>(what: &str, future: impl std::future::Future<Outpu
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
+
+/// A producer without a network, for sans-IO tests: a filter plus frame encoding.
+pub(crate) struct Producer {
+    pub(crate) filter: PoolFilter,
+    pub(crate) descriptor: PoolDescriptor,
+    relay: RelayIdentity,
+    block_size: u32,
+    next_engine_id: u64,
+}
+
+impl Producer {
+    pub(crate) fn new(spec: &PoolSpec, dc: &str, relay: RelayIdentity, generation: u64) -> Self {
+        let filter = PoolFilter::new(CkfConfig::new(spec.expected_blocks)).expect("filter");
+        Self {
+            descriptor: descriptor(spec, dc, relay.relay_incarnation, generation, &filter),
+            filter,
+            relay,
+            block_size: spec.block_size,
+            next_engine_id: 1,
+        }
+    }
+
+    /// Stores `tokens` as one chain of `worker`; returns the canonical hashes and the
+    /// delta frame, if any bucket changed.
+    pub(crate) fn store(
+        &mut self,
+        worker: u64,
+        tokens: &[u32],
+        salt: HashSalt<'_>,
+    ) -> (Vec<u64>, Option<kvrelay_codec::v1::PoolFrame>) {
+        let hashes = block_hashes(
+            tokens,
+            self.block_size,
+            KvQueryHashFormat::DynamoStandardV1,
+            salt,
+        );
+        let blocks = hashes
+            .iter()
+            .map(|&token_hash| {
+                let engine_block_id = self.next_engine_id;
+                self.next_engine_id += 1;
+                StoredBlock {
+                    engine_block_id,
+                    token_hash,
+                }
+            })
+            .collect();
+        let event = RouterEvent {
+            source: SourceId::new(worker, 0),
+            event_id: self.next_engine_id,
+            payload: EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: None,
+                blocks,
+            }),
+        };
+        self.filter.apply(&event).expect("apply");
+        (sequence_hashes(&hashes), self.take_delta_frame())
+    }
+
+    /// Clears `worker`'s blocks; returns the delta frame, if any.
+    pub(crate) fn clear(&mut self, worker: u64) -> Option<kvrelay_codec::v1::PoolFrame> {
+        let event = RouterEvent {
+            source: SourceId::new(worker, 0),
+            event_id: 0,
+            payload: EventPayload::AllCleared,
+        };
+        self.filter.apply(&event).expect("apply");
+        self.take_delta_frame()
+    }
+
+    fn take_delta_frame(&mut self) -> Option<kvrelay_codec::v1::PoolFrame> {
+        let delta = self.filter.take_delta().expect("delta")?;
+        let header = PoolFrameHeader {
+            relay: self.relay,
+            producer: self.descriptor.producer,
+            base_sequence: delta.base_sequence,
+            sequence: delta.sequence,
+            kind: PoolFrameKind::Delta,
+            sent_unix_us: 0,
+        };
+        let mut bytes = BytesMut::new();
+        encode_delta_frame(&header, &delta.images, &limits(), &mut bytes).expect("encode delta");
+        Some(decode_pool_frame(&mut bytes))
+    }
+
+    /// The snapshot chunk frames at the current sequence (pending changes must have been
+    /// taken as deltas already).
+    pub(crate) fn snapshot_frames(&mut self) -> Vec<kvrelay_codec::v1::PoolFrame> {
+        assert!(
+            self.filter.take_delta().expect("tail").is_none(),
+            "pending changes"
+        );
+        let sequence = self.filter.sequence();
+        let table = self.filter.words().to_vec();
+        let header = PoolFrameHeader {
+            relay: self.relay,
+            producer: self.descriptor.producer,
+            base_sequence: sequence,
+            sequence,
+            kind: PoolFrameKind::SnapshotChunk,
+            sent_unix_us: 0,
+        };
+        (0..snapshot_chunk_count(table.len() as u64))
+            .map(|chunk_index| {
+                let mut bytes = BytesMut::new();
+                encode_chunk_frame(&header, &table, chunk_index, &limits(), &mut bytes)
+                    .expect("chunk");
+                decode_pool_frame(&mut bytes)
+            })
+            .collect()
+    }
+
+    /// A heartbeat at `sequence`.
+    pub(crate) fn heartbeat(&self, sequence: u64) -> kvrelay_codec::v1::PoolFrame {
+        let header = PoolFrameHeader {
+            relay: self.relay,
+            producer: self.descriptor.producer,
+            base_sequence: sequence,
+            sequence,
+            kind: PoolFrameKind::Heartbeat,
+            sent_unix_us: 0,
+        };
+        let mut bytes = BytesMut::new();
+        encode_heartbeat_frame(&header, &limits(), &mut bytes).expect("heartbeat");
+        decode_pool_frame(&mut bytes)
+    }
+}
+
+/// A relay identity for sans-IO tests.
+pub(crate) fn relay_identity(incarnation: u64) -> RelayIdentity {
+    RelayIdentity {
+        drt_instance_id: 7,
+        relay_incarnation: incarnation,
+    }
+}
+
+/// The catalog of `producers` at `revision`.
+pub(crate) fn catalog_of(
+    relay: RelayIdentity,
+    revision: u64,
+    producers: &[&Producer],
+) -> CatalogUpdate {
+    CatalogUpdate {
+        relay,
+        revision,
+        pools: producers.iter().map(|p| p.descriptor.clone()).collect(),
+    }
+}

@@ -1,0 +1,424 @@
+//! The sans-IO consumer state driven directly with wire messages: catalog rules,
+//! staleness, sequencing, and scoring accuracy against an exact index.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvrelay_ckf::{ExactIndex, PrefixQuery};
+use kvrelay_consumer::{
+    CatalogError, ConsumerConfig, ConsumerState, FrameOutcome, PoolKey, RelayConfig, ReplicaStatus,
+    ResubscribeReason, ScoreRequest,
+};
+use kvrelay_identity::hashing::HashSalt;
+use support::{PoolSpec, Producer, catalog_of, relay_identity};
+
+fn state(n_relays: usize) -> ConsumerState {
+    let relays = (0..n_relays)
+        .map(|i| RelayConfig::new(&format!("127.0.0.1:{}", 7400 + i), &format!("dc-{i}")))
+        .collect();
+    ConsumerState::new(&ConsumerConfig::new(relays)).unwrap()
+}
+
+/// Subscribes `key` and installs `producer`'s snapshot.
+fn install(state: &mut ConsumerState, key: PoolKey, producer: &mut Producer, now: Instant) {
+    state.begin_subscription(key).unwrap();
+    let frames = producer.snapshot_frames();
+    for frame in &frames {
+        state.apply_pool_frame(key, frame, now).unwrap();
+    }
+}
+
+fn request(tokens: Vec<u32>) -> ScoreRequest {
+    ScoreRequest {
+        tokens,
+        model: "llama".into(),
+        ..ScoreRequest::default()
+    }
+}
+
+#[test]
+fn metadata_only_change_keeps_the_replica_and_its_key() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut producer = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&producer]))
+        .unwrap();
+    let key = change.added[0].0;
+    let now = Instant::now();
+    install(&mut state, key, &mut producer, now);
+    producer.descriptor.registrations[0]
+        .aliases
+        .push("llama-latest".into());
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 2, &[&producer]))
+        .unwrap();
+    assert!(change.added.is_empty() && change.removed.is_empty());
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    // The new alias resolves at once.
+    let ranking = state
+        .score(
+            &ScoreRequest {
+                model: "llama-latest".into(),
+                ..request(vec![1; 8])
+            },
+            now,
+        )
+        .unwrap();
+    assert_eq!(ranking.model, "llama");
+}
+
+#[test]
+fn absent_pool_is_withdrawn_with_its_replica() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a, &b]))
+        .unwrap();
+    let key_a = change
+        .added
+        .iter()
+        .find(|(_, p)| *p == a.descriptor.producer)
+        .unwrap()
+        .0;
+    install(&mut state, key_a, &mut a, Instant::now());
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 2, &[&b]))
+        .unwrap();
+    assert_eq!(change.removed, vec![key_a]);
+    assert_eq!(state.pools(Instant::now()).len(), 1);
+    assert!(
+        state.begin_subscription(key_a).is_err(),
+        "a withdrawn key cannot resubscribe"
+    );
+}
+
+#[test]
+fn catalog_revision_going_backwards_is_refused() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    state
+        .apply_catalog(0, &catalog_of(relay, 5, &[&a]))
+        .unwrap();
+    assert_eq!(
+        state.apply_catalog(0, &catalog_of(relay, 4, &[&a])),
+        Err(CatalogError::RevisionBackwards {
+            previous: 5,
+            current: 4
+        })
+    );
+}
+
+#[test]
+fn repeated_revision_must_repeat_the_same_content() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    state
+        .apply_catalog(0, &catalog_of(relay, 3, &[&a]))
+        .unwrap();
+    assert!(
+        state.apply_catalog(0, &catalog_of(relay, 3, &[&a])).is_ok(),
+        "heartbeat"
+    );
+    assert_eq!(
+        state.apply_catalog(0, &catalog_of(relay, 3, &[&a, &b])),
+        Err(CatalogError::RevisionContentChanged { revision: 3 })
+    );
+}
+
+#[test]
+fn catalog_from_another_relay_incarnation_is_refused() {
+    let mut state = state(1);
+    let a = Producer::new(
+        &PoolSpec::aggregated("alpha", "llama"),
+        "dc-0",
+        relay_identity(1),
+        1,
+    );
+    state
+        .apply_catalog(0, &catalog_of(relay_identity(1), 1, &[&a]))
+        .unwrap();
+    assert!(matches!(
+        state.apply_catalog(0, &catalog_of(relay_identity(2), 2, &[&a])),
+        Err(CatalogError::RelayChanged { .. })
+    ));
+}
+
+#[test]
+fn duplicate_pool_ids_refuse_the_whole_catalog() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    assert!(matches!(
+        state.apply_catalog(0, &catalog_of(relay, 1, &[&a, &a])),
+        Err(CatalogError::DuplicatePool { .. })
+    ));
+    assert!(state.pools(Instant::now()).is_empty(), "nothing applied");
+}
+
+#[test]
+fn malformed_entry_is_quarantined_alone() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let mut bad = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    bad.descriptor.query_semantics.kv_block_size = 0;
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a, &bad]))
+        .unwrap();
+    assert_eq!(change.added.len(), 1);
+    assert_eq!(change.newly_quarantined, 1);
+    let quarantined = state.quarantined();
+    assert!(
+        quarantined[0].reason.starts_with("malformed"),
+        "{quarantined:?}"
+    );
+}
+
+#[test]
+fn replica_past_the_staleness_bound_is_not_used_until_it_hears_again() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    a.store(1, &[1, 2, 3, 4, 5, 6, 7, 8], HashSalt::default());
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
+        .unwrap();
+    let key = change.added[0].0;
+    let t0 = Instant::now();
+    install(&mut state, key, &mut a, t0);
+    let depth = |state: &ConsumerState, now| {
+        state
+            .score(&request(vec![1, 2, 3, 4, 5, 6, 7, 8]), now)
+            .unwrap()
+            .candidates[0]
+            .legs[0]
+            .prefix_blocks
+    };
+    assert_eq!(depth(&state, t0), Some(2));
+    let later = t0 + Duration::from_secs(31);
+    assert_eq!(state.pools(later)[0].replica, ReplicaStatus::Stale);
+    assert_eq!(depth(&state, later), None, "stale replica is not used");
+    let sequence = a.filter.sequence();
+    assert_eq!(
+        state
+            .apply_pool_frame(key, &a.heartbeat(sequence), later)
+            .unwrap(),
+        FrameOutcome::Heartbeat(sequence)
+    );
+    assert_eq!(depth(&state, later), Some(2), "a heartbeat refreshes it");
+}
+
+#[test]
+fn heartbeat_at_another_sequence_invalidates_the_replica() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let key = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
+        .unwrap()
+        .added[0]
+        .0;
+    let now = Instant::now();
+    install(&mut state, key, &mut a, now);
+    let err = state
+        .apply_pool_frame(key, &a.heartbeat(9), now)
+        .unwrap_err();
+    assert_eq!(
+        err.reason,
+        ResubscribeReason::Gap,
+        "a lost tail delta shows as a gap"
+    );
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
+}
+
+#[test]
+fn delta_out_of_sequence_is_refused_and_nothing_is_half_applied() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let key = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
+        .unwrap()
+        .added[0]
+        .0;
+    let now = Instant::now();
+    install(&mut state, key, &mut a, now);
+    let (_, first) = a.store(1, &(0..16).collect::<Vec<_>>(), HashSalt::default());
+    let (_, second) = a.store(1, &(100..116).collect::<Vec<_>>(), HashSalt::default());
+    let err = state
+        .apply_pool_frame(key, &second.unwrap(), now)
+        .unwrap_err();
+    assert_eq!(err.reason, ResubscribeReason::Gap);
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
+    // Even the delta that would have fit is refused until a new snapshot.
+    assert!(state.apply_pool_frame(key, &first.unwrap(), now).is_err());
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
+    install(&mut state, key, &mut a, now);
+    assert_eq!(state.pools(now)[0].sequence, Some(a.filter.sequence()));
+}
+
+#[test]
+fn frame_of_another_producer_generation_is_refused() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let mut other = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 2);
+    let key = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
+        .unwrap()
+        .added[0]
+        .0;
+    state.begin_subscription(key).unwrap();
+    let frames = other.snapshot_frames();
+    let err = state
+        .apply_pool_frame(key, &frames[0], Instant::now())
+        .unwrap_err();
+    assert_eq!(err.reason, ResubscribeReason::ProducerChanged);
+}
+
+/// A deterministic xorshift generator (no ambient randomness in tests).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Scored prefix depths vs an exact index fed the same events: no false negatives for
+/// current replicas, and the false-positive depth inflation is measured.
+#[test]
+fn scored_depths_never_undercount_an_exact_index_and_inflation_is_rare() {
+    const N_POOLS: usize = 16;
+    const N_PREFIXES: u32 = 24;
+    const BLOCK: u32 = 16;
+    let relay = relay_identity(1);
+    let mut state = state(1);
+    let mut producers: Vec<Producer> = (0..N_POOLS)
+        .map(|i| {
+            let name: &'static str = Box::leak(format!("pool{i}").into_boxed_str());
+            let mut spec = PoolSpec::aggregated(name, "llama");
+            spec.block_size = BLOCK;
+            spec.expected_blocks = 4096;
+            Producer::new(&spec, "dc-0", relay, 1)
+        })
+        .collect();
+    let refs: Vec<&Producer> = producers.iter().collect();
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &refs))
+        .unwrap();
+    let key_of: HashMap<_, _> = change.added.iter().map(|(k, p)| (*p, *k)).collect();
+    let keys: Vec<PoolKey> = producers
+        .iter()
+        .map(|p| key_of[&p.descriptor.producer])
+        .collect();
+    let now = Instant::now();
+    for (producer, &key) in producers.iter_mut().zip(&keys) {
+        install(&mut state, key, producer, now);
+    }
+
+    // Exact ownership per pool: canonical hash -> owning workers.
+    let mut exact = ExactIndex::new();
+    let mut owners: Vec<HashMap<u64, Vec<u64>>> = vec![HashMap::new(); N_POOLS];
+    for _ in 0..N_POOLS {
+        exact.add_pool();
+    }
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let prompt = |rng: &mut Rng| -> Vec<u32> {
+        // A shared prefix family, then a random tail: realistic prefix sharing.
+        let family = rng.below(u64::from(N_PREFIXES)) as u32;
+        let shared = 4 + rng.below(24) as u32;
+        let tail = rng.below(24) as u32;
+        let mut tokens: Vec<u32> = (0..shared * BLOCK)
+            .map(|i| family * 1_000_000 + i)
+            .collect();
+        let salt = rng.next() as u32;
+        tokens.extend((0..tail * BLOCK).map(|i| salt.wrapping_add(i)));
+        tokens
+    };
+
+    let (mut checks, mut inflated, mut inflated_blocks, mut under) = (0u64, 0u64, 0u64, 0u64);
+    for round in 0..2000 {
+        // Mutate: store a prompt on a random worker of a random pool, sometimes clear one.
+        let pool = rng.below(N_POOLS as u64) as usize;
+        let worker = rng.below(4);
+        if round % 25 == 24 {
+            if let Some(frame) = producers[pool].clear(worker) {
+                state.apply_pool_frame(keys[pool], &frame, now).unwrap();
+            }
+            owners[pool].retain(|hash, ws| {
+                ws.retain(|w| *w != worker);
+                if ws.is_empty() {
+                    exact.remove(pool, *hash);
+                }
+                !ws.is_empty()
+            });
+        } else {
+            let tokens = prompt(&mut rng);
+            let (hashes, frame) = producers[pool].store(worker, &tokens, HashSalt::default());
+            if let Some(frame) = frame {
+                state.apply_pool_frame(keys[pool], &frame, now).unwrap();
+            }
+            for hash in hashes {
+                exact.insert(pool, hash);
+                let ws = owners[pool].entry(hash).or_default();
+                if !ws.contains(&worker) {
+                    ws.push(worker);
+                }
+            }
+        }
+        // Query: a fresh prompt from a known family against every pool.
+        let tokens = prompt(&mut rng);
+        let hashes =
+            kvrelay_identity::hashing::sequence_hashes(&kvrelay_identity::hashing::block_hashes(
+                &tokens,
+                BLOCK,
+                kvrelay_identity::KvQueryHashFormat::DynamoStandardV1,
+                HashSalt::default(),
+            ));
+        let truth = exact.prefix_depths(&hashes);
+        let ranking = state.score(&request(tokens), now).unwrap();
+        for candidate in &ranking.candidates {
+            let leg = &candidate.legs[0];
+            let pool = producers
+                .iter()
+                .position(|p| {
+                    leg.endpoint
+                        == format!("prod.{}.generate", p.descriptor.serving_endpoint.component)
+                })
+                .unwrap();
+            let scored = leg.prefix_blocks.expect("every replica is current");
+            let exact_depth = truth.depth(pool).unwrap();
+            checks += 1;
+            if scored < exact_depth {
+                under += 1;
+            } else if scored > exact_depth {
+                inflated += 1;
+                inflated_blocks += u64::from(scored - exact_depth);
+            }
+        }
+    }
+    println!(
+        "accuracy: {checks} pool checks, {under} under-counts, {inflated} inflated ({:.4}%), {inflated_blocks} extra blocks",
+        100.0 * inflated as f64 / checks as f64
+    );
+    assert_eq!(under, 0, "no false negatives for current replicas");
+    assert!(inflated * 100 <= checks, "inflation stays below 1%");
+}
