@@ -64,6 +64,16 @@ pub fn block_hash(tokens: &[u32], mm_hashes: &[u64], seed: u64) -> u64 {
 ///
 /// Standard windows are `block_size` tokens with stride `block_size`; Eagle windows are
 /// `block_size + 1` tokens with the same stride. A zero block size yields no hashes.
+///
+/// ```
+/// use kvrelay_identity::hashing::{block_hashes, HashSalt};
+/// use kvrelay_identity::KvQueryHashFormat;
+/// let tokens: Vec<u32> = (0..13).collect();
+/// let salt = HashSalt { lora_name: None, cache_namespace: Some("tenant-ns") };
+/// let blocks = block_hashes(&tokens, 4, KvQueryHashFormat::DynamoEagleV1, salt);
+/// assert_eq!(blocks[0], 14894569739370774171);
+/// assert_eq!(blocks.len(), 3);
+/// ```
 pub fn block_hashes(
     tokens: &[u32],
     block_size: u32,
@@ -110,7 +120,35 @@ pub fn block_hashes_with_mm(
     out
 }
 
+/// The multimodal hash of an object identifier: a 64-digit hex id gives its first 16 hex
+/// digits as a `u64`; any other non-empty id gives XXH3-64 of its bytes (seed 0); an empty
+/// id gives none.
+///
+/// ```
+/// use kvrelay_identity::hashing::mm_hash_from_identifier;
+/// let id = format!("00000000000000ff{}", "0".repeat(48));
+/// assert_eq!(mm_hash_from_identifier(&id), Some(255));
+/// assert_eq!(mm_hash_from_identifier(""), None);
+/// ```
+pub fn mm_hash_from_identifier(identifier: &str) -> Option<u64> {
+    if identifier.is_empty() {
+        return None;
+    }
+    let is_hex_digest =
+        identifier.len() == 64 && identifier.bytes().all(|byte| byte.is_ascii_hexdigit());
+    if is_hex_digest && let Ok(value) = u64::from_str_radix(&identifier[..16], 16) {
+        return Some(value);
+    }
+    Some(xxh3_64_with_seed(identifier.as_bytes(), 0))
+}
+
 /// Rolling sequence hashes: `seq[0] = block[0]`, `seq[i] = chain(seq[i-1], block[i])`.
+///
+/// ```
+/// use kvrelay_identity::hashing::sequence_hashes;
+/// let seqs = sequence_hashes(&[9143094415614847814, 12124091508212882195]);
+/// assert_eq!(seqs, [9143094415614847814, 9510318385840434533]);
+/// ```
 pub fn sequence_hashes(block_hashes: &[u64]) -> Vec<u64> {
     let mut out = Vec::with_capacity(block_hashes.len());
     let mut parent: Option<u64> = None;
@@ -338,6 +376,19 @@ mod tests {
         assert_ne!(salted, plain);
         let seqs = sequence_hashes(&salted);
         assert_eq!(seqs[1], canonical_child(salted[0], salted[1]));
+    }
+
+    #[test]
+    fn non_hex_identifier_hashes_its_bytes() {
+        assert_eq!(
+            mm_hash_from_identifier("image-1"),
+            Some(xxh3_64_with_seed(b"image-1", 0))
+        );
+        let almost_hex = format!("{}g", "a".repeat(63));
+        assert_eq!(
+            mm_hash_from_identifier(&almost_hex),
+            Some(xxh3_64_with_seed(almost_hex.as_bytes(), 0))
+        );
     }
 
     #[test]

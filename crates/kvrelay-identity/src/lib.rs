@@ -84,7 +84,7 @@ pub use format::{
 };
 pub use hashing::{
     HashSalt, XXH3_SEED, block_hash, block_hashes, block_hashes_with_mm, canonical_child,
-    canonical_root, sequence_hashes,
+    canonical_root, mm_hash_from_identifier, sequence_hashes,
 };
 pub use model::{
     CanonicalModelId, CanonicalModelRegistration, ModelAlias, ModelNameError, ModelNameKind,
