@@ -13,6 +13,7 @@ mod client;
 pub mod config;
 mod load;
 pub mod metrics;
+mod oneshot;
 mod projection;
 pub mod scoring;
 mod state;
@@ -27,6 +28,7 @@ pub use client::Consumer;
 pub use config::{ConfigError, ConsumerConfig, Limits, RelayConfig};
 pub use load::LoadSample;
 pub use metrics::{ConsumerMetrics, ResubscribeReason};
+pub use oneshot::{RouteError, RouteReport, route_once};
 pub use scoring::{
     DepthSource, Ranking, ReplicaDepth, ReplicaStatus, ScoreError, ScoreRequest, ScoredCandidate,
     ScoredLeg,

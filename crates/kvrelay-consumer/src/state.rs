@@ -172,6 +172,11 @@ impl ConsumerState {
         &self.relays
     }
 
+    /// The revision of relay `relay`'s last applied catalog, if any this epoch.
+    pub fn catalog_revision(&self, relay: usize) -> Option<u64> {
+        self.relay_views.get(relay)?.revision
+    }
+
     /// Applies a complete catalog from relay `relay`.
     ///
     /// Each entry is validated alone: a failing entry is quarantined (and its previous

@@ -450,3 +450,21 @@ async fn lora_and_prefill_decode_pools_are_scored_with_their_salt_and_both_legs(
     consumer.shutdown().await;
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_route_once_settles_and_ranks() {
+    let relay = FakeRelay::start("dc-a", 31, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    relay.store(0, 1, &tokens(14, 16), HashSalt::default());
+    let cfg = config(&[&relay]);
+    let report = tokio::task::spawn_blocking(move || {
+        kvrelay_consumer::route_once(cfg, &request("llama", tokens(14, 16)), WAIT)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(report.settled);
+    let ranking = report.ranking.unwrap();
+    assert_eq!(ranking.candidates[0].legs[0].prefix_blocks, Some(4));
+    assert_eq!(report.pools.len(), 1);
+    relay.stop().await;
+}
