@@ -65,7 +65,7 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         },
     };
     let (reader, writer) = tokio::io::split(io);
-    let mut conn = Conn { ctx: ctx.clone(), reader, writer, kind: None, peer };
+    let mut conn = Conn { ctx: ctx.clone(), reader, writer, kind: None, peer, torn: false };
     let request = match timeout(ctx.limits.request_timeout(), conn.read_request()).await {
         Ok(Ok(request)) => request,
         Ok(Err(failure)) => {
@@ -117,6 +117,8 @@ struct Conn {
     writer: WriteHalf<Box<dyn WanIo>>,
     kind: Option<StreamKind>,
     peer: SocketAddr,
+    /// A write was abandoned mid-frame: nothing more may be written on this connection.
+    torn: bool,
 }
 
 impl ConnectionContext {
@@ -337,12 +339,15 @@ impl Conn {
     }
 
     async fn send(&mut self, frame: &Bytes, heartbeat: bool) -> Result<(), StreamFailure> {
+        // Until the write completes the connection counts as torn: a timeout (here or in a
+        // caller's) abandons the frame midway.
+        self.torn = true;
         let write = async {
             self.writer.write_all(frame).await?;
             self.writer.flush().await
         };
         match timeout(self.ctx.limits.write_timeout(), write).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => self.torn = false,
             Ok(Err(err)) => {
                 return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, format!("writing to {}: {err}", self.peer)));
             }
@@ -376,6 +381,11 @@ impl Conn {
             .errors_sent
             .get_or_create(&ReasonLabel { reason: failure.reason.name().unwrap_or("internal") })
             .inc();
+        if self.torn {
+            // Part of a frame is on the wire; an error frame would read as garbage.
+            let _ = timeout(self.ctx.limits.write_timeout(), self.writer.shutdown()).await;
+            return;
+        }
         let message = ErrorMessage::new(failure.reason, &failure.message);
         if let Ok(frame) = self.encode(&Message::Error(message)) {
             let write = async {

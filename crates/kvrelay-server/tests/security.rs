@@ -1,0 +1,171 @@
+//! TLS (server certificate, optional client certificates) and bearer-token authentication
+//! on the WAN listener, with certificates generated per test by rcgen.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test helpers fail loudly")]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kvrelay_codec::v1::{ErrorReason, Message, StreamRequest, StreamRpc};
+use kvrelay_server::{AuthConfig, ProbeStream, Relay, RelayConfig, TlsConfig};
+use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use support::{DEADLINE, deployment, first_message, next, request};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Authority {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Authority {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self { cert, key }
+    }
+
+    fn issue(&self, names: &[&str], purpose: ExtendedKeyUsagePurpose) -> (rcgen::Certificate, KeyPair) {
+        let mut params = CertificateParams::new(names.iter().map(|name| (*name).to_owned()).collect::<Vec<_>>()).unwrap();
+        params.extended_key_usages = vec![purpose];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert, key)
+    }
+}
+
+struct Material {
+    _dir: tempfile::TempDir,
+    ca: Authority,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    ca_pem: PathBuf,
+}
+
+fn material() -> Material {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Authority::new("kvrelay test ca");
+    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    let server_cert = dir.path().join("server.pem");
+    let server_key = dir.path().join("server.key");
+    let ca_pem = dir.path().join("ca.pem");
+    std::fs::write(&server_cert, cert.pem()).unwrap();
+    std::fs::write(&server_key, key.serialize_pem()).unwrap();
+    std::fs::write(&ca_pem, ca.cert.pem()).unwrap();
+    Material { _dir: dir, ca, server_cert, server_key, ca_pem }
+}
+
+async fn tls_relay(material: &Material, client_ca: Option<&Path>) -> (tempfile::TempDir, Relay) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: RelayConfig = deployment(dir.path(), 5);
+    config.wan.tls = Some(TlsConfig {
+        cert: material.server_cert.clone(),
+        key: material.server_key.clone(),
+        client_ca: client_ca.map(Path::to_path_buf),
+    });
+    let relay = Relay::start(config).await.unwrap();
+    (dir, relay)
+}
+
+fn client_config(ca: &Authority, identity: Option<(rcgen::Certificate, KeyPair)>) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert.der().clone()).unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = vec![CertificateDer::from(cert.der().to_vec())];
+            let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+    }
+}
+
+/// Opens a TLS stream and returns the first message, or `None` if TLS or the stream failed.
+async fn tls_first_message(addr: std::net::SocketAddr, config: rustls::ClientConfig, request: &StreamRequest) -> Option<Message> {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.ok()?;
+    let mut stream = ProbeStream::open(tls, request).await.ok()?;
+    tokio::time::timeout(DEADLINE, stream.next_message()).await.expect("answer within the deadline").ok().flatten()
+}
+
+#[tokio::test]
+async fn tls_client_trusting_the_server_ca_is_served() {
+    let material = material();
+    let (_dir, relay) = tls_relay(&material, None).await;
+    let message = tls_first_message(relay.wan_addr(), client_config(&material.ca, None), &request(StreamRpc::RelayInfo)).await;
+    assert!(matches!(message, Some(Message::RelayInfo(_))), "{message:?}");
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn plaintext_client_gets_no_answer_from_a_tls_listener() {
+    let material = material();
+    let (_dir, relay) = tls_relay(&material, None).await;
+    let mut tcp = TcpStream::connect(relay.wan_addr()).await.unwrap();
+    let mut frame = bytes::BytesMut::new();
+    kvrelay_codec::v1::encode_message(
+        &Message::StreamRequest(request(StreamRpc::RelayInfo)),
+        &kvrelay_codec::Limits::default(),
+        &mut frame,
+    )
+    .unwrap();
+    tcp.write_all(&frame).await.unwrap();
+    let mut received = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut received)).await.expect("closed in time");
+    assert!(!received.starts_with(b"KVRW"), "a plaintext client must not be answered in protocol frames");
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn client_certificates_are_required_and_checked_when_configured() {
+    let material = material();
+    let (_dir, relay) = tls_relay(&material, Some(&material.ca_pem)).await;
+    let addr = relay.wan_addr();
+    let info = request(StreamRpc::RelayInfo);
+
+    let without = tls_first_message(addr, client_config(&material.ca, None), &info).await;
+    assert!(without.is_none(), "a client without a certificate must be refused, got {without:?}");
+
+    let stranger = Authority::new("another ca");
+    let foreign = stranger.issue(&["client"], ExtendedKeyUsagePurpose::ClientAuth);
+    let refused = tls_first_message(addr, client_config(&material.ca, Some(foreign)), &info).await;
+    assert!(refused.is_none(), "a certificate from another CA must be refused, got {refused:?}");
+
+    let trusted = material.ca.issue(&["client"], ExtendedKeyUsagePurpose::ClientAuth);
+    let served = tls_first_message(addr, client_config(&material.ca, Some(trusted)), &info).await;
+    assert!(matches!(served, Some(Message::RelayInfo(_))), "{served:?}");
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bearer_token_admits_the_right_client_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 5);
+    config.wan.auth = Some(AuthConfig { token: Some("s3cret-token".to_owned()), token_file: None });
+    let relay = Relay::start(config).await.unwrap();
+    let addr = relay.wan_addr();
+
+    for token in [None, Some("wrong"), Some("s3cret-token-but-longer")] {
+        let mut refused = request(StreamRpc::RelayInfo);
+        refused.auth_token = token.map(str::to_owned);
+        let (_, message) = first_message(addr, &refused).await;
+        let Message::Error(error) = message else { panic!("token {token:?} must be refused, got {message:?}") };
+        assert_eq!(error.reason, ErrorReason::InvalidRequest);
+    }
+    let mut admitted = request(StreamRpc::WatchCatalog);
+    admitted.auth_token = Some("s3cret-token".to_owned());
+    let mut stream = ProbeStream::connect(addr, &admitted).await.unwrap();
+    assert!(matches!(next(&mut stream).await, Some(Message::CatalogUpdate(_))));
+    relay.shutdown().await.unwrap();
+}
