@@ -1,0 +1,211 @@
+//! Events admitted → delta delivered: throughput (blocks/s) and latency of one 16-event
+//! batch through the pool actor and its publication hub to 1, 8 and 64 subscribers.
+//!
+//! Baselines measured in the same run: `baseline-no-subscriber` (the actor applies and
+//! publishes with no hub attached; the batch ends at the actor's flush reply) and
+//! `baseline-mpsc-hop` (16 messages through a bare tokio mpsc to a task that replies).
+//! p50/p99 of the per-batch latency are printed to stderr after each case.
+
+#![allow(missing_docs, reason = "criterion macros generate undocumented items")]
+#![allow(clippy::unwrap_used, reason = "benchmark setup")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_identity::{
+    CanonicalModelId, CanonicalModelRegistration, DcId, DcRelayIdentity, EndpointId, IndexerIdentitySpec,
+    KvQueryHashFormat, KvQuerySemantics, PoolId, WorkerRole, resolve_indexer_domain,
+};
+use kvrelay_pool::{AttachRequest, Limits, PoolAttachment, PoolFrameKind, PoolRegistry, RegistryConfig};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+const BATCH: u64 = 16;
+
+struct Fixture {
+    registry: PoolRegistry,
+    attachment: PoolAttachment,
+    delivered: Vec<Arc<AtomicU64>>,
+    notify: Arc<Notify>,
+    iteration: u64,
+}
+
+fn attach_request() -> AttachRequest {
+    let semantics = KvQuerySemantics::new(16, KvQueryHashFormat::DynamoStandardV1).unwrap();
+    let endpoint: EndpointId = "bench.backend.generate".parse().unwrap();
+    let domain = resolve_indexer_domain("bench/model", &IndexerIdentitySpec::default(), semantics, &endpoint);
+    AttachRequest {
+        pool: PoolId { indexer_domain: domain, dc_id: DcId::from_dc_name("bench") },
+        endpoint,
+        registrations: vec![CanonicalModelRegistration::base(CanonicalModelId::new("model").unwrap(), vec![])],
+        query_semantics: semantics,
+        roles: vec![WorkerRole::Aggregated],
+        expected_unique_blocks: 1 << 20,
+        load_capacity: None,
+    }
+}
+
+async fn fixture(subscribers: usize) -> Fixture {
+    let registry = PoolRegistry::new(RegistryConfig {
+        relay: DcRelayIdentity::new(1, 2),
+        limits: Limits {
+            publish_every_n_events: BATCH as u32,
+            publication_delay: Duration::from_secs(3600),
+            max_subscribers_per_pool: 64,
+            ..Limits::default()
+        },
+    })
+    .unwrap();
+    let attachment = registry.attach(attach_request()).await.unwrap();
+    let notify = Arc::new(Notify::new());
+    let mut delivered = Vec::new();
+    for _ in 0..subscribers {
+        let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
+        let sequence = Arc::new(AtomicU64::new(0));
+        delivered.push(sequence.clone());
+        let notify = notify.clone();
+        tokio::spawn(async move {
+            while let Ok(frame) = subscription.next_frame().await {
+                if frame.kind != PoolFrameKind::Heartbeat {
+                    sequence.store(frame.sequence, Ordering::Release);
+                    notify.notify_one();
+                }
+            }
+        });
+    }
+    // Wait until every subscriber installed its snapshot.
+    let base = attachment.actor.stats().await.unwrap().sequence;
+    wait_delivered(&delivered, &notify, base).await;
+    Fixture { registry, attachment, delivered, notify, iteration: 0 }
+}
+
+async fn wait_delivered(delivered: &[Arc<AtomicU64>], notify: &Notify, target: u64) {
+    loop {
+        let notified = notify.notified();
+        if delivered.iter().all(|sequence| sequence.load(Ordering::Acquire) >= target) {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// One batch: 16 one-block events that either store 16 new blocks or remove the previous
+/// batch's, so the filter stays at a steady load; returns when every subscriber (or, with
+/// none, the actor) has the resulting delta.
+async fn one_batch(fixture: &mut Fixture) {
+    let iteration = fixture.iteration;
+    fixture.iteration += 1;
+    let source = SourceId::new(1, 0);
+    let first_id = (iteration / 2) * BATCH;
+    let target = fixture.attachment.actor.stats().await.unwrap().sequence;
+    let start = Instant::now();
+    for k in 0..BATCH {
+        let id = first_id + k;
+        let payload = if iteration % 2 == 0 {
+            EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: None,
+                blocks: vec![StoredBlock { engine_block_id: id, token_hash: id.wrapping_mul(0x9E37_79B9_7F4A_7C15) }],
+            })
+        } else {
+            EventPayload::Removed(RemovedBlocks { engine_block_ids: vec![id] })
+        };
+        fixture
+            .attachment
+            .actor
+            .submit(RouterEvent { source, event_id: iteration * BATCH + k, payload })
+            .await
+            .unwrap();
+    }
+    if fixture.delivered.is_empty() {
+        fixture.attachment.actor.flush().await.unwrap();
+    } else {
+        wait_delivered(&fixture.delivered, &fixture.notify, target + 1).await;
+    }
+    record(start.elapsed());
+}
+
+thread_local! {
+    static SAMPLES: std::cell::RefCell<Vec<Duration>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn record(elapsed: Duration) {
+    SAMPLES.with(|samples| samples.borrow_mut().push(elapsed));
+}
+
+fn report(case: &str) {
+    SAMPLES.with(|samples| {
+        let mut samples = std::mem::take(&mut *samples.borrow_mut());
+        if samples.is_empty() {
+            return;
+        }
+        samples.sort_unstable();
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+        eprintln!("{case}: batches {} p50 {:?} p99 {:?}", samples.len(), at(0.5), at(0.99));
+    });
+}
+
+fn bench_publication(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut group = c.benchmark_group("publication");
+    group.throughput(Throughput::Elements(BATCH));
+
+    group.bench_function("baseline-mpsc-hop", |b| {
+        let (tx, mut rx) = runtime.block_on(async { mpsc::channel::<(u64, Option<oneshot::Sender<()>>)>(256) });
+        runtime.spawn(async move {
+            while let Some((_, reply)) = rx.recv().await {
+                if let Some(reply) = reply {
+                    let _ = reply.send(());
+                }
+            }
+        });
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let started = Instant::now();
+                    for k in 0..BATCH - 1 {
+                        tx.send((k, None)).await.unwrap();
+                    }
+                    let (reply, done) = oneshot::channel();
+                    tx.send((BATCH, Some(reply))).await.unwrap();
+                    done.await.unwrap();
+                    record(started.elapsed());
+                }
+                start.elapsed()
+            })
+        });
+    });
+    report("publication/baseline-mpsc-hop");
+
+    for subscribers in [0usize, 1, 8, 64] {
+        let name = if subscribers == 0 {
+            "baseline-no-subscriber".to_owned()
+        } else {
+            format!("subscribers-{subscribers}")
+        };
+        let mut fixture = runtime.block_on(fixture(subscribers));
+        group.bench_function(name.as_str(), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        one_batch(&mut fixture).await;
+                    }
+                    start.elapsed()
+                })
+            });
+        });
+        report(&format!("publication/{name}"));
+        runtime.block_on(async move {
+            let Fixture { registry, attachment, .. } = fixture;
+            registry.detach(attachment).await;
+            registry.shutdown().await;
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_publication);
+criterion_main!(benches);
