@@ -15,12 +15,10 @@ use crate::discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatc
 use crate::instance::{
     DiscoveryEvent, DiscoveryQuery, InstanceRecordError, ModelCardInstance, ModelCardInstanceId,
 };
+use crate::limits::MembershipLimits;
 
 /// Default interval between directory scans.
 pub const DEFAULT_FILE_POLL_INTERVAL: Duration = Duration::from_millis(500);
-
-/// Largest card file read, in bytes; larger files are skipped.
-pub const MAX_CARD_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// One scan of a card directory.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -52,7 +50,7 @@ pub enum CardFileError {
         /// The OS message.
         reason: String,
     },
-    /// The file is larger than [`MAX_CARD_FILE_BYTES`].
+    /// The file is larger than [`MembershipLimits::max_card_file_bytes`].
     #[error("file is {n_bytes} bytes, more than {max} allowed")]
     TooLarge {
         /// Its size.
@@ -65,8 +63,12 @@ pub enum CardFileError {
     Record(#[from] InstanceRecordError),
 }
 
-/// Reads every card file in `dir` (blocking).
-pub fn read_card_dir(dir: &Path) -> Result<CardDirListing, DiscoveryError> {
+/// Reads every card file in `dir` (blocking); files over `limits.max_card_file_bytes` are
+/// skipped.
+pub fn read_card_dir(
+    dir: &Path,
+    limits: &MembershipLimits,
+) -> Result<CardDirListing, DiscoveryError> {
     let io_error = |path: &Path, error: std::io::Error| DiscoveryError::Io {
         path: path.to_owned(),
         reason: error.to_string(),
@@ -81,7 +83,7 @@ pub fn read_card_dir(dir: &Path) -> Result<CardDirListing, DiscoveryError> {
         if hidden || !is_file {
             continue;
         }
-        match read_card_file(&path) {
+        match read_card_file(&path, limits) {
             Ok(instance) => {
                 listing.cards.insert(path, instance);
             }
@@ -94,15 +96,18 @@ pub fn read_card_dir(dir: &Path) -> Result<CardDirListing, DiscoveryError> {
 }
 
 /// Reads one card file (blocking).
-pub fn read_card_file(path: &Path) -> Result<ModelCardInstance, CardFileError> {
+pub fn read_card_file(
+    path: &Path,
+    limits: &MembershipLimits,
+) -> Result<ModelCardInstance, CardFileError> {
     let read_error = |error: std::io::Error| CardFileError::Read {
         reason: error.to_string(),
     };
     let n_bytes = std::fs::metadata(path).map_err(read_error)?.len();
-    if n_bytes > MAX_CARD_FILE_BYTES {
+    if n_bytes > limits.max_card_file_bytes {
         return Err(CardFileError::TooLarge {
             n_bytes,
-            max: MAX_CARD_FILE_BYTES,
+            max: limits.max_card_file_bytes,
         });
     }
     let bytes = std::fs::read(path).map_err(read_error)?;
@@ -137,15 +142,22 @@ pub fn write_card_file(
 pub struct FileDiscovery {
     dir: PathBuf,
     poll_interval: Duration,
+    limits: MembershipLimits,
 }
 
 impl FileDiscovery {
-    /// Watches `dir`, scanning every `poll_interval`.
+    /// Watches `dir`, scanning every `poll_interval`, with the default limits.
     pub fn new(dir: &Path, poll_interval: Duration) -> Self {
         Self {
             dir: dir.to_owned(),
             poll_interval,
+            limits: MembershipLimits::default(),
         }
+    }
+
+    /// The same discovery with explicit limits.
+    pub fn with_limits(self, limits: MembershipLimits) -> Self {
+        Self { limits, ..self }
     }
 
     /// The watched directory.
@@ -155,7 +167,8 @@ impl FileDiscovery {
 
     async fn scan(&self) -> Result<CardDirListing, DiscoveryError> {
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || read_card_dir(&dir))
+        let limits = self.limits;
+        tokio::task::spawn_blocking(move || read_card_dir(&dir, &limits))
             .await
             .map_err(|error| DiscoveryError::Io {
                 path: self.dir.clone(),

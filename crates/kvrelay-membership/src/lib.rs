@@ -25,6 +25,7 @@ mod etcd;
 #[cfg(feature = "watch")]
 mod file;
 mod instance;
+mod limits;
 mod membership;
 #[cfg(feature = "watch")]
 mod memory;
@@ -43,20 +44,24 @@ pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
 pub use etcd::{DEFAULT_ETCD_TIMEOUT, ETCD_CARD_PREFIX, EtcdDiscovery, card_key};
 #[cfg(feature = "watch")]
 pub use file::{
-    CardDirListing, CardFileError, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery, MAX_CARD_FILE_BYTES,
-    card_file_name, read_card_dir, read_card_file, write_card_file,
+    CardDirListing, CardFileError, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery, card_file_name,
+    read_card_dir, read_card_file, write_card_file,
 };
 pub use instance::{
     DiscoveryEvent, DiscoveryQuery, InstancePathError, InstanceRecordError, ModelCardInstance,
     ModelCardInstanceId,
+};
+pub use limits::{
+    DEFAULT_MAX_CARD_FILE_BYTES, DEFAULT_MAX_PENDING_DIAGNOSTICS, DEFAULT_MEMORY_WATCH_QUEUE_DEPTH,
+    MembershipLimits,
 };
 pub use membership::{
     AdapterMembership, ConflictReason, ConflictScope, ConflictSubject, EndpointMembership,
     MembershipConflict, MembershipView, ResolvedDomain, WorkerId, WorkerTopology, role_of,
 };
 #[cfg(feature = "watch")]
-pub use memory::{MEMORY_WATCH_QUEUE_DEPTH, MemoryDiscovery};
-pub use projection::{MAX_PENDING_DIAGNOSTICS, MembershipProjection};
+pub use memory::MemoryDiscovery;
+pub use projection::MembershipProjection;
 pub use readiness::{Readiness, ReadinessUnit, evaluate_readiness};
 pub use topology::{
     AdapterReadiness, ServingState, TopologyEntry, TopologyMember, TopologySnapshot, TopologyState,

@@ -1,6 +1,6 @@
 //! [`MemoryDiscovery`]: an in-process card store for tests and embedding.
 //!
-//! Each watch gets a bounded queue ([`MEMORY_WATCH_QUEUE_DEPTH`]); a watch whose queue is
+//! Each watch gets a bounded queue ([`MembershipLimits::memory_watch_queue_depth`]); a watch whose queue is
 //! full is closed, and its owner rebinds (re-lists) rather than missing a change. Test hooks
 //! change the store without notifying watches, close every watch, or fail the next opens.
 
@@ -11,14 +11,13 @@ use tokio::sync::mpsc;
 
 use crate::discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
 use crate::instance::{DiscoveryEvent, DiscoveryQuery, ModelCardInstance, ModelCardInstanceId};
-
-/// Events one memory watch may hold before it is closed.
-pub const MEMORY_WATCH_QUEUE_DEPTH: usize = 4096;
+use crate::limits::MembershipLimits;
 
 /// An in-memory discovery store.
 #[derive(Debug, Default)]
 pub struct MemoryDiscovery {
     state: Mutex<MemoryState>,
+    limits: MembershipLimits,
 }
 
 #[derive(Debug, Default)]
@@ -33,9 +32,17 @@ struct MemoryState {
 }
 
 impl MemoryDiscovery {
-    /// An empty store.
+    /// An empty store with the default limits.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store with explicit limits.
+    pub fn with_limits(limits: MembershipLimits) -> Self {
+        Self {
+            state: Mutex::default(),
+            limits,
+        }
     }
 
     /// Publishes or replaces a card and notifies matching watches.
@@ -147,7 +154,7 @@ impl Discovery for MemoryDiscovery {
             Err(DiscoveryError::Unavailable { backend: "memory" })
         } else {
             let listing = Self::listing(&state, query);
-            let (sender, receiver) = mpsc::channel(MEMORY_WATCH_QUEUE_DEPTH);
+            let (sender, receiver) = mpsc::channel(self.limits.memory_watch_queue_depth.max(1));
             state.watches.push((query.clone(), sender));
             let stream = futures::stream::unfold(receiver, |mut receiver| async move {
                 let item = receiver.recv().await?;

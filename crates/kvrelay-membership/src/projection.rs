@@ -21,13 +21,11 @@ use crate::config::EndpointFilter;
 use crate::diagnostic::{Diagnostic, ProjectionStats};
 use crate::endpoint::{Binding, EndpointProjection, project_endpoint};
 use crate::instance::{DiscoveryEvent, ModelCardInstance, ModelCardInstanceId};
+use crate::limits::MembershipLimits;
 use crate::membership::{
     ConflictReason, ConflictScope, ConflictSubject, EndpointMembership, MembershipConflict,
     MembershipView,
 };
-
-/// Most undrained diagnostics kept; older ones are dropped and counted.
-pub const MAX_PENDING_DIAGNOSTICS: usize = 1024;
 
 /// The incremental projection of model cards into endpoint memberships. Sans-IO.
 ///
@@ -48,6 +46,7 @@ pub const MAX_PENDING_DIAGNOSTICS: usize = 1024;
 #[derive(Debug)]
 pub struct MembershipProjection {
     filter: EndpointFilter,
+    limits: MembershipLimits,
     cards: HashMap<ModelCardInstanceId, StoredCard>,
     /// Ids whose latest JSON did not decode, with that JSON (to report each cause once).
     malformed: HashMap<ModelCardInstanceId, serde_json::Value>,
@@ -77,10 +76,17 @@ struct NameClaims {
 }
 
 impl MembershipProjection {
-    /// An empty projection keeping only cards whose endpoint passes `filter`.
+    /// An empty projection keeping only cards whose endpoint passes `filter`, with the
+    /// default limits.
     pub fn new(filter: EndpointFilter) -> Self {
+        Self::with_limits(filter, MembershipLimits::default())
+    }
+
+    /// An empty projection with explicit limits.
+    pub fn with_limits(filter: EndpointFilter, limits: MembershipLimits) -> Self {
         Self {
             filter,
+            limits,
             cards: HashMap::new(),
             malformed: HashMap::new(),
             by_endpoint: HashMap::new(),
@@ -407,7 +413,7 @@ impl MembershipProjection {
     fn report(&mut self, diagnostic: Diagnostic) {
         tracing::debug!(%diagnostic, "membership soft error");
         self.stats.count(&diagnostic);
-        if self.diagnostics.len() == MAX_PENDING_DIAGNOSTICS {
+        if self.diagnostics.len() >= self.limits.max_pending_diagnostics.max(1) {
             self.diagnostics.pop_front();
             self.stats.diagnostics_dropped = self.stats.diagnostics_dropped.saturating_add(1);
         }

@@ -31,7 +31,7 @@ async fn next_event(watch: &mut DiscoveryWatch) -> DiscoveryEvent {
 
 #[test]
 fn reference_file_store_card_is_read() {
-    let listing = read_card_dir(&fixture_dir()).unwrap();
+    let listing = read_card_dir(&fixture_dir(), &MembershipLimits::default()).unwrap();
     assert!(listing.skipped.is_empty());
     let instances = listing.instances();
     assert_eq!(instances.len(), 1);
@@ -58,7 +58,9 @@ fn generated_cards_round_trip_through_files() {
     for instance in &written {
         write_card_file(dir.path(), instance).unwrap();
     }
-    let mut read = read_card_dir(dir.path()).unwrap().instances();
+    let mut read = read_card_dir(dir.path(), &MembershipLimits::default())
+        .unwrap()
+        .instances();
     let mut expected = written;
     read.sort_by(|a, b| a.id.cmp(&b.id));
     expected.sort_by(|a, b| a.id.cmp(&b.id));
@@ -72,15 +74,37 @@ fn invalid_and_foreign_files_are_skipped_with_reasons() {
     std::fs::write(dir.path().join("broken.json"), "{not json").unwrap();
     std::fs::write(dir.path().join("endpoint.json"), r#"{"type":"Endpoint"}"#).unwrap();
     std::fs::write(dir.path().join(".hidden"), "{").unwrap();
-    let listing = read_card_dir(dir.path()).unwrap();
+    let listing = read_card_dir(dir.path(), &MembershipLimits::default()).unwrap();
     assert_eq!(listing.instances().len(), 1);
     assert_eq!(listing.skipped.len(), 1);
     assert!(listing.skipped[0].0.ends_with("broken.json"));
 }
 
 #[test]
+fn oversized_file_is_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_card_file(dir.path(), &card("generate", 1, "llama")).unwrap();
+    let limits = MembershipLimits {
+        max_card_file_bytes: 8,
+        ..MembershipLimits::default()
+    };
+    let listing = read_card_dir(dir.path(), &limits).unwrap();
+    assert!(listing.cards.is_empty());
+    assert_eq!(listing.skipped.len(), 1);
+    assert_eq!(listing.skipped[0].0, path);
+    assert!(matches!(
+        listing.skipped[0].1,
+        CardFileError::TooLarge { max: 8, .. }
+    ));
+}
+
+#[test]
 fn missing_directory_is_an_io_error_naming_it() {
-    let error = read_card_dir(Path::new("/nonexistent/cards")).unwrap_err();
+    let error = read_card_dir(
+        Path::new("/nonexistent/cards"),
+        &MembershipLimits::default(),
+    )
+    .unwrap_err();
     assert!(
         matches!(error, DiscoveryError::Io { ref path, .. } if path == Path::new("/nonexistent/cards"))
     );

@@ -620,6 +620,28 @@ fn malformed_card_is_skipped_and_reported_once() {
 }
 
 #[test]
+fn undrained_diagnostics_are_bounded_and_drops_counted() {
+    let limits = MembershipLimits {
+        max_pending_diagnostics: 2,
+        ..MembershipLimits::default()
+    };
+    let mut projection = MembershipProjection::with_limits(EndpointFilter::default(), limits);
+    for worker in 0..3 {
+        projection.handle_event(DiscoveryEvent::Added(ModelCardInstance {
+            id: id("generate", worker, None),
+            card_json: serde_json::json!([]),
+        }));
+    }
+    assert_eq!(projection.stats().malformed_cards, 3);
+    assert_eq!(projection.stats().diagnostics_dropped, 1);
+    let mut n_pending = 0;
+    while projection.poll_diagnostic().is_some() {
+        n_pending += 1;
+    }
+    assert_eq!(n_pending, 2);
+}
+
+#[test]
 fn cards_outside_the_filter_are_ignored() {
     let config = crate::DiscoveryConfig {
         namespaces: vec!["prod".into()],

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use kvrelay_identity::{ModelTarget, WorkerRole};
 use kvrelay_membership::{
-    DiscoveryConfig, EndpointMembership, MembershipProjection, MembershipView, read_card_dir,
+    DiscoveryConfig, EndpointMembership, MembershipLimits, MembershipProjection, MembershipView,
+    read_card_dir,
 };
 use serde::Serialize;
 
@@ -44,7 +45,8 @@ pub(crate) fn run(args: &MembershipArgs) -> Result<()> {
     scope
         .validate()
         .map_err(|error| usage(format!("{error} (use --namespace NS or --watch-all)")))?;
-    let listing = read_card_dir(&args.cards).map_err(|error| usage(error.to_string()))?;
+    let listing = read_card_dir(&args.cards, &MembershipLimits::default())
+        .map_err(|error| usage(error.to_string()))?;
     for (path, error) in &listing.skipped {
         eprintln!("warning: skipped {}: {error}", path.display());
     }
@@ -173,7 +175,7 @@ mod tests {
 
     fn example_view() -> MembershipView {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/deployment/cards");
-        let listing = read_card_dir(&dir).unwrap();
+        let listing = read_card_dir(&dir, &MembershipLimits::default()).unwrap();
         assert!(listing.skipped.is_empty(), "{:?}", listing.skipped);
         let mut projection = MembershipProjection::new(EndpointFilter::default());
         projection.replace_all(listing.instances());
