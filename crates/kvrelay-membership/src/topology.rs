@@ -86,6 +86,25 @@ pub struct TopologySnapshot {
 
 /// The topology publisher's state: membership, liveness per endpoint (fenced by an owning
 /// slot), and pool links.
+///
+/// ```
+/// use std::collections::BTreeSet;
+/// use kvrelay_membership::{DiscoveryEvent, EndpointFilter, MembershipProjection,
+///     ModelCardInstance, ModelCardInstanceId, ServingState, TopologyState};
+///
+/// let mut projection = MembershipProjection::new(EndpointFilter::default());
+/// let id = ModelCardInstanceId::from_path("prod/backend/generate/1").unwrap();
+/// let card_json = serde_json::json!({"display_name": "llama", "kv_cache_block_size": 16,
+///     "worker_type": "aggregated"});
+/// projection.handle_event(DiscoveryEvent::Added(ModelCardInstance { id, card_json }));
+/// projection.project();
+///
+/// let mut topology = TopologyState::new(projection.view());
+/// let endpoint = "prod/backend/generate".parse().unwrap();
+/// topology.claim_availability(&endpoint, 1);
+/// topology.replace_availability(&endpoint, 1, Some(BTreeSet::from([1])));
+/// assert_eq!(topology.snapshot().entries[0].state, ServingState::Ready);
+/// ```
 #[derive(Debug)]
 pub struct TopologyState {
     membership: MembershipView,

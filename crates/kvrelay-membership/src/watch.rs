@@ -105,6 +105,30 @@ impl MembershipSubscription {
 impl MembershipWatch {
     /// Validates the scope, lists and watches it, publishes the first view and starts the
     /// task under a child of `parent`.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use std::sync::Arc;
+    /// use kvrelay_membership::{DiscoveryConfig, MemoryDiscovery, MembershipWatch,
+    ///     ModelCardInstance, ModelCardInstanceId, WatchConfig};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let discovery = Arc::new(MemoryDiscovery::new());
+    /// let scope = DiscoveryConfig { namespaces: vec!["prod".into()], ..Default::default() };
+    /// let cancel = CancellationToken::new();
+    /// let watch = MembershipWatch::start(discovery.clone(), &scope, WatchConfig::default(), &cancel)
+    ///     .await
+    ///     .unwrap();
+    /// let mut subscription = watch.subscribe();
+    /// discovery.put(ModelCardInstance {
+    ///     id: ModelCardInstanceId::from_path("prod/backend/generate/1").unwrap(),
+    ///     card_json: serde_json::json!({"display_name": "llama", "kv_cache_block_size": 16}),
+    /// });
+    /// let view = subscription.changed().await.unwrap();
+    /// assert_eq!(view.len(), 1);
+    /// watch.shutdown().await;
+    /// # });
+    /// ```
     pub async fn start(
         discovery: Arc<dyn Discovery>,
         scope: &DiscoveryConfig,
