@@ -1,0 +1,262 @@
+//! Canonicalization: token hashes per pool semantics, salts, Eagle windows, SGLang bigram
+//! pages, and the media / attention-group filtering rule.
+#![allow(clippy::unwrap_used, clippy::panic, reason = "test")]
+
+use std::path::PathBuf;
+
+use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
+use kvrelay_identity::KvQueryHashFormat;
+use kvrelay_identity::hashing::{HashSalt, block_hashes, block_hashes_with_mm};
+use kvrelay_ingest::{
+    BlockRemoved, BlockStored, CanonicalConfig, CanonicalizeError, Canonicalizer, EngineBatch,
+    EngineBlockHash, EngineEvent, EngineKind, ExtraKey, HashRepr, Limits, TokenIds,
+    decode_engine_batch, multimodal_hash,
+};
+
+const STANDARD: KvQueryHashFormat = KvQueryHashFormat::DynamoStandardV1;
+const EAGLE: KvQueryHashFormat = KvQueryHashFormat::DynamoEagleV1;
+
+fn config(block_size: u32, hash_format: KvQueryHashFormat) -> CanonicalConfig {
+    CanonicalConfig { block_size, hash_format }
+}
+
+fn fixture(name: &str, engine: EngineKind) -> EngineBatch {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/engine-events")
+        .join(name);
+    decode_engine_batch(&std::fs::read(path).unwrap(), engine, &Limits::default()).unwrap()
+}
+
+fn canonicalize(batch: &EngineBatch, config: CanonicalConfig) -> Vec<RouterEvent> {
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(9, 0, config).canonicalize(batch, &mut out);
+    assert!(outcome.rejected.is_empty(), "{:?}", outcome.rejected);
+    out
+}
+
+fn token_hashes(event: &RouterEvent) -> Vec<u64> {
+    match &event.payload {
+        EventPayload::Stored(stored) => stored.blocks.iter().map(|b| b.token_hash).collect(),
+        other => panic!("not stored: {other:?}"),
+    }
+}
+
+fn hash(value: u64) -> EngineBlockHash {
+    EngineBlockHash { value, repr: HashRepr::Unsigned }
+}
+
+fn stored(n_blocks: usize, block_size: u32) -> BlockStored {
+    BlockStored {
+        block_hashes: (0..n_blocks as u64).map(hash).collect(),
+        parent_block_hash: None,
+        token_ids: TokenIds::Flat((0..n_blocks as u32 * block_size).collect()),
+        block_size,
+        lora_id: None,
+        medium: None,
+        lora_name: None,
+        extra_keys: Vec::new(),
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        cache_salt: None,
+        lookahead_token_ids: Vec::new(),
+    }
+}
+
+fn one(event: EngineEvent) -> EngineBatch {
+    EngineBatch { ts: 0.0, events: vec![event], dp_rank: None }
+}
+
+#[test]
+fn vllm_fixture_token_hashes_equal_identity_block_hashes_of_its_tokens() {
+    let batch = fixture("vllm-0.23.0-basic.msgpack", EngineKind::Vllm);
+    let events = canonicalize(&batch, config(16, STANDARD));
+    let tokens: Vec<u32> = (0..48).collect();
+    let expected = block_hashes(&tokens, 16, STANDARD, HashSalt::default());
+    assert_eq!(token_hashes(&events[0]), expected[..2]);
+    assert_eq!(token_hashes(&events[1]), expected[2..]);
+    let EventPayload::Stored(second) = &events[1].payload else { panic!() };
+    assert_eq!(second.parent_engine_block_id, Some(0xFEDC_BA98_7654_3210));
+}
+
+#[test]
+fn same_block_from_vllm_and_sglang_gets_the_same_token_hash() {
+    let vllm = canonicalize(&fixture("vllm-0.33.0-basic.msgpack", EngineKind::Vllm), config(16, STANDARD));
+    let sglang = canonicalize(&fixture("sglang-0.5.23-basic.msgpack", EngineKind::Sglang), config(16, STANDARD));
+    assert_eq!(token_hashes(&vllm[0]), token_hashes(&sglang[0]));
+}
+
+#[test]
+fn lora_name_salts_the_token_hash() {
+    let batch = fixture("vllm-0.33.0-lora-gpu.msgpack", EngineKind::Vllm);
+    let events = canonicalize(&batch, config(16, STANDARD));
+    let tokens: Vec<u32> = (0..32).collect();
+    let salt = HashSalt { lora_name: Some("tenant-a"), cache_namespace: None };
+    assert_eq!(token_hashes(&events[0]), block_hashes(&tokens, 16, STANDARD, salt));
+}
+
+#[test]
+fn sglang_cache_salt_salts_the_token_hash_in_both_encodings() {
+    let tokens: Vec<u32> = (0..32).collect();
+    let salt = HashSalt { lora_name: None, cache_namespace: Some("salt-1") };
+    let expected = block_hashes(&tokens, 16, STANDARD, salt);
+    for name in ["sglang-0.5.19-salt-metadata.msgpack", "sglang-0.5.23-salt-session.msgpack"] {
+        let events = canonicalize(&fixture(name, EngineKind::Sglang), config(16, STANDARD));
+        assert_eq!(token_hashes(&events[0]), expected, "{name}");
+    }
+}
+
+#[test]
+fn vllm_extra_keys_give_salt_and_multimodal_hashes() {
+    let mut event = stored(2, 4);
+    event.lora_name = Some("tenant-a".to_owned());
+    let keys = vec![
+        ExtraKey::Text("tenant-a".to_owned()),
+        ExtraKey::Multimodal { identifier: "mm-0123abcd".to_owned(), offset: 0 },
+        ExtraKey::Text("salt-1".to_owned()),
+    ];
+    event.extra_keys = vec![Some(keys), None];
+    let events = canonicalize(&one(EngineEvent::BlockStored(event)), config(4, STANDARD));
+    let salt = HashSalt { lora_name: Some("tenant-a"), cache_namespace: Some("salt-1") };
+    let tokens: Vec<u32> = (0..8).collect();
+    let mm = vec![vec![multimodal_hash("mm-0123abcd").unwrap()]];
+    let with_salt = block_hashes_with_mm(&tokens, 4, STANDARD, salt, &mm);
+    let lora_only = block_hashes(&tokens, 4, STANDARD, HashSalt { lora_name: Some("tenant-a"), cache_namespace: None });
+    assert_eq!(token_hashes(&events[0]), vec![with_salt[0], lora_only[1]]);
+}
+
+#[test]
+fn sixty_four_hex_multimodal_identifier_uses_its_first_sixteen_digits() {
+    let id = "0123456789abcdef".repeat(4);
+    assert_eq!(multimodal_hash(&id), Some(0x0123_4567_89ab_cdef));
+    assert_eq!(multimodal_hash(""), None);
+}
+
+#[test]
+fn sglang_bigram_pages_hash_like_their_flat_tokens() {
+    let batch = fixture("sglang-0.5.23-bigram.msgpack", EngineKind::Sglang);
+    let EngineEvent::BlockStored(first) = &batch.events[0] else { panic!() };
+    let TokenIds::Bigram(pairs) = &first.token_ids else { panic!("not bigram") };
+    let flat: Vec<u32> = pairs.iter().map(|p| p[0]).chain(pairs.last().map(|p| p[1])).collect();
+    let standard = canonicalize(&batch, config(16, STANDARD));
+    assert_eq!(token_hashes(&standard[0]), block_hashes(&flat[..16], 16, STANDARD, HashSalt::default()));
+    let eagle = canonicalize(&batch, config(16, EAGLE));
+    assert_eq!(token_hashes(&eagle[0]), block_hashes(&flat, 16, EAGLE, HashSalt::default()));
+}
+
+#[test]
+fn eagle_uses_the_next_blocks_first_token_then_the_lookahead() {
+    let mut event = stored(2, 4);
+    event.lookahead_token_ids = vec![vec![4], vec![99]];
+    let events = canonicalize(&one(EngineEvent::BlockStored(event)), config(4, EAGLE));
+    let tokens: Vec<u32> = (0..8).chain([99]).collect();
+    assert_eq!(token_hashes(&events[0]), block_hashes(&tokens, 4, EAGLE, HashSalt::default()));
+}
+
+#[test]
+fn eagle_without_a_following_token_is_rejected() {
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(1, 0, config(4, EAGLE))
+        .canonicalize(&one(EngineEvent::BlockStored(stored(2, 4))), &mut out);
+    assert_eq!(
+        outcome.rejected,
+        vec![CanonicalizeError::MissingLookahead { event_idx: 0, block_idx: 1 }]
+    );
+    assert!(out.is_empty());
+}
+
+#[test]
+fn block_size_mismatch_is_rejected_and_the_rest_of_the_batch_applies() {
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![EngineEvent::BlockStored(stored(1, 8)), EngineEvent::AllBlocksCleared],
+        dp_rank: Some(3),
+    };
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&batch, &mut out);
+    assert_eq!(
+        outcome.rejected,
+        vec![CanonicalizeError::BlockSizeMismatch { event_idx: 0, block_size: 8, expected: 4 }]
+    );
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].source, SourceId::new(1, 3));
+}
+
+#[test]
+fn token_count_not_covering_the_blocks_is_rejected() {
+    let mut event = stored(2, 4);
+    event.token_ids = TokenIds::Flat((0..7).collect());
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&one(EngineEvent::BlockStored(event)), &mut out);
+    assert!(matches!(outcome.rejected[..], [CanonicalizeError::TokenCountMismatch { n_tokens: 7, .. }]));
+}
+
+#[test]
+fn non_gpu_media_are_filtered() {
+    for medium in ["CPU", "CPU_PINNED", "DISK", "EXTERNAL"] {
+        let mut event = stored(1, 4);
+        event.medium = Some(medium.to_owned());
+        let removal = BlockRemoved { block_hashes: vec![hash(0)], medium: Some(medium.to_owned()), group_idx: None };
+        let batch = EngineBatch {
+            ts: 0.0,
+            events: vec![EngineEvent::BlockStored(event), EngineEvent::BlockRemoved(removal)],
+            dp_rank: None,
+        };
+        let mut out = Vec::new();
+        let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&batch, &mut out);
+        assert_eq!((outcome.n_filtered, out.len()), (2, 0), "{medium}");
+    }
+}
+
+#[test]
+fn non_full_attention_groups_are_filtered_and_removals_follow_the_learned_group() {
+    let mut canonicalizer = Canonicalizer::new(1, 0, config(4, STANDARD));
+    let mut sliding = stored(1, 4);
+    sliding.group_idx = Some(0);
+    sliding.kv_cache_spec_kind = Some("sliding_window".to_owned());
+    let mut full = stored(1, 4);
+    full.group_idx = Some(1);
+    full.kv_cache_spec_kind = Some("full_attention".to_owned());
+    let removal = |group| {
+        EngineEvent::BlockRemoved(BlockRemoved { block_hashes: vec![hash(0)], medium: None, group_idx: Some(group) })
+    };
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![
+            EngineEvent::BlockStored(sliding),
+            EngineEvent::BlockStored(full),
+            removal(0),
+            removal(1),
+        ],
+        dp_rank: None,
+    };
+    let mut out = Vec::new();
+    let outcome = canonicalizer.canonicalize(&batch, &mut out);
+    assert_eq!(outcome.n_filtered, 2);
+    assert_eq!(out.len(), 2);
+    assert!(matches!(out[0].payload, EventPayload::Stored(_)));
+    assert!(matches!(out[1].payload, EventPayload::Removed(_)));
+}
+
+#[test]
+fn removal_from_group_other_than_zero_is_filtered_before_any_group_is_learned() {
+    let batch = one(EngineEvent::BlockRemoved(BlockRemoved { block_hashes: vec![hash(1)], medium: Some("GPU".to_owned()), group_idx: Some(2) }));
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&batch, &mut out);
+    assert_eq!(outcome.n_filtered, 1);
+}
+
+#[test]
+fn event_ids_increase_per_canonicalizer() {
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![EngineEvent::AllBlocksCleared, EngineEvent::AllBlocksCleared],
+        dp_rank: None,
+    };
+    let mut canonicalizer = Canonicalizer::new(1, 0, config(4, STANDARD));
+    let mut out = Vec::new();
+    canonicalizer.canonicalize(&batch, &mut out);
+    canonicalizer.canonicalize(&batch, &mut out);
+    let ids: Vec<u64> = out.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3]);
+}
