@@ -57,7 +57,8 @@ pub use limits::{
 };
 pub use membership::{
     AdapterMembership, ConflictReason, ConflictScope, ConflictSubject, EndpointMembership,
-    MembershipConflict, MembershipView, ResolvedDomain, WorkerId, WorkerTopology, role_of,
+    KvStateEndpoint, MembershipConflict, MembershipView, ResolvedDomain, WorkerId, WorkerTopology,
+    role_of,
 };
 #[cfg(feature = "watch")]
 pub use memory::MemoryDiscovery;

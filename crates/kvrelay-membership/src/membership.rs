@@ -88,6 +88,22 @@ impl EndpointMembership {
             && !self.has_pool_materialization_conflict()
     }
 
+    /// Where the endpoint's workers publish KV events: each worker's
+    /// `runtime_config.kv_state_endpoint`, defaulting to the serving endpoint. Workers that
+    /// disagree make it ambiguous (KV handling fails closed; serving continues).
+    pub fn kv_state_endpoint(&self) -> KvStateEndpoint {
+        let mut endpoints = self
+            .runtime_configs
+            .values()
+            .map(|config| config.kv_state_endpoint.as_ref().unwrap_or(&self.endpoint));
+        let first = endpoints.next().unwrap_or(&self.endpoint);
+        if endpoints.all(|endpoint| endpoint == first) {
+            KvStateEndpoint::Resolved(first.clone())
+        } else {
+            KvStateEndpoint::Ambiguous
+        }
+    }
+
     /// Equality of every field except the generation.
     pub fn same_content(&self, other: &Self) -> bool {
         self.endpoint == other.endpoint
@@ -101,6 +117,15 @@ impl EndpointMembership {
             && self.adapters == other.adapters
             && self.conflicts == other.conflicts
     }
+}
+
+/// Where an endpoint's KV events are published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvStateEndpoint {
+    /// All workers agree on this endpoint.
+    Resolved(EndpointId),
+    /// Workers name different KV-state endpoints.
+    Ambiguous,
 }
 
 /// The readiness facts of one worker.

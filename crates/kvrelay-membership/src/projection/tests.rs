@@ -685,6 +685,31 @@ fn one_card_change_reprojects_only_its_endpoint() {
 }
 
 #[test]
+fn kv_state_endpoint_defaults_to_serving_and_disagreement_is_ambiguous() {
+    let plain = card("llama", "meta/llama", 64);
+    let mut elsewhere = plain.clone();
+    elsewhere.runtime_config.kv_state_endpoint = Some(endpoint("kv"));
+    let projection = projected(vec![instance("generate", 1, None, &plain)]);
+    assert_eq!(
+        membership(&projection.view(), "generate").kv_state_endpoint(),
+        crate::KvStateEndpoint::Resolved(endpoint("generate"))
+    );
+    let projection = projected(vec![instance("generate", 1, None, &elsewhere)]);
+    assert_eq!(
+        membership(&projection.view(), "generate").kv_state_endpoint(),
+        crate::KvStateEndpoint::Resolved(endpoint("kv"))
+    );
+    let projection = projected(vec![
+        instance("generate", 1, None, &plain),
+        instance("generate", 2, None, &elsewhere),
+    ]);
+    assert_eq!(
+        membership(&projection.view(), "generate").kv_state_endpoint(),
+        crate::KvStateEndpoint::Ambiguous
+    );
+}
+
+#[test]
 fn legacy_card_projects_a_legacy_role() {
     let mut legacy = card("llama", "meta/llama", 64);
     legacy.worker_type = None;
