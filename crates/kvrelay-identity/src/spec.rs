@@ -194,9 +194,9 @@ impl<'de> Deserialize<'de> for ExplicitIdentityMap {
 
 /// Optional explicit identity for each digest axis of an indexer domain.
 ///
-/// A missing axis falls back to the default material. JSON fields are omitted when absent.
+/// A missing axis falls back to the default material. JSON fields are omitted when absent;
+/// unknown fields are ignored, as in the reference, so newer cards still parse.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct IndexerIdentitySpec {
     /// Replaces the model source path in the cache-semantics digest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -382,7 +382,9 @@ mod tests {
     }
 
     #[test]
-    fn spec_rejects_unknown_fields() {
-        assert!(serde_json::from_str::<IndexerIdentitySpec>(r#"{"semantic":{"a":"b"}}"#).is_err());
+    fn spec_ignores_unknown_fields() {
+        let spec: IndexerIdentitySpec =
+            serde_json::from_str(r#"{"future":1,"semantics":{"a":"b"}}"#).unwrap();
+        assert_eq!(spec.semantics.unwrap().get("a"), Some("b"));
     }
 }
