@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 
 use crate::limits::Limits;
 
@@ -91,6 +91,8 @@ struct AdmissionInner {
     // Keyed by pools that passed catalog lookup, so bounded by the catalog's size; the lock is
     // never held across an await.
     per_pool: Mutex<HashMap<Vec<u8>, u32>>,
+    /// Bumped after every released permit, for waiters on stream counts.
+    released: watch::Sender<u64>,
 }
 
 /// Slots held by one admitted stream; released on drop.
@@ -98,6 +100,19 @@ struct AdmissionInner {
 pub(crate) struct StreamPermit {
     _permit: OwnedSemaphorePermit,
     _pool_slot: Option<PoolSlot>,
+    // Declared last: dropped after the slots above are returned.
+    _release: ReleaseSignal,
+}
+
+#[derive(Debug)]
+struct ReleaseSignal {
+    admission: Arc<AdmissionInner>,
+}
+
+impl Drop for ReleaseSignal {
+    fn drop(&mut self) {
+        self.admission.released.send_modify(|count| *count = count.wrapping_add(1));
+    }
 }
 
 #[derive(Debug)]
@@ -133,6 +148,7 @@ impl Admission {
                 topology: permits(limits.max_topology_streams),
                 limits: limits.clone(),
                 per_pool: Mutex::new(HashMap::new()),
+                released: watch::Sender::new(0),
             }),
         }
     }
@@ -140,7 +156,7 @@ impl Admission {
     /// Admits one stream of `kind` that is not a pool subscription, or refuses it at once.
     pub(crate) fn admit(&self, kind: StreamKind) -> Result<StreamPermit, AdmissionError> {
         let permit = self.take(kind)?;
-        Ok(StreamPermit { _permit: permit, _pool_slot: None })
+        Ok(StreamPermit { _permit: permit, _pool_slot: None, _release: self.release_signal() })
     }
 
     /// Admits one subscription to the pool named by `pool_key` (any stable byte encoding of
@@ -159,6 +175,7 @@ impl Admission {
         Ok(StreamPermit {
             _permit: permit,
             _pool_slot: Some(PoolSlot { admission: self.inner.clone(), pool_key: pool_key.to_vec() }),
+            _release: self.release_signal(),
         })
     }
 
@@ -168,6 +185,23 @@ impl Admission {
         let available =
             u32::try_from(self.inner.semaphore(kind).available_permits()).unwrap_or(limit);
         limit.saturating_sub(available)
+    }
+
+    /// Waits until at most `at_most` streams of `kind` are open.
+    pub(crate) async fn wait_for_at_most(&self, kind: StreamKind, at_most: u32) {
+        let mut released = self.inner.released.subscribe();
+        loop {
+            if self.active(kind) <= at_most {
+                return;
+            }
+            if released.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn release_signal(&self) -> ReleaseSignal {
+        ReleaseSignal { admission: self.inner.clone() }
     }
 
     fn take(&self, kind: StreamKind) -> Result<OwnedSemaphorePermit, AdmissionError> {

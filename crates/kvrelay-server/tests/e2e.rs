@@ -71,3 +71,142 @@ async fn streams_end_with_publication_unavailable_on_shutdown() {
     let Some(Message::Error(error)) = next(&mut stream).await else { panic!("expected an error frame") };
     assert_eq!(error.reason, ErrorReason::PublicationUnavailable);
 }
+
+#[tokio::test]
+async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 50);
+    // A filter of 2^20 buckets: its 8 MiB snapshot cannot hide in socket buffers (the
+    // kernel's send buffer grows to 4 MiB at most). Short timeouts cut the stall quickly.
+    let cards = config.discovery.dir.clone().unwrap();
+    support::write_card(&cards, ("prod", "big", "generate"), 0x31, "model-c", "aggregated", 3_000_000, 1);
+    config.limits.snapshot_progress_timeout_ms = 300;
+    config.limits.write_timeout_ms = 300;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3)).await.unwrap();
+    let big = relay
+        .catalog()
+        .pools
+        .into_iter()
+        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
+        .unwrap();
+    let subscribe = request(StreamRpc::SubscribePool { expected_producer: big.producer });
+
+    // The stalled client: a tiny receive buffer and never a read.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stalled_io = socket.connect(relay.wan_addr()).await.unwrap();
+    let mut stalled = ProbeStream::open(stalled_io, &subscribe).await.unwrap();
+
+    // A healthy client gets the whole snapshot and equals the producer.
+    let mut healthy = ProbeStream::connect(relay.wan_addr(), &subscribe).await.unwrap();
+    let mut mirror = PoolMirror::new(big.producer).unwrap();
+    while mirror.words().is_none() {
+        let frame = tokio::time::timeout(DEADLINE, healthy.next_frame()).await.unwrap().unwrap().unwrap();
+        mirror.handle_frame(&frame).unwrap();
+    }
+    tokio::time::timeout(DEADLINE, relay.workload_finished()).await.unwrap();
+    relay.flush().await;
+    let table = relay.producer_table(&big.producer).await.unwrap();
+    while mirror.sequence() < table.sequence {
+        let frame = tokio::time::timeout(DEADLINE, healthy.next_frame()).await.unwrap().unwrap().unwrap();
+        mirror.handle_frame(&frame).unwrap();
+    }
+    assert_eq!(mirror.words().unwrap(), table.words.as_slice());
+
+    // Only the healthy pool stream is left open: the stalled one was cut off.
+    tokio::time::timeout(DEADLINE, relay.wait_for_open_streams(kvrelay_server::StreamKind::Pool, 1))
+        .await
+        .expect("the stalled subscriber is cut off");
+    let mut stalled_mirror = PoolMirror::new(big.producer).unwrap();
+    while let Ok(Some(frame)) = tokio::time::timeout(DEADLINE, stalled.next_frame()).await.unwrap() {
+        if stalled_mirror.handle_frame(&frame).is_err() {
+            break;
+        }
+    }
+    assert!(stalled_mirror.words().is_none(), "a cut-off subscriber never completes its snapshot");
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn after_a_restart_consumers_see_a_new_incarnation_and_converge() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = deployment(dir.path(), 100);
+    let first = Relay::start(config.clone()).await.unwrap();
+    let addr = first.wan_addr();
+    tokio::time::timeout(DEADLINE, first.wait_for_pools(2)).await.unwrap();
+    let (mut watcher, message) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
+    let Message::CatalogUpdate(before) = message else { panic!("expected a catalog, got {message:?}") };
+    first.shutdown().await.unwrap();
+    let Some(Message::Error(end)) = next(&mut watcher).await else { panic!("expected the shutdown error") };
+    assert_eq!(end.reason, ErrorReason::PublicationUnavailable);
+
+    let mut again = config;
+    again.wan.listen = addr;
+    let second = Relay::start(again).await.unwrap();
+    tokio::time::timeout(DEADLINE, second.wait_for_pools(2)).await.unwrap();
+    let (_, message) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
+    let Message::CatalogUpdate(after) = message else { panic!("expected a catalog, got {message:?}") };
+    assert_ne!(after.relay.relay_incarnation, before.relay.relay_incarnation);
+    for pool in &after.pools {
+        assert!(before.pools.iter().all(|old| old.producer != pool.producer), "producers are fenced by incarnation");
+    }
+    // An old producer identity is refused; the new one converges.
+    let stale = request(StreamRpc::SubscribePool { expected_producer: before.pools[0].producer });
+    let (_, refused) = first_message(addr, &stale).await;
+    assert!(matches!(refused, Message::Error(ref error) if error.reason == ErrorReason::ProducerChanged), "{refused:?}");
+    tokio::time::timeout(DEADLINE, second.workload_finished()).await.unwrap();
+    second.flush().await;
+    for pool in &after.pools {
+        let table = second.producer_table(&pool.producer).await.unwrap();
+        let mut stream = ProbeStream::connect(addr, &request(StreamRpc::SubscribePool { expected_producer: pool.producer }))
+            .await
+            .unwrap();
+        let mut mirror = PoolMirror::new(pool.producer).unwrap();
+        while mirror.words().is_none() || mirror.sequence() < table.sequence {
+            let frame = tokio::time::timeout(DEADLINE, stream.next_frame()).await.unwrap().unwrap().unwrap();
+            mirror.handle_frame(&frame).unwrap();
+        }
+        assert_eq!(mirror.words().unwrap(), table.words.as_slice());
+    }
+    second.shutdown().await.unwrap();
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response)).await.unwrap().unwrap();
+    let status = response[9..12].parse().unwrap();
+    (status, response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
+#[tokio::test]
+async fn admin_http_serves_health_metrics_and_views_of_a_running_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = Relay::start(deployment(dir.path(), 50)).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2)).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.workload_finished()).await.unwrap();
+    let admin = relay.admin_addr().unwrap();
+    assert_eq!(http_get(admin, "/healthz").await.0, 200);
+    let (status, body) = http_get(admin, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let (_, metrics) = http_get(admin, "/metrics").await;
+    assert!(metrics.contains("kvrelay_pools 2"), "{metrics}");
+    assert!(metrics.contains("kvrelay_events_total{disposition=\"submitted\"}"), "{metrics}");
+    let (status, catalog) = http_get(admin, "/v1/catalog").await;
+    assert_eq!(status, 200);
+    let catalog: serde_json::Value = serde_json::from_str(&catalog).unwrap();
+    assert_eq!(catalog["pools"].as_array().map(Vec::len), Some(2), "{catalog}");
+    for path in ["/v1/load", "/v1/topology"] {
+        assert_eq!(http_get(admin, path).await.0, 200, "{path}");
+    }
+    let pool = relay.pool_reports().await.remove(0).pool;
+    let (status, stats) = http_get(admin, &format!("/v1/pools/{pool}/stats")).await;
+    assert_eq!(status, 200, "{stats}");
+    assert!(stats.contains("\"generation\""), "{stats}");
+    assert_eq!(http_get(admin, "/v1/pools/nope/stats").await.0, 404);
+    relay.shutdown().await.unwrap();
+}

@@ -489,6 +489,11 @@ impl Relay {
         self.admission.active(kind)
     }
 
+    /// Waits until at most `at_most` WAN streams of `kind` are open.
+    pub async fn wait_for_open_streams(&self, kind: StreamKind, at_most: u32) {
+        self.admission.wait_for_at_most(kind, at_most).await;
+    }
+
     /// Runs until SIGINT or SIGTERM, then shuts down in order.
     pub async fn run_until_signal(self) -> Result<(), RelayError> {
         wait_for_signal().await;
