@@ -11,7 +11,7 @@ use bytes::Bytes;
 use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
-    BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
+    RejectionKind, BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
     EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, SourceHandle, SourceOutput,
     SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
 };
@@ -113,6 +113,11 @@ impl FakeEngine {
             ];
             self.publisher.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
         }
+    }
+
+    /// Sends raw frames on the PUB socket (for malformed input).
+    async fn send_raw(&mut self, frames: Vec<Bytes>) {
+        self.publisher.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
     }
 
     /// Stops the engine and releases its ports.
@@ -276,5 +281,56 @@ async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
     );
     assert_eq!(stats.n_rejected(), 0, "{stats:?}");
     assert!(source.shutdown().await, "source tasks did not stop");
+    engine.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
+    let (mut engine, pub_endpoint, replay_endpoint) =
+        FakeEngine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0").await;
+    // The replay endpoint lets a slow subscription recover the first batch.
+    let mut source = spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint,
+        replay_endpoint: Some(replay_endpoint),
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits: Limits::default(),
+    });
+    let mut state = State::new();
+    let mut signals = Vec::new();
+    engine.publish(vec![stored(&[1, 2], None, 0)], false).await;
+    converge(&mut source, &mut engine, &mut state, &mut signals, "first batch").await;
+
+    let topic = Bytes::from_static(TOPIC.as_bytes());
+    let seq = |n: u64| Bytes::copy_from_slice(&n.to_be_bytes());
+    // A 4-byte sequence frame, a payload that is not msgpack, a batch of the wrong shape,
+    // and a stored event whose block size is not the pool's.
+    engine.send_raw(vec![topic.clone(), Bytes::from_static(&[0, 0, 0, 1]), Bytes::new()]).await;
+    engine.next_seq += 1;
+    engine.send_raw(vec![topic.clone(), seq(engine.next_seq - 1), Bytes::from_static(&[0xc1])]).await;
+    engine.next_seq += 1;
+    engine.send_raw(vec![topic.clone(), seq(engine.next_seq - 1), Bytes::from_static(&[0x07])]).await;
+    let mut wrong_size = stored(&[3], Some(2), 1);
+    if let EngineEvent::BlockStored(event) = &mut wrong_size {
+        event.block_size = 8;
+        event.token_ids = TokenIds::Flat((0..8).collect());
+    }
+    let batch = EngineBatch { ts: 0.0, events: vec![wrong_size], dp_rank: Some(0) };
+    let mut payload = Vec::new();
+    encode_engine_batch(&batch, LAYOUT, &mut payload);
+    engine.send_raw(vec![topic, seq(engine.next_seq), Bytes::from(payload)]).await;
+    engine.next_seq += 1;
+    // A good batch after all of them still applies.
+    engine.publish(vec![removed(&[1])], false).await;
+    converge(&mut source, &mut engine, &mut state, &mut signals, "after malformed").await;
+    let stats = source.stats();
+    assert_eq!(stats.rejected(RejectionKind::Framing), 1, "{stats:?}");
+    assert_eq!(stats.rejected(RejectionKind::Malformed), 1, "{stats:?}");
+    assert_eq!(stats.rejected(RejectionKind::Schema), 1, "{stats:?}");
+    assert_eq!(stats.rejected(RejectionKind::Canonicalize), 1, "{stats:?}");
+    assert!(source.shutdown().await);
     engine.stop().await;
 }
