@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
 use kvrelay_identity::{
-    CanonicalModelId, CanonicalModelRegistration, DcId, DcRelayIdentity, EndpointId, IndexerIdentitySpec,
-    KvQueryHashFormat, KvQuerySemantics, PoolId, WorkerRole, resolve_indexer_domain,
+    CanonicalModelId, CanonicalModelRegistration, DcId, DcRelayIdentity, EndpointId,
+    IndexerIdentitySpec, KvQueryHashFormat, KvQuerySemantics, PoolId, WorkerRole,
+    resolve_indexer_domain,
 };
-use kvrelay_pool::{AttachRequest, Limits, PoolAttachment, PoolFrameKind, PoolRegistry, RegistryConfig};
+use kvrelay_pool::{
+    AttachRequest, Limits, PoolAttachment, PoolFrameKind, PoolRegistry, RegistryConfig,
+};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 const BATCH: u64 = 16;
@@ -30,16 +33,28 @@ struct Fixture {
     delivered: Vec<Arc<AtomicU64>>,
     notify: Arc<Notify>,
     iteration: u64,
+    sequence: u64,
 }
 
 fn attach_request() -> AttachRequest {
     let semantics = KvQuerySemantics::new(16, KvQueryHashFormat::DynamoStandardV1).unwrap();
     let endpoint: EndpointId = "bench.backend.generate".parse().unwrap();
-    let domain = resolve_indexer_domain("bench/model", &IndexerIdentitySpec::default(), semantics, &endpoint);
+    let domain = resolve_indexer_domain(
+        "bench/model",
+        &IndexerIdentitySpec::default(),
+        semantics,
+        &endpoint,
+    );
     AttachRequest {
-        pool: PoolId { indexer_domain: domain, dc_id: DcId::from_dc_name("bench") },
+        pool: PoolId {
+            indexer_domain: domain,
+            dc_id: DcId::from_dc_name("bench"),
+        },
         endpoint,
-        registrations: vec![CanonicalModelRegistration::base(CanonicalModelId::new("model").unwrap(), vec![])],
+        registrations: vec![CanonicalModelRegistration::base(
+            CanonicalModelId::new("model").unwrap(),
+            vec![],
+        )],
         query_semantics: semantics,
         roles: vec![WorkerRole::Aggregated],
         expected_unique_blocks: 1 << 20,
@@ -78,13 +93,23 @@ async fn fixture(subscribers: usize) -> Fixture {
     // Wait until every subscriber installed its snapshot.
     let base = attachment.actor.stats().await.unwrap().sequence;
     wait_delivered(&delivered, &notify, base).await;
-    Fixture { registry, attachment, delivered, notify, iteration: 0 }
+    Fixture {
+        registry,
+        attachment,
+        delivered,
+        notify,
+        iteration: 0,
+        sequence: base,
+    }
 }
 
 async fn wait_delivered(delivered: &[Arc<AtomicU64>], notify: &Notify, target: u64) {
     loop {
         let notified = notify.notified();
-        if delivered.iter().all(|sequence| sequence.load(Ordering::Acquire) >= target) {
+        if delivered
+            .iter()
+            .all(|sequence| sequence.load(Ordering::Acquire) >= target)
+        {
             return;
         }
         notified.await;
@@ -99,29 +124,40 @@ async fn one_batch(fixture: &mut Fixture) {
     fixture.iteration += 1;
     let source = SourceId::new(1, 0);
     let first_id = (iteration / 2) * BATCH;
-    let target = fixture.attachment.actor.stats().await.unwrap().sequence;
+    // Every batch changes buckets, so it yields exactly one delta.
+    fixture.sequence += 1;
+    let target = fixture.sequence;
     let start = Instant::now();
     for k in 0..BATCH {
         let id = first_id + k;
         let payload = if iteration % 2 == 0 {
             EventPayload::Stored(StoredBlocks {
                 parent_engine_block_id: None,
-                blocks: vec![StoredBlock { engine_block_id: id, token_hash: id.wrapping_mul(0x9E37_79B9_7F4A_7C15) }],
+                blocks: vec![StoredBlock {
+                    engine_block_id: id,
+                    token_hash: id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                }],
             })
         } else {
-            EventPayload::Removed(RemovedBlocks { engine_block_ids: vec![id] })
+            EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: vec![id],
+            })
         };
         fixture
             .attachment
             .actor
-            .submit(RouterEvent { source, event_id: iteration * BATCH + k, payload })
+            .submit(RouterEvent {
+                source,
+                event_id: iteration * BATCH + k,
+                payload,
+            })
             .await
             .unwrap();
     }
     if fixture.delivered.is_empty() {
         fixture.attachment.actor.flush().await.unwrap();
     } else {
-        wait_delivered(&fixture.delivered, &fixture.notify, target + 1).await;
+        wait_delivered(&fixture.delivered, &fixture.notify, target).await;
     }
     record(start.elapsed());
 }
@@ -142,17 +178,27 @@ fn report(case: &str) {
         }
         samples.sort_unstable();
         let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
-        eprintln!("{case}: batches {} p50 {:?} p99 {:?}", samples.len(), at(0.5), at(0.99));
+        eprintln!(
+            "{case}: batches {} p50 {:?} p99 {:?}",
+            samples.len(),
+            at(0.5),
+            at(0.99)
+        );
     });
 }
 
 fn bench_publication(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let mut group = c.benchmark_group("publication");
     group.throughput(Throughput::Elements(BATCH));
 
     group.bench_function("baseline-mpsc-hop", |b| {
-        let (tx, mut rx) = runtime.block_on(async { mpsc::channel::<(u64, Option<oneshot::Sender<()>>)>(256) });
+        let (tx, mut rx) =
+            runtime.block_on(async { mpsc::channel::<(u64, Option<oneshot::Sender<()>>)>(256) });
         runtime.spawn(async move {
             while let Some((_, reply)) = rx.recv().await {
                 if let Some(reply) = reply {
@@ -199,7 +245,11 @@ fn bench_publication(c: &mut Criterion) {
         });
         report(&format!("publication/{name}"));
         runtime.block_on(async move {
-            let Fixture { registry, attachment, .. } = fixture;
+            let Fixture {
+                registry,
+                attachment,
+                ..
+            } = fixture;
             registry.detach(attachment).await;
             registry.shutdown().await;
         });
