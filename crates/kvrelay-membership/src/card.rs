@@ -79,7 +79,10 @@ impl ModelDeploymentCard {
 }
 
 /// A worker's role as cards spell it (`"prefill"`, `"decode"`, `"encode"`, `"aggregated"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+///
+/// The reference writes role flags joined by `|`; `"prefill|decode"` reads as aggregated,
+/// other combinations are rejected (the card is then malformed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkerType {
     /// Computes prompt KV and hands it to a decode worker.
@@ -90,6 +93,36 @@ pub enum WorkerType {
     Encode,
     /// Prefill and decode in one worker.
     Aggregated,
+}
+
+impl<'de> Deserialize<'de> for WorkerType {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let mut flags = BTreeSet::new();
+        for flag in text.split('|').map(str::trim) {
+            match flag {
+                "prefill" => flags.insert(Self::Prefill),
+                "decode" => flags.insert(Self::Decode),
+                "encode" => flags.insert(Self::Encode),
+                "aggregated" => flags.insert(Self::Aggregated),
+                _ => {
+                    return Err(serde::de::Error::custom(format!(
+                        "unknown worker type {flag:?} in {text:?}"
+                    )));
+                }
+            };
+        }
+        let worker_type = match flags.into_iter().collect::<Vec<_>>().as_slice() {
+            [single] => *single,
+            [Self::Prefill, Self::Decode] => Self::Aggregated,
+            _ => {
+                return Err(serde::de::Error::custom(format!(
+                    "unsupported worker type combination {text:?}"
+                )));
+            }
+        };
+        Ok(worker_type)
+    }
 }
 
 /// The request surfaces of a worker: a set of flag names, normalised (trimmed, sorted,
@@ -247,6 +280,20 @@ mod tests {
         assert_eq!(json, r#""Chat | Completions""#);
         let back: ModelType = serde_json::from_str(&json).unwrap();
         assert_eq!(back, parsed);
+    }
+
+    #[test]
+    fn worker_type_flags_read_like_the_reference() {
+        let parse = |text: &str| serde_json::from_value::<WorkerType>(serde_json::json!(text));
+        assert_eq!(parse("decode").unwrap(), WorkerType::Decode);
+        assert_eq!(parse("prefill|decode").unwrap(), WorkerType::Aggregated);
+        assert_eq!(parse("aggregated").unwrap(), WorkerType::Aggregated);
+        assert!(parse("prefill|encode").is_err());
+        assert!(parse("router").is_err());
+        assert_eq!(
+            serde_json::to_value(WorkerType::Aggregated).unwrap(),
+            "aggregated"
+        );
     }
 
     #[test]
