@@ -10,11 +10,20 @@ mod workload;
 use std::time::Instant;
 
 use kvrelay_ckf::{CkfConfig, PoolFilter, PrefixDepths, PrefixQuery};
-use workload::{ChainWorkload, QUERY_BLOCKS, QUERY_POOLS, QuerySetup, Rng, query_setup};
+use workload::{
+    ChainWorkload, QUERY_BLOCKS, QUERY_CAPACITY, QUERY_POOLS, QuerySetup, Rng,
+    query_setup_with_capacity,
+};
 
 fn main() {
-    memory();
-    let setup = query_setup(11);
+    // CKF_QUERY_CAPACITY overrides the per-pool capacity (e.g. a cache-resident table).
+    let capacity = std::env::var("CKF_QUERY_CAPACITY")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    if capacity.is_none() {
+        memory();
+    }
+    let setup = query_setup_with_capacity(11, capacity.unwrap_or(QUERY_CAPACITY));
     latency(&setup);
     accuracy(&setup);
 }

@@ -451,7 +451,7 @@ impl PoolFilter {
             })?;
         let use_scan = stored.blocks.len() <= LINEAR_SCAN_MAX;
         let mut batch_ids: KeyMap<u64, u64> = KeyMap::default();
-        let mut n_new = 0;
+        let mut n_new = 0u64;
         for block in &stored.blocks {
             let canonical = match parent {
                 None => canonical_root(block.token_hash),
@@ -482,8 +482,9 @@ impl PoolFilter {
             };
             if is_new {
                 n_new += 1;
-                let owners = self.state.owners.get(&canonical).map_or(0, |e| e.owners);
-                if u64::from(owners) + stored.blocks.len() as u64 > u64::from(u32::MAX) {
+                // An owner count never exceeds the live mappings, so bounding those bounds
+                // every count without a per-hash lookup.
+                if self.live_mappings() + n_new > u64::from(u32::MAX) {
                     return Err(ApplyError::OwnershipOverflow { canonical });
                 }
                 if !use_scan {
@@ -496,7 +497,13 @@ impl PoolFilter {
                 is_new,
             });
         }
-        Ok(n_new)
+        Ok(n_new as usize)
+    }
+
+    /// Live (source, engine block id) mappings, from the counters.
+    fn live_mappings(&self) -> u64 {
+        let c = &self.state.counters;
+        c.blocks_mapped - c.mappings_removed
     }
 
     /// Reserves every map and window slot a store may need, so commit cannot fail.
@@ -652,8 +659,7 @@ impl PoolFilter {
                     }
                     Some(_) => {}
                     None => {
-                        let owners = self.state.owners.get(&canonical).map_or(0, |e| e.owners);
-                        if u64::from(owners) + n_blocks as u64 > u64::from(u32::MAX) {
+                        if self.live_mappings() + fresh.len() as u64 + 1 > u64::from(u32::MAX) {
                             return Err(ApplyError::OwnershipOverflow { canonical });
                         }
                         fresh.insert(block.engine_block_id, canonical);

@@ -8,7 +8,7 @@
 
 use kvrelay_identity::CkfFormat;
 
-use crate::addressing::Addressing;
+use crate::addressing::{Address, Addressing};
 use crate::bucket;
 use crate::format::ConfigError;
 use crate::image::{Delta, SnapshotChunk};
@@ -239,8 +239,12 @@ impl Prober for QueryTable {
     }
 
     #[inline]
-    fn touch(&self, hash: u64) -> u64 {
-        let address = self.addressing.address(hash);
+    fn locate(&self, hash: u64) -> Address {
+        self.addressing.address(hash)
+    }
+
+    #[inline]
+    fn touch(&self, address: Address) -> u64 {
         let last = self.lanes.len().saturating_sub(1);
         let primary = address.primary as usize * self.stride;
         let alternate = address.alternate as usize * self.stride;
@@ -252,8 +256,7 @@ impl Prober for QueryTable {
     }
 
     #[inline]
-    fn probe(&self, hash: u64, mask: &mut [u64]) {
-        let address = self.addressing.address(hash);
+    fn probe(&self, address: Address, mask: &mut [u64]) {
         let n_lanes = self.lanes.len();
         let primary = address.primary as usize * self.stride;
         let alternate = address.alternate as usize * self.stride;

@@ -9,16 +9,19 @@
 //!
 //! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 and the last position in one batch;
 //!    per pool, the hits before its first miss set `lo`, the first miss sets `hi`;
-//! 2. refine: binary-search rounds; each round probes the midpoint of every unresolved
-//!    bracket (pools with the same bracket share one probe);
+//! 2. refine: 4-ary search rounds; each round probes three split points of every
+//!    unresolved bracket (pools with the same bracket share probes) and keeps, per pool,
+//!    the part between its last hit and its first miss;
 //! 3. verify: probe the `window` positions just below each depth; a miss there shows the
 //!    bracket rested on a false positive (or a capacity hole), so that pool's bracket is
 //!    reset to `[1 + last probed hit below the miss, miss)` and refined again.
 //!
 //! A reported depth `d > 0` always has position `d − 1` probed as present for that pool,
 //! and the `window` positions below it too. Every loop is bounded: each refine round
-//! halves every open bracket, and each failed verification strictly lowers that pool's
-//! `hi`.
+//! shrinks every open bracket to about a quarter, and each failed verification strictly
+//! lowers that pool's `hi`.
+
+use crate::addressing::Address;
 
 /// Scratch buffers reused across searches.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +32,7 @@ pub(crate) struct SearchScratch {
     lo: Vec<u32>,
     hi: Vec<u32>,
     batch: Vec<u32>,
+    addresses: Vec<Address>,
     pub(crate) n_probes: u32,
 }
 
@@ -36,11 +40,13 @@ pub(crate) struct SearchScratch {
 pub(crate) trait Prober {
     fn n_lanes(&self) -> usize;
     fn is_ready(&self, lane: usize) -> bool;
-    /// Loads the memory `probe(hash)` will read and folds it into the result (so a batch of
+    /// Where `hash` lives (computed once per probe, before any memory is touched).
+    fn locate(&self, hash: u64) -> Address;
+    /// Loads the memory `probe` will read and folds it into the result (so a batch of
     /// touches issues its cache misses together).
-    fn touch(&self, hash: u64) -> u64;
-    /// Writes one bit per ready lane holding `hash` into `mask` (already zeroed).
-    fn probe(&self, hash: u64, mask: &mut [u64]);
+    fn touch(&self, address: Address) -> u64;
+    /// Writes one bit per ready lane holding `address` into `mask` (already zeroed).
+    fn probe(&self, address: Address, mask: &mut [u64]);
 }
 
 /// Runs the search over `hashes`; writes each lane's depth (`None` when not ready).
@@ -82,6 +88,17 @@ pub(crate) fn search(
     }
 }
 
+/// Points probed per open bracket and round, plus one: each round cuts every bracket into
+/// `FANOUT` parts. Wider rounds cost more probes but fewer dependent memory round trips.
+const FANOUT: u32 = 4;
+
+/// The `j`-th of `FANOUT - 1` split points of `[lo, hi)`; always in `lo..hi`.
+fn split_point(lo: u32, hi: u32, j: u32) -> u32 {
+    let span = u64::from(hi - lo);
+    // span * j / FANOUT < span, so the point stays below hi.
+    lo + (span * u64::from(j) / u64::from(FANOUT)) as u32
+}
+
 struct Search<'a, P> {
     prober: &'a P,
     hashes: &'a [u64],
@@ -111,18 +128,23 @@ impl<P: Prober> Search<'_, P> {
         s.batch.sort_unstable();
         s.batch.dedup();
         s.batch.retain(|&p| !s.probed[p as usize]);
-        let mut sink = 0u64;
+        s.addresses.clear();
         for &p in &s.batch {
-            sink ^= self.prober.touch(self.hashes[p as usize]);
+            s.addresses
+                .push(self.prober.locate(self.hashes[p as usize]));
+        }
+        let mut sink = 0u64;
+        for &address in &s.addresses {
+            sink ^= self.prober.touch(address);
         }
         std::hint::black_box(sink);
         let words = self.mask_words;
-        for &p in &s.batch {
+        for (&p, &address) in s.batch.iter().zip(&s.addresses) {
             let p = p as usize;
             s.probed[p] = true;
             s.n_probes += 1;
             self.prober
-                .probe(self.hashes[p], &mut s.masks[p * words..(p + 1) * words]);
+                .probe(address, &mut s.masks[p * words..(p + 1) * words]);
         }
         s.batch.clear();
     }
@@ -164,8 +186,10 @@ impl<P: Prober> Search<'_, P> {
         loop {
             for lane in 0..self.scratch.lo.len() {
                 let (lo, hi) = (self.scratch.lo[lane], self.scratch.hi[lane]);
-                if lo < hi {
-                    self.scratch.batch.push(lo + (hi - lo) / 2);
+                for j in 1..FANOUT {
+                    if lo < hi {
+                        self.scratch.batch.push(split_point(lo, hi, j));
+                    }
                 }
             }
             if self.scratch.batch.is_empty() {
@@ -174,12 +198,19 @@ impl<P: Prober> Search<'_, P> {
             self.probe_batch();
             for lane in 0..self.scratch.lo.len() {
                 let (lo, hi) = (self.scratch.lo[lane], self.scratch.hi[lane]);
-                if lo < hi {
-                    let mid = lo + (hi - lo) / 2;
-                    if self.hit(mid, lane) {
-                        self.scratch.lo[lane] = mid + 1;
+                if lo >= hi {
+                    continue;
+                }
+                for j in 1..FANOUT {
+                    let point = split_point(lo, hi, j);
+                    if point < self.scratch.lo[lane] {
+                        continue; // a repeated point on a small bracket
+                    }
+                    if self.hit(point, lane) {
+                        self.scratch.lo[lane] = point + 1;
                     } else {
-                        self.scratch.hi[lane] = mid;
+                        self.scratch.hi[lane] = point;
+                        break;
                     }
                 }
             }
@@ -230,12 +261,19 @@ mod tests {
         fn is_ready(&self, lane: usize) -> bool {
             self.ready[lane]
         }
-        fn touch(&self, hash: u64) -> u64 {
-            hash
+        fn locate(&self, hash: u64) -> Address {
+            Address {
+                fingerprint: 1,
+                primary: hash as u32,
+                alternate: 0,
+            }
         }
-        fn probe(&self, hash: u64, mask: &mut [u64]) {
+        fn touch(&self, address: Address) -> u64 {
+            u64::from(address.primary)
+        }
+        fn probe(&self, address: Address, mask: &mut [u64]) {
             for (lane, present) in self.present.iter().enumerate() {
-                if self.ready[lane] && present[hash as usize] {
+                if self.ready[lane] && present[address.primary as usize] {
                     mask[lane / 64] |= 1 << (lane % 64);
                 }
             }
@@ -307,7 +345,7 @@ mod tests {
         };
         let (depths, probes) = run(&fake, 64, 2);
         assert!(depths.iter().all(|&d| d == Some(40)));
-        assert!(probes <= 14, "{probes} probes");
+        assert!(probes <= 16, "{probes} probes");
     }
 
     #[test]

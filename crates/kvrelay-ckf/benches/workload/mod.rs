@@ -257,16 +257,19 @@ pub(crate) struct QuerySetup {
 
 /// Builds the query table (through real producers and snapshots) and the exact index.
 pub(crate) fn query_setup(seed: u64) -> QuerySetup {
-    let background = QUERY_CAPACITY as usize - QUERY_REQUESTS * QUERY_BLOCKS / 4;
+    query_setup_with_capacity(seed, QUERY_CAPACITY)
+}
+
+/// [`query_setup`] with `capacity` expected blocks per pool.
+pub(crate) fn query_setup_with_capacity(seed: u64, capacity: u64) -> QuerySetup {
+    let background = (capacity as usize).saturating_sub(QUERY_REQUESTS * QUERY_BLOCKS / 4);
     let work = QueryWorkload::new(seed, QUERY_POOLS, QUERY_REQUESTS, QUERY_BLOCKS, background);
-    let format = PoolFilter::new(CkfConfig::new(QUERY_CAPACITY))
-        .unwrap()
-        .format();
+    let format = PoolFilter::new(CkfConfig::new(capacity)).unwrap().format();
     let mut table = QueryTable::new(format, QueryConfig::default()).unwrap();
     let mut exact = ExactIndex::new();
     let mut load_sum = 0.0;
     for pool in 0..QUERY_POOLS {
-        let mut filter = PoolFilter::new(CkfConfig::new(QUERY_CAPACITY)).unwrap();
+        let mut filter = PoolFilter::new(CkfConfig::new(capacity)).unwrap();
         for event in work.pool_events(pool) {
             filter.apply(&event).unwrap();
         }
