@@ -130,7 +130,7 @@ async fn one_batch(fixture: &mut Fixture) {
     let start = Instant::now();
     for k in 0..BATCH {
         let id = first_id + k;
-        let payload = if iteration % 2 == 0 {
+        let payload = if iteration.is_multiple_of(2) {
             EventPayload::Stored(StoredBlocks {
                 parent_engine_block_id: None,
                 blocks: vec![StoredBlock {
