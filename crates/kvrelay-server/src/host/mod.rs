@@ -98,6 +98,20 @@ pub enum RelayError {
         /// The pool key.
         pool: String,
     },
+    /// No attached pool has this source.
+    #[error("source {source_id} is not connected to any pool")]
+    UnknownSource {
+        /// The source.
+        source_id: SourceId,
+    },
+    /// The pool actor did not accept an event.
+    #[error("pool actor refused an event of {source_id}: {message}")]
+    Submit {
+        /// The source.
+        source_id: SourceId,
+        /// The actor's message.
+        message: String,
+    },
     /// Reading a producer's table failed.
     #[error("reading producer table of pool {pool}: {message}")]
     ProducerTable {
@@ -446,6 +460,22 @@ impl Relay {
         }
         reports.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
         reports
+    }
+
+    /// Submits one event of a connected source to its pool actor (for embedders and
+    /// benchmarks that bring their own event source). Waits for mailbox room.
+    pub async fn submit(&self, event: kvrelay_ckf::RouterEvent) -> Result<(), RelayError> {
+        let source_id = event.source;
+        let route = self.state.routes.borrow().routes.get(&source_id).cloned();
+        let Some(route) = route else {
+            return Err(RelayError::UnknownSource { source_id });
+        };
+        route.actor.submit(event).await.map_err(|err| RelayError::Submit { source_id, message: err.to_string() })
+    }
+
+    /// The connected sources, in order.
+    pub fn sources(&self) -> Vec<SourceId> {
+        self.state.routes.borrow().routes.keys().copied().collect()
     }
 
     /// Flushes every pool actor so pending events are published.

@@ -1,0 +1,168 @@
+//! End-to-end figures on loopback: events submitted to a relay's pool actor → published →
+//! sent over TCP → applied to a replica ([`PoolMirror`] over a real WAN stream).
+//!
+//! Prints one JSON object: sustained stored blocks/s (submit to replica caught up), and
+//! event-to-replica latency p50/p99 (one event at a time, including the actor's batching
+//! delay). Run with `cargo run --release -p kvrelay-server --example e2e_bench [-- EVENTS]`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "a benchmark binary fails loudly")]
+
+use std::time::{Duration, Instant};
+
+use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_codec::v1::{StreamRequest, StreamRpc};
+use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WorkloadConfig};
+use tokio::sync::watch;
+
+/// Blocks per stored event.
+const BLOCKS_PER_EVENT: u64 = 16;
+/// Events a source keeps resident before its oldest is removed.
+const RESIDENT_EVENTS: u64 = 256;
+/// Latency samples.
+const LATENCY_SAMPLES: usize = 2_000;
+
+fn main() {
+    let events: u64 = std::env::args().nth(1).and_then(|arg| arg.parse().ok()).unwrap_or(50_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let figures = runtime.block_on(run(events));
+    println!("{}", serde_json::to_string_pretty(&figures).unwrap());
+}
+
+struct Generator {
+    next_engine_id: u64,
+    per_source: std::collections::BTreeMap<SourceId, std::collections::VecDeque<Vec<u64>>>,
+    seed: u64,
+}
+
+impl Generator {
+    fn event(&mut self, source: SourceId, event_id: u64) -> Vec<RouterEvent> {
+        let mut out = Vec::new();
+        let queue = self.per_source.entry(source).or_default();
+        if queue.len() as u64 >= RESIDENT_EVENTS {
+            let oldest = queue.pop_front().unwrap();
+            out.push(RouterEvent {
+                source,
+                event_id: event_id * 2,
+                payload: EventPayload::Removed(RemovedBlocks { engine_block_ids: oldest }),
+            });
+        }
+        let mut ids = Vec::new();
+        let mut blocks = Vec::new();
+        for _ in 0..BLOCKS_PER_EVENT {
+            self.next_engine_id += 1;
+            self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ids.push(self.next_engine_id);
+            blocks.push(StoredBlock { engine_block_id: self.next_engine_id, token_hash: self.seed ^ (self.seed >> 29) });
+        }
+        queue.push_back(ids);
+        out.push(RouterEvent {
+            source,
+            event_id: event_id * 2 + 1,
+            payload: EventPayload::Stored(StoredBlocks { parent_engine_block_id: None, blocks }),
+        });
+        out
+    }
+}
+
+async fn run(events: u64) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let cards = dir.path().join("cards");
+    std::fs::create_dir_all(&cards).unwrap();
+    for worker in 0..4u64 {
+        let record = serde_json::json!({
+            "type": "Model", "namespace": "bench", "component": "backend", "endpoint": "generate",
+            "instance_id": 0x100 + worker,
+            "card_json": {
+                "display_name": "bench-model", "source_path": "models/bench", "kv_cache_block_size": 16,
+                "model_type": "Chat", "worker_type": "aggregated", "needs": [],
+                "runtime_config": { "total_kv_blocks": 8192, "data_parallel_start_rank": 0, "data_parallel_size": 1 }
+            }
+        });
+        std::fs::write(cards.join(format!("w{worker}.json")), record.to_string()).unwrap();
+    }
+    // An empty trace connects every discovered worker as a source without replaying anything.
+    let trace = dir.path().join("empty.jsonl");
+    std::fs::write(&trace, "").unwrap();
+    let mut config = RelayConfig { dc_id: "dc-bench".to_owned(), ..RelayConfig::default() };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.enabled = false;
+    config.discovery.dir = Some(cards);
+    config.workload = Some(WorkloadConfig { trace: Some(trace), speed: 0.0, loops: 1 });
+    let relay = Relay::start(config).await.unwrap();
+    relay.wait_for_pools(1).await;
+    relay.workload_finished().await;
+    let pool = relay.catalog().pools[0].clone();
+    let sources = relay.sources();
+
+    // The replica: its own TCP stream; publishes its sequence after every applied frame.
+    let (sequence_tx, mut sequence_rx) = watch::channel(0u64);
+    let request = StreamRequest {
+        subscriber_id: "e2e-bench".to_owned(),
+        rpc: StreamRpc::SubscribePool { expected_producer: pool.producer },
+        auth_token: None,
+    };
+    let mut stream = ProbeStream::connect(relay.wan_addr(), &request).await.unwrap();
+    let replica = tokio::spawn(async move {
+        let mut mirror = PoolMirror::new(pool.producer).unwrap();
+        while let Ok(Some(frame)) = stream.next_frame().await {
+            if mirror.handle_frame(&frame).is_err() {
+                break;
+            }
+            if mirror.words().is_some() {
+                sequence_tx.send_replace(mirror.sequence());
+            }
+        }
+        mirror
+    });
+    sequence_rx.wait_for(|_| true).await.unwrap();
+
+    // Throughput: submit everything, then wait for the replica to reach the final sequence.
+    let mut generator = Generator { next_engine_id: 0, per_source: Default::default(), seed: 42 };
+    let started = Instant::now();
+    for at in 0..events {
+        let source = sources[(at % sources.len() as u64) as usize];
+        for event in generator.event(source, at) {
+            relay.submit(event).await.unwrap();
+        }
+    }
+    relay.flush().await;
+    let final_sequence = relay.pool_reports().await[0].sequence;
+    sequence_rx.wait_for(|sequence| *sequence >= final_sequence).await.unwrap();
+    let elapsed = started.elapsed();
+    let blocks = events * BLOCKS_PER_EVENT;
+
+    // Latency: one stored event at a time, until the replica applied its delta.
+    let mut latencies = Vec::with_capacity(LATENCY_SAMPLES);
+    for sample in 0..LATENCY_SAMPLES as u64 {
+        let before = *sequence_rx.borrow_and_update();
+        let source = sources[(sample % sources.len() as u64) as usize];
+        let batch = generator.event(source, events + sample);
+        let sent = Instant::now();
+        for event in batch {
+            relay.submit(event).await.unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(10), sequence_rx.wait_for(|sequence| *sequence > before))
+            .await
+            .expect("replica advances")
+            .unwrap();
+        latencies.push(sent.elapsed());
+    }
+    latencies.sort();
+    let percentile = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    let table = relay.producer_table(&pool.producer).await.unwrap();
+    relay.shutdown().await.unwrap();
+    let mirror = replica.await.unwrap();
+    serde_json::json!({
+        "benchmark": "e2e/loopback",
+        "events": events,
+        "blocks_stored": blocks,
+        "seconds": elapsed.as_secs_f64(),
+        "blocks_per_s": blocks as f64 / elapsed.as_secs_f64(),
+        "events_per_s": events as f64 / elapsed.as_secs_f64(),
+        "latency_samples": latencies.len(),
+        "event_to_replica_p50_us": percentile(0.50).as_micros(),
+        "event_to_replica_p99_us": percentile(0.99).as_micros(),
+        "replica_identical": mirror.sequence() == table.sequence && mirror.words() == Some(table.words.as_slice()),
+        "bucket_count": pool.producer.ckf_format.bucket_count,
+    })
+}
