@@ -29,12 +29,6 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 /// enum codes and fields appended to the end of a message body.
 pub const PROTOCOL_MINOR: u16 = 0;
 
-/// True when a peer's minor version is newer than ours: its message bodies may carry
-/// appended fields we skip.
-pub(crate) fn is_newer_minor(minor: u16) -> bool {
-    minor > PROTOCOL_MINOR
-}
-
 /// Frame header length, in bytes.
 pub const FRAME_HEADER_LEN: usize = 16;
 
@@ -255,6 +249,12 @@ pub enum ExactFrameError {
         /// How many.
         extra: usize,
     },
+}
+
+/// True when a peer's minor version is newer than ours: its message bodies may carry
+/// appended fields we skip.
+pub(crate) fn is_newer_minor(minor: u16) -> bool {
+    minor > PROTOCOL_MINOR
 }
 
 struct Header {

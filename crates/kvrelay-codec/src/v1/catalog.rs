@@ -1,5 +1,7 @@
 //! The complete pool catalog: a revision and every pool descriptor.
 
+use std::collections::BTreeSet;
+
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
@@ -9,7 +11,7 @@ use super::identity::{
     EndpointId, ModelRegistration, PoolId, ProducerIdentity, QuerySemantics, RelayIdentity,
 };
 use super::validation::{
-    CollectionCheck, EntryError, ValidationError, check_collection, check_roles,
+    CollectionCheck, EntryError, ValidationError, check_collection, check_roles, first_duplicate,
 };
 use crate::frame::MessageKind;
 
@@ -60,26 +62,34 @@ impl PoolDescriptor {
         if self.registrations.is_empty() {
             return Err(ValidationError::NoRegistrations);
         }
-        for (at, registration) in self.registrations.iter().enumerate() {
+        for registration in &self.registrations {
             registration.validate()?;
-            let earlier = &self.registrations[..at];
-            if earlier
-                .iter()
-                .any(|other| other.model == registration.model)
-            {
-                return Err(ValidationError::DuplicateModel {
-                    model: registration.model.clone(),
-                });
-            }
-            for alias in &registration.aliases {
-                let collides = self.registrations.iter().any(|other| other.model == *alias)
-                    || earlier.iter().any(|other| other.aliases.contains(alias));
-                if collides {
-                    return Err(ValidationError::AliasCollision {
-                        alias: alias.clone(),
-                    });
-                }
-            }
+        }
+        let models = self.registrations.iter().map(|r| r.model.as_str());
+        if let Some((_, model)) = first_duplicate(models) {
+            return Err(ValidationError::DuplicateModel {
+                model: model.to_owned(),
+            });
+        }
+        // Every model and alias names one model in the pool: a repeat is a collision.
+        let models: BTreeSet<&str> = self
+            .registrations
+            .iter()
+            .map(|r| r.model.as_str())
+            .collect();
+        let aliases = self
+            .registrations
+            .iter()
+            .flat_map(|r| r.aliases.iter().map(String::as_str));
+        if let Some(alias) = aliases.clone().find(|alias| models.contains(alias)) {
+            return Err(ValidationError::AliasCollision {
+                alias: alias.to_owned(),
+            });
+        }
+        if let Some((_, alias)) = first_duplicate(aliases) {
+            return Err(ValidationError::AliasCollision {
+                alias: alias.to_owned(),
+            });
         }
         Ok(())
     }
@@ -90,20 +100,17 @@ impl CatalogUpdate {
     /// whole update; unsupported descriptors are listed for quarantine.
     pub fn validate(&self) -> Result<CollectionCheck, EntryError> {
         let verdict = check_collection("pools", &self.pools, PoolDescriptor::validate)?;
-        for (index, pool) in self.pools.iter().enumerate() {
-            if self.pools[..index]
-                .iter()
-                .any(|other| other.pool_id() == pool.pool_id())
-            {
-                return Err(EntryError {
-                    collection: "pools",
-                    index,
-                    error: ValidationError::DuplicateEntry {
-                        field: "pools",
-                        key: pool.pool_id().to_string(),
-                    },
-                });
-            }
+        if let Some((index, pool_id)) =
+            first_duplicate(self.pools.iter().map(PoolDescriptor::pool_id))
+        {
+            return Err(EntryError {
+                collection: "pools",
+                index,
+                error: ValidationError::DuplicateEntry {
+                    field: "pools",
+                    key: pool_id.to_string(),
+                },
+            });
         }
         Ok(verdict)
     }

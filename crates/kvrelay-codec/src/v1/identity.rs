@@ -10,7 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::code::{HashFormat, IdentitySource};
-use super::validation::{ValidationError, check_name};
+use super::validation::{ValidationError, check_name, first_duplicate};
 use crate::cbi1::{self, Cbi1Layout};
 
 /// The pool identity version this protocol speaks; another non-zero version is
@@ -221,13 +221,18 @@ impl ModelRegistration {
         if let Some(adapter) = &self.adapter {
             check_name("registration.adapter", adapter)?;
         }
-        for (at, alias) in self.aliases.iter().enumerate() {
+        for alias in &self.aliases {
             check_name("registration.aliases", alias)?;
-            if *alias == self.model || self.aliases[..at].contains(alias) {
+            if *alias == self.model {
                 return Err(ValidationError::AliasCollision {
                     alias: alias.clone(),
                 });
             }
+        }
+        if let Some((_, alias)) = first_duplicate(&self.aliases) {
+            return Err(ValidationError::AliasCollision {
+                alias: alias.clone(),
+            });
         }
         Ok(())
     }

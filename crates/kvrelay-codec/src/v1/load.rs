@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use super::body::{DecodeError, EncodeError, decode_body, encode_body};
 use super::identity::{ProducerIdentity, RelayIdentity};
-use super::validation::{CollectionCheck, EntryError, ValidationError, check_collection};
+use super::validation::{
+    CollectionCheck, EntryError, ValidationError, check_collection, first_duplicate,
+};
 use crate::frame::MessageKind;
 
 /// The load of every pool over one window. Each window replaces the previous one.
@@ -78,21 +80,16 @@ impl LoadWindow {
     /// whole window; pools with an unsupported producer are listed for quarantine.
     pub fn validate(&self) -> Result<CollectionCheck, EntryError> {
         let verdict = check_collection("pools", &self.pools, PoolLoad::validate)?;
-        for (index, pool) in self.pools.iter().enumerate() {
-            let pool_id = &pool.producer.pool_id;
-            if self.pools[..index]
-                .iter()
-                .any(|other| other.producer.pool_id == *pool_id)
-            {
-                return Err(EntryError {
-                    collection: "pools",
-                    index,
-                    error: ValidationError::DuplicateEntry {
-                        field: "pools",
-                        key: pool_id.to_string(),
-                    },
-                });
-            }
+        let pool_ids = self.pools.iter().map(|pool| &pool.producer.pool_id);
+        if let Some((index, pool_id)) = first_duplicate(pool_ids) {
+            return Err(EntryError {
+                collection: "pools",
+                index,
+                error: ValidationError::DuplicateEntry {
+                    field: "pools",
+                    key: pool_id.to_string(),
+                },
+            });
         }
         Ok(verdict)
     }

@@ -8,6 +8,7 @@ use super::code::{ReadinessState, WorkerRole};
 use super::identity::{EndpointId, PoolId, RelayIdentity};
 use super::validation::{
     CollectionCheck, EntryError, ValidationError, check_collection, check_name, check_roles,
+    first_duplicate,
 };
 use crate::frame::MessageKind;
 
@@ -102,35 +103,30 @@ impl TopologyEntry {
                 ),
             });
         }
-        for (at, member) in self.members.iter().enumerate() {
+        for member in &self.members {
             member.endpoint.validate("members.endpoint")?;
             check_roles("members.roles", &member.roles)?;
             if let Some(pool_id) = &member.pool_id {
                 pool_id.validate()?;
             }
-            if self.members[..at]
-                .iter()
-                .any(|other| other.endpoint == member.endpoint)
-            {
-                return Err(ValidationError::DuplicateEntry {
-                    field: "members",
-                    key: member.endpoint.to_string(),
-                });
-            }
         }
-        for (at, adapter) in self.adapters.iter().enumerate() {
+        if let Some((_, endpoint)) = first_duplicate(self.members.iter().map(|m| &m.endpoint)) {
+            return Err(ValidationError::DuplicateEntry {
+                field: "members",
+                key: endpoint.to_string(),
+            });
+        }
+        for adapter in &self.adapters {
             check_name("adapters.canonical_model", &adapter.canonical_model)?;
             adapter.state.check("adapters.state")?;
             check_roles("adapters.missing_roles", &adapter.missing_roles)?;
-            if self.adapters[..at]
-                .iter()
-                .any(|other| other.canonical_model == adapter.canonical_model)
-            {
-                return Err(ValidationError::DuplicateEntry {
-                    field: "adapters",
-                    key: adapter.canonical_model.clone(),
-                });
-            }
+        }
+        let adapter_models = self.adapters.iter().map(|a| a.canonical_model.as_str());
+        if let Some((_, model)) = first_duplicate(adapter_models) {
+            return Err(ValidationError::DuplicateEntry {
+                field: "adapters",
+                key: model.to_owned(),
+            });
         }
         Ok(())
     }
@@ -141,20 +137,19 @@ impl TopologyUpdate {
     /// fails the whole update; unsupported entries are listed for quarantine.
     pub fn validate(&self) -> Result<CollectionCheck, EntryError> {
         let verdict = check_collection("entries", &self.entries, TopologyEntry::validate)?;
-        for (index, entry) in self.entries.iter().enumerate() {
-            let duplicate = self.entries[..index].iter().any(|other| {
-                other.namespace == entry.namespace && other.canonical_model == entry.canonical_model
+        let keys = self
+            .entries
+            .iter()
+            .map(|entry| (entry.namespace.as_str(), entry.canonical_model.as_str()));
+        if let Some((index, (namespace, model))) = first_duplicate(keys) {
+            return Err(EntryError {
+                collection: "entries",
+                index,
+                error: ValidationError::DuplicateEntry {
+                    field: "entries",
+                    key: format!("{namespace}/{model}"),
+                },
             });
-            if duplicate {
-                return Err(EntryError {
-                    collection: "entries",
-                    index,
-                    error: ValidationError::DuplicateEntry {
-                        field: "entries",
-                        key: format!("{}/{}", entry.namespace, entry.canonical_model),
-                    },
-                });
-            }
         }
         Ok(verdict)
     }

@@ -5,6 +5,8 @@
 //! *unsupported* value is well formed for some newer version (an unknown enum code, identity
 //! version or filter format), so a consumer quarantines just the entry that carries it.
 
+use std::collections::BTreeSet;
+
 use super::code::WorkerRole;
 
 /// Why a decoded value is not acceptable.
@@ -204,6 +206,19 @@ pub(crate) fn check_collection<T>(
         }
     }
     Ok(verdict)
+}
+
+/// The index and key of the first key that repeats an earlier one (`O(n log n)`, so a
+/// hostile collection cannot make validation quadratic).
+pub(crate) fn first_duplicate<K: Ord>(keys: impl IntoIterator<Item = K>) -> Option<(usize, K)> {
+    let mut seen = BTreeSet::new();
+    for (index, key) in keys.into_iter().enumerate() {
+        if seen.contains(&key) {
+            return Some((index, key));
+        }
+        seen.insert(key);
+    }
+    None
 }
 
 /// A name: non-empty, no leading or trailing whitespace.
