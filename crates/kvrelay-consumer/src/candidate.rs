@@ -217,9 +217,9 @@ mod tests {
         PoolEntry {
             key: PoolKey(key),
             relay,
-            pool_label: format!("pool-{key}"),
+            pool_label: format!("pool-{key}").into(),
             namespace: ns.to_owned(),
-            endpoint: format!("{ns}.worker.generate"),
+            endpoint: format!("{ns}.worker.generate").into(),
             registrations: regs,
             block_size: 4,
             hash_format: KvQueryHashFormat::DynamoStandardV1,

@@ -6,6 +6,8 @@
 //! A [`PoolKey`] names one producer generation inside this consumer; a new generation of
 //! the same pool gets a new key, so nothing keyed by an old generation can leak into it.
 
+use std::sync::Arc;
+
 use kvrelay_identity::KvQueryHashFormat;
 
 /// A consumer-local handle of one producer generation (one pool replica slot).
@@ -52,11 +54,11 @@ pub(crate) struct PoolEntry {
     /// Index of the relay (in the configuration) that published it.
     pub(crate) relay: usize,
     /// The pool id as text, for output.
-    pub(crate) pool_label: String,
+    pub(crate) pool_label: Arc<str>,
     /// The serving endpoint's namespace: prefill/decode pairs form within one namespace.
     pub(crate) namespace: String,
     /// The serving endpoint as `namespace.component.endpoint`.
-    pub(crate) endpoint: String,
+    pub(crate) endpoint: Arc<str>,
     pub(crate) registrations: Vec<Registration>,
     pub(crate) block_size: u32,
     pub(crate) hash_format: KvQueryHashFormat,

@@ -120,12 +120,13 @@ fn project_descriptor(descriptor: &PoolDescriptor) -> Result<PoolEntry, String> 
     Ok(PoolEntry {
         key: PoolKey(0),
         relay: 0,
-        pool_label: descriptor.pool_id().to_string(),
+        pool_label: descriptor.pool_id().to_string().into(),
         namespace: endpoint.namespace.clone(),
         endpoint: format!(
             "{}.{}.{}",
             endpoint.namespace, endpoint.component, endpoint.name
-        ),
+        )
+        .into(),
         registrations,
         block_size: descriptor.query_semantics.kv_block_size,
         hash_format,

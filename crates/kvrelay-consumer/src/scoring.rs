@@ -6,6 +6,7 @@
 //! replica store, or an exact index in tests and benchmarks), load samples and `now`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvrelay_identity::KvQueryHashFormat;
@@ -82,10 +83,10 @@ pub trait DepthSource {
 pub struct ScoredLeg {
     /// The leg's role in the candidate: `aggregated`, `prefill`, `decode` or `decode_only`.
     pub role: &'static str,
-    /// The pool id, as text.
-    pub pool: String,
-    /// The serving endpoint, `namespace.component.endpoint`.
-    pub endpoint: String,
+    /// The pool id, as text (shared, cheap to clone).
+    pub pool: Arc<str>,
+    /// The serving endpoint, `namespace.component.endpoint` (shared, cheap to clone).
+    pub endpoint: Arc<str>,
     /// The pool's block size, tokens.
     pub block_size: u32,
     /// Whether the replica could answer.
@@ -101,8 +102,8 @@ pub struct ScoredLeg {
 /// One ranked candidate deployment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoredCandidate {
-    /// The DC (relay) it lives in.
-    pub dc: String,
+    /// The DC (relay) it lives in (shared, cheap to clone).
+    pub dc: Arc<str>,
     /// Aggregated, disaggregated pair or decode-only.
     pub shape: CandidateShape,
     /// The legs: one, or prefill then decode for a pair.
@@ -168,6 +169,8 @@ pub enum ScoreError {
 pub(crate) struct ScoreInputs<'a> {
     pub(crate) entries: &'a [PoolEntry],
     pub(crate) relays: &'a [RelayConfig],
+    /// The relays' DC names, shared into results.
+    pub(crate) dcs: &'a [Arc<str>],
     pub(crate) loads: &'a HashMap<PoolKey, LoadSample>,
     pub(crate) weights: &'a ScoreWeights,
 }
@@ -190,19 +193,21 @@ pub(crate) fn rank(
         .collect();
     legs.sort_unstable();
     legs.dedup();
-    let mut groups: HashMap<(u32, KvQueryHashFormat), Vec<usize>> = HashMap::new();
+    let mut groups: Vec<((u32, KvQueryHashFormat), Vec<usize>)> = Vec::new();
     for &idx in &legs {
         let entry = &inputs.entries[idx];
-        groups
-            .entry((entry.block_size, entry.hash_format))
-            .or_default()
-            .push(idx);
+        let semantics = (entry.block_size, entry.hash_format);
+        match groups.iter_mut().find(|(s, _)| *s == semantics) {
+            Some((_, members)) => members.push(idx),
+            None => groups.push((semantics, vec![idx])),
+        }
     }
     let salt = HashSalt {
         lora_name: resolved.lora_salt.as_deref(),
         cache_namespace: request.cache_namespace.as_deref(),
     };
-    let mut depth_of: HashMap<usize, ReplicaDepth> = HashMap::with_capacity(legs.len());
+    let mut depth_of: Vec<ReplicaDepth> =
+        vec![ReplicaDepth::Unusable(ReplicaStatus::Missing); inputs.entries.len()];
     let mut keys = Vec::new();
     let mut out = Vec::new();
     for ((block_size, format), members) in &groups {
@@ -213,7 +218,7 @@ pub(crate) fn rank(
         out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaStatus::Missing));
         depths.depths(&keys, &hashes, now, &mut out);
         for (&idx, &depth) in members.iter().zip(&out) {
-            depth_of.insert(idx, depth);
+            depth_of[idx] = depth;
         }
     }
 
@@ -221,12 +226,7 @@ pub(crate) fn rank(
     let mut scored: Vec<ScoredCandidate> = cands
         .iter()
         .map(|cand| {
-            let depth = |idx: usize| {
-                depth_of
-                    .get(&idx)
-                    .copied()
-                    .unwrap_or(ReplicaDepth::Unusable(ReplicaStatus::Missing))
-            };
+            let depth = |idx: usize| depth_of[idx];
             score_candidate(inputs, cand, &depth, n_tokens)
         })
         .collect();
@@ -286,7 +286,7 @@ fn score_candidate(
         dc_cost: relay.cost,
     };
     ScoredCandidate {
-        dc: relay.dc.clone(),
+        dc: Arc::clone(&inputs.dcs[inputs.entries[cand.first].relay]),
         shape: cand.shape,
         legs,
         prefix_fraction,
@@ -313,8 +313,8 @@ fn leg(
         prefix_blocks.map(|blocks| blocks.saturating_mul(entry.block_size).min(n_tokens_u32));
     ScoredLeg {
         role,
-        pool: entry.pool_label.clone(),
-        endpoint: entry.endpoint.clone(),
+        pool: Arc::clone(&entry.pool_label),
+        endpoint: Arc::clone(&entry.endpoint),
         block_size: entry.block_size,
         replica,
         prefix_blocks,
@@ -380,9 +380,9 @@ mod tests {
         PoolEntry {
             key: PoolKey(key),
             relay,
-            pool_label: format!("pool-{key}"),
+            pool_label: format!("pool-{key}").into(),
             namespace: ns.to_owned(),
-            endpoint: format!("{ns}.worker.generate"),
+            endpoint: format!("{ns}.worker.generate").into(),
             registrations: vec![
                 Registration {
                     model: "m".into(),
@@ -435,9 +435,11 @@ mod tests {
     ) -> Ranking {
         let relays = relays();
         let weights = ScoreWeights::default();
+        let dcs: Vec<Arc<str>> = relays.iter().map(|r| Arc::from(r.dc.as_str())).collect();
         let inputs = ScoreInputs {
             entries,
             relays: &relays,
+            dcs: &dcs,
             loads,
             weights: &weights,
         };
@@ -451,7 +453,7 @@ mod tests {
         depths.depths.insert(PoolKey(1), ReplicaDepth::Current(1));
         depths.depths.insert(PoolKey(2), ReplicaDepth::Current(4));
         let ranking = run(&entries, &HashMap::new(), &depths, &request(16));
-        assert_eq!(ranking.candidates[0].legs[0].pool, "pool-2");
+        assert_eq!(&*ranking.candidates[0].legs[0].pool, "pool-2");
         assert_eq!(ranking.candidates[0].legs[0].prefix_tokens, Some(16));
         assert_eq!(ranking.candidates[0].prefix_fraction, Some(1.0));
     }
@@ -570,7 +572,7 @@ mod tests {
         depths.depths.insert(PoolKey(1), ReplicaDepth::Current(2));
         depths.depths.insert(PoolKey(2), ReplicaDepth::Current(2));
         let ranking = run(&entries, &HashMap::new(), &depths, &request(16));
-        assert_eq!(ranking.candidates[0].dc, "dc-a");
+        assert_eq!(&*ranking.candidates[0].dc, "dc-a");
         assert_eq!(ranking.candidates[1].dc_cost, 20.0);
     }
 
@@ -592,7 +594,7 @@ mod tests {
         let pools: Vec<_> = ranking
             .candidates
             .iter()
-            .map(|c| c.legs[0].pool.clone())
+            .map(|c| c.legs[0].pool.to_string())
             .collect();
         assert_eq!(pools, vec!["pool-1", "pool-2"]);
     }

@@ -6,6 +6,7 @@
 //! lock; tests and benchmarks drive it directly. Every method validates before mutating.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvrelay_codec::v1::{
@@ -136,6 +137,7 @@ struct RelayView {
 #[derive(Debug)]
 pub struct ConsumerState {
     relays: Vec<RelayConfig>,
+    dcs: Vec<Arc<str>>,
     weights: ScoreWeights,
     max_pools_per_relay: usize,
     relay_views: Vec<RelayView>,
@@ -155,6 +157,11 @@ impl ConsumerState {
         config.validate()?;
         Ok(Self {
             relays: config.relays.clone(),
+            dcs: config
+                .relays
+                .iter()
+                .map(|r| Arc::from(r.dc.as_str()))
+                .collect(),
             weights: config.weights,
             max_pools_per_relay: config.limits.max_pools_per_relay,
             relay_views: config.relays.iter().map(|_| RelayView::default()).collect(),
@@ -440,6 +447,7 @@ impl ConsumerState {
         let inputs = ScoreInputs {
             entries: &self.entries,
             relays: &self.relays,
+            dcs: &self.dcs,
             loads: &self.loads,
             weights: &self.weights,
         };
@@ -456,7 +464,7 @@ impl ConsumerState {
                 Some(PoolStatus {
                     key: entry.key,
                     dc: self.relays[entry.relay].dc.clone(),
-                    pool: entry.pool_label.clone(),
+                    pool: entry.pool_label.to_string(),
                     producer,
                     replica: self.store.status(entry.key, now),
                     sequence: self.store.sequence(entry.key),

@@ -9,7 +9,8 @@
 //! All mutations run under the consumer's write lock and each is applied whole, so a
 //! query sees a replica either before or after a delta, never half of one.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
+use hashbrown::hash_map::Entry;
 use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{
@@ -122,8 +123,8 @@ impl ReplicaStore {
             self.remove(key);
         }
         let entry = match self.tables.entry(format) {
-            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(FormatTable {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => entry.insert(FormatTable {
                 table: QueryTable::new(format, QueryConfig::default()).map_err(|e| alloc(&e))?,
                 free_lanes: Vec::new(),
             }),
@@ -237,10 +238,21 @@ impl ReplicaStore {
 
     /// How usable `key`'s replica is at `now`.
     pub(crate) fn status(&self, key: PoolKey, now: Instant) -> ReplicaStatus {
-        let Some(slot) = self.slots.get(&key) else {
-            return ReplicaStatus::Missing;
+        match self.slots.get(&key) {
+            Some(slot) => self.slot_status(slot, now),
+            None => ReplicaStatus::Missing,
+        }
+    }
+
+    fn slot_status(&self, slot: &Slot, now: Instant) -> ReplicaStatus {
+        let lane = if slot.invalid {
+            Some(CkfStatus::Invalid)
+        } else {
+            self.tables
+                .get(&slot.format)
+                .and_then(|entry| entry.table.lane_status(slot.lane))
         };
-        match self.lane_status(key) {
+        match lane {
             None | Some(CkfStatus::Empty | CkfStatus::Invalid) => ReplicaStatus::Missing,
             Some(CkfStatus::Assembling { .. }) => ReplicaStatus::Assembling,
             Some(CkfStatus::Ready { .. }) => {
@@ -307,11 +319,15 @@ impl DepthSource for ReplicaStore {
         // One probe run per format table touched, answering all its lanes at once.
         let mut answers: Vec<(CkfFormat, PrefixDepths)> = Vec::new();
         for (key, slot_out) in keys.iter().zip(out.iter_mut()) {
-            let status = self.status(*key, now);
-            let (ReplicaStatus::Current, Some(slot)) = (status, self.slots.get(key)) else {
-                *slot_out = ReplicaDepth::Unusable(status);
+            let Some(slot) = self.slots.get(key) else {
+                *slot_out = ReplicaDepth::Unusable(ReplicaStatus::Missing);
                 continue;
             };
+            let status = self.slot_status(slot, now);
+            if status != ReplicaStatus::Current {
+                *slot_out = ReplicaDepth::Unusable(status);
+                continue;
+            }
             let idx = match answers
                 .iter()
                 .position(|(format, _)| *format == slot.format)

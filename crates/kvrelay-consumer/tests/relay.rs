@@ -63,7 +63,7 @@ fn depth_for(consumer: &Consumer, model: &str, toks: Vec<u32>, pool_endpoint: &s
         .candidates
         .iter()
         .flat_map(|c| &c.legs)
-        .find(|leg| leg.endpoint == pool_endpoint)
+        .find(|leg| &*leg.endpoint == pool_endpoint)
         .and_then(|leg| leg.prefix_blocks)
 }
 
@@ -387,7 +387,7 @@ async fn ranking_combines_prefix_load_and_dc_cost_across_relays() {
     let ranking = consumer.score(&request("llama", tokens(12, 32))).unwrap();
     assert_eq!(ranking.candidates.len(), 2);
     // Equal prefixes: near has load 0.9 (-0.45), far has load 0.1 and cost 30 (-0.05-0.3).
-    assert_eq!(ranking.candidates[0].dc, "far");
+    assert_eq!(&*ranking.candidates[0].dc, "far");
     assert_eq!(ranking.candidates[0].load_fraction, Some(0.1));
     assert_eq!(ranking.candidates[1].load_fraction, Some(0.9));
     consumer.shutdown().await;
@@ -427,7 +427,7 @@ async fn lora_and_prefill_decode_pools_are_scored_with_their_salt_and_both_legs(
     let lora_pool_unsalted = base
         .candidates
         .iter()
-        .find(|c| c.legs[0].endpoint == "prod.lora.generate")
+        .find(|c| &*c.legs[0].endpoint == "prod.lora.generate")
         .expect("the lora pool serves its base model too");
     assert_eq!(
         lora_pool_unsalted.legs[0].prefix_blocks,

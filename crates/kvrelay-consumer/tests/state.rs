@@ -400,8 +400,8 @@ fn scored_depths_never_undercount_an_exact_index_and_inflation_is_rare() {
             let pool = producers
                 .iter()
                 .position(|p| {
-                    leg.endpoint
-                        == format!("prod.{}.generate", p.descriptor.serving_endpoint.component)
+                    *leg.endpoint
+                        == *format!("prod.{}.generate", p.descriptor.serving_endpoint.component)
                 })
                 .unwrap();
             let scored = leg.prefix_blocks.expect("every replica is current");

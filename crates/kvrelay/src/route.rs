@@ -117,7 +117,7 @@ fn report_json(report: &RouteReport) -> Value {
 fn candidate_json(rank: usize, candidate: &ScoredCandidate) -> Value {
     json!({
         "rank": rank,
-        "dc": candidate.dc,
+        "dc": &*candidate.dc,
         "shape": candidate.shape.as_str(),
         "score": candidate.score,
         "prefix_fraction": candidate.prefix_fraction,
@@ -125,8 +125,8 @@ fn candidate_json(rank: usize, candidate: &ScoredCandidate) -> Value {
         "dc_cost": candidate.dc_cost,
         "legs": candidate.legs.iter().map(|leg| json!({
             "role": leg.role,
-            "pool": leg.pool,
-            "endpoint": leg.endpoint,
+            "pool": &*leg.pool,
+            "endpoint": &*leg.endpoint,
             "block_size": leg.block_size,
             "replica": leg.replica.as_str(),
             "prefix_blocks": leg.prefix_blocks,
