@@ -336,6 +336,73 @@ mod tests {
         );
     }
 
+    /// Chunk `index` of `table`, then `patch` applied to its bytes and the checksum redone.
+    fn patched_chunk(table: &[u64], index: u32, patch: impl Fn(&mut BytesMut)) -> ChunkView {
+        let mut dst = BytesMut::new();
+        encode_snapshot_chunk(&layout(), 5, 8, table, index, &mut dst).unwrap();
+        patch(&mut dst);
+        crate::cbi1::header::seal(&mut dst, 0);
+        match decode_cbi1(&dst.freeze(), &layout()).unwrap() {
+            Cbi1Payload::Chunk(chunk) => chunk,
+            Cbi1Payload::Delta(_) => unreachable!("encoded a chunk"),
+        }
+    }
+
+    #[test]
+    fn chunk_that_leaves_a_gap_is_rejected() {
+        let table = table();
+        let mut assembler = SnapshotAssembler::new(layout(), 5);
+        assembler.handle_chunk(&chunk(&table, 0, 8)).unwrap();
+        // Chunk 1 claiming to start one bucket late.
+        let late = patched_chunk(&table, 1, |bytes| {
+            let offset = (CHUNK_WORDS as u64 + 1).to_le_bytes();
+            bytes[56..64].copy_from_slice(&offset);
+            bytes.truncate(bytes.len() - 8);
+        });
+        assert_eq!(
+            assembler.handle_chunk(&late),
+            Err(AssemblyError::Gap {
+                expected: CHUNK_WORDS as u64,
+                found: CHUNK_WORDS as u64 + 1
+            })
+        );
+        assert_eq!(assembler.next_chunk_index(), Some(1));
+    }
+
+    #[test]
+    fn short_last_chunk_is_incomplete() {
+        let table = table();
+        let mut assembler = SnapshotAssembler::new(layout(), 5);
+        for index in 0..3 {
+            assembler.handle_chunk(&chunk(&table, index, 8)).unwrap();
+        }
+        let short = patched_chunk(&table, 3, |bytes| bytes.truncate(bytes.len() - 8));
+        assert_eq!(
+            assembler.handle_chunk(&short),
+            Err(AssemblyError::Incomplete {
+                covered: BUCKETS - 1,
+                bucket_count: BUCKETS
+            })
+        );
+        assert!(assembler.is_assembling());
+    }
+
+    #[test]
+    fn wrong_chunk_count_is_rejected() {
+        let bad = patched_chunk(&table(), 0, |bytes| {
+            bytes[52..56].copy_from_slice(&5u32.to_le_bytes())
+        });
+        let mut assembler = SnapshotAssembler::new(layout(), 5);
+        assert_eq!(
+            assembler.handle_chunk(&bad),
+            Err(AssemblyError::ChunkCount {
+                expected: 4,
+                found: 5,
+                bucket_count: BUCKETS
+            })
+        );
+    }
+
     #[test]
     fn single_chunk_snapshot_completes_at_once() {
         let layout = Cbi1Layout::new(11, 16).unwrap();

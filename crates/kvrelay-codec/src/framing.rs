@@ -87,3 +87,38 @@ impl Encoder<Message> for MessageCodec {
         Ok(v1::encode_message(&item, &self.limits, dst)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+    use crate::v1::{ErrorMessage, ErrorReason};
+
+    #[test]
+    fn message_codec_delegates_both_ways() {
+        let mut codec = MessageCodec::new(Limits::default());
+        let sent = Message::Error(ErrorMessage::new(
+            ErrorReason::SubscriberLagged,
+            "queue full",
+        ));
+        let mut buf = BytesMut::new();
+        codec.encode(&sent, &mut buf).unwrap();
+        let whole = buf.clone();
+        let mut partial = BytesMut::from(&whole[..whole.len() - 1]);
+        assert!(codec.decode(&mut partial).unwrap().is_none());
+        assert_eq!(codec.decode(&mut buf).unwrap(), Some(sent));
+    }
+
+    #[test]
+    fn raw_frame_codec_reports_contract_mismatch() {
+        let mut codec = RawFrameCodec::new(Limits::default());
+        let mut buf = BytesMut::from(&b"KVRW\x02\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00"[..]);
+        assert!(matches!(
+            codec.decode(&mut buf),
+            Err(FramingError::Frame(FrameError::ContractMismatch {
+                major: 2
+            }))
+        ));
+    }
+}

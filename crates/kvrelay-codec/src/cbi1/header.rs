@@ -390,7 +390,7 @@ pub(super) fn put_header(
 }
 
 /// Writes the checksum of the payload that starts at `start` in `dst`.
-pub(super) fn seal(dst: &mut BytesMut, start: usize) {
+pub(crate) fn seal(dst: &mut BytesMut, start: usize) {
     let sum = checksum(&dst[start + CBI1_HEADER_LEN..]);
     dst[start + 44..start + 48].copy_from_slice(&sum.to_le_bytes());
 }
