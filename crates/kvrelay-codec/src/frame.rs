@@ -201,6 +201,20 @@ pub(crate) fn finish_frame(
 /// Returns `Ok(None)` (reserving room for the rest) while the frame is incomplete, and
 /// consumes exactly one frame otherwise. The header is checked, and the declared length
 /// compared with `limits.max_frame_len`, before any memory is reserved for the body.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use kvrelay_codec::{Limits, MessageKind, decode_frame, encode_frame};
+///
+/// let limits = Limits::default();
+/// let mut stream = BytesMut::new();
+/// encode_frame(MessageKind::RelayInfo, b"body", &limits, &mut stream)?;
+/// let mut partial = BytesMut::from(&stream[..10]);
+/// assert_eq!(decode_frame(&mut partial, &limits)?, None);
+/// let frame = decode_frame(&mut stream, &limits)?.expect("a whole frame");
+/// assert_eq!((frame.kind(), &frame.body[..]), (Some(MessageKind::RelayInfo), &b"body"[..]));
+/// # Ok::<(), kvrelay_codec::FrameError>(())
+/// ```
 pub fn decode_frame(src: &mut BytesMut, limits: &Limits) -> Result<Option<RawFrame>, FrameError> {
     let Some(header) = peek_header(src, limits)? else {
         src.reserve(FRAME_HEADER_LEN - src.len());
