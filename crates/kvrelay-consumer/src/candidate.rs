@@ -13,8 +13,6 @@
 //!   prefill locally);
 //! - prefill-only pools are never candidates alone; encode-only pools are ignored.
 
-use std::collections::BTreeSet;
-
 use crate::catalog::{PoolEntry, Target};
 use crate::scoring::ScoreError;
 
@@ -67,14 +65,19 @@ pub(crate) fn resolve(
     model: &str,
     lora: Option<&str>,
 ) -> Result<Resolved, ScoreError> {
-    let mut bindings: BTreeSet<(&str, &Target)> = BTreeSet::new();
+    // Distinct bindings are few (one unless ambiguous): a small vector beats a set.
+    let mut bindings: Vec<(&str, &Target)> = Vec::new();
     for entry in entries {
         for reg in &entry.registrations {
             if reg.model == model || reg.aliases.iter().any(|alias| alias == model) {
-                bindings.insert((reg.model.as_str(), &reg.target));
+                let binding = (reg.model.as_str(), &reg.target);
+                if !bindings.contains(&binding) {
+                    bindings.push(binding);
+                }
             }
         }
     }
+    bindings.sort_unstable();
     let mut iter = bindings.iter();
     let (canonical, target) = match (iter.next(), iter.next()) {
         (None, _) => {

@@ -125,8 +125,9 @@ impl Consumer {
         self.shared.state.read().quarantined()
     }
 
-    /// Waits until `condition` holds on the state (checked after every change), or
-    /// `timeout` passes; returns whether it held.
+    /// Waits until `condition` holds on the state (checked after every change, under the
+    /// read lock: `condition` must not call back into this consumer), or `timeout`
+    /// passes; returns whether it held.
     pub async fn wait_until(
         &self,
         timeout: Duration,
@@ -136,6 +137,28 @@ impl Consumer {
         let wait = async {
             loop {
                 if condition(&self.shared.state.read(), Instant::now()) {
+                    return true;
+                }
+                if changes.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(false)
+    }
+
+    /// Waits until `condition` holds on the metrics (checked after every change), or
+    /// `timeout` passes; returns whether it held. The state lock is not held while
+    /// `condition` runs.
+    pub async fn wait_for_metrics(
+        &self,
+        timeout: Duration,
+        condition: impl Fn(&ConsumerMetrics) -> bool,
+    ) -> bool {
+        let mut changes = self.shared.changed.subscribe();
+        let wait = async {
+            loop {
+                if condition(&self.metrics()) {
                     return true;
                 }
                 if changes.changed().await.is_err() {

@@ -208,7 +208,7 @@ async fn gap_in_deltas_drops_the_replica_and_resubscribes() {
     within("gap resubscription", async {
         assert!(
             consumer
-                .wait_until(WAIT, |_, _| consumer_gap_seen(&consumer))
+                .wait_for_metrics(WAIT, |m| m.resubscribes_for(ResubscribeReason::Gap) >= 1)
                 .await
         );
     })
@@ -223,10 +223,6 @@ async fn gap_in_deltas_drops_the_replica_and_resubscribes() {
     );
     consumer.shutdown().await;
     relay.stop().await;
-}
-
-fn consumer_gap_seen(consumer: &Consumer) -> bool {
-    consumer.metrics().resubscribes_for(ResubscribeReason::Gap) >= 1
 }
 
 #[tokio::test]
@@ -381,7 +377,7 @@ async fn ranking_combines_prefix_load_and_dc_cost_across_relays() {
     assert!(consumer.wait_until(WAIT, converged(&far, 1)).await);
     assert!(
         consumer
-            .wait_until(WAIT, |_, _| consumer.metrics().load_windows >= 2)
+            .wait_for_metrics(WAIT, |m| m.load_windows >= 2)
             .await
     );
     let ranking = consumer.score(&request("llama", tokens(12, 32))).unwrap();
