@@ -80,8 +80,8 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
     // kernel's send buffer grows to 4 MiB at most). Short timeouts cut the stall quickly.
     let cards = config.discovery.dir.clone().unwrap();
     support::write_card(&cards, ("prod", "big", "generate"), 0x31, "model-c", "aggregated", 3_000_000, 1);
-    config.limits.snapshot_progress_timeout_ms = 300;
-    config.limits.write_timeout_ms = 300;
+    config.limits.snapshot_progress_timeout_ms = 2_000;
+    config.limits.write_timeout_ms = 2_000;
     let relay = Relay::start(config).await.unwrap();
     tokio::time::timeout(DEADLINE, relay.wait_for_pools(3)).await.unwrap();
     let big = relay
@@ -103,7 +103,9 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
     let mut mirror = PoolMirror::new(big.producer).unwrap();
     while mirror.words().is_none() {
         let frame = tokio::time::timeout(DEADLINE, healthy.next_frame()).await.unwrap().unwrap().unwrap();
-        mirror.handle_frame(&frame).unwrap();
+        if let Err(err) = mirror.handle_frame(&frame) {
+            panic!("healthy subscriber: {err}: {:?}", kvrelay_codec::v1::Message::from_frame(&frame));
+        }
     }
     tokio::time::timeout(DEADLINE, relay.workload_finished()).await.unwrap();
     relay.flush().await;
@@ -208,5 +210,26 @@ async fn admin_http_serves_health_metrics_and_views_of_a_running_relay() {
     assert_eq!(status, 200, "{stats}");
     assert!(stats.contains("\"generation\""), "{stats}");
     assert_eq!(http_get(admin, "/v1/pools/nope/stats").await.0, 404);
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn topology_reports_ready_models_linked_to_their_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = Relay::start(deployment(dir.path(), 10)).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2)).await.unwrap();
+    let (mut stream, mut message) = first_message(relay.wan_addr(), &request(StreamRpc::WatchTopology)).await;
+    // The first update may predate the pool links; later ones follow on every change.
+    loop {
+        let Message::TopologyUpdate(update) = &message else { panic!("expected topology, got {message:?}") };
+        let linked = update.entries.iter().all(|entry| entry.members.iter().all(|member| member.pool_id.is_some()));
+        if update.entries.len() == 2 && linked {
+            for entry in &update.entries {
+                assert_eq!(entry.state, kvrelay_codec::v1::ReadinessState::Ready, "{entry:?}");
+            }
+            break;
+        }
+        message = next(&mut stream).await.expect("topology stream open");
+    }
     relay.shutdown().await.unwrap();
 }

@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::admission::{Admission, StreamKind};
-use crate::config::{DiscoveryBackend, RelayConfig};
+use crate::config::RelayConfig;
 use crate::metrics::RelayMetrics;
 use crate::mirror::{MirrorError, MirrorProgress, PoolMirror};
 use crate::tls::{TlsError, WanTls};
@@ -232,15 +232,6 @@ impl Relay {
             watch_all: config.discovery.watch_all,
         };
         scope.validate().map_err(|err| RelayError::Discovery { message: err.to_string() })?;
-        let card_dir = match config.discovery.backend {
-            DiscoveryBackend::File => config.discovery.dir.clone().unwrap_or_default(),
-            DiscoveryBackend::Etcd => {
-                return Err(RelayError::Discovery {
-                    message: "etcd discovery is not wired into the relay host yet; use backend = \"file\"".to_owned(),
-                });
-            }
-        };
-
         let dc_id = DcId::from_dc_name(&config.dc_id);
         let identity = DcRelayIdentity::new(dc_id.as_u64(), rand::random::<u64>());
         let limits = config.limits.clone();
@@ -259,10 +250,16 @@ impl Relay {
         let host_tracker = TaskTracker::new();
         let admin_tracker = TaskTracker::new();
 
+        let membership = match discovery::start(&config.discovery, &scope, &host_cancel).await {
+            Ok(membership) => membership,
+            Err(message) => {
+                root.cancel();
+                return Err(RelayError::Discovery { message });
+            }
+        };
         let (views_tx, views_rx) = watch::channel::<Option<MembershipView>>(None);
         host_tracker.spawn(
-            discovery::run_file_discovery(card_dir, scope.filter(), views_tx, host_cancel.clone())
-                .instrument(info_span!("discovery")),
+            discovery::forward(membership, views_tx, host_cancel.clone()).instrument(info_span!("discovery")),
         );
         let mut configured_sources: BTreeMap<EndpointId, Vec<SourceId>> = BTreeMap::new();
         for source in &config.sources {

@@ -107,11 +107,7 @@ impl HostState {
     }
 
     pub(crate) fn publish_topology(&self, update: TopologyUpdate) {
-        let changed = self.topology.borrow().entries != update.entries;
-        if changed {
-            let revision = self.topology.borrow().revision.saturating_add(1);
-            self.topology.send_replace(Arc::new(TopologyUpdate { revision, ..update }));
-        }
+        self.topology.send_replace(Arc::new(update));
     }
 
     pub(crate) fn publish_routes(&self, routes: Routes, pools: BTreeMap<String, PoolStatus>) {

@@ -11,13 +11,13 @@
 //! change; a load change; the load-window tick; a fenced generation (rebuilt on the next
 //! reconcile).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::future::select_all;
 use kvrelay_ckf::SourceId;
 use kvrelay_identity::{DcId, EndpointId, KvQuerySemantics, PoolId, WorkerRole};
-use kvrelay_membership::{EndpointMembership, MembershipView};
+use kvrelay_membership::{EndpointMembership, MembershipView, TopologyState};
 use kvrelay_pool::{AttachRequest, PoolActorHandle, PoolAttachment, PoolRegistry, RetirementMode, WorkerCapacity};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -66,6 +66,7 @@ impl Supervisor {
         let mut ticker = tokio::time::interval_at(Instant::now() + window, window);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut window_sequence = 0u64;
+        let mut topology: Option<TopologyState> = None;
         self.publish_catalog(&catalog.borrow_and_update().clone());
         loop {
             let fenced = async {
@@ -92,12 +93,16 @@ impl Supervisor {
                     let view = self.views.borrow_and_update().clone();
                     if let Some(view) = view {
                         self.reconcile(&view, &mut attached).await;
+                        self.update_topology(&mut topology, &view, &attached, &catalog.borrow());
                     }
                 }
                 changed = catalog.changed() => {
                     if changed.is_ok() {
                         let current = catalog.borrow_and_update().clone();
                         self.publish_catalog(&current);
+                        if let Some(view) = self.views.borrow().clone() {
+                            self.update_topology(&mut topology, &view, &attached, &current);
+                        }
                     }
                 }
                 changed = load.changed() => {
@@ -120,6 +125,7 @@ impl Supervisor {
                     let view = self.views.borrow().clone();
                     if let Some(view) = view {
                         self.reconcile(&view, &mut attached).await;
+                        self.update_topology(&mut topology, &view, &attached, &catalog.borrow());
                     }
                 }
             }
@@ -183,7 +189,35 @@ impl Supervisor {
             }
         }
         self.publish_routes(attached);
-        self.state.publish_topology(wire::topology_update(self.state.relay, view, &self.state.catalog_snapshot()));
+    }
+
+    /// Feeds membership, liveness (an attached pool's workers with connected sources, owned
+    /// by its generation) and pool links into the topology state; publishes on change.
+    fn update_topology(
+        &self,
+        topology: &mut Option<TopologyState>,
+        view: &MembershipView,
+        attached: &BTreeMap<EndpointId, Attached>,
+        catalog: &kvrelay_pool::PoolCatalog,
+    ) {
+        let state = topology.get_or_insert_with(|| TopologyState::new(view.clone()));
+        let mut changed = state.replace_membership(view.clone());
+        for (endpoint, entry) in attached {
+            let slot = entry.attachment.generation;
+            changed |= state.claim_availability(endpoint, slot);
+            let live: BTreeSet<u64> = sources_of(&entry.endpoint, self.configured_sources.get(endpoint))
+                .into_iter()
+                .map(|(source, _)| source.worker_id)
+                .collect();
+            changed |= state.replace_availability(endpoint, slot, Some(live));
+        }
+        changed |= state.replace_pool_links(
+            catalog.pools().map(|pool| (pool.serving_endpoint.clone(), pool.pool_id())),
+        );
+        let first = self.state.topology.borrow().revision == 0;
+        if changed || first {
+            self.state.publish_topology(wire::topology_update(self.state.relay, &state.snapshot()));
+        }
     }
 
     fn update_in_place(&self, entry: &mut Attached, membership: &EndpointMembership) {

@@ -2,7 +2,6 @@
 //!
 //! Only the host builds wire states; the WAN server only encodes them.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kvrelay_codec::v1::{
@@ -12,7 +11,7 @@ use kvrelay_codec::v1::{
 use kvrelay_identity::{
     DcRelayIdentity, IdentitySource, KvQueryHashFormat, ModelTarget, WorkerRole,
 };
-use kvrelay_membership::MembershipView;
+use kvrelay_membership::{ServingState, TopologySnapshot};
 use kvrelay_pool::{PoolCatalog, PoolLoadSnapshot};
 
 pub(crate) fn relay_identity(relay: DcRelayIdentity) -> RelayIdentity {
@@ -157,80 +156,50 @@ pub(crate) fn load_window(
     }
 }
 
-/// Serving topology per (namespace, canonical model): ready when a member is published in
-/// the catalog and the present roles can serve (aggregated or legacy alone, or prefill with
-/// decode); the revision is set by the publisher.
-pub(crate) fn topology_update(relay: RelayIdentity, view: &MembershipView, catalog: &CatalogUpdate) -> TopologyUpdate {
-    let published: BTreeSet<v1::EndpointId> =
-        catalog.pools.iter().map(|pool| pool.serving_endpoint.clone()).collect();
-    let mut entries: BTreeMap<(String, String), TopologyEntry> = BTreeMap::new();
-    for membership in view.endpoints() {
-        let wire_endpoint = endpoint(&membership.endpoint);
-        let pool = catalog
-            .pools
-            .iter()
-            .find(|pool| pool.serving_endpoint == wire_endpoint)
-            .map(|pool| pool.producer.pool_id);
-        for model in &membership.models {
-            let entry = entries
-                .entry((membership.namespace().to_owned(), model.as_str().to_owned()))
-                .or_insert_with(|| TopologyEntry {
-                    namespace: membership.namespace().to_owned(),
-                    canonical_model: model.as_str().to_owned(),
-                    state: ReadinessState::Unknown,
-                    present_roles: Vec::new(),
-                    missing_roles: Vec::new(),
-                    members: Vec::new(),
-                    duplicate_role_endpoints: Vec::new(),
-                    legacy_fallback_active: false,
-                    adapters: Vec::new(),
-                });
-            if published.contains(&wire_endpoint) {
-                for member_role in &membership.roles {
-                    let wire_role = role(*member_role);
-                    if entry.present_roles.contains(&wire_role) {
-                        if matches!(member_role, WorkerRole::Prefill | WorkerRole::Decode)
-                            && !entry.duplicate_role_endpoints.contains(&wire_role)
-                        {
-                            entry.duplicate_role_endpoints.push(wire_role);
-                        }
-                    } else {
-                        entry.present_roles.push(wire_role);
-                    }
-                }
-            }
-            entry.members.push(TopologyMember {
-                endpoint: wire_endpoint.clone(),
-                roles: membership.roles.iter().copied().map(role).collect(),
-                pool_id: pool,
-            });
-        }
+fn serving_state(state: ServingState) -> ReadinessState {
+    match state {
+        ServingState::Unknown => ReadinessState::Unknown,
+        ServingState::Ready => ReadinessState::Ready,
+        ServingState::Unavailable => ReadinessState::Unavailable,
     }
-    let entries = entries
-        .into_values()
-        .map(|mut entry| {
-            let has = |wanted: v1::WorkerRole| entry.present_roles.contains(&wanted);
-            entry.legacy_fallback_active = has(v1::WorkerRole::Legacy);
-            let mut missing = Vec::new();
-            let disaggregated = has(v1::WorkerRole::Prefill) || has(v1::WorkerRole::Decode);
-            if disaggregated && !has(v1::WorkerRole::Aggregated) {
-                for wanted in [v1::WorkerRole::Prefill, v1::WorkerRole::Decode] {
-                    if !has(wanted) {
-                        missing.push(wanted);
-                    }
-                }
-            }
-            entry.state = if entry.present_roles.is_empty() {
-                ReadinessState::Unavailable
-            } else if missing.is_empty() || entry.legacy_fallback_active {
-                ReadinessState::Ready
-            } else {
-                ReadinessState::Unavailable
-            };
-            entry.missing_roles = missing;
-            entry.present_roles.sort();
-            entry
-        })
-        .collect();
-    TopologyUpdate { relay, revision: 0, entries }
+}
+
+/// The wire form of a topology snapshot (the membership crate derives the states).
+pub(crate) fn topology_update(relay: RelayIdentity, snapshot: &TopologySnapshot) -> TopologyUpdate {
+    let roles = |roles: &[WorkerRole]| roles.iter().copied().map(role).collect::<Vec<_>>();
+    TopologyUpdate {
+        relay,
+        revision: snapshot.revision,
+        entries: snapshot
+            .entries
+            .iter()
+            .map(|entry| TopologyEntry {
+                namespace: entry.namespace.clone(),
+                canonical_model: entry.model.as_str().to_owned(),
+                state: serving_state(entry.state),
+                present_roles: roles(&entry.present_roles),
+                missing_roles: roles(&entry.missing_roles),
+                members: entry
+                    .members
+                    .iter()
+                    .map(|member| TopologyMember {
+                        endpoint: endpoint(&member.endpoint),
+                        roles: roles(&member.roles),
+                        pool_id: member.pool_id.as_ref().map(pool_id),
+                    })
+                    .collect(),
+                duplicate_role_endpoints: roles(&entry.duplicate_role_endpoints),
+                legacy_fallback_active: entry.legacy_fallback,
+                adapters: entry
+                    .adapters
+                    .iter()
+                    .map(|adapter| v1::AdapterReadiness {
+                        canonical_model: adapter.adapter.as_str().to_owned(),
+                        state: serving_state(adapter.state),
+                        missing_roles: roles(&adapter.missing_roles),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }
