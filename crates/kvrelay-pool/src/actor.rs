@@ -130,6 +130,9 @@ enum Command {
     Stats {
         reply: oneshot::Sender<PoolActorStats>,
     },
+    SourceBlocks {
+        reply: oneshot::Sender<Vec<(SourceId, u64)>>,
+    },
     Attach {
         reply: oneshot::Sender<Result<PublicationFeed, String>>,
     },
@@ -245,7 +248,14 @@ impl PoolActorHandle {
         self.request(|reply| Command::Flush { reply }).await
     }
 
-    /// The actor's counters and filter statistics, after every queued command.
+    /// The exact number of blocks each source holds, sorted by source, after every queued
+    /// command. Cheap (no table scan): poll it for load accounting.
+    pub async fn source_blocks(&self) -> Result<Vec<(SourceId, u64)>, ActorError> {
+        self.request(|reply| Command::SourceBlocks { reply }).await
+    }
+
+    /// The actor's counters and filter statistics, after every queued command. Scans the
+    /// filter table to count occupied slots (O(buckets)): poll it at human rates.
     pub async fn stats(&self) -> Result<PoolActorStats, ActorError> {
         self.request(|reply| Command::Stats { reply }).await
     }
@@ -409,6 +419,9 @@ impl Actor {
                 stats.publishing = self.lease.is_some();
                 stats.filter = self.state.stats();
                 let _ = reply.send(stats);
+            }
+            Command::SourceBlocks { reply } => {
+                let _ = reply.send(self.state.source_blocks());
             }
             Command::Attach { reply } => self.attach(reply).await,
             Command::Detach { lease } => {

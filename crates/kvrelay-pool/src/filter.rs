@@ -98,17 +98,20 @@ impl FilterState {
         Ok(copy)
     }
 
+    pub(crate) fn source_blocks(&self) -> Vec<(SourceId, u64)> {
+        self.blocks_per_source
+            .iter()
+            .map(|(source, n)| (*source, *n))
+            .collect()
+    }
+
     pub(crate) fn stats(&self) -> FilterStats {
         FilterStats {
             bucket_count: u64::from(self.filter.format().bucket_count()),
             occupied_slots: self.filter.occupied_slots(),
             resident_blocks: self.filter.n_resident(),
             owned_blocks: self.filter.n_canonicals(),
-            blocks_per_source: self
-                .blocks_per_source
-                .iter()
-                .map(|(source, n)| (*source, *n))
-                .collect(),
+            blocks_per_source: self.source_blocks(),
             memory_bytes: self.filter.memory().total_bytes(),
             counters: *self.filter.counters(),
         }

@@ -542,6 +542,10 @@ async fn clearing_a_source_drops_only_its_blocks() {
     attachment.actor.clear_source(a).await.unwrap();
     let stats = attachment.actor.stats().await.unwrap();
     assert_eq!(stats.filter.blocks_per_source, vec![(a_rank1, 3)]);
+    assert_eq!(
+        attachment.actor.source_blocks().await.unwrap(),
+        vec![(a_rank1, 3)]
+    );
     registry.detach(attachment).await;
 }
 

@@ -121,7 +121,13 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
     let mut followers: Vec<Follower> = Vec::new();
     let mut ends = std::collections::BTreeMap::<String, usize>::new();
     let mut event_id = 0;
-    for _round in 0..ROUNDS {
+    for round in 0..ROUNDS {
+        if round % 4 == 1 {
+            // Every fourth round everybody leaves: hubs go idle and become eviction victims.
+            for follower in followers.drain(..) {
+                follower.handle.abort();
+            }
+        }
         let mut ops = JoinSet::new();
         let mut subscribes = Vec::new();
         for _ in 0..OPS_PER_ROUND {
@@ -129,7 +135,7 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
             let dice = rng.below(100);
             let registry = registry.clone();
             let slots = slots.clone();
-            if dice < 35 {
+            if dice < 40 {
                 let Some(actor) = slots.lock()[index].as_ref().map(|a| a.actor.clone()) else {
                     continue;
                 };
@@ -145,7 +151,20 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
                         let _ = actor.submit(event).await;
                     }
                 });
-            } else if dice < 65 {
+            } else if dice < 75 {
+                // Half the time join a pool that already has subscribers (shared hubs).
+                let pick = rng.below(followers.len() as u64 * 2 + 1) as usize;
+                let index = match followers.get(pick) {
+                    Some(follower) => slots
+                        .lock()
+                        .iter()
+                        .position(|slot| {
+                            slot.as_ref()
+                                .is_some_and(|a| a.identity() == follower.producer)
+                        })
+                        .unwrap_or(index),
+                    None => index,
+                };
                 let Some(producer) = slots.lock()[index].as_ref().map(PoolAttachment::identity)
                 else {
                     continue;
@@ -153,13 +172,13 @@ async fn churn_leaks_nothing_and_survivors_match_their_producers() {
                 subscribes.push(tokio::spawn(
                     async move { registry.subscribe(producer).await },
                 ));
-            } else if dice < 85 {
+            } else if dice < 83 {
                 if !followers.is_empty() {
                     let victim = followers.swap_remove(rng.below(followers.len() as u64) as usize);
                     victim.handle.abort();
                 }
             } else {
-                let fenced = dice >= 95;
+                let fenced = dice >= 96;
                 ops.spawn(async move {
                     let Some(attachment) = slots.lock()[index].take() else {
                         return;
