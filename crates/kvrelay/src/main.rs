@@ -45,11 +45,16 @@ enum Command {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(err) => {
-            // clap prints help/version to stdout and usage errors to stderr; both keep
-            // clap's exit codes (0 for help, 2 for usage errors).
-            let _ = err.print();
-            return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
+        Err(err) if err.use_stderr() => {
+            // Usage errors print as one line (clap's first line) and exit with code 2.
+            let rendered = err.to_string();
+            let first_line = rendered.lines().find(|line| !line.trim().is_empty()).unwrap_or("");
+            eprintln!("{first_line}");
+            return ExitCode::from(2);
+        }
+        Err(help_or_version) => {
+            let _ = help_or_version.print();
+            return ExitCode::SUCCESS;
         }
     };
     let result = match cli.command {
