@@ -68,7 +68,7 @@ async fn streams_end_with_publication_unavailable_on_shutdown() {
     let relay = Relay::start(deployment(dir.path(), 10)).await.unwrap();
     let (mut stream, _) = first_message(relay.wan_addr(), &request(StreamRpc::WatchTopology)).await;
     relay.shutdown().await.unwrap();
-    let Some(Message::Error(error)) = next(&mut stream).await else { panic!("expected an error frame") };
+    let error = support::until_error(&mut stream).await;
     assert_eq!(error.reason, ErrorReason::PublicationUnavailable);
 }
 
@@ -140,7 +140,7 @@ async fn after_a_restart_consumers_see_a_new_incarnation_and_converge() {
     let (mut watcher, message) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
     let Message::CatalogUpdate(before) = message else { panic!("expected a catalog, got {message:?}") };
     first.shutdown().await.unwrap();
-    let Some(Message::Error(end)) = next(&mut watcher).await else { panic!("expected the shutdown error") };
+    let end = support::until_error(&mut watcher).await;
     assert_eq!(end.reason, ErrorReason::PublicationUnavailable);
 
     let mut again = config;

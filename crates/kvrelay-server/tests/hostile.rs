@@ -125,7 +125,7 @@ async fn stream_limit_rejects_the_extra_stream_only() {
     let (_, load) = first_message(addr, &request(StreamRpc::WatchLoad)).await;
     assert!(matches!(load, Message::LoadWindow(_)), "{load:?}");
     relay.shutdown().await.unwrap();
-    let Some(Message::Error(end)) = next(&mut kept).await else { panic!("expected the shutdown error") };
+    let end = support::until_error(&mut kept).await;
     assert_eq!(end.reason, ErrorReason::PublicationUnavailable);
 }
 
@@ -142,10 +142,10 @@ async fn hostile_clients_do_not_disturb_an_open_stream() {
     let mut chatty = ProbeStream::connect(addr, &request(StreamRpc::WatchCatalog)).await.unwrap();
     assert!(matches!(next(&mut chatty).await, Some(Message::CatalogUpdate(_))));
     chatty.write_raw(b"more").await.unwrap();
-    let Some(Message::Error(error)) = next(&mut chatty).await else { panic!("expected an error frame") };
+    let error = support::until_error(&mut chatty).await;
     assert_eq!(error.reason, ErrorReason::InvalidRequest);
     // The watcher is still open and served: shutdown reaches it with its reason.
     relay.shutdown().await.unwrap();
-    let Some(Message::Error(end)) = next(&mut watcher).await else { panic!("expected the shutdown error") };
+    let end = support::until_error(&mut watcher).await;
     assert_eq!(end.reason, ErrorReason::PublicationUnavailable);
 }

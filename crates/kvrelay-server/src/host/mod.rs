@@ -11,6 +11,7 @@
 mod admin_view;
 mod discovery;
 mod publisher;
+mod pump;
 mod state;
 mod supervisor;
 mod wire;
@@ -261,14 +262,22 @@ impl Relay {
         host_tracker.spawn(
             discovery::forward(membership, views_tx, host_cancel.clone()).instrument(info_span!("discovery")),
         );
-        let mut configured_sources: BTreeMap<EndpointId, Vec<SourceId>> = BTreeMap::new();
+        let mut configured_sources: BTreeMap<EndpointId, Vec<crate::config::SourceConfig>> = BTreeMap::new();
         for source in &config.sources {
             let parts: Vec<&str> = source.endpoint.split('.').collect();
-            if let [namespace, component, name] = parts.as_slice()
-                && let Ok(endpoint) = EndpointId::new(namespace, component, name)
-            {
-                configured_sources.entry(endpoint).or_default().push(SourceId::new(source.worker_id, source.dp_rank));
-            }
+            let endpoint = match parts.as_slice() {
+                [namespace, component, name] => EndpointId::new(namespace, component, name).ok(),
+                _ => None,
+            };
+            let Some(endpoint) = endpoint else {
+                root.cancel();
+                return Err(RelayError::Config(crate::config::ConfigError::InvalidField {
+                    field: "sources.endpoint",
+                    value: source.endpoint.clone(),
+                    reason: "must be namespace.component.endpoint",
+                }));
+            };
+            configured_sources.entry(endpoint).or_default().push(source.clone());
         }
         let supervisor = supervisor::Supervisor {
             registry: registry.clone(),

@@ -22,8 +22,11 @@ use kvrelay_pool::{AttachRequest, PoolActorHandle, PoolAttachment, PoolRegistry,
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use crate::config::SourceConfig;
+use crate::host::pump;
 use crate::host::state::{HostState, PoolStatus, Route, Routes};
 use crate::host::wire;
 
@@ -52,7 +55,7 @@ pub(crate) struct Supervisor {
     /// Whether every discovered worker has a connected source (the trace workload).
     pub(crate) workload_sources: bool,
     /// Endpoints with statically configured sources.
-    pub(crate) configured_sources: BTreeMap<EndpointId, Vec<SourceId>>,
+    pub(crate) configured_sources: BTreeMap<EndpointId, Vec<SourceConfig>>,
     pub(crate) views: watch::Receiver<Option<MembershipView>>,
     pub(crate) cancel: CancellationToken,
 }
@@ -60,6 +63,7 @@ pub(crate) struct Supervisor {
 impl Supervisor {
     pub(crate) async fn run(mut self) {
         let mut attached: BTreeMap<EndpointId, Attached> = BTreeMap::new();
+        let mut pumps = Pumps::default();
         let mut catalog = self.registry.watch_catalog();
         let mut load = self.registry.watch_load();
         let window = self.state.limits.load_window();
@@ -92,7 +96,7 @@ impl Supervisor {
                     }
                     let view = self.views.borrow_and_update().clone();
                     if let Some(view) = view {
-                        self.reconcile(&view, &mut attached).await;
+                        self.reconcile(&view, &mut attached, &mut pumps).await;
                         self.update_topology(&mut topology, &view, &attached, &catalog.borrow());
                     }
                 }
@@ -124,13 +128,14 @@ impl Supervisor {
                     }
                     let view = self.views.borrow().clone();
                     if let Some(view) = view {
-                        self.reconcile(&view, &mut attached).await;
+                        self.reconcile(&view, &mut attached, &mut pumps).await;
                         self.update_topology(&mut topology, &view, &attached, &catalog.borrow());
                     }
                 }
             }
         }
-        // Shutdown: withdraw and retire every generation, then stop the registry.
+        // Shutdown: stop the sources, withdraw and retire every generation, stop the registry.
+        pumps.stop_all().await;
         for (_, entry) in std::mem::take(&mut attached) {
             self.registry.retire(entry.attachment, RetirementMode::Fenced).await;
         }
@@ -138,7 +143,12 @@ impl Supervisor {
         self.registry.shutdown().await;
     }
 
-    async fn reconcile(&self, view: &MembershipView, attached: &mut BTreeMap<EndpointId, Attached>) {
+    async fn reconcile(
+        &self,
+        view: &MembershipView,
+        attached: &mut BTreeMap<EndpointId, Attached>,
+        pumps: &mut Pumps,
+    ) {
         self.state.mark_discovery_listed();
         // Departed or no longer materializable endpoints, and changed bindings: retire.
         let mut desired: BTreeMap<EndpointId, (Binding, &EndpointMembership)> = BTreeMap::new();
@@ -153,6 +163,7 @@ impl Supervisor {
             .map(|(endpoint, _)| endpoint.clone())
             .collect();
         for endpoint in stale {
+            pumps.stop(&endpoint);
             if let Some(entry) = attached.remove(&endpoint) {
                 info!(endpoint = %endpoint.dotted(), generation = entry.attachment.generation, "retiring pool");
                 self.registry.retire(entry.attachment, RetirementMode::Graceful).await;
@@ -178,6 +189,9 @@ impl Supervisor {
                     match self.registry.attach(request).await {
                         Ok(attachment) => {
                             info!(endpoint = %endpoint.dotted(), generation = attachment.generation, "pool attached");
+                            if let Some(configured) = self.configured_sources.get(&endpoint) {
+                                pumps.start(&endpoint, configured, binding.query_semantics, &self.state, &self.cancel);
+                            }
                             attached.insert(
                                 endpoint,
                                 Attached { binding, attachment, endpoint: membership.clone() },
@@ -300,6 +314,47 @@ impl Supervisor {
     }
 }
 
+/// The running configured sources, per endpoint.
+#[derive(Default)]
+struct Pumps {
+    tracker: TaskTracker,
+    running: BTreeMap<EndpointId, CancellationToken>,
+}
+
+impl Pumps {
+    fn start(
+        &mut self,
+        endpoint: &EndpointId,
+        sources: &[SourceConfig],
+        semantics: KvQuerySemantics,
+        state: &Arc<HostState>,
+        parent: &CancellationToken,
+    ) {
+        if self.running.contains_key(endpoint) {
+            return;
+        }
+        let cancel = parent.child_token();
+        for source in sources {
+            pump::spawn(&self.tracker, source, semantics, state.clone(), cancel.clone());
+        }
+        self.running.insert(endpoint.clone(), cancel);
+    }
+
+    fn stop(&mut self, endpoint: &EndpointId) {
+        if let Some(cancel) = self.running.remove(endpoint) {
+            cancel.cancel();
+        }
+    }
+
+    async fn stop_all(&mut self) {
+        for (_, cancel) in std::mem::take(&mut self.running) {
+            cancel.cancel();
+        }
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
 fn roles_of(membership: &EndpointMembership) -> Vec<WorkerRole> {
     if membership.roles.is_empty() { vec![WorkerRole::Aggregated] } else { membership.roles.clone() }
 }
@@ -334,7 +389,7 @@ const DEFAULT_SOURCE_CAPACITY: u64 = 4_096;
 
 /// The sources of an endpoint with their per-rank capacity: every (worker, rank) of its
 /// cards, plus statically configured ones.
-fn sources_of(membership: &EndpointMembership, configured: Option<&Vec<SourceId>>) -> Vec<(SourceId, u64)> {
+fn sources_of(membership: &EndpointMembership, configured: Option<&Vec<SourceConfig>>) -> Vec<(SourceId, u64)> {
     let mut sources = BTreeMap::new();
     for (worker_id, config) in &membership.runtime_configs {
         let capacity = config.total_kv_blocks.unwrap_or(DEFAULT_SOURCE_CAPACITY);
@@ -344,7 +399,7 @@ fn sources_of(membership: &EndpointMembership, configured: Option<&Vec<SourceId>
         }
     }
     for source in configured.into_iter().flatten() {
-        sources.entry(*source).or_insert(DEFAULT_SOURCE_CAPACITY);
+        sources.entry(SourceId::new(source.worker_id, source.dp_rank)).or_insert(DEFAULT_SOURCE_CAPACITY);
     }
     sources.into_iter().collect()
 }

@@ -99,3 +99,16 @@ pub(crate) async fn next<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin
         .expect("no message within the deadline")
         .unwrap()
 }
+
+/// Reads until the relay's error frame (skipping state updates) and returns it.
+pub(crate) async fn until_error<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut ProbeStream<T>,
+) -> kvrelay_codec::v1::ErrorMessage {
+    loop {
+        match next(stream).await {
+            Some(Message::Error(error)) => return error,
+            Some(_) => {}
+            None => panic!("stream closed without an error frame"),
+        }
+    }
+}
