@@ -283,7 +283,12 @@ async fn relay_epoch(
     info!(dc = %shared.config.relays[relay].dc, peer = %addr, incarnation = identity.relay_incarnation, "relay connected");
 
     let mut catalog = open(shared, relay, "catalog", StreamRpc::WatchCatalog).await?;
-    let mut load = open(shared, relay, "load", StreamRpc::WatchLoad).await?;
+    // The load stream is independent: losing it clears this relay's load samples and
+    // reopens it after backoff, without touching catalogs or replicas.
+    let mut load = Some(open(shared, relay, "load", StreamRpc::WatchLoad).await?);
+    let mut load_backoff = Backoff::new(shared.config.backoff);
+    let mut load_opened = Instant::now();
+    let mut load_retry = tokio::time::Instant::now();
     let epoch_cancel = cancel.child_token();
     let subscriptions = TaskTracker::new();
     let mut tokens: HashMap<PoolKey, CancellationToken> = HashMap::new();
@@ -331,16 +336,38 @@ async fn relay_epoch(
                 }
                 shared.bump();
             }
-            message = load.next() => {
-                match message {
+            message = next_or_pending(&mut load) => {
+                let failure = match message {
                     Ok(Some(Message::LoadWindow(window))) => {
                         shared.state.write().apply_load_window(relay, &window);
                         shared.metrics.incr(Counter::LoadWindows);
                         shared.bump();
+                        None
                     }
-                    Ok(Some(other)) => break Err(unexpected(&addr, &other, "load")),
-                    Ok(None) => break Err(EpochError::Closed { addr: addr.clone(), stream: "load" }),
-                    Err(err) => break Err(err.into()),
+                    Ok(Some(other)) => Some(unexpected(&addr, &other, "load").to_string()),
+                    Ok(None) => Some("load stream closed".to_owned()),
+                    Err(err) => Some(err.to_string()),
+                };
+                if let Some(failure) = failure {
+                    warn!(dc = %shared.config.relays[relay].dc, peer = %addr, error = %failure, "load stream lost; loads unknown until it reopens");
+                    load = None;
+                    shared.state.write().clear_loads(relay);
+                    shared.bump();
+                    let delay = load_backoff.on_failure(load_opened.elapsed(), rand::random::<f64>());
+                    load_retry = tokio::time::Instant::now() + delay;
+                }
+            }
+            () = tokio::time::sleep_until(load_retry), if load.is_none() => {
+                match open(shared, relay, "load", StreamRpc::WatchLoad).await {
+                    Ok(stream) => {
+                        load = Some(stream);
+                        load_opened = Instant::now();
+                    }
+                    Err(err) => {
+                        debug!(peer = %addr, error = %err, "load stream reopen failed");
+                        let delay = load_backoff.on_failure(Duration::ZERO, rand::random::<f64>());
+                        load_retry = tokio::time::Instant::now() + delay;
+                    }
                 }
             }
         }
@@ -349,6 +376,14 @@ async fn relay_epoch(
     subscriptions.close();
     subscriptions.wait().await;
     result
+}
+
+/// The next message of `stream`, or pending forever when there is no stream.
+async fn next_or_pending(stream: &mut Option<WireStream>) -> Result<Option<Message>, WireError> {
+    match stream {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn relay_info(shared: &Shared, relay: usize) -> Result<RelayIdentity, EpochError> {

@@ -316,6 +316,16 @@ impl ConsumerState {
         }
     }
 
+    /// Drops relay `relay`'s load samples (its load stream was lost: loads are unknown).
+    pub fn clear_loads(&mut self, relay: usize) {
+        let Some(view) = self.relay_views.get(relay) else {
+            return;
+        };
+        for entry in view.pools.values() {
+            self.loads.remove(&entry.key);
+        }
+    }
+
     /// The producer generation behind `key`, while it is admitted.
     pub fn producer(&self, key: PoolKey) -> Option<ProducerIdentity> {
         self.producers.get(&key).map(|(_, producer)| *producer)

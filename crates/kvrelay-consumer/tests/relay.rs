@@ -464,3 +464,48 @@ async fn blocking_route_once_settles_and_ranks() {
     assert_eq!(report.pools.len(), 1);
     relay.stop().await;
 }
+
+#[tokio::test]
+async fn lost_load_stream_makes_loads_unknown_and_keeps_replicas() {
+    let relay = FakeRelay::start("dc-a", 32, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    relay.store(0, 1, &tokens(15, 8), HashSalt::default());
+    relay.publish_load(&[(50, 100)]);
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    let load_of = |consumer: &Consumer| {
+        consumer
+            .score(&request("llama", tokens(15, 8)))
+            .unwrap()
+            .candidates[0]
+            .load_fraction
+    };
+    assert!(
+        consumer
+            .wait_for_metrics(WAIT, |m| m.load_windows >= 1)
+            .await
+    );
+    assert_eq!(load_of(&consumer), Some(0.5));
+    let connects = consumer.metrics().relay_connects;
+    relay.close_load_streams();
+    relay.publish_load(&[(20, 100)]);
+    assert!(
+        consumer
+            .wait_for_metrics(WAIT, |m| m.load_windows >= 2)
+            .await,
+        "load stream reopened"
+    );
+    assert_eq!(load_of(&consumer), Some(0.2));
+    assert_eq!(
+        relay.load_streams_opened(),
+        2,
+        "the consumer reopened its load stream"
+    );
+    let metrics = consumer.metrics();
+    assert_eq!(metrics.relay_connects, connects, "the relay epoch survived");
+    assert_eq!(
+        metrics.snapshots_installed, 1,
+        "the replica was never dropped"
+    );
+    consumer.shutdown().await;
+    relay.stop().await;
+}

@@ -103,8 +103,11 @@ struct Core {
     faults: Faults,
     catalog_tx: watch::Sender<CatalogUpdate>,
     load_tx: watch::Sender<LoadWindow>,
+    /// Bumped to close every open load stream.
+    load_kill: watch::Sender<u64>,
     window_sequence: u64,
     subscriptions_opened: u64,
+    load_streams_opened: u64,
 }
 
 /// The fake relay: a loopback listener and its state.
@@ -316,8 +319,10 @@ impl FakeRelay {
             faults: Faults::default(),
             catalog_tx,
             load_tx,
+            load_kill: watch::channel(0).0,
             window_sequence: 0,
             subscriptions_opened: 0,
+            load_streams_opened: 0,
         };
         core.publish_catalog();
         let core = Arc::new(Mutex::new(core));
@@ -512,9 +517,19 @@ impl FakeRelay {
         core.load_tx.send_replace(window);
     }
 
+    /// Closes every open load stream.
+    pub(crate) fn close_load_streams(&self) {
+        self.core.lock().load_kill.send_modify(|n| *n += 1);
+    }
+
     /// Arms one-shot faults.
     pub(crate) fn arm(&self, faults: Faults) {
         self.core.lock().faults = faults;
+    }
+
+    /// Load streams accepted so far.
+    pub(crate) fn load_streams_opened(&self) -> u64 {
+        self.core.lock().load_streams_opened
     }
 
     /// Pool subscriptions accepted so far.
@@ -589,14 +604,21 @@ async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
             }
         }
         StreamRpc::WatchLoad => {
-            let mut rx = core.lock().load_tx.subscribe();
+            let (mut rx, mut kill) = {
+                let mut guard = core.lock();
+                guard.load_streams_opened += 1;
+                (guard.load_tx.subscribe(), guard.load_kill.subscribe())
+            };
+            kill.borrow_and_update();
             loop {
                 let window = rx.borrow_and_update().clone();
                 if !write(&mut socket, &Message::LoadWindow(window)).await {
                     return;
                 }
-                if rx.changed().await.is_err() {
-                    return;
+                tokio::select! {
+                    biased;
+                    _ = kill.changed() => return,
+                    changed = rx.changed() => if changed.is_err() { return },
                 }
             }
         }
