@@ -16,7 +16,7 @@ use super::*;
 use crate::actor::FaultCategory;
 use crate::error::{ActorError, SubscriptionEnd};
 use crate::frame::wire_producer;
-use crate::subscription::{PoolFrame, PoolFrameKind};
+use crate::subscription::{PoolFrame, PoolFrameKind, PoolSubscription};
 
 /// A consumer-side replica fed from encoded frames, checking every frame like a client.
 pub(super) struct WireReplica {

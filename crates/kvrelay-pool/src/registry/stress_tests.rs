@@ -12,6 +12,7 @@ use super::tests::Gates;
 use super::tests::behaviour::{pool, registry_with, request, test_limits};
 use super::*;
 use crate::error::SubscriptionEnd;
+use crate::subscription::PoolSubscription;
 
 const POOLS: usize = 64;
 const ROUNDS: usize = 60;
