@@ -4,7 +4,34 @@
 //! of every advertised pool filter, and ranks the deployments that can serve a request by
 //! estimated cached prefix, load and per-DC cost.
 //!
-//! Start reading at [`scoring`] (the ranking of one request) and [`weights`] (the formula).
+//! # Invariants
+//!
+//! - A replica answers only while it is *current*: snapshot installed, deltas applied
+//!   strictly in sequence, heard from within the staleness bound. Any gap, lag, producer
+//!   change, checksum or validation failure drops that pool's replica and resubscribes.
+//! - Catalog entries are validated one by one; a bad entry is quarantined, the rest stay.
+//! - Missing is never zero: unusable replicas and unknown loads are reported as unknown.
+//! - Model names that bind to more than one model anywhere are refused (fail closed).
+//!
+//! # What it never does
+//!
+//! It never serves a half-applied or gapped replica, never holds a lock across an
+//! `.await`, and never leaves a task running after [`Consumer::shutdown`].
+//!
+//! # Where to start reading
+//!
+//! [`ConsumerState`] (the sans-IO core), [`scoring`] (the ranking of one request),
+//! [`weights`] (the formula), then `client.rs` (the async shell).
+//!
+//! ```
+//! use kvrelay_consumer::{ConsumerConfig, ConsumerState, RelayConfig, ScoreRequest};
+//! let config = ConsumerConfig::new(vec!["127.0.0.1:7400=dc-a:5".parse::<RelayConfig>()?]);
+//! let state = ConsumerState::new(&config)?;
+//! let request = ScoreRequest { tokens: vec![1, 2, 3, 4], model: "llama".into(), ..Default::default() };
+//! // No catalog yet: the model is unknown, never guessed.
+//! assert!(state.score(&request, std::time::Instant::now()).is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod backoff;
 mod candidate;

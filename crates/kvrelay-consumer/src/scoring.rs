@@ -1,6 +1,6 @@
 //! Scoring a request against every candidate deployment: prefix depth per pool with that
 //! pool's query semantics and salts, load, and per-DC cost, combined by
-//! [`ScoreWeights`](crate::weights::ScoreWeights).
+//! [`ScoreWeights`].
 //!
 //! Pure and synchronous: the caller passes the catalog entries, the depth source (the
 //! replica store, or an exact index in tests and benchmarks), load samples and `now`.
