@@ -457,3 +457,18 @@ impl Follower {
             .context("independent replica task failed")?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn demo_replicas_match_their_producers() {
+        let args = DemoArgs { json: true, cards: None, trace: None, speed: 0.0, log: "warn".to_owned() };
+        let report = demo(&args, default_cards().unwrap()).await.unwrap();
+        assert!(report.ok, "{report:#?}");
+        assert_eq!(report.pools.len(), 4, "the example deployment has four pools");
+        assert!(report.pools.iter().all(|pool| pool.mirror_identical && pool.consumer_replica == "current"));
+        assert!(report.scored_with_cached_prefix > 0, "scoring finds the replayed prefixes");
+    }
+}
