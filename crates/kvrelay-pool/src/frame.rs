@@ -1,15 +1,16 @@
 //! Encoding of pool frames with `kvrelay-codec`: snapshot chunks, deltas and heartbeats of
 //! one producer generation, each a complete codec frame ready to write to a socket.
 //!
-//! The wire identities are converted once per hub ([`FrameEncoder::new`]); each frame is
-//! then encoded straight into one buffer (CBI1 payload in place, no intermediate copy).
+//! The wire identities are converted once per hub ([`FrameEncoder::new`], with the codec's
+//! `kvrelay_codec::v1::convert` conversions); each frame is then encoded straight into one
+//! buffer (CBI1 payload in place, no intermediate copy).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use kvrelay_ckf::Delta;
 use kvrelay_codec::v1::{self, PoolFrameHeader, PoolFrameKind as WireKind};
-use kvrelay_identity::{DcRelayIdentity, IdentitySource, ProducerIdentity};
+use kvrelay_identity::{DcRelayIdentity, ProducerIdentity};
 
 /// Encodes the frames of one producer generation.
 #[derive(Debug, Clone, Copy)]
@@ -23,11 +24,8 @@ impl FrameEncoder {
     /// An encoder for `producer`, published by `relay`.
     pub(crate) fn new(relay: DcRelayIdentity, producer: &ProducerIdentity) -> Self {
         Self {
-            relay: v1::RelayIdentity {
-                drt_instance_id: relay.drt_instance_id(),
-                relay_incarnation: relay.relay_incarnation(),
-            },
-            producer: wire_producer(producer),
+            relay: relay.into(),
+            producer: (*producer).into(),
             limits: kvrelay_codec::Limits::default(),
         }
     }
@@ -78,42 +76,5 @@ impl FrameEncoder {
                 .map(|elapsed| u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
                 .unwrap_or(0),
         }
-    }
-}
-
-/// The wire form of a producer identity (the subscription key on the WAN).
-pub(crate) fn wire_producer(producer: &ProducerIdentity) -> v1::ProducerIdentity {
-    let pool = producer.pool_id();
-    let domain = &pool.indexer_domain;
-    let format = producer.format();
-    v1::ProducerIdentity {
-        pool_id: v1::PoolId {
-            identity_version: v1::POOL_IDENTITY_VERSION,
-            cache_semantics: v1::DigestId {
-                digest: *domain.cache_semantics.digest(),
-                source: wire_source(domain.cache_semantics.source()),
-            },
-            routing_scope: v1::DigestId {
-                digest: *domain.routing_scope.digest(),
-                source: wire_source(domain.routing_scope.source()),
-            },
-            dc_id: pool.dc_id.0,
-        },
-        producer_incarnation: producer.producer_incarnation(),
-        layout_generation: producer.layout_generation(),
-        ckf_format: v1::CkfFormat {
-            format_version: u32::from(format.format_version()),
-            seed: format.seed(),
-            bucket_count: u64::from(format.bucket_count()),
-            fingerprint_bits: u32::from(format.fingerprint_bits()),
-            slots_per_bucket: u32::from(format.slots_per_bucket()),
-        },
-    }
-}
-
-fn wire_source(source: IdentitySource) -> v1::IdentitySource {
-    match source {
-        IdentitySource::DefaultDerived => v1::IdentitySource::DefaultDerived,
-        IdentitySource::Explicit => v1::IdentitySource::Explicit,
     }
 }

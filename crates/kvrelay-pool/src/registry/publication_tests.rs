@@ -15,7 +15,6 @@ use super::tests::behaviour::{pool, registry_with, request, stored_event, test_l
 use super::*;
 use crate::actor::FaultCategory;
 use crate::error::{ActorError, SubscriptionEnd};
-use crate::frame::wire_producer;
 use crate::subscription::{PoolFrame, PoolFrameKind, PoolSubscription};
 
 /// A consumer-side replica fed from encoded frames, checking every frame like a client.
@@ -28,7 +27,7 @@ pub(super) struct WireReplica {
 impl WireReplica {
     pub(super) fn new(producer: &ProducerIdentity) -> Self {
         Self {
-            expected: wire_producer(producer),
+            expected: v1::ProducerIdentity::from(*producer),
             replica: Replica::new(*producer.format()).unwrap(),
             sequence: None,
         }
