@@ -12,6 +12,7 @@ mod admin_view;
 mod discovery;
 mod publisher;
 mod pump;
+mod scrape;
 mod state;
 mod supervisor;
 mod wire;

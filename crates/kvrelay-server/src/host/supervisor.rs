@@ -26,7 +26,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::config::SourceConfig;
-use crate::host::pump;
+use crate::host::{pump, scrape};
 use crate::host::state::{HostState, PoolStatus, Route, Routes};
 use crate::host::wire;
 
@@ -190,7 +190,7 @@ impl Supervisor {
                         Ok(attachment) => {
                             info!(endpoint = %endpoint.dotted(), generation = attachment.generation, "pool attached");
                             if let Some(configured) = self.configured_sources.get(&endpoint) {
-                                pumps.start(&endpoint, configured, binding.query_semantics, &self.state, &self.cancel);
+                                pumps.start(&endpoint, configured, binding.query_semantics, self, &self.cancel);
                             }
                             attached.insert(
                                 endpoint,
@@ -327,7 +327,7 @@ impl Pumps {
         endpoint: &EndpointId,
         sources: &[SourceConfig],
         semantics: KvQuerySemantics,
-        state: &Arc<HostState>,
+        supervisor: &Supervisor,
         parent: &CancellationToken,
     ) {
         if self.running.contains_key(endpoint) {
@@ -335,7 +335,17 @@ impl Pumps {
         }
         let cancel = parent.child_token();
         for source in sources {
-            pump::spawn(&self.tracker, source, semantics, state.clone(), cancel.clone());
+            pump::spawn(&self.tracker, source, semantics, supervisor.state.clone(), cancel.clone());
+            if let Some(url) = &source.metrics_url {
+                self.tracker.spawn(scrape::run(
+                    url.clone(),
+                    SourceId::new(source.worker_id, source.dp_rank),
+                    supervisor.state.limits.load_window(),
+                    supervisor.state.clone(),
+                    supervisor.registry.clone(),
+                    cancel.clone(),
+                ));
+            }
         }
         self.running.insert(endpoint.clone(), cancel);
     }
