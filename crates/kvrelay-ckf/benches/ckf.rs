@@ -118,7 +118,73 @@ fn query(c: &mut Criterion) {
             }
         })
     });
+    // The memory floor: per request, as many independent random row-pair loads (two
+    // 16-lane rows of 128 bytes, line-aligned) as the filter probes, from a table of the
+    // same size; no hashing and no search logic.
+    let n_probes: u64 = work
+        .requests
+        .iter()
+        .map(|request| {
+            table.prefix_depths_into(request, &mut out);
+            u64::from(out.n_probes())
+        })
+        .sum();
+    let probes_per_query = n_probes.div_ceil(QUERY_REQUESTS as u64) as usize;
+    let floor = RowLoads::new(table.table_bytes() as usize / 8, 16);
+    let mut rng = workload::Rng::new(5);
+    let rows: Vec<Vec<(usize, usize)>> = work
+        .requests
+        .iter()
+        .map(|_| {
+            (0..probes_per_query)
+                .map(|_| (floor.random_row(&mut rng), floor.random_row(&mut rng)))
+                .collect()
+        })
+        .collect();
+    group.bench_function("baseline-row-loads", |b| {
+        b.iter(|| {
+            for request_rows in &rows {
+                std::hint::black_box(floor.load(request_rows));
+            }
+        })
+    });
     group.finish();
+}
+
+/// A line-aligned table of rows for the memory-floor baseline.
+struct RowLoads {
+    words: Vec<u64>,
+    offset: usize,
+    stride: usize,
+    n_rows: usize,
+}
+
+impl RowLoads {
+    fn new(n_words: usize, stride: usize) -> Self {
+        let words: Vec<u64> = (0..n_words as u64 + 7).collect();
+        let offset = (8 - (words.as_ptr() as usize / 8) % 8) % 8;
+        Self {
+            n_rows: n_words / stride,
+            words,
+            offset,
+            stride,
+        }
+    }
+
+    fn random_row(&self, rng: &mut workload::Rng) -> usize {
+        self.offset + rng.below(self.n_rows as u64) as usize * self.stride
+    }
+
+    /// Reads every word of each row pair (all loads independent).
+    fn load(&self, rows: &[(usize, usize)]) -> u64 {
+        let mut sink = 0u64;
+        for &(a, b) in rows {
+            for lane in 0..self.stride {
+                sink = sink.wrapping_add(self.words[a + lane] ^ self.words[b + lane]);
+            }
+        }
+        sink
+    }
 }
 
 criterion_group!(benches, apply, query);

@@ -109,9 +109,18 @@ pub struct QueryTable {
     addressing: Addressing,
     window: u32,
     stride: usize,
+    /// Bucket rows plus up to `ROW_ALIGN_WORDS - 1` words of padding; the rows start at
+    /// `offset`, the first 64-byte boundary of the allocation, so a row of up to 8 lanes is
+    /// one cache line and a row of 16 lanes two (never three).
     words: Vec<u64>,
+    offset: usize,
     lanes: Vec<Sequencer>,
+    /// One bit per lane whose sequencer is ready (kept in step with `lanes`).
+    ready: Vec<u64>,
 }
+
+/// Words per 64-byte cache line.
+const ROW_ALIGN_WORDS: usize = 8;
 
 impl QueryTable {
     /// An empty table (no lanes) for `format`.
@@ -126,7 +135,9 @@ impl QueryTable {
             window,
             stride: 0,
             words: Vec::new(),
+            offset: 0,
             lanes: Vec::new(),
+            ready: Vec::new(),
         })
     }
 
@@ -146,6 +157,15 @@ impl QueryTable {
         if self.lanes.len() == self.stride {
             self.grow()?;
         }
+        if self.ready.len() * 64 == self.lanes.len() {
+            self.ready
+                .try_reserve(1)
+                .map_err(|_| ConfigError::AllocationFailed {
+                    what: "query lane mask",
+                    bytes: 8,
+                })?;
+            self.ready.push(0);
+        }
         self.lanes
             .push(Sequencer::new(u64::from(self.format.bucket_count())));
         Ok(self.lanes.len() - 1)
@@ -158,10 +178,14 @@ impl QueryTable {
         lane: usize,
         chunk: &SnapshotChunk,
     ) -> Result<bool, ReplicaError> {
-        let complete = self.lane_mut(lane)?.accept_chunk(chunk)?;
+        let accepted = self.lane_mut(lane)?.accept_chunk(chunk);
+        self.refresh_ready(lane);
+        let complete = accepted?;
         let first = chunk.first_bucket as usize;
+        let stride = self.stride;
+        let rows = self.rows_mut();
         for (offset, &word) in chunk.words.iter().enumerate() {
-            self.words[(first + offset) * self.stride + lane] = word;
+            rows[(first + offset) * stride + lane] = word;
         }
         Ok(complete)
     }
@@ -169,9 +193,13 @@ impl QueryTable {
     /// Applies a delta to `lane` whole, strictly in sequence; any error leaves the lane
     /// invalid (it answers nothing) until a new snapshot.
     pub fn apply_delta(&mut self, lane: usize, delta: &Delta) -> Result<(), ReplicaError> {
-        self.lane_mut(lane)?.accept_delta(delta)?;
+        let accepted = self.lane_mut(lane)?.accept_delta(delta);
+        self.refresh_ready(lane);
+        accepted?;
+        let stride = self.stride;
+        let rows = self.rows_mut();
         for image in &delta.images {
-            self.words[image.bucket_idx as usize * self.stride + lane] = image.word;
+            rows[image.bucket_idx as usize * stride + lane] = image.word;
         }
         Ok(())
     }
@@ -179,8 +207,9 @@ impl QueryTable {
     /// Returns `lane` to empty (for example when its pool went away) and clears its words.
     pub fn reset_lane(&mut self, lane: usize) -> Result<(), ReplicaError> {
         self.lane_mut(lane)?.reset();
+        self.refresh_ready(lane);
         let stride = self.stride;
-        for row in self.words.chunks_exact_mut(stride) {
+        for row in self.rows_mut().chunks_exact_mut(stride) {
             row[lane] = 0;
         }
         Ok(())
@@ -203,10 +232,34 @@ impl QueryTable {
             .ok_or(ReplicaError::UnknownLane { lane, n_lanes })
     }
 
+    /// The bucket rows (`bucket_count * stride` words), starting on a cache line.
+    fn rows(&self) -> &[u64] {
+        let len = self.format.bucket_count() as usize * self.stride;
+        &self.words[self.offset..self.offset + len]
+    }
+
+    fn rows_mut(&mut self) -> &mut [u64] {
+        let len = self.format.bucket_count() as usize * self.stride;
+        &mut self.words[self.offset..self.offset + len]
+    }
+
+    /// Copies `lane`'s readiness into the lane mask.
+    fn refresh_ready(&mut self, lane: usize) {
+        let ready = self.lanes.get(lane).is_some_and(Sequencer::is_ready);
+        if let Some(word) = self.ready.get_mut(lane / 64) {
+            let bit = 1u64 << (lane % 64);
+            if ready {
+                *word |= bit;
+            } else {
+                *word &= !bit;
+            }
+        }
+    }
+
     fn grow(&mut self) -> Result<(), ConfigError> {
         let new_stride = (self.stride * 2).max(4);
         let bucket_count = self.format.bucket_count() as usize;
-        let n_words = bucket_count * new_stride;
+        let n_words = bucket_count * new_stride + ROW_ALIGN_WORDS - 1;
         let mut words = Vec::new();
         words
             .try_reserve_exact(n_words)
@@ -215,15 +268,22 @@ impl QueryTable {
                 bytes: n_words as u64 * 8,
             })?;
         words.resize(n_words, 0);
+        // The allocation never moves after this (no pushes), so the offset stays valid;
+        // a clone may lose the alignment, which costs speed, never correctness.
+        let misalignment = (words.as_ptr() as usize / 8) % ROW_ALIGN_WORDS;
+        let offset = (ROW_ALIGN_WORDS - misalignment) % ROW_ALIGN_WORDS;
         if self.stride > 0 {
-            for (new_row, old_row) in words
+            let old_rows = self.rows();
+            let new_rows = &mut words[offset..offset + bucket_count * new_stride];
+            for (new_row, old_row) in new_rows
                 .chunks_exact_mut(new_stride)
-                .zip(self.words.chunks_exact(self.stride))
+                .zip(old_rows.chunks_exact(self.stride))
             {
                 new_row[..self.stride].copy_from_slice(old_row);
             }
         }
         self.words = words;
+        self.offset = offset;
         self.stride = new_stride;
         Ok(())
     }
@@ -245,27 +305,39 @@ impl Prober for QueryTable {
 
     #[inline]
     fn touch(&self, address: Address) -> u64 {
-        let last = self.lanes.len().saturating_sub(1);
+        let rows = self.rows();
+        let n_lanes = self.lanes.len();
         let primary = address.primary as usize * self.stride;
         let alternate = address.alternate as usize * self.stride;
-        // First and last lane of both rows: every cache line of a row up to 16 lanes.
-        self.words[primary]
-            ^ self.words[primary + last]
-            ^ self.words[alternate]
-            ^ self.words[alternate + last]
+        // One word per cache line of both rows (rows start on a line boundary).
+        let mut sink = 0;
+        for lane in (0..n_lanes).step_by(ROW_ALIGN_WORDS) {
+            sink ^= rows[primary + lane] ^ rows[alternate + lane];
+        }
+        sink
     }
 
     #[inline]
     fn probe(&self, address: Address, mask: &mut [u64]) {
+        let rows = self.rows();
         let n_lanes = self.lanes.len();
         let primary = address.primary as usize * self.stride;
         let alternate = address.alternate as usize * self.stride;
-        let row_a = &self.words[primary..primary + n_lanes];
-        let row_b = &self.words[alternate..alternate + n_lanes];
-        for (lane, (&a, &b)) in row_a.iter().zip(row_b).enumerate() {
-            let present =
-                bucket::contains(a, address.fingerprint) | bucket::contains(b, address.fingerprint);
-            mask[lane / 64] |= u64::from(present && self.lanes[lane].is_ready()) << (lane % 64);
+        let row_a = &rows[primary..primary + n_lanes];
+        let row_b = &rows[alternate..alternate + n_lanes];
+        for (group, ((a, b), out)) in row_a
+            .chunks(64)
+            .zip(row_b.chunks(64))
+            .zip(mask.iter_mut())
+            .enumerate()
+        {
+            let mut bits = 0u64;
+            for (lane, (&a, &b)) in a.iter().zip(b).enumerate() {
+                let present = bucket::contains(a, address.fingerprint)
+                    | bucket::contains(b, address.fingerprint);
+                bits |= u64::from(present) << lane;
+            }
+            *out |= bits & self.ready[group];
         }
     }
 }
