@@ -1,5 +1,7 @@
 //! `score` latency for a 64-block request over 16, 64 and 256 pools, against an exact
-//! index (hash the request, then an exact per-pool prefix scan) fed the same blocks.
+//! index (hash the request, then an exact per-pool prefix scan) fed the same blocks and
+//! the bare ckf `QueryTable`. `consumer` allocates a fresh ranking per call;
+//! `consumer-score-into` refills one; `consumer-top-8` keeps the best 8.
 
 #![allow(
     clippy::unwrap_used,
@@ -138,6 +140,25 @@ fn bench_score(c: &mut Criterion) {
         );
         group.bench_function("consumer", |b| {
             b.iter(|| black_box(setup.state.score(black_box(&setup.request), now).unwrap()));
+        });
+        let mut reused = kvrelay_consumer::Ranking::default();
+        group.bench_function("consumer-score-into", |b| {
+            b.iter(|| {
+                setup
+                    .state
+                    .score_into(black_box(&setup.request), now, &mut reused)
+                    .unwrap();
+                black_box(reused.candidates.len())
+            });
+        });
+        group.bench_function("consumer-top-8", |b| {
+            b.iter(|| {
+                setup
+                    .state
+                    .score_top_into(black_box(&setup.request), now, 8, &mut reused)
+                    .unwrap();
+                black_box(reused.candidates.len())
+            });
         });
         let mut depths = PrefixDepths::default();
         group.bench_function("ckf-query-table-only", |b| {

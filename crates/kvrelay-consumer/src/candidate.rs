@@ -17,14 +17,47 @@ use crate::catalog::{PoolEntry, Target};
 use crate::scoring::ScoreError;
 
 /// The resolved request target: what pools must register, and the LoRA hashing salt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Resolved {
+/// Borrows from the catalog entries and the request, so resolving allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resolved<'a> {
     /// Canonical model id of the base model (for a LoRA: its base).
-    pub(crate) base_model: String,
+    pub(crate) base_model: &'a str,
     /// The target pools must register.
-    pub(crate) target: Target,
+    pub(crate) target: Wanted<'a>,
     /// The adapter name salting the block hashes, for LoRA targets.
-    pub(crate) lora_salt: Option<String>,
+    pub(crate) lora_salt: Option<&'a str>,
+}
+
+/// A borrowed [`Target`]: the registration a serving pool must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wanted<'a> {
+    /// The base model itself.
+    Base,
+    /// A LoRA adapter on a base model.
+    Lora {
+        base_model: &'a str,
+        adapter: &'a str,
+    },
+}
+
+impl Wanted<'_> {
+    /// Whether `target` is this one.
+    pub(crate) fn is(self, target: &Target) -> bool {
+        match (self, target) {
+            (Self::Base, Target::Base) => true,
+            (
+                Self::Lora {
+                    base_model,
+                    adapter,
+                },
+                Target::Lora {
+                    base_model: b,
+                    adapter: a,
+                },
+            ) => base_model == b && adapter == a,
+            _ => false,
+        }
+    }
 }
 
 /// The shape of a candidate deployment.
@@ -60,54 +93,55 @@ pub(crate) struct Candidate {
 }
 
 /// Resolves `model` (canonical id or alias) and optional `lora` against `entries`.
-pub(crate) fn resolve(
-    entries: &[PoolEntry],
+pub(crate) fn resolve<'a>(
+    entries: &'a [PoolEntry],
     model: &str,
-    lora: Option<&str>,
-) -> Result<Resolved, ScoreError> {
-    // Distinct bindings are few (one unless ambiguous): a small vector beats a set.
-    let mut bindings: Vec<(&str, &Target)> = Vec::new();
-    for entry in entries {
-        for reg in &entry.registrations {
-            if reg.model == model || reg.aliases.iter().any(|alias| alias == model) {
-                let binding = (reg.model.as_str(), &reg.target);
-                if !bindings.contains(&binding) {
-                    bindings.push(binding);
-                }
-            }
+    lora: Option<&'a str>,
+) -> Result<Resolved<'a>, ScoreError> {
+    // Distinct bindings are one unless the name is ambiguous: remember the first and
+    // collect the full list only on the (cold) ambiguous path.
+    let mut first: Option<(&str, &Target)> = None;
+    let mut ambiguous = false;
+    for binding in bindings_of(entries, model) {
+        match first {
+            None => first = Some(binding),
+            Some(seen) if seen != binding => ambiguous = true,
+            Some(_) => {}
         }
     }
-    bindings.sort_unstable();
-    let mut iter = bindings.iter();
-    let (canonical, target) = match (iter.next(), iter.next()) {
-        (None, _) => {
-            return Err(ScoreError::UnknownModel {
-                model: model.to_owned(),
-            });
-        }
-        (Some(only), None) => *only,
-        (Some(_), Some(_)) => {
-            return Err(ScoreError::AmbiguousModel {
-                model: model.to_owned(),
-                bindings: bindings.iter().map(|(m, t)| describe(m, t)).collect(),
-            });
-        }
+    let Some((canonical, target)) = first else {
+        return Err(ScoreError::UnknownModel {
+            model: model.to_owned(),
+        });
     };
+    if ambiguous {
+        let mut bindings: Vec<(&str, &Target)> = Vec::new();
+        for binding in bindings_of(entries, model) {
+            if !bindings.contains(&binding) {
+                bindings.push(binding);
+            }
+        }
+        bindings.sort_unstable();
+        return Err(ScoreError::AmbiguousModel {
+            model: model.to_owned(),
+            bindings: bindings.iter().map(|(m, t)| describe(m, t)).collect(),
+        });
+    }
     match (target, lora.filter(|name| !name.is_empty())) {
         (Target::Base, None) => Ok(Resolved {
-            base_model: canonical.to_owned(),
-            target: Target::Base,
+            base_model: canonical,
+            target: Wanted::Base,
             lora_salt: None,
         }),
         (Target::Base, Some(adapter)) => {
-            let target = Target::Lora {
-                base_model: canonical.to_owned(),
-                adapter: adapter.to_owned(),
+            let target = Wanted::Lora {
+                base_model: canonical,
+                adapter,
             };
             let served = entries
                 .iter()
                 .flat_map(|entry| &entry.registrations)
-                .any(|reg| reg.target == target);
+                .any(|reg| target.is(&reg.target));
             if !served {
                 return Err(ScoreError::UnknownAdapter {
                     model: canonical.to_owned(),
@@ -115,9 +149,9 @@ pub(crate) fn resolve(
                 });
             }
             Ok(Resolved {
-                base_model: canonical.to_owned(),
+                base_model: canonical,
                 target,
-                lora_salt: Some(adapter.to_owned()),
+                lora_salt: Some(adapter),
             })
         }
         (
@@ -127,9 +161,12 @@ pub(crate) fn resolve(
             },
             None,
         ) => Ok(Resolved {
-            base_model: base_model.clone(),
-            target: target.clone(),
-            lora_salt: Some(adapter.clone()),
+            base_model,
+            target: Wanted::Lora {
+                base_model,
+                adapter,
+            },
+            lora_salt: Some(adapter),
         }),
         (Target::Lora { .. }, Some(adapter)) => Err(ScoreError::AdapterOnAdapter {
             model: canonical.to_owned(),
@@ -139,23 +176,33 @@ pub(crate) fn resolve(
 }
 
 /// Whether `entry` registers the resolved target.
-pub(crate) fn serves(entry: &PoolEntry, resolved: &Resolved) -> bool {
-    entry
-        .registrations
-        .iter()
-        .any(|reg| match &resolved.target {
-            Target::Base => reg.target == Target::Base && reg.model == resolved.base_model,
-            lora @ Target::Lora { .. } => reg.target == *lora,
-        })
+pub(crate) fn serves(entry: &PoolEntry, resolved: &Resolved<'_>) -> bool {
+    entry.registrations.iter().any(|reg| match resolved.target {
+        Wanted::Base => reg.target == Target::Base && reg.model == resolved.base_model,
+        lora @ Wanted::Lora { .. } => lora.is(&reg.target),
+    })
 }
 
 /// Forms the candidates for `resolved` from `entries`, in a deterministic order.
-pub(crate) fn candidates(entries: &[PoolEntry], resolved: &Resolved) -> Vec<Candidate> {
-    let serving: Vec<usize> = (0..entries.len())
-        .filter(|&idx| serves(&entries[idx], resolved))
-        .collect();
+#[cfg(test)]
+pub(crate) fn candidates(entries: &[PoolEntry], resolved: &Resolved<'_>) -> Vec<Candidate> {
     let mut out = Vec::new();
-    for &idx in &serving {
+    candidates_into(entries, resolved, &mut Vec::new(), &mut out);
+    out
+}
+
+/// Clears `out` and fills it with the candidates for `resolved` from `entries`, in a
+/// deterministic order; `serving` is scratch space.
+pub(crate) fn candidates_into(
+    entries: &[PoolEntry],
+    resolved: &Resolved<'_>,
+    serving: &mut Vec<usize>,
+    out: &mut Vec<Candidate>,
+) {
+    serving.clear();
+    serving.extend((0..entries.len()).filter(|&idx| serves(&entries[idx], resolved)));
+    out.clear();
+    for &idx in serving.iter() {
         let entry = &entries[idx];
         if entry.roles.aggregated {
             out.push(Candidate {
@@ -165,7 +212,7 @@ pub(crate) fn candidates(entries: &[PoolEntry], resolved: &Resolved) -> Vec<Cand
             });
         } else if entry.roles.decode {
             let mut paired = false;
-            for &other in &serving {
+            for &other in serving.iter() {
                 let prefill = &entries[other];
                 let prefill_only =
                     prefill.roles.prefill && !prefill.roles.decode && !prefill.roles.aggregated;
@@ -190,7 +237,18 @@ pub(crate) fn candidates(entries: &[PoolEntry], resolved: &Resolved) -> Vec<Cand
             }
         }
     }
-    out
+}
+
+/// Every (canonical model, target) binding of `model` as a name or alias, with repeats.
+fn bindings_of<'a>(
+    entries: &'a [PoolEntry],
+    model: &str,
+) -> impl Iterator<Item = (&'a str, &'a Target)> {
+    entries
+        .iter()
+        .flat_map(|entry| &entry.registrations)
+        .filter(move |reg| reg.model == model || reg.aliases.iter().any(|alias| alias == model))
+        .map(|reg| (reg.model.as_str(), &reg.target))
 }
 
 fn describe(model: &str, target: &Target) -> String {
@@ -270,7 +328,7 @@ mod tests {
         let entries = vec![entry(1, 0, "a", AGG, vec![base("llama-8b", &["llama"])])];
         let resolved = resolve(&entries, "llama", None).unwrap();
         assert_eq!(resolved.base_model, "llama-8b");
-        assert_eq!(resolved.target, Target::Base);
+        assert_eq!(resolved.target, Wanted::Base);
         assert_eq!(resolved.lora_salt, None);
     }
 
@@ -324,7 +382,7 @@ mod tests {
             entry(2, 1, "b", AGG, vec![base("m", &[])]),
         ];
         let resolved = resolve(&entries, "m", Some("sql")).unwrap();
-        assert_eq!(resolved.lora_salt.as_deref(), Some("sql"));
+        assert_eq!(resolved.lora_salt, Some("sql"));
         let cands = candidates(&entries, &resolved);
         assert_eq!(
             cands.len(),
@@ -345,7 +403,7 @@ mod tests {
         )];
         let resolved = resolve(&entries, "m-sql", None).unwrap();
         assert_eq!(resolved.base_model, "m");
-        assert_eq!(resolved.lora_salt.as_deref(), Some("sql"));
+        assert_eq!(resolved.lora_salt, Some("sql"));
         assert_eq!(candidates(&entries, &resolved).len(), 1);
     }
 

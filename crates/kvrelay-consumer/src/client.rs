@@ -104,6 +104,29 @@ impl Consumer {
         result
     }
 
+    /// Ranks the deployments that can serve `request` into `out`, reusing its buffers
+    /// (see [`ConsumerState::score_into`]). On `Err`, `out` is unchanged.
+    pub fn score_into(&self, request: &ScoreRequest, out: &mut Ranking) -> Result<(), ScoreError> {
+        self.score_top_into(request, usize::MAX, out)
+    }
+
+    /// Like [`Consumer::score_into`], keeping only the best `limit` candidates.
+    pub fn score_top_into(
+        &self,
+        request: &ScoreRequest,
+        limit: usize,
+        out: &mut Ranking,
+    ) -> Result<(), ScoreError> {
+        let started = Instant::now();
+        let result = self
+            .shared
+            .state
+            .read()
+            .score_top_into(request, started, limit, out);
+        self.shared.metrics.observe_score(started.elapsed());
+        result
+    }
+
     /// A snapshot of every metric.
     pub fn metrics(&self) -> ConsumerMetrics {
         let mut out = ConsumerMetrics::default();

@@ -5,17 +5,19 @@
 //! Pure and synchronous: the caller passes the catalog entries, the depth source (the
 //! replica store, or an exact index in tests and benchmarks), load samples and `now`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hashbrown::HashMap;
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
+use parking_lot::Mutex;
 
 use crate::candidate::{self, Candidate, CandidateShape};
 use crate::catalog::{PoolEntry, PoolKey};
 use crate::config::RelayConfig;
 use crate::load::LoadSample;
+use crate::store::ProbeScratch;
 use crate::weights::{ScoreTerms, ScoreWeights};
 
 /// A request to score: its tokens, model name and salts.
@@ -118,8 +120,9 @@ pub struct ScoredCandidate {
     pub score: f64,
 }
 
-/// The ranked answer for one request.
-#[derive(Debug, Clone, PartialEq)]
+/// The ranked answer for one request. `Default` is an empty ranking, to be filled (and
+/// refilled without reallocating) by `score_into`.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Ranking {
     /// The canonical base model the request resolved to.
     pub model: String,
@@ -175,97 +178,224 @@ pub(crate) struct ScoreInputs<'a> {
     pub(crate) weights: &'a ScoreWeights,
 }
 
-/// Ranks the candidates for `request`.
-pub(crate) fn rank(
+/// A [`DepthSource`] that can reuse buffers across calls (the replica store does; any
+/// plain [`DepthSource`] ignores the scratch).
+pub(crate) trait DepthProbe {
+    /// Like [`DepthSource::depths`], with reusable buffers.
+    fn probe(
+        &self,
+        keys: &[PoolKey],
+        sequence_hashes: &[u64],
+        now: Instant,
+        out: &mut [ReplicaDepth],
+        scratch: &mut ProbeScratch,
+    );
+}
+
+impl<T: DepthSource + ?Sized> DepthProbe for T {
+    fn probe(
+        &self,
+        keys: &[PoolKey],
+        sequence_hashes: &[u64],
+        now: Instant,
+        out: &mut [ReplicaDepth],
+        _scratch: &mut ProbeScratch,
+    ) {
+        self.depths(keys, sequence_hashes, now, out);
+    }
+}
+
+/// Scratches kept for reuse by [`ScratchPool`]; more concurrent scorers than this
+/// allocate their own and drop them afterwards.
+const MAX_POOLED_SCRATCHES: usize = 8;
+
+/// Buffers reused across scoring passes, so a warm pass allocates only its result.
+#[derive(Debug, Default)]
+pub(crate) struct ScoreScratch {
+    candidates: Vec<Candidate>,
+    serving: Vec<usize>,
+    /// Per entry: whether some candidate uses it as a leg.
+    needed: Vec<bool>,
+    /// Distinct query semantics among the needed entries, in entry order.
+    semantics: Vec<(u32, KvQueryHashFormat)>,
+    members: Vec<usize>,
+    keys: Vec<PoolKey>,
+    out: Vec<ReplicaDepth>,
+    depth_of: Vec<ReplicaDepth>,
+    /// Per candidate, its formula terms and score.
+    terms: Vec<CandidateTerms>,
+    /// Candidate indices in rank order.
+    order: Vec<usize>,
+    probe: ProbeScratch,
+}
+
+/// A small pool of [`ScoreScratch`] shared by concurrent readers of one state. It is a
+/// cache of empty buffers, not state: losing one only costs an allocation.
+#[derive(Debug, Default)]
+pub(crate) struct ScratchPool {
+    free: Mutex<Vec<ScoreScratch>>,
+}
+
+impl ScratchPool {
+    /// Runs `f` with a pooled scratch (or a new one) and returns the scratch afterwards.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut ScoreScratch) -> R) -> R {
+        let taken = self.free.lock().pop();
+        let mut scratch = taken.unwrap_or_default();
+        let result = f(&mut scratch);
+        let mut free = self.free.lock();
+        if free.len() < MAX_POOLED_SCRATCHES {
+            free.push(scratch);
+        }
+        result
+    }
+}
+
+/// One candidate's formula inputs, computed before ranking.
+#[derive(Debug, Clone, Copy)]
+struct CandidateTerms {
+    candidate: Candidate,
+    prefix_fraction: Option<f64>,
+    /// Per leg (first, decode): its load fraction.
+    loads: [Option<f64>; 2],
+    load_fraction: Option<f64>,
+    score: f64,
+}
+
+/// Ranks the candidates for `request` into `out`, keeping at most `limit` (best first).
+/// On `Err`, `out` is unchanged. Reuses `out`'s candidate and leg buffers.
+pub(crate) fn rank_into(
     inputs: &ScoreInputs<'_>,
-    depths: &dyn DepthSource,
+    depths: &dyn DepthProbe,
     request: &ScoreRequest,
     now: Instant,
-) -> Result<Ranking, ScoreError> {
+    limit: usize,
+    scratch: &mut ScoreScratch,
+    out: &mut Ranking,
+) -> Result<(), ScoreError> {
     let resolved = candidate::resolve(inputs.entries, &request.model, request.lora.as_deref())?;
-    let cands = candidate::candidates(inputs.entries, &resolved);
+    let ScoreScratch {
+        candidates,
+        serving,
+        needed,
+        semantics,
+        members,
+        keys,
+        out: probe_out,
+        depth_of,
+        terms,
+        order,
+        probe,
+    } = scratch;
+    candidate::candidates_into(inputs.entries, &resolved, serving, candidates);
 
     // Every pool that appears as a leg, grouped by query semantics so each group hashes
-    // the request once and probes all its pools together.
-    let mut legs: Vec<usize> = cands
+    // the request once (per salt, fixed for the request) and probes all its pools together.
+    let n_entries = inputs.entries.len();
+    needed.clear();
+    needed.resize(n_entries, false);
+    for cand in candidates.iter() {
+        needed[cand.first] = true;
+        if let Some(decode) = cand.decode {
+            needed[decode] = true;
+        }
+    }
+    semantics.clear();
+    for (entry, _) in inputs
+        .entries
         .iter()
-        .flat_map(|c| std::iter::once(c.first).chain(c.decode))
-        .collect();
-    legs.sort_unstable();
-    legs.dedup();
-    let mut groups: Vec<((u32, KvQueryHashFormat), Vec<usize>)> = Vec::new();
-    for &idx in &legs {
-        let entry = &inputs.entries[idx];
-        let semantics = (entry.block_size, entry.hash_format);
-        match groups.iter_mut().find(|(s, _)| *s == semantics) {
-            Some((_, members)) => members.push(idx),
-            None => groups.push((semantics, vec![idx])),
+        .zip(needed.iter())
+        .filter(|(_, n)| **n)
+    {
+        let key = (entry.block_size, entry.hash_format);
+        if !semantics.contains(&key) {
+            semantics.push(key);
         }
     }
     let salt = HashSalt {
-        lora_name: resolved.lora_salt.as_deref(),
+        lora_name: resolved.lora_salt,
         cache_namespace: request.cache_namespace.as_deref(),
     };
-    let mut depth_of: Vec<ReplicaDepth> =
-        vec![ReplicaDepth::Unusable(ReplicaStatus::Missing); inputs.entries.len()];
-    let mut keys = Vec::new();
-    let mut out = Vec::new();
-    for ((block_size, format), members) in &groups {
-        let hashes = sequence_hashes(&block_hashes(&request.tokens, *block_size, *format, salt));
+    depth_of.clear();
+    depth_of.resize(n_entries, ReplicaDepth::Unusable(ReplicaStatus::Missing));
+    for &(block_size, format) in semantics.iter() {
+        let hashes = sequence_hashes(&block_hashes(&request.tokens, block_size, format, salt));
+        members.clear();
+        members.extend((0..n_entries).filter(|&idx| {
+            let entry = &inputs.entries[idx];
+            needed[idx] && entry.block_size == block_size && entry.hash_format == format
+        }));
         keys.clear();
         keys.extend(members.iter().map(|&idx| inputs.entries[idx].key));
-        out.clear();
-        out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaStatus::Missing));
-        depths.depths(&keys, &hashes, now, &mut out);
-        for (&idx, &depth) in members.iter().zip(&out) {
+        probe_out.clear();
+        probe_out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaStatus::Missing));
+        depths.probe(keys, &hashes, now, probe_out, probe);
+        for (&idx, &depth) in members.iter().zip(probe_out.iter()) {
             depth_of[idx] = depth;
         }
     }
 
     let n_tokens = request.tokens.len();
-    let mut scored: Vec<ScoredCandidate> = cands
-        .iter()
-        .map(|cand| {
-            let depth = |idx: usize| depth_of[idx];
-            score_candidate(inputs, cand, &depth, n_tokens)
-        })
-        .collect();
-    scored.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| a.dc.cmp(&b.dc))
-            .then_with(|| a.legs[0].pool.cmp(&b.legs[0].pool))
-    });
-    Ok(Ranking {
-        model: resolved.base_model,
-        lora: resolved.lora_salt,
-        candidates: scored,
-    })
+    terms.clear();
+    terms.extend(
+        candidates
+            .iter()
+            .map(|cand| candidate_terms(inputs, cand, depth_of, n_tokens)),
+    );
+    // Rank small indices, not results: best score first, then DC name, then the first
+    // leg's pool id, then formation order (what a stable sort would keep).
+    order.clear();
+    order.extend(0..terms.len());
+    let cmp = |&a: &usize, &b: &usize| {
+        let (ta, tb) = (&terms[a], &terms[b]);
+        let (ea, eb) = (
+            &inputs.entries[ta.candidate.first],
+            &inputs.entries[tb.candidate.first],
+        );
+        tb.score
+            .total_cmp(&ta.score)
+            .then_with(|| inputs.dcs[ea.relay].cmp(&inputs.dcs[eb.relay]))
+            .then_with(|| ea.pool_label.cmp(&eb.pool_label))
+            .then_with(|| a.cmp(&b))
+    };
+    let keep = limit.min(order.len());
+    if keep < order.len() {
+        if keep > 0 {
+            order.select_nth_unstable_by(keep - 1, cmp);
+        }
+        order.truncate(keep);
+    }
+    order.sort_unstable_by(cmp);
+
+    out.model.clear();
+    out.model.push_str(resolved.base_model);
+    match (&mut out.lora, resolved.lora_salt) {
+        (Some(lora), Some(salt)) => {
+            lora.clear();
+            lora.push_str(salt);
+        }
+        (lora, salt) => *lora = salt.map(str::to_owned),
+    }
+    out.candidates.truncate(order.len());
+    for (rank, &cand_idx) in order.iter().enumerate() {
+        let cand_terms = &terms[cand_idx];
+        match out.candidates.get_mut(rank) {
+            Some(slot) => fill_candidate(slot, inputs, cand_terms, depth_of, n_tokens),
+            None => out
+                .candidates
+                .push(new_candidate(inputs, cand_terms, depth_of, n_tokens)),
+        }
+    }
+    Ok(())
 }
 
-fn score_candidate(
+fn candidate_terms(
     inputs: &ScoreInputs<'_>,
     cand: &Candidate,
-    depth: &dyn Fn(usize) -> ReplicaDepth,
+    depth_of: &[ReplicaDepth],
     n_tokens: usize,
-) -> ScoredCandidate {
-    let first_role = match cand.shape {
-        CandidateShape::Aggregated => "aggregated",
-        CandidateShape::Disaggregated => "prefill",
-        CandidateShape::DecodeOnly => "decode_only",
-    };
-    let mut legs = vec![leg(
-        inputs,
-        cand.first,
-        first_role,
-        depth(cand.first),
-        n_tokens,
-    )];
-    if let Some(decode) = cand.decode {
-        legs.push(leg(inputs, decode, "decode", depth(decode), n_tokens));
-    }
-    let fraction = |leg: &ScoredLeg| {
-        leg.prefix_tokens.map(|tokens| {
+) -> CandidateTerms {
+    let fraction = |idx: usize| {
+        prefix_tokens(&inputs.entries[idx], depth_of[idx], n_tokens).map(|tokens| {
             if n_tokens == 0 {
                 0.0
             } else {
@@ -273,53 +403,175 @@ fn score_candidate(
             }
         })
     };
-    let prefix_fraction = fraction(&legs[0]);
-    let decode_prefix_fraction = legs.get(1).and_then(fraction);
-    let load_fraction = legs
-        .iter()
-        .try_fold(0.0_f64, |acc, leg| leg.load.map(|load| acc.max(load)));
-    let relay = &inputs.relays[inputs.entries[cand.first].relay];
-    let terms = ScoreTerms {
+    let load = |idx: usize| {
+        inputs
+            .loads
+            .get(&inputs.entries[idx].key)
+            .and_then(LoadSample::fraction)
+    };
+    let prefix_fraction = fraction(cand.first);
+    let decode_prefix_fraction = cand.decode.and_then(fraction);
+    let loads = [load(cand.first), cand.decode.and_then(load)];
+    let load_fraction = match (loads[0], cand.decode) {
+        (first, None) => first,
+        (Some(first), Some(_)) => loads[1].map(|decode| first.max(decode)),
+        (None, Some(_)) => None,
+    };
+    let load_fraction = load_fraction.map(|load| load.max(0.0));
+    let dc_cost = inputs.relays[inputs.entries[cand.first].relay].cost;
+    let score = inputs.weights.score(&ScoreTerms {
         prefix_fraction,
         decode_prefix_fraction,
         load_fraction,
-        dc_cost: relay.cost,
-    };
-    ScoredCandidate {
-        dc: Arc::clone(&inputs.dcs[inputs.entries[cand.first].relay]),
-        shape: cand.shape,
-        legs,
+        dc_cost,
+    });
+    CandidateTerms {
+        candidate: *cand,
         prefix_fraction,
+        loads,
         load_fraction,
-        dc_cost: relay.cost,
-        score: inputs.weights.score(&terms),
+        score,
     }
 }
 
-fn leg(
-    inputs: &ScoreInputs<'_>,
-    idx: usize,
+/// Estimated cached leading tokens of `entry` (blocks × block size, clamped to the prompt).
+fn prefix_tokens(entry: &PoolEntry, depth: ReplicaDepth, n_tokens: usize) -> Option<u32> {
+    match depth {
+        ReplicaDepth::Current(blocks) => {
+            let n_tokens = u32::try_from(n_tokens).unwrap_or(u32::MAX);
+            Some(blocks.saturating_mul(entry.block_size).min(n_tokens))
+        }
+        ReplicaDepth::Unusable(_) => None,
+    }
+}
+
+/// A leg's plain values (everything but the shared labels).
+struct LegValues {
+    role: &'static str,
+    block_size: u32,
+    replica: ReplicaStatus,
+    prefix_blocks: Option<u32>,
+    prefix_tokens: Option<u32>,
+    load: Option<f64>,
+}
+
+/// The legs of `terms`' candidate: entry index, role, load.
+fn legs_of(terms: &CandidateTerms) -> impl Iterator<Item = (usize, &'static str, Option<f64>)> {
+    let cand = terms.candidate;
+    let first_role = match cand.shape {
+        CandidateShape::Aggregated => "aggregated",
+        CandidateShape::Disaggregated => "prefill",
+        CandidateShape::DecodeOnly => "decode_only",
+    };
+    std::iter::once((cand.first, first_role, terms.loads[0]))
+        .chain(cand.decode.map(|decode| (decode, "decode", terms.loads[1])))
+}
+
+fn leg_values(
+    entry: &PoolEntry,
     role: &'static str,
     depth: ReplicaDepth,
+    load: Option<f64>,
     n_tokens: usize,
-) -> ScoredLeg {
-    let entry = &inputs.entries[idx];
+) -> LegValues {
     let (replica, prefix_blocks) = match depth {
         ReplicaDepth::Current(blocks) => (ReplicaStatus::Current, Some(blocks)),
         ReplicaDepth::Unusable(status) => (status, None),
     };
-    let n_tokens_u32 = u32::try_from(n_tokens).unwrap_or(u32::MAX);
-    let prefix_tokens =
-        prefix_blocks.map(|blocks| blocks.saturating_mul(entry.block_size).min(n_tokens_u32));
-    ScoredLeg {
+    LegValues {
         role,
-        pool: Arc::clone(&entry.pool_label),
-        endpoint: Arc::clone(&entry.endpoint),
         block_size: entry.block_size,
         replica,
         prefix_blocks,
-        prefix_tokens,
-        load: inputs.loads.get(&entry.key).and_then(LoadSample::fraction),
+        prefix_tokens: prefix_tokens(entry, depth, n_tokens),
+        load,
+    }
+}
+
+fn new_candidate(
+    inputs: &ScoreInputs<'_>,
+    terms: &CandidateTerms,
+    depth_of: &[ReplicaDepth],
+    n_tokens: usize,
+) -> ScoredCandidate {
+    let legs = legs_of(terms)
+        .map(|(idx, role, load)| {
+            let entry = &inputs.entries[idx];
+            let values = leg_values(entry, role, depth_of[idx], load, n_tokens);
+            ScoredLeg {
+                role: values.role,
+                pool: Arc::clone(&entry.pool_label),
+                endpoint: Arc::clone(&entry.endpoint),
+                block_size: values.block_size,
+                replica: values.replica,
+                prefix_blocks: values.prefix_blocks,
+                prefix_tokens: values.prefix_tokens,
+                load: values.load,
+            }
+        })
+        .collect();
+    let relay = inputs.entries[terms.candidate.first].relay;
+    ScoredCandidate {
+        dc: Arc::clone(&inputs.dcs[relay]),
+        shape: terms.candidate.shape,
+        legs,
+        prefix_fraction: terms.prefix_fraction,
+        load_fraction: terms.load_fraction,
+        dc_cost: inputs.relays[relay].cost,
+        score: terms.score,
+    }
+}
+
+/// Overwrites `slot` with `terms`' candidate, reusing its legs and keeping shared labels
+/// that already point at the right text.
+fn fill_candidate(
+    slot: &mut ScoredCandidate,
+    inputs: &ScoreInputs<'_>,
+    terms: &CandidateTerms,
+    depth_of: &[ReplicaDepth],
+    n_tokens: usize,
+) {
+    let relay = inputs.entries[terms.candidate.first].relay;
+    share(&mut slot.dc, &inputs.dcs[relay]);
+    slot.shape = terms.candidate.shape;
+    slot.prefix_fraction = terms.prefix_fraction;
+    slot.load_fraction = terms.load_fraction;
+    slot.dc_cost = inputs.relays[relay].cost;
+    slot.score = terms.score;
+    let n_legs = 1 + usize::from(terms.candidate.decode.is_some());
+    slot.legs.truncate(n_legs);
+    for (leg_idx, (idx, role, load)) in legs_of(terms).enumerate() {
+        let entry = &inputs.entries[idx];
+        let values = leg_values(entry, role, depth_of[idx], load, n_tokens);
+        match slot.legs.get_mut(leg_idx) {
+            Some(leg) => {
+                share(&mut leg.pool, &entry.pool_label);
+                share(&mut leg.endpoint, &entry.endpoint);
+                leg.role = values.role;
+                leg.block_size = values.block_size;
+                leg.replica = values.replica;
+                leg.prefix_blocks = values.prefix_blocks;
+                leg.prefix_tokens = values.prefix_tokens;
+                leg.load = values.load;
+            }
+            None => slot.legs.push(ScoredLeg {
+                role: values.role,
+                pool: Arc::clone(&entry.pool_label),
+                endpoint: Arc::clone(&entry.endpoint),
+                block_size: values.block_size,
+                replica: values.replica,
+                prefix_blocks: values.prefix_blocks,
+                prefix_tokens: values.prefix_tokens,
+                load: values.load,
+            }),
+        }
+    }
+}
+
+/// Points `slot` at `source` unless it already does (skips two atomic operations).
+fn share(slot: &mut Arc<str>, source: &Arc<str>) {
+    if !Arc::ptr_eq(slot, source) {
+        *slot = Arc::clone(source);
     }
 }
 
@@ -443,7 +695,19 @@ mod tests {
             loads,
             weights: &weights,
         };
-        rank(&inputs, depths, req, Instant::now()).unwrap()
+        let mut out = Ranking::default();
+        let mut scratch = ScoreScratch::default();
+        rank_into(
+            &inputs,
+            depths,
+            req,
+            Instant::now(),
+            usize::MAX,
+            &mut scratch,
+            &mut out,
+        )
+        .unwrap();
+        out
     }
 
     #[test]
@@ -597,5 +861,98 @@ mod tests {
             .map(|c| c.legs[0].pool.to_string())
             .collect();
         assert_eq!(pools, vec!["pool-1", "pool-2"]);
+    }
+
+    fn rank_with(
+        entries: &[PoolEntry],
+        depths: &FixedDepths,
+        req: &ScoreRequest,
+        limit: usize,
+        scratch: &mut ScoreScratch,
+        out: &mut Ranking,
+    ) {
+        let relays = relays();
+        let weights = ScoreWeights::default();
+        let dcs: Vec<Arc<str>> = relays.iter().map(|r| Arc::from(r.dc.as_str())).collect();
+        let loads = HashMap::new();
+        let inputs = ScoreInputs {
+            entries,
+            relays: &relays,
+            dcs: &dcs,
+            loads: &loads,
+            weights: &weights,
+        };
+        rank_into(&inputs, depths, req, Instant::now(), limit, scratch, out).unwrap();
+    }
+
+    fn mixed_entries() -> (Vec<PoolEntry>, FixedDepths) {
+        let mut entries = Vec::new();
+        let mut depths = FixedDepths::default();
+        for key in 0..12u64 {
+            let roles = match key % 3 {
+                0 => AGG,
+                1 => PREFILL,
+                _ => DECODE,
+            };
+            let ns = format!("ns{}", key / 6);
+            entries.push(entry(key, (key % 2) as usize, &ns, roles, 4));
+            depths
+                .depths
+                .insert(PoolKey(key), ReplicaDepth::Current((key * 5 % 4) as u32));
+        }
+        (entries, depths)
+    }
+
+    #[test]
+    fn top_limit_keeps_exactly_the_full_rankings_best_prefix() {
+        let (entries, depths) = mixed_entries();
+        let full = run(&entries, &HashMap::new(), &depths, &request(16));
+        assert!(full.candidates.len() > 4);
+        for limit in [0, 1, 3, full.candidates.len(), full.candidates.len() + 5] {
+            let mut out = Ranking::default();
+            rank_with(
+                &entries,
+                &depths,
+                &request(16),
+                limit,
+                &mut ScoreScratch::default(),
+                &mut out,
+            );
+            let keep = limit.min(full.candidates.len());
+            assert_eq!(out.candidates, full.candidates[..keep], "limit {limit}");
+        }
+    }
+
+    #[test]
+    fn refilled_ranking_equals_a_fresh_one() {
+        let (entries, depths) = mixed_entries();
+        let mut scratch = ScoreScratch::default();
+        let mut out = Ranking::default();
+        // A longer ranking first, then a shorter LoRA one, then the long one again.
+        rank_with(
+            &entries,
+            &depths,
+            &request(16),
+            usize::MAX,
+            &mut scratch,
+            &mut out,
+        );
+        let lora = ScoreRequest {
+            lora: Some("sql".into()),
+            ..request(8)
+        };
+        rank_with(&entries, &depths, &lora, 2, &mut scratch, &mut out);
+        let fresh_lora = run(&entries, &HashMap::new(), &depths, &lora);
+        assert_eq!(out.lora.as_deref(), Some("sql"));
+        assert_eq!(out.candidates, fresh_lora.candidates[..2]);
+        rank_with(
+            &entries,
+            &depths,
+            &request(16),
+            usize::MAX,
+            &mut scratch,
+            &mut out,
+        );
+        assert_eq!(out, run(&entries, &HashMap::new(), &depths, &request(16)));
     }
 }

@@ -18,7 +18,9 @@ use crate::config::{ConfigError, ConsumerConfig, RelayConfig};
 use crate::load::LoadSample;
 use crate::metrics::{ConsumerMetrics, ResubscribeReason};
 use crate::projection::{self, AdmittedPool};
-use crate::scoring::{self, Ranking, ReplicaStatus, ScoreError, ScoreInputs, ScoreRequest};
+use crate::scoring::{
+    self, Ranking, ReplicaStatus, ScoreError, ScoreInputs, ScoreRequest, ScratchPool,
+};
 use crate::store::{ReplicaStore, StoreError};
 use crate::weights::ScoreWeights;
 
@@ -143,12 +145,14 @@ pub struct ConsumerState {
     relay_views: Vec<RelayView>,
     /// Every admitted entry of every relay, rebuilt when a catalog changes.
     entries: Vec<PoolEntry>,
-    loads: HashMap<PoolKey, LoadSample>,
+    loads: hashbrown::HashMap<PoolKey, LoadSample>,
     /// Newest sequence announced per pool (for lag).
     announced: HashMap<PoolKey, u64>,
     producers: HashMap<PoolKey, (usize, ProducerIdentity)>,
     store: ReplicaStore,
     next_key: u64,
+    /// Reusable scoring buffers for concurrent readers.
+    scratches: ScratchPool,
 }
 
 impl ConsumerState {
@@ -166,11 +170,12 @@ impl ConsumerState {
             max_pools_per_relay: config.limits.max_pools_per_relay,
             relay_views: config.relays.iter().map(|_| RelayView::default()).collect(),
             entries: Vec::new(),
-            loads: HashMap::new(),
+            loads: hashbrown::HashMap::new(),
             announced: HashMap::new(),
             producers: HashMap::new(),
             store: ReplicaStore::new(config.limits.staleness_bound),
             next_key: 1,
+            scratches: ScratchPool::default(),
         })
     }
 
@@ -454,6 +459,32 @@ impl ConsumerState {
 
     /// Ranks the candidates for `request` at `now`.
     pub fn score(&self, request: &ScoreRequest, now: Instant) -> Result<Ranking, ScoreError> {
+        let mut out = Ranking::default();
+        self.score_into(request, now, &mut out)?;
+        Ok(out)
+    }
+
+    /// Ranks the candidates for `request` at `now` into `out`, reusing its buffers: a
+    /// caller that keeps one [`Ranking`] across requests allocates (nearly) nothing per
+    /// call. On `Err`, `out` is unchanged.
+    pub fn score_into(
+        &self,
+        request: &ScoreRequest,
+        now: Instant,
+        out: &mut Ranking,
+    ) -> Result<(), ScoreError> {
+        self.score_top_into(request, now, usize::MAX, out)
+    }
+
+    /// Like [`ConsumerState::score_into`], keeping only the best `limit` candidates
+    /// (ranked exactly as the full ranking's first `limit`; cheaper than a full sort).
+    pub fn score_top_into(
+        &self,
+        request: &ScoreRequest,
+        now: Instant,
+        limit: usize,
+        out: &mut Ranking,
+    ) -> Result<(), ScoreError> {
         let inputs = ScoreInputs {
             entries: &self.entries,
             relays: &self.relays,
@@ -461,7 +492,9 @@ impl ConsumerState {
             loads: &self.loads,
             weights: &self.weights,
         };
-        scoring::rank(&inputs, &self.store, request, now)
+        self.scratches.with(|scratch| {
+            scoring::rank_into(&inputs, &self.store, request, now, limit, scratch, out)
+        })
     }
 
     /// Every admitted pool with its replica state at `now`, sorted by DC then pool.

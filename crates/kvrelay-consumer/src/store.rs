@@ -20,7 +20,7 @@ use kvrelay_ckf::{
 use kvrelay_identity::CkfFormat;
 
 use crate::catalog::PoolKey;
-use crate::scoring::{DepthSource, ReplicaDepth, ReplicaStatus};
+use crate::scoring::{DepthProbe, ReplicaDepth, ReplicaStatus};
 
 /// Why the store refused an operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -308,16 +308,25 @@ impl ReplicaStore {
     }
 }
 
-impl DepthSource for ReplicaStore {
-    fn depths(
+/// Probe answers kept across calls: one [`PrefixDepths`] per format table touched, so a
+/// warm scoring pass allocates nothing here.
+#[derive(Debug, Default)]
+pub(crate) struct ProbeScratch {
+    answers: Vec<(CkfFormat, PrefixDepths)>,
+}
+
+impl DepthProbe for ReplicaStore {
+    fn probe(
         &self,
         keys: &[PoolKey],
         sequence_hashes: &[u64],
         now: Instant,
         out: &mut [ReplicaDepth],
+        scratch: &mut ProbeScratch,
     ) {
-        // One probe run per format table touched, answering all its lanes at once.
-        let mut answers: Vec<(CkfFormat, PrefixDepths)> = Vec::new();
+        // One probe run per format table touched, answering all its lanes at once;
+        // `answers[..n_used]` hold this call's runs, the rest are spare buffers.
+        let mut n_used = 0;
         for (key, slot_out) in keys.iter().zip(out.iter_mut()) {
             let Some(slot) = self.slots.get(key) else {
                 *slot_out = ReplicaDepth::Unusable(ReplicaStatus::Missing);
@@ -328,22 +337,27 @@ impl DepthSource for ReplicaStore {
                 *slot_out = ReplicaDepth::Unusable(status);
                 continue;
             }
-            let idx = match answers
+            let answers = &mut scratch.answers;
+            let idx = match answers[..n_used]
                 .iter()
                 .position(|(format, _)| *format == slot.format)
             {
                 Some(idx) => idx,
                 None => {
-                    let depths = self
-                        .tables
-                        .get(&slot.format)
-                        .map(|entry| entry.table.prefix_depths(sequence_hashes))
-                        .unwrap_or_default();
-                    answers.push((slot.format, depths));
-                    answers.len() - 1
+                    if n_used == answers.len() {
+                        answers.push((slot.format, PrefixDepths::default()));
+                    }
+                    let (format, depths) = &mut answers[n_used];
+                    *format = slot.format;
+                    match self.tables.get(&slot.format) {
+                        Some(entry) => entry.table.prefix_depths_into(sequence_hashes, depths),
+                        None => *depths = PrefixDepths::default(),
+                    }
+                    n_used += 1;
+                    n_used - 1
                 }
             };
-            *slot_out = match answers[idx].1.depth(slot.lane) {
+            *slot_out = match scratch.answers[idx].1.depth(slot.lane) {
                 Some(depth) => ReplicaDepth::Current(depth),
                 None => ReplicaDepth::Unusable(ReplicaStatus::Missing),
             };
