@@ -158,12 +158,14 @@ impl std::fmt::Debug for PublicationFeed {
 }
 
 impl PoolActorHandle {
-    /// Spawns the actor on `tracker`; returns its handle and its fault receiver.
+    /// Spawns the actor on `tracker`; returns its handle and its fault receiver. Cancelling
+    /// `registry` (registry shutdown or drop) fences the actor.
     pub(crate) fn spawn(
         state: FilterState,
         identity: ProducerIdentity,
         limits: &Limits,
         tracker: &TaskTracker,
+        registry: &CancellationToken,
     ) -> (Self, mpsc::Receiver<ActorFault>) {
         let (mailbox, commands) = mpsc::channel(limits.actor_mailbox);
         let (faults_tx, faults) = mpsc::channel(limits.fault_queue);
@@ -172,7 +174,7 @@ impl PoolActorHandle {
             permits: Arc::new(Semaphore::new(limits.actor_pending_blocks as usize)),
             max_weight: limits.actor_pending_blocks,
             identity,
-            fence: CancellationToken::new(),
+            fence: registry.child_token(),
             stopped: CancellationToken::new(),
         });
         let actor = Actor {

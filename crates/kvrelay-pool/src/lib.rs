@@ -26,7 +26,8 @@
 //!     [`SubscribeError`] (unknown pool, producer mismatch, subscriber limit,
 //!     initialized-hub limit, unavailable).
 //!   - [`PoolRegistry::shutdown`]: fences everything, ends subscriptions with
-//!     `ShuttingDown`, waits for every task. [`PoolRegistry::stats`] for metrics.
+//!     `ShuttingDown`, waits for every task. Dropping the last handle without it still
+//!     cancels every task (without waiting). [`PoolRegistry::stats`] for metrics.
 //! - **[`PoolActorHandle`]**: [`PoolActorHandle::submit`] (bounded mailbox +
 //!   block-weighted permits; returns when queued), [`PoolActorHandle::clear_source`],
 //!   [`PoolActorHandle::flush`], [`PoolActorHandle::stats`] ([`PoolActorStats`]: sequence,

@@ -55,7 +55,7 @@ impl PoolRegistry {
                 }
                 HubStep::Initialize { with_capacity } => {
                     attempted = true;
-                    let registry = self.clone();
+                    let registry = self.internal();
                     let initialization = Initialization {
                         pool: admission.pool,
                         generation: admission.generation,
@@ -134,7 +134,7 @@ impl PoolRegistry {
             shutdown: self.inner.shutdown.clone(),
             on_failure: Arc::new(move |reason| {
                 if let Some(inner) = registry.upgrade() {
-                    PoolRegistry { inner }.fence_generation(
+                    PoolRegistry::from_inner(inner).fence_generation(
                         pool,
                         generation,
                         &format!("publication hub: {reason}"),
@@ -170,7 +170,7 @@ impl PoolRegistry {
                 .ok_or(limit.clone())?
         };
         let (granted_tx, granted_rx) = tokio::sync::oneshot::channel();
-        let registry = self.clone();
+        let registry = self.internal();
         let requester = init.generation;
         self.inner.tracker.spawn(async move {
             let _coordinator = coordinator;

@@ -5,6 +5,12 @@
 //! decision core) behind a short lock that is never held across an `.await`. Every spawn
 //! (actors, hub tasks, hub initialisations, evictions, filter allocations) joins the
 //! registry's `TaskTracker`; [`PoolRegistry::shutdown`] fences everything and waits.
+//!
+//! The handles the owner holds share one [`OwnerGuard`]: when the last of them is dropped
+//! without `shutdown`, the guard cancels the registry's token (actors fence, hubs end their
+//! subscribers with `ShuttingDown`, pending initialisations give up) and closes the
+//! tracker, so no task outlives its owner. Tasks the registry spawns hold internal
+//! handles without the guard, so they never keep it alive.
 
 mod admission;
 pub(crate) mod core;
@@ -110,9 +116,31 @@ pub struct RegistryStats {
 }
 
 /// The cloneable registry handle.
+///
+/// Dropping the last clone without [`PoolRegistry::shutdown`] still stops every task the
+/// registry spawned (actors fenced, subscriptions ended with `ShuttingDown`), without
+/// waiting for them.
 #[derive(Clone)]
 pub struct PoolRegistry {
     inner: Arc<RegistryInner>,
+    /// Shared by the owner's clones; `None` in handles held by the registry's own tasks.
+    _owner: Option<Arc<OwnerGuard>>,
+}
+
+/// Cancels the registry's token and closes its tracker when the owner's last handle drops.
+struct OwnerGuard {
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Drop for OwnerGuard {
+    fn drop(&mut self) {
+        if !self.shutdown.is_cancelled() {
+            tracing::debug!("last pool registry handle dropped without shutdown, cancelling its tasks");
+        }
+        self.shutdown.cancel();
+        self.tracker.close();
+    }
 }
 
 type Core = RegistryCore<PoolActorHandle, HubHandle>;
@@ -152,8 +180,7 @@ impl PoolRegistry {
 
     fn build(config: RegistryConfig, #[cfg(test)] gates: tests::Gates) -> Self {
         let limits = Arc::new(config.limits);
-        Self {
-            inner: Arc::new(RegistryInner {
+        let inner = Arc::new(RegistryInner {
                 core: Mutex::new(RegistryCore::new(config.relay, limits.max_initialized_hubs)),
                 catalog: watch::Sender::new(PoolCatalog::new(config.relay)),
                 load: watch::Sender::new(Vec::new()),
@@ -165,7 +192,27 @@ impl PoolRegistry {
                 limits,
                 #[cfg(test)]
                 gates,
-            }),
+            });
+        let owner = Arc::new(OwnerGuard {
+            shutdown: inner.shutdown.clone(),
+            tracker: inner.tracker.clone(),
+        });
+        Self {
+            inner,
+            _owner: Some(owner),
+        }
+    }
+
+    /// A handle for the registry's own tasks: it does not hold the owner's guard, so a
+    /// task never keeps its registry alive.
+    fn internal(&self) -> Self {
+        Self::from_inner(self.inner.clone())
+    }
+
+    fn from_inner(inner: Arc<RegistryInner>) -> Self {
+        Self {
+            inner,
+            _owner: None,
         }
     }
 
@@ -252,7 +299,8 @@ impl PoolRegistry {
         })?;
         let registrations: Arc<[CanonicalModelRegistration]> = request.registrations.into();
         let roles: Arc<[WorkerRole]> = request.roles.into();
-        let generation_cancel = CancellationToken::new();
+        // A child of the registry token: dropping the owner's last handle retires it too.
+        let generation_cancel = self.inner.shutdown.child_token();
         let (actor, faults) = {
             let mut core = self.inner.core.lock();
             if !core.is_reserved(reserved) {
@@ -262,7 +310,13 @@ impl PoolRegistry {
                 });
             }
             let (actor, faults) =
-                PoolActorHandle::spawn(state, identity, &self.inner.limits, &self.inner.tracker);
+                PoolActorHandle::spawn(
+                state,
+                identity,
+                &self.inner.limits,
+                &self.inner.tracker,
+                &self.inner.shutdown,
+            );
             core.commit(Commit {
                 reserved,
                 endpoint: request.endpoint,

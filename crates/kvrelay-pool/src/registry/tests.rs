@@ -1548,4 +1548,102 @@ pub(super) mod behaviour {
         assert_eq!(registry.load()[0].kv_expected_ranks, 0);
         registry.detach(replacement).await;
     }
+
+    #[tokio::test]
+    async fn dropping_the_last_registry_handle_ends_every_task() {
+        let registry = registry();
+        let subscribed = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        let idle = registry
+            .attach(request(pool(2), "slow.router.generate", "mistral"))
+            .await
+            .unwrap();
+        let mut subscription = registry.subscribe(subscribed.identity()).await.unwrap();
+        assert_eq!(phase(&registry, subscribed.generation), "ready");
+        let tracker = registry.inner.tracker.clone();
+        assert!(tracker.len() >= 3, "two actors and one hub are running");
+
+        // The owner keeps its attachments and subscription but drops every handle.
+        drop(registry);
+        within("every registry task to end", tracker.wait()).await;
+        assert!(tracker.is_empty());
+        for attachment in [&subscribed, &idle] {
+            assert!(attachment.actor.is_stopped());
+            assert!(attachment.generation_cancel.is_cancelled());
+        }
+        assert!(
+            subscribed
+                .actor
+                .submit(stored_event(1))
+                .await
+                .is_err(),
+            "a stopped actor refuses events"
+        );
+        let end = within("the subscription to end", async {
+            loop {
+                if let Err(end) = subscription.next_frame().await {
+                    break end;
+                }
+            }
+        })
+        .await;
+        assert_eq!(end, SubscriptionEnd::ShuttingDown);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_handle_abandons_a_gated_hub_initialisation() {
+        let (initialization, _gate) = closed_gate();
+        let registry = registry_with(
+            test_limits(),
+            Gates {
+                initialization,
+                ..Gates::default()
+            },
+        );
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        let generation = attachment.generation;
+        let subscriber = tokio::spawn({
+            let registry = registry.clone();
+            let producer = attachment.identity();
+            async move { registry.subscribe(producer).await }
+        });
+        wait_for("initialisation to start", || {
+            phase(&registry, generation) == "initializing"
+        })
+        .await;
+        subscriber.abort();
+        assert!(within("subscriber", subscriber).await.is_err());
+        let tracker = registry.inner.tracker.clone();
+
+        // The initialisation task holds the registry but not the owner's guard.
+        drop(registry);
+        within("every registry task to end", tracker.wait()).await;
+        assert!(attachment.actor.is_stopped());
+    }
+
+    #[tokio::test]
+    async fn dropping_one_registry_clone_keeps_the_registry_running() {
+        let registry = registry();
+        let attachment = registry
+            .attach(request(pool(1), "fast.router.generate", "llama"))
+            .await
+            .unwrap();
+        drop(registry.clone());
+        assert!(!registry.inner.shutdown.is_cancelled());
+        assert!(!attachment.actor.is_stopped());
+        let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
+        let snapshot = subscription.next_frame().await.unwrap();
+        assert_eq!(snapshot.kind, PoolFrameKind::SnapshotChunk);
+        attachment.actor.submit(stored_event(1)).await.unwrap();
+        attachment.actor.flush().await.unwrap();
+        let delta = within("a delta", subscription.next_frame()).await.unwrap();
+        assert_eq!(delta.kind, PoolFrameKind::Delta);
+        registry.detach(attachment).await;
+        registry.shutdown().await;
+    }
 }
