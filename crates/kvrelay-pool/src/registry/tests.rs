@@ -1264,10 +1264,16 @@ pub(super) mod behaviour {
         drop(replacement);
     }
 
-    #[tokio::test]
-    async fn retirement_cancels_in_flight_hub_initialization() {
-        // spec: retirement_cancels_in_flight_hub_initialization
-        let (initialization, _gate) = closed_gate();
+    /// A subscriber whose hub initialisation is held at the (closed) initialisation gate.
+    struct GatedInitialization {
+        registry: PoolRegistry,
+        attachment: PoolAttachment,
+        subscriber: tokio::task::JoinHandle<Result<crate::PoolSubscription, SubscribeError>>,
+        _gate: Arc<Semaphore>,
+    }
+
+    async fn gated_initialization() -> GatedInitialization {
+        let (initialization, gate) = closed_gate();
         let registry = registry_with(
             test_limits(),
             Gates {
@@ -1289,6 +1295,24 @@ pub(super) mod behaviour {
             phase(&registry, generation) == "initializing"
         })
         .await;
+        GatedInitialization {
+            registry,
+            attachment,
+            subscriber,
+            _gate: gate,
+        }
+    }
+
+    #[tokio::test]
+    async fn retirement_cancels_in_flight_hub_initialization() {
+        // spec: retirement_cancels_in_flight_hub_initialization
+        let GatedInitialization {
+            registry,
+            attachment,
+            subscriber,
+            _gate,
+        } = gated_initialization().await;
+        let generation = attachment.generation;
         within("detach", registry.detach(attachment)).await;
         assert!(within("subscriber", subscriber).await.unwrap().is_err());
         assert_eq!(phase(&registry, generation), "retired");
@@ -1594,28 +1618,12 @@ pub(super) mod behaviour {
 
     #[tokio::test]
     async fn dropping_the_last_handle_abandons_a_gated_hub_initialisation() {
-        let (initialization, _gate) = closed_gate();
-        let registry = registry_with(
-            test_limits(),
-            Gates {
-                initialization,
-                ..Gates::default()
-            },
-        );
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
-        let generation = attachment.generation;
-        let subscriber = tokio::spawn({
-            let registry = registry.clone();
-            let producer = attachment.identity();
-            async move { registry.subscribe(producer).await }
-        });
-        wait_for("initialisation to start", || {
-            phase(&registry, generation) == "initializing"
-        })
-        .await;
+        let GatedInitialization {
+            registry,
+            attachment,
+            subscriber,
+            _gate,
+        } = gated_initialization().await;
         subscriber.abort();
         assert!(within("subscriber", subscriber).await.is_err());
         let tracker = registry.inner.tracker.clone();
