@@ -5,7 +5,12 @@
 //! event-to-replica latency p50/p99 (one event at a time, including the actor's batching
 //! delay). Run with `cargo run --release -p kvrelay-server --example e2e_bench [-- EVENTS]`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "a benchmark binary fails loudly")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a benchmark binary fails loudly"
+)]
 
 use std::time::{Duration, Instant};
 
@@ -22,8 +27,14 @@ const RESIDENT_EVENTS: u64 = 256;
 const LATENCY_SAMPLES: usize = 2_000;
 
 fn main() {
-    let events: u64 = std::env::args().nth(1).and_then(|arg| arg.parse().ok()).unwrap_or(50_000);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let events: u64 = std::env::args()
+        .nth(1)
+        .and_then(|arg| arg.parse().ok())
+        .unwrap_or(50_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let figures = runtime.block_on(run(events));
     println!("{}", serde_json::to_string_pretty(&figures).unwrap());
 }
@@ -43,22 +54,33 @@ impl Generator {
             out.push(RouterEvent {
                 source,
                 event_id: event_id * 2,
-                payload: EventPayload::Removed(RemovedBlocks { engine_block_ids: oldest }),
+                payload: EventPayload::Removed(RemovedBlocks {
+                    engine_block_ids: oldest,
+                }),
             });
         }
         let mut ids = Vec::new();
         let mut blocks = Vec::new();
         for _ in 0..BLOCKS_PER_EVENT {
             self.next_engine_id += 1;
-            self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.seed = self
+                .seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ids.push(self.next_engine_id);
-            blocks.push(StoredBlock { engine_block_id: self.next_engine_id, token_hash: self.seed ^ (self.seed >> 29) });
+            blocks.push(StoredBlock {
+                engine_block_id: self.next_engine_id,
+                token_hash: self.seed ^ (self.seed >> 29),
+            });
         }
         queue.push_back(ids);
         out.push(RouterEvent {
             source,
             event_id: event_id * 2 + 1,
-            payload: EventPayload::Stored(StoredBlocks { parent_engine_block_id: None, blocks }),
+            payload: EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: None,
+                blocks,
+            }),
         });
         out
     }
@@ -83,13 +105,20 @@ async fn run(events: u64) -> serde_json::Value {
     // An empty trace connects every discovered worker as a source without replaying anything.
     let trace = dir.path().join("empty.jsonl");
     std::fs::write(&trace, "").unwrap();
-    let mut config = RelayConfig { dc_id: "dc-bench".to_owned(), ..RelayConfig::default() };
+    let mut config = RelayConfig {
+        dc_id: "dc-bench".to_owned(),
+        ..RelayConfig::default()
+    };
     config.wan.listen = "127.0.0.1:0".parse().unwrap();
     config.admin.enabled = false;
     // A deep per-subscriber queue, as a high-throughput WAN link would be configured.
     config.limits.subscriber_queue_frames = 1024;
     config.discovery.dir = Some(cards);
-    config.workload = Some(WorkloadConfig { trace: Some(trace), speed: 0.0, loops: 1 });
+    config.workload = Some(WorkloadConfig {
+        trace: Some(trace),
+        speed: 0.0,
+        loops: 1,
+    });
     let relay = Relay::start(config).await.unwrap();
     relay.wait_for_pools(1).await;
     relay.workload_finished().await;
@@ -100,7 +129,9 @@ async fn run(events: u64) -> serde_json::Value {
     let (sequence_tx, mut sequence_rx) = watch::channel(0u64);
     let request = StreamRequest {
         subscriber_id: "e2e-bench".to_owned(),
-        rpc: StreamRpc::SubscribePool { expected_producer: pool.producer },
+        rpc: StreamRpc::SubscribePool {
+            expected_producer: pool.producer,
+        },
         auth_token: None,
     };
     let addr = relay.wan_addr();
@@ -109,7 +140,9 @@ async fn run(events: u64) -> serde_json::Value {
         // A cut-off subscriber (lag) resubscribes and starts over from a snapshot, like a
         // consumer does; the count is reported.
         loop {
-            let Ok(mut stream) = ProbeStream::connect(addr, &request).await else { return };
+            let Ok(mut stream) = ProbeStream::connect(addr, &request).await else {
+                return;
+            };
             let mut mirror = PoolMirror::new(pool.producer).unwrap();
             while let Ok(Some(frame)) = stream.next_frame().await {
                 if mirror.handle_frame(&frame).is_err() {
@@ -128,7 +161,11 @@ async fn run(events: u64) -> serde_json::Value {
     sequence_rx.wait_for(|_| true).await.unwrap();
 
     // Throughput: submit everything, then wait for the replica to reach the final sequence.
-    let mut generator = Generator { next_engine_id: 0, per_source: Default::default(), seed: 42 };
+    let mut generator = Generator {
+        next_engine_id: 0,
+        per_source: Default::default(),
+        seed: 42,
+    };
     let started = Instant::now();
     for at in 0..events {
         let source = sources[(at % sources.len() as u64) as usize];
@@ -138,7 +175,10 @@ async fn run(events: u64) -> serde_json::Value {
     }
     relay.flush().await;
     let final_sequence = relay.pool_reports().await[0].sequence;
-    sequence_rx.wait_for(|sequence| *sequence >= final_sequence).await.unwrap();
+    sequence_rx
+        .wait_for(|sequence| *sequence >= final_sequence)
+        .await
+        .unwrap();
     let elapsed = started.elapsed();
     let blocks = events * BLOCKS_PER_EVENT;
 
@@ -158,10 +198,13 @@ async fn run(events: u64) -> serde_json::Value {
         if flush {
             relay.flush().await;
         }
-        tokio::time::timeout(Duration::from_secs(10), sequence_rx.wait_for(|sequence| *sequence > before))
-            .await
-            .expect("replica advances")
-            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            sequence_rx.wait_for(|sequence| *sequence > before),
+        )
+        .await
+        .expect("replica advances")
+        .unwrap();
         if flush { &mut flushed } else { &mut batched }.push(sent.elapsed());
     }
     let percentile = |samples: &mut Vec<Duration>, p: f64| {

@@ -58,7 +58,9 @@ pub(crate) async fn bind(
     let local = listener.local_addr()?;
     let app = router(AdminState { view, metrics });
     let serve = async move {
-        axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await
+        axum::serve(listener, app)
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await
     };
     Ok((local, serve))
 }
@@ -85,14 +87,21 @@ async fn healthz(State(state): State<AdminState>) -> Response {
 
 async fn readyz(State(state): State<AdminState>) -> Response {
     let readiness = state.view.readiness();
-    let status = if readiness.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, axum::Json(readiness)).into_response()
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
     state.view.refresh_metrics();
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.encode(),
     )
         .into_response()
@@ -135,9 +144,15 @@ mod tests {
         }
         fn readiness(&self) -> Readiness {
             if self.ready.load(Ordering::SeqCst) {
-                Readiness { ready: true, reasons: Vec::new() }
+                Readiness {
+                    ready: true,
+                    reasons: Vec::new(),
+                }
             } else {
-                Readiness { ready: false, reasons: vec!["discovery has not listed".into()] }
+                Readiness {
+                    ready: false,
+                    reasons: vec!["discovery has not listed".into()],
+                }
             }
         }
         fn catalog(&self) -> serde_json::Value {
@@ -162,15 +177,27 @@ mod tests {
         let mut response = String::new();
         stream.read_to_string(&mut response).await.unwrap();
         let status = response[9..12].parse().unwrap();
-        let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+        let body = response
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
         (status, body)
     }
 
-    async fn start(view: Arc<FakeView>) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+    async fn start(
+        view: Arc<FakeView>,
+    ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
         let cancel = CancellationToken::new();
         let metrics = Arc::new(RelayMetrics::new());
-        let (addr, serve) =
-            bind("127.0.0.1:0".parse().unwrap(), view, metrics, cancel.clone()).await.unwrap();
+        let (addr, serve) = bind(
+            "127.0.0.1:0".parse().unwrap(),
+            view,
+            metrics,
+            cancel.clone(),
+        )
+        .await
+        .unwrap();
         let task = tokio::spawn(async move {
             serve.await.unwrap();
         });
@@ -179,7 +206,9 @@ mod tests {
 
     #[tokio::test]
     async fn readyz_reports_unready_with_reasons_then_ready() {
-        let view = Arc::new(FakeView { ready: AtomicBool::new(false) });
+        let view = Arc::new(FakeView {
+            ready: AtomicBool::new(false),
+        });
         let (addr, cancel, task) = start(view.clone()).await;
         let (status, body) = get(addr, "/readyz").await;
         assert_eq!(status, 503);
@@ -192,7 +221,9 @@ mod tests {
 
     #[tokio::test]
     async fn json_views_and_metrics_are_served() {
-        let view = Arc::new(FakeView { ready: AtomicBool::new(true) });
+        let view = Arc::new(FakeView {
+            ready: AtomicBool::new(true),
+        });
         let (addr, cancel, task) = start(view).await;
         assert_eq!(get(addr, "/healthz").await.0, 200);
         let (status, body) = get(addr, "/v1/catalog").await;

@@ -29,8 +29,13 @@ pub enum StreamKind {
 
 impl StreamKind {
     /// Every kind, for metric initialisation.
-    pub const ALL: [StreamKind; 5] =
-        [Self::Info, Self::Catalog, Self::Pool, Self::Load, Self::Topology];
+    pub const ALL: [StreamKind; 5] = [
+        Self::Info,
+        Self::Catalog,
+        Self::Pool,
+        Self::Load,
+        Self::Topology,
+    ];
 
     /// The metrics label of this kind.
     pub fn label(self) -> &'static str {
@@ -111,7 +116,9 @@ struct ReleaseSignal {
 
 impl Drop for ReleaseSignal {
     fn drop(&mut self) {
-        self.admission.released.send_modify(|count| *count = count.wrapping_add(1));
+        self.admission
+            .released
+            .send_modify(|count| *count = count.wrapping_add(1));
     }
 }
 
@@ -123,7 +130,11 @@ struct PoolSlot {
 
 impl Drop for PoolSlot {
     fn drop(&mut self) {
-        let mut map = self.admission.per_pool.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self
+            .admission
+            .per_pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(count) = map.get_mut(&self.pool_key) {
             *count = count.saturating_sub(1);
             if *count == 0 {
@@ -137,7 +148,9 @@ impl Admission {
     /// A controller enforcing `limits`.
     pub(crate) fn new(limits: &Limits) -> Self {
         let permits = |n: u32| {
-            Arc::new(Semaphore::new(usize::try_from(n).unwrap_or(Semaphore::MAX_PERMITS)))
+            Arc::new(Semaphore::new(
+                usize::try_from(n).unwrap_or(Semaphore::MAX_PERMITS),
+            ))
         };
         Self {
             inner: Arc::new(AdmissionInner {
@@ -156,7 +169,11 @@ impl Admission {
     /// Admits one stream of `kind` that is not a pool subscription, or refuses it at once.
     pub(crate) fn admit(&self, kind: StreamKind) -> Result<StreamPermit, AdmissionError> {
         let permit = self.take(kind)?;
-        Ok(StreamPermit { _permit: permit, _pool_slot: None, _release: self.release_signal() })
+        Ok(StreamPermit {
+            _permit: permit,
+            _pool_slot: None,
+            _release: self.release_signal(),
+        })
     }
 
     /// Admits one subscription to the pool named by `pool_key` (any stable byte encoding of
@@ -165,7 +182,11 @@ impl Admission {
         let permit = self.take(StreamKind::Pool)?;
         let limit = self.inner.limits.max_subscribers_per_pool;
         {
-            let mut map = self.inner.per_pool.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut map = self
+                .inner
+                .per_pool
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let count = map.entry(pool_key.to_vec()).or_insert(0);
             if *count >= limit {
                 return Err(AdmissionError::PoolSubscriberLimit { limit });
@@ -174,7 +195,10 @@ impl Admission {
         }
         Ok(StreamPermit {
             _permit: permit,
-            _pool_slot: Some(PoolSlot { admission: self.inner.clone(), pool_key: pool_key.to_vec() }),
+            _pool_slot: Some(PoolSlot {
+                admission: self.inner.clone(),
+                pool_key: pool_key.to_vec(),
+            }),
             _release: self.release_signal(),
         })
     }
@@ -201,14 +225,19 @@ impl Admission {
     }
 
     fn release_signal(&self) -> ReleaseSignal {
-        ReleaseSignal { admission: self.inner.clone() }
+        ReleaseSignal {
+            admission: self.inner.clone(),
+        }
     }
 
     fn take(&self, kind: StreamKind) -> Result<OwnedSemaphorePermit, AdmissionError> {
         match self.inner.semaphore(kind).clone().try_acquire_owned() {
             Ok(permit) => Ok(permit),
             Err(TryAcquireError::NoPermits | TryAcquireError::Closed) => {
-                Err(AdmissionError::StreamLimit { kind, limit: self.inner.limit(kind) })
+                Err(AdmissionError::StreamLimit {
+                    kind,
+                    limit: self.inner.limit(kind),
+                })
             }
         }
     }
@@ -246,18 +275,27 @@ mod tests {
 
     #[test]
     fn stream_limit_rejects_only_its_own_kind() {
-        let admission = admission(Limits { max_catalog_streams: 1, ..Limits::default() });
+        let admission = admission(Limits {
+            max_catalog_streams: 1,
+            ..Limits::default()
+        });
         let _held = admission.admit(StreamKind::Catalog).unwrap();
         assert_eq!(
             admission.admit(StreamKind::Catalog).unwrap_err(),
-            AdmissionError::StreamLimit { kind: StreamKind::Catalog, limit: 1 }
+            AdmissionError::StreamLimit {
+                kind: StreamKind::Catalog,
+                limit: 1
+            }
         );
         assert!(admission.admit(StreamKind::Load).is_ok());
     }
 
     #[test]
     fn dropping_a_permit_frees_its_slot() {
-        let admission = admission(Limits { max_load_streams: 1, ..Limits::default() });
+        let admission = admission(Limits {
+            max_load_streams: 1,
+            ..Limits::default()
+        });
         let held = admission.admit(StreamKind::Load).unwrap();
         assert_eq!(admission.active(StreamKind::Load), 1);
         drop(held);
@@ -267,7 +305,10 @@ mod tests {
 
     #[test]
     fn per_pool_limit_is_independent_per_pool() {
-        let admission = admission(Limits { max_subscribers_per_pool: 1, ..Limits::default() });
+        let admission = admission(Limits {
+            max_subscribers_per_pool: 1,
+            ..Limits::default()
+        });
         let _a = admission.admit_pool(b"a").unwrap();
         assert_eq!(
             admission.admit_pool(b"a").unwrap_err(),
@@ -289,7 +330,10 @@ mod tests {
         let _b = admission.admit_pool(b"b").unwrap();
         assert_eq!(
             admission.admit_pool(b"c").unwrap_err(),
-            AdmissionError::StreamLimit { kind: StreamKind::Pool, limit: 2 }
+            AdmissionError::StreamLimit {
+                kind: StreamKind::Pool,
+                limit: 2
+            }
         );
     }
 }

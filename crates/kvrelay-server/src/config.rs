@@ -111,7 +111,11 @@ pub struct WanConfig {
 
 impl Default for WanConfig {
     fn default() -> Self {
-        Self { listen: default_socket(DEFAULT_WAN_LISTEN, 7400), tls: None, auth: None }
+        Self {
+            listen: default_socket(DEFAULT_WAN_LISTEN, 7400),
+            tls: None,
+            auth: None,
+        }
     }
 }
 
@@ -149,7 +153,10 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self { listen: default_socket(DEFAULT_ADMIN_LISTEN, 7401), enabled: true }
+        Self {
+            listen: default_socket(DEFAULT_ADMIN_LISTEN, 7401),
+            enabled: true,
+        }
     }
 }
 
@@ -343,7 +350,10 @@ impl RelayConfig {
             tls.client_ca = Some(ca);
         }
         if overrides.token.is_some() || overrides.token_file.is_some() {
-            self.wan.auth = Some(AuthConfig { token: overrides.token, token_file: overrides.token_file });
+            self.wan.auth = Some(AuthConfig {
+                token: overrides.token,
+                token_file: overrides.token_file,
+            });
         }
     }
 
@@ -425,7 +435,8 @@ impl RelayConfig {
 }
 
 fn default_socket(text: &str, port: u16) -> SocketAddr {
-    text.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], port)))
+    text.parse()
+        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 #[cfg(test)]
@@ -458,7 +469,10 @@ mod tests {
         assert_eq!(config.dc_id, "dc-west");
         assert_eq!(config.wan.listen, "0.0.0.0:9000".parse().unwrap());
         assert_eq!(config.limits.max_subscribers_per_pool, 3);
-        assert_eq!(config.limits.max_catalog_streams, Limits::default().max_catalog_streams);
+        assert_eq!(
+            config.limits.max_catalog_streams,
+            Limits::default().max_catalog_streams
+        );
         assert_eq!(config.validate(), Ok(()));
     }
 
@@ -484,20 +498,39 @@ mod tests {
     #[test]
     fn unknown_keys_are_rejected_with_the_file_name() {
         let err = parse("dc_idd = \"x\"").unwrap_err();
-        assert!(err.to_string().starts_with("parsing config file relay.toml: unknown field"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("parsing config file relay.toml: unknown field"),
+            "{err}"
+        );
     }
 
     #[test]
     fn file_discovery_without_a_directory_is_invalid() {
         let err = RelayConfig::default().validate().unwrap_err();
-        assert!(matches!(err, ConfigError::InvalidField { field: "discovery.dir", .. }));
+        assert!(matches!(
+            err,
+            ConfigError::InvalidField {
+                field: "discovery.dir",
+                ..
+            }
+        ));
     }
 
     #[test]
     fn auth_needs_exactly_one_token_source() {
         let mut config = parse("[discovery]\ndir = \"c\"\n").unwrap();
-        config.wan.auth = Some(AuthConfig { token: None, token_file: None });
-        assert!(matches!(config.validate(), Err(ConfigError::InvalidField { field: "wan.auth", .. })));
+        config.wan.auth = Some(AuthConfig {
+            token: None,
+            token_file: None,
+        });
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::InvalidField {
+                field: "wan.auth",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -121,24 +121,40 @@ impl Limits {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let counts = [
             ("max_catalog_streams", u64::from(self.max_catalog_streams)),
-            ("max_pool_streams_total", u64::from(self.max_pool_streams_total)),
-            ("max_subscribers_per_pool", u64::from(self.max_subscribers_per_pool)),
+            (
+                "max_pool_streams_total",
+                u64::from(self.max_pool_streams_total),
+            ),
+            (
+                "max_subscribers_per_pool",
+                u64::from(self.max_subscribers_per_pool),
+            ),
             ("max_load_streams", u64::from(self.max_load_streams)),
             ("max_topology_streams", u64::from(self.max_topology_streams)),
             ("max_info_streams", u64::from(self.max_info_streams)),
             ("max_connections", u64::from(self.max_connections)),
             ("max_initialized_hubs", u64::from(self.max_initialized_hubs)),
-            ("subscriber_queue_frames", u64::from(self.subscriber_queue_frames)),
+            (
+                "subscriber_queue_frames",
+                u64::from(self.subscriber_queue_frames),
+            ),
             ("subscriber_queue_bytes", self.subscriber_queue_bytes),
         ];
         for (name, value) in counts {
             if value == 0 {
-                return Err(ConfigError::InvalidLimit { name, value, reason: "must be nonzero" });
+                return Err(ConfigError::InvalidLimit {
+                    name,
+                    value,
+                    reason: "must be nonzero",
+                });
             }
         }
         let durations = [
             ("request_timeout_ms", self.request_timeout_ms),
-            ("snapshot_progress_timeout_ms", self.snapshot_progress_timeout_ms),
+            (
+                "snapshot_progress_timeout_ms",
+                self.snapshot_progress_timeout_ms,
+            ),
             ("heartbeat_interval_ms", self.heartbeat_interval_ms),
             ("write_timeout_ms", self.write_timeout_ms),
             ("load_window_ms", self.load_window_ms),
@@ -205,7 +221,10 @@ mod tests {
 
     #[test]
     fn zero_capacity_is_rejected_with_its_name() {
-        let limits = Limits { max_subscribers_per_pool: 0, ..Limits::default() };
+        let limits = Limits {
+            max_subscribers_per_pool: 0,
+            ..Limits::default()
+        };
         let err = limits.validate().unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -215,19 +234,31 @@ mod tests {
 
     #[test]
     fn zero_duration_is_rejected() {
-        let limits = Limits { heartbeat_interval_ms: 0, ..Limits::default() };
+        let limits = Limits {
+            heartbeat_interval_ms: 0,
+            ..Limits::default()
+        };
         assert!(matches!(
             limits.validate(),
-            Err(ConfigError::InvalidLimit { name: "heartbeat_interval_ms", .. })
+            Err(ConfigError::InvalidLimit {
+                name: "heartbeat_interval_ms",
+                ..
+            })
         ));
     }
 
     #[test]
     fn frame_limit_must_hold_a_snapshot_chunk() {
-        let limits = Limits { max_frame_len: 1024, ..Limits::default() };
+        let limits = Limits {
+            max_frame_len: 1024,
+            ..Limits::default()
+        };
         assert!(matches!(
             limits.validate(),
-            Err(ConfigError::InvalidLimit { name: "max_frame_len", .. })
+            Err(ConfigError::InvalidLimit {
+                name: "max_frame_len",
+                ..
+            })
         ));
     }
 }

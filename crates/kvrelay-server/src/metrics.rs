@@ -84,7 +84,11 @@ impl RelayMetrics {
     pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("kvrelay");
         let connections = Family::<OutcomeLabel, Counter>::default();
-        registry.register("connections", "WAN connections by outcome", connections.clone());
+        registry.register(
+            "connections",
+            "WAN connections by outcome",
+            connections.clone(),
+        );
         let streams = Family::<StreamLabel, Gauge>::default();
         registry.register("streams", "Open WAN streams by kind", streams.clone());
         let admission_rejected = Family::<RejectionLabels, Counter>::default();
@@ -94,7 +98,11 @@ impl RelayMetrics {
             admission_rejected.clone(),
         );
         let errors_sent = Family::<ReasonLabel, Counter>::default();
-        registry.register("errors_sent", "Error frames sent by reason", errors_sent.clone());
+        registry.register(
+            "errors_sent",
+            "Error frames sent by reason",
+            errors_sent.clone(),
+        );
         let subscriber_lagged = Family::<StreamLabel, Counter>::default();
         registry.register(
             "subscriber_lagged",
@@ -102,11 +110,23 @@ impl RelayMetrics {
             subscriber_lagged.clone(),
         );
         let frames_sent = Family::<StreamLabel, Counter>::default();
-        registry.register("frames_sent", "Frames written by stream kind", frames_sent.clone());
+        registry.register(
+            "frames_sent",
+            "Frames written by stream kind",
+            frames_sent.clone(),
+        );
         let bytes_sent = Family::<StreamLabel, Counter>::default();
-        registry.register("bytes_sent", "Bytes written by stream kind", bytes_sent.clone());
+        registry.register(
+            "bytes_sent",
+            "Bytes written by stream kind",
+            bytes_sent.clone(),
+        );
         let heartbeats = Family::<StreamLabel, Counter>::default();
-        registry.register("heartbeats", "Heartbeats written by stream kind", heartbeats.clone());
+        registry.register(
+            "heartbeats",
+            "Heartbeats written by stream kind",
+            heartbeats.clone(),
+        );
         let pools = Gauge::default();
         registry.register("pools", "Pools in the catalog", pools.clone());
         let sources = Family::<StateLabel, Gauge>::default();
@@ -126,9 +146,15 @@ impl RelayMetrics {
             filter_load_max.clone(),
         );
         let catalog_revision = Gauge::default();
-        registry.register("catalog_revision", "Catalog revision published", catalog_revision.clone());
+        registry.register(
+            "catalog_revision",
+            "Catalog revision published",
+            catalog_revision.clone(),
+        );
         for kind in StreamKind::ALL {
-            let _ = streams.get_or_create(&StreamLabel { stream: kind.label() });
+            let _ = streams.get_or_create(&StreamLabel {
+                stream: kind.label(),
+            });
         }
         Self {
             registry,
@@ -158,7 +184,9 @@ impl RelayMetrics {
     }
 
     pub(crate) fn stream(kind: StreamKind) -> StreamLabel {
-        StreamLabel { stream: kind.label() }
+        StreamLabel {
+            stream: kind.label(),
+        }
     }
 }
 
@@ -169,9 +197,18 @@ mod tests {
     #[test]
     fn exposition_names_every_stream_kind() {
         let metrics = RelayMetrics::new();
-        metrics.frames_sent.get_or_create(&RelayMetrics::stream(StreamKind::Pool)).inc_by(3);
+        metrics
+            .frames_sent
+            .get_or_create(&RelayMetrics::stream(StreamKind::Pool))
+            .inc_by(3);
         let text = metrics.encode();
-        assert!(text.contains("kvrelay_frames_sent_total{stream=\"pool\"} 3"), "{text}");
-        assert!(text.contains("kvrelay_streams{stream=\"topology\"} 0"), "{text}");
+        assert!(
+            text.contains("kvrelay_frames_sent_total{stream=\"pool\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvrelay_streams{stream=\"topology\"} 0"),
+            "{text}"
+        );
     }
 }

@@ -7,9 +7,7 @@
 //! tests and the demo use it as a minimal replica.
 
 use bytes::Bytes;
-use kvrelay_codec::v1::{
-    DecodeError, PoolFrame, PoolFrameError, PoolPayload, ProducerIdentity,
-};
+use kvrelay_codec::v1::{DecodeError, PoolFrame, PoolFrameError, PoolPayload, ProducerIdentity};
 use kvrelay_codec::{AssemblyError, MessageKind, RawFrame, SnapshotAssembler};
 
 /// Why a frame could not be applied.
@@ -85,7 +83,12 @@ pub struct PoolMirror {
 impl PoolMirror {
     /// An empty mirror following `expected`.
     pub fn new(expected: ProducerIdentity) -> Result<Self, MirrorError> {
-        let layout = expected.ckf_format.layout().map_err(|err| MirrorError::Format { message: err.to_string() })?;
+        let layout = expected
+            .ckf_format
+            .layout()
+            .map_err(|err| MirrorError::Format {
+                message: err.to_string(),
+            })?;
         Ok(Self {
             expected,
             assembler: SnapshotAssembler::new(layout, expected.pool_id.dc_id),
@@ -112,7 +115,9 @@ impl PoolMirror {
     /// Applies one decoded frame; on `Err` the mirror is unchanged and should be discarded.
     pub fn handle_frame(&mut self, frame: &RawFrame) -> Result<MirrorProgress, MirrorError> {
         if frame.kind() != Some(MessageKind::PoolFrame) {
-            return Err(MirrorError::NotAPoolFrame { code: frame.kind_code });
+            return Err(MirrorError::NotAPoolFrame {
+                code: frame.kind_code,
+            });
         }
         let decoded = PoolFrame::decode_body(&frame.body, frame.minor)?;
         self.handle_pool_frame(&decoded)
@@ -121,8 +126,11 @@ impl PoolMirror {
     /// Applies one complete encoded frame (header included).
     pub fn handle_bytes(&mut self, bytes: &Bytes) -> Result<MirrorProgress, MirrorError> {
         let limits = kvrelay_codec::Limits::default();
-        let raw = kvrelay_codec::frame::decode_frame_exact(bytes, &limits)
-            .map_err(|err| MirrorError::Format { message: err.to_string() })?;
+        let raw = kvrelay_codec::frame::decode_frame_exact(bytes, &limits).map_err(|err| {
+            MirrorError::Format {
+                message: err.to_string(),
+            }
+        })?;
         self.handle_frame(&raw)
     }
 
@@ -143,11 +151,21 @@ impl PoolMirror {
                 let base = frame.header.base_sequence;
                 let next = frame.header.sequence;
                 if base != self.sequence {
-                    return Err(MirrorError::Gap { current: self.sequence, base, next });
+                    return Err(MirrorError::Gap {
+                        current: self.sequence,
+                        base,
+                        next,
+                    });
                 }
                 let bucket_count = words.len();
-                if let Some(image) = delta.images().find(|image| image.bucket_idx as usize >= bucket_count) {
-                    return Err(MirrorError::BucketOutOfRange { bucket_idx: image.bucket_idx, bucket_count });
+                if let Some(image) = delta
+                    .images()
+                    .find(|image| image.bucket_idx as usize >= bucket_count)
+                {
+                    return Err(MirrorError::BucketOutOfRange {
+                        bucket_idx: image.bucket_idx,
+                        bucket_count,
+                    });
                 }
                 for image in delta.images() {
                     words[image.bucket_idx as usize] = image.word;

@@ -49,7 +49,10 @@ impl ProbeStream<TcpStream> {
     pub async fn connect(addr: SocketAddr, request: &StreamRequest) -> Result<Self, ProbeError> {
         let io = TcpStream::connect(addr)
             .await
-            .map_err(|err| ProbeError::Io { peer: addr.to_string(), message: err.to_string() })?;
+            .map_err(|err| ProbeError::Io {
+                peer: addr.to_string(),
+                message: err.to_string(),
+            })?;
         let _ = io.set_nodelay(true);
         Self::open(io, request).await
     }
@@ -60,10 +63,18 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ProbeStream<T> {
     pub async fn open(mut io: T, request: &StreamRequest) -> Result<Self, ProbeError> {
         let limits = kvrelay_codec::Limits::default();
         let mut frame = BytesMut::new();
-        encode_message(&Message::StreamRequest(request.clone()), &limits, &mut frame)?;
+        encode_message(
+            &Message::StreamRequest(request.clone()),
+            &limits,
+            &mut frame,
+        )?;
         io.write_all(&frame).await.map_err(io_error)?;
         io.flush().await.map_err(io_error)?;
-        Ok(Self { io, buf: BytesMut::with_capacity(64 * 1024), limits })
+        Ok(Self {
+            io,
+            buf: BytesMut::with_capacity(64 * 1024),
+            limits,
+        })
     }
 
     /// The next raw frame, or `None` when the relay closed the stream.
@@ -94,5 +105,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ProbeStream<T> {
 }
 
 fn io_error(err: std::io::Error) -> ProbeError {
-    ProbeError::Io { peer: "stream".to_owned(), message: err.to_string() }
+    ProbeError::Io {
+        peer: "stream".to_owned(),
+        message: err.to_string(),
+    }
 }

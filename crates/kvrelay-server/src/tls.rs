@@ -46,7 +46,9 @@ pub struct WanTls {
 
 impl std::fmt::Debug for WanTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WanTls").field("client_auth", &self.client_auth).finish_non_exhaustive()
+        f.debug_struct("WanTls")
+            .field("client_auth", &self.client_auth)
+            .finish_non_exhaustive()
     }
 }
 
@@ -66,15 +68,20 @@ impl WanTls {
                 for cert in read_certs("client CA", ca_path)? {
                     roots.add(cert).map_err(build_error)?;
                 }
-                let verifier =
-                    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .build()
-                        .map_err(build_error)?;
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(build_error)?;
                 builder.with_client_cert_verifier(verifier)
             }
         };
         let server = builder.with_single_cert(certs, key).map_err(build_error)?;
-        Ok(Self { acceptor: TlsAcceptor::from(Arc::new(server)), client_auth: config.client_ca.is_some() })
+        Ok(Self {
+            acceptor: TlsAcceptor::from(Arc::new(server)),
+            client_auth: config.client_ca.is_some(),
+        })
     }
 
     /// Whether clients must present a certificate.
@@ -88,11 +95,17 @@ impl WanTls {
 }
 
 fn build_error(err: impl std::fmt::Display) -> TlsError {
-    TlsError::Build { message: err.to_string() }
+    TlsError::Build {
+        message: err.to_string(),
+    }
 }
 
 fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let read_error = |message: String| TlsError::Read { what, path: path.to_path_buf(), message };
+    let read_error = |message: String| TlsError::Read {
+        what,
+        path: path.to_path_buf(),
+        message,
+    };
     let file = std::fs::File::open(path).map_err(|err| read_error(err.to_string()))?;
     let certs = rustls_pemfile::certs(&mut BufReader::new(file))
         .collect::<Result<Vec<_>, _>>()
@@ -104,8 +117,11 @@ fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'sta
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let read_error =
-        |message: String| TlsError::Read { what: "private key", path: path.to_path_buf(), message };
+    let read_error = |message: String| TlsError::Read {
+        what: "private key",
+        path: path.to_path_buf(),
+        message,
+    };
     let file = std::fs::File::open(path).map_err(|err| read_error(err.to_string()))?;
     rustls_pemfile::private_key(&mut BufReader::new(file))
         .map_err(|err| read_error(err.to_string()))?
@@ -124,7 +140,11 @@ mod tests {
             client_ca: None,
         };
         let err = WanTls::load(&config).unwrap_err();
-        assert!(err.to_string().starts_with("reading certificate /nonexistent/server.pem"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("reading certificate /nonexistent/server.pem"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -132,7 +152,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cert = dir.path().join("empty.pem");
         std::fs::write(&cert, "not a pem").unwrap();
-        let config = TlsConfig { cert: cert.clone(), key: cert, client_ca: None };
-        assert!(matches!(WanTls::load(&config), Err(TlsError::Read { what: "certificate", .. })));
+        let config = TlsConfig {
+            cert: cert.clone(),
+            key: cert,
+            client_ca: None,
+        };
+        assert!(matches!(
+            WanTls::load(&config),
+            Err(TlsError::Read {
+                what: "certificate",
+                ..
+            })
+        ));
     }
 }

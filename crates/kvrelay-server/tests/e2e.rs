@@ -1,7 +1,12 @@
 //! Loopback end-to-end tests of a whole relay: discovery from a card directory, trace replay
 //! into pool actors, and the WAN protocol to a probe client.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test helpers fail loudly")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
 
 mod support;
 
@@ -13,33 +18,59 @@ use support::{DEADLINE, deployment, first_message, next, request};
 async fn replicas_equal_their_producers_after_a_workload() {
     let dir = tempfile::tempdir().unwrap();
     let relay = Relay::start(deployment(dir.path(), 400)).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2)).await.expect("pools within the deadline");
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .expect("pools within the deadline");
     let addr = relay.wan_addr();
 
     let (_catalog_stream, first) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
-    let Message::CatalogUpdate(catalog) = first else { panic!("expected a catalog, got {first:?}") };
+    let Message::CatalogUpdate(catalog) = first else {
+        panic!("expected a catalog, got {first:?}")
+    };
     assert_eq!(catalog.pools.len(), 2);
 
     // Subscribe while the workload may still run, so deltas follow the snapshot.
     let mut followers = Vec::new();
     for pool in &catalog.pools {
-        let stream = ProbeStream::connect(addr, &request(StreamRpc::SubscribePool { expected_producer: pool.producer }))
-            .await
-            .unwrap();
+        let stream = ProbeStream::connect(
+            addr,
+            &request(StreamRpc::SubscribePool {
+                expected_producer: pool.producer,
+            }),
+        )
+        .await
+        .unwrap();
         followers.push((stream, PoolMirror::new(pool.producer).unwrap()));
     }
-    tokio::time::timeout(DEADLINE, relay.workload_finished()).await.expect("workload within the deadline");
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .expect("workload within the deadline");
     relay.flush().await;
     for (stream, mirror) in &mut followers {
         let table = relay.producer_table(mirror.producer()).await.unwrap();
-        assert!(table.words.iter().any(|word| *word != 0), "workload left pool empty");
+        assert!(
+            table.words.iter().any(|word| *word != 0),
+            "workload left pool empty"
+        );
         while mirror.words().is_none() || mirror.sequence() < table.sequence {
-            let frame = tokio::time::timeout(DEADLINE, stream.next_frame()).await.expect("frame in time").unwrap().expect("open stream");
+            let frame = tokio::time::timeout(DEADLINE, stream.next_frame())
+                .await
+                .expect("frame in time")
+                .unwrap()
+                .expect("open stream");
             let progress = mirror.handle_frame(&frame).unwrap();
-            assert_ne!(progress, MirrorProgress::Heartbeat, "no heartbeat before catching up at the default interval");
+            assert_ne!(
+                progress,
+                MirrorProgress::Heartbeat,
+                "no heartbeat before catching up at the default interval"
+            );
         }
         assert_eq!(mirror.sequence(), table.sequence);
-        assert_eq!(mirror.words().unwrap(), table.words.as_slice(), "replica differs from producer");
+        assert_eq!(
+            mirror.words().unwrap(),
+            table.words.as_slice(),
+            "replica differs from producer"
+        );
     }
     relay.shutdown().await.unwrap();
 }
@@ -50,14 +81,18 @@ async fn relay_info_names_a_new_incarnation_after_restart() {
     let config = deployment(dir.path(), 10);
     let first = Relay::start(config.clone()).await.unwrap();
     let (_, message) = first_message(first.wan_addr(), &request(StreamRpc::RelayInfo)).await;
-    let Message::RelayInfo(info) = message else { panic!("expected relay info, got {message:?}") };
+    let Message::RelayInfo(info) = message else {
+        panic!("expected relay info, got {message:?}")
+    };
     assert_eq!(info.protocol_major, kvrelay_codec::PROTOCOL_MAJOR);
     assert_eq!(info.relay.relay_incarnation, first.incarnation());
     first.shutdown().await.unwrap();
 
     let second = Relay::start(config).await.unwrap();
     let (_, message) = first_message(second.wan_addr(), &request(StreamRpc::RelayInfo)).await;
-    let Message::RelayInfo(again) = message else { panic!("expected relay info, got {message:?}") };
+    let Message::RelayInfo(again) = message else {
+        panic!("expected relay info, got {message:?}")
+    };
     assert_ne!(again.relay.relay_incarnation, info.relay.relay_incarnation);
     second.shutdown().await.unwrap();
 }
@@ -79,18 +114,30 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
     // A filter of 2^20 buckets: its 8 MiB snapshot cannot hide in socket buffers (the
     // kernel's send buffer grows to 4 MiB at most). Short timeouts cut the stall quickly.
     let cards = config.discovery.dir.clone().unwrap();
-    support::write_card(&cards, ("prod", "big", "generate"), 0x31, "model-c", "aggregated", 3_000_000, 1);
+    support::write_card(
+        &cards,
+        ("prod", "big", "generate"),
+        0x31,
+        "model-c",
+        "aggregated",
+        3_000_000,
+        1,
+    );
     config.limits.snapshot_progress_timeout_ms = 2_000;
     config.limits.write_timeout_ms = 2_000;
     let relay = Relay::start(config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3)).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
+        .await
+        .unwrap();
     let big = relay
         .catalog()
         .pools
         .into_iter()
         .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
         .unwrap();
-    let subscribe = request(StreamRpc::SubscribePool { expected_producer: big.producer });
+    let subscribe = request(StreamRpc::SubscribePool {
+        expected_producer: big.producer,
+    });
 
     // The stalled client: a tiny receive buffer and never a read.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -99,34 +146,58 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
     let mut stalled = ProbeStream::open(stalled_io, &subscribe).await.unwrap();
 
     // A healthy client gets the whole snapshot and equals the producer.
-    let mut healthy = ProbeStream::connect(relay.wan_addr(), &subscribe).await.unwrap();
+    let mut healthy = ProbeStream::connect(relay.wan_addr(), &subscribe)
+        .await
+        .unwrap();
     let mut mirror = PoolMirror::new(big.producer).unwrap();
     while mirror.words().is_none() {
-        let frame = tokio::time::timeout(DEADLINE, healthy.next_frame()).await.unwrap().unwrap().unwrap();
+        let frame = tokio::time::timeout(DEADLINE, healthy.next_frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         if let Err(err) = mirror.handle_frame(&frame) {
-            panic!("healthy subscriber: {err}: {:?}", kvrelay_codec::v1::Message::from_frame(&frame));
+            panic!(
+                "healthy subscriber: {err}: {:?}",
+                kvrelay_codec::v1::Message::from_frame(&frame)
+            );
         }
     }
-    tokio::time::timeout(DEADLINE, relay.workload_finished()).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .unwrap();
     relay.flush().await;
     let table = relay.producer_table(&big.producer).await.unwrap();
     while mirror.sequence() < table.sequence {
-        let frame = tokio::time::timeout(DEADLINE, healthy.next_frame()).await.unwrap().unwrap().unwrap();
+        let frame = tokio::time::timeout(DEADLINE, healthy.next_frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         mirror.handle_frame(&frame).unwrap();
     }
     assert_eq!(mirror.words().unwrap(), table.words.as_slice());
 
     // Only the healthy pool stream is left open: the stalled one was cut off.
-    tokio::time::timeout(DEADLINE, relay.wait_for_open_streams(kvrelay_server::StreamKind::Pool, 1))
-        .await
-        .expect("the stalled subscriber is cut off");
+    tokio::time::timeout(
+        DEADLINE,
+        relay.wait_for_open_streams(kvrelay_server::StreamKind::Pool, 1),
+    )
+    .await
+    .expect("the stalled subscriber is cut off");
     let mut stalled_mirror = PoolMirror::new(big.producer).unwrap();
-    while let Ok(Some(frame)) = tokio::time::timeout(DEADLINE, stalled.next_frame()).await.unwrap() {
+    while let Ok(Some(frame)) = tokio::time::timeout(DEADLINE, stalled.next_frame())
+        .await
+        .unwrap()
+    {
         if stalled_mirror.handle_frame(&frame).is_err() {
             break;
         }
     }
-    assert!(stalled_mirror.words().is_none(), "a cut-off subscriber never completes its snapshot");
+    assert!(
+        stalled_mirror.words().is_none(),
+        "a cut-off subscriber never completes its snapshot"
+    );
     relay.shutdown().await.unwrap();
 }
 
@@ -136,9 +207,13 @@ async fn after_a_restart_consumers_see_a_new_incarnation_and_converge() {
     let config = deployment(dir.path(), 100);
     let first = Relay::start(config.clone()).await.unwrap();
     let addr = first.wan_addr();
-    tokio::time::timeout(DEADLINE, first.wait_for_pools(2)).await.unwrap();
+    tokio::time::timeout(DEADLINE, first.wait_for_pools(2))
+        .await
+        .unwrap();
     let (mut watcher, message) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
-    let Message::CatalogUpdate(before) = message else { panic!("expected a catalog, got {message:?}") };
+    let Message::CatalogUpdate(before) = message else {
+        panic!("expected a catalog, got {message:?}")
+    };
     first.shutdown().await.unwrap();
     let end = support::until_error(&mut watcher).await;
     assert_eq!(end.reason, ErrorReason::PublicationUnavailable);
@@ -146,27 +221,53 @@ async fn after_a_restart_consumers_see_a_new_incarnation_and_converge() {
     let mut again = config;
     again.wan.listen = addr;
     let second = Relay::start(again).await.unwrap();
-    tokio::time::timeout(DEADLINE, second.wait_for_pools(2)).await.unwrap();
+    tokio::time::timeout(DEADLINE, second.wait_for_pools(2))
+        .await
+        .unwrap();
     let (_, message) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
-    let Message::CatalogUpdate(after) = message else { panic!("expected a catalog, got {message:?}") };
-    assert_ne!(after.relay.relay_incarnation, before.relay.relay_incarnation);
+    let Message::CatalogUpdate(after) = message else {
+        panic!("expected a catalog, got {message:?}")
+    };
+    assert_ne!(
+        after.relay.relay_incarnation,
+        before.relay.relay_incarnation
+    );
     for pool in &after.pools {
-        assert!(before.pools.iter().all(|old| old.producer != pool.producer), "producers are fenced by incarnation");
+        assert!(
+            before.pools.iter().all(|old| old.producer != pool.producer),
+            "producers are fenced by incarnation"
+        );
     }
     // An old producer identity is refused; the new one converges.
-    let stale = request(StreamRpc::SubscribePool { expected_producer: before.pools[0].producer });
+    let stale = request(StreamRpc::SubscribePool {
+        expected_producer: before.pools[0].producer,
+    });
     let (_, refused) = first_message(addr, &stale).await;
-    assert!(matches!(refused, Message::Error(ref error) if error.reason == ErrorReason::ProducerChanged), "{refused:?}");
-    tokio::time::timeout(DEADLINE, second.workload_finished()).await.unwrap();
+    assert!(
+        matches!(refused, Message::Error(ref error) if error.reason == ErrorReason::ProducerChanged),
+        "{refused:?}"
+    );
+    tokio::time::timeout(DEADLINE, second.workload_finished())
+        .await
+        .unwrap();
     second.flush().await;
     for pool in &after.pools {
         let table = second.producer_table(&pool.producer).await.unwrap();
-        let mut stream = ProbeStream::connect(addr, &request(StreamRpc::SubscribePool { expected_producer: pool.producer }))
-            .await
-            .unwrap();
+        let mut stream = ProbeStream::connect(
+            addr,
+            &request(StreamRpc::SubscribePool {
+                expected_producer: pool.producer,
+            }),
+        )
+        .await
+        .unwrap();
         let mut mirror = PoolMirror::new(pool.producer).unwrap();
         while mirror.words().is_none() || mirror.sequence() < table.sequence {
-            let frame = tokio::time::timeout(DEADLINE, stream.next_frame()).await.unwrap().unwrap().unwrap();
+            let frame = tokio::time::timeout(DEADLINE, stream.next_frame())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
             mirror.handle_frame(&frame).unwrap();
         }
         assert_eq!(mirror.words().unwrap(), table.words.as_slice());
@@ -180,28 +281,49 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let request = format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
-    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response)).await.unwrap().unwrap();
+    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
     let status = response[9..12].parse().unwrap();
-    (status, response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+    (
+        status,
+        response
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned(),
+    )
 }
 
 #[tokio::test]
 async fn admin_http_serves_health_metrics_and_views_of_a_running_relay() {
     let dir = tempfile::tempdir().unwrap();
     let relay = Relay::start(deployment(dir.path(), 50)).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2)).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.workload_finished()).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .unwrap();
     let admin = relay.admin_addr().unwrap();
     assert_eq!(http_get(admin, "/healthz").await.0, 200);
     let (status, body) = http_get(admin, "/readyz").await;
     assert_eq!(status, 200, "{body}");
     let (_, metrics) = http_get(admin, "/metrics").await;
     assert!(metrics.contains("kvrelay_pools 2"), "{metrics}");
-    assert!(metrics.contains("kvrelay_events_total{disposition=\"submitted\"}"), "{metrics}");
+    assert!(
+        metrics.contains("kvrelay_events_total{disposition=\"submitted\"}"),
+        "{metrics}"
+    );
     let (status, catalog) = http_get(admin, "/v1/catalog").await;
     assert_eq!(status, 200);
     let catalog: serde_json::Value = serde_json::from_str(&catalog).unwrap();
-    assert_eq!(catalog["pools"].as_array().map(Vec::len), Some(2), "{catalog}");
+    assert_eq!(
+        catalog["pools"].as_array().map(Vec::len),
+        Some(2),
+        "{catalog}"
+    );
     for path in ["/v1/load", "/v1/topology"] {
         assert_eq!(http_get(admin, path).await.0, 200, "{path}");
     }
@@ -217,15 +339,27 @@ async fn admin_http_serves_health_metrics_and_views_of_a_running_relay() {
 async fn topology_reports_ready_models_linked_to_their_pools() {
     let dir = tempfile::tempdir().unwrap();
     let relay = Relay::start(deployment(dir.path(), 10)).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2)).await.unwrap();
-    let (mut stream, mut message) = first_message(relay.wan_addr(), &request(StreamRpc::WatchTopology)).await;
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    let (mut stream, mut message) =
+        first_message(relay.wan_addr(), &request(StreamRpc::WatchTopology)).await;
     // The first update may predate the pool links; later ones follow on every change.
     loop {
-        let Message::TopologyUpdate(update) = &message else { panic!("expected topology, got {message:?}") };
-        let linked = update.entries.iter().all(|entry| entry.members.iter().all(|member| member.pool_id.is_some()));
+        let Message::TopologyUpdate(update) = &message else {
+            panic!("expected topology, got {message:?}")
+        };
+        let linked = update
+            .entries
+            .iter()
+            .all(|entry| entry.members.iter().all(|member| member.pool_id.is_some()));
         if update.entries.len() == 2 && linked {
             for entry in &update.entries {
-                assert_eq!(entry.state, kvrelay_codec::v1::ReadinessState::Ready, "{entry:?}");
+                assert_eq!(
+                    entry.state,
+                    kvrelay_codec::v1::ReadinessState::Ready,
+                    "{entry:?}"
+                );
             }
             break;
         }

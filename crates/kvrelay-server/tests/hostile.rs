@@ -1,7 +1,12 @@
 //! Hostile and mistaken clients: each gets the right error frame and a close, and nobody
 //! else notices.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test helpers fail loudly")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
 
 mod support;
 
@@ -17,7 +22,10 @@ async fn send_raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Vec<Message> {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(bytes).await.unwrap();
     let mut received = Vec::new();
-    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut received)).await.expect("relay closes in time").unwrap();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut received))
+        .await
+        .expect("relay closes in time")
+        .unwrap();
     let mut buf = BytesMut::from(received.as_slice());
     let limits = kvrelay_codec::Limits::default();
     let mut messages = Vec::new();
@@ -49,7 +57,9 @@ async fn relay_with(config: impl FnOnce(&mut RelayConfig)) -> (tempfile::TempDir
     let mut relay_config = deployment(dir.path(), 20);
     config(&mut relay_config);
     let relay = Relay::start(relay_config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2)).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
     (dir, relay)
 }
 
@@ -100,14 +110,30 @@ async fn stale_and_unknown_producers_get_their_reasons() {
 
     let mut stale = producer;
     stale.layout_generation += 100;
-    let (_, message) = first_message(relay.wan_addr(), &request(StreamRpc::SubscribePool { expected_producer: stale })).await;
-    let Message::Error(error) = message else { panic!("expected an error, got {message:?}") };
+    let (_, message) = first_message(
+        relay.wan_addr(),
+        &request(StreamRpc::SubscribePool {
+            expected_producer: stale,
+        }),
+    )
+    .await;
+    let Message::Error(error) = message else {
+        panic!("expected an error, got {message:?}")
+    };
     assert_eq!(error.reason, ErrorReason::ProducerChanged);
 
     let mut unknown = producer;
     unknown.pool_id.routing_scope.digest = [7; 16];
-    let (_, message) = first_message(relay.wan_addr(), &request(StreamRpc::SubscribePool { expected_producer: unknown })).await;
-    let Message::Error(error) = message else { panic!("expected an error, got {message:?}") };
+    let (_, message) = first_message(
+        relay.wan_addr(),
+        &request(StreamRpc::SubscribePool {
+            expected_producer: unknown,
+        }),
+    )
+    .await;
+    let Message::Error(error) = message else {
+        panic!("expected an error, got {message:?}")
+    };
     assert_eq!(error.reason, ErrorReason::PoolNotFound);
     relay.shutdown().await.unwrap();
 }
@@ -119,7 +145,9 @@ async fn stream_limit_rejects_the_extra_stream_only() {
     let (mut kept, first) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
     assert!(matches!(first, Message::CatalogUpdate(_)));
     let (_, refused) = first_message(addr, &request(StreamRpc::WatchCatalog)).await;
-    let Message::Error(error) = refused else { panic!("expected an error, got {refused:?}") };
+    let Message::Error(error) = refused else {
+        panic!("expected an error, got {refused:?}")
+    };
     assert_eq!(error.reason, ErrorReason::ResourceLimit);
     // Other stream types are unaffected, and the admitted stream is still served.
     let (_, load) = first_message(addr, &request(StreamRpc::WatchLoad)).await;
@@ -135,12 +163,20 @@ async fn hostile_clients_do_not_disturb_an_open_stream() {
     let addr = relay.wan_addr();
     let (mut watcher, first) = first_message(addr, &request(StreamRpc::WatchTopology)).await;
     assert!(matches!(first, Message::TopologyUpdate(_)));
-    for garbage in [&b"\x00\x01\x02\x03garbage-garbage-garbage"[..], &header(b"KVRW", 9, 1, 0)] {
+    for garbage in [
+        &b"\x00\x01\x02\x03garbage-garbage-garbage"[..],
+        &header(b"KVRW", 9, 1, 0),
+    ] {
         let _ = send_raw(addr, garbage).await;
     }
     // Bytes after the request are a protocol violation for that connection only.
-    let mut chatty = ProbeStream::connect(addr, &request(StreamRpc::WatchCatalog)).await.unwrap();
-    assert!(matches!(next(&mut chatty).await, Some(Message::CatalogUpdate(_))));
+    let mut chatty = ProbeStream::connect(addr, &request(StreamRpc::WatchCatalog))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut chatty).await,
+        Some(Message::CatalogUpdate(_))
+    ));
     chatty.write_raw(b"more").await.unwrap();
     let error = support::until_error(&mut chatty).await;
     assert_eq!(error.reason, ErrorReason::InvalidRequest);

@@ -1,7 +1,12 @@
 //! TLS (server certificate, optional client certificates) and bearer-token authentication
 //! on the WAN listener, with certificates generated per test by rcgen.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test helpers fail loudly")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
 
 mod support;
 
@@ -25,14 +30,26 @@ impl Authority {
     fn new(name: &str) -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
         let key = KeyPair::generate().unwrap();
         let cert = params.self_signed(&key).unwrap();
         Self { cert, key }
     }
 
-    fn issue(&self, names: &[&str], purpose: ExtendedKeyUsagePurpose) -> (rcgen::Certificate, KeyPair) {
-        let mut params = CertificateParams::new(names.iter().map(|name| (*name).to_owned()).collect::<Vec<_>>()).unwrap();
+    fn issue(
+        &self,
+        names: &[&str],
+        purpose: ExtendedKeyUsagePurpose,
+    ) -> (rcgen::Certificate, KeyPair) {
+        let mut params = CertificateParams::new(
+            names
+                .iter()
+                .map(|name| (*name).to_owned())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
         params.extended_key_usages = vec![purpose];
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
@@ -58,7 +75,13 @@ fn material() -> Material {
     std::fs::write(&server_cert, cert.pem()).unwrap();
     std::fs::write(&server_key, key.serialize_pem()).unwrap();
     std::fs::write(&ca_pem, ca.cert.pem()).unwrap();
-    Material { _dir: dir, ca, server_cert, server_key, ca_pem }
+    Material {
+        _dir: dir,
+        ca,
+        server_cert,
+        server_key,
+        ca_pem,
+    }
 }
 
 async fn tls_relay(material: &Material, client_ca: Option<&Path>) -> (tempfile::TempDir, Relay) {
@@ -73,13 +96,18 @@ async fn tls_relay(material: &Material, client_ca: Option<&Path>) -> (tempfile::
     (dir, relay)
 }
 
-fn client_config(ca: &Authority, identity: Option<(rcgen::Certificate, KeyPair)>) -> rustls::ClientConfig {
+fn client_config(
+    ca: &Authority,
+    identity: Option<(rcgen::Certificate, KeyPair)>,
+) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.cert.der().clone()).unwrap();
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
     match identity {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
@@ -91,20 +119,39 @@ fn client_config(ca: &Authority, identity: Option<(rcgen::Certificate, KeyPair)>
 }
 
 /// Opens a TLS stream and returns the first message, or `None` if TLS or the stream failed.
-async fn tls_first_message(addr: std::net::SocketAddr, config: rustls::ClientConfig, request: &StreamRequest) -> Option<Message> {
+async fn tls_first_message(
+    addr: std::net::SocketAddr,
+    config: rustls::ClientConfig,
+    request: &StreamRequest,
+) -> Option<Message> {
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.ok()?;
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .ok()?;
     let mut stream = ProbeStream::open(tls, request).await.ok()?;
-    tokio::time::timeout(DEADLINE, stream.next_message()).await.expect("answer within the deadline").ok().flatten()
+    tokio::time::timeout(DEADLINE, stream.next_message())
+        .await
+        .expect("answer within the deadline")
+        .ok()
+        .flatten()
 }
 
 #[tokio::test]
 async fn tls_client_trusting_the_server_ca_is_served() {
     let material = material();
     let (_dir, relay) = tls_relay(&material, None).await;
-    let message = tls_first_message(relay.wan_addr(), client_config(&material.ca, None), &request(StreamRpc::RelayInfo)).await;
-    assert!(matches!(message, Some(Message::RelayInfo(_))), "{message:?}");
+    let message = tls_first_message(
+        relay.wan_addr(),
+        client_config(&material.ca, None),
+        &request(StreamRpc::RelayInfo),
+    )
+    .await;
+    assert!(
+        matches!(message, Some(Message::RelayInfo(_))),
+        "{message:?}"
+    );
     relay.shutdown().await.unwrap();
 }
 
@@ -122,8 +169,13 @@ async fn plaintext_client_gets_no_answer_from_a_tls_listener() {
     .unwrap();
     tcp.write_all(&frame).await.unwrap();
     let mut received = Vec::new();
-    let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut received)).await.expect("closed in time");
-    assert!(!received.starts_with(b"KVRW"), "a plaintext client must not be answered in protocol frames");
+    let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut received))
+        .await
+        .expect("closed in time");
+    assert!(
+        !received.starts_with(b"KVRW"),
+        "a plaintext client must not be answered in protocol frames"
+    );
     relay.shutdown().await.unwrap();
 }
 
@@ -135,14 +187,22 @@ async fn client_certificates_are_required_and_checked_when_configured() {
     let info = request(StreamRpc::RelayInfo);
 
     let without = tls_first_message(addr, client_config(&material.ca, None), &info).await;
-    assert!(without.is_none(), "a client without a certificate must be refused, got {without:?}");
+    assert!(
+        without.is_none(),
+        "a client without a certificate must be refused, got {without:?}"
+    );
 
     let stranger = Authority::new("another ca");
     let foreign = stranger.issue(&["client"], ExtendedKeyUsagePurpose::ClientAuth);
     let refused = tls_first_message(addr, client_config(&material.ca, Some(foreign)), &info).await;
-    assert!(refused.is_none(), "a certificate from another CA must be refused, got {refused:?}");
+    assert!(
+        refused.is_none(),
+        "a certificate from another CA must be refused, got {refused:?}"
+    );
 
-    let trusted = material.ca.issue(&["client"], ExtendedKeyUsagePurpose::ClientAuth);
+    let trusted = material
+        .ca
+        .issue(&["client"], ExtendedKeyUsagePurpose::ClientAuth);
     let served = tls_first_message(addr, client_config(&material.ca, Some(trusted)), &info).await;
     assert!(matches!(served, Some(Message::RelayInfo(_))), "{served:?}");
     relay.shutdown().await.unwrap();
@@ -152,7 +212,10 @@ async fn client_certificates_are_required_and_checked_when_configured() {
 async fn bearer_token_admits_the_right_client_only() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = deployment(dir.path(), 5);
-    config.wan.auth = Some(AuthConfig { token: Some("s3cret-token".to_owned()), token_file: None });
+    config.wan.auth = Some(AuthConfig {
+        token: Some("s3cret-token".to_owned()),
+        token_file: None,
+    });
     let relay = Relay::start(config).await.unwrap();
     let addr = relay.wan_addr();
 
@@ -160,12 +223,17 @@ async fn bearer_token_admits_the_right_client_only() {
         let mut refused = request(StreamRpc::RelayInfo);
         refused.auth_token = token.map(str::to_owned);
         let (_, message) = first_message(addr, &refused).await;
-        let Message::Error(error) = message else { panic!("token {token:?} must be refused, got {message:?}") };
+        let Message::Error(error) = message else {
+            panic!("token {token:?} must be refused, got {message:?}")
+        };
         assert_eq!(error.reason, ErrorReason::InvalidRequest);
     }
     let mut admitted = request(StreamRpc::WatchCatalog);
     admitted.auth_token = Some("s3cret-token".to_owned());
     let mut stream = ProbeStream::connect(addr, &admitted).await.unwrap();
-    assert!(matches!(next(&mut stream).await, Some(Message::CatalogUpdate(_))));
+    assert!(matches!(
+        next(&mut stream).await,
+        Some(Message::CatalogUpdate(_))
+    ));
     relay.shutdown().await.unwrap();
 }

@@ -52,14 +52,20 @@ pub(crate) struct DemoArgs {
 /// Runs the demo on its own runtime.
 pub(crate) fn run(args: DemoArgs) -> Result<()> {
     if !(args.speed.is_finite() && args.speed >= 0.0) {
-        return Err(crate::usage::usage(format!("--speed {} must be a finite number >= 0", args.speed)));
+        return Err(crate::usage::usage(format!(
+            "--speed {} must be a finite number >= 0",
+            args.speed
+        )));
     }
     let cards = match &args.cards {
         Some(dir) => dir.clone(),
         None => default_cards()?,
     };
     if !cards.is_dir() {
-        return Err(crate::usage::usage(format!("card directory {} does not exist", cards.display())));
+        return Err(crate::usage::usage(format!(
+            "card directory {} does not exist",
+            cards.display()
+        )));
     }
     crate::relay::init_logging(&args.log);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -68,12 +74,19 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         .context("building the tokio runtime")?;
     let report = runtime.block_on(demo(&args, cards))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).context("encoding the report")?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding the report")?
+        );
     } else {
         print_report(&report);
     }
     if !report.ok {
-        bail!("{} of {} pools: replicas do not match their producers", report.mismatched, report.pools.len());
+        bail!(
+            "{} of {} pools: replicas do not match their producers",
+            report.mismatched,
+            report.pools.len()
+        );
     }
     Ok(())
 }
@@ -116,22 +129,30 @@ struct PoolLine {
 
 async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
     let started = Instant::now();
-    let mut config = RelayConfig { dc_id: "dc-demo".to_owned(), ..RelayConfig::default() };
+    let mut config = RelayConfig {
+        dc_id: "dc-demo".to_owned(),
+        ..RelayConfig::default()
+    };
     config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.discovery.dir = Some(cards);
-    config.workload = Some(WorkloadConfig { trace: args.trace.clone(), speed: args.speed, loops: 1 });
+    config.workload = Some(WorkloadConfig {
+        trace: args.trace.clone(),
+        speed: args.speed,
+        loops: 1,
+    });
     let relay = Relay::start(config).await?;
     let addr = relay.wan_addr();
     eprintln!(
         "relay up: WAN {addr}, admin http://{}",
-        relay.admin_addr().map_or_else(|| "off".to_owned(), |addr| addr.to_string())
+        relay
+            .admin_addr()
+            .map_or_else(|| "off".to_owned(), |addr| addr.to_string())
     );
 
-    let consumer = Consumer::start(ConsumerConfig::new(vec![kvrelay_consumer::RelayConfig::new(
-        &addr.to_string(),
-        "dc-demo",
-    )]))
+    let consumer = Consumer::start(ConsumerConfig::new(vec![
+        kvrelay_consumer::RelayConfig::new(&addr.to_string(), "dc-demo"),
+    ]))
     .context("starting the consumer")?;
 
     tokio::time::timeout(DEMO_DEADLINE, wait_for_sources(&relay))
@@ -140,24 +161,37 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
     let catalog = relay.catalog();
     let mut followers = BTreeMap::new();
     for pool in &catalog.pools {
-        followers.insert(pool.serving_endpoint_dotted(), Follower::spawn(addr, pool.producer));
+        followers.insert(
+            pool.serving_endpoint_dotted(),
+            Follower::spawn(addr, pool.producer),
+        );
     }
 
     // Live progress until the workload is replayed.
     let mut last = (Instant::now(), 0u64);
     loop {
-        let finished = tokio::time::timeout(PROGRESS_EVERY, relay.workload_finished()).await.is_ok();
+        let finished = tokio::time::timeout(PROGRESS_EVERY, relay.workload_finished())
+            .await
+            .is_ok();
         let progress = relay.progress();
-        let current = consumer.pools().iter().filter(|pool| pool.replica == ReplicaStatus::Current).count();
+        let current = consumer
+            .pools()
+            .iter()
+            .filter(|pool| pool.replica == ReplicaStatus::Current)
+            .count();
         let now = Instant::now();
-        let rate = (progress.events - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-3);
+        let rate =
+            (progress.events - last.1) as f64 / now.duration_since(last.0).as_secs_f64().max(1e-3);
         last = (now, progress.events);
         progress_line(started, &progress, rate, current);
         if finished {
             break;
         }
         if started.elapsed() > DEMO_DEADLINE {
-            bail!("the workload did not finish within {}s", DEMO_DEADLINE.as_secs());
+            bail!(
+                "the workload did not finish within {}s",
+                DEMO_DEADLINE.as_secs()
+            );
         }
     }
     eprintln!();
@@ -179,10 +213,16 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
                 })
             })
             .await;
-        let status = consumer.pools().into_iter().find(|status| status.producer == pool.producer);
+        let status = consumer
+            .pools()
+            .into_iter()
+            .find(|status| status.producer == pool.producer);
         let mirror_identical = match followers.remove(&endpoint) {
             Some(follower) => match follower.finish(table.sequence).await {
-                Ok(mirror) => mirror.sequence() == table.sequence && mirror.words() == Some(table.words.as_slice()),
+                Ok(mirror) => {
+                    mirror.sequence() == table.sequence
+                        && mirror.words() == Some(table.words.as_slice())
+                }
                 Err(err) => {
                     eprintln!("pool {endpoint}: independent replica failed: {err:#}");
                     false
@@ -193,12 +233,19 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
         let report = reports.iter().find(|report| report.endpoint == endpoint);
         pools.push(PoolLine {
             endpoint,
-            models: pool.registrations.iter().map(|registration| registration.model.clone()).collect(),
+            models: pool
+                .registrations
+                .iter()
+                .map(|registration| registration.model.clone())
+                .collect(),
             generation: pool.producer.layout_generation,
             sequence: table.sequence,
             resident_blocks: report.map_or(0, |report| report.resident_blocks),
             bucket_count: pool.producer.ckf_format.bucket_count,
-            consumer_replica: status.as_ref().map_or("missing", |status| status.replica.as_str()).to_owned(),
+            consumer_replica: status
+                .as_ref()
+                .map_or("missing", |status| status.replica.as_str())
+                .to_owned(),
             consumer_sequence: status.and_then(|status| status.sequence),
             mirror_identical,
             ok: consumer_current && mirror_identical,
@@ -250,7 +297,8 @@ fn score_sample(
     catalog: &kvrelay_codec::v1::CatalogUpdate,
 ) -> Result<(usize, usize)> {
     let text = match &args.trace {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading trace {}", path.display()))?,
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading trace {}", path.display()))?,
         None => kvrelay_ingest::BUILTIN_REQUEST_TRACE.to_owned(),
     };
     let mut models: Vec<(String, u32)> = catalog
@@ -260,15 +308,26 @@ fn score_sample(
             pool.registrations
                 .iter()
                 .filter(|registration| registration.adapter.is_none())
-                .map(|registration| (registration.model.clone(), pool.query_semantics.kv_block_size))
+                .map(|registration| {
+                    (
+                        registration.model.clone(),
+                        pool.query_semantics.kv_block_size,
+                    )
+                })
         })
         .collect();
     models.sort();
     models.dedup();
     let mut scored = 0;
     let mut hits = 0;
-    for line in text.lines().filter(|line| !line.trim().is_empty()).take(SCORED_REQUESTS) {
-        let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+    for line in text
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .take(SCORED_REQUESTS)
+    {
+        let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         let hash_ids: Vec<u64> = record
             .get("hash_ids")
             .and_then(serde_json::Value::as_array)
@@ -281,7 +340,9 @@ fn score_sample(
                 lora: None,
                 cache_namespace: None,
             };
-            let Ok(ranking) = consumer.score(&request) else { continue };
+            let Ok(ranking) = consumer.score(&request) else {
+                continue;
+            };
             scored += 1;
             let cached = ranking
                 .candidates
@@ -328,7 +389,16 @@ fn print_report(report: &DemoReport) {
     println!();
     println!(
         "{:<26} {:<32} {:>4} {:>8} {:>9} {:>9} {:>10} {:>9} {:>9} {:>4}",
-        "endpoint", "models", "gen", "sequence", "resident", "buckets", "consumer", "cons.seq", "identical", "ok"
+        "endpoint",
+        "models",
+        "gen",
+        "sequence",
+        "resident",
+        "buckets",
+        "consumer",
+        "cons.seq",
+        "identical",
+        "ok"
     );
     for pool in &report.pools {
         println!(
@@ -340,7 +410,8 @@ fn print_report(report: &DemoReport) {
             pool.resident_blocks,
             pool.bucket_count,
             pool.consumer_replica,
-            pool.consumer_sequence.map_or_else(|| "-".to_owned(), |sequence| sequence.to_string()),
+            pool.consumer_sequence
+                .map_or_else(|| "-".to_owned(), |sequence| sequence.to_string()),
             if pool.mirror_identical { "yes" } else { "NO" },
             if pool.ok { "ok" } else { "FAIL" },
         );
@@ -352,7 +423,11 @@ fn print_report(report: &DemoReport) {
     );
     println!(
         "result: {}",
-        if report.ok { "every replica matches its producer".to_owned() } else { format!("{} pools mismatched", report.mismatched) }
+        if report.ok {
+            "every replica matches its producer".to_owned()
+        } else {
+            format!("{} pools mismatched", report.mismatched)
+        }
     );
 }
 
@@ -399,7 +474,10 @@ trait DottedEndpoint {
 impl DottedEndpoint for kvrelay_codec::v1::PoolDescriptor {
     fn serving_endpoint_dotted(&self) -> String {
         let endpoint = &self.serving_endpoint;
-        format!("{}.{}.{}", endpoint.namespace, endpoint.component, endpoint.name)
+        format!(
+            "{}.{}.{}",
+            endpoint.namespace, endpoint.component, endpoint.name
+        )
     }
 }
 
@@ -415,14 +493,18 @@ impl Follower {
         let task = tokio::spawn(async move {
             let request = StreamRequest {
                 subscriber_id: "kvrelay-demo-mirror".to_owned(),
-                rpc: StreamRpc::SubscribePool { expected_producer: producer },
+                rpc: StreamRpc::SubscribePool {
+                    expected_producer: producer,
+                },
                 auth_token: None,
             };
             let mut stream = ProbeStream::connect(addr, &request).await?;
             let mut mirror = PoolMirror::new(producer)?;
             loop {
                 let reached = |target: Option<u64>, mirror: &PoolMirror| {
-                    target.is_some_and(|target| mirror.words().is_some() && mirror.sequence() >= target)
+                    target.is_some_and(|target| {
+                        mirror.words().is_some() && mirror.sequence() >= target
+                    })
                 };
                 if reached(*target_rx.borrow(), &mirror) {
                     return Ok(mirror);
@@ -464,11 +546,29 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn demo_replicas_match_their_producers() {
-        let args = DemoArgs { json: true, cards: None, trace: None, speed: 0.0, log: "warn".to_owned() };
+        let args = DemoArgs {
+            json: true,
+            cards: None,
+            trace: None,
+            speed: 0.0,
+            log: "warn".to_owned(),
+        };
         let report = demo(&args, default_cards().unwrap()).await.unwrap();
         assert!(report.ok, "{report:#?}");
-        assert_eq!(report.pools.len(), 4, "the example deployment has four pools");
-        assert!(report.pools.iter().all(|pool| pool.mirror_identical && pool.consumer_replica == "current"));
-        assert!(report.scored_with_cached_prefix > 0, "scoring finds the replayed prefixes");
+        assert_eq!(
+            report.pools.len(),
+            4,
+            "the example deployment has four pools"
+        );
+        assert!(
+            report
+                .pools
+                .iter()
+                .all(|pool| pool.mirror_identical && pool.consumer_replica == "current")
+        );
+        assert!(
+            report.scored_with_cached_prefix > 0,
+            "scoring finds the replayed prefixes"
+        );
     }
 }

@@ -83,7 +83,9 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
         eprintln!(
             "kvrelay relay: WAN {} admin {}",
             relay.wan_addr(),
-            relay.admin_addr().map_or_else(|| "off".to_owned(), |addr| addr.to_string())
+            relay
+                .admin_addr()
+                .map_or_else(|| "off".to_owned(), |addr| addr.to_string())
         );
         relay.run_until_signal().await?;
         Ok(())
@@ -123,22 +125,33 @@ struct ConfigArgs {
 /// Defaults, then the file, then environment and flags (already merged by clap).
 fn resolve(args: ConfigArgs) -> Result<RelayConfig> {
     let mut config = match &args.config {
-        Some(path) => RelayConfig::from_file(path).map_err(|err| crate::usage::usage(err.to_string()))?,
+        Some(path) => {
+            RelayConfig::from_file(path).map_err(|err| crate::usage::usage(err.to_string()))?
+        }
         None => RelayConfig::default(),
     };
     let speed = args.overrides.replay_speed;
     config.apply(args.overrides);
     if args.builtin_workload && config.workload.is_none() {
-        config.workload = Some(WorkloadConfig { trace: None, speed: speed.unwrap_or(0.0), loops: 1 });
+        config.workload = Some(WorkloadConfig {
+            trace: None,
+            speed: speed.unwrap_or(0.0),
+            loops: 1,
+        });
     }
-    config.validate().map_err(|err| crate::usage::usage(err.to_string()))?;
+    config
+        .validate()
+        .map_err(|err| crate::usage::usage(err.to_string()))?;
     Ok(config)
 }
 
 pub(crate) fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 #[cfg(test)]
@@ -149,24 +162,43 @@ mod tests {
     fn flags_beat_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("relay.toml");
-        std::fs::write(&path, "dc_id = \"from-file\"\n[discovery]\ndir = \"cards\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "dc_id = \"from-file\"\n[discovery]\ndir = \"cards\"\n",
+        )
+        .unwrap();
         let config = resolve(ConfigArgs {
             config: Some(path.clone()),
-            overrides: RelayOverrides { dc_id: Some("from-flag".into()), ..RelayOverrides::default() },
+            overrides: RelayOverrides {
+                dc_id: Some("from-flag".into()),
+                ..RelayOverrides::default()
+            },
             builtin_workload: false,
         })
         .unwrap();
         assert_eq!(config.dc_id, "from-flag");
-        let config = resolve(ConfigArgs { config: Some(path), overrides: RelayOverrides::default(), builtin_workload: true })
-            .unwrap();
+        let config = resolve(ConfigArgs {
+            config: Some(path),
+            overrides: RelayOverrides::default(),
+            builtin_workload: true,
+        })
+        .unwrap();
         assert_eq!(config.dc_id, "from-file");
-        assert!(config.workload.is_some_and(|workload| workload.trace.is_none()));
+        assert!(
+            config
+                .workload
+                .is_some_and(|workload| workload.trace.is_none())
+        );
     }
 
     #[test]
     fn invalid_config_is_a_usage_error() {
-        let err = resolve(ConfigArgs { config: None, overrides: RelayOverrides::default(), builtin_workload: false })
-            .unwrap_err();
+        let err = resolve(ConfigArgs {
+            config: None,
+            overrides: RelayOverrides::default(),
+            builtin_workload: false,
+        })
+        .unwrap_err();
         assert!(err.downcast_ref::<crate::UsageError>().is_some(), "{err:#}");
     }
 }

@@ -30,10 +30,16 @@ impl AdminView for HostAdminView {
         }
         for (key, pool) in self.state.pools() {
             if pool.sources == 0 {
-                reasons.push(format!("pool {key} ({}) has no connected source", pool.endpoint));
+                reasons.push(format!(
+                    "pool {key} ({}) has no connected source",
+                    pool.endpoint
+                ));
             }
         }
-        Readiness { ready: reasons.is_empty(), reasons }
+        Readiness {
+            ready: reasons.is_empty(),
+            reasons,
+        }
     }
 
     fn catalog(&self) -> serde_json::Value {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvrelay_membership::{
-    DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryConfig as MembershipScope, EtcdDiscovery, FileDiscovery,
-    MembershipView, MembershipWatch, WatchConfig,
+    DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryConfig as MembershipScope, EtcdDiscovery,
+    FileDiscovery, MembershipView, MembershipWatch, WatchConfig,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -34,11 +34,17 @@ pub(crate) async fn start(
                 .map_err(|err| format!("connecting to etcd {:?}: {err}", config.etcd_endpoints))?,
         ),
     };
-    MembershipWatch::start(backend, scope, WatchConfig::default(), cancel).await.map_err(|err| err.to_string())
+    MembershipWatch::start(backend, scope, WatchConfig::default(), cancel)
+        .await
+        .map_err(|err| err.to_string())
 }
 
 /// Forwards every view of `watch` to `views` until `cancel` fires, then stops the watch.
-pub(crate) async fn forward(watch: MembershipWatch, views: watch::Sender<Option<MembershipView>>, cancel: CancellationToken) {
+pub(crate) async fn forward(
+    watch: MembershipWatch,
+    views: watch::Sender<Option<MembershipView>>,
+    cancel: CancellationToken,
+) {
     let mut subscription = watch.subscribe();
     let first = subscription.current();
     info!(endpoints = first.len(), "discovery listed");

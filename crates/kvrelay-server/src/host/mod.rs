@@ -12,6 +12,8 @@ mod admin_view;
 mod discovery;
 mod publisher;
 mod pump;
+mod replay;
+mod report;
 mod scrape;
 mod state;
 mod supervisor;
@@ -23,14 +25,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use kvrelay_ckf::{EventPayload, SourceId};
+use kvrelay_ckf::SourceId;
 use kvrelay_codec::v1::{self, RelayInfo};
 use kvrelay_identity::{DcId, DcRelayIdentity, EndpointId};
 use kvrelay_membership::{DiscoveryConfig as MembershipScope, MembershipView};
-use kvrelay_pool::{LoadObservation, PoolRegistry, RegistryConfig};
-use serde::Serialize;
+use kvrelay_pool::{PoolRegistry, RegistryConfig};
+
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -40,152 +41,14 @@ use crate::admission::{Admission, StreamKind};
 use crate::config::RelayConfig;
 use crate::metrics::RelayMetrics;
 use crate::mirror::{MirrorError, MirrorProgress, PoolMirror};
-use crate::tls::{TlsError, WanTls};
+use crate::tls::WanTls;
 use crate::wan::WanServer;
 use crate::wan::auth::BearerToken;
 use crate::wan::connection::ConnectionContext;
 use crate::wan::source::PublicationViews;
+pub use report::{PoolReport, ProducerTable, RelayError, RelayProgress};
 use state::HostState;
-use workload::{SourceCache, TraceError, TraceRequest};
-
-/// A relay that failed to start or stop.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum RelayError {
-    /// The configuration is invalid.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    /// TLS material failed to load.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// A listener could not be bound.
-    #[error("binding {what} listener {addr}: {message}")]
-    Bind {
-        /// `wan` or `admin`.
-        what: &'static str,
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        message: String,
-    },
-    /// The pool registry rejected its limits.
-    #[error("pool registry: {message}")]
-    Registry {
-        /// The registry's message.
-        message: String,
-    },
-    /// The workload trace could not be read.
-    #[error("reading trace {path}: {message}")]
-    Trace {
-        /// The trace file.
-        path: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
-    /// The discovery scope or backend is not usable.
-    #[error("discovery: {message}")]
-    Discovery {
-        /// What went wrong.
-        message: String,
-    },
-    /// Shutdown did not finish within its bound.
-    #[error("shutdown did not finish within shutdown_timeout_ms {timeout_ms}")]
-    ShutdownTimedOut {
-        /// The bound.
-        timeout_ms: u64,
-    },
-    /// The pool is not published.
-    #[error("pool {pool} is not in the catalog")]
-    UnknownPool {
-        /// The pool key.
-        pool: String,
-    },
-    /// No attached pool has this source.
-    #[error("source {source_id} is not connected to any pool")]
-    UnknownSource {
-        /// The source.
-        source_id: SourceId,
-    },
-    /// The pool actor did not accept an event.
-    #[error("pool actor refused an event of {source_id}: {message}")]
-    Submit {
-        /// The source.
-        source_id: SourceId,
-        /// The actor's message.
-        message: String,
-    },
-    /// Reading a producer's table failed.
-    #[error("reading producer table of pool {pool}: {message}")]
-    ProducerTable {
-        /// The pool key.
-        pool: String,
-        /// What went wrong.
-        message: String,
-    },
-}
-
-/// Live figures of a running relay (for progress displays and reports).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct RelayProgress {
-    /// Pools in the catalog.
-    pub pools: usize,
-    /// Connected sources.
-    pub sources: usize,
-    /// Trace requests replayed.
-    pub requests: u64,
-    /// Events submitted to pool actors.
-    pub events: u64,
-    /// Blocks stored by the workload.
-    pub blocks_stored: u64,
-    /// Blocks removed by the workload.
-    pub blocks_removed: u64,
-    /// Events a pool actor did not accept.
-    pub events_dropped: u64,
-    /// Whether the workload finished (and every actor was flushed).
-    pub workload_done: bool,
-    /// Pool frames written on the WAN.
-    pub frames_published: u64,
-    /// Pool bytes written on the WAN.
-    pub bytes_published: u64,
-    /// Highest filter load factor across pools (0..1).
-    pub filter_load_max: f64,
-    /// Catalog revision.
-    pub catalog_revision: u64,
-}
-
-/// One pool as the host sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PoolReport {
-    /// URL-safe pool key (as in `/v1/pools/{pool}/stats`).
-    pub pool: String,
-    /// Serving endpoint, `namespace.component.endpoint`.
-    pub endpoint: String,
-    /// Layout generation.
-    pub generation: u64,
-    /// Connected sources.
-    pub sources: usize,
-    /// Published sequence.
-    pub sequence: u64,
-    /// Resident blocks (exact).
-    pub resident_blocks: u64,
-    /// Filter buckets.
-    pub bucket_count: u64,
-    /// Blocks the filter could not place.
-    pub capacity_omissions: u64,
-    /// Events applied.
-    pub events_applied: u64,
-}
-
-/// A producer's table as published: what every replica must equal at `sequence`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProducerTable {
-    /// The producer generation.
-    pub producer: v1::ProducerIdentity,
-    /// The sequence of the table.
-    pub sequence: u64,
-    /// The bucket words.
-    pub words: Vec<u64>,
-}
+use workload::{TraceError, TraceRequest};
 
 /// A running relay.
 pub struct Relay {
@@ -207,7 +70,10 @@ pub struct Relay {
 
 impl std::fmt::Debug for Relay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Relay").field("wan_addr", &self.wan_addr).field("admin_addr", &self.admin_addr).finish_non_exhaustive()
+        f.debug_struct("Relay")
+            .field("wan_addr", &self.wan_addr)
+            .field("admin_addr", &self.admin_addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -217,31 +83,51 @@ impl Relay {
     pub async fn start(config: RelayConfig) -> Result<Self, RelayError> {
         config.validate()?;
         let tls = config.wan.tls.as_ref().map(WanTls::load).transpose()?;
-        let token = config.wan.auth.as_ref().map(BearerToken::load).transpose()?;
-        let trace = match &config.workload {
-            Some(workload) => Some(match &workload.trace {
-                Some(path) => read_trace(path)?,
-                None => workload::parse_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE).map_err(|err| RelayError::Trace {
-                    path: PathBuf::from("<builtin>"),
-                    message: err.to_string(),
-                })?,
-            }),
-            None => None,
-        };
+        let token = config
+            .wan
+            .auth
+            .as_ref()
+            .map(BearerToken::load)
+            .transpose()?;
+        let trace =
+            match &config.workload {
+                Some(workload) => Some(match &workload.trace {
+                    Some(path) => read_trace(path)?,
+                    None => workload::parse_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE).map_err(
+                        |err| RelayError::Trace {
+                            path: PathBuf::from("<builtin>"),
+                            message: err.to_string(),
+                        },
+                    )?,
+                }),
+                None => None,
+            };
         let scope = MembershipScope {
             namespaces: config.discovery.namespaces.clone(),
             endpoint_prefixes: config.discovery.endpoint_prefixes.clone(),
             watch_all: config.discovery.watch_all,
         };
-        scope.validate().map_err(|err| RelayError::Discovery { message: err.to_string() })?;
+        scope.validate().map_err(|err| RelayError::Discovery {
+            message: err.to_string(),
+        })?;
         let dc_id = DcId::from_dc_name(&config.dc_id);
         let identity = DcRelayIdentity::new(dc_id.as_u64(), rand::random::<u64>());
         let limits = config.limits.clone();
-        let registry = PoolRegistry::new(RegistryConfig { relay: identity, limits: pool_limits(&limits) })
-            .map_err(|err| RelayError::Registry { message: err.to_string() })?;
+        let registry = PoolRegistry::new(RegistryConfig {
+            relay: identity,
+            limits: pool_limits(&limits),
+        })
+        .map_err(|err| RelayError::Registry {
+            message: err.to_string(),
+        })?;
         let metrics = Arc::new(RelayMetrics::new());
         let relay = wire::relay_identity(identity);
-        let state = Arc::new(HostState::new(relay, limits.clone(), metrics.clone(), limits.load_window_ms));
+        let state = Arc::new(HostState::new(
+            relay,
+            limits.clone(),
+            metrics.clone(),
+            limits.load_window_ms,
+        ));
         let admission = Admission::new(&limits);
 
         let root = CancellationToken::new();
@@ -261,9 +147,11 @@ impl Relay {
         };
         let (views_tx, views_rx) = watch::channel::<Option<MembershipView>>(None);
         host_tracker.spawn(
-            discovery::forward(membership, views_tx, host_cancel.clone()).instrument(info_span!("discovery")),
+            discovery::forward(membership, views_tx, host_cancel.clone())
+                .instrument(info_span!("discovery")),
         );
-        let mut configured_sources: BTreeMap<EndpointId, Vec<crate::config::SourceConfig>> = BTreeMap::new();
+        let mut configured_sources: BTreeMap<EndpointId, Vec<crate::config::SourceConfig>> =
+            BTreeMap::new();
         for source in &config.sources {
             let parts: Vec<&str> = source.endpoint.split('.').collect();
             let endpoint = match parts.as_slice() {
@@ -272,13 +160,18 @@ impl Relay {
             };
             let Some(endpoint) = endpoint else {
                 root.cancel();
-                return Err(RelayError::Config(crate::config::ConfigError::InvalidField {
-                    field: "sources.endpoint",
-                    value: source.endpoint.clone(),
-                    reason: "must be namespace.component.endpoint",
-                }));
+                return Err(RelayError::Config(
+                    crate::config::ConfigError::InvalidField {
+                        field: "sources.endpoint",
+                        value: source.endpoint.clone(),
+                        reason: "must be namespace.component.endpoint",
+                    },
+                ));
             };
-            configured_sources.entry(endpoint).or_default().push(source.clone());
+            configured_sources
+                .entry(endpoint)
+                .or_default()
+                .push(source.clone());
         }
         let supervisor = supervisor::Supervisor {
             registry: registry.clone(),
@@ -293,7 +186,7 @@ impl Relay {
 
         let (done_tx, workload_done) = watch::channel(trace.is_none());
         if let (Some(requests), Some(workload)) = (trace, config.workload.clone()) {
-            let driver = WorkloadDriver {
+            let driver = replay::WorkloadDriver {
                 state: state.clone(),
                 registry: registry.clone(),
                 requests,
@@ -301,10 +194,16 @@ impl Relay {
                 loops: workload.loops,
                 done: done_tx,
             };
-            host_tracker.spawn(driver.run(host_cancel.clone()).instrument(info_span!("workload")));
+            host_tracker.spawn(
+                driver
+                    .run(host_cancel.clone())
+                    .instrument(info_span!("workload")),
+            );
         }
 
-        let codec_limits = kvrelay_codec::Limits { max_frame_len: limits.max_frame_len };
+        let codec_limits = kvrelay_codec::Limits {
+            max_frame_len: limits.max_frame_len,
+        };
         let views = PublicationViews {
             info: RelayInfo {
                 protocol_major: kvrelay_codec::PROTOCOL_MAJOR,
@@ -315,7 +214,9 @@ impl Relay {
             catalog: state.catalog.subscribe(),
             load: state.load.subscribe(),
             topology: state.topology.subscribe(),
-            pools: Arc::new(publisher::RegistryPublisher { registry: registry.clone() }),
+            pools: Arc::new(publisher::RegistryPublisher {
+                registry: registry.clone(),
+            }),
         };
         let ctx = ConnectionContext {
             views,
@@ -331,7 +232,11 @@ impl Relay {
             Ok(server) => server,
             Err(err) => {
                 root.cancel();
-                return Err(RelayError::Bind { what: "wan", addr: config.wan.listen, message: err.to_string() });
+                return Err(RelayError::Bind {
+                    what: "wan",
+                    addr: config.wan.listen,
+                    message: err.to_string(),
+                });
             }
         };
         let wan_addr = server.local_addr().map_err(|err| RelayError::Bind {
@@ -339,11 +244,25 @@ impl Relay {
             addr: config.wan.listen,
             message: err.to_string(),
         })?;
-        wan_tracker.spawn(server.run(wan_tracker.clone()).instrument(info_span!("wan", addr = %wan_addr)));
+        wan_tracker.spawn(
+            server
+                .run(wan_tracker.clone())
+                .instrument(info_span!("wan", addr = %wan_addr)),
+        );
 
         let admin_addr = if config.admin.enabled {
-            let view = Arc::new(admin_view::HostAdminView { state: state.clone(), admission: admission.clone() });
-            match crate::admin::bind(config.admin.listen, view, metrics.clone(), admin_cancel.clone()).await {
+            let view = Arc::new(admin_view::HostAdminView {
+                state: state.clone(),
+                admission: admission.clone(),
+            });
+            match crate::admin::bind(
+                config.admin.listen,
+                view,
+                metrics.clone(),
+                admin_cancel.clone(),
+            )
+            .await
+            {
                 Ok((addr, serve)) => {
                     admin_tracker.spawn(
                         async move {
@@ -357,7 +276,11 @@ impl Relay {
                 }
                 Err(err) => {
                     root.cancel();
-                    return Err(RelayError::Bind { what: "admin", addr: config.admin.listen, message: err.to_string() });
+                    return Err(RelayError::Bind {
+                        what: "admin",
+                        addr: config.admin.listen,
+                        message: err.to_string(),
+                    });
                 }
             }
         } else {
@@ -411,8 +334,18 @@ impl Relay {
             blocks_removed: workload.blocks_removed.load(Ordering::Relaxed),
             events_dropped: workload.events_dropped.load(Ordering::Relaxed),
             workload_done: *self.workload_done.borrow(),
-            frames_published: self.state.metrics.frames_sent.get_or_create(&pool_label).get(),
-            bytes_published: self.state.metrics.bytes_sent.get_or_create(&pool_label).get(),
+            frames_published: self
+                .state
+                .metrics
+                .frames_sent
+                .get_or_create(&pool_label)
+                .get(),
+            bytes_published: self
+                .state
+                .metrics
+                .bytes_sent
+                .get_or_create(&pool_label)
+                .get(),
             filter_load_max: pools
                 .values()
                 .filter_map(|pool| pool.stats.as_ref())
@@ -437,7 +370,9 @@ impl Relay {
     /// Waits until the catalog holds at least `n_pools` pools.
     pub async fn wait_for_pools(&self, n_pools: usize) {
         let mut catalog = self.state.catalog.subscribe();
-        let _ = catalog.wait_for(|catalog| catalog.pools.len() >= n_pools).await;
+        let _ = catalog
+            .wait_for(|catalog| catalog.pools.len() >= n_pools)
+            .await;
     }
 
     /// Per-pool figures (refreshed every load window).
@@ -451,11 +386,15 @@ impl Relay {
             if !seen.insert(key.clone()) {
                 continue;
             }
-            let Ok(stats) = route.actor.stats().await else { continue };
+            let Ok(stats) = route.actor.stats().await else {
+                continue;
+            };
             let status = statuses.get(&key);
             reports.push(PoolReport {
                 pool: key,
-                endpoint: status.map(|status| status.endpoint.clone()).unwrap_or_default(),
+                endpoint: status
+                    .map(|status| status.endpoint.clone())
+                    .unwrap_or_default(),
                 generation: route.generation,
                 sources: status.map_or(0, |status| status.sources),
                 sequence: stats.sequence,
@@ -477,7 +416,14 @@ impl Relay {
         let Some(route) = route else {
             return Err(RelayError::UnknownSource { source_id });
         };
-        route.actor.submit(event).await.map_err(|err| RelayError::Submit { source_id, message: err.to_string() })
+        route
+            .actor
+            .submit(event)
+            .await
+            .map_err(|err| RelayError::Submit {
+                source_id,
+                message: err.to_string(),
+            })
     }
 
     /// The connected sources, in order.
@@ -495,21 +441,40 @@ impl Relay {
 
     /// Reads the table of `producer` through its publication (an in-process subscription):
     /// exactly what a replica at the returned sequence must hold.
-    pub async fn producer_table(&self, producer: &v1::ProducerIdentity) -> Result<ProducerTable, RelayError> {
+    pub async fn producer_table(
+        &self,
+        producer: &v1::ProducerIdentity,
+    ) -> Result<ProducerTable, RelayError> {
         let pool = wire::wire_pool_key(&producer.pool_id);
-        let table_error = |message: String| RelayError::ProducerTable { pool: pool.clone(), message };
+        let table_error = |message: String| RelayError::ProducerTable {
+            pool: pool.clone(),
+            message,
+        };
         let catalog = self.registry.catalog();
-        let Some(descriptor) = catalog.pools().find(|entry| wire::producer(&entry.producer) == *producer) else {
+        let Some(descriptor) = catalog
+            .pools()
+            .find(|entry| wire::producer(&entry.producer) == *producer)
+        else {
             return Err(RelayError::UnknownPool { pool });
         };
         let identity = descriptor.producer;
         drop(catalog);
-        let mut subscription =
-            self.registry.subscribe(identity).await.map_err(|err| table_error(err.to_string()))?;
-        let mut mirror = PoolMirror::new(*producer).map_err(|err: MirrorError| table_error(err.to_string()))?;
+        let mut subscription = self
+            .registry
+            .subscribe(identity)
+            .await
+            .map_err(|err| table_error(err.to_string()))?;
+        let mut mirror =
+            PoolMirror::new(*producer).map_err(|err: MirrorError| table_error(err.to_string()))?;
         loop {
-            let frame = subscription.next_frame().await.map_err(|err| table_error(err.to_string()))?;
-            match mirror.handle_bytes(&frame.bytes).map_err(|err| table_error(err.to_string()))? {
+            let frame = subscription
+                .next_frame()
+                .await
+                .map_err(|err| table_error(err.to_string()))?;
+            match mirror
+                .handle_bytes(&frame.bytes)
+                .map_err(|err| table_error(err.to_string()))?
+            {
                 MirrorProgress::SnapshotComplete => break,
                 MirrorProgress::Assembling | MirrorProgress::Delta | MirrorProgress::Heartbeat => {}
             }
@@ -562,7 +527,10 @@ impl Relay {
                 Ok(())
             }
             Err(_) => {
-                warn!(timeout_ms, "shutdown bound exceeded; abandoning remaining tasks");
+                warn!(
+                    timeout_ms,
+                    "shutdown bound exceeded; abandoning remaining tasks"
+                );
                 Err(RelayError::ShutdownTimedOut { timeout_ms })
             }
         }
@@ -580,7 +548,8 @@ fn pool_limits(limits: &crate::limits::Limits) -> kvrelay_pool::Limits {
         max_initialized_hubs: limits.max_initialized_hubs as usize,
         max_subscribers_per_pool: limits.max_subscribers_per_pool as usize,
         subscriber_queue_frames: limits.subscriber_queue_frames as usize,
-        subscriber_queue_bytes: usize::try_from(limits.subscriber_queue_bytes).unwrap_or(usize::MAX),
+        subscriber_queue_bytes: usize::try_from(limits.subscriber_queue_bytes)
+            .unwrap_or(usize::MAX),
         heartbeat_interval: limits.heartbeat_interval(),
         snapshot_progress_timeout: limits.snapshot_progress_timeout(),
         ..kvrelay_pool::Limits::default()
@@ -588,7 +557,10 @@ fn pool_limits(limits: &crate::limits::Limits) -> kvrelay_pool::Limits {
 }
 
 fn read_trace(path: &std::path::Path) -> Result<Vec<TraceRequest>, RelayError> {
-    let trace_error = |message: String| RelayError::Trace { path: path.to_path_buf(), message };
+    let trace_error = |message: String| RelayError::Trace {
+        path: path.to_path_buf(),
+        message,
+    };
     let text = std::fs::read_to_string(path).map_err(|err| trace_error(err.to_string()))?;
     workload::parse_trace(&text).map_err(|err: TraceError| trace_error(err.to_string()))
 }
@@ -612,127 +584,5 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// Replays the trace into the pool actors of the connected sources.
-struct WorkloadDriver {
-    state: Arc<HostState>,
-    registry: PoolRegistry,
-    requests: Vec<TraceRequest>,
-    speed: f64,
-    loops: u32,
-    done: watch::Sender<bool>,
-}
-
-/// Requests between load observations of a source.
-const LOAD_OBSERVATION_EVERY: u64 = 64;
-
-impl WorkloadDriver {
-    async fn run(self, cancel: CancellationToken) {
-        let mut routes_rx = self.state.routes.subscribe();
-        let routes = tokio::select! {
-            () = cancel.cancelled() => return,
-            routes = routes_rx.wait_for(|routes| !routes.routes.is_empty()) => match routes {
-                Ok(routes) => routes.clone(),
-                Err(_) => return,
-            },
-        };
-        let sources: Vec<SourceId> = routes.routes.keys().copied().collect();
-        let mut caches: Vec<SourceCache> = sources
-            .iter()
-            .map(|source| {
-                let (capacity, block_size) =
-                    routes.routes.get(source).map_or((1, 16), |route| (route.capacity, route.block_size));
-                SourceCache::new(*source, usize::try_from(capacity).unwrap_or(usize::MAX), block_size)
-            })
-            .collect();
-        info!(sources = sources.len(), requests = self.requests.len(), "replaying trace");
-        let counters = &self.state.workload;
-        let started = tokio::time::Instant::now();
-        let mut pass = 0u32;
-        'passes: loop {
-            for request in &self.requests {
-                if cancel.is_cancelled() {
-                    break 'passes;
-                }
-                if self.speed > 0.0 {
-                    let at = Duration::from_secs_f64(request.timestamp as f64 / 1000.0 / self.speed);
-                    tokio::select! {
-                        () = cancel.cancelled() => break 'passes,
-                        () = tokio::time::sleep_until(started + at) => {}
-                    }
-                }
-                let Some(at) = workload::route(&request.hash_ids, sources.len()) else { continue };
-                let Some(cache) = caches.get_mut(at) else { continue };
-                let source = sources[at];
-                let events = cache.serve(&request.hash_ids);
-                let route = self.state.routes.borrow().routes.get(&source).cloned();
-                let Some(route) = route else {
-                    counters.events_dropped.fetch_add(events.len() as u64, Ordering::Relaxed);
-                    continue;
-                };
-                for event in events {
-                    match &event.payload {
-                        EventPayload::Stored(stored) => {
-                            counters.blocks_stored.fetch_add(stored.blocks.len() as u64, Ordering::Relaxed);
-                        }
-                        EventPayload::Removed(removed) => {
-                            counters.blocks_removed.fetch_add(removed.engine_block_ids.len() as u64, Ordering::Relaxed);
-                        }
-                        EventPayload::AllCleared => {}
-                    }
-                    let submitted = tokio::select! {
-                        () = cancel.cancelled() => break 'passes,
-                        submitted = route.actor.submit(event) => submitted,
-                    };
-                    let disposition = if submitted.is_ok() {
-                        counters.events.fetch_add(1, Ordering::Relaxed);
-                        "submitted"
-                    } else {
-                        counters.events_dropped.fetch_add(1, Ordering::Relaxed);
-                        "dropped"
-                    };
-                    self.state.metrics.events.get_or_create(&crate::metrics::DispositionLabel { disposition }).inc();
-                }
-                let served = counters.requests.fetch_add(1, Ordering::Relaxed) + 1;
-                if served.is_multiple_of(LOAD_OBSERVATION_EVERY) {
-                    self.observe(&route, source, cache.resident());
-                }
-            }
-            pass += 1;
-            if self.loops != 0 && pass >= self.loops {
-                break;
-            }
-        }
-        let routes = self.state.routes.borrow().clone();
-        for (source, cache) in sources.iter().zip(&caches) {
-            if let Some(route) = routes.routes.get(source) {
-                self.observe(route, *source, cache.resident());
-            }
-        }
-        let mut flushed = std::collections::BTreeSet::new();
-        for route in routes.routes.values() {
-            if flushed.insert(route.generation) {
-                let _ = route.actor.flush().await;
-            }
-        }
-        info!(requests = counters.requests.load(Ordering::Relaxed), "trace replay finished");
-        counters.done.store(true, Ordering::SeqCst);
-        self.done.send_replace(true);
-    }
-
-    fn observe(&self, route: &state::Route, source: SourceId, resident: usize) {
-        self.registry.observe_load(
-            route.pool,
-            route.generation,
-            LoadObservation {
-                worker_id: source.worker_id,
-                dp_rank: source.dp_rank,
-                kv_used_blocks: Some(resident as u64),
-                active_decode_blocks: None,
-                active_prefill_tokens: None,
-            },
-        );
     }
 }

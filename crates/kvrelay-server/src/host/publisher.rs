@@ -23,12 +23,21 @@ impl PoolPublisher for RegistryPublisher {
             // The catalog lookup already matched the wire identity; find the domain identity
             // whose wire form it is.
             let catalog = registry.catalog();
-            let Some(descriptor) = catalog.pools().find(|pool| wire::producer(&pool.producer) == expected) else {
-                return Err(StreamFailure::new(ErrorReason::ProducerChanged, "producer is no longer current"));
+            let Some(descriptor) = catalog
+                .pools()
+                .find(|pool| wire::producer(&pool.producer) == expected)
+            else {
+                return Err(StreamFailure::new(
+                    ErrorReason::ProducerChanged,
+                    "producer is no longer current",
+                ));
             };
             let identity = descriptor.producer;
             drop(catalog);
-            let subscription = registry.subscribe(identity).await.map_err(subscribe_failure)?;
+            let subscription = registry
+                .subscribe(identity)
+                .await
+                .map_err(subscribe_failure)?;
             tracing::debug!(subscriber = %subscriber, generation = identity.layout_generation(), "pool subscription opened");
             let frames = stream::unfold(Some(subscription), |state| async move {
                 let mut subscription = state?;

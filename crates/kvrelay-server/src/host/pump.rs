@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use kvrelay_identity::KvQuerySemantics;
-use kvrelay_ingest::{CanonicalConfig, SourceOutput, SourceSignal, ZmqSourceConfig, spawn_zmq_source};
+use kvrelay_ingest::{
+    CanonicalConfig, SourceOutput, SourceSignal, ZmqSourceConfig, spawn_zmq_source,
+};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
@@ -31,10 +33,17 @@ pub(crate) fn spawn(
         endpoint: config.zmq.clone(),
         replay_endpoint: config.replay.clone(),
         topic: String::new(),
-        canonical: CanonicalConfig { block_size: semantics.kv_block_size(), hash_format: semantics.hash_format() },
+        canonical: CanonicalConfig {
+            block_size: semantics.kv_block_size(),
+            hash_format: semantics.hash_format(),
+        },
         limits: kvrelay_ingest::Limits::default(),
     };
-    let span = info_span!("source", worker_id = config.worker_id, dp_rank = config.dp_rank);
+    let span = info_span!(
+        "source",
+        worker_id = config.worker_id,
+        dp_rank = config.dp_rank
+    );
     tracker.spawn(run(zmq, state, cancel).instrument(span));
 }
 
@@ -59,12 +68,18 @@ async fn run(config: ZmqSourceConfig, state: Arc<HostState>, cancel: Cancellatio
                     None => false,
                 };
                 let disposition = if submitted { "submitted" } else { "dropped" };
-                state.metrics.events.get_or_create(&DispositionLabel { disposition }).inc();
+                state
+                    .metrics
+                    .events
+                    .get_or_create(&DispositionLabel { disposition })
+                    .inc();
             }
             Some(SourceOutput::Signal(signal)) => match signal {
                 SourceSignal::Connected { endpoint } => info!(%endpoint, "source connected"),
                 SourceSignal::Lost { endpoint } => warn!(%endpoint, "source lost; reconnecting"),
-                SourceSignal::Gap { expected, got } => warn!(expected, got, "source gap; replaying"),
+                SourceSignal::Gap { expected, got } => {
+                    warn!(expected, got, "source gap; replaying")
+                }
                 SourceSignal::Reset { reason, .. } => warn!(?reason, "source reset"),
             },
         }

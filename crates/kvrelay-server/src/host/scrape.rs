@@ -92,8 +92,15 @@ pub(crate) fn kv_usage(page: &str, dp_rank: u32) -> Option<f64> {
                 value.is_finite().then_some((labels, value))
             })
             .collect();
-        let rank_labels = [format!("engine=\"{dp_rank}\""), format!("dp_rank=\"{dp_rank}\"")];
-        let for_rank = samples.iter().find(|(labels, _)| rank_labels.iter().any(|label| labels.contains(label.as_str())));
+        let rank_labels = [
+            format!("engine=\"{dp_rank}\""),
+            format!("dp_rank=\"{dp_rank}\""),
+        ];
+        let for_rank = samples.iter().find(|(labels, _)| {
+            rank_labels
+                .iter()
+                .any(|label| labels.contains(label.as_str()))
+        });
         if let Some((_, value)) = for_rank.or(samples.first()) {
             return Some(*value);
         }
@@ -104,23 +111,37 @@ pub(crate) fn kv_usage(page: &str, dp_rank: u32) -> Option<f64> {
 /// GETs an `http://host:port/path` URL (plain HTTP/1.1, `Connection: close`) and returns the
 /// body of a 200 answer.
 async fn fetch(url: &str) -> std::io::Result<String> {
-    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {url}"));
-    let rest = url.strip_prefix("http://").ok_or_else(|| invalid("only http:// metrics URLs are supported"))?;
+    let invalid = |what: &str| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {url}"))
+    };
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| invalid("only http:// metrics URLs are supported"))?;
     let (authority, path) = match rest.find('/') {
         Some(at) => (&rest[..at], &rest[at..]),
         None => (rest, "/metrics"),
     };
     let mut stream = TcpStream::connect(authority).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
-    stream.take(MAX_PAGE_BYTES).read_to_end(&mut response).await?;
+    stream
+        .take(MAX_PAGE_BYTES)
+        .read_to_end(&mut response)
+        .await?;
     let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| invalid("malformed HTTP answer"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| invalid("malformed HTTP answer"))?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         return Err(invalid("non-200 answer"));
     }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         return Err(invalid("chunked metrics answers are not supported"));
     }
     Ok(body.to_owned())
@@ -146,6 +167,12 @@ mod tests {
 
     #[test]
     fn pages_without_the_gauge_give_nothing() {
-        assert_eq!(kv_usage("vllm:num_requests_running 4\nvllm:kv_cache_usage_percent_x 0.1\n", 0), None);
+        assert_eq!(
+            kv_usage(
+                "vllm:num_requests_running 4\nvllm:kv_cache_usage_percent_x 0.1\n",
+                0
+            ),
+            None
+        );
     }
 }

@@ -70,12 +70,21 @@ pub(crate) struct HostState {
 }
 
 impl HostState {
-    pub(crate) fn new(relay: RelayIdentity, limits: Limits, metrics: Arc<RelayMetrics>, window_ms: u64) -> Self {
+    pub(crate) fn new(
+        relay: RelayIdentity,
+        limits: Limits,
+        metrics: Arc<RelayMetrics>,
+        window_ms: u64,
+    ) -> Self {
         Self {
             relay,
             limits,
             metrics,
-            catalog: watch::Sender::new(Arc::new(CatalogUpdate { relay, revision: 0, pools: Vec::new() })),
+            catalog: watch::Sender::new(Arc::new(CatalogUpdate {
+                relay,
+                revision: 0,
+                pools: Vec::new(),
+            })),
             load: watch::Sender::new(Arc::new(LoadWindow {
                 relay,
                 window_sequence: 0,
@@ -83,7 +92,11 @@ impl HostState {
                 window_ms,
                 pools: Vec::new(),
             })),
-            topology: watch::Sender::new(Arc::new(TopologyUpdate { relay, revision: 0, entries: Vec::new() })),
+            topology: watch::Sender::new(Arc::new(TopologyUpdate {
+                relay,
+                revision: 0,
+                entries: Vec::new(),
+            })),
             routes: watch::Sender::new(Arc::new(Routes::default())),
             workload: WorkloadCounters::default(),
             live: AtomicBool::new(true),
@@ -93,8 +106,12 @@ impl HostState {
     }
 
     pub(crate) fn publish_catalog(&self, update: CatalogUpdate) {
-        self.metrics.pools.set(i64::try_from(update.pools.len()).unwrap_or(i64::MAX));
-        self.metrics.catalog_revision.set(i64::try_from(update.revision).unwrap_or(i64::MAX));
+        self.metrics
+            .pools
+            .set(i64::try_from(update.pools.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .catalog_revision
+            .set(i64::try_from(update.revision).unwrap_or(i64::MAX));
         self.catalog.send_replace(Arc::new(update));
     }
 
@@ -143,12 +160,17 @@ impl HostState {
                 }
             }
         }
-        self.metrics.filter_omissions.set(i64::try_from(omissions).unwrap_or(i64::MAX));
+        self.metrics
+            .filter_omissions
+            .set(i64::try_from(omissions).unwrap_or(i64::MAX));
         self.metrics.filter_load_max.set(load_max);
     }
 
     pub(crate) fn pools(&self) -> BTreeMap<String, PoolStatus> {
-        self.pools.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.pools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub(crate) fn mark_discovery_listed(&self) {
@@ -163,5 +185,9 @@ impl HostState {
 /// Occupied slots over all slots (4 per bucket), 0 for an empty filter.
 pub(crate) fn filter_load(stats: &PoolActorStats) -> f64 {
     let slots = stats.filter.bucket_count.saturating_mul(4);
-    if slots == 0 { 0.0 } else { stats.filter.occupied_slots as f64 / slots as f64 }
+    if slots == 0 {
+        0.0
+    } else {
+        stats.filter.occupied_slots as f64 / slots as f64
+    }
 }

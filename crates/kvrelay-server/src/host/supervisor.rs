@@ -18,7 +18,9 @@ use futures::future::select_all;
 use kvrelay_ckf::SourceId;
 use kvrelay_identity::{DcId, EndpointId, KvQuerySemantics, PoolId, WorkerRole};
 use kvrelay_membership::{EndpointMembership, MembershipView, TopologyState};
-use kvrelay_pool::{AttachRequest, PoolActorHandle, PoolAttachment, PoolRegistry, RetirementMode, WorkerCapacity};
+use kvrelay_pool::{
+    AttachRequest, PoolActorHandle, PoolAttachment, PoolRegistry, RetirementMode, WorkerCapacity,
+};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -26,9 +28,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::config::SourceConfig;
-use crate::host::{pump, scrape};
 use crate::host::state::{HostState, PoolStatus, Route, Routes};
 use crate::host::wire;
+use crate::host::{pump, scrape};
 
 /// Filter sizing when no worker declares its KV capacity, in blocks.
 pub(crate) const DEFAULT_EXPECTED_UNIQUE_BLOCKS: u64 = 65_536;
@@ -137,7 +139,9 @@ impl Supervisor {
         // Shutdown: stop the sources, withdraw and retire every generation, stop the registry.
         pumps.stop_all().await;
         for (_, entry) in std::mem::take(&mut attached) {
-            self.registry.retire(entry.attachment, RetirementMode::Fenced).await;
+            self.registry
+                .retire(entry.attachment, RetirementMode::Fenced)
+                .await;
         }
         self.publish_routes(&attached);
         self.registry.shutdown().await;
@@ -159,14 +163,20 @@ impl Supervisor {
         }
         let stale: Vec<EndpointId> = attached
             .iter()
-            .filter(|(endpoint, entry)| desired.get(*endpoint).is_none_or(|(binding, _)| *binding != entry.binding))
+            .filter(|(endpoint, entry)| {
+                desired
+                    .get(*endpoint)
+                    .is_none_or(|(binding, _)| *binding != entry.binding)
+            })
             .map(|(endpoint, _)| endpoint.clone())
             .collect();
         for endpoint in stale {
             pumps.stop(&endpoint);
             if let Some(entry) = attached.remove(&endpoint) {
                 info!(endpoint = %endpoint.dotted(), generation = entry.attachment.generation, "retiring pool");
-                self.registry.retire(entry.attachment, RetirementMode::Graceful).await;
+                self.registry
+                    .retire(entry.attachment, RetirementMode::Graceful)
+                    .await;
             }
         }
         for (endpoint, (binding, membership)) in desired {
@@ -190,14 +200,26 @@ impl Supervisor {
                         Ok(attachment) => {
                             info!(endpoint = %endpoint.dotted(), generation = attachment.generation, "pool attached");
                             if let Some(configured) = self.configured_sources.get(&endpoint) {
-                                pumps.start(&endpoint, configured, binding.query_semantics, self, &self.cancel);
+                                pumps.start(
+                                    &endpoint,
+                                    configured,
+                                    binding.query_semantics,
+                                    self,
+                                    &self.cancel,
+                                );
                             }
                             attached.insert(
                                 endpoint,
-                                Attached { binding, attachment, endpoint: membership.clone() },
+                                Attached {
+                                    binding,
+                                    attachment,
+                                    endpoint: membership.clone(),
+                                },
                             );
                         }
-                        Err(err) => warn!(endpoint = %endpoint.dotted(), error = %err, "pool attach failed"),
+                        Err(err) => {
+                            warn!(endpoint = %endpoint.dotted(), error = %err, "pool attach failed")
+                        }
                     }
                 }
             }
@@ -219,34 +241,46 @@ impl Supervisor {
         for (endpoint, entry) in attached {
             let slot = entry.attachment.generation;
             changed |= state.claim_availability(endpoint, slot);
-            let live: BTreeSet<u64> = sources_of(&entry.endpoint, self.configured_sources.get(endpoint))
-                .into_iter()
-                .map(|(source, _)| source.worker_id)
-                .collect();
+            let live: BTreeSet<u64> =
+                sources_of(&entry.endpoint, self.configured_sources.get(endpoint))
+                    .into_iter()
+                    .map(|(source, _)| source.worker_id)
+                    .collect();
             changed |= state.replace_availability(endpoint, slot, Some(live));
         }
         changed |= state.replace_pool_links(
-            catalog.pools().map(|pool| (pool.serving_endpoint.clone(), pool.pool_id())),
+            catalog
+                .pools()
+                .map(|pool| (pool.serving_endpoint.clone(), pool.pool_id())),
         );
         let first = self.state.topology.borrow().revision == 0;
         if changed || first {
-            self.state.publish_topology(wire::topology_update(self.state.relay, &state.snapshot()));
+            self.state
+                .publish_topology(wire::topology_update(self.state.relay, &state.snapshot()));
         }
     }
 
     fn update_in_place(&self, entry: &mut Attached, membership: &EndpointMembership) {
         let attachment = &mut entry.attachment;
         if entry.endpoint.registrations != membership.registrations
-            && let Err(err) = self.registry.replace_registrations(attachment, membership.registrations.clone())
+            && let Err(err) = self
+                .registry
+                .replace_registrations(attachment, membership.registrations.clone())
         {
             warn!(error = %err, "replacing registrations failed");
         }
         if entry.endpoint.roles != membership.roles
-            && let Err(err) = self.registry.replace_roles(attachment, roles_of(membership))
+            && let Err(err) = self
+                .registry
+                .replace_roles(attachment, roles_of(membership))
         {
             warn!(error = %err, "replacing roles failed");
         }
-        if let Err(err) = self.registry.replace_load_capacity(attachment.pool, attachment.generation, &capacities(membership)) {
+        if let Err(err) = self.registry.replace_load_capacity(
+            attachment.pool,
+            attachment.generation,
+            &capacities(membership),
+        ) {
             warn!(error = %err, "replacing load capacity failed");
         }
         entry.endpoint = membership.clone();
@@ -263,7 +297,10 @@ impl Supervisor {
         }
         let domain = membership.domain?;
         Some(Binding {
-            pool: PoolId { indexer_domain: domain.id, dc_id: self.dc_id },
+            pool: PoolId {
+                indexer_domain: domain.id,
+                dc_id: self.dc_id,
+            },
             query_semantics: domain.query_semantics,
         })
     }
@@ -335,7 +372,13 @@ impl Pumps {
         }
         let cancel = parent.child_token();
         for source in sources {
-            pump::spawn(&self.tracker, source, semantics, supervisor.state.clone(), cancel.clone());
+            pump::spawn(
+                &self.tracker,
+                source,
+                semantics,
+                supervisor.state.clone(),
+                cancel.clone(),
+            );
             if let Some(url) = &source.metrics_url {
                 self.tracker.spawn(scrape::run(
                     url.clone(),
@@ -366,7 +409,11 @@ impl Pumps {
 }
 
 fn roles_of(membership: &EndpointMembership) -> Vec<WorkerRole> {
-    if membership.roles.is_empty() { vec![WorkerRole::Aggregated] } else { membership.roles.clone() }
+    if membership.roles.is_empty() {
+        vec![WorkerRole::Aggregated]
+    } else {
+        membership.roles.clone()
+    }
 }
 
 /// Per-rank capacity in blocks, by worker, from the runtime configs.
@@ -388,10 +435,16 @@ fn expected_unique_blocks(membership: &EndpointMembership) -> u64 {
         .runtime_configs
         .values()
         .filter_map(|config| {
-            config.total_kv_blocks.map(|blocks| blocks.saturating_mul(u64::from(config.data_parallel_size.max(1))))
+            config
+                .total_kv_blocks
+                .map(|blocks| blocks.saturating_mul(u64::from(config.data_parallel_size.max(1))))
         })
         .fold(0u64, u64::saturating_add);
-    if declared == 0 { DEFAULT_EXPECTED_UNIQUE_BLOCKS } else { declared.max(MIN_EXPECTED_UNIQUE_BLOCKS) }
+    if declared == 0 {
+        DEFAULT_EXPECTED_UNIQUE_BLOCKS
+    } else {
+        declared.max(MIN_EXPECTED_UNIQUE_BLOCKS)
+    }
 }
 
 /// Default per-rank capacity of a simulated source when its card declares none, in blocks.
@@ -399,7 +452,10 @@ const DEFAULT_SOURCE_CAPACITY: u64 = 4_096;
 
 /// The sources of an endpoint with their per-rank capacity: every (worker, rank) of its
 /// cards, plus statically configured ones.
-fn sources_of(membership: &EndpointMembership, configured: Option<&Vec<SourceConfig>>) -> Vec<(SourceId, u64)> {
+fn sources_of(
+    membership: &EndpointMembership,
+    configured: Option<&Vec<SourceConfig>>,
+) -> Vec<(SourceId, u64)> {
     let mut sources = BTreeMap::new();
     for (worker_id, config) in &membership.runtime_configs {
         let capacity = config.total_kv_blocks.unwrap_or(DEFAULT_SOURCE_CAPACITY);
@@ -409,7 +465,9 @@ fn sources_of(membership: &EndpointMembership, configured: Option<&Vec<SourceCon
         }
     }
     for source in configured.into_iter().flatten() {
-        sources.entry(SourceId::new(source.worker_id, source.dp_rank)).or_insert(DEFAULT_SOURCE_CAPACITY);
+        sources
+            .entry(SourceId::new(source.worker_id, source.dp_rank))
+            .or_insert(DEFAULT_SOURCE_CAPACITY);
     }
     sources.into_iter().collect()
 }

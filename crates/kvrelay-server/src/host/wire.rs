@@ -15,7 +15,10 @@ use kvrelay_membership::{ServingState, TopologySnapshot};
 use kvrelay_pool::{PoolCatalog, PoolLoadSnapshot};
 
 pub(crate) fn relay_identity(relay: DcRelayIdentity) -> RelayIdentity {
-    RelayIdentity { drt_instance_id: relay.drt_instance_id(), relay_incarnation: relay.relay_incarnation() }
+    RelayIdentity {
+        drt_instance_id: relay.drt_instance_id(),
+        relay_incarnation: relay.relay_incarnation(),
+    }
 }
 
 fn source(source: IdentitySource) -> v1::IdentitySource {
@@ -77,7 +80,12 @@ fn endpoint(endpoint: &kvrelay_identity::EndpointId) -> v1::EndpointId {
 
 /// A stable, URL-safe key of a pool: `<cache semantics hex>-<routing scope hex>-<dc hex>`.
 pub(crate) fn pool_key(pool: &kvrelay_identity::PoolId) -> String {
-    let hex = |bytes: &[u8]| bytes.iter().map(|byte| format!("{byte:02x}")).collect::<String>();
+    let hex = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect::<String>()
+    };
     format!(
         "{}-{}-{:016x}",
         hex(pool.indexer_domain.cache_semantics.digest()),
@@ -88,8 +96,18 @@ pub(crate) fn pool_key(pool: &kvrelay_identity::PoolId) -> String {
 
 /// The same key computed from a wire pool id.
 pub(crate) fn wire_pool_key(pool: &v1::PoolId) -> String {
-    let hex = |bytes: &[u8]| bytes.iter().map(|byte| format!("{byte:02x}")).collect::<String>();
-    format!("{}-{}-{:016x}", hex(&pool.cache_semantics.digest), hex(&pool.routing_scope.digest), pool.dc_id)
+    let hex = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect::<String>()
+    };
+    format!(
+        "{}-{}-{:016x}",
+        hex(&pool.cache_semantics.digest),
+        hex(&pool.routing_scope.digest),
+        pool.dc_id
+    )
 }
 
 pub(crate) fn catalog_update(catalog: &PoolCatalog) -> CatalogUpdate {
@@ -108,7 +126,11 @@ pub(crate) fn catalog_update(catalog: &PoolCatalog) -> CatalogUpdate {
                         ModelTarget::Base { .. } => None,
                         ModelTarget::Lora { adapter, .. } => Some(adapter.as_str().to_owned()),
                     },
-                    aliases: registration.aliases().iter().map(|alias| alias.as_str().to_owned()).collect(),
+                    aliases: registration
+                        .aliases()
+                        .iter()
+                        .map(|alias| alias.as_str().to_owned())
+                        .collect(),
                 })
                 .collect(),
             query_semantics: v1::QuerySemantics {
@@ -121,7 +143,11 @@ pub(crate) fn catalog_update(catalog: &PoolCatalog) -> CatalogUpdate {
             pool_roles: pool.pool_roles.iter().copied().map(role).collect(),
         })
         .collect();
-    CatalogUpdate { relay: relay_identity(catalog.relay()), revision: catalog.revision(), pools }
+    CatalogUpdate {
+        relay: relay_identity(catalog.relay()),
+        revision: catalog.revision(),
+        pools,
+    }
 }
 
 pub(crate) fn load_window(

@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kvrelay_ingest::block_token_hash;
 use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_ingest::block_token_hash;
 use serde::Deserialize;
 
 /// One request of the trace.
@@ -44,8 +44,10 @@ pub(crate) fn parse_trace(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(at, line)| {
-            serde_json::from_str(line)
-                .map_err(|err| TraceError::Line { line: at + 1, message: err.to_string() })
+            serde_json::from_str(line).map_err(|err| TraceError::Line {
+                line: at + 1,
+                message: err.to_string(),
+            })
         })
         .collect()
 }
@@ -102,7 +104,10 @@ impl SourceCache {
     pub(crate) fn serve(&mut self, hash_ids: &[u64]) -> Vec<RouterEvent> {
         // A request longer than the cache keeps only the prefix that fits.
         let hash_ids = &hash_ids[..hash_ids.len().min(self.capacity)];
-        let held = hash_ids.iter().take_while(|id| self.resident.contains_key(id)).count();
+        let held = hash_ids
+            .iter()
+            .take_while(|id| self.resident.contains_key(id))
+            .count();
         for id in &hash_ids[..held] {
             self.touch(*id);
         }
@@ -123,15 +128,22 @@ impl SourceCache {
         // The held prefix was just touched, so LRU eviction never takes the parent.
         let overflow = (self.resident.len() + missing.len()).saturating_sub(self.capacity);
         for _ in 0..overflow {
-            let Some((_, victim)) = self.by_use.pop_first() else { break };
+            let Some((_, victim)) = self.by_use.pop_first() else {
+                break;
+            };
             if let Some((engine_id, _)) = self.resident.remove(&victim) {
                 removed.push(engine_id);
             }
         }
         if !removed.is_empty() {
-            events.push(self.event(EventPayload::Removed(RemovedBlocks { engine_block_ids: removed })));
+            events.push(self.event(EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: removed,
+            })));
         }
-        let parent = held.checked_sub(1).and_then(|at| self.resident.get(&hash_ids[at])).map(|entry| entry.0);
+        let parent = held
+            .checked_sub(1)
+            .and_then(|at| self.resident.get(&hash_ids[at]))
+            .map(|entry| entry.0);
         let mut blocks = Vec::with_capacity(missing.len());
         for id in missing {
             let engine_block_id = self.next_engine_block;
@@ -144,7 +156,10 @@ impl SourceCache {
                 token_hash: block_token_hash(*id, self.block_size, WORKLOAD_TOKEN_SEED),
             });
         }
-        events.push(self.event(EventPayload::Stored(StoredBlocks { parent_engine_block_id: parent, blocks })));
+        events.push(self.event(EventPayload::Stored(StoredBlocks {
+            parent_engine_block_id: parent,
+            blocks,
+        })));
         events
     }
 
@@ -159,7 +174,11 @@ impl SourceCache {
 
     fn event(&mut self, payload: EventPayload) -> RouterEvent {
         self.next_event_id += 1;
-        RouterEvent { source: self.source, event_id: self.next_event_id, payload }
+        RouterEvent {
+            source: self.source,
+            event_id: self.next_event_id,
+            payload,
+        }
     }
 }
 
@@ -192,7 +211,10 @@ mod tests {
         assert_eq!(blocks.parent_engine_block_id, Some(2));
         assert_eq!(
             blocks.blocks,
-            vec![StoredBlock { engine_block_id: 4, token_hash: block_token_hash(4, 16, WORKLOAD_TOKEN_SEED) }]
+            vec![StoredBlock {
+                engine_block_id: 4,
+                token_hash: block_token_hash(4, 16, WORKLOAD_TOKEN_SEED)
+            }]
         );
         assert_eq!(cache.resident(), 4);
     }
@@ -206,7 +228,9 @@ mod tests {
         let events = cache.serve(&[9]);
         assert_eq!(
             events[0].payload,
-            EventPayload::Removed(RemovedBlocks { engine_block_ids: vec![3] })
+            EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: vec![3]
+            })
         );
         assert_eq!(cache.resident(), 3);
     }
@@ -237,7 +261,10 @@ mod tests {
             })
             .flatten()
             .collect();
-        assert!(removed.contains(&2) && removed.contains(&3), "stale copies removed: {removed:?}");
+        assert!(
+            removed.contains(&2) && removed.contains(&3),
+            "stale copies removed: {removed:?}"
+        );
         let stored = stored(events.last().unwrap());
         assert_eq!(stored.parent_engine_block_id, None);
         assert_eq!(stored.blocks.len(), 3);

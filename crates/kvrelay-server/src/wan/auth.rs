@@ -35,7 +35,9 @@ impl BearerToken {
                 reason: "token must not be empty",
             });
         }
-        Ok(Self { token: Arc::from(text.into_bytes()) })
+        Ok(Self {
+            token: Arc::from(text.into_bytes()),
+        })
     }
 
     /// Whether `presented` equals the token, in time independent of where they differ.
@@ -55,7 +57,10 @@ impl BearerToken {
 fn read_token(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path)
         .map(|text| text.trim().to_owned())
-        .map_err(|err| ConfigError::Read { path: path.to_path_buf(), message: err.to_string() })
+        .map_err(|err| ConfigError::Read {
+            path: path.to_path_buf(),
+            message: err.to_string(),
+        })
 }
 
 #[cfg(test)]
@@ -63,7 +68,11 @@ mod tests {
     use super::*;
 
     fn token(text: &str) -> BearerToken {
-        BearerToken::load(&AuthConfig { token: Some(text.into()), token_file: None }).unwrap()
+        BearerToken::load(&AuthConfig {
+            token: Some(text.into()),
+            token_file: None,
+        })
+        .unwrap()
     }
 
     #[test]
@@ -81,7 +90,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
         std::fs::write(&path, "abc\n").unwrap();
-        let loaded = BearerToken::load(&AuthConfig { token: None, token_file: Some(path) }).unwrap();
+        let loaded = BearerToken::load(&AuthConfig {
+            token: None,
+            token_file: Some(path),
+        })
+        .unwrap();
         assert!(loaded.matches(Some("abc")));
     }
 }

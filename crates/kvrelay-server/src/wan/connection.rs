@@ -65,7 +65,14 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         },
     };
     let (reader, writer) = tokio::io::split(io);
-    let mut conn = Conn { ctx: ctx.clone(), reader, writer, kind: None, peer, torn: false };
+    let mut conn = Conn {
+        ctx: ctx.clone(),
+        reader,
+        writer,
+        kind: None,
+        peer,
+        torn: false,
+    };
     let request = match timeout(ctx.limits.request_timeout(), conn.read_request()).await {
         Ok(Ok(request)) => request,
         Ok(Err(failure)) => {
@@ -75,7 +82,11 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         }
         Err(_) => {
             ctx.outcome("bad_request");
-            conn.fail(StreamFailure::new(ErrorReason::InvalidRequest, "no stream request within request_timeout_ms")).await;
+            conn.fail(StreamFailure::new(
+                ErrorReason::InvalidRequest,
+                "no stream request within request_timeout_ms",
+            ))
+            .await;
             return;
         }
     };
@@ -83,7 +94,11 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         && !token.matches(request.auth_token.as_deref())
     {
         ctx.outcome("auth_failed");
-        conn.fail(StreamFailure::new(ErrorReason::InvalidRequest, "authentication failed: missing or wrong bearer token")).await;
+        conn.fail(StreamFailure::new(
+            ErrorReason::InvalidRequest,
+            "authentication failed: missing or wrong bearer token",
+        ))
+        .await;
         return;
     }
     ctx.outcome("served");
@@ -93,7 +108,8 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         StreamRpc::WatchLoad => conn.serve_load().await,
         StreamRpc::WatchTopology => conn.serve_topology().await,
         StreamRpc::SubscribePool { expected_producer } => {
-            conn.serve_pool(expected_producer, request.subscriber_id).await
+            conn.serve_pool(expected_producer, request.subscriber_id)
+                .await
         }
     };
     match result {
@@ -123,7 +139,10 @@ struct Conn {
 
 impl ConnectionContext {
     fn outcome(&self, outcome: &'static str) {
-        self.metrics.connections.get_or_create(&OutcomeLabel { outcome }).inc();
+        self.metrics
+            .connections
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
     }
 }
 
@@ -140,31 +159,51 @@ impl Conn {
                 }
             }
             let n = self.reader.read_buf(&mut buf).await.map_err(|err| {
-                StreamFailure::new(ErrorReason::InvalidRequest, format!("reading request: {err}"))
+                StreamFailure::new(
+                    ErrorReason::InvalidRequest,
+                    format!("reading request: {err}"),
+                )
             })?;
             if n == 0 {
-                return Err(StreamFailure::new(ErrorReason::InvalidRequest, "connection closed before a complete stream request"));
+                return Err(StreamFailure::new(
+                    ErrorReason::InvalidRequest,
+                    "connection closed before a complete stream request",
+                ));
             }
         };
         if !buf.is_empty() {
-            return Err(StreamFailure::new(ErrorReason::InvalidRequest, format!("{} bytes follow the stream request", buf.len())));
+            return Err(StreamFailure::new(
+                ErrorReason::InvalidRequest,
+                format!("{} bytes follow the stream request", buf.len()),
+            ));
         }
         if frame.kind() != Some(MessageKind::StreamRequest) {
             return Err(StreamFailure::new(
                 ErrorReason::InvalidRequest,
-                format!("first frame has message kind {}, expected a stream request", frame.kind_code),
+                format!(
+                    "first frame has message kind {}, expected a stream request",
+                    frame.kind_code
+                ),
             ));
         }
         let request = StreamRequest::decode_body(&frame.body, frame.minor)
             .map_err(|err| StreamFailure::new(err.reason(), err.to_string()))?;
         request.validate().map_err(|err| {
-            let reason = if err.is_unsupported() { ErrorReason::UnsupportedFeature } else { ErrorReason::InvalidRequest };
+            let reason = if err.is_unsupported() {
+                ErrorReason::UnsupportedFeature
+            } else {
+                ErrorReason::InvalidRequest
+            };
             StreamFailure::new(reason, err.to_string())
         })?;
         Ok(request)
     }
 
-    fn admitted(&mut self, kind: StreamKind, result: Result<crate::admission::StreamPermit, AdmissionError>) -> Result<crate::admission::StreamPermit, StreamFailure> {
+    fn admitted(
+        &mut self,
+        kind: StreamKind,
+        result: Result<crate::admission::StreamPermit, AdmissionError>,
+    ) -> Result<crate::admission::StreamPermit, StreamFailure> {
         match result {
             Ok(permit) => {
                 self.kind = Some(kind);
@@ -174,9 +213,15 @@ impl Conn {
                 self.ctx
                     .metrics
                     .admission_rejected
-                    .get_or_create(&RejectionLabels { stream: kind.label(), scope: err.scope() })
+                    .get_or_create(&RejectionLabels {
+                        stream: kind.label(),
+                        scope: err.scope(),
+                    })
                     .inc();
-                Err(StreamFailure::new(ErrorReason::ResourceLimit, err.to_string()))
+                Err(StreamFailure::new(
+                    ErrorReason::ResourceLimit,
+                    err.to_string(),
+                ))
             }
         }
     }
@@ -194,14 +239,26 @@ impl Conn {
         let admitted = self.ctx.admission.admit(StreamKind::Catalog);
         let _permit = self.admitted(StreamKind::Catalog, admitted)?;
         let rx = self.ctx.views.catalog.clone();
-        self.serve_watch(rx, |update: &CatalogUpdate| Message::CatalogUpdate(update.clone()), |_, _| true, true).await
+        self.serve_watch(
+            rx,
+            |update: &CatalogUpdate| Message::CatalogUpdate(update.clone()),
+            |_, _| true,
+            true,
+        )
+        .await
     }
 
     async fn serve_topology(&mut self) -> Result<End, StreamFailure> {
         let admitted = self.ctx.admission.admit(StreamKind::Topology);
         let _permit = self.admitted(StreamKind::Topology, admitted)?;
         let rx = self.ctx.views.topology.clone();
-        self.serve_watch(rx, |update: &TopologyUpdate| Message::TopologyUpdate(update.clone()), |_, _| true, true).await
+        self.serve_watch(
+            rx,
+            |update: &TopologyUpdate| Message::TopologyUpdate(update.clone()),
+            |_, _| true,
+            true,
+        )
+        .await
     }
 
     async fn serve_load(&mut self) -> Result<End, StreamFailure> {
@@ -269,8 +326,15 @@ impl Conn {
         // Cheap identity checks first, before any slot is taken: stale requests never queue.
         {
             let catalog = self.ctx.views.catalog.borrow().clone();
-            let Some(current) = catalog.pools.iter().find(|pool| pool.producer.pool_id == expected.pool_id) else {
-                return Err(StreamFailure::new(ErrorReason::PoolNotFound, format!("pool {} is not in the catalog", expected.pool_id)));
+            let Some(current) = catalog
+                .pools
+                .iter()
+                .find(|pool| pool.producer.pool_id == expected.pool_id)
+            else {
+                return Err(StreamFailure::new(
+                    ErrorReason::PoolNotFound,
+                    format!("pool {} is not in the catalog", expected.pool_id),
+                ));
             };
             if current.producer != expected {
                 return Err(StreamFailure::new(
@@ -349,16 +413,26 @@ impl Conn {
         match timeout(self.ctx.limits.write_timeout(), write).await {
             Ok(Ok(())) => self.torn = false,
             Ok(Err(err)) => {
-                return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, format!("writing to {}: {err}", self.peer)));
+                return Err(StreamFailure::new(
+                    ErrorReason::PublicationUnavailable,
+                    format!("writing to {}: {err}", self.peer),
+                ));
             }
             Err(_) => {
-                return Err(StreamFailure::new(ErrorReason::SubscriberLagged, "frame not accepted within write_timeout_ms"));
+                return Err(StreamFailure::new(
+                    ErrorReason::SubscriberLagged,
+                    "frame not accepted within write_timeout_ms",
+                ));
             }
         }
         if let Some(kind) = self.kind {
             let label = RelayMetrics::stream(kind);
             self.ctx.metrics.frames_sent.get_or_create(&label).inc();
-            self.ctx.metrics.bytes_sent.get_or_create(&label).inc_by(frame.len() as u64);
+            self.ctx
+                .metrics
+                .bytes_sent
+                .get_or_create(&label)
+                .inc_by(frame.len() as u64);
             if heartbeat {
                 self.ctx.metrics.heartbeats.get_or_create(&label).inc();
             }
@@ -370,7 +444,11 @@ impl Conn {
     async fn fail(&mut self, failure: StreamFailure) {
         if failure.reason == ErrorReason::SubscriberLagged {
             if let Some(kind) = self.kind {
-                self.ctx.metrics.subscriber_lagged.get_or_create(&RelayMetrics::stream(kind)).inc();
+                self.ctx
+                    .metrics
+                    .subscriber_lagged
+                    .get_or_create(&RelayMetrics::stream(kind))
+                    .inc();
             }
             warn!(peer = %self.peer, "subscriber lagged; stream cut off");
         } else {
@@ -379,7 +457,9 @@ impl Conn {
         self.ctx
             .metrics
             .errors_sent
-            .get_or_create(&ReasonLabel { reason: failure.reason.name().unwrap_or("internal") })
+            .get_or_create(&ReasonLabel {
+                reason: failure.reason.name().unwrap_or("internal"),
+            })
             .inc();
         if self.torn {
             // Part of a frame is on the wire; an error frame would read as garbage.

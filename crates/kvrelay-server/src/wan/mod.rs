@@ -31,7 +31,10 @@ pub(crate) struct WanServer {
 impl WanServer {
     pub(crate) async fn bind(addr: SocketAddr, ctx: ConnectionContext) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
-        Ok(Self { listener, ctx: Arc::new(ctx) })
+        Ok(Self {
+            listener,
+            ctx: Arc::new(ctx),
+        })
     }
 
     pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -60,7 +63,13 @@ impl WanServer {
             };
             let Ok(permit) = connections.clone().try_acquire_owned() else {
                 warn!(%peer, limit = self.ctx.limits.max_connections, "connection limit reached; closing");
-                self.ctx.metrics.connections.get_or_create(&OutcomeLabel { outcome: "rejected_limit" }).inc();
+                self.ctx
+                    .metrics
+                    .connections
+                    .get_or_create(&OutcomeLabel {
+                        outcome: "rejected_limit",
+                    })
+                    .inc();
                 drop(tcp);
                 continue;
             };

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use kvrelay_codec::v1::{CatalogUpdate, ErrorReason, LoadWindow, ProducerIdentity, RelayInfo, TopologyUpdate};
+use kvrelay_codec::v1::{
+    CatalogUpdate, ErrorReason, LoadWindow, ProducerIdentity, RelayInfo, TopologyUpdate,
+};
 use tokio::sync::watch;
 
 /// A stream-ending failure with its wire reason; `message` is diagnostic only.
@@ -21,7 +23,10 @@ pub(crate) struct StreamFailure {
 
 impl StreamFailure {
     pub(crate) fn new(reason: ErrorReason, message: impl Into<String>) -> Self {
-        Self { reason, message: message.into() }
+        Self {
+            reason,
+            message: message.into(),
+        }
     }
 }
 

@@ -2,7 +2,11 @@
 //! helpers that read one stream with a deadline.
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test support fails loudly")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support fails loudly"
+)]
 
 use std::path::Path;
 use std::time::Duration;
@@ -68,32 +72,74 @@ pub(crate) fn write_trace(path: &Path, n: u64) {
 pub(crate) fn deployment(dir: &Path, n_requests: u64) -> RelayConfig {
     let cards = dir.join("cards");
     std::fs::create_dir_all(&cards).unwrap();
-    write_card(&cards, ("prod", "backend", "generate"), 0x11, "model-a", "aggregated", 64, 1);
-    write_card(&cards, ("prod", "backend", "generate"), 0x12, "model-a", "aggregated", 64, 1);
-    write_card(&cards, ("prod", "other", "generate"), 0x21, "model-b", "aggregated", 48, 2);
+    write_card(
+        &cards,
+        ("prod", "backend", "generate"),
+        0x11,
+        "model-a",
+        "aggregated",
+        64,
+        1,
+    );
+    write_card(
+        &cards,
+        ("prod", "backend", "generate"),
+        0x12,
+        "model-a",
+        "aggregated",
+        64,
+        1,
+    );
+    write_card(
+        &cards,
+        ("prod", "other", "generate"),
+        0x21,
+        "model-b",
+        "aggregated",
+        48,
+        2,
+    );
     let trace = dir.join("trace.jsonl");
     write_trace(&trace, n_requests);
-    let mut config = RelayConfig { dc_id: "dc-test".to_owned(), ..RelayConfig::default() };
+    let mut config = RelayConfig {
+        dc_id: "dc-test".to_owned(),
+        ..RelayConfig::default()
+    };
     config.wan.listen = "127.0.0.1:0".parse().unwrap();
     config.admin.listen = "127.0.0.1:0".parse().unwrap();
     config.discovery.dir = Some(cards);
-    config.workload = Some(WorkloadConfig { trace: Some(trace), speed: 0.0, loops: 1 });
+    config.workload = Some(WorkloadConfig {
+        trace: Some(trace),
+        speed: 0.0,
+        loops: 1,
+    });
     config
 }
 
 pub(crate) fn request(rpc: StreamRpc) -> StreamRequest {
-    StreamRequest { subscriber_id: "test".to_owned(), rpc, auth_token: None }
+    StreamRequest {
+        subscriber_id: "test".to_owned(),
+        rpc,
+        auth_token: None,
+    }
 }
 
 /// Opens a stream and returns its first message.
-pub(crate) async fn first_message(addr: std::net::SocketAddr, request: &StreamRequest) -> (ProbeStream<TcpStream>, Message) {
+pub(crate) async fn first_message(
+    addr: std::net::SocketAddr,
+    request: &StreamRequest,
+) -> (ProbeStream<TcpStream>, Message) {
     let mut stream = ProbeStream::connect(addr, request).await.unwrap();
-    let message = next(&mut stream).await.expect("stream closed before its first message");
+    let message = next(&mut stream)
+        .await
+        .expect("stream closed before its first message");
     (stream, message)
 }
 
 /// The next message under the deadline.
-pub(crate) async fn next<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(stream: &mut ProbeStream<T>) -> Option<Message> {
+pub(crate) async fn next<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut ProbeStream<T>,
+) -> Option<Message> {
     tokio::time::timeout(DEADLINE, stream.next_message())
         .await
         .expect("no message within the deadline")

@@ -1,0 +1,167 @@
+//! The trace replay driver: feeds the workload's events into the pool actors of the
+//! connected sources, observes each source's exact resident blocks as its load, and
+//! flushes every actor at the end.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kvrelay_ckf::{EventPayload, SourceId};
+use kvrelay_pool::{LoadObservation, PoolRegistry};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::host::state::{self, HostState};
+use crate::host::workload::{self, SourceCache, TraceRequest};
+
+/// Replays the trace into the pool actors of the connected sources.
+pub(crate) struct WorkloadDriver {
+    pub(crate) state: Arc<HostState>,
+    pub(crate) registry: PoolRegistry,
+    pub(crate) requests: Vec<TraceRequest>,
+    pub(crate) speed: f64,
+    pub(crate) loops: u32,
+    pub(crate) done: watch::Sender<bool>,
+}
+
+/// Requests between load observations of a source.
+const LOAD_OBSERVATION_EVERY: u64 = 64;
+
+impl WorkloadDriver {
+    pub(crate) async fn run(self, cancel: CancellationToken) {
+        let mut routes_rx = self.state.routes.subscribe();
+        let routes = tokio::select! {
+            () = cancel.cancelled() => return,
+            routes = routes_rx.wait_for(|routes| !routes.routes.is_empty()) => match routes {
+                Ok(routes) => routes.clone(),
+                Err(_) => return,
+            },
+        };
+        let sources: Vec<SourceId> = routes.routes.keys().copied().collect();
+        let mut caches: Vec<SourceCache> = sources
+            .iter()
+            .map(|source| {
+                let (capacity, block_size) = routes
+                    .routes
+                    .get(source)
+                    .map_or((1, 16), |route| (route.capacity, route.block_size));
+                SourceCache::new(
+                    *source,
+                    usize::try_from(capacity).unwrap_or(usize::MAX),
+                    block_size,
+                )
+            })
+            .collect();
+        info!(
+            sources = sources.len(),
+            requests = self.requests.len(),
+            "replaying trace"
+        );
+        let counters = &self.state.workload;
+        let started = tokio::time::Instant::now();
+        let mut pass = 0u32;
+        'passes: loop {
+            for request in &self.requests {
+                if cancel.is_cancelled() {
+                    break 'passes;
+                }
+                if self.speed > 0.0 {
+                    let at =
+                        Duration::from_secs_f64(request.timestamp as f64 / 1000.0 / self.speed);
+                    tokio::select! {
+                        () = cancel.cancelled() => break 'passes,
+                        () = tokio::time::sleep_until(started + at) => {}
+                    }
+                }
+                let Some(at) = workload::route(&request.hash_ids, sources.len()) else {
+                    continue;
+                };
+                let Some(cache) = caches.get_mut(at) else {
+                    continue;
+                };
+                let source = sources[at];
+                let events = cache.serve(&request.hash_ids);
+                let route = self.state.routes.borrow().routes.get(&source).cloned();
+                let Some(route) = route else {
+                    counters
+                        .events_dropped
+                        .fetch_add(events.len() as u64, Ordering::Relaxed);
+                    continue;
+                };
+                for event in events {
+                    match &event.payload {
+                        EventPayload::Stored(stored) => {
+                            counters
+                                .blocks_stored
+                                .fetch_add(stored.blocks.len() as u64, Ordering::Relaxed);
+                        }
+                        EventPayload::Removed(removed) => {
+                            counters.blocks_removed.fetch_add(
+                                removed.engine_block_ids.len() as u64,
+                                Ordering::Relaxed,
+                            );
+                        }
+                        EventPayload::AllCleared => {}
+                    }
+                    let submitted = tokio::select! {
+                        () = cancel.cancelled() => break 'passes,
+                        submitted = route.actor.submit(event) => submitted,
+                    };
+                    let disposition = if submitted.is_ok() {
+                        counters.events.fetch_add(1, Ordering::Relaxed);
+                        "submitted"
+                    } else {
+                        counters.events_dropped.fetch_add(1, Ordering::Relaxed);
+                        "dropped"
+                    };
+                    self.state
+                        .metrics
+                        .events
+                        .get_or_create(&crate::metrics::DispositionLabel { disposition })
+                        .inc();
+                }
+                let served = counters.requests.fetch_add(1, Ordering::Relaxed) + 1;
+                if served.is_multiple_of(LOAD_OBSERVATION_EVERY) {
+                    self.observe(&route, source, cache.resident());
+                }
+            }
+            pass += 1;
+            if self.loops != 0 && pass >= self.loops {
+                break;
+            }
+        }
+        let routes = self.state.routes.borrow().clone();
+        for (source, cache) in sources.iter().zip(&caches) {
+            if let Some(route) = routes.routes.get(source) {
+                self.observe(route, *source, cache.resident());
+            }
+        }
+        let mut flushed = std::collections::BTreeSet::new();
+        for route in routes.routes.values() {
+            if flushed.insert(route.generation) {
+                let _ = route.actor.flush().await;
+            }
+        }
+        info!(
+            requests = counters.requests.load(Ordering::Relaxed),
+            "trace replay finished"
+        );
+        counters.done.store(true, Ordering::SeqCst);
+        self.done.send_replace(true);
+    }
+
+    fn observe(&self, route: &state::Route, source: SourceId, resident: usize) {
+        self.registry.observe_load(
+            route.pool,
+            route.generation,
+            LoadObservation {
+                worker_id: source.worker_id,
+                dp_rank: source.dp_rank,
+                kv_used_blocks: Some(resident as u64),
+                active_decode_blocks: None,
+                active_prefill_tokens: None,
+            },
+        );
+    }
+}
