@@ -312,6 +312,12 @@ async fn relay_epoch(
     let mut load_backoff = Backoff::new(shared.config.backoff);
     let mut load_opened = Instant::now();
     let mut load_retry = tokio::time::Instant::now();
+    // The topology stream likewise: losing it (or never getting it) only makes
+    // readiness unknown; it opens on the first loop turn and reopens with backoff.
+    let mut topology: Option<WireStream> = None;
+    let mut topology_backoff = Backoff::new(shared.config.backoff);
+    let mut topology_opened = Instant::now();
+    let mut topology_retry = tokio::time::Instant::now();
     let epoch_cancel = cancel.child_token();
     let subscriptions = TaskTracker::new();
     let mut tokens: HashMap<PoolKey, CancellationToken> = HashMap::new();
@@ -378,6 +384,43 @@ async fn relay_epoch(
                     shared.bump();
                     let delay = load_backoff.on_failure(load_opened.elapsed(), rand::random::<f64>());
                     load_retry = tokio::time::Instant::now() + delay;
+                }
+            }
+            message = next_or_pending(&mut topology) => {
+                let failure = match message {
+                    Ok(Some(Message::TopologyUpdate(update))) => {
+                        let n_invalid = shared.state.write().apply_topology(relay, &update);
+                        if n_invalid > 0 {
+                            warn!(dc = %shared.config.relays[relay].dc, peer = %addr, n_invalid, "topology entries failed validation; their readiness is unknown");
+                        }
+                        shared.metrics.incr(Counter::TopologiesApplied);
+                        shared.bump();
+                        None
+                    }
+                    Ok(Some(other)) => Some(unexpected(&addr, &other, "topology").to_string()),
+                    Ok(None) => Some("topology stream closed".to_owned()),
+                    Err(err) => Some(err.to_string()),
+                };
+                if let Some(failure) = failure {
+                    warn!(dc = %shared.config.relays[relay].dc, peer = %addr, error = %failure, "topology stream lost; readiness unknown until it reopens");
+                    topology = None;
+                    shared.state.write().clear_topology(relay);
+                    shared.bump();
+                    let delay = topology_backoff.on_failure(topology_opened.elapsed(), rand::random::<f64>());
+                    topology_retry = tokio::time::Instant::now() + delay;
+                }
+            }
+            () = tokio::time::sleep_until(topology_retry), if topology.is_none() => {
+                match open(shared, relay, "topology", StreamRpc::WatchTopology).await {
+                    Ok(stream) => {
+                        topology = Some(stream);
+                        topology_opened = Instant::now();
+                    }
+                    Err(err) => {
+                        debug!(peer = %addr, error = %err, "topology stream open failed");
+                        let delay = topology_backoff.on_failure(Duration::ZERO, rand::random::<f64>());
+                        topology_retry = tokio::time::Instant::now() + delay;
+                    }
                 }
             }
             () = tokio::time::sleep_until(load_retry), if load.is_none() => {

@@ -42,6 +42,7 @@ mod load;
 pub mod metrics;
 mod oneshot;
 mod projection;
+pub mod readiness;
 pub mod scoring;
 mod state;
 mod store;
@@ -56,6 +57,7 @@ pub use config::{ConfigError, ConsumerConfig, Limits, RelayConfig};
 pub use load::LoadSample;
 pub use metrics::{ConsumerMetrics, ResubscribeReason};
 pub use oneshot::{RouteError, RouteReport, route_once};
+pub use readiness::Readiness;
 pub use scoring::{
     DepthSource, Ranking, ReplicaDepth, ReplicaStatus, ScoreError, ScoreRequest, ScoredCandidate,
     ScoredLeg,

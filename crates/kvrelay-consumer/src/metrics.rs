@@ -111,6 +111,8 @@ pub struct ConsumerMetrics {
     pub heartbeats: u64,
     /// Load windows applied.
     pub load_windows: u64,
+    /// Topology updates applied.
+    pub topologies_applied: u64,
     /// Score latency histogram counts, one per [`SCORE_LATENCY_BUCKETS_US`] bound plus
     /// one overflow bucket.
     pub score_latency_counts: Vec<u64>,
@@ -142,6 +144,7 @@ pub(crate) struct MetricsRecorder {
     deltas_applied: AtomicU64,
     heartbeats: AtomicU64,
     load_windows: AtomicU64,
+    topologies_applied: AtomicU64,
     score_latency: [AtomicU64; 13],
     score_latency_sum_ns: AtomicU64,
     scores: AtomicU64,
@@ -158,6 +161,7 @@ pub(crate) enum Counter {
     DeltasApplied,
     Heartbeats,
     LoadWindows,
+    TopologiesApplied,
 }
 
 impl MetricsRecorder {
@@ -175,6 +179,7 @@ impl MetricsRecorder {
             Counter::DeltasApplied => &self.deltas_applied,
             Counter::Heartbeats => &self.heartbeats,
             Counter::LoadWindows => &self.load_windows,
+            Counter::TopologiesApplied => &self.topologies_applied,
         };
         cell.fetch_add(n, Ordering::Relaxed);
     }
@@ -210,6 +215,7 @@ impl MetricsRecorder {
         out.deltas_applied = load(&self.deltas_applied);
         out.heartbeats = load(&self.heartbeats);
         out.load_windows = load(&self.load_windows);
+        out.topologies_applied = load(&self.topologies_applied);
         out.score_latency_counts = self.score_latency.iter().map(load).collect();
         out.score_latency_sum = Duration::from_nanos(load(&self.score_latency_sum_ns));
         out.scores = load(&self.scores);

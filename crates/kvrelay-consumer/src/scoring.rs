@@ -13,10 +13,11 @@ use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
 use parking_lot::Mutex;
 
-use crate::candidate::{self, Candidate, CandidateShape};
+use crate::candidate::{self, Candidate, CandidateShape, Resolved, Wanted};
 use crate::catalog::{PoolEntry, PoolKey};
 use crate::config::RelayConfig;
 use crate::load::LoadSample;
+use crate::readiness::{self, Readiness, TopologyView, Verdict};
 use crate::store::ProbeScratch;
 use crate::weights::{ScoreTerms, ScoreWeights};
 
@@ -116,6 +117,9 @@ pub struct ScoredCandidate {
     pub load_fraction: Option<f64>,
     /// The DC's configured cost.
     pub dc_cost: f64,
+    /// Whether the relay's topology says the serving entry is ready (candidates whose
+    /// entry is unavailable are excluded; see [`crate::readiness`]).
+    pub readiness: Readiness,
     /// The combined score; candidates are sorted by it, highest first.
     pub score: f64,
 }
@@ -130,6 +134,8 @@ pub struct Ranking {
     pub lora: Option<String>,
     /// Candidates, best first.
     pub candidates: Vec<ScoredCandidate>,
+    /// Candidates excluded because their serving entry is unavailable.
+    pub n_not_ready: usize,
 }
 
 /// A request that cannot be scored.
@@ -176,6 +182,8 @@ pub(crate) struct ScoreInputs<'a> {
     pub(crate) dcs: &'a [Arc<str>],
     pub(crate) loads: &'a HashMap<PoolKey, LoadSample>,
     pub(crate) weights: &'a ScoreWeights,
+    /// Per relay, its last topology (`None` or absent: readiness unknown).
+    pub(crate) topologies: &'a [Option<TopologyView>],
 }
 
 /// A [`DepthSource`] that can reuse buffers across calls (the replica store does; any
@@ -213,6 +221,8 @@ const MAX_POOLED_SCRATCHES: usize = 8;
 #[derive(Debug, Default)]
 pub(crate) struct ScoreScratch {
     candidates: Vec<Candidate>,
+    /// Per kept candidate, its readiness.
+    readiness: Vec<Readiness>,
     serving: Vec<usize>,
     /// Per entry: whether some candidate uses it as a leg.
     needed: Vec<bool>,
@@ -254,6 +264,7 @@ impl ScratchPool {
 #[derive(Debug, Clone, Copy)]
 struct CandidateTerms {
     candidate: Candidate,
+    readiness: Readiness,
     prefix_fraction: Option<f64>,
     /// Per leg (first, decode): its load fraction.
     loads: [Option<f64>; 2],
@@ -275,6 +286,7 @@ pub(crate) fn rank_into(
     let resolved = candidate::resolve(inputs.entries, &request.model, request.lora.as_deref())?;
     let ScoreScratch {
         candidates,
+        readiness,
         serving,
         needed,
         semantics,
@@ -287,6 +299,18 @@ pub(crate) fn rank_into(
         probe,
     } = scratch;
     candidate::candidates_into(inputs.entries, &resolved, serving, candidates);
+    readiness.clear();
+    let mut n_not_ready = 0;
+    candidates.retain(|cand| match candidate_verdict(inputs, &resolved, cand) {
+        Verdict::Keep(ready) => {
+            readiness.push(ready);
+            true
+        }
+        Verdict::Exclude => {
+            n_not_ready += 1;
+            false
+        }
+    });
 
     // Every pool that appears as a leg, grouped by query semantics so each group hashes
     // the request once (per salt, fixed for the request) and probes all its pools together.
@@ -339,7 +363,8 @@ pub(crate) fn rank_into(
     terms.extend(
         candidates
             .iter()
-            .map(|cand| candidate_terms(inputs, cand, depth_of, n_tokens)),
+            .zip(readiness.iter())
+            .map(|(cand, &ready)| candidate_terms(inputs, cand, ready, depth_of, n_tokens)),
     );
     // Rank small indices, not results: best score first, then DC name, then the first
     // leg's pool id, then formation order (what a stable sort would keep).
@@ -375,6 +400,7 @@ pub(crate) fn rank_into(
         }
         (lora, salt) => *lora = salt.map(str::to_owned),
     }
+    out.n_not_ready = n_not_ready;
     out.candidates.truncate(order.len());
     for (rank, &cand_idx) in order.iter().enumerate() {
         let cand_terms = &terms[cand_idx];
@@ -388,9 +414,36 @@ pub(crate) fn rank_into(
     Ok(())
 }
 
+/// The readiness rule for `cand` against its relay's topology.
+fn candidate_verdict(
+    inputs: &ScoreInputs<'_>,
+    resolved: &Resolved<'_>,
+    cand: &Candidate,
+) -> Verdict {
+    let entry = &inputs.entries[cand.first];
+    let view = inputs.topologies.get(entry.relay).and_then(Option::as_ref);
+    if view.is_none() {
+        return Verdict::Keep(Readiness::Unknown);
+    }
+    // The adapter's canonical model id, as this pool registers it.
+    let adapter = match resolved.target {
+        Wanted::Base => None,
+        lora @ Wanted::Lora { .. } => entry
+            .registrations
+            .iter()
+            .find(|reg| lora.is(&reg.target))
+            .map(|reg| reg.model.as_str()),
+    };
+    if matches!(resolved.target, Wanted::Lora { .. }) && adapter.is_none() {
+        return Verdict::Keep(Readiness::Unknown);
+    }
+    readiness::verdict_of(view, &entry.namespace, resolved.base_model, adapter)
+}
+
 fn candidate_terms(
     inputs: &ScoreInputs<'_>,
     cand: &Candidate,
+    readiness: Readiness,
     depth_of: &[ReplicaDepth],
     n_tokens: usize,
 ) -> CandidateTerms {
@@ -427,6 +480,7 @@ fn candidate_terms(
     });
     CandidateTerms {
         candidate: *cand,
+        readiness,
         prefix_fraction,
         loads,
         load_fraction,
@@ -518,6 +572,7 @@ fn new_candidate(
         prefix_fraction: terms.prefix_fraction,
         load_fraction: terms.load_fraction,
         dc_cost: inputs.relays[relay].cost,
+        readiness: terms.readiness,
         score: terms.score,
     }
 }
@@ -538,6 +593,7 @@ fn fill_candidate(
     slot.load_fraction = terms.load_fraction;
     slot.dc_cost = inputs.relays[relay].cost;
     slot.score = terms.score;
+    slot.readiness = terms.readiness;
     let n_legs = 1 + usize::from(terms.candidate.decode.is_some());
     slot.legs.truncate(n_legs);
     for (leg_idx, (idx, role, load)) in legs_of(terms).enumerate() {
@@ -694,6 +750,7 @@ mod tests {
             dcs: &dcs,
             loads,
             weights: &weights,
+            topologies: &[],
         };
         let mut out = Ranking::default();
         let mut scratch = ScoreScratch::default();
@@ -881,6 +938,7 @@ mod tests {
             dcs: &dcs,
             loads: &loads,
             weights: &weights,
+            topologies: &[],
         };
         rank_into(&inputs, depths, req, Instant::now(), limit, scratch, out).unwrap();
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use kvrelay_codec::v1::{
     CatalogUpdate, LoadWindow, PoolFrame, PoolPayload, ProducerIdentity, RelayIdentity,
+    TopologyUpdate,
 };
 
 use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry};
@@ -18,6 +19,7 @@ use crate::config::{ConfigError, ConsumerConfig, RelayConfig};
 use crate::load::LoadSample;
 use crate::metrics::{ConsumerMetrics, ResubscribeReason};
 use crate::projection::{self, AdmittedPool};
+use crate::readiness::TopologyView;
 use crate::scoring::{
     self, Ranking, ReplicaStatus, ScoreError, ScoreInputs, ScoreRequest, ScratchPool,
 };
@@ -151,6 +153,8 @@ pub struct ConsumerState {
     producers: HashMap<PoolKey, (usize, ProducerIdentity)>,
     store: ReplicaStore,
     next_key: u64,
+    /// Per relay, its last topology (`None`: readiness unknown).
+    topologies: Vec<Option<TopologyView>>,
     /// Reusable scoring buffers for concurrent readers.
     scratches: ScratchPool,
 }
@@ -175,6 +179,7 @@ impl ConsumerState {
             producers: HashMap::new(),
             store: ReplicaStore::new(config.limits.staleness_bound),
             next_key: 1,
+            topologies: config.relays.iter().map(|_| None).collect(),
             scratches: ScratchPool::default(),
         })
     }
@@ -294,6 +299,7 @@ impl ConsumerState {
         for &key in &dropped {
             self.forget(key);
         }
+        self.topologies[relay] = None;
         self.rebuild_entries();
         dropped
     }
@@ -318,6 +324,31 @@ impl ConsumerState {
             if let Some(entry) = view.pools.get(&producer) {
                 self.loads.insert(entry.key, sample);
             }
+        }
+    }
+
+    /// Replaces relay `relay`'s serving topology with a complete update; returns how many
+    /// entries failed validation (they read as unknown). Updates from another relay
+    /// incarnation are ignored. See [`crate::readiness`] for how it filters candidates.
+    pub fn apply_topology(&mut self, relay: usize, update: &TopologyUpdate) -> usize {
+        let Some(view) = self.relay_views.get(relay) else {
+            return 0;
+        };
+        if view
+            .identity
+            .is_some_and(|identity| identity != update.relay)
+        {
+            return 0;
+        }
+        let (topology, n_invalid) = TopologyView::from_update(update);
+        self.topologies[relay] = Some(topology);
+        n_invalid
+    }
+
+    /// Forgets relay `relay`'s topology (its stream was lost: readiness is unknown).
+    pub fn clear_topology(&mut self, relay: usize) {
+        if let Some(slot) = self.topologies.get_mut(relay) {
+            *slot = None;
         }
     }
 
@@ -491,6 +522,7 @@ impl ConsumerState {
             dcs: &self.dcs,
             loads: &self.loads,
             weights: &self.weights,
+            topologies: &self.topologies,
         };
         self.scratches.with(|scratch| {
             scoring::rank_into(&inputs, &self.store, request, now, limit, scratch, out)

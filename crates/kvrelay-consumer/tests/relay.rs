@@ -509,3 +509,65 @@ async fn lost_load_stream_makes_loads_unknown_and_keeps_replicas() {
     consumer.shutdown().await;
     relay.stop().await;
 }
+
+#[tokio::test]
+async fn unavailable_serving_entries_are_excluded_and_unknown_ones_marked() {
+    use kvrelay_codec::v1::ReadinessState;
+    use kvrelay_consumer::Readiness;
+    let mut unknown = PoolSpec::aggregated("gamma", "llama");
+    unknown.namespace = "staging";
+    let mut down = PoolSpec::aggregated("beta", "llama");
+    down.namespace = "canary";
+    let relay = FakeRelay::start(
+        "dc-a",
+        31,
+        vec![PoolSpec::aggregated("alpha", "llama"), down, unknown],
+    )
+    .await;
+    let consumer = Consumer::start(config(&[&relay])).unwrap();
+    assert!(
+        consumer.wait_until(WAIT, converged(&relay, 3)).await,
+        "initial convergence"
+    );
+    // No topology yet: every candidate is kept and marked unknown.
+    let ranking = consumer.score(&request("llama", tokens(1, 16))).unwrap();
+    assert_eq!(ranking.candidates.len(), 3);
+    assert!(
+        ranking
+            .candidates
+            .iter()
+            .all(|c| c.readiness == Readiness::Unknown)
+    );
+
+    relay.publish_topology(&[
+        ("prod", "llama", ReadinessState::Ready),
+        ("canary", "llama", ReadinessState::Unavailable),
+        ("staging", "llama", ReadinessState::Unknown),
+    ]);
+    assert!(
+        consumer
+            .wait_for_metrics(WAIT, |m| m.topologies_applied >= 1)
+            .await,
+        "topology applied"
+    );
+    let ranking = consumer.score(&request("llama", tokens(1, 16))).unwrap();
+    let by_endpoint = |name: &str| {
+        ranking
+            .candidates
+            .iter()
+            .find(|c| &*c.legs[0].endpoint == name)
+            .map(|c| c.readiness)
+    };
+    assert_eq!(by_endpoint("prod.alpha.generate"), Some(Readiness::Ready));
+    assert_eq!(
+        by_endpoint("canary.beta.generate"),
+        None,
+        "unavailable is excluded"
+    );
+    assert_eq!(
+        by_endpoint("staging.gamma.generate"),
+        Some(Readiness::Unknown)
+    );
+    assert_eq!(ranking.n_not_ready, 1);
+    consumer.shutdown().await;
+}

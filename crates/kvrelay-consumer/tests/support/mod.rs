@@ -103,6 +103,9 @@ struct Core {
     faults: Faults,
     catalog_tx: watch::Sender<CatalogUpdate>,
     load_tx: watch::Sender<LoadWindow>,
+    /// The topology served on `WatchTopology`; `None` until a test publishes one.
+    topology_tx: watch::Sender<Option<kvrelay_codec::v1::TopologyUpdate>>,
+    topology_revision: u64,
     /// Bumped to close every open load stream.
     load_kill: watch::Sender<u64>,
     window_sequence: u64,
@@ -319,6 +322,8 @@ impl FakeRelay {
             faults: Faults::default(),
             catalog_tx,
             load_tx,
+            topology_tx: watch::channel(None).0,
+            topology_revision: 0,
             load_kill: watch::channel(0).0,
             window_sequence: 0,
             subscriptions_opened: 0,
@@ -517,6 +522,43 @@ impl FakeRelay {
         core.load_tx.send_replace(window);
     }
 
+    /// Publishes a complete topology: one entry per (namespace, base model, state).
+    pub(crate) fn publish_topology(
+        &self,
+        entries: &[(&str, &str, kvrelay_codec::v1::ReadinessState)],
+    ) {
+        use kvrelay_codec::v1::{ReadinessState, TopologyEntry, TopologyUpdate};
+        let mut core = self.core.lock();
+        core.topology_revision += 1;
+        let mut entries: Vec<TopologyEntry> = entries
+            .iter()
+            .map(|&(namespace, model, state)| TopologyEntry {
+                namespace: namespace.to_owned(),
+                canonical_model: model.to_owned(),
+                state,
+                present_roles: Vec::new(),
+                missing_roles: if state == ReadinessState::Unavailable {
+                    vec![WorkerRole::Aggregated]
+                } else {
+                    Vec::new()
+                },
+                members: Vec::new(),
+                duplicate_role_endpoints: Vec::new(),
+                legacy_fallback_active: false,
+                adapters: Vec::new(),
+            })
+            .collect();
+        entries.sort_by(|a, b| {
+            (&a.namespace, &a.canonical_model).cmp(&(&b.namespace, &b.canonical_model))
+        });
+        let update = TopologyUpdate {
+            relay: core.relay,
+            revision: core.topology_revision,
+            entries,
+        };
+        core.topology_tx.send_replace(Some(update));
+    }
+
     /// Closes every open load stream.
     pub(crate) fn close_load_streams(&self) {
         self.core.lock().load_kill.send_modify(|n| *n += 1);
@@ -625,7 +667,20 @@ async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
         StreamRpc::SubscribePool { expected_producer } => {
             serve_pool(socket, core, expected_producer).await
         }
-        StreamRpc::WatchTopology => {}
+        StreamRpc::WatchTopology => {
+            let mut rx = core.lock().topology_tx.subscribe();
+            loop {
+                let update = rx.borrow_and_update().clone();
+                if let Some(update) = update
+                    && !write(&mut socket, &Message::TopologyUpdate(update)).await
+                {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
     }
 }
 
