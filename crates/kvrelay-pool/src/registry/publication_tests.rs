@@ -136,7 +136,8 @@ fn removed(source: SourceId, event_id: u64, ids: Vec<u64>) -> RouterEvent {
     }
 }
 
-async fn next_end(subscription: &mut PoolSubscription) -> SubscriptionEnd {
+/// Reads `subscription` until it ends (within 5 s) and returns why.
+pub(super) async fn next_end(subscription: &mut PoolSubscription) -> SubscriptionEnd {
     tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             if let Err(end) = subscription.next_frame().await {

@@ -52,6 +52,7 @@ pub(super) mod behaviour {
     };
     use tokio::sync::oneshot;
 
+    use super::super::publication_tests::next_end;
     use super::super::*;
     use super::{Gate, Gates};
     use crate::catalog::PoolDescriptor;
@@ -1238,15 +1239,10 @@ pub(super) mod behaviour {
         );
 
         registry.detach(first).await;
-        let end = within("the retired stream to end", async {
-            loop {
-                if let Err(end) = stream.next_frame().await {
-                    return end;
-                }
-            }
-        })
-        .await;
-        assert_eq!(end, SubscriptionEnd::ProducerWithdrawn);
+        assert_eq!(
+            next_end(&mut stream).await,
+            SubscriptionEnd::ProducerWithdrawn
+        );
         drop(stream);
 
         let replacement = registry
@@ -1306,15 +1302,11 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn retirement_cancels_in_flight_hub_initialization() {
         // spec: retirement_cancels_in_flight_hub_initialization
-        let GatedInitialization {
-            registry,
-            attachment,
-            subscriber,
-            _gate,
-        } = gated_initialization().await;
-        let generation = attachment.generation;
-        within("detach", registry.detach(attachment)).await;
-        assert!(within("subscriber", subscriber).await.unwrap().is_err());
+        let gated = gated_initialization().await;
+        let registry = gated.registry;
+        let generation = gated.attachment.generation;
+        within("detach", registry.detach(gated.attachment)).await;
+        assert!(within("subscriber", gated.subscriber).await.unwrap().is_err());
         assert_eq!(phase(&registry, generation), "retired");
         assert_eq!(registry.stats().pools, 0);
         assert!(registry.catalog().is_empty());
@@ -1605,33 +1597,23 @@ pub(super) mod behaviour {
                 .is_err(),
             "a stopped actor refuses events"
         );
-        let end = within("the subscription to end", async {
-            loop {
-                if let Err(end) = subscription.next_frame().await {
-                    break end;
-                }
-            }
-        })
-        .await;
-        assert_eq!(end, SubscriptionEnd::ShuttingDown);
+        assert_eq!(
+            next_end(&mut subscription).await,
+            SubscriptionEnd::ShuttingDown
+        );
     }
 
     #[tokio::test]
     async fn dropping_the_last_handle_abandons_a_gated_hub_initialisation() {
-        let GatedInitialization {
-            registry,
-            attachment,
-            subscriber,
-            _gate,
-        } = gated_initialization().await;
-        subscriber.abort();
-        assert!(within("subscriber", subscriber).await.is_err());
-        let tracker = registry.inner.tracker.clone();
+        let gated = gated_initialization().await;
+        gated.subscriber.abort();
+        assert!(within("subscriber", gated.subscriber).await.is_err());
+        let tracker = gated.registry.inner.tracker.clone();
 
         // The initialisation task holds the registry but not the owner's guard.
-        drop(registry);
+        drop(gated.registry);
         within("every registry task to end", tracker.wait()).await;
-        assert!(attachment.actor.is_stopped());
+        assert!(gated.attachment.actor.is_stopped());
     }
 
     #[tokio::test]
