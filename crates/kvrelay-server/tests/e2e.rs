@@ -367,3 +367,52 @@ async fn topology_reports_ready_models_linked_to_their_pools() {
     }
     relay.shutdown().await.unwrap();
 }
+
+/// Reads catalog updates until `done` holds for one.
+async fn catalog_until<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut ProbeStream<T>,
+    done: impl Fn(&kvrelay_codec::v1::CatalogUpdate) -> bool,
+) -> kvrelay_codec::v1::CatalogUpdate {
+    loop {
+        match next(stream).await {
+            Some(Message::CatalogUpdate(catalog)) if done(&catalog) => return catalog,
+            Some(Message::CatalogUpdate(_)) => {}
+            other => panic!("expected catalog updates, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn departed_endpoints_are_withdrawn_and_return_as_a_new_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = deployment(dir.path(), 20);
+    let cards = config.discovery.dir.clone().unwrap();
+    let relay = Relay::start(config).await.unwrap();
+    let (mut watcher, _) = first_message(relay.wan_addr(), &request(StreamRpc::WatchCatalog)).await;
+    let before = catalog_until(&mut watcher, |catalog| catalog.pools.len() == 2).await;
+    let other = |catalog: &kvrelay_codec::v1::CatalogUpdate| {
+        catalog
+            .pools
+            .iter()
+            .find(|pool| pool.serving_endpoint.component == "other")
+            .map(|pool| pool.producer)
+    };
+    let first_generation = other(&before).expect("the other endpoint is published");
+
+    let card = cards.join("prod-other-generate-21.json");
+    let saved = std::fs::read(&card).unwrap();
+    std::fs::remove_file(&card).unwrap();
+    let withdrawn = catalog_until(&mut watcher, |catalog| catalog.pools.len() == 1).await;
+    assert!(other(&withdrawn).is_none());
+    assert!(withdrawn.revision > before.revision);
+
+    std::fs::write(&card, saved).unwrap();
+    let back = catalog_until(&mut watcher, |catalog| catalog.pools.len() == 2).await;
+    let second_generation = other(&back).expect("the endpoint is published again");
+    assert!(second_generation.layout_generation > first_generation.layout_generation);
+    assert_eq!(
+        second_generation.pool_id, first_generation.pool_id,
+        "same pool, new generation"
+    );
+    relay.shutdown().await.unwrap();
+}

@@ -471,3 +471,87 @@ fn sources_of(
     }
     sources.into_iter().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use kvrelay_membership::{
+        DiscoveryEvent, EndpointFilter, MembershipProjection, ModelCardInstance,
+        ModelCardInstanceId,
+    };
+
+    use super::*;
+
+    fn card(total_kv_blocks: Option<u64>, dp_start: u32, dp_size: u32) -> serde_json::Value {
+        let mut runtime = serde_json::json!({"data_parallel_start_rank": dp_start, "data_parallel_size": dp_size});
+        if let Some(blocks) = total_kv_blocks {
+            runtime["total_kv_blocks"] = blocks.into();
+        }
+        serde_json::json!({
+            "display_name": "m", "source_path": "models/m", "kv_cache_block_size": 16,
+            "worker_type": "aggregated", "runtime_config": runtime
+        })
+    }
+
+    fn membership(cards: &[(u64, serde_json::Value)]) -> EndpointMembership {
+        let mut projection = MembershipProjection::new(EndpointFilter::default());
+        for (instance, card_json) in cards {
+            let id = ModelCardInstanceId::from_path(&format!("prod/backend/generate/{instance:x}"))
+                .unwrap();
+            projection.handle_event(DiscoveryEvent::Added(ModelCardInstance {
+                id,
+                card_json: card_json.clone(),
+            }));
+        }
+        projection.project();
+        projection.view().endpoints().next().unwrap().clone()
+    }
+
+    #[test]
+    fn sources_cover_every_rank_of_every_worker() {
+        let endpoint = membership(&[(1, card(Some(100), 4, 2)), (2, card(None, 0, 1))]);
+        let sources = sources_of(&endpoint, None);
+        assert_eq!(
+            sources,
+            vec![
+                (SourceId::new(1, 4), 100),
+                (SourceId::new(1, 5), 100),
+                (SourceId::new(2, 0), DEFAULT_SOURCE_CAPACITY)
+            ]
+        );
+    }
+
+    #[test]
+    fn filter_sizing_sums_declared_capacity_with_a_floor_and_a_default() {
+        assert_eq!(
+            expected_unique_blocks(&membership(&[(1, card(Some(100), 0, 2))])),
+            MIN_EXPECTED_UNIQUE_BLOCKS
+        );
+        assert_eq!(
+            expected_unique_blocks(&membership(&[
+                (1, card(Some(40_000), 0, 2)),
+                (2, card(Some(10_000), 0, 1))
+            ])),
+            90_000
+        );
+        assert_eq!(
+            expected_unique_blocks(&membership(&[(1, card(None, 0, 1))])),
+            DEFAULT_EXPECTED_UNIQUE_BLOCKS
+        );
+    }
+
+    #[test]
+    fn capacities_name_each_worker_rank_range() {
+        let capacity = capacities(&membership(&[(7, card(Some(64), 2, 3))]));
+        assert_eq!(
+            capacity,
+            vec![WorkerCapacity {
+                worker_id: 7,
+                data_parallel_start_rank: 2,
+                data_parallel_size: 3,
+                total_kv_blocks: Some(64)
+            }]
+        );
+    }
+}
