@@ -109,7 +109,16 @@ struct PlannedBlock {
     engine_block_id: u64,
     canonical: u64,
     is_new: bool,
+    /// Filled by the prefetch pass just before commit.
+    address: Address,
 }
+
+/// An address placeholder until the prefetch pass fills it.
+const NO_ADDRESS: Address = Address {
+    fingerprint: 0,
+    primary: 0,
+    alternate: 0,
+};
 
 /// The producer filter of one pool. Single-threaded; one actor owns it.
 ///
@@ -137,6 +146,8 @@ pub struct PoolFilter {
     lineage: KeyMap<SourceId, KeyMap<u64, u64>>,
     state: Ownership,
     plan: Vec<PlannedBlock>,
+    /// Canonical hashes and addresses of the removal being applied.
+    removal: Vec<(u64, Address)>,
     sequence: u64,
     pending_events: u64,
 }
@@ -172,6 +183,7 @@ impl PoolFilter {
                 counters: FilterCounters::default(),
             },
             plan: Vec::new(),
+            removal: Vec::new(),
             sequence: 0,
             pending_events: 0,
         })
@@ -416,6 +428,7 @@ impl PoolFilter {
             .plan_stored(source, stored, &mut plan)
             .and_then(|n_new| {
                 self.reserve_for_store(source, n_new, plan.len() - n_new)?;
+                self.state.prefetch_plan(&mut plan);
                 Ok(self.commit_stored(source, &plan))
             });
         plan.clear();
@@ -495,6 +508,7 @@ impl PoolFilter {
                 engine_block_id: id,
                 canonical,
                 is_new,
+                address: NO_ADDRESS,
             });
         }
         Ok(n_new as usize)
@@ -542,8 +556,8 @@ impl PoolFilter {
         }
         for block in plan {
             if block.is_new {
-                self.state.acquire(block.canonical, &mut outcome);
-                self.state.admit(block.canonical, &mut outcome);
+                self.state
+                    .acquire_and_admit(block.canonical, block.address, &mut outcome);
             } else {
                 self.state.reoffer(block.canonical, &mut outcome);
             }
@@ -557,15 +571,28 @@ impl PoolFilter {
         engine_block_ids: &[u64],
     ) -> Result<ApplyOutcome, ApplyError> {
         self.state.reserve(0, engine_block_ids.len())?;
+        let mut removal = std::mem::take(&mut self.removal);
+        removal.clear();
+        if removal.try_reserve(engine_block_ids.len()).is_err() {
+            self.removal = removal;
+            return Err(alloc("removal scratch", engine_block_ids.len() as u64 * 24));
+        }
         let mut outcome = ApplyOutcome::default();
         let Some(lineage) = self.lineage.get_mut(&source) else {
+            self.removal = removal;
             self.state.counters.unknown_removals += engine_block_ids.len() as u64;
             outcome.unknown_removals = engine_block_ids.len() as u64;
             return Ok(outcome);
         };
+        // Three passes, so that each pass's cache misses are independent of each other
+        // and overlap: lineage reads, then owner entries and table rows, then the commit.
+        let mut sink = 0u64;
+        for id in engine_block_ids {
+            sink ^= lineage.get(id).copied().unwrap_or(0);
+        }
         for id in engine_block_ids {
             match lineage.remove(id) {
-                Some(canonical) => self.state.release(canonical, &mut outcome),
+                Some(canonical) => removal.push((canonical, NO_ADDRESS)),
                 None => {
                     self.state.counters.unknown_removals += 1;
                     outcome.unknown_removals += 1;
@@ -575,6 +602,15 @@ impl PoolFilter {
         if lineage.is_empty() {
             self.lineage.remove(&source);
         }
+        for (canonical, address) in &mut removal {
+            sink ^= self.state.prefetch(*canonical, address);
+        }
+        std::hint::black_box(sink);
+        for &(canonical, address) in &removal {
+            self.state
+                .release_at(canonical, Some(address), &mut outcome);
+        }
+        self.removal = removal;
         Ok(outcome)
     }
 
@@ -732,6 +768,55 @@ impl Ownership {
         outcome.blocks_mapped += 1;
     }
 
+    /// Computes every planned block's address and loads its owner entry and table rows
+    /// (independent loads that overlap), so the commit finds them in cache.
+    fn prefetch_plan(&self, plan: &mut [PlannedBlock]) {
+        let mut sink = 0u64;
+        for block in plan {
+            sink ^= self.prefetch(block.canonical, &mut block.address);
+        }
+        std::hint::black_box(sink);
+    }
+
+    /// Sets `address` to `canonical`'s and loads its owner entry and both table rows;
+    /// returns a value to fold into a sink so the loads are kept.
+    #[inline]
+    fn prefetch(&self, canonical: u64, address: &mut Address) -> u64 {
+        *address = self.table.addressing().address(canonical);
+        let owners = self
+            .owners
+            .get(&canonical)
+            .map_or(0, |e| u64::from(e.owners));
+        owners ^ self.table.word(address.primary) ^ self.table.word(address.alternate)
+    }
+
+    /// [`Ownership::acquire`] then [`Ownership::admit`] with one owner-map lookup;
+    /// `address` is `canonical`'s.
+    fn acquire_and_admit(&mut self, canonical: u64, address: Address, outcome: &mut ApplyOutcome) {
+        let entry = self.owners.entry(canonical).or_insert(OwnerEntry {
+            owners: 0,
+            resident: false,
+            omitted: false,
+        });
+        if entry.owners == 0 {
+            self.counters.canonicals_created += 1;
+        }
+        // Overflow was ruled out by validation.
+        entry.owners = entry.owners.saturating_add(1);
+        self.counters.blocks_mapped += 1;
+        outcome.blocks_mapped += 1;
+        if !entry.resident {
+            admit_entry(
+                &mut self.table,
+                &mut self.window,
+                &mut self.counters,
+                address,
+                entry,
+                outcome,
+            );
+        }
+    }
+
     /// Full admission (with relocation) of an owned hash that is not resident.
     fn admit(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
         let Some(entry) = self.owners.get_mut(&canonical) else {
@@ -741,22 +826,14 @@ impl Ownership {
             return;
         }
         let address = self.table.addressing().address(canonical);
-        let window = &mut self.window;
-        match self.table.insert(address, |b, prev| window.note(b, prev)) {
-            Ok(()) => {
-                entry.resident = true;
-                self.counters.fingerprints_inserted += 1;
-                outcome.fingerprints_inserted += 1;
-                if entry.omitted {
-                    self.counters.late_admissions += 1;
-                }
-            }
-            Err(_) => {
-                entry.omitted = true;
-                self.counters.capacity_omissions += 1;
-                outcome.capacity_omissions += 1;
-            }
-        }
+        admit_entry(
+            &mut self.table,
+            &mut self.window,
+            &mut self.counters,
+            address,
+            entry,
+            outcome,
+        );
     }
 
     /// A re-offered mapping: a cheap relocation-free admission if not resident.
@@ -788,29 +865,60 @@ impl Ownership {
     /// Drops one owner of `canonical`; the last owner of a resident hash removes its
     /// fingerprint.
     fn release(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
+        self.release_at(canonical, None, outcome);
+    }
+
+    /// [`Ownership::release`] with `canonical`'s address when already known.
+    fn release_at(&mut self, canonical: u64, address: Option<Address>, outcome: &mut ApplyOutcome) {
         self.counters.mappings_removed += 1;
         outcome.mappings_removed += 1;
-        let Some(entry) = self.owners.get_mut(&canonical) else {
+        let hashbrown::hash_map::Entry::Occupied(mut entry) = self.owners.entry(canonical) else {
             self.counters.invariant_violations += 1;
             return;
         };
-        entry.owners -= 1;
-        if entry.owners > 0 {
+        entry.get_mut().owners -= 1;
+        if entry.get().owners > 0 {
             return;
         }
-        let resident = entry.resident;
-        self.owners.remove(&canonical);
+        let resident = entry.remove().resident;
         self.counters.canonicals_dropped += 1;
         if !resident {
             return;
         }
-        let address = self.table.addressing().address(canonical);
+        let address = address.unwrap_or_else(|| self.table.addressing().address(canonical));
         let window = &mut self.window;
         if self.table.remove(address, |b, prev| window.note(b, prev)) {
             self.counters.fingerprints_removed += 1;
             outcome.fingerprints_removed += 1;
         } else {
             self.counters.invariant_violations += 1;
+        }
+    }
+}
+
+/// Inserts the fingerprint at `address` (of an owned hash that is not resident) with
+/// relocation and records the outcome in its owner `entry`.
+fn admit_entry(
+    table: &mut Table,
+    window: &mut DirtyWindow,
+    counters: &mut FilterCounters,
+    address: Address,
+    entry: &mut OwnerEntry,
+    outcome: &mut ApplyOutcome,
+) {
+    match table.insert(address, |b, prev| window.note(b, prev)) {
+        Ok(()) => {
+            entry.resident = true;
+            counters.fingerprints_inserted += 1;
+            outcome.fingerprints_inserted += 1;
+            if entry.omitted {
+                counters.late_admissions += 1;
+            }
+        }
+        Err(_) => {
+            entry.omitted = true;
+            counters.capacity_omissions += 1;
+            outcome.capacity_omissions += 1;
         }
     }
 }
