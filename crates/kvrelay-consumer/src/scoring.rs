@@ -182,8 +182,41 @@ pub(crate) struct ScoreInputs<'a> {
     pub(crate) dcs: &'a [Arc<str>],
     pub(crate) loads: &'a HashMap<PoolKey, LoadSample>,
     pub(crate) weights: &'a ScoreWeights,
+    /// Per entry, its rank by (DC name, pool id): equal text, equal rank (see
+    /// [`tie_ranks`]).
+    pub(crate) tie_ranks: &'a [u32],
     /// Per relay, its last topology (`None` or absent: readiness unknown).
     pub(crate) topologies: &'a [Option<TopologyView>],
+}
+
+/// Dense ranks of `entries` by (DC name of its relay, pool id): entries with equal text
+/// share a rank, so ranking by it orders exactly like comparing the strings.
+pub(crate) fn tie_ranks(entries: &[PoolEntry], dcs: &[Arc<str>]) -> Vec<u32> {
+    let text = |idx: usize| (&*dcs[entries[idx].relay], &*entries[idx].pool_label);
+    let mut by_text: Vec<usize> = (0..entries.len()).collect();
+    by_text.sort_by(|&a, &b| text(a).cmp(&text(b)));
+    let mut ranks = vec![0u32; entries.len()];
+    let mut rank = 0u32;
+    for (pos, &idx) in by_text.iter().enumerate() {
+        if pos > 0 && text(by_text[pos - 1]) != text(idx) {
+            rank += 1;
+        }
+        ranks[idx] = rank;
+    }
+    ranks
+}
+
+/// A key whose ascending order is `score`'s descending `f64::total_cmp` order.
+fn descending_key(score: f64) -> u64 {
+    let bits = score.to_bits();
+    // Flip all bits of negatives and only the sign bit of positives: ascending total
+    // order as unsigned integers; then invert for descending.
+    let ascending = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | (1 << 63)
+    };
+    !ascending
 }
 
 /// A [`DepthSource`] that can reuse buffers across calls (the replica store does; any
@@ -234,8 +267,8 @@ pub(crate) struct ScoreScratch {
     depth_of: Vec<ReplicaDepth>,
     /// Per candidate, its formula terms and score.
     terms: Vec<CandidateTerms>,
-    /// Candidate indices in rank order.
-    order: Vec<usize>,
+    /// Per candidate, its sort key (score, then tie rank and index), in rank order.
+    order: Vec<(u64, u64)>,
     probe: ProbeScratch,
 }
 
@@ -366,30 +399,25 @@ pub(crate) fn rank_into(
             .zip(readiness.iter())
             .map(|(cand, &ready)| candidate_terms(inputs, cand, ready, depth_of, n_tokens)),
     );
-    // Rank small indices, not results: best score first, then DC name, then the first
-    // leg's pool id, then formation order (what a stable sort would keep).
+    // Rank small integer keys, not results: best score first, then DC name, then the
+    // first leg's pool id (both folded into the entry's precomputed tie rank), then
+    // formation order (what a stable sort would keep).
     order.clear();
-    order.extend(0..terms.len());
-    let cmp = |&a: &usize, &b: &usize| {
-        let (ta, tb) = (&terms[a], &terms[b]);
-        let (ea, eb) = (
-            &inputs.entries[ta.candidate.first],
-            &inputs.entries[tb.candidate.first],
-        );
-        tb.score
-            .total_cmp(&ta.score)
-            .then_with(|| inputs.dcs[ea.relay].cmp(&inputs.dcs[eb.relay]))
-            .then_with(|| ea.pool_label.cmp(&eb.pool_label))
-            .then_with(|| a.cmp(&b))
-    };
+    order.extend(terms.iter().enumerate().map(|(cand_idx, t)| {
+        let tie = inputs.tie_ranks[t.candidate.first];
+        (
+            descending_key(t.score),
+            (u64::from(tie) << 32) | cand_idx as u64,
+        )
+    }));
     let keep = limit.min(order.len());
     if keep < order.len() {
         if keep > 0 {
-            order.select_nth_unstable_by(keep - 1, cmp);
+            order.select_nth_unstable(keep - 1);
         }
         order.truncate(keep);
     }
-    order.sort_unstable_by(cmp);
+    order.sort_unstable();
 
     out.model.clear();
     out.model.push_str(resolved.base_model);
@@ -402,8 +430,10 @@ pub(crate) fn rank_into(
     }
     out.n_not_ready = n_not_ready;
     out.candidates.truncate(order.len());
-    for (rank, &cand_idx) in order.iter().enumerate() {
-        let cand_terms = &terms[cand_idx];
+    out.candidates
+        .reserve_exact(order.len() - out.candidates.len());
+    for (rank, &(_, tie_and_idx)) in order.iter().enumerate() {
+        let cand_terms = &terms[(tie_and_idx & u64::from(u32::MAX)) as usize];
         match out.candidates.get_mut(rank) {
             Some(slot) => fill_candidate(slot, inputs, cand_terms, depth_of, n_tokens),
             None => out
@@ -750,6 +780,7 @@ mod tests {
             dcs: &dcs,
             loads,
             weights: &weights,
+            tie_ranks: &tie_ranks(entries, &dcs),
             topologies: &[],
         };
         let mut out = Ranking::default();
@@ -938,6 +969,7 @@ mod tests {
             dcs: &dcs,
             loads: &loads,
             weights: &weights,
+            tie_ranks: &tie_ranks(entries, &dcs),
             topologies: &[],
         };
         rank_into(&inputs, depths, req, Instant::now(), limit, scratch, out).unwrap();
@@ -1012,5 +1044,72 @@ mod tests {
             &mut out,
         );
         assert_eq!(out, run(&entries, &HashMap::new(), &depths, &request(16)));
+    }
+
+    #[test]
+    fn descending_key_orders_like_reversed_total_cmp() {
+        let values = [
+            f64::NEG_INFINITY,
+            -1.5,
+            -0.0,
+            0.0,
+            1e-300,
+            0.25,
+            1.0,
+            f64::INFINITY,
+        ];
+        for a in values {
+            for b in values {
+                assert_eq!(
+                    descending_key(a).cmp(&descending_key(b)),
+                    b.total_cmp(&a),
+                    "{a} vs {b}"
+                );
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// The ranking is ordered by (score desc, DC name, pool id) for any depths, relays
+        /// and label collisions, and a top-k ranking is exactly the full ranking's head.
+        #[test]
+        fn ranking_order_matches_a_stable_sort_by_score_dc_and_pool(
+            pools in proptest::collection::vec((0u8..3, 0usize..2, 0u8..3, 0u32..5, 0u8..4), 1..24),
+        ) {
+            let mut entries = Vec::new();
+            let mut depths = FixedDepths::default();
+            for (key, &(role, relay, ns, depth, label)) in pools.iter().enumerate() {
+                let roles = [AGG, PREFILL, DECODE][usize::from(role)];
+                let mut e = entry(key as u64, relay, &format!("ns{ns}"), roles, 4);
+                // Few distinct labels: equal (DC, pool) text must fall back to formation order.
+                e.pool_label = format!("pool-{label}").into();
+                entries.push(e);
+                depths.depths.insert(PoolKey(key as u64), ReplicaDepth::Current(depth));
+            }
+            let req = request(16);
+            let mut scratch = ScoreScratch::default();
+            let ranked = run(&entries, &HashMap::new(), &depths, &req);
+            let mut reference = ranked.candidates.clone();
+            reference.sort_by(|a, b| {
+                b.score
+                    .total_cmp(&a.score)
+                    .then_with(|| a.dc.cmp(&b.dc))
+                    .then_with(|| a.legs[0].pool.cmp(&b.legs[0].pool))
+            });
+            // Equal keys keep their relative order in both: compare the keys only.
+            let key = |c: &ScoredCandidate| (c.score.to_bits(), c.dc.clone(), c.legs[0].pool.clone());
+            proptest::prop_assert_eq!(
+                ranked.candidates.iter().map(key).collect::<Vec<_>>(),
+                reference.iter().map(key).collect::<Vec<_>>()
+            );
+            for limit in [1usize, 3] {
+                let mut top = Ranking::default();
+                rank_with(&entries, &depths, &req, limit, &mut scratch, &mut top);
+                let keep = limit.min(ranked.candidates.len());
+                proptest::prop_assert_eq!(&top.candidates[..], &ranked.candidates[..keep]);
+            }
+        }
     }
 }

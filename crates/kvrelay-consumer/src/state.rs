@@ -153,6 +153,8 @@ pub struct ConsumerState {
     producers: HashMap<PoolKey, (usize, ProducerIdentity)>,
     store: ReplicaStore,
     next_key: u64,
+    /// Per entry, its scoring tie-break rank (rebuilt with `entries`).
+    tie_ranks: Vec<u32>,
     /// Per relay, its last topology (`None`: readiness unknown).
     topologies: Vec<Option<TopologyView>>,
     /// Reusable scoring buffers for concurrent readers.
@@ -179,6 +181,7 @@ impl ConsumerState {
             producers: HashMap::new(),
             store: ReplicaStore::new(config.limits.staleness_bound),
             next_key: 1,
+            tie_ranks: Vec::new(),
             topologies: config.relays.iter().map(|_| None).collect(),
             scratches: ScratchPool::default(),
         })
@@ -522,6 +525,7 @@ impl ConsumerState {
             dcs: &self.dcs,
             loads: &self.loads,
             weights: &self.weights,
+            tie_ranks: &self.tie_ranks,
             topologies: &self.topologies,
         };
         self.scratches.with(|scratch| {
@@ -610,6 +614,7 @@ impl ConsumerState {
                 .cmp(&b.relay)
                 .then_with(|| a.pool_label.cmp(&b.pool_label))
         });
+        self.tie_ranks = scoring::tie_ranks(&entries, &self.dcs);
         self.entries = entries;
     }
 }
