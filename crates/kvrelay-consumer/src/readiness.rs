@@ -198,4 +198,92 @@ mod tests {
             Verdict::Keep(Readiness::Unknown)
         );
     }
+
+    fn update(entries: Vec<kvrelay_codec::v1::TopologyEntry>) -> TopologyUpdate {
+        TopologyUpdate {
+            relay: kvrelay_codec::v1::RelayIdentity {
+                drt_instance_id: 1,
+                relay_incarnation: 1,
+            },
+            revision: 1,
+            entries,
+        }
+    }
+
+    fn entry(
+        namespace: &str,
+        model: &str,
+        state: ReadinessState,
+        adapters: &[(&str, ReadinessState)],
+    ) -> kvrelay_codec::v1::TopologyEntry {
+        kvrelay_codec::v1::TopologyEntry {
+            namespace: namespace.to_owned(),
+            canonical_model: model.to_owned(),
+            state,
+            present_roles: Vec::new(),
+            missing_roles: Vec::new(),
+            members: Vec::new(),
+            duplicate_role_endpoints: Vec::new(),
+            legacy_fallback_active: false,
+            adapters: adapters
+                .iter()
+                .map(|&(name, state)| kvrelay_codec::v1::AdapterReadiness {
+                    canonical_model: name.to_owned(),
+                    state,
+                    missing_roles: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn adapter_state_is_looked_up_under_its_base_entry() {
+        let (view, n_invalid) = TopologyView::from_update(&update(vec![entry(
+            "prod",
+            "m",
+            ReadinessState::Ready,
+            &[
+                ("m-sql", ReadinessState::Ready),
+                ("m-law", ReadinessState::Unavailable),
+            ],
+        )]));
+        assert_eq!(n_invalid, 0);
+        assert_eq!(
+            view.verdict("prod", "m", None),
+            Verdict::Keep(Readiness::Ready)
+        );
+        assert_eq!(
+            view.verdict("prod", "m", Some("m-sql")),
+            Verdict::Keep(Readiness::Ready)
+        );
+        assert_eq!(view.verdict("prod", "m", Some("m-law")), Verdict::Exclude);
+        assert_eq!(
+            view.verdict("prod", "m", Some("m-x")),
+            Verdict::Keep(Readiness::Unknown)
+        );
+        assert_eq!(
+            view.verdict("other", "m", None),
+            Verdict::Keep(Readiness::Unknown)
+        );
+    }
+
+    #[test]
+    fn invalid_or_repeated_entries_read_as_unknown() {
+        let mut inconsistent = entry("bad", "m", ReadinessState::Ready, &[]);
+        inconsistent.missing_roles = vec![kvrelay_codec::v1::WorkerRole::Decode];
+        let (view, n_invalid) = TopologyView::from_update(&update(vec![
+            inconsistent,
+            entry("twice", "m", ReadinessState::Unavailable, &[]),
+            entry("twice", "m", ReadinessState::Unavailable, &[]),
+        ]));
+        assert_eq!(n_invalid, 1);
+        assert_eq!(
+            view.verdict("bad", "m", None),
+            Verdict::Keep(Readiness::Unknown)
+        );
+        assert_eq!(
+            view.verdict("twice", "m", None),
+            Verdict::Keep(Readiness::Unknown)
+        );
+    }
 }

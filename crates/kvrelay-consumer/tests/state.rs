@@ -422,3 +422,64 @@ fn scored_depths_never_undercount_an_exact_index_and_inflation_is_rare() {
     assert_eq!(under, 0, "no false negatives for current replicas");
     assert!(inflated * 100 <= checks, "inflation stays below 1%");
 }
+
+fn topology(
+    relay: kvrelay_codec::v1::RelayIdentity,
+    state: kvrelay_codec::v1::ReadinessState,
+) -> kvrelay_codec::v1::TopologyUpdate {
+    kvrelay_codec::v1::TopologyUpdate {
+        relay,
+        revision: 1,
+        entries: vec![kvrelay_codec::v1::TopologyEntry {
+            namespace: "prod".into(),
+            canonical_model: "llama".into(),
+            state,
+            present_roles: Vec::new(),
+            missing_roles: Vec::new(),
+            members: Vec::new(),
+            duplicate_role_endpoints: Vec::new(),
+            legacy_fallback_active: false,
+            adapters: Vec::new(),
+        }],
+    }
+}
+
+#[test]
+fn lost_topology_makes_excluded_candidates_unknown_again() {
+    use kvrelay_codec::v1::ReadinessState;
+    use kvrelay_consumer::Readiness;
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let producer = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&producer]))
+        .unwrap();
+    let now = Instant::now();
+    assert_eq!(
+        state.apply_topology(0, &topology(relay, ReadinessState::Unavailable)),
+        0
+    );
+    let ranking = state.score(&request(vec![1; 8]), now).unwrap();
+    assert!(ranking.candidates.is_empty());
+    assert_eq!(ranking.n_not_ready, 1);
+
+    state.clear_topology(0);
+    let ranking = state.score(&request(vec![1; 8]), now).unwrap();
+    assert_eq!(ranking.candidates[0].readiness, Readiness::Unknown);
+    assert_eq!(ranking.n_not_ready, 0);
+}
+
+#[test]
+fn topology_from_another_relay_incarnation_is_ignored() {
+    use kvrelay_codec::v1::ReadinessState;
+    use kvrelay_consumer::Readiness;
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let producer = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&producer]))
+        .unwrap();
+    state.apply_topology(0, &topology(relay_identity(2), ReadinessState::Unavailable));
+    let ranking = state.score(&request(vec![1; 8]), Instant::now()).unwrap();
+    assert_eq!(ranking.candidates[0].readiness, Readiness::Unknown);
+}
