@@ -20,13 +20,18 @@ const BLOCKS_PER_EVENT: usize = 4;
 fn batch(seed: u64) -> EngineBatch {
     let mut state = seed;
     let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         state
     };
     let events = (0..EVENTS_PER_BATCH)
         .map(|event_idx| {
             let hashes: Vec<EngineBlockHash> = (0..BLOCKS_PER_EVENT)
-                .map(|_| EngineBlockHash { value: next(), repr: HashRepr::Unsigned })
+                .map(|_| EngineBlockHash {
+                    value: next(),
+                    repr: HashRepr::Unsigned,
+                })
                 .collect();
             if event_idx % 4 == 3 {
                 return EngineEvent::BlockRemoved(BlockRemoved {
@@ -40,7 +45,10 @@ fn batch(seed: u64) -> EngineBatch {
                 .collect();
             EngineEvent::BlockStored(BlockStored {
                 block_hashes: hashes,
-                parent_block_hash: Some(EngineBlockHash { value: next(), repr: HashRepr::Unsigned }),
+                parent_block_hash: Some(EngineBlockHash {
+                    value: next(),
+                    repr: HashRepr::Unsigned,
+                }),
                 token_ids: TokenIds::Flat(tokens),
                 block_size: BLOCK_SIZE,
                 lora_id: None,
@@ -55,14 +63,25 @@ fn batch(seed: u64) -> EngineBatch {
             })
         })
         .collect();
-    EngineBatch { ts: 1.0, events, dp_rank: Some(0) }
+    EngineBatch {
+        ts: 1.0,
+        events,
+        dp_rank: Some(0),
+    }
 }
 
 fn decode_benches(c: &mut Criterion) {
-    let config = CanonicalConfig { block_size: BLOCK_SIZE, hash_format: KvQueryHashFormat::DynamoStandardV1 };
+    let config = CanonicalConfig {
+        block_size: BLOCK_SIZE,
+        hash_format: KvQueryHashFormat::DynamoStandardV1,
+    };
     let limits = Limits::default();
     for (name, map_events) in [("vllm-map", true), ("vllm-array", false)] {
-        let layout = EngineLayout { engine: EngineKind::Vllm, map_events, map_batch: false };
+        let layout = EngineLayout {
+            engine: EngineKind::Vllm,
+            map_events,
+            map_batch: false,
+        };
         let source = batch(42);
         let mut bytes = Vec::new();
         encode_engine_batch(&source, layout, &mut bytes);
@@ -74,7 +93,8 @@ fn decode_benches(c: &mut Criterion) {
             let mut out = Vec::with_capacity(EVENTS_PER_BATCH);
             b.iter(|| {
                 out.clear();
-                let decoded = decode_engine_batch(black_box(&bytes), EngineKind::Vllm, &limits).unwrap();
+                let decoded =
+                    decode_engine_batch(black_box(&bytes), EngineKind::Vllm, &limits).unwrap();
                 canonicalizer.canonicalize(&decoded, &mut out);
                 black_box(out.len())
             });

@@ -72,7 +72,10 @@ impl Canonicalizer {
 
     /// The source a batch belongs to: this worker and the batch's rank.
     pub fn source_of(&self, batch: &EngineBatch) -> SourceId {
-        SourceId::new(self.worker_id, batch.dp_rank.unwrap_or(self.default_dp_rank))
+        SourceId::new(
+            self.worker_id,
+            batch.dp_rank.unwrap_or(self.default_dp_rank),
+        )
     }
 
     /// The source a reset or clear applies to when no batch names a rank.
@@ -98,7 +101,11 @@ impl Canonicalizer {
     /// assert_eq!(outcome.n_events, 1);
     /// assert_eq!(out[0].source.dp_rank, 2);
     /// ```
-    pub fn canonicalize(&mut self, batch: &EngineBatch, out: &mut Vec<RouterEvent>) -> BatchOutcome {
+    pub fn canonicalize(
+        &mut self,
+        batch: &EngineBatch,
+        out: &mut Vec<RouterEvent>,
+    ) -> BatchOutcome {
         let source = self.source_of(batch);
         let mut outcome = BatchOutcome::default();
         for (event_idx, event) in batch.events.iter().enumerate() {
@@ -166,7 +173,8 @@ impl Canonicalizer {
     }
 
     fn keeps_removed(&self, removed: &BlockRemoved) -> bool {
-        is_device_medium(removed.medium.as_deref()) && self.in_full_attention_group(removed.group_idx)
+        is_device_medium(removed.medium.as_deref())
+            && self.in_full_attention_group(removed.group_idx)
     }
 
     fn in_full_attention_group(&self, group_idx: Option<u32>) -> bool {
@@ -240,7 +248,10 @@ pub fn stored_token_hashes(
                             .get(block_idx)
                             .and_then(|ahead| ahead.first().copied())
                     });
-                    window.push(next.ok_or(CanonicalizeError::MissingLookahead { event_idx, block_idx })?);
+                    window.push(next.ok_or(CanonicalizeError::MissingLookahead {
+                        event_idx,
+                        block_idx,
+                    })?);
                 }
             }
             TokenIds::Bigram(pairs) => {

@@ -35,9 +35,10 @@ pub struct DynamoDecoded {
 
 /// Decodes a JSON payload of Dynamo router events.
 pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEventError> {
-    let parsed: OneOrMany = serde_json::from_slice(payload).map_err(|err| DynamoEventError::Malformed {
-        reason: err.to_string(),
-    })?;
+    let parsed: OneOrMany =
+        serde_json::from_slice(payload).map_err(|err| DynamoEventError::Malformed {
+            reason: err.to_string(),
+        })?;
     let wire = match parsed {
         OneOrMany::One(event) => vec![event],
         OneOrMany::Many(events) => events,
@@ -64,9 +65,11 @@ pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEvent
                     })
                     .collect(),
             }),
-            WireData::Tagged(TaggedData::Removed(removed)) => EventPayload::Removed(RemovedBlocks {
-                engine_block_ids: removed.block_hashes,
-            }),
+            WireData::Tagged(TaggedData::Removed(removed)) => {
+                EventPayload::Removed(RemovedBlocks {
+                    engine_block_ids: removed.block_hashes,
+                })
+            }
             WireData::Tagged(TaggedData::Cleared(_)) | WireData::Unit(UnitData::Cleared) => {
                 EventPayload::AllCleared
             }
@@ -186,7 +189,10 @@ mod tests {
             decoded.events[0].payload,
             EventPayload::Stored(StoredBlocks {
                 parent_engine_block_id: None,
-                blocks: vec![StoredBlock { engine_block_id: 11, token_hash: 22 }],
+                blocks: vec![StoredBlock {
+                    engine_block_id: 11,
+                    token_hash: 22
+                }],
             })
         );
         assert_eq!(decoded.events[2].payload, EventPayload::AllCleared);

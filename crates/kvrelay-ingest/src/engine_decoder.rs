@@ -291,7 +291,11 @@ fn decode_map_event(
     build_event(tag, fields, event_idx)
 }
 
-fn build_event(tag: Tag, fields: EventFields, event_idx: usize) -> Result<EngineEvent, DecodeError> {
+fn build_event(
+    tag: Tag,
+    fields: EventFields,
+    event_idx: usize,
+) -> Result<EngineEvent, DecodeError> {
     let missing = |field| DecodeError::MissingField {
         event_idx,
         tag: tag.name(),
@@ -376,7 +380,11 @@ fn read_field(
     Ok(())
 }
 
-fn read_metadata(reader: &mut Reader<'_>, n: u32, fields: &mut EventFields) -> Result<(), DecodeError> {
+fn read_metadata(
+    reader: &mut Reader<'_>,
+    n: u32,
+    fields: &mut EventFields,
+) -> Result<(), DecodeError> {
     for _ in 0..n {
         let key = read_str_bytes(reader, "metadata key")?;
         match key {
@@ -590,12 +598,14 @@ fn read_float(reader: &mut Reader<'_>, field: &'static str) -> Result<f64, Decod
 fn read_opt_u32(reader: &mut Reader<'_>, field: &'static str) -> Result<Option<u32>, DecodeError> {
     match reader.next()? {
         Item::Nil => Ok(None),
-        Item::Unsigned(value) => u32::try_from(value)
-            .map(Some)
-            .map_err(|_| DecodeError::OutOfRange {
-                field,
-                value: i128::from(value),
-            }),
+        Item::Unsigned(value) => {
+            u32::try_from(value)
+                .map(Some)
+                .map_err(|_| DecodeError::OutOfRange {
+                    field,
+                    value: i128::from(value),
+                })
+        }
         Item::Negative(value) => Err(DecodeError::OutOfRange {
             field,
             value: i128::from(value),
@@ -607,12 +617,14 @@ fn read_opt_u32(reader: &mut Reader<'_>, field: &'static str) -> Result<Option<u
 fn read_opt_i64(reader: &mut Reader<'_>, field: &'static str) -> Result<Option<i64>, DecodeError> {
     match reader.next()? {
         Item::Nil => Ok(None),
-        Item::Unsigned(value) => i64::try_from(value)
-            .map(Some)
-            .map_err(|_| DecodeError::OutOfRange {
-                field,
-                value: i128::from(value),
-            }),
+        Item::Unsigned(value) => {
+            i64::try_from(value)
+                .map(Some)
+                .map_err(|_| DecodeError::OutOfRange {
+                    field,
+                    value: i128::from(value),
+                })
+        }
         Item::Negative(value) => Ok(Some(value)),
         other => Err(unexpected(field, "int or nil", &other)),
     }
@@ -629,7 +641,10 @@ fn read_opt_string(
     }
 }
 
-fn read_str_bytes<'a>(reader: &mut Reader<'a>, field: &'static str) -> Result<&'a [u8], DecodeError> {
+fn read_str_bytes<'a>(
+    reader: &mut Reader<'a>,
+    field: &'static str,
+) -> Result<&'a [u8], DecodeError> {
     match reader.next()? {
         Item::Str(bytes) => Ok(bytes),
         other => Err(unexpected(field, "str", &other)),

@@ -118,7 +118,9 @@ pub enum DecodeError {
 #[non_exhaustive]
 pub enum CanonicalizeError {
     /// The event's block size differs from the pool's query block size.
-    #[error("event {event_idx}: block_size {block_size} differs from the pool block size {expected}")]
+    #[error(
+        "event {event_idx}: block_size {block_size} differs from the pool block size {expected}"
+    )]
     BlockSizeMismatch {
         /// Index of the event in the batch.
         event_idx: usize,

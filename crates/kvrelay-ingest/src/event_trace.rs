@@ -166,10 +166,11 @@ pub fn format_event_trace(header: &EventTraceHeader, events: &[TimedEvent]) -> S
 
 /// Parses the header line.
 pub fn parse_header(line: &str) -> Result<EventTraceHeader, TraceError> {
-    let header: EventTraceHeader = serde_json::from_str(line).map_err(|err| TraceError::Malformed {
-        line_no: 1,
-        reason: err.to_string(),
-    })?;
+    let header: EventTraceHeader =
+        serde_json::from_str(line).map_err(|err| TraceError::Malformed {
+            line_no: 1,
+            reason: err.to_string(),
+        })?;
     if header.format != EVENT_TRACE_FORMAT || header.version != EVENT_TRACE_VERSION {
         return Err(TraceError::UnsupportedHeader {
             format: header.format,
@@ -224,7 +225,10 @@ pub struct EventTrace {
 
 /// Parses a whole event trace; bad event lines are collected, a bad header fails.
 pub fn parse_event_trace(text: &str) -> Result<EventTrace, TraceError> {
-    let mut lines = text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty());
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty());
     let (_, first) = lines.next().ok_or(TraceError::MissingHeader)?;
     let header = parse_header(first)?;
     let mut events = Vec::new();

@@ -36,6 +36,9 @@ pub use canonical::{
     BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, multimodal_hash,
     stored_token_hashes,
 };
+pub use dynamo_event::{
+    DynamoDecoded, DynamoEventError, decode_dynamo_events, dynamo_kv_event_subject,
+};
 pub use engine::{
     BlockRemoved, BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, ExtraKey,
     HashRepr, TokenIds,
@@ -43,21 +46,20 @@ pub use engine::{
 pub use engine_decoder::decode_engine_batch;
 pub use engine_encoder::{EngineLayout, encode_engine_batch};
 pub use error::{CanonicalizeError, DecodeError, RejectionKind, SourceError};
-pub use limits::Limits;
-pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
-pub use stats::SourceStats;
-pub use source::{SourceHandle, SourceOutput, SourceSignal};
-pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
-pub use zmq_source::{ZmqSourceConfig, spawn_zmq_source};
 pub use event_trace::{
     EVENT_TRACE_FORMAT, EVENT_TRACE_VERSION, EventTrace, EventTraceHeader, RequestRecord,
     TimedEvent, TraceError, format_event, format_event_trace, format_header, parse_event,
     parse_event_trace, parse_header, parse_request_trace,
 };
+pub use limits::Limits;
+pub use nats_source::{NatsSourceConfig, spawn_nats_source};
+pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
+pub use source::{SourceHandle, SourceOutput, SourceSignal};
+pub use stats::SourceStats;
 pub use trace_replay::{TraceReplayConfig, spawn_trace_replay};
 pub use workload::{
     BUILTIN_REQUEST_TRACE, Routing, TraceWorkload, WorkloadConfig, block_token_hash, block_tokens,
     request_tokens,
 };
-pub use dynamo_event::{DynamoDecoded, DynamoEventError, decode_dynamo_events, dynamo_kv_event_subject};
-pub use nats_source::{NatsSourceConfig, spawn_nats_source};
+pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
+pub use zmq_source::{ZmqSourceConfig, spawn_zmq_source};

@@ -62,7 +62,9 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
         async move {
             // Keep the client alive for the subscription's lifetime.
             let _client = client;
-            let connected = SourceSignal::Connected { endpoint: config.server.clone() };
+            let connected = SourceSignal::Connected {
+                endpoint: config.server.clone(),
+            };
             if !emit(&tx, &task_cancel, SourceOutput::Signal(connected)).await {
                 return;
             }
@@ -73,14 +75,19 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
                     message = subscriber.next() => message,
                 };
                 let Some(message) = message else {
-                    let lost = SourceSignal::Lost { endpoint: config.server.clone() };
+                    let lost = SourceSignal::Lost {
+                        endpoint: config.server.clone(),
+                    };
                     let _ = emit(&tx, &task_cancel, SourceOutput::Signal(lost)).await;
                     return;
                 };
                 task_counters.message();
                 if message.payload.len() > limits.max_payload_bytes {
                     task_counters.reject(RejectionKind::Framing);
-                    warn!(bytes = message.payload.len(), "rejected oversized nats payload");
+                    warn!(
+                        bytes = message.payload.len(),
+                        "rejected oversized nats payload"
+                    );
                     continue;
                 }
                 let decoded = match decode_dynamo_events(&message.payload) {

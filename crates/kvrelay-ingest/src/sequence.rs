@@ -162,16 +162,25 @@ impl<P> SequenceTracker<P> {
             State::Fresh => self.start_replay(0, seq, payload),
             State::Live { next } if seq == next => self.apply(seq, payload),
             State::Live { next } if seq > next => {
-                self.actions.push_back(SequenceAction::Gap { expected: next, got: seq });
+                self.actions.push_back(SequenceAction::Gap {
+                    expected: next,
+                    got: seq,
+                });
                 if self.config.replay_available {
                     self.start_replay(next, seq, payload)
                 } else {
-                    self.reset(ResetReason::GapWithoutReplay { expected: next, got: seq });
+                    self.reset(ResetReason::GapWithoutReplay {
+                        expected: next,
+                        got: seq,
+                    });
                     self.apply(seq, payload)
                 }
             }
             State::Live { next } => {
-                self.reset(ResetReason::SequenceWentBack { expected: next, got: seq });
+                self.reset(ResetReason::SequenceWentBack {
+                    expected: next,
+                    got: seq,
+                });
                 self.restart(seq, payload)
             }
             State::Replaying {
@@ -198,7 +207,11 @@ impl<P> SequenceTracker<P> {
                     self.apply(seq, payload)
                 } else {
                     buffered.push_back((seq, payload));
-                    State::Replaying { next, epoch, buffered }
+                    State::Replaying {
+                        next,
+                        epoch,
+                        buffered,
+                    }
                 }
             }
         };
@@ -206,14 +219,22 @@ impl<P> SequenceTracker<P> {
 
     /// A replayed batch of replay `epoch` arrived.
     pub fn handle_replay(&mut self, epoch: u64, seq: u64, payload: P) {
-        let State::Replaying { next, epoch: current, buffered } = &mut self.state else {
+        let State::Replaying {
+            next,
+            epoch: current,
+            buffered,
+        } = &mut self.state
+        else {
             return;
         };
         if epoch != *current || seq < *next {
             return;
         }
         if seq > *next {
-            let reason = ResetReason::ReplayIncomplete { expected: *next, got: seq };
+            let reason = ResetReason::ReplayIncomplete {
+                expected: *next,
+                got: seq,
+            };
             self.actions.push_back(SequenceAction::Reset(reason));
         }
         // Live batches the replay has now covered are dropped from the buffer.
@@ -221,7 +242,8 @@ impl<P> SequenceTracker<P> {
             buffered.pop_front();
         }
         *next = seq + 1;
-        self.actions.push_back(SequenceAction::Apply { seq, payload });
+        self.actions
+            .push_back(SequenceAction::Apply { seq, payload });
     }
 
     /// Replay `epoch` sent its end marker: apply the buffered live batches.
@@ -230,7 +252,10 @@ impl<P> SequenceTracker<P> {
             return;
         }
         let state = std::mem::replace(&mut self.state, State::Fresh);
-        let State::Replaying { mut next, buffered, .. } = state else {
+        let State::Replaying {
+            mut next, buffered, ..
+        } = state
+        else {
             return;
         };
         for (seq, payload) in buffered {
@@ -238,9 +263,13 @@ impl<P> SequenceTracker<P> {
                 continue;
             }
             if seq > next {
-                self.reset(ResetReason::ReplayIncomplete { expected: next, got: seq });
+                self.reset(ResetReason::ReplayIncomplete {
+                    expected: next,
+                    got: seq,
+                });
             }
-            self.actions.push_back(SequenceAction::Apply { seq, payload });
+            self.actions
+                .push_back(SequenceAction::Apply { seq, payload });
             next = seq + 1;
         }
         self.state = State::Live { next };
@@ -258,7 +287,8 @@ impl<P> SequenceTracker<P> {
         self.reset(ResetReason::ReplayFailed);
         let mut next = next;
         for (seq, payload) in buffered {
-            self.actions.push_back(SequenceAction::Apply { seq, payload });
+            self.actions
+                .push_back(SequenceAction::Apply { seq, payload });
             next = seq + 1;
         }
         self.state = State::Live { next };
@@ -289,8 +319,11 @@ impl<P> SequenceTracker<P> {
     }
 
     fn apply(&mut self, seq: u64, payload: P) -> State<P> {
-        self.actions.push_back(SequenceAction::Apply { seq, payload });
-        State::Live { next: seq.wrapping_add(1) }
+        self.actions
+            .push_back(SequenceAction::Apply { seq, payload });
+        State::Live {
+            next: seq.wrapping_add(1),
+        }
     }
 
     fn reset(&mut self, reason: ResetReason) {
@@ -335,8 +368,14 @@ mod tests {
             drain(&mut t),
             vec![
                 apply(0, "a"),
-                SequenceAction::Gap { expected: 1, got: 3 },
-                SequenceAction::RequestReplay { from_seq: 1, epoch: 1 },
+                SequenceAction::Gap {
+                    expected: 1,
+                    got: 3
+                },
+                SequenceAction::RequestReplay {
+                    from_seq: 1,
+                    epoch: 1
+                },
             ]
         );
         t.handle_replay(1, 1, "b");
@@ -346,7 +385,13 @@ mod tests {
         t.handle_live(5, "f");
         assert_eq!(
             drain(&mut t),
-            vec![apply(1, "b"), apply(2, "c"), apply(3, "d"), apply(4, "e"), apply(5, "f")]
+            vec![
+                apply(1, "b"),
+                apply(2, "c"),
+                apply(3, "d"),
+                apply(4, "e"),
+                apply(5, "f")
+            ]
         );
     }
 
@@ -360,7 +405,10 @@ mod tests {
         assert_eq!(
             actions[2..],
             [
-                SequenceAction::Reset(ResetReason::SequenceWentBack { expected: 2, got: 0 }),
+                SequenceAction::Reset(ResetReason::SequenceWentBack {
+                    expected: 2,
+                    got: 0
+                }),
                 apply(0, "new"),
             ]
         );
@@ -377,8 +425,14 @@ mod tests {
         assert_eq!(
             drain(&mut t),
             vec![
-                SequenceAction::Reset(ResetReason::SequenceWentBack { expected: 3, got: 1 }),
-                SequenceAction::RequestReplay { from_seq: 0, epoch: 1 },
+                SequenceAction::Reset(ResetReason::SequenceWentBack {
+                    expected: 3,
+                    got: 1
+                }),
+                SequenceAction::RequestReplay {
+                    from_seq: 0,
+                    epoch: 1
+                },
             ]
         );
         t.handle_replay(1, 0, "new-0");
@@ -395,8 +449,14 @@ mod tests {
         assert_eq!(
             drain(&mut t)[1..],
             [
-                SequenceAction::Gap { expected: 1, got: 2 },
-                SequenceAction::Reset(ResetReason::GapWithoutReplay { expected: 1, got: 2 }),
+                SequenceAction::Gap {
+                    expected: 1,
+                    got: 2
+                },
+                SequenceAction::Reset(ResetReason::GapWithoutReplay {
+                    expected: 1,
+                    got: 2
+                }),
                 apply(2, "c"),
             ]
         );
@@ -414,7 +474,10 @@ mod tests {
         assert_eq!(
             drain(&mut t),
             vec![
-                SequenceAction::Reset(ResetReason::ReplayIncomplete { expected: 1, got: 3 }),
+                SequenceAction::Reset(ResetReason::ReplayIncomplete {
+                    expected: 1,
+                    got: 3
+                }),
                 apply(3, "d"),
                 apply(4, "e"),
                 apply(5, "f"),
@@ -432,7 +495,11 @@ mod tests {
         t.handle_live(3, "d");
         assert_eq!(
             drain(&mut t),
-            vec![SequenceAction::Reset(ResetReason::ReplayFailed), apply(2, "c"), apply(3, "d")]
+            vec![
+                SequenceAction::Reset(ResetReason::ReplayFailed),
+                apply(2, "c"),
+                apply(3, "d")
+            ]
         );
     }
 
@@ -467,7 +534,10 @@ mod tests {
         t.handle_live(7, "h");
         assert_eq!(
             drain(&mut t),
-            vec![SequenceAction::RequestReplay { from_seq: 0, epoch: 1 }]
+            vec![SequenceAction::RequestReplay {
+                from_seq: 0,
+                epoch: 1
+            }]
         );
         for seq in 0..7 {
             t.handle_replay(1, seq, "old");
@@ -488,7 +558,10 @@ mod tests {
         assert_eq!(
             actions[3..],
             [
-                SequenceAction::Reset(ResetReason::SequenceWentBack { expected: 4, got: 0 }),
+                SequenceAction::Reset(ResetReason::SequenceWentBack {
+                    expected: 4,
+                    got: 0
+                }),
                 apply(0, "restart"),
             ]
         );

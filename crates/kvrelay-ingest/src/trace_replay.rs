@@ -37,7 +37,8 @@ pub fn spawn_trace_replay(events: Vec<TimedEvent>, config: TraceReplayConfig) ->
             let start = tokio::time::Instant::now();
             for timed in events {
                 if config.speedup > 0.0 {
-                    let offset = Duration::from_secs_f64(timed.t_ms as f64 / 1000.0 / config.speedup);
+                    let offset =
+                        Duration::from_secs_f64(timed.t_ms as f64 / 1000.0 / config.speedup);
                     tokio::select! {
                         biased;
                         () = task_cancel.cancelled() => return,

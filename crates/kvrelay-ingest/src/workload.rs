@@ -146,7 +146,10 @@ impl TraceWorkload {
 /// The synthesized tokens of block `hash_id` (`block_size` tokens below 32,000).
 pub fn block_tokens(hash_id: u64, block_size: u32, seed: u64) -> Vec<u32> {
     (0..u64::from(block_size))
-        .map(|pos| (xxh3_64_with_seed(&[hash_id.to_le_bytes(), pos.to_le_bytes()].concat(), seed) % 32_000) as u32)
+        .map(|pos| {
+            (xxh3_64_with_seed(&[hash_id.to_le_bytes(), pos.to_le_bytes()].concat(), seed) % 32_000)
+                as u32
+        })
         .collect()
 }
 
@@ -160,14 +163,21 @@ pub fn request_tokens(hash_ids: &[u64], block_size: u32, seed: u64) -> Vec<u32> 
 
 /// The token hash of block `hash_id` (standard format, no salt).
 pub fn block_token_hash(hash_id: u64, block_size: u32, seed: u64) -> u64 {
-    block_hash(&block_tokens(hash_id, block_size, seed), &[], HashSalt::default().seed())
+    block_hash(
+        &block_tokens(hash_id, block_size, seed),
+        &[],
+        HashSalt::default().seed(),
+    )
 }
 
 fn pick_kv_aware(workers: &[WorkerCache], hash_ids: &[u64]) -> usize {
     let mut best = 0usize;
     let mut best_key = (0usize, usize::MAX);
     for (idx, worker) in workers.iter().enumerate() {
-        let depth = hash_ids.iter().take_while(|id| worker.blocks.contains_key(id)).count();
+        let depth = hash_ids
+            .iter()
+            .take_while(|id| worker.blocks.contains_key(id))
+            .count();
         let key = (depth, worker.blocks.len());
         if idx == 0 || key.0 > best_key.0 || (key.0 == best_key.0 && key.1 < best_key.1) {
             best = idx;
@@ -200,7 +210,12 @@ impl WorkerCache {
         }
     }
 
-    fn serve(&mut self, request: &RequestRecord, config: &WorkloadConfig, out: &mut Vec<TimedEvent>) {
+    fn serve(
+        &mut self,
+        request: &RequestRecord,
+        config: &WorkloadConfig,
+        out: &mut Vec<TimedEvent>,
+    ) {
         let request_start = self.tick;
         let chain = &request.hash_ids[..request.hash_ids.len().min(config.capacity_blocks)];
         let mut removed: Vec<u64> = Vec::new();
@@ -243,7 +258,13 @@ impl WorkerCache {
             });
         }
         if !removed.is_empty() {
-            self.emit(request.timestamp, EventPayload::Removed(RemovedBlocks { engine_block_ids: removed }), out);
+            self.emit(
+                request.timestamp,
+                EventPayload::Removed(RemovedBlocks {
+                    engine_block_ids: removed,
+                }),
+                out,
+            );
         }
         for stored in stored_runs {
             self.emit(request.timestamp, EventPayload::Stored(stored), out);

@@ -88,7 +88,10 @@ pub fn parse_replay(frames: &[Bytes], max_payload_bytes: usize) -> Result<Replay
 
 /// The frames of a replay request from `start_seq`, as a DEALER sends them.
 pub fn replay_request(start_seq: u64) -> [Bytes; 2] {
-    [Bytes::new(), Bytes::copy_from_slice(&start_seq.to_be_bytes())]
+    [
+        Bytes::new(),
+        Bytes::copy_from_slice(&start_seq.to_be_bytes()),
+    ]
 }
 
 fn parse_seq(frame: &[u8]) -> Result<u64, FrameError> {

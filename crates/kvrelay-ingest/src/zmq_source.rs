@@ -62,7 +62,11 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
     let tracker = TaskTracker::new();
     let (out_tx, out_rx) = mpsc::channel(limits.output_queue_depth.max(1));
     let (live_tx, live_rx) = mpsc::channel(limits.live_queue_depth.max(1));
-    let span = info_span!("zmq_source", worker_id = config.worker_id, dp_rank = config.dp_rank);
+    let span = info_span!(
+        "zmq_source",
+        worker_id = config.worker_id,
+        dp_rank = config.dp_rank
+    );
     tracker.spawn(
         reader(
             config.endpoint.clone(),
@@ -103,9 +107,17 @@ enum ReaderEvent {
 /// What a replay task forwards to the driver.
 #[derive(Debug)]
 enum ReplayEvent {
-    Batch { epoch: u64, seq: u64, payload: Bytes },
-    End { epoch: u64 },
-    Failed { epoch: u64 },
+    Batch {
+        epoch: u64,
+        seq: u64,
+        payload: Bytes,
+    },
+    End {
+        epoch: u64,
+    },
+    Failed {
+        epoch: u64,
+    },
 }
 
 async fn reader(
@@ -162,7 +174,11 @@ async fn reader(
             let frames = message.into_vec();
             match parse_live(&frames, limits.max_payload_bytes) {
                 Ok((seq, payload)) => {
-                    if live.send(ReaderEvent::Batch { seq, payload }).await.is_err() {
+                    if live
+                        .send(ReaderEvent::Batch { seq, payload })
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -229,13 +245,22 @@ impl Driver {
     }
 
     /// Carries out one tracker action; `false` when the source must stop.
-    async fn act(&mut self, action: SequenceAction<Bytes>, replay_tx: &mpsc::Sender<ReplayEvent>) -> bool {
+    async fn act(
+        &mut self,
+        action: SequenceAction<Bytes>,
+        replay_tx: &mpsc::Sender<ReplayEvent>,
+    ) -> bool {
         match action {
             SequenceAction::Apply { seq, payload } => self.apply(seq, &payload).await,
             SequenceAction::Gap { expected, got } => {
                 self.counters.gap();
                 warn!(seq = got, expected, "zmq sequence gap");
-                emit(&self.out, &self.cancel, SourceOutput::Signal(SourceSignal::Gap { expected, got })).await
+                emit(
+                    &self.out,
+                    &self.cancel,
+                    SourceOutput::Signal(SourceSignal::Gap { expected, got }),
+                )
+                .await
             }
             SequenceAction::RequestReplay { from_seq, epoch } => {
                 self.counters.replay();
@@ -261,10 +286,14 @@ impl Driver {
                 warn!(reason = reason.as_str(), "zmq source reset");
                 self.canonicalizer.reset();
                 if self.seen_sources.is_empty() {
-                    self.seen_sources.insert(self.canonicalizer.default_source());
+                    self.seen_sources
+                        .insert(self.canonicalizer.default_source());
                 }
                 let sources: Vec<SourceId> = self.seen_sources.iter().copied().collect();
-                let signal = SourceSignal::Reset { sources: sources.clone(), reason };
+                let signal = SourceSignal::Reset {
+                    sources: sources.clone(),
+                    reason,
+                };
                 if !emit(&self.out, &self.cancel, SourceOutput::Signal(signal)).await {
                     return false;
                 }
@@ -289,7 +318,8 @@ impl Driver {
                 return true;
             }
         };
-        self.seen_sources.insert(self.canonicalizer.source_of(&batch));
+        self.seen_sources
+            .insert(self.canonicalizer.source_of(&batch));
         let mut events = Vec::with_capacity(batch.events.len());
         let outcome = self.canonicalizer.canonicalize(&batch, &mut events);
         self.counters.filtered(outcome.n_filtered);
@@ -363,17 +393,25 @@ async fn replay_exchange(
     counters: &Counters,
 ) -> Result<(), String> {
     let mut socket = DealerSocket::new();
-    socket.connect(endpoint).await.map_err(|err| err.to_string())?;
-    let request = ZmqMessage::try_from(replay_request(from_seq).to_vec()).map_err(|err| err.to_string())?;
+    socket
+        .connect(endpoint)
+        .await
+        .map_err(|err| err.to_string())?;
+    let request =
+        ZmqMessage::try_from(replay_request(from_seq).to_vec()).map_err(|err| err.to_string())?;
     socket.send(request).await.map_err(|err| err.to_string())?;
     loop {
         let message = socket.recv().await.map_err(|err| err.to_string())?;
         match parse_replay(&message.into_vec(), limits.max_payload_bytes) {
             Ok(ReplayReply::End) => return Ok(()),
             Ok(ReplayReply::Batch { seq, payload }) => {
-                tx.send(ReplayEvent::Batch { epoch, seq, payload })
-                    .await
-                    .map_err(|_| "driver stopped".to_owned())?;
+                tx.send(ReplayEvent::Batch {
+                    epoch,
+                    seq,
+                    payload,
+                })
+                .await
+                .map_err(|_| "driver stopped".to_owned())?;
             }
             Err(err) => {
                 counters.reject(RejectionKind::Framing);

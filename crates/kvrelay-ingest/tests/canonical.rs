@@ -17,7 +17,10 @@ const STANDARD: KvQueryHashFormat = KvQueryHashFormat::DynamoStandardV1;
 const EAGLE: KvQueryHashFormat = KvQueryHashFormat::DynamoEagleV1;
 
 fn config(block_size: u32, hash_format: KvQueryHashFormat) -> CanonicalConfig {
-    CanonicalConfig { block_size, hash_format }
+    CanonicalConfig {
+        block_size,
+        hash_format,
+    }
 }
 
 fn fixture(name: &str, engine: EngineKind) -> EngineBatch {
@@ -42,7 +45,10 @@ fn token_hashes(event: &RouterEvent) -> Vec<u64> {
 }
 
 fn hash(value: u64) -> EngineBlockHash {
-    EngineBlockHash { value, repr: HashRepr::Unsigned }
+    EngineBlockHash {
+        value,
+        repr: HashRepr::Unsigned,
+    }
 }
 
 fn stored(n_blocks: usize, block_size: u32) -> BlockStored {
@@ -64,7 +70,11 @@ fn stored(n_blocks: usize, block_size: u32) -> BlockStored {
 }
 
 fn one(event: EngineEvent) -> EngineBatch {
-    EngineBatch { ts: 0.0, events: vec![event], dp_rank: None }
+    EngineBatch {
+        ts: 0.0,
+        events: vec![event],
+        dp_rank: None,
+    }
 }
 
 #[test]
@@ -75,14 +85,22 @@ fn vllm_fixture_token_hashes_equal_identity_block_hashes_of_its_tokens() {
     let expected = block_hashes(&tokens, 16, STANDARD, HashSalt::default());
     assert_eq!(token_hashes(&events[0]), expected[..2]);
     assert_eq!(token_hashes(&events[1]), expected[2..]);
-    let EventPayload::Stored(second) = &events[1].payload else { panic!() };
+    let EventPayload::Stored(second) = &events[1].payload else {
+        panic!()
+    };
     assert_eq!(second.parent_engine_block_id, Some(0xFEDC_BA98_7654_3210));
 }
 
 #[test]
 fn same_block_from_vllm_and_sglang_gets_the_same_token_hash() {
-    let vllm = canonicalize(&fixture("vllm-0.33.0-basic.msgpack", EngineKind::Vllm), config(16, STANDARD));
-    let sglang = canonicalize(&fixture("sglang-0.5.23-basic.msgpack", EngineKind::Sglang), config(16, STANDARD));
+    let vllm = canonicalize(
+        &fixture("vllm-0.33.0-basic.msgpack", EngineKind::Vllm),
+        config(16, STANDARD),
+    );
+    let sglang = canonicalize(
+        &fixture("sglang-0.5.23-basic.msgpack", EngineKind::Sglang),
+        config(16, STANDARD),
+    );
     assert_eq!(token_hashes(&vllm[0]), token_hashes(&sglang[0]));
 }
 
@@ -91,16 +109,28 @@ fn lora_name_salts_the_token_hash() {
     let batch = fixture("vllm-0.33.0-lora-gpu.msgpack", EngineKind::Vllm);
     let events = canonicalize(&batch, config(16, STANDARD));
     let tokens: Vec<u32> = (0..32).collect();
-    let salt = HashSalt { lora_name: Some("tenant-a"), cache_namespace: None };
-    assert_eq!(token_hashes(&events[0]), block_hashes(&tokens, 16, STANDARD, salt));
+    let salt = HashSalt {
+        lora_name: Some("tenant-a"),
+        cache_namespace: None,
+    };
+    assert_eq!(
+        token_hashes(&events[0]),
+        block_hashes(&tokens, 16, STANDARD, salt)
+    );
 }
 
 #[test]
 fn sglang_cache_salt_salts_the_token_hash_in_both_encodings() {
     let tokens: Vec<u32> = (0..32).collect();
-    let salt = HashSalt { lora_name: None, cache_namespace: Some("salt-1") };
+    let salt = HashSalt {
+        lora_name: None,
+        cache_namespace: Some("salt-1"),
+    };
     let expected = block_hashes(&tokens, 16, STANDARD, salt);
-    for name in ["sglang-0.5.19-salt-metadata.msgpack", "sglang-0.5.23-salt-session.msgpack"] {
+    for name in [
+        "sglang-0.5.19-salt-metadata.msgpack",
+        "sglang-0.5.23-salt-session.msgpack",
+    ] {
         let events = canonicalize(&fixture(name, EngineKind::Sglang), config(16, STANDARD));
         assert_eq!(token_hashes(&events[0]), expected, "{name}");
     }
@@ -112,16 +142,30 @@ fn vllm_extra_keys_give_salt_and_multimodal_hashes() {
     event.lora_name = Some("tenant-a".to_owned());
     let keys = vec![
         ExtraKey::Text("tenant-a".to_owned()),
-        ExtraKey::Multimodal { identifier: "mm-0123abcd".to_owned(), offset: 0 },
+        ExtraKey::Multimodal {
+            identifier: "mm-0123abcd".to_owned(),
+            offset: 0,
+        },
         ExtraKey::Text("salt-1".to_owned()),
     ];
     event.extra_keys = vec![Some(keys), None];
     let events = canonicalize(&one(EngineEvent::BlockStored(event)), config(4, STANDARD));
-    let salt = HashSalt { lora_name: Some("tenant-a"), cache_namespace: Some("salt-1") };
+    let salt = HashSalt {
+        lora_name: Some("tenant-a"),
+        cache_namespace: Some("salt-1"),
+    };
     let tokens: Vec<u32> = (0..8).collect();
     let mm = vec![vec![multimodal_hash("mm-0123abcd").unwrap()]];
     let with_salt = block_hashes_with_mm(&tokens, 4, STANDARD, salt, &mm);
-    let lora_only = block_hashes(&tokens, 4, STANDARD, HashSalt { lora_name: Some("tenant-a"), cache_namespace: None });
+    let lora_only = block_hashes(
+        &tokens,
+        4,
+        STANDARD,
+        HashSalt {
+            lora_name: Some("tenant-a"),
+            cache_namespace: None,
+        },
+    );
     assert_eq!(token_hashes(&events[0]), vec![with_salt[0], lora_only[1]]);
 }
 
@@ -135,13 +179,27 @@ fn sixty_four_hex_multimodal_identifier_uses_its_first_sixteen_digits() {
 #[test]
 fn sglang_bigram_pages_hash_like_their_flat_tokens() {
     let batch = fixture("sglang-0.5.23-bigram.msgpack", EngineKind::Sglang);
-    let EngineEvent::BlockStored(first) = &batch.events[0] else { panic!() };
-    let TokenIds::Bigram(pairs) = &first.token_ids else { panic!("not bigram") };
-    let flat: Vec<u32> = pairs.iter().map(|p| p[0]).chain(pairs.last().map(|p| p[1])).collect();
+    let EngineEvent::BlockStored(first) = &batch.events[0] else {
+        panic!()
+    };
+    let TokenIds::Bigram(pairs) = &first.token_ids else {
+        panic!("not bigram")
+    };
+    let flat: Vec<u32> = pairs
+        .iter()
+        .map(|p| p[0])
+        .chain(pairs.last().map(|p| p[1]))
+        .collect();
     let standard = canonicalize(&batch, config(16, STANDARD));
-    assert_eq!(token_hashes(&standard[0]), block_hashes(&flat[..16], 16, STANDARD, HashSalt::default()));
+    assert_eq!(
+        token_hashes(&standard[0]),
+        block_hashes(&flat[..16], 16, STANDARD, HashSalt::default())
+    );
     let eagle = canonicalize(&batch, config(16, EAGLE));
-    assert_eq!(token_hashes(&eagle[0]), block_hashes(&flat, 16, EAGLE, HashSalt::default()));
+    assert_eq!(
+        token_hashes(&eagle[0]),
+        block_hashes(&flat, 16, EAGLE, HashSalt::default())
+    );
 }
 
 #[test]
@@ -150,7 +208,10 @@ fn eagle_uses_the_next_blocks_first_token_then_the_lookahead() {
     event.lookahead_token_ids = vec![vec![4], vec![99]];
     let events = canonicalize(&one(EngineEvent::BlockStored(event)), config(4, EAGLE));
     let tokens: Vec<u32> = (0..8).chain([99]).collect();
-    assert_eq!(token_hashes(&events[0]), block_hashes(&tokens, 4, EAGLE, HashSalt::default()));
+    assert_eq!(
+        token_hashes(&events[0]),
+        block_hashes(&tokens, 4, EAGLE, HashSalt::default())
+    );
 }
 
 #[test]
@@ -160,7 +221,10 @@ fn eagle_without_a_following_token_is_rejected() {
         .canonicalize(&one(EngineEvent::BlockStored(stored(2, 4))), &mut out);
     assert_eq!(
         outcome.rejected,
-        vec![CanonicalizeError::MissingLookahead { event_idx: 0, block_idx: 1 }]
+        vec![CanonicalizeError::MissingLookahead {
+            event_idx: 0,
+            block_idx: 1
+        }]
     );
     assert!(out.is_empty());
 }
@@ -169,14 +233,21 @@ fn eagle_without_a_following_token_is_rejected() {
 fn block_size_mismatch_is_rejected_and_the_rest_of_the_batch_applies() {
     let batch = EngineBatch {
         ts: 0.0,
-        events: vec![EngineEvent::BlockStored(stored(1, 8)), EngineEvent::AllBlocksCleared],
+        events: vec![
+            EngineEvent::BlockStored(stored(1, 8)),
+            EngineEvent::AllBlocksCleared,
+        ],
         dp_rank: Some(3),
     };
     let mut out = Vec::new();
     let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&batch, &mut out);
     assert_eq!(
         outcome.rejected,
-        vec![CanonicalizeError::BlockSizeMismatch { event_idx: 0, block_size: 8, expected: 4 }]
+        vec![CanonicalizeError::BlockSizeMismatch {
+            event_idx: 0,
+            block_size: 8,
+            expected: 4
+        }]
     );
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].source, SourceId::new(1, 3));
@@ -187,8 +258,12 @@ fn token_count_not_covering_the_blocks_is_rejected() {
     let mut event = stored(2, 4);
     event.token_ids = TokenIds::Flat((0..7).collect());
     let mut out = Vec::new();
-    let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&one(EngineEvent::BlockStored(event)), &mut out);
-    assert!(matches!(outcome.rejected[..], [CanonicalizeError::TokenCountMismatch { n_tokens: 7, .. }]));
+    let outcome = Canonicalizer::new(1, 0, config(4, STANDARD))
+        .canonicalize(&one(EngineEvent::BlockStored(event)), &mut out);
+    assert!(matches!(
+        outcome.rejected[..],
+        [CanonicalizeError::TokenCountMismatch { n_tokens: 7, .. }]
+    ));
 }
 
 #[test]
@@ -196,10 +271,17 @@ fn non_gpu_media_are_filtered() {
     for medium in ["CPU", "CPU_PINNED", "DISK", "EXTERNAL"] {
         let mut event = stored(1, 4);
         event.medium = Some(medium.to_owned());
-        let removal = BlockRemoved { block_hashes: vec![hash(0)], medium: Some(medium.to_owned()), group_idx: None };
+        let removal = BlockRemoved {
+            block_hashes: vec![hash(0)],
+            medium: Some(medium.to_owned()),
+            group_idx: None,
+        };
         let batch = EngineBatch {
             ts: 0.0,
-            events: vec![EngineEvent::BlockStored(event), EngineEvent::BlockRemoved(removal)],
+            events: vec![
+                EngineEvent::BlockStored(event),
+                EngineEvent::BlockRemoved(removal),
+            ],
             dp_rank: None,
         };
         let mut out = Vec::new();
@@ -218,7 +300,11 @@ fn non_full_attention_groups_are_filtered_and_removals_follow_the_learned_group(
     full.group_idx = Some(1);
     full.kv_cache_spec_kind = Some("full_attention".to_owned());
     let removal = |group| {
-        EngineEvent::BlockRemoved(BlockRemoved { block_hashes: vec![hash(0)], medium: None, group_idx: Some(group) })
+        EngineEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![hash(0)],
+            medium: None,
+            group_idx: Some(group),
+        })
     };
     let batch = EngineBatch {
         ts: 0.0,
@@ -240,7 +326,11 @@ fn non_full_attention_groups_are_filtered_and_removals_follow_the_learned_group(
 
 #[test]
 fn removal_from_group_other_than_zero_is_filtered_before_any_group_is_learned() {
-    let batch = one(EngineEvent::BlockRemoved(BlockRemoved { block_hashes: vec![hash(1)], medium: Some("GPU".to_owned()), group_idx: Some(2) }));
+    let batch = one(EngineEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![hash(1)],
+        medium: Some("GPU".to_owned()),
+        group_idx: Some(2),
+    }));
     let mut out = Vec::new();
     let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&batch, &mut out);
     assert_eq!(outcome.n_filtered, 1);

@@ -51,9 +51,15 @@ fn check_event(actual: &EngineEvent, expected: &Value, label: &str) {
             let hashes = expected["block_hashes"].as_array().unwrap();
             assert_eq!(stored.block_hashes.len(), hashes.len(), "{label}");
             for (a, e) in stored.block_hashes.iter().zip(hashes) {
-                assert!(hash_matches(a, e.as_str().unwrap()), "{label}: {a:?} vs {e}");
+                assert!(
+                    hash_matches(a, e.as_str().unwrap()),
+                    "{label}: {a:?} vs {e}"
+                );
             }
-            match (&stored.parent_block_hash, expected["parent_block_hash"].as_str()) {
+            match (
+                &stored.parent_block_hash,
+                expected["parent_block_hash"].as_str(),
+            ) {
                 (None, None) => {}
                 (Some(a), Some(e)) => assert!(hash_matches(a, e), "{label}: parent"),
                 other => panic!("{label}: parent mismatch {other:?}"),
@@ -61,7 +67,8 @@ fn check_event(actual: &EngineEvent, expected: &Value, label: &str) {
             let tokens = expected["token_ids"].as_array().unwrap();
             match &stored.token_ids {
                 TokenIds::Flat(flat) => {
-                    let want: Vec<u32> = tokens.iter().map(|t| t.as_u64().unwrap() as u32).collect();
+                    let want: Vec<u32> =
+                        tokens.iter().map(|t| t.as_u64().unwrap() as u32).collect();
                     assert_eq!(flat, &want, "{label}");
                 }
                 TokenIds::Bigram(pairs) => {
@@ -75,16 +82,20 @@ fn check_event(actual: &EngineEvent, expected: &Value, label: &str) {
                     assert_eq!(pairs, &want, "{label}");
                 }
             }
-            assert_eq!(u64::from(stored.block_size), expected["block_size"].as_u64().unwrap());
+            assert_eq!(
+                u64::from(stored.block_size),
+                expected["block_size"].as_u64().unwrap()
+            );
             assert_eq!(stored.lora_id, expected["lora_id"].as_i64(), "{label}");
             assert_eq!(stored.medium, opt_str(&expected["medium"]), "{label}");
             if let Some(name) = expected.get("lora_name") {
                 assert_eq!(stored.lora_name, opt_str(name), "{label}");
             }
-            let salt = expected
-                .get("cache_salt")
-                .and_then(opt_str)
-                .or_else(|| expected.get("metadata").and_then(|m| opt_str(&m["cache_salt"])));
+            let salt = expected.get("cache_salt").and_then(opt_str).or_else(|| {
+                expected
+                    .get("metadata")
+                    .and_then(|m| opt_str(&m["cache_salt"]))
+            });
             assert_eq!(stored.cache_salt, salt, "{label}");
             if let Some(group) = expected.get("group_idx") {
                 assert_eq!(stored.group_idx.map(u64::from), group.as_u64(), "{label}");
@@ -93,7 +104,10 @@ fn check_event(actual: &EngineEvent, expected: &Value, label: &str) {
                 assert_eq!(stored.kv_cache_spec_kind, opt_str(kind), "{label}");
             }
             if let Some(window) = expected.get("kv_cache_spec_sliding_window") {
-                assert_eq!(stored.kv_cache_spec_sliding_window.map(u64::from), window.as_u64());
+                assert_eq!(
+                    stored.kv_cache_spec_sliding_window.map(u64::from),
+                    window.as_u64()
+                );
             }
             match expected.get("extra_keys").and_then(Value::as_array) {
                 None => assert!(stored.extra_keys.is_empty(), "{label}"),
@@ -104,12 +118,21 @@ fn check_event(actual: &EngineEvent, expected: &Value, label: &str) {
                     }
                 }
             }
-            match expected.get("lookahead_token_ids").and_then(Value::as_array) {
+            match expected
+                .get("lookahead_token_ids")
+                .and_then(Value::as_array)
+            {
                 None => assert!(stored.lookahead_token_ids.is_empty(), "{label}"),
                 Some(blocks) => {
                     let want: Vec<Vec<u32>> = blocks
                         .iter()
-                        .map(|b| b.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect())
+                        .map(|b| {
+                            b.as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|t| t.as_u64().unwrap() as u32)
+                                .collect()
+                        })
                         .collect();
                     assert_eq!(stored.lookahead_token_ids, want, "{label}");
                 }
@@ -159,14 +182,22 @@ fn decode_fixture(payload_name: &str, engine: EngineKind) -> EngineBatch {
 fn every_engine_fixture_decodes_to_its_expected_events() {
     let index = read_json("index.json");
     let payloads = index["payloads"].as_array().unwrap();
-    assert!(payloads.len() >= 24, "index lists {} payloads", payloads.len());
+    assert!(
+        payloads.len() >= 24,
+        "index lists {} payloads",
+        payloads.len()
+    );
     for entry in payloads {
         let payload = entry["payload"].as_str().unwrap();
         let sidecar = read_json(entry["sidecar"].as_str().unwrap());
         let batch = decode_fixture(payload, engine_of(entry["engine"].as_str().unwrap()));
         let expected = &sidecar["expected"];
         assert_eq!(batch.ts, expected["ts"].as_f64().unwrap(), "{payload}");
-        assert_eq!(batch.dp_rank.map(u64::from), expected["dp_rank"].as_u64(), "{payload}");
+        assert_eq!(
+            batch.dp_rank.map(u64::from),
+            expected["dp_rank"].as_u64(),
+            "{payload}"
+        );
         let events = expected["events"].as_array().unwrap();
         assert_eq!(batch.events.len(), events.len(), "{payload}");
         for (idx, (a, e)) in batch.events.iter().zip(events).enumerate() {
@@ -178,7 +209,9 @@ fn every_engine_fixture_decodes_to_its_expected_events() {
 #[test]
 fn vllm_uint64_hash_above_i64_max_is_kept_unsigned() {
     let batch = decode_fixture("vllm-0.33.0-basic.msgpack", EngineKind::Vllm);
-    let EngineEvent::BlockStored(stored) = &batch.events[0] else { panic!("not stored") };
+    let EngineEvent::BlockStored(stored) = &batch.events[0] else {
+        panic!("not stored")
+    };
     assert_eq!(stored.block_hashes[1].value, 0xFEDC_BA98_7654_3210);
     assert_eq!(stored.block_hashes[1].repr, HashRepr::Unsigned);
 }
@@ -186,7 +219,9 @@ fn vllm_uint64_hash_above_i64_max_is_kept_unsigned() {
 #[test]
 fn sglang_negative_hash_has_the_same_bits_as_vllm_unsigned() {
     let batch = decode_fixture("sglang-0.5.23-basic.msgpack", EngineKind::Sglang);
-    let EngineEvent::BlockStored(stored) = &batch.events[0] else { panic!("not stored") };
+    let EngineEvent::BlockStored(stored) = &batch.events[0] else {
+        panic!("not stored")
+    };
     assert_eq!(stored.block_hashes[1].value, 0xFEDC_BA98_7654_3210);
     assert_eq!(stored.block_hashes[1].repr, HashRepr::Signed);
 }
@@ -194,14 +229,18 @@ fn sglang_negative_hash_has_the_same_bits_as_vllm_unsigned() {
 #[test]
 fn bytes_hashes_fold_to_the_last_eight_bytes_big_endian() {
     let batch = decode_fixture("vllm-0.11.0-bytes-hashes.msgpack", EngineKind::Vllm);
-    let EngineEvent::BlockStored(stored) = &batch.events[0] else { panic!("not stored") };
+    let EngineEvent::BlockStored(stored) = &batch.events[0] else {
+        panic!("not stored")
+    };
     assert_eq!(stored.block_hashes[0].repr, HashRepr::Bytes);
 }
 
 #[test]
 fn sglang_metadata_array_event_yields_its_cache_salt() {
     let batch = decode_fixture("sglang-0.5.19-salt-metadata.msgpack", EngineKind::Sglang);
-    let EngineEvent::BlockStored(stored) = &batch.events[0] else { panic!("not stored") };
+    let EngineEvent::BlockStored(stored) = &batch.events[0] else {
+        panic!("not stored")
+    };
     assert_eq!(stored.cache_salt.as_deref(), Some("salt-1"));
 }
 
@@ -216,7 +255,8 @@ fn zmq_capture_payloads_decode_like_the_standalone_fixtures() {
             let frames = live["frames_b64"].as_array().unwrap();
             assert_eq!(frames.len(), 3, "{name}");
             let payload = base64_decode(frames[2].as_str().unwrap());
-            let standalone = std::fs::read(fixture_dir().join(live["payload_file"].as_str().unwrap())).unwrap();
+            let standalone =
+                std::fs::read(fixture_dir().join(live["payload_file"].as_str().unwrap())).unwrap();
             assert_eq!(payload, standalone, "{name}");
             decode_engine_batch(&payload, engine, &Limits::default()).unwrap();
         }

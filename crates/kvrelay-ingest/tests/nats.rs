@@ -1,6 +1,11 @@
 //! Dynamo router events published on a real `nats-server` (Debian package) on a loopback
 //! port are ingested in order.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test"
+)]
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -21,18 +26,28 @@ struct NatsServer {
 
 impl NatsServer {
     async fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server", "nats-server"]
-            .into_iter()
-            .find(|path| !path.starts_with('/') || std::path::Path::new(path).exists())
-            .unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let binary = [
+            "/usr/sbin/nats-server",
+            "/usr/bin/nats-server",
+            "nats-server",
+        ]
+        .into_iter()
+        .find(|path| !path.starts_with('/') || std::path::Path::new(path).exists())
+        .unwrap();
         let child = Command::new(binary)
             .args(["-a", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|err| {
-                panic!("cannot start nats-server ({err}); install it: apt-get install -y nats-server")
+                panic!(
+                    "cannot start nats-server ({err}); install it: apt-get install -y nats-server"
+                )
             });
         let server = Self {
             child,
@@ -40,10 +55,16 @@ impl NatsServer {
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
                 return server;
             }
-            assert!(tokio::time::Instant::now() < deadline, "nats-server not ready on port {port} within 10 s");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server not ready on port {port} within 10 s"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -75,7 +96,10 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
         r#"{"worker_id": 6, "event": {"event_id": 1, "data": "cleared"}}"#,
     ];
     for payload in payloads {
-        publisher.publish(subject.clone(), Bytes::from_static(payload.as_bytes())).await.unwrap();
+        publisher
+            .publish(subject.clone(), Bytes::from_static(payload.as_bytes()))
+            .await
+            .unwrap();
     }
     publisher.flush().await.unwrap();
 
@@ -87,7 +111,9 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
             .expect("source stopped");
         match output {
             SourceOutput::Event(event) => events.push(event),
-            SourceOutput::Signal(signal) => assert!(matches!(signal, SourceSignal::Connected { .. })),
+            SourceOutput::Signal(signal) => {
+                assert!(matches!(signal, SourceSignal::Connected { .. }))
+            }
         }
     }
     assert_eq!(events[0].source, SourceId::new(5, 1));
@@ -96,8 +122,14 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
         EventPayload::Stored(StoredBlocks {
             parent_engine_block_id: None,
             blocks: vec![
-                StoredBlock { engine_block_id: 100, token_hash: 200 },
-                StoredBlock { engine_block_id: 101, token_hash: 201 },
+                StoredBlock {
+                    engine_block_id: 100,
+                    token_hash: 200
+                },
+                StoredBlock {
+                    engine_block_id: 101,
+                    token_hash: 201
+                },
             ],
         })
     );

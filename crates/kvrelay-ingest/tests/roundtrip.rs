@@ -40,59 +40,61 @@ fn stored_strategy(engine: EngineKind) -> impl Strategy<Value = EngineEvent> {
         proptest::option::of(1u32..8192),
         any::<bool>(),
     )
-        .prop_map(move |(hashes, parent, bigram, lora_id, medium, lora_name, salt, group, window, mm)| {
-            let block_size = 4u32;
-            let n_tokens = hashes.len() * block_size as usize;
-            let token_ids = if bigram && engine == EngineKind::Sglang {
-                TokenIds::Bigram((0..n_tokens as u32).map(|t| [t, t + 1]).collect())
-            } else {
-                TokenIds::Flat((0..n_tokens as u32).map(|t| t * 7 + 3).collect())
-            };
-            let mut stored = BlockStored {
-                block_hashes: hashes.clone(),
-                parent_block_hash: parent,
-                token_ids,
-                block_size,
-                lora_id,
-                medium: medium.map(str::to_owned),
-                lora_name: None,
-                extra_keys: Vec::new(),
-                group_idx: None,
-                kv_cache_spec_kind: None,
-                kv_cache_spec_sliding_window: None,
-                cache_salt: None,
-                lookahead_token_ids: Vec::new(),
-            };
-            match engine {
-                EngineKind::Vllm => {
-                    stored.lora_name = lora_name.clone();
-                    stored.group_idx = group;
-                    stored.kv_cache_spec_sliding_window = window;
-                    stored.kv_cache_spec_kind = window.map(|_| "sliding_window".to_owned());
-                    if mm || salt.is_some() {
-                        stored.extra_keys = hashes
-                            .iter()
-                            .enumerate()
-                            .map(|(idx, _)| {
-                                (idx % 2 == 0).then(|| {
-                                    let mut keys = Vec::new();
-                                    keys.extend(salt.clone().map(ExtraKey::Text));
-                                    if mm {
-                                        keys.push(ExtraKey::Multimodal {
-                                            identifier: format!("mm-{idx}"),
-                                            offset: idx as i64,
-                                        });
-                                    }
-                                    keys
+        .prop_map(
+            move |(hashes, parent, bigram, lora_id, medium, lora_name, salt, group, window, mm)| {
+                let block_size = 4u32;
+                let n_tokens = hashes.len() * block_size as usize;
+                let token_ids = if bigram && engine == EngineKind::Sglang {
+                    TokenIds::Bigram((0..n_tokens as u32).map(|t| [t, t + 1]).collect())
+                } else {
+                    TokenIds::Flat((0..n_tokens as u32).map(|t| t * 7 + 3).collect())
+                };
+                let mut stored = BlockStored {
+                    block_hashes: hashes.clone(),
+                    parent_block_hash: parent,
+                    token_ids,
+                    block_size,
+                    lora_id,
+                    medium: medium.map(str::to_owned),
+                    lora_name: None,
+                    extra_keys: Vec::new(),
+                    group_idx: None,
+                    kv_cache_spec_kind: None,
+                    kv_cache_spec_sliding_window: None,
+                    cache_salt: None,
+                    lookahead_token_ids: Vec::new(),
+                };
+                match engine {
+                    EngineKind::Vllm => {
+                        stored.lora_name = lora_name.clone();
+                        stored.group_idx = group;
+                        stored.kv_cache_spec_sliding_window = window;
+                        stored.kv_cache_spec_kind = window.map(|_| "sliding_window".to_owned());
+                        if mm || salt.is_some() {
+                            stored.extra_keys = hashes
+                                .iter()
+                                .enumerate()
+                                .map(|(idx, _)| {
+                                    (idx % 2 == 0).then(|| {
+                                        let mut keys = Vec::new();
+                                        keys.extend(salt.clone().map(ExtraKey::Text));
+                                        if mm {
+                                            keys.push(ExtraKey::Multimodal {
+                                                identifier: format!("mm-{idx}"),
+                                                offset: idx as i64,
+                                            });
+                                        }
+                                        keys
+                                    })
                                 })
-                            })
-                            .collect();
+                                .collect();
+                        }
                     }
+                    EngineKind::Sglang => stored.cache_salt = salt,
                 }
-                EngineKind::Sglang => stored.cache_salt = salt,
-            }
-            EngineEvent::BlockStored(stored)
-        })
+                EngineEvent::BlockStored(stored)
+            },
+        )
 }
 
 fn event_strategy(engine: EngineKind) -> impl Strategy<Value = EngineEvent> {
@@ -192,9 +194,20 @@ fn unknown_event_tag_is_a_typed_error() {
 #[test]
 fn declared_event_count_above_the_limit_is_rejected_before_decoding() {
     // [0.0, array32 of 2^32-1 events] with no event bytes.
-    let bytes = [0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    let bytes = [
+        0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff,
+    ];
     let err = decode_engine_batch(&bytes, EngineKind::Vllm, &Limits::default()).unwrap_err();
-    assert!(matches!(err, DecodeError::TooMany { field: "events", .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            DecodeError::TooMany {
+                field: "events",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -214,5 +227,8 @@ fn map_event_with_unknown_keys_and_late_tag_decodes() {
     bytes.push(0xb0);
     bytes.extend_from_slice(b"AllBlocksCleared");
     bytes.push(0x01);
-    assert_eq!(decode_engine_batch(&bytes, EngineKind::Vllm, &Limits::default()).unwrap(), batch);
+    assert_eq!(
+        decode_engine_batch(&bytes, EngineKind::Vllm, &Limits::default()).unwrap(),
+        batch
+    );
 }

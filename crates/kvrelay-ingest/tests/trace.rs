@@ -12,7 +12,9 @@ use kvrelay_ingest::{
 };
 
 fn repo_file(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(name)
 }
 
 /// The event trace shipped at `traces/events-small.jsonl`: the builtin workload with
@@ -26,8 +28,15 @@ fn shipped_event_trace_equals_the_generator_output() {
         std::fs::write(&path, &text).unwrap();
     }
     let shipped = std::fs::read_to_string(&path).unwrap();
-    assert!(shipped == text, "traces/events-small.jsonl is stale; rerun with KVRELAY_BLESS=1");
-    assert!(shipped.len() < 1 << 20, "shipped trace is {} bytes", shipped.len());
+    assert!(
+        shipped == text,
+        "traces/events-small.jsonl is stale; rerun with KVRELAY_BLESS=1"
+    );
+    assert!(
+        shipped.len() < 1 << 20,
+        "shipped trace is {} bytes",
+        shipped.len()
+    );
 }
 
 #[test]
@@ -54,8 +63,13 @@ fn bad_event_line_is_rejected_with_its_line_number_and_the_rest_parse() {
     );
     let parsed = parse_event_trace(text).unwrap();
     assert_eq!(parsed.events.len(), 2);
-    assert!(matches!(parsed.rejected[..], [TraceError::Malformed { line_no: 3, .. }]));
-    let EventPayload::Removed(removed) = &parsed.events[1].event.payload else { panic!() };
+    assert!(matches!(
+        parsed.rejected[..],
+        [TraceError::Malformed { line_no: 3, .. }]
+    ));
+    let EventPayload::Removed(removed) = &parsed.events[1].event.payload else {
+        panic!()
+    };
     assert_eq!(removed.engine_block_ids, vec![u64::MAX]);
     assert_eq!(parsed.events[1].event.source, SourceId::new(2, 1));
 }
@@ -87,7 +101,11 @@ fn check_engine_semantics(workload: &TraceWorkload) -> BTreeMap<SourceId, usize>
                     assert!(blocks.contains_key(&parent), "parent {parent} unknown");
                 }
                 for block in &stored.blocks {
-                    assert!(blocks.insert(block.engine_block_id, block.token_hash).is_none());
+                    assert!(
+                        blocks
+                            .insert(block.engine_block_id, block.token_hash)
+                            .is_none()
+                    );
                 }
             }
             EventPayload::Removed(removed) => {
@@ -99,7 +117,9 @@ fn check_engine_semantics(workload: &TraceWorkload) -> BTreeMap<SourceId, usize>
         }
         assert!(blocks.len() <= workload.config().capacity_blocks);
     }
-    held.into_iter().map(|(source, blocks)| (source, blocks.len())).collect()
+    held.into_iter()
+        .map(|(source, blocks)| (source, blocks.len()))
+        .collect()
 }
 
 #[test]
@@ -113,10 +133,12 @@ fn generated_events_respect_engine_semantics_and_capacity() {
         let workload = TraceWorkload::builtin(config).unwrap();
         let held = check_engine_semantics(&workload);
         assert_eq!(held.len(), 4, "{routing:?}");
-        assert!(workload
-            .events()
-            .iter()
-            .any(|e| matches!(e.event.payload, EventPayload::Removed(_))));
+        assert!(
+            workload
+                .events()
+                .iter()
+                .any(|e| matches!(e.event.payload, EventPayload::Removed(_)))
+        );
     }
 }
 
@@ -138,17 +160,39 @@ fn mooncake_trace_generates_valid_events() {
 #[test]
 fn kv_aware_routing_reuses_a_cached_prefix() {
     let requests = vec![
-        RequestRecord { timestamp: 0, input_length: 48, output_length: 1, hash_ids: vec![1, 2, 3] },
-        RequestRecord { timestamp: 1, input_length: 16, output_length: 1, hash_ids: vec![9] },
-        RequestRecord { timestamp: 2, input_length: 64, output_length: 1, hash_ids: vec![1, 2, 3, 4] },
+        RequestRecord {
+            timestamp: 0,
+            input_length: 48,
+            output_length: 1,
+            hash_ids: vec![1, 2, 3],
+        },
+        RequestRecord {
+            timestamp: 1,
+            input_length: 16,
+            output_length: 1,
+            hash_ids: vec![9],
+        },
+        RequestRecord {
+            timestamp: 2,
+            input_length: 64,
+            output_length: 1,
+            hash_ids: vec![1, 2, 3, 4],
+        },
     ];
     let workload = TraceWorkload::generate(&requests, WorkloadConfig::default());
     let events = workload.events();
     assert_eq!(events.len(), 3);
     assert_eq!(events[2].event.source, events[0].event.source);
-    let EventPayload::Stored(first) = &events[0].event.payload else { panic!() };
-    let EventPayload::Stored(last) = &events[2].event.payload else { panic!() };
-    assert_eq!(last.parent_engine_block_id, Some(first.blocks[2].engine_block_id));
+    let EventPayload::Stored(first) = &events[0].event.payload else {
+        panic!()
+    };
+    let EventPayload::Stored(last) = &events[2].event.payload else {
+        panic!()
+    };
+    assert_eq!(
+        last.parent_engine_block_id,
+        Some(first.blocks[2].engine_block_id)
+    );
     assert_eq!(last.blocks.len(), 1);
 }
 
@@ -165,11 +209,16 @@ async fn trace_replay_emits_every_event_in_order_then_ends() {
     let expected: Vec<_> = workload.events().iter().map(|e| e.event.clone()).collect();
     let mut source = spawn_trace_replay(
         workload.into_events(),
-        TraceReplayConfig { speedup: 100.0, limits: Limits::default() },
+        TraceReplayConfig {
+            speedup: 100.0,
+            limits: Limits::default(),
+        },
     );
     let mut got = Vec::new();
     while let Some(output) = source.next().await {
-        let SourceOutput::Event(event) = output else { panic!("unexpected {output:?}") };
+        let SourceOutput::Event(event) = output else {
+            panic!("unexpected {output:?}")
+        };
         got.push(event);
     }
     assert_eq!(got, expected);

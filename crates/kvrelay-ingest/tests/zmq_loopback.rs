@@ -1,7 +1,12 @@
 //! A real ZMQ publisher and replay ROUTER on loopback (the test plays the engine): dropped
 //! messages create gaps, the publisher restarts with a reset sequence, and the ingested
 //! state must equal the publisher's ground truth afterwards.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "test")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test"
+)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -11,9 +16,9 @@ use bytes::Bytes;
 use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
-    RejectionKind, BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
-    EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, SourceHandle, SourceOutput,
-    SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
+    BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
+    EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, RejectionKind, SourceHandle,
+    SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
 };
 use tokio::task::JoinHandle;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -69,9 +74,17 @@ struct FakeEngine {
 impl FakeEngine {
     async fn start(pub_endpoint: &str, replay_endpoint: &str) -> (Self, String, String) {
         let mut publisher = PubSocket::new();
-        let bound_pub = publisher.bind(pub_endpoint).await.expect("bind pub").to_string();
+        let bound_pub = publisher
+            .bind(pub_endpoint)
+            .await
+            .expect("bind pub")
+            .to_string();
         let mut router = RouterSocket::new();
-        let bound_replay = router.bind(replay_endpoint).await.expect("bind router").to_string();
+        let bound_replay = router
+            .bind(replay_endpoint)
+            .await
+            .expect("bind router")
+            .to_string();
         let history: Arc<Mutex<Vec<(u64, Bytes)>>> = Arc::default();
         let (stop_replays, stopped) = tokio::sync::oneshot::channel();
         let replay_server = tokio::spawn(serve_replays(router, history.clone(), stopped));
@@ -111,13 +124,19 @@ impl FakeEngine {
                 Bytes::copy_from_slice(&seq.to_be_bytes()),
                 payload,
             ];
-            self.publisher.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+            self.publisher
+                .send(ZmqMessage::try_from(frames).unwrap())
+                .await
+                .unwrap();
         }
     }
 
     /// Sends raw frames on the PUB socket (for malformed input).
     async fn send_raw(&mut self, frames: Vec<Bytes>) {
-        self.publisher.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+        self.publisher
+            .send(ZmqMessage::try_from(frames).unwrap())
+            .await
+            .unwrap();
     }
 
     /// Stops the engine and releases its ports.
@@ -159,11 +178,21 @@ async fn serve_replays(
                 Bytes::copy_from_slice(&seq.to_be_bytes()),
                 payload,
             ];
-            if router.send(ZmqMessage::try_from(reply).unwrap()).await.is_err() {
+            if router
+                .send(ZmqMessage::try_from(reply).unwrap())
+                .await
+                .is_err()
+            {
                 break;
             }
         }
-        let end = vec![identity, Bytes::new(), Bytes::new(), Bytes::from_static(&[0xff; 8]), Bytes::new()];
+        let end = vec![
+            identity,
+            Bytes::new(),
+            Bytes::new(),
+            Bytes::from_static(&[0xff; 8]),
+            Bytes::new(),
+        ];
         let _ = router.send(ZmqMessage::try_from(end).unwrap()).await;
     }
     router.unbind_all().await;
@@ -177,7 +206,9 @@ fn hash(value: u64) -> EngineBlockHash {
 }
 
 fn stored(ids: &[u64], parent: Option<u64>, salt: u32) -> EngineEvent {
-    let tokens = (0..ids.len() as u32 * BLOCK_SIZE).map(|t| t + salt * 1000).collect();
+    let tokens = (0..ids.len() as u32 * BLOCK_SIZE)
+        .map(|t| t + salt * 1000)
+        .collect();
     EngineEvent::BlockStored(BlockStored {
         block_hashes: ids.iter().map(|id| hash(*id)).collect(),
         parent_block_hash: parent.map(hash),
@@ -262,21 +293,41 @@ async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
         let drop = matches!(batch_idx, 3 | 4 | 9 | 15);
         engine.publish(events, drop).await;
     }
-    converge(&mut source, &mut engine, &mut state, &mut signals, "after gaps").await;
+    converge(
+        &mut source,
+        &mut engine,
+        &mut state,
+        &mut signals,
+        "after gaps",
+    )
+    .await;
     let stats = source.stats();
     assert!(stats.n_replays >= 1, "{stats:?}");
 
     // Phase 2: the engine restarts on the same ports with a fresh sequence and new content.
     engine.stop().await;
     let (mut engine, _, _) = FakeEngine::start(&pub_endpoint, &replay_endpoint).await;
-    engine.publish(vec![stored(&[9001, 9002], None, 77)], false).await;
-    engine.publish(vec![stored(&[9003], Some(9002), 78)], false).await;
+    engine
+        .publish(vec![stored(&[9001, 9002], None, 77)], false)
+        .await;
+    engine
+        .publish(vec![stored(&[9003], Some(9002), 78)], false)
+        .await;
     engine.publish(vec![removed(&[9001])], false).await;
-    converge(&mut source, &mut engine, &mut state, &mut signals, "after restart").await;
+    converge(
+        &mut source,
+        &mut engine,
+        &mut state,
+        &mut signals,
+        "after restart",
+    )
+    .await;
     let stats = source.stats();
     assert!(stats.n_resets >= 1, "{stats:?}");
     assert!(
-        signals.iter().any(|s| matches!(s, SourceSignal::Reset { .. })),
+        signals
+            .iter()
+            .any(|s| matches!(s, SourceSignal::Reset { .. })),
         "{signals:?}"
     );
     assert_eq!(stats.n_rejected(), 0, "{stats:?}");
@@ -302,30 +353,68 @@ async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
     let mut state = State::new();
     let mut signals = Vec::new();
     engine.publish(vec![stored(&[1, 2], None, 0)], false).await;
-    converge(&mut source, &mut engine, &mut state, &mut signals, "first batch").await;
+    converge(
+        &mut source,
+        &mut engine,
+        &mut state,
+        &mut signals,
+        "first batch",
+    )
+    .await;
 
     let topic = Bytes::from_static(TOPIC.as_bytes());
     let seq = |n: u64| Bytes::copy_from_slice(&n.to_be_bytes());
     // A 4-byte sequence frame, a payload that is not msgpack, a batch of the wrong shape,
     // and a stored event whose block size is not the pool's.
-    engine.send_raw(vec![topic.clone(), Bytes::from_static(&[0, 0, 0, 1]), Bytes::new()]).await;
+    engine
+        .send_raw(vec![
+            topic.clone(),
+            Bytes::from_static(&[0, 0, 0, 1]),
+            Bytes::new(),
+        ])
+        .await;
     engine.next_seq += 1;
-    engine.send_raw(vec![topic.clone(), seq(engine.next_seq - 1), Bytes::from_static(&[0xc1])]).await;
+    engine
+        .send_raw(vec![
+            topic.clone(),
+            seq(engine.next_seq - 1),
+            Bytes::from_static(&[0xc1]),
+        ])
+        .await;
     engine.next_seq += 1;
-    engine.send_raw(vec![topic.clone(), seq(engine.next_seq - 1), Bytes::from_static(&[0x07])]).await;
+    engine
+        .send_raw(vec![
+            topic.clone(),
+            seq(engine.next_seq - 1),
+            Bytes::from_static(&[0x07]),
+        ])
+        .await;
     let mut wrong_size = stored(&[3], Some(2), 1);
     if let EngineEvent::BlockStored(event) = &mut wrong_size {
         event.block_size = 8;
         event.token_ids = TokenIds::Flat((0..8).collect());
     }
-    let batch = EngineBatch { ts: 0.0, events: vec![wrong_size], dp_rank: Some(0) };
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![wrong_size],
+        dp_rank: Some(0),
+    };
     let mut payload = Vec::new();
     encode_engine_batch(&batch, LAYOUT, &mut payload);
-    engine.send_raw(vec![topic, seq(engine.next_seq), Bytes::from(payload)]).await;
+    engine
+        .send_raw(vec![topic, seq(engine.next_seq), Bytes::from(payload)])
+        .await;
     engine.next_seq += 1;
     // A good batch after all of them still applies.
     engine.publish(vec![removed(&[1])], false).await;
-    converge(&mut source, &mut engine, &mut state, &mut signals, "after malformed").await;
+    converge(
+        &mut source,
+        &mut engine,
+        &mut state,
+        &mut signals,
+        "after malformed",
+    )
+    .await;
     let stats = source.stats();
     assert_eq!(stats.rejected(RejectionKind::Framing), 1, "{stats:?}");
     assert_eq!(stats.rejected(RejectionKind::Malformed), 1, "{stats:?}");

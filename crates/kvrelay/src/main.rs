@@ -48,7 +48,10 @@ fn main() -> ExitCode {
         Err(err) if err.use_stderr() => {
             // Usage errors print as one line (clap's first line) and exit with code 2.
             let rendered = err.to_string();
-            let first_line = rendered.lines().find(|line| !line.trim().is_empty()).unwrap_or("");
+            let first_line = rendered
+                .lines()
+                .find(|line| !line.trim().is_empty())
+                .unwrap_or("");
             eprintln!("{first_line}");
             return ExitCode::from(2);
         }

@@ -13,8 +13,8 @@ use anyhow::{Context, Result};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{canonical_child, canonical_root};
 use kvrelay_ingest::{
-    CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, HashRepr,
-    Limits, TokenIds, decode_engine_batch, stored_token_hashes,
+    CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash, EngineEvent, EngineKind,
+    HashRepr, Limits, TokenIds, decode_engine_batch, stored_token_hashes,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -107,7 +107,13 @@ fn describe_events(batch: &EngineBatch, config: Option<CanonicalConfig>) -> Vec<
                     "cache_salt": stored.cache_salt,
                 });
                 if let Some(config) = config {
-                    canonical_hashes(&mut value, stored, event_idx, config, &mut sequence_by_engine_id);
+                    canonical_hashes(
+                        &mut value,
+                        stored,
+                        event_idx,
+                        config,
+                        &mut sequence_by_engine_id,
+                    );
                 }
                 value
             }
