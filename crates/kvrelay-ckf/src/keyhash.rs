@@ -49,6 +49,13 @@ impl Hasher for KeyHasher {
     }
 }
 
+/// What [`KeyHasher`] yields for one `u64` key: the hash of open-addressing tables keyed
+/// by `u64`.
+#[inline]
+pub(crate) fn mix(key: u64) -> u64 {
+    fold_multiply(fold_multiply(key, MIX).wrapping_add(key), MIX)
+}
+
 #[inline]
 fn fold_multiply(a: u64, b: u64) -> u64 {
     let full = u128::from(a).wrapping_mul(u128::from(b));

@@ -37,6 +37,8 @@ pub mod event;
 pub mod format;
 pub mod image;
 mod keyhash;
+mod lineage;
+mod owners;
 pub mod ownership;
 mod publication;
 pub mod query;

@@ -18,6 +18,8 @@ use crate::event::{EventPayload, RouterEvent, SourceId, StoredBlocks};
 use crate::format::{CkfConfig, ConfigError};
 use crate::image::{Delta, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
 use crate::keyhash::KeyMap;
+use crate::lineage::LineageMap;
+use crate::owners::{GrowFailed, NotStored, OwnerEntry, OwnerTable};
 use crate::publication::{AllocFailed, DirtyWindow, snapshot_chunks};
 use crate::table::Table;
 
@@ -94,15 +96,6 @@ pub struct BarrierSnapshot {
     pub chunks: Vec<SnapshotChunk>,
 }
 
-/// Owner count and residency of one canonical hash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct OwnerEntry {
-    owners: u32,
-    resident: bool,
-    /// A full admission failed for capacity while owned (an omission).
-    omitted: bool,
-}
-
 /// One validated stored block.
 #[derive(Debug, Clone, Copy)]
 struct PlannedBlock {
@@ -143,7 +136,7 @@ const NO_ADDRESS: Address = Address {
 pub struct PoolFilter {
     format: CkfFormat,
     max_kicks: u32,
-    lineage: KeyMap<SourceId, KeyMap<u64, u64>>,
+    lineage: KeyMap<SourceId, LineageMap>,
     state: Ownership,
     plan: Vec<PlannedBlock>,
     /// Canonical hashes and addresses of the removal being applied.
@@ -155,7 +148,7 @@ pub struct PoolFilter {
 /// Owner counts, the table and the window: what ownership transitions mutate.
 #[derive(Debug, Clone)]
 struct Ownership {
-    owners: KeyMap<u64, OwnerEntry>,
+    owners: OwnerTable,
     table: Table,
     window: DirtyWindow,
     counters: FilterCounters,
@@ -177,7 +170,7 @@ impl PoolFilter {
             max_kicks: config.max_kicks,
             lineage: KeyMap::default(),
             state: Ownership {
-                owners: KeyMap::default(),
+                owners: OwnerTable::default(),
                 table,
                 window,
                 counters: FilterCounters::default(),
@@ -261,20 +254,17 @@ impl PoolFilter {
 
     /// How many mappings point at `canonical` (0 when unowned).
     pub fn owner_count(&self, canonical: u64) -> u32 {
-        self.state.owners.get(&canonical).map_or(0, |e| e.owners)
+        self.state.owners.get(canonical).map_or(0, |e| e.owners)
     }
 
     /// Whether `canonical` currently has its fingerprint in the table.
     pub fn is_resident(&self, canonical: u64) -> bool {
-        self.state
-            .owners
-            .get(&canonical)
-            .is_some_and(|e| e.resident)
+        self.state.owners.get(canonical).is_some_and(|e| e.resident)
     }
 
     /// The canonical hash `source` maps `engine_block_id` to, if any.
     pub fn canonical_of(&self, source: SourceId, engine_block_id: u64) -> Option<u64> {
-        self.lineage.get(&source)?.get(&engine_block_id).copied()
+        self.lineage.get(&source)?.get(engine_block_id)
     }
 
     /// Sources with at least one mapping.
@@ -304,7 +294,7 @@ impl PoolFilter {
             .owners
             .iter()
             .filter(|(_, e)| !e.resident)
-            .map(|(&c, _)| c)
+            .map(|(c, _)| c)
     }
 
     /// Occupied fingerprint slots (scans the table).
@@ -339,9 +329,9 @@ impl PoolFilter {
 
     /// Bytes held, by part.
     pub fn memory(&self) -> MemoryUsage {
-        let lineage_entry = (std::mem::size_of::<(u64, u64)>() + 1) as u64;
-        let source_entry = (std::mem::size_of::<(SourceId, KeyMap<u64, u64>)>() + 1) as u64;
-        let owner_entry = (std::mem::size_of::<(u64, OwnerEntry)>() + 1) as u64;
+        let lineage_entry = std::mem::size_of::<(u64, u64)>() as u64;
+        let source_entry = (std::mem::size_of::<(SourceId, LineageMap)>() + 1) as u64;
+        let owner_entry = std::mem::size_of::<(u64, OwnerEntry)>() as u64;
         MemoryUsage {
             table_bytes: u64::from(self.format.bucket_count()) * 8,
             dirty_window_bytes: self.state.window.bytes(),
@@ -447,21 +437,28 @@ impl PoolFilter {
         let lineage = self.lineage.get(&source);
         let mut parent = match stored.parent_engine_block_id {
             None => None,
-            Some(parent_engine_block_id) => Some(
-                lineage
-                    .and_then(|m| m.get(&parent_engine_block_id))
-                    .copied()
-                    .ok_or(ApplyError::ParentNotFound {
+            Some(parent_engine_block_id) => {
+                Some(lineage.and_then(|m| m.get(parent_engine_block_id)).ok_or(
+                    ApplyError::ParentNotFound {
                         source_id: source,
                         parent_engine_block_id,
-                    })?,
-            ),
+                    },
+                )?)
+            }
         };
         plan.try_reserve(stored.blocks.len())
             .map_err(|_| ApplyError::AllocationFailed {
                 what: "stored plan",
                 bytes: (stored.blocks.len() * std::mem::size_of::<PlannedBlock>()) as u64,
             })?;
+        if let Some(lineage) = lineage {
+            // Issue every block's lineage miss before the (branchy) validation loop.
+            let sink = stored
+                .blocks
+                .iter()
+                .fold(0u64, |sink, b| sink ^ lineage.touch(b.engine_block_id));
+            std::hint::black_box(sink);
+        }
         let use_scan = stored.blocks.len() <= LINEAR_SCAN_MAX;
         let mut batch_ids: KeyMap<u64, u64> = KeyMap::default();
         let mut n_new = 0u64;
@@ -472,7 +469,7 @@ impl PoolFilter {
             };
             parent = Some(canonical);
             let id = block.engine_block_id;
-            let earlier = lineage.and_then(|m| m.get(&id)).copied().or_else(|| {
+            let earlier = lineage.and_then(|m| m.get(id)).or_else(|| {
                 if use_scan {
                     plan.iter()
                         .find(|p| p.engine_block_id == id)
@@ -536,13 +533,13 @@ impl PoolFilter {
             self.lineage
                 .try_reserve(1)
                 .map_err(|_| alloc("source map", 64))?;
-            let mut map = KeyMap::default();
+            let mut map = LineageMap::default();
             map.try_reserve(n_new)
-                .map_err(|_| alloc("lineage", n_new as u64 * 17))?;
+                .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
             self.lineage.insert(source, map);
         } else if let Some(map) = self.lineage.get_mut(&source) {
             map.try_reserve(n_new)
-                .map_err(|_| alloc("lineage", n_new as u64 * 17))?;
+                .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
         }
         Ok(())
     }
@@ -551,7 +548,10 @@ impl PoolFilter {
         let mut outcome = ApplyOutcome::default();
         if let Some(lineage) = self.lineage.get_mut(&source) {
             for block in plan.iter().filter(|b| b.is_new) {
-                lineage.insert(block.engine_block_id, block.canonical);
+                // Room was reserved, so this cannot fail.
+                if !lineage.insert(block.engine_block_id, block.canonical) {
+                    self.state.counters.invariant_violations += 1;
+                }
             }
         }
         for block in plan {
@@ -588,10 +588,10 @@ impl PoolFilter {
         // and overlap: lineage reads, then owner entries and table rows, then the commit.
         let mut sink = 0u64;
         for id in engine_block_ids {
-            sink ^= lineage.get(id).copied().unwrap_or(0);
+            sink ^= lineage.touch(*id);
         }
         for id in engine_block_ids {
-            match lineage.remove(id) {
+            match lineage.remove(*id) {
                 Some(canonical) => removal.push((canonical, NO_ADDRESS)),
                 None => {
                     self.state.counters.unknown_removals += 1;
@@ -619,7 +619,7 @@ impl PoolFilter {
         self.state.reserve(0, n_mappings)?;
         let mut outcome = ApplyOutcome::default();
         if let Some(lineage) = self.lineage.remove(&source) {
-            for canonical in lineage.into_values() {
+            for canonical in lineage.values() {
                 self.state.release(canonical, &mut outcome);
             }
         }
@@ -643,7 +643,7 @@ impl PoolFilter {
         let mut outcome = ApplyOutcome::default();
         for source in sources {
             if let Some(lineage) = self.lineage.remove(&source) {
-                for canonical in lineage.into_values() {
+                for canonical in lineage.values() {
                     self.state.release(canonical, &mut outcome);
                 }
             }
@@ -658,10 +658,10 @@ impl PoolFilter {
     ) -> Result<ApplyOutcome, ApplyError> {
         // Validate the whole dump against an empty lineage.
         let n_blocks: usize = chains.iter().map(|c| c.blocks.len()).sum();
-        let mut fresh: KeyMap<u64, u64> = KeyMap::default();
+        let mut fresh = LineageMap::default();
         fresh
             .try_reserve(n_blocks)
-            .map_err(|_| alloc("lineage", n_blocks as u64 * 17))?;
+            .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
         let mut order = Vec::new();
         order
             .try_reserve_exact(n_blocks)
@@ -669,14 +669,12 @@ impl PoolFilter {
         for chain in chains {
             let mut parent = match chain.parent_engine_block_id {
                 None => None,
-                Some(parent_engine_block_id) => {
-                    Some(fresh.get(&parent_engine_block_id).copied().ok_or(
-                        ApplyError::ParentNotFound {
-                            source_id: source,
-                            parent_engine_block_id,
-                        },
-                    )?)
-                }
+                Some(parent_engine_block_id) => Some(fresh.get(parent_engine_block_id).ok_or(
+                    ApplyError::ParentNotFound {
+                        source_id: source,
+                        parent_engine_block_id,
+                    },
+                )?),
             };
             for block in &chain.blocks {
                 let canonical = match parent {
@@ -684,8 +682,8 @@ impl PoolFilter {
                     Some(parent) => canonical_child(parent, block.token_hash),
                 };
                 parent = Some(canonical);
-                match fresh.get(&block.engine_block_id) {
-                    Some(&mapped) if mapped != canonical => {
+                match fresh.get(block.engine_block_id) {
+                    Some(mapped) if mapped != canonical => {
                         return Err(ApplyError::ContradictoryBlockId {
                             source_id: source,
                             engine_block_id: block.engine_block_id,
@@ -698,7 +696,9 @@ impl PoolFilter {
                         if self.live_mappings() + fresh.len() as u64 + 1 > u64::from(u32::MAX) {
                             return Err(ApplyError::OwnershipOverflow { canonical });
                         }
-                        fresh.insert(block.engine_block_id, canonical);
+                        if !fresh.insert(block.engine_block_id, canonical) {
+                            return Err(alloc("lineage", n_blocks as u64 * 16));
+                        }
                         order.push(canonical);
                     }
                 }
@@ -718,7 +718,7 @@ impl PoolFilter {
             self.state.acquire(canonical, &mut outcome);
         }
         if let Some(old) = self.lineage.remove(&source) {
-            for canonical in old.into_values() {
+            for canonical in old.values() {
                 self.state.release(canonical, &mut outcome);
             }
         }
@@ -736,7 +736,7 @@ impl Ownership {
     fn reserve(&mut self, n_new_owners: usize, max_touches: usize) -> Result<(), ApplyError> {
         self.owners
             .try_reserve(n_new_owners)
-            .map_err(|_| alloc("owner map", n_new_owners as u64 * 17))?;
+            .map_err(|GrowFailed { bytes }| alloc("owner table", bytes))?;
         self.window
             .reserve(max_touches)
             .map_err(|AllocFailed { bytes }| alloc("dirty window", bytes))
@@ -754,16 +754,12 @@ impl Ownership {
 
     /// Adds one owner (a new mapping) to `canonical`; no table write.
     fn acquire(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
-        let entry = self.owners.entry(canonical).or_insert(OwnerEntry {
-            owners: 0,
-            resident: false,
-            omitted: false,
-        });
-        if entry.owners == 0 {
-            self.counters.canonicals_created += 1;
+        // Overflow was ruled out by validation, and the slot was reserved.
+        match self.owners.add_owner(canonical) {
+            Some((_, true)) => self.counters.canonicals_created += 1,
+            Some((_, false)) => {}
+            None => self.counters.invariant_violations += 1,
         }
-        // Overflow was ruled out by validation.
-        entry.owners = entry.owners.saturating_add(1);
         self.counters.blocks_mapped += 1;
         outcome.blocks_mapped += 1;
     }
@@ -778,33 +774,29 @@ impl Ownership {
         std::hint::black_box(sink);
     }
 
-    /// Sets `address` to `canonical`'s and loads its owner entry and both table rows;
+    /// Sets `address` to `canonical`'s and loads its owner slot and both table rows;
     /// returns a value to fold into a sink so the loads are kept.
     #[inline]
     fn prefetch(&self, canonical: u64, address: &mut Address) -> u64 {
         *address = self.table.addressing().address(canonical);
-        let owners = self
-            .owners
-            .get(&canonical)
-            .map_or(0, |e| u64::from(e.owners));
-        owners ^ self.table.word(address.primary) ^ self.table.word(address.alternate)
+        self.owners.touch(canonical)
+            ^ self.table.word(address.primary)
+            ^ self.table.word(address.alternate)
     }
 
     /// [`Ownership::acquire`] then [`Ownership::admit`] with one owner-map lookup;
     /// `address` is `canonical`'s.
     fn acquire_and_admit(&mut self, canonical: u64, address: Address, outcome: &mut ApplyOutcome) {
-        let entry = self.owners.entry(canonical).or_insert(OwnerEntry {
-            owners: 0,
-            resident: false,
-            omitted: false,
-        });
-        if entry.owners == 0 {
-            self.counters.canonicals_created += 1;
-        }
-        // Overflow was ruled out by validation.
-        entry.owners = entry.owners.saturating_add(1);
         self.counters.blocks_mapped += 1;
         outcome.blocks_mapped += 1;
+        // Overflow was ruled out by validation, and the slot was reserved.
+        let Some((entry, created)) = self.owners.add_owner(canonical) else {
+            self.counters.invariant_violations += 1;
+            return;
+        };
+        if created {
+            self.counters.canonicals_created += 1;
+        }
         if !entry.resident {
             admit_entry(
                 &mut self.table,
@@ -819,7 +811,7 @@ impl Ownership {
 
     /// Full admission (with relocation) of an owned hash that is not resident.
     fn admit(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
-        let Some(entry) = self.owners.get_mut(&canonical) else {
+        let Some(entry) = self.owners.get_mut(canonical) else {
             return;
         };
         if entry.resident {
@@ -840,7 +832,7 @@ impl Ownership {
     fn reoffer(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
         self.counters.blocks_reoffered += 1;
         outcome.blocks_reoffered += 1;
-        let Some(entry) = self.owners.get_mut(&canonical) else {
+        let Some(entry) = self.owners.get_mut(canonical) else {
             return;
         };
         if entry.resident {
@@ -872,15 +864,14 @@ impl Ownership {
     fn release_at(&mut self, canonical: u64, address: Option<Address>, outcome: &mut ApplyOutcome) {
         self.counters.mappings_removed += 1;
         outcome.mappings_removed += 1;
-        let hashbrown::hash_map::Entry::Occupied(mut entry) = self.owners.entry(canonical) else {
-            self.counters.invariant_violations += 1;
-            return;
+        let resident = match self.owners.drop_owner(canonical) {
+            Err(NotStored) => {
+                self.counters.invariant_violations += 1;
+                return;
+            }
+            Ok(None) => return,
+            Ok(Some(last)) => last.resident,
         };
-        entry.get_mut().owners -= 1;
-        if entry.get().owners > 0 {
-            return;
-        }
-        let resident = entry.remove().resident;
         self.counters.canonicals_dropped += 1;
         if !resident {
             return;

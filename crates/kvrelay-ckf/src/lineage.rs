@@ -1,0 +1,253 @@
+//! One source's lineage: engine block id → canonical sequence hash, stored inline in one
+//! open-addressing array (linear probing, backward-shift deletion).
+//!
+//! Like the owner table (`owners.rs`), key and value share one 16-byte slot and a key
+//! lands at or just after its home slot, so one read of the home slot brings in the line
+//! a later insert or removal touches. The empty-slot marker is the key `u64::MAX`; a
+//! mapping of that engine id lives in a side field instead.
+
+use crate::keyhash::mix;
+use crate::owners::GrowFailed;
+
+/// The key marking an empty slot.
+const EMPTY: u64 = u64::MAX;
+
+/// Slots are at most this many eighths full.
+const MAX_LOAD_EIGHTHS: usize = 6;
+
+/// The smallest allocated table.
+const MIN_SLOTS: usize = 16;
+
+/// The map; see the module docs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LineageMap {
+    /// `(engine block id, canonical)`; power-of-two length (or 0 before the first
+    /// reservation).
+    slots: Vec<(u64, u64)>,
+    /// Mappings in `slots` (not counting `max_id`).
+    n_slotted: usize,
+    /// The canonical of engine id `u64::MAX`, if mapped.
+    max_id: Option<u64>,
+}
+
+impl LineageMap {
+    /// Mappings held.
+    pub(crate) fn len(&self) -> usize {
+        self.n_slotted + usize::from(self.max_id.is_some())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Allocated slots.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Makes room for `n_more` new mappings, so that inserting them cannot allocate.
+    pub(crate) fn try_reserve(&mut self, n_more: usize) -> Result<(), GrowFailed> {
+        let needed = self.n_slotted.saturating_add(n_more);
+        if needed <= max_len(self.slots.len()) && !self.slots.is_empty() {
+            return Ok(());
+        }
+        let mut n_slots = self.slots.len().max(MIN_SLOTS);
+        while max_len(n_slots) < needed {
+            n_slots = n_slots
+                .checked_mul(2)
+                .ok_or(GrowFailed { bytes: u64::MAX })?;
+        }
+        let bytes = (n_slots * 16) as u64;
+        let mut slots = Vec::new();
+        slots
+            .try_reserve_exact(n_slots)
+            .map_err(|_| GrowFailed { bytes })?;
+        slots.resize(n_slots, (EMPTY, 0));
+        let old = std::mem::replace(&mut self.slots, slots);
+        let mask = n_slots - 1;
+        for (key, value) in old.into_iter().filter(|&(k, _)| k != EMPTY) {
+            let mut idx = home(key, mask);
+            while self.slots[idx].0 != EMPTY {
+                idx = (idx + 1) & mask;
+            }
+            self.slots[idx] = (key, value);
+        }
+        Ok(())
+    }
+
+    /// The canonical `engine_block_id` maps to.
+    #[inline]
+    pub(crate) fn get(&self, engine_block_id: u64) -> Option<u64> {
+        if engine_block_id == EMPTY {
+            return self.max_id;
+        }
+        self.find(engine_block_id).map(|idx| self.slots[idx].1)
+    }
+
+    /// Maps `engine_block_id` to `canonical` (replacing any mapping); `false` when no slot
+    /// was reserved (a caller bug) and nothing changed.
+    #[inline]
+    pub(crate) fn insert(&mut self, engine_block_id: u64, canonical: u64) -> bool {
+        if engine_block_id == EMPTY {
+            self.max_id = Some(canonical);
+            return true;
+        }
+        if self.slots.is_empty() {
+            return false;
+        }
+        let mask = self.slots.len() - 1;
+        let mut idx = home(engine_block_id, mask);
+        loop {
+            let key = self.slots[idx].0;
+            if key == engine_block_id {
+                self.slots[idx].1 = canonical;
+                return true;
+            }
+            if key == EMPTY {
+                if self.n_slotted >= max_len(self.slots.len()) {
+                    return false;
+                }
+                self.n_slotted += 1;
+                self.slots[idx] = (engine_block_id, canonical);
+                return true;
+            }
+            idx = (idx + 1) & mask;
+        }
+    }
+
+    /// Removes and returns the mapping of `engine_block_id`.
+    #[inline]
+    pub(crate) fn remove(&mut self, engine_block_id: u64) -> Option<u64> {
+        if engine_block_id == EMPTY {
+            return self.max_id.take();
+        }
+        let idx = self.find(engine_block_id)?;
+        let canonical = self.slots[idx].1;
+        self.remove_at(idx);
+        Some(canonical)
+    }
+
+    /// Every mapped canonical (with repeats), in slot order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = u64> + '_ {
+        self.slots
+            .iter()
+            .filter(|&&(k, _)| k != EMPTY)
+            .map(|&(_, v)| v)
+            .chain(self.max_id)
+    }
+
+    /// Loads the home slot of `key` without branching on it, so that the loads of many
+    /// keys overlap; returns a value to fold into a sink so the load is kept.
+    #[inline]
+    pub(crate) fn touch(&self, key: u64) -> u64 {
+        if self.slots.is_empty() {
+            return 0;
+        }
+        self.slots[home(key, self.slots.len() - 1)].0
+    }
+
+    fn find(&self, key: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut idx = home(key, mask);
+        loop {
+            let slot_key = self.slots[idx].0;
+            if slot_key == key {
+                return Some(idx);
+            }
+            if slot_key == EMPTY {
+                return None;
+            }
+            idx = (idx + 1) & mask;
+        }
+    }
+
+    /// Empties slot `idx`, shifting later entries of its probe run back so every stored
+    /// key stays reachable from its home slot without gaps.
+    fn remove_at(&mut self, idx: usize) {
+        let mask = self.slots.len() - 1;
+        let mut hole = idx;
+        let mut next = idx;
+        loop {
+            next = (next + 1) & mask;
+            let (key, value) = self.slots[next];
+            if key == EMPTY {
+                break;
+            }
+            // The entry may fill the hole if the hole lies between its home and `next`.
+            let from_home = next.wrapping_sub(home(key, mask)) & mask;
+            let from_hole = next.wrapping_sub(hole) & mask;
+            if from_home >= from_hole {
+                self.slots[hole] = (key, value);
+                hole = next;
+            }
+        }
+        self.slots[hole] = (EMPTY, 0);
+        self.n_slotted -= 1;
+    }
+}
+
+/// The most mappings `n_slots` slots may hold.
+fn max_len(n_slots: usize) -> usize {
+    n_slots / 8 * MAX_LOAD_EIGHTHS
+}
+
+#[inline]
+fn home(key: u64, mask: usize) -> usize {
+    (mix(key) as usize) & mask
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test assertions")]
+
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn key() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..40, Just(u64::MAX), Just(u64::MAX - 1)]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn behaves_like_a_hash_map(ops in prop::collection::vec((any::<bool>(), key(), any::<u64>()), 0..400)) {
+            let mut map = LineageMap::default();
+            let mut model: HashMap<u64, u64> = HashMap::new();
+            for (insert, id, canonical) in ops {
+                if insert {
+                    map.try_reserve(1).unwrap();
+                    prop_assert!(map.insert(id, canonical));
+                    model.insert(id, canonical);
+                } else {
+                    prop_assert_eq!(map.remove(id), model.remove(&id));
+                }
+                prop_assert_eq!(map.len(), model.len());
+                for (&id, &canonical) in &model {
+                    prop_assert_eq!(map.get(id), Some(canonical));
+                }
+                let mut values: Vec<u64> = map.values().collect();
+                let mut expected: Vec<u64> = model.values().copied().collect();
+                values.sort_unstable();
+                expected.sort_unstable();
+                prop_assert_eq!(values, expected);
+            }
+        }
+    }
+
+    #[test]
+    fn inserting_without_a_reservation_is_refused() {
+        let mut map = LineageMap::default();
+        assert!(!map.insert(7, 1));
+        assert!(map.is_empty());
+        assert!(
+            map.insert(u64::MAX, 1),
+            "the side slot needs no reservation"
+        );
+        assert_eq!(map.get(u64::MAX), Some(1));
+    }
+}

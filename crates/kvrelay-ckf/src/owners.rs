@@ -1,0 +1,309 @@
+//! The owner table: canonical hash → owner count and residency, stored inline in one
+//! open-addressing array (linear probing, backward-shift deletion).
+//!
+//! A general-purpose map keeps its control bytes apart from its entries, so a lookup costs
+//! two cache misses on a large table, and the slot a new key lands in is unknown until
+//! the insert runs. Here key and entry share one 16-byte slot and a key lands at or just
+//! after its home slot, so one read of the home slot (see `Ownership::prefetch`) brings in
+//! the line a later lookup, increment, insert or removal touches. A slot is empty exactly
+//! when its owner count is 0; every stored entry has at least one owner.
+
+use crate::keyhash::mix;
+
+/// Owner count and residency of one canonical hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct OwnerEntry {
+    /// Mappings pointing at the hash; 0 only in empty slots.
+    pub(crate) owners: u32,
+    /// Its fingerprint is in the table.
+    pub(crate) resident: bool,
+    /// A full admission failed for capacity while owned (an omission).
+    pub(crate) omitted: bool,
+}
+
+/// Why the table could not grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GrowFailed {
+    pub(crate) bytes: u64,
+}
+
+/// The table; see the module docs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OwnerTable {
+    /// Power-of-two length (or 0 before the first reservation).
+    slots: Vec<(u64, OwnerEntry)>,
+    len: usize,
+}
+
+/// Slots are at most this many eighths full.
+const MAX_LOAD_EIGHTHS: usize = 6;
+
+/// The smallest allocated table.
+const MIN_SLOTS: usize = 16;
+
+impl OwnerTable {
+    /// Stored hashes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Allocated slots.
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Makes room for `n_more` new hashes, so that inserting them cannot allocate.
+    pub(crate) fn try_reserve(&mut self, n_more: usize) -> Result<(), GrowFailed> {
+        let needed = self.len.saturating_add(n_more);
+        if needed <= max_len(self.slots.len()) && !self.slots.is_empty() {
+            return Ok(());
+        }
+        let mut n_slots = self.slots.len().max(MIN_SLOTS);
+        while max_len(n_slots) < needed {
+            n_slots = n_slots
+                .checked_mul(2)
+                .ok_or(GrowFailed { bytes: u64::MAX })?;
+        }
+        let bytes = (n_slots * std::mem::size_of::<(u64, OwnerEntry)>()) as u64;
+        let mut slots = Vec::new();
+        slots
+            .try_reserve_exact(n_slots)
+            .map_err(|_| GrowFailed { bytes })?;
+        slots.resize(n_slots, (0, OwnerEntry::default()));
+        let old = std::mem::replace(&mut self.slots, slots);
+        let mask = n_slots - 1;
+        for (key, entry) in old.into_iter().filter(|(_, e)| e.owners > 0) {
+            let mut idx = home(key, mask);
+            while self.slots[idx].1.owners > 0 {
+                idx = (idx + 1) & mask;
+            }
+            self.slots[idx] = (key, entry);
+        }
+        Ok(())
+    }
+
+    /// The entry of `key`, if stored.
+    #[inline]
+    pub(crate) fn get(&self, key: u64) -> Option<&OwnerEntry> {
+        self.find(key).map(|idx| &self.slots[idx].1)
+    }
+
+    /// The entry of `key`, if stored.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut OwnerEntry> {
+        self.find(key).map(|idx| &mut self.slots[idx].1)
+    }
+
+    /// Adds one owner to `key` (storing it with one owner when new) and returns its entry
+    /// and whether it is new; `None` when no slot was reserved (a caller bug). The count
+    /// saturates (callers rule out overflow).
+    #[inline]
+    pub(crate) fn add_owner(&mut self, key: u64) -> Option<(&mut OwnerEntry, bool)> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut idx = home(key, mask);
+        loop {
+            let (slot_key, entry) = self.slots[idx];
+            if entry.owners == 0 {
+                if self.len >= max_len(self.slots.len()) {
+                    return None;
+                }
+                self.len += 1;
+                self.slots[idx] = (
+                    key,
+                    OwnerEntry {
+                        owners: 1,
+                        resident: false,
+                        omitted: false,
+                    },
+                );
+                return Some((&mut self.slots[idx].1, true));
+            }
+            if slot_key == key {
+                let entry = &mut self.slots[idx].1;
+                entry.owners = entry.owners.saturating_add(1);
+                return Some((entry, false));
+            }
+            idx = (idx + 1) & mask;
+        }
+    }
+
+    /// Drops one owner of `key`; returns the entry as it was when that was the last owner
+    /// (the hash is no longer stored), `Ok(None)` when owners remain, [`NotStored`] when
+    /// `key` is not stored.
+    #[inline]
+    pub(crate) fn drop_owner(&mut self, key: u64) -> Result<Option<OwnerEntry>, NotStored> {
+        let idx = self.find(key).ok_or(NotStored)?;
+        let entry = &mut self.slots[idx].1;
+        entry.owners -= 1;
+        if entry.owners > 0 {
+            return Ok(None);
+        }
+        let removed = *entry;
+        self.remove_at(idx);
+        Ok(Some(removed))
+    }
+
+    /// Stored hashes and their entries, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &OwnerEntry)> + '_ {
+        self.slots
+            .iter()
+            .filter(|(_, e)| e.owners > 0)
+            .map(|(k, e)| (*k, e))
+    }
+
+    /// Loads the home slot of `key` without branching on it, so that the loads of many
+    /// keys overlap; returns a value to fold into a sink so the load is kept.
+    #[inline]
+    pub(crate) fn touch(&self, key: u64) -> u64 {
+        if self.slots.is_empty() {
+            return 0;
+        }
+        self.slots[home(key, self.slots.len() - 1)].0
+    }
+
+    fn find(&self, key: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut idx = home(key, mask);
+        loop {
+            let (slot_key, entry) = &self.slots[idx];
+            if entry.owners == 0 {
+                return None;
+            }
+            if *slot_key == key {
+                return Some(idx);
+            }
+            idx = (idx + 1) & mask;
+        }
+    }
+
+    /// Empties slot `idx`, shifting later entries of its probe run back so every stored
+    /// key stays reachable from its home slot without gaps.
+    fn remove_at(&mut self, idx: usize) {
+        let mask = self.slots.len() - 1;
+        let mut hole = idx;
+        let mut next = idx;
+        loop {
+            next = (next + 1) & mask;
+            let (key, entry) = self.slots[next];
+            if entry.owners == 0 {
+                break;
+            }
+            // The entry may fill the hole if the hole lies between its home and `next`.
+            let from_home = next.wrapping_sub(home(key, mask)) & mask;
+            let from_hole = next.wrapping_sub(hole) & mask;
+            if from_home >= from_hole {
+                self.slots[hole] = (key, entry);
+                hole = next;
+            }
+        }
+        self.slots[hole] = (0, OwnerEntry::default());
+        self.len -= 1;
+    }
+}
+
+/// A removal named a hash the table does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NotStored;
+
+/// The most hashes `n_slots` slots may hold.
+fn max_len(n_slots: usize) -> usize {
+    n_slots / 8 * MAX_LOAD_EIGHTHS
+}
+
+#[inline]
+fn home(key: u64, mask: usize) -> usize {
+    (mix(key) as usize) & mask
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test assertions")]
+
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn behaves_like_a_map_of_counts(ops in prop::collection::vec((any::<bool>(), 0u64..40), 0..400)) {
+            let mut table = OwnerTable::default();
+            let mut model: HashMap<u64, u32> = HashMap::new();
+            for (add, key) in ops {
+                if add {
+                    table.try_reserve(1).unwrap();
+                    let (entry, new) = table.add_owner(key).unwrap();
+                    let count = model.entry(key).or_insert(0);
+                    prop_assert_eq!(new, *count == 0);
+                    *count += 1;
+                    prop_assert_eq!(entry.owners, *count);
+                } else {
+                    let got = table.drop_owner(key);
+                    match model.get_mut(&key) {
+                        None => prop_assert_eq!(got, Err(NotStored)),
+                        Some(count) => {
+                            *count -= 1;
+                            if *count == 0 {
+                                model.remove(&key);
+                                prop_assert!(matches!(got, Ok(Some(_))));
+                            } else {
+                                prop_assert_eq!(got, Ok(None));
+                            }
+                        }
+                    }
+                }
+                prop_assert_eq!(table.len(), model.len());
+                for (&key, &count) in &model {
+                    prop_assert_eq!(table.get(key).map(|e| e.owners), Some(count));
+                }
+                prop_assert_eq!(table.iter().count(), model.len());
+            }
+        }
+    }
+
+    #[test]
+    fn colliding_run_survives_removal_from_its_middle() {
+        // Keys chosen to share a home slot in a 16-slot table.
+        let mut table = OwnerTable::default();
+        table.try_reserve(8).unwrap();
+        let mask = table.capacity() - 1;
+        let keys: Vec<u64> = (0..10_000u64)
+            .filter(|&k| home(k, mask) == 3)
+            .take(4)
+            .collect();
+        for &key in &keys {
+            table.add_owner(key).unwrap();
+        }
+        assert_eq!(
+            table.drop_owner(keys[1]),
+            Ok(Some(OwnerEntry {
+                owners: 0,
+                ..OwnerEntry::default()
+            }))
+        );
+        for &key in [keys[0], keys[2], keys[3]].iter() {
+            assert_eq!(table.get(key).unwrap().owners, 1);
+        }
+        assert_eq!(table.get(keys[1]), None);
+    }
+
+    #[test]
+    fn adding_without_a_reservation_is_refused() {
+        let mut table = OwnerTable::default();
+        assert!(table.add_owner(7).is_none());
+        table.try_reserve(1).unwrap();
+        let limit = max_len(table.capacity());
+        for key in 0..limit as u64 {
+            assert!(table.add_owner(key).is_some());
+        }
+        assert!(table.add_owner(u64::MAX).is_none());
+        assert_eq!(table.len(), limit);
+    }
+}
