@@ -79,6 +79,8 @@ pub struct RelayConfig {
     pub sources: Vec<SourceConfig>,
     /// An optional trace to replay into the pools (the embedded workload).
     pub workload: Option<WorkloadConfig>,
+    /// Dynamo router events on NATS: every discovered endpoint's KV-event subject.
+    pub nats: Option<NatsConfig>,
     /// Every bound.
     pub limits: Limits,
 }
@@ -92,6 +94,7 @@ impl Default for RelayConfig {
             discovery: DiscoveryConfig::default(),
             sources: Vec::new(),
             workload: None,
+            nats: None,
             limits: Limits::default(),
         }
     }
@@ -251,6 +254,14 @@ fn one() -> u32 {
     1
 }
 
+/// The `[nats]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// The NATS server, e.g. `nats://127.0.0.1:4222`.
+    pub server: String,
+}
+
 /// Values resolved from flags and environment that beat the file. `None` keeps the file's.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RelayOverrides {
@@ -270,6 +281,8 @@ pub struct RelayOverrides {
     pub trace: Option<PathBuf>,
     /// `--replay-speed X`.
     pub replay_speed: Option<f64>,
+    /// `--nats URL` / `KVRELAY_NATS`.
+    pub nats_server: Option<String>,
     /// `--tls-cert` / `KVRELAY_TLS_CERT`.
     pub tls_cert: Option<PathBuf>,
     /// `--tls-key` / `KVRELAY_TLS_KEY`.
@@ -329,6 +342,9 @@ impl RelayConfig {
                 loops: 1,
             });
             workload.trace = Some(trace);
+        }
+        if let Some(server) = overrides.nats_server {
+            self.nats = Some(NatsConfig { server });
         }
         if let (Some(speed), Some(workload)) = (overrides.replay_speed, self.workload.as_mut()) {
             workload.speed = speed;
@@ -419,6 +435,15 @@ impl RelayConfig {
                 field: "workload.speed",
                 value: workload.speed.to_string(),
                 reason: "must be a finite number >= 0",
+            });
+        }
+        if let Some(nats) = &self.nats
+            && !nats.server.starts_with("nats://")
+        {
+            return Err(ConfigError::InvalidField {
+                field: "nats.server",
+                value: nats.server.clone(),
+                reason: "must be a nats:// URL",
             });
         }
         for source in &self.sources {

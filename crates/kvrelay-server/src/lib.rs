@@ -29,7 +29,7 @@ pub use admission::{AdmissionError, StreamKind};
 pub use config::{
     AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_LISTEN, DEFAULT_DC_ID,
     DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig, EngineKind,
-    RelayConfig, RelayOverrides, SourceConfig, TlsConfig, WanConfig, WorkloadConfig,
+    NatsConfig, RelayConfig, RelayOverrides, SourceConfig, TlsConfig, WanConfig, WorkloadConfig,
 };
 pub use host::workload::{TraceError, WORKLOAD_TOKEN_SEED};
 pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress};

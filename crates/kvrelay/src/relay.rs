@@ -40,6 +40,9 @@ struct RelayFlags {
     /// etcd discovery endpoints (comma-separated).
     #[arg(long = "etcd", env = "KVRELAY_ETCD", value_delimiter = ',')]
     etcd: Vec<String>,
+    /// Dynamo router events on this NATS server (every endpoint's KV-event subject).
+    #[arg(long = "nats", env = "KVRELAY_NATS")]
+    nats: Option<String>,
     /// Replay this request trace (JSONL) into the discovered pools.
     #[arg(long, env = "KVRELAY_TRACE")]
     trace: Option<PathBuf>,
@@ -105,6 +108,7 @@ impl RelayFlags {
                 etcd_endpoints: self.etcd.clone(),
                 trace: self.trace.clone(),
                 replay_speed: self.replay_speed,
+                nats_server: self.nats.clone(),
                 tls_cert: self.tls_cert.clone(),
                 tls_key: self.tls_key.clone(),
                 tls_client_ca: self.tls_client_ca.clone(),

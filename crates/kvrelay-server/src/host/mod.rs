@@ -179,6 +179,7 @@ impl Relay {
             dc_id,
             workload_sources: trace.is_some(),
             configured_sources,
+            nats_server: config.nats.as_ref().map(|nats| nats.server.clone()),
             views: views_rx,
             cancel: host_cancel.clone(),
         };

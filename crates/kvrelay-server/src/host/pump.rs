@@ -1,11 +1,14 @@
-//! Engine event sources configured in `[[sources]]`: one ingest ZMQ source per (worker,
-//! rank), its events forwarded to whichever pool generation currently routes that source.
+//! Engine event sources: one ingest ZMQ source per `[[sources]]` entry (worker, rank), and
+//! one Dynamo NATS subscription per attached endpoint when `[nats]` is set. Their events go
+//! to whichever pool generation currently routes their source.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use kvrelay_identity::KvQuerySemantics;
+use kvrelay_identity::{EndpointId, KvQuerySemantics};
 use kvrelay_ingest::{
-    CanonicalConfig, SourceOutput, SourceSignal, ZmqSourceConfig, spawn_zmq_source,
+    CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceSignal, ZmqSourceConfig,
+    dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
 };
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,8 +18,13 @@ use crate::config::{EngineKind, SourceConfig};
 use crate::host::state::HostState;
 use crate::metrics::DispositionLabel;
 
-/// Starts the source of `config`, hashing with `semantics`, until `cancel` fires.
-pub(crate) fn spawn(
+/// First delay before reconnecting a NATS source.
+const NATS_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// Longest delay before reconnecting a NATS source.
+const NATS_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Starts the ZMQ source of `config`, hashing with `semantics`, until `cancel` fires.
+pub(crate) fn spawn_zmq(
     tracker: &TaskTracker,
     config: &SourceConfig,
     semantics: KvQuerySemantics,
@@ -44,11 +52,65 @@ pub(crate) fn spawn(
         worker_id = config.worker_id,
         dp_rank = config.dp_rank
     );
-    tracker.spawn(run(zmq, state, cancel).instrument(span));
+    tracker.spawn(
+        async move {
+            let source = spawn_zmq_source(zmq);
+            forward(source, &state, &cancel).await;
+        }
+        .instrument(span),
+    );
 }
 
-async fn run(config: ZmqSourceConfig, state: Arc<HostState>, cancel: CancellationToken) {
-    let mut source = spawn_zmq_source(config);
+/// Subscribes to `endpoint`'s Dynamo KV-event subject on `server` (reconnecting with
+/// backoff) until `cancel` fires.
+pub(crate) fn spawn_nats(
+    tracker: &TaskTracker,
+    server: &str,
+    endpoint: &EndpointId,
+    state: Arc<HostState>,
+    cancel: CancellationToken,
+) {
+    let config = NatsSourceConfig {
+        server: server.to_owned(),
+        subject: dynamo_kv_event_subject(
+            endpoint.namespace(),
+            endpoint.component(),
+            endpoint.name(),
+        ),
+        limits: kvrelay_ingest::Limits::default(),
+    };
+    let span = info_span!("nats_source", endpoint = %endpoint.dotted());
+    tracker.spawn(
+        async move {
+            let mut backoff = NATS_BACKOFF_INITIAL;
+            loop {
+                let connected = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return,
+                    connected = spawn_nats_source(config.clone()) => connected,
+                };
+                match connected {
+                    Ok(source) => {
+                        backoff = NATS_BACKOFF_INITIAL;
+                        forward(source, &state, &cancel).await;
+                    }
+                    Err(err) => warn!(error = %err, "nats source failed; retrying"),
+                }
+                tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(NATS_BACKOFF_MAX);
+            }
+        }
+        .instrument(span),
+    );
+}
+
+/// Forwards a source's events to the current route of their source until the source stops
+/// or `cancel` fires, then shuts the source down.
+async fn forward(mut source: SourceHandle, state: &HostState, cancel: &CancellationToken) {
     loop {
         let output = tokio::select! {
             biased;

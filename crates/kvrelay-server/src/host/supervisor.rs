@@ -58,6 +58,8 @@ pub(crate) struct Supervisor {
     pub(crate) workload_sources: bool,
     /// Endpoints with statically configured sources.
     pub(crate) configured_sources: BTreeMap<EndpointId, Vec<SourceConfig>>,
+    /// The NATS server carrying every endpoint's Dynamo KV events, if any.
+    pub(crate) nats_server: Option<String>,
     pub(crate) views: watch::Receiver<Option<MembershipView>>,
     pub(crate) cancel: CancellationToken,
 }
@@ -199,7 +201,11 @@ impl Supervisor {
                     match self.registry.attach(request).await {
                         Ok(attachment) => {
                             info!(endpoint = %endpoint.dotted(), generation = attachment.generation, "pool attached");
-                            if let Some(configured) = self.configured_sources.get(&endpoint) {
+                            let configured = self
+                                .configured_sources
+                                .get(&endpoint)
+                                .map_or(&[][..], Vec::as_slice);
+                            if !configured.is_empty() || self.nats_server.is_some() {
                                 pumps.start(
                                     &endpoint,
                                     configured,
@@ -290,7 +296,8 @@ impl Supervisor {
         if !membership.is_materializable() {
             return None;
         }
-        let has_source = self.workload_sources && !membership.worker_topology.is_empty()
+        let has_source = (self.workload_sources || self.nats_server.is_some())
+            && !membership.worker_topology.is_empty()
             || self.configured_sources.contains_key(&membership.endpoint);
         if !has_source {
             return None;
@@ -372,7 +379,7 @@ impl Pumps {
         }
         let cancel = parent.child_token();
         for source in sources {
-            pump::spawn(
+            pump::spawn_zmq(
                 &self.tracker,
                 source,
                 semantics,
@@ -389,6 +396,15 @@ impl Pumps {
                     cancel.clone(),
                 ));
             }
+        }
+        if let Some(server) = &supervisor.nats_server {
+            pump::spawn_nats(
+                &self.tracker,
+                server,
+                endpoint,
+                supervisor.state.clone(),
+                cancel.clone(),
+            );
         }
         self.running.insert(endpoint.clone(), cancel);
     }
