@@ -21,7 +21,9 @@
 //! # Where to start reading
 //!
 //! [`ConsumerState`] (the sans-IO core), [`scoring`] (the ranking of one request),
-//! [`weights`] (the formula), then `client.rs` (the async shell).
+//! [`weights`] (the formula), [`readiness`] (topology filtering), then `client.rs` (the
+//! async shell). Hot callers keep one [`Ranking`] and call `score_into`;
+//! [`encode_prometheus`] exports the metrics.
 //!
 //! ```
 //! use kvrelay_consumer::{ConsumerConfig, ConsumerState, RelayConfig, ScoreRequest};

@@ -245,12 +245,20 @@ impl ReplicaStore {
     }
 
     fn slot_status(&self, slot: &Slot, now: Instant) -> ReplicaStatus {
+        self.slot_status_in(slot, self.tables.get(&slot.format), now)
+    }
+
+    /// [`ReplicaStore::slot_status`] with the slot's format table already looked up.
+    fn slot_status_in(
+        &self,
+        slot: &Slot,
+        table: Option<&FormatTable>,
+        now: Instant,
+    ) -> ReplicaStatus {
         let lane = if slot.invalid {
             Some(CkfStatus::Invalid)
         } else {
-            self.tables
-                .get(&slot.format)
-                .and_then(|entry| entry.table.lane_status(slot.lane))
+            table.and_then(|entry| entry.table.lane_status(slot.lane))
         };
         match lane {
             None | Some(CkfStatus::Empty | CkfStatus::Invalid) => ReplicaStatus::Missing,
@@ -327,12 +335,22 @@ impl DepthProbe for ReplicaStore {
         // One probe run per format table touched, answering all its lanes at once;
         // `answers[..n_used]` hold this call's runs, the rest are spare buffers.
         let mut n_used = 0;
+        // Pools of one request nearly always share one format: remember its table.
+        let mut last_table: Option<(CkfFormat, Option<&FormatTable>)> = None;
         for (key, slot_out) in keys.iter().zip(out.iter_mut()) {
             let Some(slot) = self.slots.get(key) else {
                 *slot_out = ReplicaDepth::Unusable(ReplicaStatus::Missing);
                 continue;
             };
-            let status = self.slot_status(slot, now);
+            let table = match last_table {
+                Some((format, table)) if format == slot.format => table,
+                _ => {
+                    let table = self.tables.get(&slot.format);
+                    last_table = Some((slot.format, table));
+                    table
+                }
+            };
+            let status = self.slot_status_in(slot, table, now);
             if status != ReplicaStatus::Current {
                 *slot_out = ReplicaDepth::Unusable(status);
                 continue;
@@ -349,7 +367,7 @@ impl DepthProbe for ReplicaStore {
                     }
                     let (format, depths) = &mut answers[n_used];
                     *format = slot.format;
-                    match self.tables.get(&slot.format) {
+                    match table {
                         Some(entry) => entry.table.prefix_depths_into(sequence_hashes, depths),
                         None => *depths = PrefixDepths::default(),
                     }
