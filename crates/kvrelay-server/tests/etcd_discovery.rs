@@ -1,0 +1,146 @@
+//! A relay discovering its endpoints from a real etcd (Debian package `etcd-server`) on a
+//! loopback port: a card put into etcd becomes a published pool, and deleting it withdraws
+//! the pool.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+
+use kvrelay_codec::v1::{Message, StreamRpc};
+use kvrelay_membership::{
+    DEFAULT_ETCD_TIMEOUT, EtcdDiscovery, ModelCardInstance, ModelCardInstanceId,
+};
+use kvrelay_server::{DiscoveryBackend, Relay, RelayConfig, WorkloadConfig};
+use support::{DEADLINE, first_message, next, request};
+
+/// The log line etcd prints once it serves clients.
+const READY_LINE: &str = "ready to serve client requests";
+
+struct EtcdServer {
+    child: Child,
+    url: String,
+}
+
+impl EtcdServer {
+    fn start(data_dir: &Path) -> Self {
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let binary = std::env::var_os("ETCD_BIN")
+            .map_or_else(|| PathBuf::from("/usr/bin/etcd"), PathBuf::from);
+        let client_url = format!("http://127.0.0.1:{}", free_port());
+        let peer_url = format!("http://127.0.0.1:{}", free_port());
+        let mut child = Command::new(&binary)
+            .arg("--name=kvrelay-server-test")
+            .arg(format!("--data-dir={}", data_dir.display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=kvrelay-server-test={peer_url}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!(
+                    "cannot start {} ({err}); apt-get install -y etcd-server",
+                    binary.display()
+                )
+            });
+        let stderr = child.stderr.take().unwrap();
+        let (ready_tx, ready) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut ready_tx = Some(ready_tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains(READY_LINE)
+                    && let Some(sender) = ready_tx.take()
+                {
+                    let _ = sender.send(());
+                }
+            }
+        });
+        let server = Self {
+            child,
+            url: client_url,
+        };
+        ready
+            .recv_timeout(DEADLINE)
+            .expect("etcd ready within the deadline");
+        server
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn card(worker: u64) -> ModelCardInstance {
+    ModelCardInstance {
+        id: ModelCardInstanceId::from_path(&format!("prod/backend/generate/{worker:x}")).unwrap(),
+        card_json: serde_json::json!({
+            "display_name": "llama", "source_path": "models/llama", "kv_cache_block_size": 16,
+            "worker_type": "aggregated",
+            "runtime_config": {"total_kv_blocks": 1024, "data_parallel_size": 1}
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cards_in_etcd_become_pools_and_deleting_them_withdraws_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(&dir.path().join("etcd"));
+    let store = EtcdDiscovery::connect(std::slice::from_ref(&etcd.url), DEFAULT_ETCD_TIMEOUT)
+        .await
+        .unwrap();
+    store.put_card(&card(0x51)).await.unwrap();
+
+    let trace = dir.path().join("empty.jsonl");
+    std::fs::write(&trace, "").unwrap();
+    let mut config = RelayConfig {
+        dc_id: "dc-etcd".to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.enabled = false;
+    config.discovery.backend = DiscoveryBackend::Etcd;
+    config.discovery.etcd_endpoints = vec![etcd.url.clone()];
+    // An empty trace connects every discovered worker as a source.
+    config.workload = Some(WorkloadConfig {
+        trace: Some(trace),
+        speed: 0.0,
+        loops: 1,
+    });
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
+        .await
+        .expect("the etcd card becomes a pool");
+
+    let (mut watcher, _) = first_message(relay.wan_addr(), &request(StreamRpc::WatchCatalog)).await;
+    store.delete_card(&card(0x51).id).await.unwrap();
+    loop {
+        match next(&mut watcher).await {
+            Some(Message::CatalogUpdate(catalog)) if catalog.pools.is_empty() => break,
+            Some(Message::CatalogUpdate(_)) => {}
+            other => panic!("expected catalog updates, got {other:?}"),
+        }
+    }
+    relay.shutdown().await.unwrap();
+}
