@@ -8,7 +8,7 @@
 //! for bit. Prints a report table (or JSON with `--json`); exits non-zero on any mismatch.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -358,8 +358,14 @@ fn score_sample(
 }
 
 fn progress_line(started: Instant, progress: &RelayProgress, rate: f64, current: usize) {
+    // Redraw one line on a terminal; print one line per update otherwise (logs, CI).
+    let (start, end) = if std::io::stderr().is_terminal() {
+        ("\r", "")
+    } else {
+        ("", "\n")
+    };
     eprint!(
-        "\r[{:5.1}s] requests {:5}  events {:6} ({:7.0}/s)  pools {}  filter load {:5.2}%  published {:8}  replicas current {}/{}   ",
+        "{start}[{:5.1}s] requests {:5}  events {:6} ({:7.0}/s)  pools {}  filter load {:5.2}%  published {:8}  replicas current {}/{}   ",
         started.elapsed().as_secs_f64(),
         progress.requests,
         progress.events,
@@ -370,6 +376,7 @@ fn progress_line(started: Instant, progress: &RelayProgress, rate: f64, current:
         current,
         progress.pools,
     );
+    eprint!("{end}");
     let _ = std::io::stderr().flush();
 }
 
