@@ -75,6 +75,10 @@ fn parse_tokens(text: &str) -> Result<Vec<u32>> {
 }
 
 fn report_json(report: &RouteReport) -> Value {
+    let n_not_ready = report
+        .ranking
+        .as_ref()
+        .map_or(0, |ranking| ranking.n_not_ready);
     let (model, lora, candidates, error) = match &report.ranking {
         Ok(ranking) => (
             Value::from(ranking.model.clone()),
@@ -99,6 +103,7 @@ fn report_json(report: &RouteReport) -> Value {
         "lora": lora,
         "settled": report.settled,
         "candidates": candidates,
+        "n_not_ready": n_not_ready,
         "error": error,
         "pools": report.pools.iter().map(|p| json!({
             "dc": p.dc,
@@ -119,6 +124,7 @@ fn candidate_json(rank: usize, candidate: &ScoredCandidate) -> Value {
         "rank": rank,
         "dc": &*candidate.dc,
         "shape": candidate.shape.as_str(),
+        "readiness": candidate.readiness.as_str(),
         "score": candidate.score,
         "prefix_fraction": candidate.prefix_fraction,
         "load": candidate.load_fraction,
