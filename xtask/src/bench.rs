@@ -14,10 +14,20 @@ use serde::Deserialize;
 
 use crate::command::{self, cargo_bin, workspace_root};
 
+/// The end-to-end loopback benchmark: not a criterion target but an example binary that
+/// prints one JSON object of figures (ingest → actor → WAN → replica).
+const E2E_TARGET: &str = "e2e";
+
 /// Runs the benchmarks then prints the summary table.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let bench_target = args.iter().find(|a| !a.starts_with("--")).cloned();
+    let mut summary = String::new();
+    if bench_target.as_deref() == Some(E2E_TARGET) {
+        summary.push_str(&run_e2e(quick)?);
+        print!("{summary}");
+        return write_summary(&summary);
+    }
     let criterion_dir = workspace_root().join("target").join("criterion");
     // Stale results from an earlier run must not leak into this run's table.
     if criterion_dir.exists() {
@@ -26,7 +36,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     let mut cargo_args: Vec<String> = vec!["bench".into(), "--workspace".into(), "--locked".into()];
     cargo_args.push("--bench".into());
-    cargo_args.push(bench_target.unwrap_or_else(|| "*".into()));
+    cargo_args.push(bench_target.clone().unwrap_or_else(|| "*".into()));
     cargo_args.push("--".into());
     if quick {
         cargo_args.extend(
@@ -45,12 +55,76 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         &format!("cargo {}", cargo_args.join(" ")),
     )?;
     let results = collect(&criterion_dir)?;
-    print!("{}", render(&results));
+    summary.push_str(&render(&results));
+    if bench_target.is_none() {
+        summary.push_str(&run_e2e(quick)?);
+    }
+    print!("{summary}");
+    write_summary(&summary)
+}
+
+fn write_summary(summary: &str) -> Result<()> {
     let summary_path = workspace_root().join("target").join("bench-summary.md");
-    std::fs::write(&summary_path, render(&results))
+    std::fs::write(&summary_path, summary)
         .with_context(|| format!("writing {}", summary_path.display()))?;
     eprintln!("summary written to {}", summary_path.display());
     Ok(())
+}
+
+/// Runs the e2e example and renders its JSON figures as a table.
+fn run_e2e(quick: bool) -> Result<String> {
+    let events = if quick { "20000" } else { "50000" };
+    let args = [
+        "run",
+        "--release",
+        "--locked",
+        "--quiet",
+        "-p",
+        "kvrelay-server",
+        "--example",
+        "e2e_bench",
+        "--",
+        events,
+    ];
+    eprintln!("==> cargo {}", args.join(" "));
+    let output = Command::new(cargo_bin())
+        .args(args)
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running the e2e benchmark example")?;
+    if !output.status.success() {
+        anyhow::bail!("the e2e benchmark example failed with {}", output.status);
+    }
+    let figures: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("parsing the e2e benchmark output")?;
+    Ok(render_e2e(&figures))
+}
+
+/// Renders a flat or nested JSON object of figures as `| figure | value |` rows.
+fn render_e2e(figures: &serde_json::Value) -> String {
+    fn walk(prefix: &str, value: &serde_json::Value, rows: &mut Vec<(String, String)>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, inner) in map {
+                    let name = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    walk(&name, inner, rows);
+                }
+            }
+            other => rows.push((prefix.to_owned(), other.to_string())),
+        }
+    }
+    let mut rows = Vec::new();
+    walk("", figures, &mut rows);
+    let mut out = String::from("\n| e2e figure (loopback) | value |\n|---|---|\n");
+    for (name, value) in rows {
+        out.push_str(&format!("| {name} | {value} |\n"));
+    }
+    out
 }
 
 /// One benchmark's figures.
@@ -267,6 +341,14 @@ mod tests {
             table.contains("| g | ours | 128 | 50.0 ns | 2560.00 M elem/s | 2.00× |"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn e2e_figures_render_as_rows_with_dotted_names() {
+        let figures = serde_json::json!({"blocks_per_s": 1000.5, "latency": {"p50_us": 12}});
+        let table = render_e2e(&figures);
+        assert!(table.contains("| blocks_per_s | 1000.5 |"), "{table}");
+        assert!(table.contains("| latency.p50_us | 12 |"), "{table}");
     }
 
     #[test]
