@@ -13,8 +13,8 @@
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
 #![allow(clippy::unwrap_used, reason = "benchmark setup")]
 
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -285,7 +285,10 @@ fn bench_snapshot_copy(c: &mut Criterion) {
     let filter = PoolFilter::new(CkfConfig::new(attach_request().expected_unique_blocks)).unwrap();
     let words = filter.words();
     let bytes = std::mem::size_of_val(words) as u64;
-    eprintln!("snapshot-copy: table of {} buckets, {bytes} bytes", words.len());
+    eprintln!(
+        "snapshot-copy: table of {} buckets, {bytes} bytes",
+        words.len()
+    );
     let mut group = c.benchmark_group("snapshot-copy");
     group.throughput(Throughput::Bytes(bytes));
     group.bench_function("actor-table-copy", |b| {

@@ -136,7 +136,9 @@ struct OwnerGuard {
 impl Drop for OwnerGuard {
     fn drop(&mut self) {
         if !self.shutdown.is_cancelled() {
-            tracing::debug!("last pool registry handle dropped without shutdown, cancelling its tasks");
+            tracing::debug!(
+                "last pool registry handle dropped without shutdown, cancelling its tasks"
+            );
         }
         self.shutdown.cancel();
         self.tracker.close();
@@ -181,18 +183,18 @@ impl PoolRegistry {
     fn build(config: RegistryConfig, #[cfg(test)] gates: tests::Gates) -> Self {
         let limits = Arc::new(config.limits);
         let inner = Arc::new(RegistryInner {
-                core: Mutex::new(RegistryCore::new(config.relay, limits.max_initialized_hubs)),
-                catalog: watch::Sender::new(PoolCatalog::new(config.relay)),
-                load: watch::Sender::new(Vec::new()),
-                allocation: Arc::new(Semaphore::new(limits.allocation_concurrency)),
-                encoding: Arc::new(Semaphore::new(limits.encoding_permits)),
-                eviction_coordinator: Arc::new(Semaphore::new(1)),
-                tracker: TaskTracker::new(),
-                shutdown: CancellationToken::new(),
-                limits,
-                #[cfg(test)]
-                gates,
-            });
+            core: Mutex::new(RegistryCore::new(config.relay, limits.max_initialized_hubs)),
+            catalog: watch::Sender::new(PoolCatalog::new(config.relay)),
+            load: watch::Sender::new(Vec::new()),
+            allocation: Arc::new(Semaphore::new(limits.allocation_concurrency)),
+            encoding: Arc::new(Semaphore::new(limits.encoding_permits)),
+            eviction_coordinator: Arc::new(Semaphore::new(1)),
+            tracker: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+            limits,
+            #[cfg(test)]
+            gates,
+        });
         let owner = Arc::new(OwnerGuard {
             shutdown: inner.shutdown.clone(),
             tracker: inner.tracker.clone(),
@@ -309,8 +311,7 @@ impl PoolRegistry {
                     generation: reserved.generation,
                 });
             }
-            let (actor, faults) =
-                PoolActorHandle::spawn(
+            let (actor, faults) = PoolActorHandle::spawn(
                 state,
                 identity,
                 &self.inner.limits,

@@ -1306,7 +1306,12 @@ pub(super) mod behaviour {
         let registry = gated.registry;
         let generation = gated.attachment.generation;
         within("detach", registry.detach(gated.attachment)).await;
-        assert!(within("subscriber", gated.subscriber).await.unwrap().is_err());
+        assert!(
+            within("subscriber", gated.subscriber)
+                .await
+                .unwrap()
+                .is_err()
+        );
         assert_eq!(phase(&registry, generation), "retired");
         assert_eq!(registry.stats().pools, 0);
         assert!(registry.catalog().is_empty());
@@ -1590,11 +1595,7 @@ pub(super) mod behaviour {
             assert!(attachment.generation_cancel.is_cancelled());
         }
         assert!(
-            subscribed
-                .actor
-                .submit(stored_event(1))
-                .await
-                .is_err(),
+            subscribed.actor.submit(stored_event(1)).await.is_err(),
             "a stopped actor refuses events"
         );
         assert_eq!(
