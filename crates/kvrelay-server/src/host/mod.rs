@@ -121,7 +121,7 @@ impl Relay {
             message: err.to_string(),
         })?;
         let metrics = Arc::new(RelayMetrics::new());
-        let relay = wire::relay_identity(identity);
+        let relay = v1::RelayIdentity::from(identity);
         let state = Arc::new(HostState::new(
             relay,
             limits.clone(),
@@ -454,7 +454,7 @@ impl Relay {
         let catalog = self.registry.catalog();
         let Some(descriptor) = catalog
             .pools()
-            .find(|entry| wire::producer(&entry.producer) == *producer)
+            .find(|entry| v1::ProducerIdentity::from(entry.producer) == *producer)
         else {
             return Err(RelayError::UnknownPool { pool });
         };

@@ -5,7 +5,6 @@ use futures::stream;
 use kvrelay_codec::v1::{self, ErrorReason};
 use kvrelay_pool::{PoolFrameKind, PoolRegistry, SubscribeError, SubscriptionEnd};
 
-use crate::host::wire;
 use crate::wan::source::{OutgoingPoolFrame, PoolFrameStream, PoolPublisher, StreamFailure};
 
 pub(crate) struct RegistryPublisher {
@@ -25,7 +24,7 @@ impl PoolPublisher for RegistryPublisher {
             let catalog = registry.catalog();
             let Some(descriptor) = catalog
                 .pools()
-                .find(|pool| wire::producer(&pool.producer) == expected)
+                .find(|pool| v1::ProducerIdentity::from(pool.producer) == expected)
             else {
                 return Err(StreamFailure::new(
                     ErrorReason::ProducerChanged,
