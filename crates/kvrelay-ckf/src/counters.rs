@@ -1,5 +1,7 @@
 //! Disposition counters, per-call outcomes and memory accounting of a [`crate::PoolFilter`].
 
+use crate::ownership::ApplyError;
+
 /// Cumulative counters of one producer filter; every disposition is counted once.
 ///
 /// Identities that always hold (checked by the model tests):
@@ -98,5 +100,18 @@ impl MemoryUsage {
     /// All parts together.
     pub fn total_bytes(&self) -> u64 {
         self.table_bytes + self.dirty_window_bytes + self.lineage_bytes + self.owner_bytes
+    }
+}
+
+impl FilterCounters {
+    /// Counts one rejected event or source operation under its reason.
+    pub(crate) fn count_rejection(&mut self, err: &ApplyError) {
+        self.events_rejected += 1;
+        match err {
+            ApplyError::ParentNotFound { .. } => self.parent_not_found += 1,
+            ApplyError::ContradictoryBlockId { .. } => self.contradictory_block_ids += 1,
+            ApplyError::OwnershipOverflow { .. } => self.ownership_overflows += 1,
+            ApplyError::AllocationFailed { .. } => self.allocation_failures += 1,
+        }
     }
 }

@@ -6,11 +6,21 @@
 //! one fingerprint is in the table). Only 0 → 1 owners inserts a fingerprint and only
 //! 1 → 0 removes one; a fingerprint is never removed for a hash that is not resident, and
 //! never by fingerprint alone.
+//!
+//! This module is the producer-facing facade ([`PoolFilter`]): construction, the event
+//! and source operations, read-only views and publication. The passes behind them live
+//! in submodules: `chain` (stored events), `removal` (removed events), `reset` (whole
+//! sources), `transition` (owner counts and table writes) and `error`.
+
+mod chain;
+mod error;
+mod removal;
+mod reset;
+mod transition;
 
 use std::num::NonZeroU32;
 
 use kvrelay_identity::CkfFormat;
-use kvrelay_identity::hashing::{canonical_child, canonical_root};
 
 use crate::addressing::Address;
 use crate::counters::{ApplyOutcome, FilterCounters, MemoryUsage};
@@ -19,72 +29,14 @@ use crate::format::{CkfConfig, ConfigError};
 use crate::image::{Delta, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
 use crate::keyhash::KeyMap;
 use crate::lineage::LineageMap;
-use crate::owners::{GrowFailed, NotStored, OwnerEntry, OwnerTable};
+use crate::owners::OwnerEntry;
 use crate::publication::{AllocFailed, DirtyWindow, snapshot_chunks};
 use crate::table::Table;
 
-/// Stored batches up to this length check repeated engine ids by a linear scan.
-const LINEAR_SCAN_MAX: usize = 16;
+use chain::PlannedBlock;
+use transition::Ownership;
 
-/// Why an event or a source operation was rejected. The filter is unchanged.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ApplyError {
-    /// The parent block is not in this source's lineage.
-    #[error("{source_id}: parent engine block {parent_engine_block_id} not found")]
-    ParentNotFound {
-        /// The reporting source.
-        source_id: SourceId,
-        /// The unknown parent.
-        parent_engine_block_id: u64,
-    },
-    /// An engine block id is already mapped to a different canonical hash.
-    #[error(
-        "{source_id}: engine block {engine_block_id} is mapped to {mapped:#018x}, event offers {offered:#018x}"
-    )]
-    ContradictoryBlockId {
-        /// The reporting source.
-        source_id: SourceId,
-        /// The engine block id.
-        engine_block_id: u64,
-        /// The canonical hash it already maps to.
-        mapped: u64,
-        /// The canonical hash the event derives for it.
-        offered: u64,
-    },
-    /// A canonical hash's owner count would exceed `u32::MAX`.
-    #[error("owner count of canonical hash {canonical:#018x} would overflow u32")]
-    OwnershipOverflow {
-        /// The canonical hash.
-        canonical: u64,
-    },
-    /// A fallible allocation failed before anything changed.
-    #[error("allocation of {bytes} bytes for {what} failed")]
-    AllocationFailed {
-        /// What was being allocated.
-        what: &'static str,
-        /// How many bytes were requested (approximate).
-        bytes: u64,
-    },
-}
-
-/// Why a delta or snapshot could not be built. Pending changes are kept.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PublishError {
-    /// A fallible allocation failed.
-    #[error("allocation of {bytes} bytes for publication failed")]
-    AllocationFailed {
-        /// How many bytes were requested.
-        bytes: u64,
-    },
-    /// The stream sequence reached `u64::MAX`; a new producer generation is needed.
-    #[error("publication sequence exhausted at {sequence}")]
-    SequenceExhausted {
-        /// The last sequence.
-        sequence: u64,
-    },
-}
+pub use error::{ApplyError, PublishError};
 
 /// A snapshot taken behind a barrier: first the pending `tail` (for existing
 /// subscribers), then `chunks`, consistent at the sequence after the tail.
@@ -95,23 +47,6 @@ pub struct BarrierSnapshot {
     /// The snapshot; the next delta has `base_sequence == chunks[0].sequence`.
     pub chunks: Vec<SnapshotChunk>,
 }
-
-/// One validated stored block.
-#[derive(Debug, Clone, Copy)]
-struct PlannedBlock {
-    engine_block_id: u64,
-    canonical: u64,
-    is_new: bool,
-    /// Filled by the prefetch pass just before commit.
-    address: Address,
-}
-
-/// An address placeholder until the prefetch pass fills it.
-const NO_ADDRESS: Address = Address {
-    fingerprint: 0,
-    primary: 0,
-    alternate: 0,
-};
 
 /// The producer filter of one pool. Single-threaded; one actor owns it.
 ///
@@ -145,15 +80,6 @@ pub struct PoolFilter {
     pending_events: u64,
 }
 
-/// Owner counts, the table and the window: what ownership transitions mutate.
-#[derive(Debug, Clone)]
-struct Ownership {
-    owners: OwnerTable,
-    table: Table,
-    window: DirtyWindow,
-    counters: FilterCounters,
-}
-
 impl PoolFilter {
     /// An empty filter for `config`; the table is allocated fallibly.
     pub fn new(config: CkfConfig) -> Result<Self, ConfigError> {
@@ -169,12 +95,7 @@ impl PoolFilter {
             format,
             max_kicks: config.max_kicks,
             lineage: KeyMap::default(),
-            state: Ownership {
-                owners: OwnerTable::default(),
-                table,
-                window,
-                counters: FilterCounters::default(),
-            },
+            state: Ownership::new(table, window),
             plan: Vec::new(),
             removal: Vec::new(),
             sequence: 0,
@@ -207,7 +128,7 @@ impl PoolFilter {
                 self.state.counters.events_applied += 1;
                 self.pending_events += 1;
             }
-            Err(err) => self.state.count_rejection(err),
+            Err(err) => self.state.counters.count_rejection(err),
         }
         result
     }
@@ -404,516 +325,7 @@ impl PoolFilter {
                 self.state.counters.source_resets += 1;
                 self.pending_events += 1;
             }
-            Err(err) => self.state.count_rejection(err),
+            Err(err) => self.state.counters.count_rejection(err),
         }
     }
-
-    fn apply_stored(
-        &mut self,
-        source: SourceId,
-        stored: &StoredBlocks,
-    ) -> Result<ApplyOutcome, ApplyError> {
-        let mut plan = std::mem::take(&mut self.plan);
-        let result = self
-            .plan_stored(source, stored, &mut plan)
-            .and_then(|n_new| {
-                self.reserve_for_store(source, n_new, plan.len() - n_new)?;
-                self.state.prefetch_plan(&mut plan);
-                Ok(self.commit_stored(source, &plan))
-            });
-        plan.clear();
-        self.plan = plan;
-        result
-    }
-
-    /// Validates a stored chain against the source's lineage; fills `plan` and returns
-    /// how many blocks are new mappings.
-    fn plan_stored(
-        &self,
-        source: SourceId,
-        stored: &StoredBlocks,
-        plan: &mut Vec<PlannedBlock>,
-    ) -> Result<usize, ApplyError> {
-        let lineage = self.lineage.get(&source);
-        let mut parent = match stored.parent_engine_block_id {
-            None => None,
-            Some(parent_engine_block_id) => {
-                Some(lineage.and_then(|m| m.get(parent_engine_block_id)).ok_or(
-                    ApplyError::ParentNotFound {
-                        source_id: source,
-                        parent_engine_block_id,
-                    },
-                )?)
-            }
-        };
-        plan.try_reserve(stored.blocks.len())
-            .map_err(|_| ApplyError::AllocationFailed {
-                what: "stored plan",
-                bytes: (stored.blocks.len() * std::mem::size_of::<PlannedBlock>()) as u64,
-            })?;
-        if let Some(lineage) = lineage {
-            // Issue every block's lineage miss before the (branchy) validation loop.
-            let sink = stored
-                .blocks
-                .iter()
-                .fold(0u64, |sink, b| sink ^ lineage.touch(b.engine_block_id));
-            std::hint::black_box(sink);
-        }
-        let use_scan = stored.blocks.len() <= LINEAR_SCAN_MAX;
-        let mut batch_ids: KeyMap<u64, u64> = KeyMap::default();
-        let mut n_new = 0u64;
-        for block in &stored.blocks {
-            let canonical = match parent {
-                None => canonical_root(block.token_hash),
-                Some(parent) => canonical_child(parent, block.token_hash),
-            };
-            parent = Some(canonical);
-            let id = block.engine_block_id;
-            let earlier = lineage.and_then(|m| m.get(id)).or_else(|| {
-                if use_scan {
-                    plan.iter()
-                        .find(|p| p.engine_block_id == id)
-                        .map(|p| p.canonical)
-                } else {
-                    batch_ids.get(&id).copied()
-                }
-            });
-            let is_new = match earlier {
-                Some(mapped) if mapped != canonical => {
-                    return Err(ApplyError::ContradictoryBlockId {
-                        source_id: source,
-                        engine_block_id: id,
-                        mapped,
-                        offered: canonical,
-                    });
-                }
-                Some(_) => false,
-                None => true,
-            };
-            if is_new {
-                n_new += 1;
-                // An owner count never exceeds the live mappings, so bounding those bounds
-                // every count without a per-hash lookup.
-                if self.live_mappings() + n_new > u64::from(u32::MAX) {
-                    return Err(ApplyError::OwnershipOverflow { canonical });
-                }
-                if !use_scan {
-                    batch_ids.insert(id, canonical);
-                }
-            }
-            plan.push(PlannedBlock {
-                engine_block_id: id,
-                canonical,
-                is_new,
-                address: NO_ADDRESS,
-            });
-        }
-        Ok(n_new as usize)
-    }
-
-    /// Live (source, engine block id) mappings, from the counters.
-    fn live_mappings(&self) -> u64 {
-        let c = &self.state.counters;
-        c.blocks_mapped - c.mappings_removed
-    }
-
-    /// Reserves every map and window slot a store may need, so commit cannot fail.
-    fn reserve_for_store(
-        &mut self,
-        source: SourceId,
-        n_new: usize,
-        n_reoffered: usize,
-    ) -> Result<(), ApplyError> {
-        let max_touches = n_new * (self.max_kicks as usize + 1) + n_reoffered;
-        self.state.reserve(n_new, max_touches)?;
-        if n_new == 0 {
-            return Ok(());
-        }
-        if !self.lineage.contains_key(&source) {
-            self.lineage
-                .try_reserve(1)
-                .map_err(|_| alloc("source map", 64))?;
-            let mut map = LineageMap::default();
-            map.try_reserve(n_new)
-                .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
-            self.lineage.insert(source, map);
-        } else if let Some(map) = self.lineage.get_mut(&source) {
-            map.try_reserve(n_new)
-                .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
-        }
-        Ok(())
-    }
-
-    fn commit_stored(&mut self, source: SourceId, plan: &[PlannedBlock]) -> ApplyOutcome {
-        let mut outcome = ApplyOutcome::default();
-        if let Some(lineage) = self.lineage.get_mut(&source) {
-            for block in plan.iter().filter(|b| b.is_new) {
-                // Room was reserved, so this cannot fail.
-                if !lineage.insert(block.engine_block_id, block.canonical) {
-                    self.state.counters.invariant_violations += 1;
-                }
-            }
-        }
-        for block in plan {
-            if block.is_new {
-                self.state
-                    .acquire_and_admit(block.canonical, block.address, &mut outcome);
-            } else {
-                self.state.reoffer(block.canonical, &mut outcome);
-            }
-        }
-        outcome
-    }
-
-    fn apply_removed(
-        &mut self,
-        source: SourceId,
-        engine_block_ids: &[u64],
-    ) -> Result<ApplyOutcome, ApplyError> {
-        self.state.reserve(0, engine_block_ids.len())?;
-        let mut removal = std::mem::take(&mut self.removal);
-        removal.clear();
-        if removal.try_reserve(engine_block_ids.len()).is_err() {
-            self.removal = removal;
-            return Err(alloc("removal scratch", engine_block_ids.len() as u64 * 24));
-        }
-        let mut outcome = ApplyOutcome::default();
-        let Some(lineage) = self.lineage.get_mut(&source) else {
-            self.removal = removal;
-            self.state.counters.unknown_removals += engine_block_ids.len() as u64;
-            outcome.unknown_removals = engine_block_ids.len() as u64;
-            return Ok(outcome);
-        };
-        // Three passes, so that each pass's cache misses are independent of each other
-        // and overlap: lineage reads, then owner entries and table rows, then the commit.
-        let mut sink = 0u64;
-        for id in engine_block_ids {
-            sink ^= lineage.touch(*id);
-        }
-        for id in engine_block_ids {
-            match lineage.remove(*id) {
-                Some(canonical) => removal.push((canonical, NO_ADDRESS)),
-                None => {
-                    self.state.counters.unknown_removals += 1;
-                    outcome.unknown_removals += 1;
-                }
-            }
-        }
-        if lineage.is_empty() {
-            self.lineage.remove(&source);
-        }
-        for (canonical, address) in &mut removal {
-            sink ^= self.state.prefetch(*canonical, address);
-        }
-        std::hint::black_box(sink);
-        for &(canonical, address) in &removal {
-            self.state
-                .release_at(canonical, Some(address), &mut outcome);
-        }
-        self.removal = removal;
-        Ok(outcome)
-    }
-
-    fn clear_source_inner(&mut self, source: SourceId) -> Result<ApplyOutcome, ApplyError> {
-        let n_mappings = self.lineage.get(&source).map_or(0, |m| m.len());
-        self.state.reserve(0, n_mappings)?;
-        let mut outcome = ApplyOutcome::default();
-        if let Some(lineage) = self.lineage.remove(&source) {
-            for canonical in lineage.values() {
-                self.state.release(canonical, &mut outcome);
-            }
-        }
-        Ok(outcome)
-    }
-
-    fn remove_worker_inner(&mut self, worker_id: u64) -> Result<ApplyOutcome, ApplyError> {
-        let mut sources: Vec<SourceId> = self
-            .lineage
-            .keys()
-            .filter(|s| s.worker_id == worker_id)
-            .copied()
-            .collect();
-        sources.sort_unstable();
-        let n_mappings: usize = sources
-            .iter()
-            .filter_map(|s| self.lineage.get(s))
-            .map(|m| m.len())
-            .sum();
-        self.state.reserve(0, n_mappings)?;
-        let mut outcome = ApplyOutcome::default();
-        for source in sources {
-            if let Some(lineage) = self.lineage.remove(&source) {
-                for canonical in lineage.values() {
-                    self.state.release(canonical, &mut outcome);
-                }
-            }
-        }
-        Ok(outcome)
-    }
-
-    fn reset_source_inner(
-        &mut self,
-        source: SourceId,
-        chains: &[StoredBlocks],
-    ) -> Result<ApplyOutcome, ApplyError> {
-        // Validate the whole dump against an empty lineage.
-        let n_blocks: usize = chains.iter().map(|c| c.blocks.len()).sum();
-        let mut fresh = LineageMap::default();
-        fresh
-            .try_reserve(n_blocks)
-            .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
-        let mut order = Vec::new();
-        order
-            .try_reserve_exact(n_blocks)
-            .map_err(|_| alloc("reset order", n_blocks as u64 * 8))?;
-        for chain in chains {
-            let mut parent = match chain.parent_engine_block_id {
-                None => None,
-                Some(parent_engine_block_id) => Some(fresh.get(parent_engine_block_id).ok_or(
-                    ApplyError::ParentNotFound {
-                        source_id: source,
-                        parent_engine_block_id,
-                    },
-                )?),
-            };
-            for block in &chain.blocks {
-                let canonical = match parent {
-                    None => canonical_root(block.token_hash),
-                    Some(parent) => canonical_child(parent, block.token_hash),
-                };
-                parent = Some(canonical);
-                match fresh.get(block.engine_block_id) {
-                    Some(mapped) if mapped != canonical => {
-                        return Err(ApplyError::ContradictoryBlockId {
-                            source_id: source,
-                            engine_block_id: block.engine_block_id,
-                            mapped,
-                            offered: canonical,
-                        });
-                    }
-                    Some(_) => {}
-                    None => {
-                        if self.live_mappings() + fresh.len() as u64 + 1 > u64::from(u32::MAX) {
-                            return Err(ApplyError::OwnershipOverflow { canonical });
-                        }
-                        if !fresh.insert(block.engine_block_id, canonical) {
-                            return Err(alloc("lineage", n_blocks as u64 * 16));
-                        }
-                        order.push(canonical);
-                    }
-                }
-            }
-        }
-        let n_old = self.lineage.get(&source).map_or(0, |m| m.len());
-        let max_touches = n_old + order.len() * (self.max_kicks as usize + 1);
-        self.state.reserve(order.len(), max_touches)?;
-        self.lineage
-            .try_reserve(1)
-            .map_err(|_| alloc("source map", 64))?;
-
-        // Commit: new owners first (so kept hashes never drop to zero), then release the
-        // old mappings, then admit what is owned but not resident.
-        let mut outcome = ApplyOutcome::default();
-        for &canonical in &order {
-            self.state.acquire(canonical, &mut outcome);
-        }
-        if let Some(old) = self.lineage.remove(&source) {
-            for canonical in old.values() {
-                self.state.release(canonical, &mut outcome);
-            }
-        }
-        for &canonical in &order {
-            self.state.admit(canonical, &mut outcome);
-        }
-        if !fresh.is_empty() {
-            self.lineage.insert(source, fresh);
-        }
-        Ok(outcome)
-    }
-}
-
-impl Ownership {
-    fn reserve(&mut self, n_new_owners: usize, max_touches: usize) -> Result<(), ApplyError> {
-        self.owners
-            .try_reserve(n_new_owners)
-            .map_err(|GrowFailed { bytes }| alloc("owner table", bytes))?;
-        self.window
-            .reserve(max_touches)
-            .map_err(|AllocFailed { bytes }| alloc("dirty window", bytes))
-    }
-
-    fn count_rejection(&mut self, err: &ApplyError) {
-        self.counters.events_rejected += 1;
-        match err {
-            ApplyError::ParentNotFound { .. } => self.counters.parent_not_found += 1,
-            ApplyError::ContradictoryBlockId { .. } => self.counters.contradictory_block_ids += 1,
-            ApplyError::OwnershipOverflow { .. } => self.counters.ownership_overflows += 1,
-            ApplyError::AllocationFailed { .. } => self.counters.allocation_failures += 1,
-        }
-    }
-
-    /// Adds one owner (a new mapping) to `canonical`; no table write.
-    fn acquire(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
-        // Overflow was ruled out by validation, and the slot was reserved.
-        match self.owners.add_owner(canonical) {
-            Some((_, true)) => self.counters.canonicals_created += 1,
-            Some((_, false)) => {}
-            None => self.counters.invariant_violations += 1,
-        }
-        self.counters.blocks_mapped += 1;
-        outcome.blocks_mapped += 1;
-    }
-
-    /// Computes every planned block's address and loads its owner entry and table rows
-    /// (independent loads that overlap), so the commit finds them in cache.
-    fn prefetch_plan(&self, plan: &mut [PlannedBlock]) {
-        let mut sink = 0u64;
-        for block in plan {
-            sink ^= self.prefetch(block.canonical, &mut block.address);
-        }
-        std::hint::black_box(sink);
-    }
-
-    /// Sets `address` to `canonical`'s and loads its owner slot and both table rows;
-    /// returns a value to fold into a sink so the loads are kept.
-    #[inline]
-    fn prefetch(&self, canonical: u64, address: &mut Address) -> u64 {
-        *address = self.table.addressing().address(canonical);
-        self.owners.touch(canonical)
-            ^ self.table.word(address.primary)
-            ^ self.table.word(address.alternate)
-    }
-
-    /// [`Ownership::acquire`] then [`Ownership::admit`] with one owner-map lookup;
-    /// `address` is `canonical`'s.
-    fn acquire_and_admit(&mut self, canonical: u64, address: Address, outcome: &mut ApplyOutcome) {
-        self.counters.blocks_mapped += 1;
-        outcome.blocks_mapped += 1;
-        // Overflow was ruled out by validation, and the slot was reserved.
-        let Some((entry, created)) = self.owners.add_owner(canonical) else {
-            self.counters.invariant_violations += 1;
-            return;
-        };
-        if created {
-            self.counters.canonicals_created += 1;
-        }
-        if !entry.resident {
-            admit_entry(
-                &mut self.table,
-                &mut self.window,
-                &mut self.counters,
-                address,
-                entry,
-                outcome,
-            );
-        }
-    }
-
-    /// Full admission (with relocation) of an owned hash that is not resident.
-    fn admit(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
-        let Some(entry) = self.owners.get_mut(canonical) else {
-            return;
-        };
-        if entry.resident {
-            return;
-        }
-        let address = self.table.addressing().address(canonical);
-        admit_entry(
-            &mut self.table,
-            &mut self.window,
-            &mut self.counters,
-            address,
-            entry,
-            outcome,
-        );
-    }
-
-    /// A re-offered mapping: a cheap relocation-free admission if not resident.
-    fn reoffer(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
-        self.counters.blocks_reoffered += 1;
-        outcome.blocks_reoffered += 1;
-        let Some(entry) = self.owners.get_mut(canonical) else {
-            return;
-        };
-        if entry.resident {
-            return;
-        }
-        let address = self.table.addressing().address(canonical);
-        let window = &mut self.window;
-        match self
-            .table
-            .insert_without_relocation(address, |b, prev| window.note(b, prev))
-        {
-            Ok(()) => {
-                entry.resident = true;
-                self.counters.fingerprints_inserted += 1;
-                self.counters.late_admissions += 1;
-                outcome.fingerprints_inserted += 1;
-            }
-            Err(_) => self.counters.reoffer_misses += 1,
-        }
-    }
-
-    /// Drops one owner of `canonical`; the last owner of a resident hash removes its
-    /// fingerprint.
-    fn release(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
-        self.release_at(canonical, None, outcome);
-    }
-
-    /// [`Ownership::release`] with `canonical`'s address when already known.
-    fn release_at(&mut self, canonical: u64, address: Option<Address>, outcome: &mut ApplyOutcome) {
-        self.counters.mappings_removed += 1;
-        outcome.mappings_removed += 1;
-        let resident = match self.owners.drop_owner(canonical) {
-            Err(NotStored) => {
-                self.counters.invariant_violations += 1;
-                return;
-            }
-            Ok(None) => return,
-            Ok(Some(last)) => last.resident,
-        };
-        self.counters.canonicals_dropped += 1;
-        if !resident {
-            return;
-        }
-        let address = address.unwrap_or_else(|| self.table.addressing().address(canonical));
-        let window = &mut self.window;
-        if self.table.remove(address, |b, prev| window.note(b, prev)) {
-            self.counters.fingerprints_removed += 1;
-            outcome.fingerprints_removed += 1;
-        } else {
-            self.counters.invariant_violations += 1;
-        }
-    }
-}
-
-/// Inserts the fingerprint at `address` (of an owned hash that is not resident) with
-/// relocation and records the outcome in its owner `entry`.
-fn admit_entry(
-    table: &mut Table,
-    window: &mut DirtyWindow,
-    counters: &mut FilterCounters,
-    address: Address,
-    entry: &mut OwnerEntry,
-    outcome: &mut ApplyOutcome,
-) {
-    match table.insert(address, |b, prev| window.note(b, prev)) {
-        Ok(()) => {
-            entry.resident = true;
-            counters.fingerprints_inserted += 1;
-            outcome.fingerprints_inserted += 1;
-            if entry.omitted {
-                counters.late_admissions += 1;
-            }
-        }
-        Err(_) => {
-            entry.omitted = true;
-            counters.capacity_omissions += 1;
-            outcome.capacity_omissions += 1;
-        }
-    }
-}
-
-fn alloc(what: &'static str, bytes: u64) -> ApplyError {
-    ApplyError::AllocationFailed { what, bytes }
 }

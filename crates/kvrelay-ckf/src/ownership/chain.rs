@@ -1,0 +1,193 @@
+//! Applying a stored chain: validate it into a plan against the source's lineage,
+//! reserve every slot the commit may need, prefetch, then commit (nothing fails after
+//! validation and reservation).
+
+use kvrelay_identity::hashing::{canonical_child, canonical_root};
+
+use super::PoolFilter;
+use super::error::{ApplyError, alloc};
+use crate::addressing::Address;
+use crate::counters::ApplyOutcome;
+use crate::event::{SourceId, StoredBlocks};
+use crate::keyhash::KeyMap;
+use crate::lineage::LineageMap;
+use crate::owners::GrowFailed;
+
+/// Stored batches up to this length check repeated engine ids by a linear scan.
+const LINEAR_SCAN_MAX: usize = 16;
+
+/// One validated stored block.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PlannedBlock {
+    pub(super) engine_block_id: u64,
+    pub(super) canonical: u64,
+    pub(super) is_new: bool,
+    /// Filled by the prefetch pass just before commit.
+    pub(super) address: Address,
+}
+
+/// An address placeholder until the prefetch pass fills it.
+pub(super) const NO_ADDRESS: Address = Address {
+    fingerprint: 0,
+    primary: 0,
+    alternate: 0,
+};
+
+impl PoolFilter {
+    pub(super) fn apply_stored(
+        &mut self,
+        source: SourceId,
+        stored: &StoredBlocks,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let mut plan = std::mem::take(&mut self.plan);
+        let result = self
+            .plan_stored(source, stored, &mut plan)
+            .and_then(|n_new| {
+                self.reserve_for_store(source, n_new, plan.len() - n_new)?;
+                self.state.prefetch_plan(&mut plan);
+                Ok(self.commit_stored(source, &plan))
+            });
+        plan.clear();
+        self.plan = plan;
+        result
+    }
+
+    /// Validates a stored chain against the source's lineage; fills `plan` and returns
+    /// how many blocks are new mappings.
+    fn plan_stored(
+        &self,
+        source: SourceId,
+        stored: &StoredBlocks,
+        plan: &mut Vec<PlannedBlock>,
+    ) -> Result<usize, ApplyError> {
+        let lineage = self.lineage.get(&source);
+        let mut parent = match stored.parent_engine_block_id {
+            None => None,
+            Some(parent_engine_block_id) => {
+                Some(lineage.and_then(|m| m.get(parent_engine_block_id)).ok_or(
+                    ApplyError::ParentNotFound {
+                        source_id: source,
+                        parent_engine_block_id,
+                    },
+                )?)
+            }
+        };
+        plan.try_reserve(stored.blocks.len())
+            .map_err(|_| ApplyError::AllocationFailed {
+                what: "stored plan",
+                bytes: (stored.blocks.len() * std::mem::size_of::<PlannedBlock>()) as u64,
+            })?;
+        if let Some(lineage) = lineage {
+            // Issue every block's lineage miss before the (branchy) validation loop.
+            let sink = stored
+                .blocks
+                .iter()
+                .fold(0u64, |sink, b| sink ^ lineage.touch(b.engine_block_id));
+            std::hint::black_box(sink);
+        }
+        let use_scan = stored.blocks.len() <= LINEAR_SCAN_MAX;
+        let mut batch_ids: KeyMap<u64, u64> = KeyMap::default();
+        let mut n_new = 0u64;
+        for block in &stored.blocks {
+            let canonical = match parent {
+                None => canonical_root(block.token_hash),
+                Some(parent) => canonical_child(parent, block.token_hash),
+            };
+            parent = Some(canonical);
+            let id = block.engine_block_id;
+            let earlier = lineage.and_then(|m| m.get(id)).or_else(|| {
+                if use_scan {
+                    plan.iter()
+                        .find(|p| p.engine_block_id == id)
+                        .map(|p| p.canonical)
+                } else {
+                    batch_ids.get(&id).copied()
+                }
+            });
+            let is_new = match earlier {
+                Some(mapped) if mapped != canonical => {
+                    return Err(ApplyError::ContradictoryBlockId {
+                        source_id: source,
+                        engine_block_id: id,
+                        mapped,
+                        offered: canonical,
+                    });
+                }
+                Some(_) => false,
+                None => true,
+            };
+            if is_new {
+                n_new += 1;
+                // An owner count never exceeds the live mappings, so bounding those bounds
+                // every count without a per-hash lookup.
+                if self.live_mappings() + n_new > u64::from(u32::MAX) {
+                    return Err(ApplyError::OwnershipOverflow { canonical });
+                }
+                if !use_scan {
+                    batch_ids.insert(id, canonical);
+                }
+            }
+            plan.push(PlannedBlock {
+                engine_block_id: id,
+                canonical,
+                is_new,
+                address: NO_ADDRESS,
+            });
+        }
+        Ok(n_new as usize)
+    }
+
+    /// Live (source, engine block id) mappings, from the counters.
+    pub(super) fn live_mappings(&self) -> u64 {
+        let c = &self.state.counters;
+        c.blocks_mapped - c.mappings_removed
+    }
+
+    /// Reserves every map and window slot a store may need, so commit cannot fail.
+    fn reserve_for_store(
+        &mut self,
+        source: SourceId,
+        n_new: usize,
+        n_reoffered: usize,
+    ) -> Result<(), ApplyError> {
+        let max_touches = n_new * (self.max_kicks as usize + 1) + n_reoffered;
+        self.state.reserve(n_new, max_touches)?;
+        if n_new == 0 {
+            return Ok(());
+        }
+        if !self.lineage.contains_key(&source) {
+            self.lineage
+                .try_reserve(1)
+                .map_err(|_| alloc("source map", 64))?;
+            let mut map = LineageMap::default();
+            map.try_reserve(n_new)
+                .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
+            self.lineage.insert(source, map);
+        } else if let Some(map) = self.lineage.get_mut(&source) {
+            map.try_reserve(n_new)
+                .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
+        }
+        Ok(())
+    }
+
+    fn commit_stored(&mut self, source: SourceId, plan: &[PlannedBlock]) -> ApplyOutcome {
+        let mut outcome = ApplyOutcome::default();
+        if let Some(lineage) = self.lineage.get_mut(&source) {
+            for block in plan.iter().filter(|b| b.is_new) {
+                // Room was reserved, so this cannot fail.
+                if !lineage.insert(block.engine_block_id, block.canonical) {
+                    self.state.counters.invariant_violations += 1;
+                }
+            }
+        }
+        for block in plan {
+            if block.is_new {
+                self.state
+                    .acquire_and_admit(block.canonical, block.address, &mut outcome);
+            } else {
+                self.state.reoffer(block.canonical, &mut outcome);
+            }
+        }
+        outcome
+    }
+}

@@ -1,0 +1,221 @@
+//! Owner-count transitions and the table writes they cause: acquire, admit, re-offer and
+//! release one canonical hash, recording every bucket touched in the dirty window.
+//!
+//! Only an owner count going 0 → 1 (with admission) inserts a fingerprint and only
+//! 1 → 0 of a resident hash removes one; callers validate and reserve first, so no
+//! transition fails (a broken invariant is counted, never panicked on).
+
+use super::chain::PlannedBlock;
+use super::error::{ApplyError, alloc};
+use crate::addressing::Address;
+use crate::counters::{ApplyOutcome, FilterCounters};
+use crate::owners::{GrowFailed, NotStored, OwnerEntry, OwnerTable};
+use crate::publication::{AllocFailed, DirtyWindow};
+use crate::table::Table;
+
+/// Owner counts, the table and the window: what ownership transitions mutate.
+#[derive(Debug, Clone)]
+pub(super) struct Ownership {
+    pub(super) owners: OwnerTable,
+    pub(super) table: Table,
+    pub(super) window: DirtyWindow,
+    pub(super) counters: FilterCounters,
+}
+
+impl Ownership {
+    /// No owners over `table`, with `window` recording its writes.
+    pub(super) fn new(table: Table, window: DirtyWindow) -> Self {
+        Self {
+            owners: OwnerTable::default(),
+            table,
+            window,
+            counters: FilterCounters::default(),
+        }
+    }
+
+    /// Makes room for `n_new_owners` owner entries and `max_touches` window entries, so
+    /// that the transitions after it cannot allocate.
+    pub(super) fn reserve(
+        &mut self,
+        n_new_owners: usize,
+        max_touches: usize,
+    ) -> Result<(), ApplyError> {
+        self.owners
+            .try_reserve(n_new_owners)
+            .map_err(|GrowFailed { bytes }| alloc("owner table", bytes))?;
+        self.window
+            .reserve(max_touches)
+            .map_err(|AllocFailed { bytes }| alloc("dirty window", bytes))
+    }
+
+    /// Adds one owner (a new mapping) to `canonical`; no table write.
+    pub(super) fn acquire(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
+        // Overflow was ruled out by validation, and the slot was reserved.
+        match self.owners.add_owner(canonical) {
+            Some((_, true)) => self.counters.canonicals_created += 1,
+            Some((_, false)) => {}
+            None => self.counters.invariant_violations += 1,
+        }
+        self.counters.blocks_mapped += 1;
+        outcome.blocks_mapped += 1;
+    }
+
+    /// Computes every planned block's address and loads its owner entry and table rows
+    /// (independent loads that overlap), so the commit finds them in cache.
+    pub(super) fn prefetch_plan(&self, plan: &mut [PlannedBlock]) {
+        let mut sink = 0u64;
+        for block in plan {
+            sink ^= self.prefetch(block.canonical, &mut block.address);
+        }
+        std::hint::black_box(sink);
+    }
+
+    /// Sets `address` to `canonical`'s and loads its owner slot and both table rows;
+    /// returns a value to fold into a sink so the loads are kept.
+    #[inline]
+    pub(super) fn prefetch(&self, canonical: u64, address: &mut Address) -> u64 {
+        *address = self.table.addressing().address(canonical);
+        self.owners.touch(canonical)
+            ^ self.table.word(address.primary)
+            ^ self.table.word(address.alternate)
+    }
+
+    /// [`Ownership::acquire`] then [`Ownership::admit`] with one owner-map lookup;
+    /// `address` is `canonical`'s.
+    pub(super) fn acquire_and_admit(
+        &mut self,
+        canonical: u64,
+        address: Address,
+        outcome: &mut ApplyOutcome,
+    ) {
+        self.counters.blocks_mapped += 1;
+        outcome.blocks_mapped += 1;
+        // Overflow was ruled out by validation, and the slot was reserved.
+        let Some((entry, created)) = self.owners.add_owner(canonical) else {
+            self.counters.invariant_violations += 1;
+            return;
+        };
+        if created {
+            self.counters.canonicals_created += 1;
+        }
+        if !entry.resident {
+            admit_entry(
+                &mut self.table,
+                &mut self.window,
+                &mut self.counters,
+                address,
+                entry,
+                outcome,
+            );
+        }
+    }
+
+    /// Full admission (with relocation) of an owned hash that is not resident.
+    pub(super) fn admit(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
+        let Some(entry) = self.owners.get_mut(canonical) else {
+            return;
+        };
+        if entry.resident {
+            return;
+        }
+        let address = self.table.addressing().address(canonical);
+        admit_entry(
+            &mut self.table,
+            &mut self.window,
+            &mut self.counters,
+            address,
+            entry,
+            outcome,
+        );
+    }
+
+    /// A re-offered mapping: a cheap relocation-free admission if not resident.
+    pub(super) fn reoffer(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
+        self.counters.blocks_reoffered += 1;
+        outcome.blocks_reoffered += 1;
+        let Some(entry) = self.owners.get_mut(canonical) else {
+            return;
+        };
+        if entry.resident {
+            return;
+        }
+        let address = self.table.addressing().address(canonical);
+        let window = &mut self.window;
+        match self
+            .table
+            .insert_without_relocation(address, |b, prev| window.note(b, prev))
+        {
+            Ok(()) => {
+                entry.resident = true;
+                self.counters.fingerprints_inserted += 1;
+                self.counters.late_admissions += 1;
+                outcome.fingerprints_inserted += 1;
+            }
+            Err(_) => self.counters.reoffer_misses += 1,
+        }
+    }
+
+    /// Drops one owner of `canonical`; the last owner of a resident hash removes its
+    /// fingerprint.
+    pub(super) fn release(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
+        self.release_at(canonical, None, outcome);
+    }
+
+    /// [`Ownership::release`] with `canonical`'s address when already known.
+    pub(super) fn release_at(
+        &mut self,
+        canonical: u64,
+        address: Option<Address>,
+        outcome: &mut ApplyOutcome,
+    ) {
+        self.counters.mappings_removed += 1;
+        outcome.mappings_removed += 1;
+        let resident = match self.owners.drop_owner(canonical) {
+            Err(NotStored) => {
+                self.counters.invariant_violations += 1;
+                return;
+            }
+            Ok(None) => return,
+            Ok(Some(last)) => last.resident,
+        };
+        self.counters.canonicals_dropped += 1;
+        if !resident {
+            return;
+        }
+        let address = address.unwrap_or_else(|| self.table.addressing().address(canonical));
+        let window = &mut self.window;
+        if self.table.remove(address, |b, prev| window.note(b, prev)) {
+            self.counters.fingerprints_removed += 1;
+            outcome.fingerprints_removed += 1;
+        } else {
+            self.counters.invariant_violations += 1;
+        }
+    }
+}
+
+/// Inserts the fingerprint at `address` (of an owned hash that is not resident) with
+/// relocation and records the outcome in its owner `entry`.
+fn admit_entry(
+    table: &mut Table,
+    window: &mut DirtyWindow,
+    counters: &mut FilterCounters,
+    address: Address,
+    entry: &mut OwnerEntry,
+    outcome: &mut ApplyOutcome,
+) {
+    match table.insert(address, |b, prev| window.note(b, prev)) {
+        Ok(()) => {
+            entry.resident = true;
+            counters.fingerprints_inserted += 1;
+            outcome.fingerprints_inserted += 1;
+            if entry.omitted {
+                counters.late_admissions += 1;
+            }
+        }
+        Err(_) => {
+            entry.omitted = true;
+            counters.capacity_omissions += 1;
+            outcome.capacity_omissions += 1;
+        }
+    }
+}
