@@ -17,6 +17,7 @@
 mod admin;
 mod admission;
 mod config;
+mod event_advert;
 mod host;
 mod limits;
 mod metrics;
