@@ -5,6 +5,10 @@
 //! lands at or just after its home slot, so one read of the home slot brings in the line
 //! a later insert or removal touches. The empty-slot marker is the key `u64::MAX`; a
 //! mapping of that engine id lives in a side field instead.
+//!
+//! Engines choose their block ids, so the home slot is keyed by a per-filter lineage seed
+//! (see `PoolFilter::with_lineage_seed`): ids that collide under one seed spread under
+//! another. The keyed mix resists precomputed collision sets, not a cryptographic attack.
 
 use crate::keyhash::mix;
 use crate::owners::GrowFailed;
@@ -19,7 +23,7 @@ const MAX_LOAD_EIGHTHS: usize = 6;
 const MIN_SLOTS: usize = 16;
 
 /// The map; see the module docs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct LineageMap {
     /// `(engine block id, canonical)`; power-of-two length (or 0 before the first
     /// reservation).
@@ -28,9 +32,21 @@ pub(crate) struct LineageMap {
     n_slotted: usize,
     /// The canonical of engine id `u64::MAX`, if mapped.
     max_id: Option<u64>,
+    /// Keys the home slot of every engine id.
+    seed: u64,
 }
 
 impl LineageMap {
+    /// An empty map (nothing allocated) whose slots are placed by `seed`.
+    pub(crate) fn new(seed: u64) -> Self {
+        Self {
+            slots: Vec::new(),
+            n_slotted: 0,
+            max_id: None,
+            seed,
+        }
+    }
+
     /// Mappings held.
     pub(crate) fn len(&self) -> usize {
         self.n_slotted + usize::from(self.max_id.is_some())
@@ -66,7 +82,7 @@ impl LineageMap {
         let old = std::mem::replace(&mut self.slots, slots);
         let mask = n_slots - 1;
         for (key, value) in old.into_iter().filter(|&(k, _)| k != EMPTY) {
-            let mut idx = home(key, mask);
+            let mut idx = home(key, self.seed, mask);
             while self.slots[idx].0 != EMPTY {
                 idx = (idx + 1) & mask;
             }
@@ -96,7 +112,7 @@ impl LineageMap {
             return false;
         }
         let mask = self.slots.len() - 1;
-        let mut idx = home(engine_block_id, mask);
+        let mut idx = home(engine_block_id, self.seed, mask);
         loop {
             let key = self.slots[idx].0;
             if key == engine_block_id {
@@ -143,7 +159,7 @@ impl LineageMap {
         if self.slots.is_empty() {
             return 0;
         }
-        self.slots[home(key, self.slots.len() - 1)].0
+        self.slots[home(key, self.seed, self.slots.len() - 1)].0
     }
 
     fn find(&self, key: u64) -> Option<usize> {
@@ -151,7 +167,7 @@ impl LineageMap {
             return None;
         }
         let mask = self.slots.len() - 1;
-        let mut idx = home(key, mask);
+        let mut idx = home(key, self.seed, mask);
         loop {
             let slot_key = self.slots[idx].0;
             if slot_key == key {
@@ -177,7 +193,7 @@ impl LineageMap {
                 break;
             }
             // The entry may fill the hole if the hole lies between its home and `next`.
-            let from_home = next.wrapping_sub(home(key, mask)) & mask;
+            let from_home = next.wrapping_sub(home(key, self.seed, mask)) & mask;
             let from_hole = next.wrapping_sub(hole) & mask;
             if from_home >= from_hole {
                 self.slots[hole] = (key, value);
@@ -194,9 +210,10 @@ fn max_len(n_slots: usize) -> usize {
     n_slots / 8 * MAX_LOAD_EIGHTHS
 }
 
+/// The home slot of `key` under `seed` in a table of `mask + 1` slots.
 #[inline]
-fn home(key: u64, mask: usize) -> usize {
-    (mix(key) as usize) & mask
+fn home(key: u64, seed: u64, mask: usize) -> usize {
+    (mix(key ^ seed) as usize) & mask
 }
 
 #[cfg(test)]
@@ -215,8 +232,11 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
         #[test]
-        fn behaves_like_a_hash_map(ops in prop::collection::vec((any::<bool>(), key(), any::<u64>()), 0..400)) {
-            let mut map = LineageMap::default();
+        fn behaves_like_a_hash_map(
+            seed in any::<u64>(),
+            ops in prop::collection::vec((any::<bool>(), key(), any::<u64>()), 0..400),
+        ) {
+            let mut map = LineageMap::new(seed);
             let mut model: HashMap<u64, u64> = HashMap::new();
             for (insert, id, canonical) in ops {
                 if insert {
@@ -248,7 +268,10 @@ mod tests {
             .enumerate()
             .filter(|(_, (k, _))| *k != EMPTY)
             .fold((0usize, 0usize), |(sum, n), (idx, (k, _))| {
-                (sum + (idx.wrapping_sub(home(*k, mask)) & mask), n + 1)
+                (
+                    sum + (idx.wrapping_sub(home(*k, map.seed, mask)) & mask),
+                    n + 1,
+                )
             });
         sum as f64 / n as f64
     }
@@ -257,23 +280,64 @@ mod tests {
     fn structured_engine_ids_do_not_cluster() {
         // Sequential, page-like, and high-bit engine ids spread like random keys (linear
         // probing at <= 75 % load expects a mean displacement around 1.5).
-        for shift in [0u32, 6, 12, 20, 32, 44] {
-            let mut map = LineageMap::default();
-            map.try_reserve(1 << 15).unwrap();
-            for i in 0..(1u64 << 15) {
-                assert!(map.insert(i << shift, i));
+        for seed in [0, 0x5EED, u64::MAX - 1] {
+            for shift in [0u32, 6, 12, 20, 32, 44] {
+                let mut map = LineageMap::new(seed);
+                map.try_reserve(1 << 15).unwrap();
+                for i in 0..(1u64 << 15) {
+                    assert!(map.insert(i << shift, i));
+                }
+                let displacement = mean_displacement(&map);
+                assert!(
+                    displacement < 3.0,
+                    "seed {seed:#x} shift {shift}: mean displacement {displacement}"
+                );
             }
-            let displacement = mean_displacement(&map);
-            assert!(
-                displacement < 3.0,
-                "shift {shift}: mean displacement {displacement}"
-            );
+        }
+    }
+
+    #[test]
+    fn two_seeds_place_the_same_ids_differently() {
+        let ids: Vec<u64> = (0..64u64).map(|i| i << 12).collect();
+        let homes = |seed: u64| -> Vec<usize> {
+            let mut map = LineageMap::new(seed);
+            map.try_reserve(ids.len()).unwrap();
+            for &id in &ids {
+                assert!(map.insert(id, id + 1));
+            }
+            ids.iter().map(|&id| map.find(id).unwrap()).collect()
+        };
+        let (first, second) = (homes(1), homes(2));
+        let n_moved = first.iter().zip(&second).filter(|(a, b)| a != b).count();
+        assert!(
+            n_moved > ids.len() / 2,
+            "only {n_moved} of {} ids changed slot",
+            ids.len()
+        );
+    }
+
+    #[test]
+    fn a_lineage_answers_the_same_under_any_seed() {
+        let ids: Vec<u64> = (0..200u64).map(|i| i.wrapping_mul(0x1_0000_0001)).collect();
+        for seed in [0, 1, 0xDEAD_BEEF, u64::MAX] {
+            let mut map = LineageMap::new(seed);
+            map.try_reserve(ids.len()).unwrap();
+            for &id in &ids {
+                assert!(map.insert(id, !id));
+            }
+            for &id in ids.iter().step_by(3) {
+                assert_eq!(map.remove(id), Some(!id));
+            }
+            for (idx, &id) in ids.iter().enumerate() {
+                let expected = (idx % 3 != 0).then_some(!id);
+                assert_eq!(map.get(id), expected, "seed {seed:#x} id {id}");
+            }
         }
     }
 
     #[test]
     fn inserting_without_a_reservation_is_refused() {
-        let mut map = LineageMap::default();
+        let mut map = LineageMap::new(0);
         assert!(!map.insert(7, 1));
         assert!(map.is_empty());
         assert!(

@@ -72,6 +72,8 @@ pub struct PoolFilter {
     format: CkfFormat,
     max_kicks: u32,
     lineage: KeyMap<SourceId, LineageMap>,
+    /// Keys where each lineage places engine block ids.
+    lineage_seed: u64,
     state: Ownership,
     plan: Vec<PlannedBlock>,
     /// Canonical hashes and addresses of the removal being applied.
@@ -81,8 +83,29 @@ pub struct PoolFilter {
 }
 
 impl PoolFilter {
-    /// An empty filter for `config`; the table is allocated fallibly.
+    /// An empty filter for `config`; the table is allocated fallibly. Lineages are keyed
+    /// by the format seed (see [`PoolFilter::with_lineage_seed`]).
     pub fn new(config: CkfConfig) -> Result<Self, ConfigError> {
+        let lineage_seed = config.format()?.seed();
+        Self::with_lineage_seed(config, lineage_seed)
+    }
+
+    /// An empty filter for `config` whose per-source lineages (engine block id →
+    /// canonical hash) place ids by `lineage_seed` instead of the published format seed.
+    ///
+    /// Engines choose their block ids, so ids crafted to collide under a known seed could
+    /// lengthen lineage probe runs; a seed the engines cannot see (chosen by the caller,
+    /// e.g. per pool generation) removes that lever. The seed changes only where ids sit
+    /// in memory: every result, counter, word and delta is the same as with
+    /// [`PoolFilter::new`].
+    ///
+    /// ```
+    /// use kvrelay_ckf::{CkfConfig, PoolFilter};
+    /// let filter = PoolFilter::with_lineage_seed(CkfConfig::new(1024), 0x5EED_1234)?;
+    /// assert_eq!(filter.format(), PoolFilter::new(CkfConfig::new(1024))?.format());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_lineage_seed(config: CkfConfig, lineage_seed: u64) -> Result<Self, ConfigError> {
         let format = config.format()?;
         let table = Table::new(format, config.max_kicks)?;
         let window = DirtyWindow::new(format.bucket_count() as usize).map_err(|failed| {
@@ -95,6 +118,7 @@ impl PoolFilter {
             format,
             max_kicks: config.max_kicks,
             lineage: KeyMap::default(),
+            lineage_seed,
             state: Ownership::new(table, window),
             plan: Vec::new(),
             removal: Vec::new(),
