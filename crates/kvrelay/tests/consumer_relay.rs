@@ -1,0 +1,420 @@
+//! The consumer library against a real relay over loopback: replicas converge to the
+//! producers' exact state, a relay restart is seen as a new incarnation (old replicas are
+//! dropped, never scored against), and a subscriber the relay cuts off for lagging
+//! resubscribes and converges again.
+//!
+//! The consumer crate tests itself against a fake relay only (layering keeps it from
+//! depending on the server); this binary crate depends on both, so the real pairing is
+//! tested here.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvrelay_ckf::{EventPayload, RouterEvent, StoredBlock, StoredBlocks};
+use kvrelay_codec::v1::{CatalogUpdate, Message, ProducerIdentity, StreamRequest, StreamRpc};
+use kvrelay_consumer::{
+    BackoffConfig, Consumer, ConsumerConfig, ReplicaStatus, ResubscribeReason, ScoreRequest,
+};
+use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
+
+/// Bound on every wait of these tests.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Pools of the example deployment.
+const EXAMPLE_POOLS: usize = 4;
+
+/// The example deployment of this repository, replayed once as fast as possible, with
+/// the WAN and admin listeners on free loopback ports.
+fn example_config() -> RelayConfig {
+    let cards = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/deployment/cards");
+    let mut config = RelayConfig {
+        dc_id: "dc-test".to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.discovery.dir = Some(cards);
+    config.workload = Some(kvrelay_server::WorkloadConfig {
+        trace: None,
+        speed: 0.0,
+        loops: 1,
+    });
+    config
+}
+
+/// A consumer of the relay at `addr` that reconnects quickly.
+fn start_consumer(addr: SocketAddr) -> Consumer {
+    let mut config = ConsumerConfig::new(vec![kvrelay_consumer::RelayConfig::new(
+        &addr.to_string(),
+        "dc-test",
+    )]);
+    config.backoff = BackoffConfig {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..BackoffConfig::default()
+    };
+    Consumer::start(config).unwrap()
+}
+
+/// Starts a relay and waits until every example pool is published.
+async fn start_relay(config: RelayConfig) -> (Relay, CatalogUpdate) {
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(EXAMPLE_POOLS))
+        .await
+        .expect("every example pool is published");
+    let catalog = relay.catalog();
+    assert_eq!(catalog.pools.len(), EXAMPLE_POOLS);
+    (relay, catalog)
+}
+
+/// An independent replica of one pool over its own stream, built on the codec.
+struct Follower {
+    stream: ProbeStream<tokio::net::TcpStream>,
+    mirror: PoolMirror,
+}
+
+impl Follower {
+    async fn subscribe(addr: SocketAddr, producer: ProducerIdentity) -> Self {
+        let request = StreamRequest {
+            subscriber_id: "consumer-relay-test-mirror".to_owned(),
+            rpc: StreamRpc::SubscribePool {
+                expected_producer: producer,
+            },
+            auth_token: None,
+        };
+        Self {
+            stream: ProbeStream::connect(addr, &request).await.unwrap(),
+            mirror: PoolMirror::new(producer).unwrap(),
+        }
+    }
+
+    /// Reads frames until the mirror holds a snapshot at `sequence` or later.
+    async fn catch_up(&mut self, sequence: u64) -> &PoolMirror {
+        while self.mirror.words().is_none() || self.mirror.sequence() < sequence {
+            let frame = tokio::time::timeout(DEADLINE, self.stream.next_frame())
+                .await
+                .expect("a frame within the deadline")
+                .unwrap()
+                .expect("the pool stream stays open");
+            if let Ok(Message::Error(error)) = Message::from_frame(&frame) {
+                panic!("relay ended the pool stream: {error:?}");
+            }
+            self.mirror.handle_frame(&frame).unwrap();
+        }
+        &self.mirror
+    }
+}
+
+/// Waits for the workload, then checks every pool: the consumer's replica is current at
+/// the producer's sequence and the follower's replica equals the producer's table bit for
+/// bit.
+async fn assert_converged(
+    relay: &Relay,
+    catalog: &CatalogUpdate,
+    consumer: &Consumer,
+    followers: &mut [Follower],
+) {
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .expect("the workload finishes");
+    relay.flush().await;
+    for (pool, follower) in catalog.pools.iter().zip(followers) {
+        let table = relay.producer_table(&pool.producer).await.unwrap();
+        let current = consumer
+            .wait_until(DEADLINE, |state, now| {
+                state.pools(now).iter().any(|status| {
+                    status.producer == pool.producer
+                        && status.replica == ReplicaStatus::Current
+                        && status.sequence == Some(table.sequence)
+                })
+            })
+            .await;
+        assert!(
+            current,
+            "pool {:?}: consumer replica not current at producer sequence {}: {:?}",
+            pool.serving_endpoint,
+            table.sequence,
+            consumer.pools()
+        );
+        let mirror = follower.catch_up(table.sequence).await;
+        assert_eq!(mirror.sequence(), table.sequence);
+        assert_eq!(
+            mirror.words().unwrap(),
+            table.words.as_slice(),
+            "pool {:?}: replica differs from its producer",
+            pool.serving_endpoint
+        );
+    }
+}
+
+async fn followers_of(addr: SocketAddr, catalog: &CatalogUpdate) -> Vec<Follower> {
+    let mut followers = Vec::new();
+    for pool in &catalog.pools {
+        followers.push(Follower::subscribe(addr, pool.producer).await);
+    }
+    followers
+}
+
+/// Base models of the catalog with their block sizes.
+fn base_models(catalog: &CatalogUpdate) -> Vec<(String, u32)> {
+    let mut models: Vec<(String, u32)> = catalog
+        .pools
+        .iter()
+        .flat_map(|pool| {
+            pool.registrations
+                .iter()
+                .filter(|registration| registration.adapter.is_none())
+                .map(|registration| {
+                    (
+                        registration.model.clone(),
+                        pool.query_semantics.kv_block_size,
+                    )
+                })
+        })
+        .collect();
+    models.sort();
+    models.dedup();
+    models
+}
+
+/// Scores the first `n` requests of the built-in trace for every base model; returns
+/// (scored, legs answered by a current replica, legs that found a cached prefix).
+fn score_trace(consumer: &Consumer, catalog: &CatalogUpdate, n: usize) -> (usize, usize, usize) {
+    let models = base_models(catalog);
+    let (mut scored, mut current_legs, mut hits) = (0, 0, 0);
+    for line in kvrelay_ingest::BUILTIN_REQUEST_TRACE
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .take(n)
+    {
+        let record: serde_json::Value = serde_json::from_str(line).unwrap();
+        let hash_ids: Vec<u64> = record["hash_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| id.as_u64().unwrap())
+            .collect();
+        for (model, block_size) in &models {
+            let request = ScoreRequest {
+                tokens: kvrelay_ingest::request_tokens(&hash_ids, *block_size, WORKLOAD_TOKEN_SEED),
+                model: model.clone(),
+                lora: None,
+                cache_namespace: None,
+            };
+            let ranking = consumer.score(&request).unwrap();
+            scored += 1;
+            for leg in ranking.candidates.iter().flat_map(|c| &c.legs) {
+                // An answer comes only from a current replica; anything else is unknown.
+                assert_eq!(
+                    leg.prefix_blocks.is_some(),
+                    leg.replica == ReplicaStatus::Current,
+                    "{leg:?}"
+                );
+                if leg.replica == ReplicaStatus::Current {
+                    current_legs += 1;
+                }
+                if leg.prefix_blocks.is_some_and(|blocks| blocks > 0) {
+                    hits += 1;
+                }
+            }
+        }
+    }
+    (scored, current_legs, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_replicas_converge_on_a_real_relay() {
+    let (relay, catalog) = start_relay(example_config()).await;
+    let addr = relay.wan_addr();
+    let consumer = start_consumer(addr);
+    // Subscribed while the workload runs, so deltas follow the snapshot.
+    let mut followers = followers_of(addr, &catalog).await;
+
+    assert_converged(&relay, &catalog, &consumer, &mut followers).await;
+
+    let (scored, current_legs, hits) = score_trace(&consumer, &catalog, 100);
+    assert!(scored > 0, "the trace's requests resolve to served models");
+    assert!(current_legs > 0, "current replicas answer");
+    assert!(hits > 0, "scoring finds the replayed prefixes on some pool");
+    let metrics = consumer.metrics();
+    assert_eq!(metrics.replicas_current, EXAMPLE_POOLS as u64);
+    assert_eq!(metrics.max_replica_sequence_lag, 0);
+
+    consumer.shutdown().await;
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_restart_is_seen_as_a_new_incarnation_and_replicas_converge_again() {
+    let config = example_config();
+    let (first, before) = start_relay(config.clone()).await;
+    let addr = first.wan_addr();
+    let consumer = start_consumer(addr);
+    let mut followers = followers_of(addr, &before).await;
+    assert_converged(&first, &before, &consumer, &mut followers).await;
+    assert!(score_trace(&consumer, &before, 20).2 > 0);
+    let old_incarnation = first.incarnation();
+
+    first.shutdown().await.unwrap();
+    // The relay is gone: every replica of its producers is dropped, and nothing scores.
+    let dropped = consumer
+        .wait_until(DEADLINE, |state, now| state.pools(now).is_empty())
+        .await;
+    assert!(
+        dropped,
+        "old replicas survive the relay: {:?}",
+        consumer.pools()
+    );
+    for (model, _) in base_models(&before) {
+        let ranking = consumer.score(&ScoreRequest {
+            tokens: (0..64).collect(),
+            model,
+            ..ScoreRequest::default()
+        });
+        assert!(
+            ranking.is_err(),
+            "scored against a relay that is gone: {ranking:?}"
+        );
+    }
+
+    // A new relay on the same WAN port: a new incarnation with new producer generations.
+    let mut again = config;
+    again.wan.listen = addr;
+    let (second, after) = start_relay(again).await;
+    assert_ne!(second.incarnation(), old_incarnation);
+    assert_ne!(
+        after.relay.relay_incarnation,
+        before.relay.relay_incarnation
+    );
+    for pool in &after.pools {
+        assert!(
+            before.pools.iter().all(|old| old.producer != pool.producer),
+            "producers are fenced by incarnation"
+        );
+    }
+    let mut followers = followers_of(addr, &after).await;
+    assert_converged(&second, &after, &consumer, &mut followers).await;
+    // Only the new incarnation's producers are replicated.
+    let pools = consumer.pools();
+    assert_eq!(pools.len(), EXAMPLE_POOLS, "{pools:?}");
+    assert!(
+        pools.iter().all(|status| after
+            .pools
+            .iter()
+            .any(|pool| pool.producer == status.producer)),
+        "{pools:?}"
+    );
+    assert!(score_trace(&consumer, &after, 20).2 > 0);
+
+    consumer.shutdown().await;
+    second.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
+    // An empty trace connects every discovered worker as a source and replays nothing;
+    // the test brings its own burst. A one-byte subscriber queue cannot hold any delta:
+    // every live subscription is cut off for lagging at the first delta it is offered,
+    // while snapshots (sent lazily, not queued) still go through.
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("empty.jsonl");
+    std::fs::write(&trace, "").unwrap();
+    let mut config = example_config();
+    config.workload = Some(kvrelay_server::WorkloadConfig {
+        trace: Some(trace),
+        speed: 0.0,
+        loops: 1,
+    });
+    config.limits.subscriber_queue_frames = 1;
+    config.limits.subscriber_queue_bytes = 1;
+    let (relay, catalog) = start_relay(config).await;
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .expect("the empty workload finishes");
+    let consumer = start_consumer(relay.wan_addr());
+    let all_current = consumer
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools
+                    .iter()
+                    .all(|status| status.replica == ReplicaStatus::Current)
+        })
+        .await;
+    assert!(all_current, "{:?}", consumer.pools());
+
+    // The burst: stored chains on every source, each flushed into its own delta.
+    let sources = relay.sources();
+    assert!(!sources.is_empty());
+    for round in 0..20u64 {
+        for (at, source) in sources.iter().enumerate() {
+            let first = (round * 100 + at as u64) * 8;
+            let blocks = (first..first + 8)
+                .map(|id| StoredBlock {
+                    engine_block_id: id,
+                    token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed,
+                })
+                .collect();
+            relay
+                .submit(RouterEvent {
+                    source: *source,
+                    event_id: round,
+                    payload: EventPayload::Stored(StoredBlocks {
+                        parent_engine_block_id: None,
+                        blocks,
+                    }),
+                })
+                .await
+                .unwrap();
+        }
+        relay.flush().await;
+    }
+
+    let lagged = consumer
+        .wait_for_metrics(DEADLINE, |metrics| {
+            metrics.resubscribes_for(ResubscribeReason::Lagged) > 0
+        })
+        .await;
+    assert!(
+        lagged,
+        "the relay cut the consumer off: {:?}",
+        consumer.metrics()
+    );
+
+    // Quiet again: a resubscription's snapshot is the producer's final state.
+    let mut followers = followers_of(relay.wan_addr(), &catalog).await;
+    let mut moved = false;
+    for (pool, follower) in catalog.pools.iter().zip(&mut followers) {
+        let table = relay.producer_table(&pool.producer).await.unwrap();
+        moved |= table.sequence > 0;
+        let current = consumer
+            .wait_until(DEADLINE, |state, now| {
+                state.pools(now).iter().any(|status| {
+                    status.producer == pool.producer
+                        && status.replica == ReplicaStatus::Current
+                        && status.sequence == Some(table.sequence)
+                })
+            })
+            .await;
+        assert!(
+            current,
+            "pool {:?}: consumer replica not current at producer sequence {}: {:?}",
+            pool.serving_endpoint,
+            table.sequence,
+            consumer.pools()
+        );
+        let mirror = follower.catch_up(table.sequence).await;
+        assert_eq!(mirror.words().unwrap(), table.words.as_slice());
+    }
+    assert!(moved, "the burst moved some producer");
+
+    consumer.shutdown().await;
+    relay.shutdown().await.unwrap();
+}
