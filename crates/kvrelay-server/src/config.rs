@@ -171,6 +171,10 @@ pub struct DiscoveryConfig {
     pub backend: DiscoveryBackend,
     /// Directory of card files (`backend = "file"`).
     pub dir: Option<PathBuf>,
+    /// A file store's `v1` directory whose `event_sources/` and `event_channels/` records
+    /// (the reference runtime's KV event adverts) add ZMQ engine sources; rescanned every
+    /// 500 ms. `[[sources]]` entries win on a `(worker_id, dp_rank)` conflict.
+    pub event_sources_dir: Option<PathBuf>,
     /// etcd endpoints (`backend = "etcd"`), e.g. `http://127.0.0.1:2379`.
     pub etcd_endpoints: Vec<String>,
     /// Namespaces to watch (empty with `watch_all` = every namespace).
@@ -186,6 +190,7 @@ impl Default for DiscoveryConfig {
         Self {
             backend: DiscoveryBackend::File,
             dir: None,
+            event_sources_dir: None,
             etcd_endpoints: Vec::new(),
             namespaces: Vec::new(),
             endpoint_prefixes: Vec::new(),
@@ -527,6 +532,16 @@ mod tests {
             err.to_string()
                 .starts_with("parsing config file relay.toml: unknown field"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn event_sources_dir_is_optional_and_read_from_the_discovery_table() {
+        assert_eq!(RelayConfig::default().discovery.event_sources_dir, None);
+        let config = parse("[discovery]\ndir = \"c\"\nevent_sources_dir = \"store/v1\"\n").unwrap();
+        assert_eq!(
+            config.discovery.event_sources_dir,
+            Some(PathBuf::from("store/v1"))
         );
     }
 

@@ -12,11 +12,6 @@
 //! honoured, else vLLM) and a ZMQ replay endpoint (the advertised recovery target is a
 //! request-plane query endpoint, which the ZMQ source cannot use).
 
-#![cfg_attr(
-    not(test),
-    expect(dead_code, reason = "the host reads adverts in the next change")
-)]
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvrelay_identity::EndpointId;

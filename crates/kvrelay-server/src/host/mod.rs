@@ -10,6 +10,7 @@
 
 mod admin_view;
 mod discovery;
+mod event_scan;
 mod publisher;
 mod pump;
 mod replay;
@@ -20,7 +21,6 @@ mod supervisor;
 mod wire;
 pub(crate) mod workload;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 
 use kvrelay_ckf::SourceId;
 use kvrelay_codec::v1::{self, RelayInfo};
-use kvrelay_identity::{DcId, DcRelayIdentity, EndpointId};
+use kvrelay_identity::{DcId, DcRelayIdentity};
 use kvrelay_membership::{DiscoveryConfig as MembershipScope, MembershipView};
 use kvrelay_pool::{PoolRegistry, RegistryConfig};
 
@@ -150,28 +150,22 @@ impl Relay {
             discovery::forward(membership, views_tx, host_cancel.clone())
                 .instrument(info_span!("discovery")),
         );
-        let mut configured_sources: BTreeMap<EndpointId, Vec<crate::config::SourceConfig>> =
-            BTreeMap::new();
-        for source in &config.sources {
-            let parts: Vec<&str> = source.endpoint.split('.').collect();
-            let endpoint = match parts.as_slice() {
-                [namespace, component, name] => EndpointId::new(namespace, component, name).ok(),
-                _ => None,
-            };
-            let Some(endpoint) = endpoint else {
+        let configured_sources = match event_scan::group(&config.sources) {
+            Ok(grouped) => grouped,
+            Err(err) => {
                 root.cancel();
-                return Err(RelayError::Config(
-                    crate::config::ConfigError::InvalidField {
-                        field: "sources.endpoint",
-                        value: source.endpoint.clone(),
-                        reason: "must be namespace.component.endpoint",
-                    },
-                ));
+                return Err(RelayError::Config(err));
+            }
+        };
+        let (sources_tx, source_updates) = watch::channel(configured_sources.clone());
+        if let Some(dir) = &config.discovery.event_sources_dir {
+            let scan = event_scan::EventScan {
+                dir: dir.clone(),
+                configured: config.sources.clone(),
+                sources: sources_tx,
+                cancel: host_cancel.clone(),
             };
-            configured_sources
-                .entry(endpoint)
-                .or_default()
-                .push(source.clone());
+            host_tracker.spawn(scan.run().instrument(info_span!("event_sources")));
         }
         let supervisor = supervisor::Supervisor {
             registry: registry.clone(),
@@ -179,6 +173,7 @@ impl Relay {
             dc_id,
             workload_sources: trace.is_some(),
             configured_sources,
+            source_updates,
             nats_server: config.nats.as_ref().map(|nats| nats.server.clone()),
             views: views_rx,
             cancel: host_cancel.clone(),

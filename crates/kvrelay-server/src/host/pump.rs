@@ -1,6 +1,7 @@
-//! Engine event sources: one ingest ZMQ source per `[[sources]]` entry (worker, rank), and
-//! one Dynamo NATS subscription per attached endpoint when `[nats]` is set. Their events go
-//! to whichever pool generation currently routes their source.
+//! Engine event sources: one ingest ZMQ source per engine source (a `[[sources]]` entry or
+//! an advertised one, per worker and rank), and one Dynamo NATS subscription per attached
+//! endpoint when `[nats]` is set. Their events go to whichever pool generation currently
+//! routes their source.
 
 use std::sync::Arc;
 use std::time::Duration;

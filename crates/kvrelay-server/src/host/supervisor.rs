@@ -56,8 +56,10 @@ pub(crate) struct Supervisor {
     pub(crate) dc_id: DcId,
     /// Whether every discovered worker has a connected source (the trace workload).
     pub(crate) workload_sources: bool,
-    /// Endpoints with statically configured sources.
+    /// Endpoints with engine sources (`[[sources]]` plus discovered adverts), current value.
     pub(crate) configured_sources: BTreeMap<EndpointId, Vec<SourceConfig>>,
+    /// Updates of `configured_sources` (closed at once when nothing discovers sources).
+    pub(crate) source_updates: watch::Receiver<BTreeMap<EndpointId, Vec<SourceConfig>>>,
     /// The NATS server carrying every endpoint's Dynamo KV events, if any.
     pub(crate) nats_server: Option<String>,
     pub(crate) views: watch::Receiver<Option<MembershipView>>,
@@ -76,6 +78,7 @@ impl Supervisor {
         let mut window_sequence = 0u64;
         let mut topology: Option<TopologyState> = None;
         self.publish_catalog(&catalog.borrow_and_update().clone());
+        let mut sources_open = true;
         loop {
             let fenced = async {
                 if attached.is_empty() {
@@ -99,6 +102,29 @@ impl Supervisor {
                         break;
                     }
                     let view = self.views.borrow_and_update().clone();
+                    if let Some(view) = view {
+                        self.reconcile(&view, &mut attached, &mut pumps).await;
+                        self.update_topology(&mut topology, &view, &attached, &catalog.borrow());
+                    }
+                }
+                changed = self.source_updates.changed(), if sources_open => {
+                    if changed.is_err() {
+                        sources_open = false;
+                        continue;
+                    }
+                    let next = self.source_updates.borrow_and_update().clone();
+                    let touched: BTreeSet<EndpointId> = self
+                        .configured_sources
+                        .keys()
+                        .chain(next.keys())
+                        .filter(|endpoint| self.configured_sources.get(*endpoint) != next.get(*endpoint))
+                        .cloned()
+                        .collect();
+                    self.configured_sources = next;
+                    for endpoint in &touched {
+                        pumps.stop(endpoint);
+                    }
+                    let view = self.views.borrow().clone();
                     if let Some(view) = view {
                         self.reconcile(&view, &mut attached, &mut pumps).await;
                         self.update_topology(&mut topology, &view, &attached, &catalog.borrow());
@@ -201,19 +227,6 @@ impl Supervisor {
                     match self.registry.attach(request).await {
                         Ok(attachment) => {
                             info!(endpoint = %endpoint.dotted(), generation = attachment.generation, "pool attached");
-                            let configured = self
-                                .configured_sources
-                                .get(&endpoint)
-                                .map_or(&[][..], Vec::as_slice);
-                            if !configured.is_empty() || self.nats_server.is_some() {
-                                pumps.start(
-                                    &endpoint,
-                                    configured,
-                                    binding.query_semantics,
-                                    self,
-                                    &self.cancel,
-                                );
-                            }
                             attached.insert(
                                 endpoint,
                                 Attached {
@@ -228,6 +241,23 @@ impl Supervisor {
                         }
                     }
                 }
+            }
+        }
+        // Start the sources of every attached endpoint whose sources are not running (new
+        // pools, and endpoints whose sources changed).
+        for (endpoint, entry) in attached.iter() {
+            let configured = self
+                .configured_sources
+                .get(endpoint)
+                .map_or(&[][..], Vec::as_slice);
+            if !configured.is_empty() || self.nats_server.is_some() {
+                pumps.start(
+                    endpoint,
+                    configured,
+                    entry.binding.query_semantics,
+                    self,
+                    &self.cancel,
+                );
             }
         }
         self.publish_routes(attached);
