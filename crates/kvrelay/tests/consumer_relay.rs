@@ -1,7 +1,8 @@
 //! The consumer library against a real relay over loopback: replicas converge to the
 //! producers' exact state, a relay restart is seen as a new incarnation (old replicas are
-//! dropped, never scored against), and a subscriber the relay cuts off for lagging
-//! resubscribes and converges again.
+//! dropped, never scored against), a subscriber the relay cuts off for lagging
+//! resubscribes and converges again, and a pool stream cut mid-snapshot (by a loopback
+//! proxy) never installs and is resubscribed.
 //!
 //! The consumer crate tests itself against a fake relay only (layering keeps it from
 //! depending on the server); this binary crate depends on both, so the real pairing is
@@ -416,5 +417,159 @@ async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
     assert!(moved, "the burst moved some producer");
 
     consumer.shutdown().await;
+    relay.shutdown().await.unwrap();
+}
+
+/// A loopback TCP proxy in front of a relay that cuts the first `cuts` pool streams of the
+/// consumer after `cut_after` bytes from the relay; everything else passes through.
+struct CuttingProxy {
+    addr: SocketAddr,
+    cut: tokio::sync::watch::Receiver<u32>,
+    pool_streams: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttingProxy {
+    async fn start(relay: SocketAddr, cuts: u32, cut_after: usize) -> Self {
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut_tx, cut) = tokio::sync::watch::channel(0u32);
+        let cut_tx = std::sync::Arc::new(cut_tx);
+        let pool_streams = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = std::sync::Arc::clone(&pool_streams);
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let cut_tx = std::sync::Arc::clone(&cut_tx);
+                let counter = std::sync::Arc::clone(&counter);
+                connections.spawn(async move {
+                    let _ =
+                        proxy_connection(client, relay, (cuts, cut_after), &cut_tx, &counter).await;
+                });
+            }
+        });
+        Self {
+            addr,
+            cut,
+            pool_streams,
+            task,
+        }
+    }
+}
+
+impl Drop for CuttingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn proxy_connection(
+    mut client: tokio::net::TcpStream,
+    relay: SocketAddr,
+    (cuts, cut_after): (u32, usize),
+    cut_tx: &tokio::sync::watch::Sender<u32>,
+    pool_streams: &std::sync::atomic::AtomicU32,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut upstream = tokio::net::TcpStream::connect(relay).await?;
+    // The stream request arrives in one write; its subscriber id names the stream.
+    let mut request = vec![0u8; 64 * 1024];
+    let n = client.read(&mut request).await?;
+    request.truncate(n);
+    let is_pool = request
+        .windows(b"kvrelay-consumer/pool".len())
+        .any(|window| window == b"kvrelay-consumer/pool");
+    let mut cut_here = false;
+    if is_pool {
+        pool_streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        cut_tx.send_if_modified(|done| {
+            cut_here = *done < cuts;
+            if cut_here {
+                *done += 1;
+            }
+            false
+        });
+    }
+    upstream.write_all(&request).await?;
+    let (mut client_read, mut client_write) = client.split();
+    let (mut relay_read, mut relay_write) = upstream.split();
+    let upward = tokio::io::copy(&mut client_read, &mut relay_write);
+    let downward = async {
+        let mut sent = 0usize;
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let n = relay_read.read(&mut buffer).await?;
+            if n == 0 {
+                return Ok::<(), std::io::Error>(());
+            }
+            let n = if cut_here { n.min(cut_after - sent) } else { n };
+            client_write.write_all(&buffer[..n]).await?;
+            sent += n;
+            if cut_here && sent >= cut_after {
+                return Ok(());
+            }
+        }
+    };
+    tokio::select! {
+        _ = upward => {}
+        _ = downward => {}
+    }
+    if cut_here {
+        // Announce the cut only once the connection is really gone.
+        drop(client);
+        drop(upstream);
+        cut_tx.send_modify(|_| {});
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_snapshot_never_installs_and_the_replica_recovers() {
+    // The smallest example pool has 16384 buckets: a dense snapshot of 128 KiB in one
+    // chunk, so a cut after 32 KiB always falls inside the first snapshot frame.
+    const CUT_AFTER: usize = 32 * 1024;
+    let (relay, catalog) = start_relay(example_config()).await;
+    assert!(
+        catalog
+            .pools
+            .iter()
+            .all(|pool| pool.producer.ckf_format.bucket_count * 8 > 2 * CUT_AFTER as u64)
+    );
+    let cuts = EXAMPLE_POOLS as u32;
+    let proxy = CuttingProxy::start(relay.wan_addr(), cuts, CUT_AFTER).await;
+    let consumer = start_consumer(proxy.addr);
+
+    let mut cut = proxy.cut.clone();
+    tokio::time::timeout(DEADLINE, cut.wait_for(|done| *done >= cuts))
+        .await
+        .expect("the first pool streams are cut")
+        .unwrap();
+    let resubscribed = consumer
+        .wait_for_metrics(DEADLINE, |metrics| {
+            metrics.resubscribes_for(ResubscribeReason::Disconnected) >= u64::from(cuts)
+        })
+        .await;
+    assert!(resubscribed, "{:?}", consumer.metrics());
+
+    let mut followers = followers_of(relay.wan_addr(), &catalog).await;
+    assert_converged(&relay, &catalog, &consumer, &mut followers).await;
+    let (_, current_legs, hits) = score_trace(&consumer, &catalog, 50);
+    assert!(current_legs > 0 && hits > 0);
+    // Every pool stream that was not cut installed its snapshot; no cut one did.
+    let opened = proxy.pool_streams.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        consumer.metrics().snapshots_installed,
+        u64::from(opened - cuts),
+        "{:?}",
+        consumer.metrics()
+    );
+
+    consumer.shutdown().await;
+    drop(proxy);
     relay.shutdown().await.unwrap();
 }
