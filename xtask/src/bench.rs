@@ -3,7 +3,8 @@
 //! Every benchmark group measures its own baseline (ids starting with `baseline`) in the
 //! same run, so the summary reports ratios that survive a noisy, shared machine:
 //! `ratio = baseline time per element / our time per element` (above 1: faster than the
-//! baseline). Results are read from criterion's `target/criterion/**/new/*.json`.
+//! baseline; whole iterations are compared when the two declare different amounts of work).
+//! Results are read from criterion's `target/criterion/**/new/*.json`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -229,17 +230,32 @@ fn ns_per_element(result: &BenchResult) -> f64 {
     }
 }
 
-/// The same-run baseline of `result`: same group, id starting with `baseline`, and the
-/// same parameter value when the baseline has one.
+/// Whether a result is a baseline: its function id (or, for benches named only by a
+/// parameter, its parameter) starts with `baseline`.
+fn is_baseline(result: &BenchResult) -> bool {
+    result.function.starts_with("baseline")
+        || (result.function.is_empty()
+            && result
+                .value
+                .as_deref()
+                .is_some_and(|v| v.starts_with("baseline")))
+}
+
+/// The same-run baseline of `result`: same group, a baseline id, and the same parameter
+/// value when the baseline has one.
 fn baseline_for<'a>(result: &BenchResult, all: &'a [BenchResult]) -> Option<&'a BenchResult> {
-    let in_group = all
+    let candidates: Vec<&BenchResult> = all
         .iter()
-        .filter(|r| r.group == result.group && r.function.starts_with("baseline") && r != &result);
-    let candidates: Vec<&BenchResult> = in_group.collect();
+        .filter(|r| r.group == result.group && is_baseline(r) && *r != result)
+        .collect();
     candidates
         .iter()
-        .find(|r| r.value == result.value)
-        .or_else(|| candidates.iter().find(|r| r.value.is_none()))
+        .find(|r| !r.function.is_empty() && r.value == result.value)
+        .or_else(|| {
+            candidates
+                .iter()
+                .find(|r| r.value.is_none() || r.function.is_empty())
+        })
         .or_else(|| {
             if candidates.len() == 1 {
                 candidates.first()
@@ -248,6 +264,20 @@ fn baseline_for<'a>(result: &BenchResult, all: &'a [BenchResult]) -> Option<&'a 
             }
         })
         .copied()
+}
+
+/// `baseline / ours`, per throughput element when both declare the same amount of work,
+/// else per iteration (e.g. a one-card update against a full projection).
+fn ratio(base: &BenchResult, result: &BenchResult) -> f64 {
+    let same_amount = match (base.throughput, result.throughput) {
+        (Some(a), Some(b)) => a.amount() == b.amount(),
+        _ => true,
+    };
+    if same_amount {
+        ns_per_element(base) / ns_per_element(result)
+    } else {
+        base.mean_ns / result.mean_ns
+    }
 }
 
 fn format_time(ns: f64) -> String {
@@ -284,12 +314,12 @@ pub(crate) fn render(results: &[BenchResult]) -> String {
     let mut groups: BTreeMap<&str, usize> = BTreeMap::new();
     for result in results {
         *groups.entry(result.group.as_str()).or_default() += 1;
-        let ratio = if result.function.starts_with("baseline") {
+        let ratio = if is_baseline(result) {
             "(baseline)".to_owned()
         } else {
             baseline_for(result, results).map_or_else(
                 || "-".to_owned(),
-                |base| format!("{:.2}×", ns_per_element(base) / ns_per_element(result)),
+                |base| format!("{:.2}×", ratio(base, result)),
             )
         };
         out.push_str(&format!(
@@ -341,6 +371,27 @@ mod tests {
             table.contains("| g | ours | 128 | 50.0 ns | 2560.00 M elem/s | 2.00× |"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn benches_named_by_parameter_find_their_baseline() {
+        let mut base = result("", Some("baseline-msgpack"), 100.0, 10);
+        base.group = "decode".into();
+        let mut ours = result("", Some("decode"), 50.0, 10);
+        ours.group = "decode".into();
+        let table = render(&[base, ours]);
+        assert!(table.contains("(baseline)"), "{table}");
+        assert!(table.contains("2.00×"), "{table}");
+    }
+
+    #[test]
+    fn different_amounts_of_work_compare_whole_iterations() {
+        let results = vec![
+            result("baseline-full", None, 1_000_000.0, 10_000),
+            result("update", None, 1_000.0, 1),
+        ];
+        let table = render(&results);
+        assert!(table.contains("1000.00×"), "{table}");
     }
 
     #[test]
