@@ -11,7 +11,9 @@ use kvrelay_ckf::{
 use kvrelay_codec::v1::{self, Message, PoolPayload};
 
 use super::tests::Gates;
-use super::tests::behaviour::{pool, registry_with, request, stored_event, test_limits};
+use super::tests::behaviour::{
+    attach_llama, pool, registry_with, request, stored_event, test_limits,
+};
 use super::*;
 use crate::actor::FaultCategory;
 use crate::error::{ActorError, SubscriptionEnd};
@@ -158,10 +160,7 @@ async fn subscriber_replica_is_bit_identical_to_the_producer() {
         },
         Gates::default(),
     );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     let mut replica = WireReplica::new(&attachment.identity());
     let a = SourceId::new(1, 0);
@@ -211,10 +210,7 @@ async fn lagging_subscriber_is_cut_off_while_others_keep_up() {
         },
         Gates::default(),
     );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut slow = registry.subscribe(attachment.identity()).await.unwrap();
     let mut fast = registry.subscribe(attachment.identity()).await.unwrap();
     let mut replica = WireReplica::new(&attachment.identity());
@@ -248,10 +244,7 @@ async fn byte_budget_cuts_off_a_subscriber() {
         },
         Gates::default(),
     );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut slow = registry.subscribe(attachment.identity()).await.unwrap();
     for id in 1..=4 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
@@ -270,10 +263,7 @@ async fn quiet_stream_yields_heartbeats_at_the_last_sequence() {
         },
         Gates::default(),
     );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     attachment.actor.submit(stored_event(1)).await.unwrap();
     attachment.actor.flush().await.unwrap();
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
@@ -299,10 +289,7 @@ async fn stalled_snapshot_consumer_times_out_without_fencing() {
         },
         Gates::default(),
     );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     tokio::time::advance(Duration::from_secs(61)).await;
     assert_eq!(
@@ -320,10 +307,7 @@ async fn stalled_snapshot_consumer_times_out_without_fencing() {
 #[tokio::test]
 async fn shutdown_ends_subscriptions_and_leaves_no_task() {
     let registry = registry_with(test_limits(), Gates::default());
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     let actor = attachment.actor.clone();
     registry.shutdown().await;
@@ -357,10 +341,7 @@ async fn overrun_hub_resnapshots_and_cuts_off_its_subscribers() {
         },
         Gates::default(),
     );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     // Hold every encoding permit: the hub stalls on its first delta while the actor
     // publishes more than its feed holds.
@@ -397,18 +378,8 @@ async fn overrun_hub_resnapshots_and_cuts_off_its_subscribers() {
 
 #[tokio::test(start_paused = true)]
 async fn deltas_are_batched_every_n_events() {
-    let registry = registry_with(
-        Limits {
-            publish_every_n_events: 4,
-            publication_delay: Duration::from_secs(3600),
-            ..test_limits()
-        },
-        Gates::default(),
-    );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let registry = batching_registry(4, Duration::from_secs(3600));
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let subscription = registry.subscribe(attachment.identity()).await.unwrap();
     for id in 1..=3 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
@@ -424,18 +395,8 @@ async fn deltas_are_batched_every_n_events() {
 
 #[tokio::test(start_paused = true)]
 async fn sparse_tail_is_published_after_the_publication_delay() {
-    let registry = registry_with(
-        Limits {
-            publish_every_n_events: 16,
-            publication_delay: Duration::from_millis(5),
-            ..test_limits()
-        },
-        Gates::default(),
-    );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let registry = batching_registry(16, Duration::from_millis(5));
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     let chunk = subscription.next_frame().await.unwrap();
     let submitted = tokio::time::Instant::now();
@@ -458,18 +419,8 @@ async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
         (RetirementMode::Graceful, true),
         (RetirementMode::Fenced, false),
     ] {
-        let registry = registry_with(
-            Limits {
-                publish_every_n_events: 16,
-                publication_delay: Duration::from_secs(3600),
-                ..test_limits()
-            },
-            Gates::default(),
-        );
-        let attachment = registry
-            .attach(request(pool(1), "a.b.c", "llama"))
-            .await
-            .unwrap();
+        let registry = batching_registry(16, Duration::from_secs(3600));
+        let attachment = attach_llama(&registry, 1, "a.b.c").await;
         let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
         subscription.next_frame().await.unwrap();
         attachment.actor.submit(stored_event(1)).await.unwrap();
@@ -494,10 +445,7 @@ async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
 #[tokio::test]
 async fn source_protocol_errors_are_reported_as_faults() {
     let registry = registry_with(test_limits(), Gates::default());
-    let mut attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let mut attachment = attach_llama(&registry, 1, "a.b.c").await;
     let source = SourceId::new(9, 2);
     attachment
         .actor
@@ -523,10 +471,7 @@ async fn source_protocol_errors_are_reported_as_faults() {
 #[tokio::test]
 async fn clearing_a_source_drops_only_its_blocks() {
     let registry = registry_with(test_limits(), Gates::default());
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let a = SourceId::new(1, 0);
     let a_rank1 = SourceId::new(1, 1);
     attachment
@@ -558,10 +503,7 @@ async fn block_permits_are_returned_after_apply() {
         },
         Gates::default(),
     );
-    let attachment = registry
-        .attach(request(pool(1), "a.b.c", "llama"))
-        .await
-        .unwrap();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     // An event larger than the whole budget is admitted with the capped weight.
     attachment
         .actor
@@ -582,4 +524,16 @@ async fn block_permits_are_returned_after_apply() {
         10
     );
     registry.detach(attachment).await;
+}
+
+/// A registry that publishes every `every_n_events` events or after `delay`, whichever is first.
+fn batching_registry(every_n_events: u32, delay: Duration) -> PoolRegistry {
+    registry_with(
+        Limits {
+            publish_every_n_events: every_n_events,
+            publication_delay: delay,
+            ..test_limits()
+        },
+        Gates::default(),
+    )
 }

@@ -113,6 +113,49 @@ pub(super) mod behaviour {
         (Gate(Some(semaphore.clone())), semaphore)
     }
 
+    /// A one-hub registry whose idle-hub eviction waits on the returned semaphore.
+    fn eviction_gated_single_hub() -> (PoolRegistry, Arc<Semaphore>) {
+        let (eviction, eviction_gate) = closed_gate();
+        let registry = hub_limited(
+            1,
+            Gates {
+                eviction,
+                ..Gates::default()
+            },
+        );
+        (registry, eviction_gate)
+    }
+
+    /// Attaches `pool(seed)` at `endpoint` serving the `llama` model.
+    pub(crate) async fn attach_llama(
+        registry: &PoolRegistry,
+        seed: u8,
+        endpoint: &str,
+    ) -> PoolAttachment {
+        registry
+            .attach(request(pool(seed), endpoint, "llama"))
+            .await
+            .unwrap()
+    }
+
+    /// Subscribes to `producer` on a spawned task, so the caller can race it.
+    fn spawn_subscribe(
+        registry: &PoolRegistry,
+        producer: ProducerIdentity,
+    ) -> tokio::task::JoinHandle<Result<crate::subscription::PoolSubscription, SubscribeError>>
+    {
+        let registry = registry.clone();
+        tokio::spawn(async move { registry.subscribe(producer).await })
+    }
+
+    /// Waits until the hub of `generation` has been claimed for idle eviction.
+    async fn wait_for_eviction_claim(registry: &PoolRegistry, generation: u64) {
+        wait_for("the idle hub to be claimed", || {
+            phase(registry, generation) == "evicting"
+        })
+        .await;
+    }
+
     fn model(name: &str) -> CanonicalModelId {
         CanonicalModelId::new(name).unwrap()
     }
@@ -216,14 +259,8 @@ pub(super) mod behaviour {
     async fn one_model_binds_to_independent_pools() {
         // spec: one_model_binds_to_independent_pools
         let registry = registry();
-        let first = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
-        let second = registry
-            .attach(request(pool(2), "slow.router.generate", "llama"))
-            .await
-            .unwrap();
+        let first = attach_llama(&registry, 1, "fast.router.generate").await;
+        let second = attach_llama(&registry, 2, "slow.router.generate").await;
 
         let catalog = registry.catalog();
         assert_eq!(registry.stats().pools, 2);
@@ -248,10 +285,7 @@ pub(super) mod behaviour {
     async fn actor_drains_images_without_a_subscriber() {
         // spec: default_registry_materializes_publication_images_eagerly
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         attachment.actor.submit(stored_event(1)).await.unwrap();
         attachment.actor.flush().await.unwrap();
         let stats = attachment.actor.stats().await.unwrap();
@@ -338,10 +372,7 @@ pub(super) mod behaviour {
     async fn registration_updates_remain_pool_local() {
         // spec: registration_updates_remain_pool_local
         let registry = registry();
-        let mut first = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let mut first = attach_llama(&registry, 1, "fast.router.generate").await;
         let mut second = registry
             .attach(request(pool(2), "slow.router.generate", "mistral"))
             .await
@@ -472,10 +503,7 @@ pub(super) mod behaviour {
     async fn one_pool_cannot_be_owned_by_two_endpoints() {
         // spec: one_pool_cannot_be_owned_by_two_endpoints
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "first.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "first.router.generate").await;
         let error = registry
             .attach(request(pool(1), "second.router.generate", "llama"))
             .await
@@ -543,10 +571,7 @@ pub(super) mod behaviour {
 
         gated.release.send(()).unwrap();
         within("builder finish", gated.finished).await.unwrap();
-        let attachment = registry
-            .attach(request(pool(1), "second.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "second.router.generate").await;
         registry.detach(attachment).await;
     }
 
@@ -636,16 +661,10 @@ pub(super) mod behaviour {
     async fn reattaching_a_pool_allocates_a_new_layout_generation() {
         // spec: reattaching_a_pool_allocates_a_new_layout_generation
         let registry = registry();
-        let first = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let first = attach_llama(&registry, 1, "fast.router.generate").await;
         let first_generation = first.generation;
         registry.detach(first).await;
-        let replacement = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let replacement = attach_llama(&registry, 1, "fast.router.generate").await;
         assert!(replacement.generation > first_generation);
         registry.detach(replacement).await;
     }
@@ -663,14 +682,8 @@ pub(super) mod behaviour {
             limits: test_limits(),
         })
         .unwrap();
-        let first = first_registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
-        let second = second_registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let first = attach_llama(&first_registry, 1, "fast.router.generate").await;
+        let second = attach_llama(&second_registry, 1, "fast.router.generate").await;
         assert_ne!(first.identity(), second.identity());
         assert_eq!(first.generation, second.generation);
         first_registry.detach(first).await;
@@ -681,10 +694,7 @@ pub(super) mod behaviour {
     async fn withdraw_removes_catalog_before_actor_retirement() {
         // spec: withdraw_removes_catalog_before_actor_retirement
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         assert!(
             registry
                 .withdraw(
@@ -704,10 +714,7 @@ pub(super) mod behaviour {
     async fn adapter_registration_changes_without_replacing_pool_generation() {
         // spec: adapter_registration_changes_without_replacing_pool_generation
         let registry = registry();
-        let mut attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let mut attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let generation = attachment.generation;
         let revision = registry.catalog().revision();
         registry
@@ -744,10 +751,7 @@ pub(super) mod behaviour {
     async fn declared_role_change_updates_catalog_without_replacing_generation() {
         // spec: declared_role_change_updates_catalog_without_replacing_generation
         let registry = registry();
-        let mut attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let mut attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let producer = attachment.identity();
         registry
             .replace_roles(&mut attachment, vec![WorkerRole::Decode])
@@ -806,10 +810,7 @@ pub(super) mod behaviour {
     async fn fencing_withdraws_pool_from_catalog() {
         // spec: fencing_withdraws_pool_from_catalog
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let actor = attachment.actor.clone();
         registry.retire(attachment, RetirementMode::Fenced).await;
         assert!(registry.watch_catalog().borrow().is_empty());
@@ -821,10 +822,7 @@ pub(super) mod behaviour {
     async fn fencing_withdraws_only_the_target_pool_descriptor() {
         // spec: fencing_withdraws_only_the_target_pool_descriptor
         let registry = registry();
-        let with_alias = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let with_alias = attach_llama(&registry, 1, "fast.router.generate").await;
         let mut req = request(pool(2), "slow.router.generate", "llama");
         req.registrations = vec![CanonicalModelRegistration::base(model("llama"), vec![])];
         let without_alias = registry.attach(req).await.unwrap();
@@ -843,10 +841,7 @@ pub(super) mod behaviour {
     async fn publication_hub_is_lazy_and_shared_by_concurrent_subscribers() {
         // spec: publication_hub_is_lazy_and_shared_by_concurrent_subscribers
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let producer = attachment.identity();
         assert_eq!(phase(&registry, attachment.generation), "vacant");
         let tasks: Vec<_> = (0..8)
@@ -878,14 +873,8 @@ pub(super) mod behaviour {
     async fn initialized_hub_limit_protects_active_hubs_and_reclaims_idle_hubs() {
         // spec: initialized_hub_limit_protects_active_hubs_and_reclaims_idle_hubs
         let registry = hub_limited(1, Gates::default());
-        let first = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
-        let second = registry
-            .attach(request(pool(2), "slow.router.generate", "llama"))
-            .await
-            .unwrap();
+        let first = attach_llama(&registry, 1, "fast.router.generate").await;
+        let second = attach_llama(&registry, 2, "slow.router.generate").await;
 
         let first_subscription = registry.subscribe(first.identity()).await.unwrap();
         let error = registry.subscribe(second.identity()).await.unwrap_err();
@@ -915,14 +904,8 @@ pub(super) mod behaviour {
     async fn pending_admission_prevents_idle_hub_eviction() {
         // spec: pending_admission_prevents_idle_hub_eviction
         let registry = hub_limited(1, Gates::default());
-        let first = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
-        let second = registry
-            .attach(request(pool(2), "slow.router.generate", "llama"))
-            .await
-            .unwrap();
+        let first = attach_llama(&registry, 1, "fast.router.generate").await;
+        let second = attach_llama(&registry, 2, "slow.router.generate").await;
         drop(registry.subscribe(first.identity()).await.unwrap());
         let admission = registry
             .inner
@@ -950,42 +933,15 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn concurrent_pressure_claims_one_idle_victim() {
         // spec: concurrent_pressure_claims_one_idle_victim
-        let (eviction, eviction_gate) = closed_gate();
-        let registry = hub_limited(
-            1,
-            Gates {
-                eviction,
-                ..Gates::default()
-            },
-        );
-        let first = registry
-            .attach(request(pool(1), "first.router.generate", "llama"))
-            .await
-            .unwrap();
-        let second = registry
-            .attach(request(pool(2), "second.router.generate", "llama"))
-            .await
-            .unwrap();
-        let third = registry
-            .attach(request(pool(3), "third.router.generate", "llama"))
-            .await
-            .unwrap();
+        let (registry, eviction_gate) = eviction_gated_single_hub();
+        let first = attach_llama(&registry, 1, "first.router.generate").await;
+        let second = attach_llama(&registry, 2, "second.router.generate").await;
+        let third = attach_llama(&registry, 3, "third.router.generate").await;
         drop(registry.subscribe(first.identity()).await.unwrap());
 
-        let second_subscribe = tokio::spawn({
-            let registry = registry.clone();
-            let producer = second.identity();
-            async move { registry.subscribe(producer).await }
-        });
-        wait_for("the idle hub to be claimed", || {
-            phase(&registry, first.generation) == "evicting"
-        })
-        .await;
-        let third_subscribe = tokio::spawn({
-            let registry = registry.clone();
-            let producer = third.identity();
-            async move { registry.subscribe(producer).await }
-        });
+        let second_subscribe = spawn_subscribe(&registry, second.identity());
+        wait_for_eviction_claim(&registry, first.generation).await;
+        let third_subscribe = spawn_subscribe(&registry, third.identity());
         eviction_gate.add_permits(1);
 
         let second_subscription = within("second", second_subscribe).await.unwrap().unwrap();
@@ -1007,32 +963,12 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn generation_retirement_wins_idle_eviction_race() {
         // spec: generation_retirement_wins_idle_eviction_race
-        let (eviction, eviction_gate) = closed_gate();
-        let registry = hub_limited(
-            1,
-            Gates {
-                eviction,
-                ..Gates::default()
-            },
-        );
-        let first = registry
-            .attach(request(pool(1), "first.router.generate", "llama"))
-            .await
-            .unwrap();
-        let second = registry
-            .attach(request(pool(2), "second.router.generate", "llama"))
-            .await
-            .unwrap();
+        let (registry, eviction_gate) = eviction_gated_single_hub();
+        let first = attach_llama(&registry, 1, "first.router.generate").await;
+        let second = attach_llama(&registry, 2, "second.router.generate").await;
         drop(registry.subscribe(first.identity()).await.unwrap());
-        let second_subscribe = tokio::spawn({
-            let registry = registry.clone();
-            let producer = second.identity();
-            async move { registry.subscribe(producer).await }
-        });
-        wait_for("the idle hub to be claimed", || {
-            phase(&registry, first.generation) == "evicting"
-        })
-        .await;
+        let second_subscribe = spawn_subscribe(&registry, second.identity());
+        wait_for_eviction_claim(&registry, first.generation).await;
 
         assert!(registry.fence_generation(
             first.pool,
@@ -1055,36 +991,13 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn requester_retirement_does_not_abandon_claimed_idle_eviction() {
         // spec: requester_retirement_does_not_abandon_claimed_idle_eviction
-        let (eviction, eviction_gate) = closed_gate();
-        let registry = hub_limited(
-            1,
-            Gates {
-                eviction,
-                ..Gates::default()
-            },
-        );
-        let first = registry
-            .attach(request(pool(1), "first.router.generate", "llama"))
-            .await
-            .unwrap();
-        let second = registry
-            .attach(request(pool(2), "second.router.generate", "llama"))
-            .await
-            .unwrap();
-        let third = registry
-            .attach(request(pool(3), "third.router.generate", "llama"))
-            .await
-            .unwrap();
+        let (registry, eviction_gate) = eviction_gated_single_hub();
+        let first = attach_llama(&registry, 1, "first.router.generate").await;
+        let second = attach_llama(&registry, 2, "second.router.generate").await;
+        let third = attach_llama(&registry, 3, "third.router.generate").await;
         drop(registry.subscribe(first.identity()).await.unwrap());
-        let second_subscribe = tokio::spawn({
-            let registry = registry.clone();
-            let producer = second.identity();
-            async move { registry.subscribe(producer).await }
-        });
-        wait_for("the idle hub to be claimed", || {
-            phase(&registry, first.generation) == "evicting"
-        })
-        .await;
+        let second_subscribe = spawn_subscribe(&registry, second.identity());
+        wait_for_eviction_claim(&registry, first.generation).await;
 
         assert!(registry.fence_generation(
             second.pool,
@@ -1124,10 +1037,7 @@ pub(super) mod behaviour {
     async fn terminal_hub_failure_withdraws_catalog_and_load_visibility() {
         // spec: terminal_hub_failure_withdraws_catalog_and_load_visibility
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
         assert_eq!(registry.catalog().len(), 1);
         assert_eq!(registry.load().len(), 1);
@@ -1150,18 +1060,12 @@ pub(super) mod behaviour {
     async fn stale_generation_cannot_fence_or_initialize_replacement_hub() {
         // spec: stale_generation_cannot_fence_or_initialize_replacement_hub
         let registry = registry();
-        let first = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let first = attach_llama(&registry, 1, "fast.router.generate").await;
         let stale_generation = first.generation;
         let stale_producer = first.identity();
         registry.detach(first).await;
 
-        let replacement = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let replacement = attach_llama(&registry, 1, "fast.router.generate").await;
         let current = replacement.identity();
         assert_ne!(stale_producer, current);
         assert!(!registry.fence_generation(pool(1), stale_generation, "stale terminal callback"));
@@ -1193,10 +1097,7 @@ pub(super) mod behaviour {
     async fn delta_published_before_snapshot_is_consumed_still_follows_it() {
         // spec: publication_source_streams_snapshot_before_concurrent_delta
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let producer = attachment.identity();
         let mut subscription = registry.subscribe(producer).await.unwrap();
         attachment.actor.submit(stored_event(1)).await.unwrap();
@@ -1223,10 +1124,7 @@ pub(super) mod behaviour {
             },
             Gates::default(),
         );
-        let first = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let first = attach_llama(&registry, 1, "fast.router.generate").await;
         let stale = first.identity();
         let mut stream = registry.subscribe(stale).await.unwrap();
         let error = registry.subscribe(stale).await.unwrap_err();
@@ -1245,10 +1143,7 @@ pub(super) mod behaviour {
         );
         drop(stream);
 
-        let replacement = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let replacement = attach_llama(&registry, 1, "fast.router.generate").await;
         let error = registry.subscribe(stale).await.unwrap_err();
         assert!(
             matches!(error, SubscribeError::ProducerMismatch { .. }),
@@ -1277,16 +1172,9 @@ pub(super) mod behaviour {
                 ..Gates::default()
             },
         );
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let generation = attachment.generation;
-        let subscriber = tokio::spawn({
-            let registry = registry.clone();
-            let producer = attachment.identity();
-            async move { registry.subscribe(producer).await }
-        });
+        let subscriber = spawn_subscribe(&registry, attachment.identity());
         wait_for("initialisation to start", || {
             phase(&registry, generation) == "initializing"
         })
@@ -1329,16 +1217,9 @@ pub(super) mod behaviour {
                 ..Gates::default()
             },
         );
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         let generation = attachment.generation;
-        let subscriber = tokio::spawn({
-            let registry = registry.clone();
-            let producer = attachment.identity();
-            async move { registry.subscribe(producer).await }
-        });
+        let subscriber = spawn_subscribe(&registry, attachment.identity());
         wait_for("the actor to be attached", || {
             phase(&registry, generation) == "initializing"
         })
@@ -1551,10 +1432,7 @@ pub(super) mod behaviour {
         ));
         registry.detach(attachment).await;
 
-        let replacement = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let replacement = attach_llama(&registry, 1, "fast.router.generate").await;
         assert_ne!(replacement.generation, old_generation);
         assert_ne!(replacement.identity(), old_producer);
         assert!(
@@ -1573,10 +1451,7 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn dropping_the_last_registry_handle_ends_every_task() {
         let registry = registry();
-        let subscribed = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let subscribed = attach_llama(&registry, 1, "fast.router.generate").await;
         let idle = registry
             .attach(request(pool(2), "slow.router.generate", "mistral"))
             .await
@@ -1620,10 +1495,7 @@ pub(super) mod behaviour {
     #[tokio::test]
     async fn dropping_one_registry_clone_keeps_the_registry_running() {
         let registry = registry();
-        let attachment = registry
-            .attach(request(pool(1), "fast.router.generate", "llama"))
-            .await
-            .unwrap();
+        let attachment = attach_llama(&registry, 1, "fast.router.generate").await;
         drop(registry.clone());
         assert!(!registry.inner.shutdown.is_cancelled());
         assert!(!attachment.actor.is_stopped());
