@@ -148,12 +148,21 @@ pub(super) mod behaviour {
         tokio::spawn(async move { registry.subscribe(producer).await })
     }
 
-    /// Waits until the hub of `generation` has been claimed for idle eviction.
-    async fn wait_for_eviction_claim(registry: &PoolRegistry, generation: u64) {
+    /// Leaves `victim`'s hub initialised but idle, then subscribes `requester` on a spawned
+    /// task and waits until that subscription has claimed the victim's hub for eviction.
+    async fn claim_idle_hub(
+        registry: &PoolRegistry,
+        victim: &PoolAttachment,
+        requester: &PoolAttachment,
+    ) -> tokio::task::JoinHandle<Result<crate::subscription::PoolSubscription, SubscribeError>>
+    {
+        drop(registry.subscribe(victim.identity()).await.unwrap());
+        let requester_subscribe = spawn_subscribe(registry, requester.identity());
         wait_for("the idle hub to be claimed", || {
-            phase(registry, generation) == "evicting"
+            phase(registry, victim.generation) == "evicting"
         })
         .await;
+        requester_subscribe
     }
 
     fn model(name: &str) -> CanonicalModelId {
@@ -937,10 +946,7 @@ pub(super) mod behaviour {
         let first = attach_llama(&registry, 1, "first.router.generate").await;
         let second = attach_llama(&registry, 2, "second.router.generate").await;
         let third = attach_llama(&registry, 3, "third.router.generate").await;
-        drop(registry.subscribe(first.identity()).await.unwrap());
-
-        let second_subscribe = spawn_subscribe(&registry, second.identity());
-        wait_for_eviction_claim(&registry, first.generation).await;
+        let second_subscribe = claim_idle_hub(&registry, &first, &second).await;
         let third_subscribe = spawn_subscribe(&registry, third.identity());
         eviction_gate.add_permits(1);
 
@@ -966,9 +972,7 @@ pub(super) mod behaviour {
         let (registry, eviction_gate) = eviction_gated_single_hub();
         let first = attach_llama(&registry, 1, "first.router.generate").await;
         let second = attach_llama(&registry, 2, "second.router.generate").await;
-        drop(registry.subscribe(first.identity()).await.unwrap());
-        let second_subscribe = spawn_subscribe(&registry, second.identity());
-        wait_for_eviction_claim(&registry, first.generation).await;
+        let second_subscribe = claim_idle_hub(&registry, &first, &second).await;
 
         assert!(registry.fence_generation(
             first.pool,
@@ -995,9 +999,7 @@ pub(super) mod behaviour {
         let first = attach_llama(&registry, 1, "first.router.generate").await;
         let second = attach_llama(&registry, 2, "second.router.generate").await;
         let third = attach_llama(&registry, 3, "third.router.generate").await;
-        drop(registry.subscribe(first.identity()).await.unwrap());
-        let second_subscribe = spawn_subscribe(&registry, second.identity());
-        wait_for_eviction_claim(&registry, first.generation).await;
+        let second_subscribe = claim_idle_hub(&registry, &first, &second).await;
 
         assert!(registry.fence_generation(
             second.pool,
