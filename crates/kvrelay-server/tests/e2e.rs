@@ -253,23 +253,7 @@ async fn after_a_restart_consumers_see_a_new_incarnation_and_converge() {
     second.flush().await;
     for pool in &after.pools {
         let table = second.producer_table(&pool.producer).await.unwrap();
-        let mut stream = ProbeStream::connect(
-            addr,
-            &request(StreamRpc::SubscribePool {
-                expected_producer: pool.producer,
-            }),
-        )
-        .await
-        .unwrap();
-        let mut mirror = PoolMirror::new(pool.producer).unwrap();
-        while mirror.words().is_none() || mirror.sequence() < table.sequence {
-            let frame = tokio::time::timeout(DEADLINE, stream.next_frame())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
-            mirror.handle_frame(&frame).unwrap();
-        }
+        let mirror = support::mirror_until(addr, pool.producer, table.sequence).await;
         assert_eq!(mirror.words().unwrap(), table.words.as_slice());
     }
     second.shutdown().await.unwrap();

@@ -14,9 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvrelay_codec::v1::StreamRpc;
-use kvrelay_server::{NatsConfig, PoolMirror, ProbeStream, Relay, RelayConfig};
-use support::{DEADLINE, request, write_card};
+use kvrelay_server::{NatsConfig, Relay};
+use support::{DEADLINE, first_pool_holds_blocks, mirror_until, single_worker};
 
 /// A `nats-server` child on 127.0.0.1, killed on drop.
 struct NatsServer {
@@ -75,24 +74,7 @@ impl Drop for NatsServer {
 async fn dynamo_events_on_nats_reach_a_wan_replica() {
     let server = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let cards = dir.path().join("cards");
-    std::fs::create_dir_all(&cards).unwrap();
-    write_card(
-        &cards,
-        ("dynamo", "backend", "generate"),
-        0x11,
-        "model-a",
-        "aggregated",
-        1024,
-        1,
-    );
-    let mut config = RelayConfig {
-        dc_id: "dc-nats".to_owned(),
-        ..RelayConfig::default()
-    };
-    config.wan.listen = "127.0.0.1:0".parse().unwrap();
-    config.admin.enabled = false;
-    config.discovery.dir = Some(cards);
+    let mut config = single_worker(dir.path(), "dc-nats", "dynamo");
     config.nats = Some(NatsConfig {
         server: server.url.clone(),
     });
@@ -124,36 +106,14 @@ async fn dynamo_events_on_nats_reach_a_wan_replica() {
             .await
             .unwrap();
         publisher.flush().await.unwrap();
-        relay.flush().await;
-        if relay
-            .pool_reports()
-            .await
-            .first()
-            .is_some_and(|pool| pool.resident_blocks > 0)
-        {
+        if first_pool_holds_blocks(&relay).await {
             break;
         }
     }
 
     let producer = relay.catalog().pools[0].producer;
     let table = relay.producer_table(&producer).await.unwrap();
-    let mut stream = ProbeStream::connect(
-        relay.wan_addr(),
-        &request(StreamRpc::SubscribePool {
-            expected_producer: producer,
-        }),
-    )
-    .await
-    .unwrap();
-    let mut mirror = PoolMirror::new(producer).unwrap();
-    while mirror.words().is_none() || mirror.sequence() < table.sequence {
-        let frame = tokio::time::timeout(DEADLINE, stream.next_frame())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        mirror.handle_frame(&frame).unwrap();
-    }
+    let mirror = mirror_until(relay.wan_addr(), producer, table.sequence).await;
     assert_eq!(mirror.words().unwrap(), table.words.as_slice());
     relay.shutdown().await.unwrap();
 }

@@ -11,9 +11,15 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kvrelay_codec::v1::{Message, StreamRequest, StreamRpc};
-use kvrelay_server::{ProbeStream, RelayConfig, WorkloadConfig};
+use bytes::Bytes;
+use kvrelay_codec::v1::{Message, ProducerIdentity, StreamRequest, StreamRpc};
+use kvrelay_ingest::{
+    BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, EngineLayout, HashRepr,
+    TokenIds, encode_engine_batch,
+};
+use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WorkloadConfig};
 use tokio::net::TcpStream;
+use zeromq::{PubSocket, SocketSend, ZmqMessage};
 
 /// Deadline of every wait in these tests.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
@@ -155,6 +161,140 @@ pub(crate) async fn until_error<T: tokio::io::AsyncRead + tokio::io::AsyncWrite 
             Some(Message::Error(error)) => return error,
             Some(_) => {}
             None => panic!("stream closed without an error frame"),
+        }
+    }
+}
+
+/// Tokens per block of the engine batches these tests publish.
+pub(crate) const BLOCK_SIZE: u32 = 16;
+
+/// A relay config on loopback (admin off) whose card directory under `dir` holds one
+/// aggregated worker `0x11` of `namespace/backend/generate` with 1024 blocks.
+pub(crate) fn single_worker(dir: &Path, dc_id: &str, namespace: &str) -> RelayConfig {
+    let cards = dir.join("cards");
+    std::fs::create_dir_all(&cards).unwrap();
+    write_card(
+        &cards,
+        (namespace, "backend", "generate"),
+        0x11,
+        "model-a",
+        "aggregated",
+        1024,
+        1,
+    );
+    let mut config = RelayConfig {
+        dc_id: dc_id.to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.enabled = false;
+    config.discovery.dir = Some(cards);
+    config
+}
+
+/// A vLLM `BlockStored` event for the blocks `ids`, chained under `parent`.
+pub(crate) fn stored(ids: &[u64], parent: Option<u64>) -> EngineEvent {
+    let hash = |value: u64| EngineBlockHash {
+        value,
+        repr: HashRepr::Unsigned,
+    };
+    let tokens = ids
+        .iter()
+        .flat_map(|id| (0..BLOCK_SIZE).map(move |at| (*id as u32) * 100 + at))
+        .collect();
+    EngineEvent::BlockStored(BlockStored {
+        block_hashes: ids.iter().map(|id| hash(*id)).collect(),
+        parent_block_hash: parent.map(hash),
+        token_ids: TokenIds::Flat(tokens),
+        block_size: BLOCK_SIZE,
+        lora_id: None,
+        medium: Some("GPU".to_owned()),
+        lora_name: None,
+        extra_keys: Vec::new(),
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        cache_salt: None,
+        lookahead_token_ids: Vec::new(),
+    })
+}
+
+/// The ZMQ message of batch `seq`: two fresh blocks on rank 0, as vLLM publishes it.
+pub(crate) fn vllm_batch(seq: u64) -> ZmqMessage {
+    let layout = EngineLayout {
+        engine: EngineKind::Vllm,
+        map_events: false,
+        map_batch: false,
+    };
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![stored(&[seq * 10 + 1, seq * 10 + 2], None)],
+        dp_rank: Some(0),
+    };
+    let mut payload = Vec::new();
+    encode_engine_batch(&batch, layout, &mut payload);
+    ZmqMessage::try_from(vec![
+        Bytes::from_static(b"kv-events"),
+        Bytes::copy_from_slice(&seq.to_be_bytes()),
+        Bytes::from(payload),
+    ])
+    .unwrap()
+}
+
+/// Flushes the relay and tells whether its first pool holds any block.
+pub(crate) async fn first_pool_holds_blocks(relay: &Relay) -> bool {
+    relay.flush().await;
+    relay
+        .pool_reports()
+        .await
+        .first()
+        .is_some_and(|pool| pool.resident_blocks > 0)
+}
+
+/// Subscribes to `producer` at `addr` and mirrors it until it is complete at `sequence`.
+pub(crate) async fn mirror_until(
+    addr: std::net::SocketAddr,
+    producer: ProducerIdentity,
+    sequence: u64,
+) -> PoolMirror {
+    let mut stream = ProbeStream::connect(
+        addr,
+        &request(StreamRpc::SubscribePool {
+            expected_producer: producer,
+        }),
+    )
+    .await
+    .unwrap();
+    let mut mirror = PoolMirror::new(producer).unwrap();
+    while mirror.words().is_none() || mirror.sequence() < sequence {
+        let frame = tokio::time::timeout(DEADLINE, stream.next_frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        mirror.handle_frame(&frame).unwrap();
+    }
+    mirror
+}
+
+/// Publishes a fresh vLLM batch on every tick until the relay's first pool holds blocks;
+/// PUB/SUB drops whatever is sent before the relay's subscription lands. Fails with
+/// `failure` at the deadline.
+pub(crate) async fn publish_until_resident(
+    relay: &Relay,
+    publisher: &mut PubSocket,
+    failure: &str,
+) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut seq = 0u64;
+    loop {
+        tick.tick().await;
+        assert!(tokio::time::Instant::now() < deadline, "{failure}");
+        publisher.send(vllm_batch(seq)).await.unwrap();
+        seq += 1;
+        if first_pool_holds_blocks(relay).await {
+            break;
         }
     }
 }
