@@ -138,6 +138,13 @@ pub(super) mod behaviour {
             .unwrap()
     }
 
+    /// Detaches every attachment, in order.
+    async fn detach_all<const N: usize>(registry: &PoolRegistry, attachments: [PoolAttachment; N]) {
+        for attachment in attachments {
+            registry.detach(attachment).await;
+        }
+    }
+
     /// Subscribes to `producer` on a spawned task, so the caller can race it.
     fn spawn_subscribe(
         registry: &PoolRegistry,
@@ -286,8 +293,7 @@ pub(super) mod behaviour {
                 .all(|d| d.registrations[0].model().as_str() == "llama")
         );
 
-        registry.detach(first).await;
-        registry.detach(second).await;
+        detach_all(&registry, [first, second]).await;
     }
 
     #[tokio::test]
@@ -419,8 +425,7 @@ pub(super) mod behaviour {
             catalog.pool(pool(2)).unwrap().registrations[0].aliases(),
             [alias("llama-alias")]
         );
-        registry.detach(first).await;
-        registry.detach(second).await;
+        detach_all(&registry, [first, second]).await;
     }
 
     #[tokio::test]
@@ -811,8 +816,7 @@ pub(super) mod behaviour {
                 .pools()
                 .all(|d| d.registrations.iter().any(|r| r.target() == &lora))
         );
-        registry.detach(first).await;
-        registry.detach(second).await;
+        detach_all(&registry, [first, second]).await;
     }
 
     #[tokio::test]
@@ -904,8 +908,7 @@ pub(super) mod behaviour {
         assert_eq!(phase(&registry, first.generation), "ready");
         assert_eq!(phase(&registry, second.generation), "vacant");
         drop(reopened);
-        registry.detach(first).await;
-        registry.detach(second).await;
+        detach_all(&registry, [first, second]).await;
         assert_eq!(hubs_in_use(&registry), 0);
     }
 
@@ -935,8 +938,7 @@ pub(super) mod behaviour {
         let subscription = registry.subscribe(second.identity()).await.unwrap();
         assert_eq!(phase(&registry, first.generation), "vacant");
         drop(subscription);
-        registry.detach(first).await;
-        registry.detach(second).await;
+        detach_all(&registry, [first, second]).await;
     }
 
     #[tokio::test]
@@ -960,9 +962,7 @@ pub(super) mod behaviour {
         assert_eq!(hubs_in_use(&registry), 1);
 
         drop(second_subscription);
-        registry.detach(first).await;
-        registry.detach(second).await;
-        registry.detach(third).await;
+        detach_all(&registry, [first, second, third]).await;
         assert_eq!(hubs_in_use(&registry), 0);
     }
 
@@ -987,8 +987,7 @@ pub(super) mod behaviour {
         .await;
 
         drop(second_subscription);
-        registry.detach(first).await;
-        registry.detach(second).await;
+        detach_all(&registry, [first, second]).await;
         assert_eq!(hubs_in_use(&registry), 0);
     }
 
@@ -1029,9 +1028,7 @@ pub(super) mod behaviour {
         assert_eq!(hubs_in_use(&registry), 1);
 
         drop(third_subscription);
-        registry.detach(first).await;
-        registry.detach(second).await;
-        registry.detach(third).await;
+        detach_all(&registry, [first, second, third]).await;
         assert_eq!(hubs_in_use(&registry), 0);
     }
 
