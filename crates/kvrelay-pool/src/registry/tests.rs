@@ -271,6 +271,31 @@ pub(super) mod behaviour {
         }
     }
 
+    /// An attach of `pool(1)` on a spawned task whose filter builder has started and blocks
+    /// until `release` is sent; `finished` fires once the builder has returned.
+    struct StartedAttach {
+        attach: tokio::task::JoinHandle<Result<PoolAttachment, AttachError>>,
+        release: std_mpsc::Sender<()>,
+        finished: oneshot::Receiver<()>,
+    }
+
+    async fn start_gated_attach(registry: &PoolRegistry) -> StartedAttach {
+        let gated = gated_builder();
+        let task_registry = registry.clone();
+        let builder = gated.builder;
+        let attach = tokio::spawn(async move {
+            task_registry
+                .attach_with_builder(request(pool(1), "first.router.generate", "llama"), builder)
+                .await
+        });
+        within("builder start", gated.started).await.unwrap();
+        StartedAttach {
+            attach,
+            release: gated.release,
+            finished: gated.finished,
+        }
+    }
+
     #[tokio::test]
     async fn one_model_binds_to_independent_pools() {
         // spec: one_model_binds_to_independent_pools
@@ -570,15 +595,8 @@ pub(super) mod behaviour {
     async fn cancelled_allocation_rolls_back_and_allows_reattach() {
         // spec: cancelled_allocation_rolls_back_and_allows_reattach
         let registry = registry();
-        let gated = gated_builder();
-        let task_registry = registry.clone();
-        let builder = gated.builder;
-        let attach = tokio::spawn(async move {
-            task_registry
-                .attach_with_builder(request(pool(1), "first.router.generate", "llama"), builder)
-                .await
-        });
-        within("builder start", gated.started).await.unwrap();
+        let gated = start_gated_attach(&registry).await;
+        let attach = gated.attach;
         attach.abort();
         assert!(attach.await.unwrap_err().is_cancelled());
         assert_eq!(registry.stats().reservations, 0);
@@ -593,15 +611,8 @@ pub(super) mod behaviour {
     async fn shutdown_during_allocation_never_publishes_the_pool() {
         // spec: shutdown_during_allocation_never_publishes_the_pool
         let registry = registry();
-        let gated = gated_builder();
-        let task_registry = registry.clone();
-        let builder = gated.builder;
-        let attach = tokio::spawn(async move {
-            task_registry
-                .attach_with_builder(request(pool(1), "first.router.generate", "llama"), builder)
-                .await
-        });
-        within("builder start", gated.started).await.unwrap();
+        let gated = start_gated_attach(&registry).await;
+        let attach = gated.attach;
         let shutdown = tokio::spawn({
             let registry = registry.clone();
             async move { registry.shutdown().await }
@@ -629,15 +640,8 @@ pub(super) mod behaviour {
     async fn filter_allocation_does_not_block_the_async_executor() {
         // spec: ckf_allocation_does_not_block_the_async_executor
         let registry = registry();
-        let gated = gated_builder();
-        let task_registry = registry.clone();
-        let builder = gated.builder;
-        let attach = tokio::spawn(async move {
-            task_registry
-                .attach_with_builder(request(pool(1), "first.router.generate", "llama"), builder)
-                .await
-        });
-        within("builder start", gated.started).await.unwrap();
+        let gated = start_gated_attach(&registry).await;
+        let attach = gated.attach;
         // The single executor thread still runs other tasks while the builder blocks.
         let (tx, rx) = oneshot::channel();
         tokio::spawn(async move { tx.send(()).unwrap() });
