@@ -199,6 +199,12 @@ impl Conn {
         Ok(request)
     }
 
+    /// Admits a non-pool stream of `kind` (pool streams go through `admit_pool`).
+    fn admit(&mut self, kind: StreamKind) -> Result<crate::admission::StreamPermit, StreamFailure> {
+        let result = self.ctx.admission.admit(kind);
+        self.admitted(kind, result)
+    }
+
     fn admitted(
         &mut self,
         kind: StreamKind,
@@ -227,8 +233,7 @@ impl Conn {
     }
 
     async fn serve_info(&mut self) -> Result<End, StreamFailure> {
-        let admitted = self.ctx.admission.admit(StreamKind::Info);
-        let _permit = self.admitted(StreamKind::Info, admitted)?;
+        let _permit = self.admit(StreamKind::Info)?;
         let info = self.ctx.views.info;
         let frame = self.encode(&Message::RelayInfo(info))?;
         self.send(&frame, false).await?;
@@ -236,8 +241,7 @@ impl Conn {
     }
 
     async fn serve_catalog(&mut self) -> Result<End, StreamFailure> {
-        let admitted = self.ctx.admission.admit(StreamKind::Catalog);
-        let _permit = self.admitted(StreamKind::Catalog, admitted)?;
+        let _permit = self.admit(StreamKind::Catalog)?;
         let rx = self.ctx.views.catalog.clone();
         self.serve_watch(
             rx,
@@ -249,8 +253,7 @@ impl Conn {
     }
 
     async fn serve_topology(&mut self) -> Result<End, StreamFailure> {
-        let admitted = self.ctx.admission.admit(StreamKind::Topology);
-        let _permit = self.admitted(StreamKind::Topology, admitted)?;
+        let _permit = self.admit(StreamKind::Topology)?;
         let rx = self.ctx.views.topology.clone();
         self.serve_watch(
             rx,
@@ -262,8 +265,7 @@ impl Conn {
     }
 
     async fn serve_load(&mut self) -> Result<End, StreamFailure> {
-        let admitted = self.ctx.admission.admit(StreamKind::Load);
-        let _permit = self.admitted(StreamKind::Load, admitted)?;
+        let _permit = self.admit(StreamKind::Load)?;
         let rx = self.ctx.views.load.clone();
         self.serve_watch(
             rx,
