@@ -10,7 +10,7 @@ const ALTERNATE_SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Where a hash lives: its nonzero 16-bit fingerprint and its two candidate buckets.
 ///
 /// `primary != alternate`, and each is the other's alternate for this fingerprint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Address {
     /// The 16-bit fingerprint, never 0 (0 marks an empty slot).
     pub fingerprint: u16,

@@ -13,6 +13,19 @@ pub(crate) fn contains(word: u64, fingerprint: u16) -> bool {
     has_zero_lane(word ^ (u64::from(fingerprint) * LANE_ONES))
 }
 
+/// `fingerprint` in every slot: the pattern [`matches_pattern`] compares words against,
+/// computed once per probe instead of once per word.
+#[inline]
+pub(crate) fn fingerprint_pattern(fingerprint: u16) -> u64 {
+    u64::from(fingerprint) * LANE_ONES
+}
+
+/// [`contains`] with a precomputed [`fingerprint_pattern`].
+#[inline]
+pub(crate) fn matches_pattern(word: u64, pattern: u64) -> bool {
+    has_zero_lane(word ^ pattern)
+}
+
 /// `word` with `fingerprint` in its first empty slot, or `None` when full.
 #[inline]
 pub(crate) fn with_inserted(word: u64, fingerprint: u16) -> Option<u64> {

@@ -122,6 +122,13 @@ pub struct QueryTable {
 /// Words per 64-byte cache line.
 const ROW_ALIGN_WORDS: usize = 8;
 
+/// The lanes of one cache line, as a lane mask.
+const LINE_LANES: u64 = (1 << ROW_ALIGN_WORDS) - 1;
+
+/// Up to this many lanes, a probe tests only the asked lanes; above, every lane of the
+/// group (vectorised).
+const SPARSE_PROBE_LANES: u32 = 4;
+
 impl QueryTable {
     /// An empty table (no lanes) for `format`.
     pub fn new(format: CkfFormat, config: QueryConfig) -> Result<Self, QueryConfigError> {
@@ -243,6 +250,20 @@ impl QueryTable {
         &mut self.words[self.offset..self.offset + len]
     }
 
+    /// The words of `group`'s lanes (up to 64) in the primary and alternate rows.
+    #[inline]
+    fn group_rows(&self, address: Address, group: usize) -> (&[u64], &[u64]) {
+        let rows = self.rows();
+        let first = group * 64;
+        let end = self.lanes.len().min(first + 64);
+        let primary = address.primary as usize * self.stride;
+        let alternate = address.alternate as usize * self.stride;
+        (
+            &rows[primary + first..primary + end],
+            &rows[alternate + first..alternate + end],
+        )
+    }
+
     /// Copies `lane`'s readiness into the lane mask.
     fn refresh_ready(&mut self, lane: usize) {
         let ready = self.lanes.get(lane).is_some_and(Sequencer::is_ready);
@@ -294,8 +315,8 @@ impl Prober for QueryTable {
         self.lanes.len()
     }
 
-    fn is_ready(&self, lane: usize) -> bool {
-        self.lanes[lane].is_ready()
+    fn ready_lanes(&self, group: usize) -> u64 {
+        self.ready.get(group).copied().unwrap_or(0)
     }
 
     #[inline]
@@ -304,41 +325,47 @@ impl Prober for QueryTable {
     }
 
     #[inline]
-    fn touch(&self, address: Address) -> u64 {
-        let rows = self.rows();
-        let n_lanes = self.lanes.len();
-        let primary = address.primary as usize * self.stride;
-        let alternate = address.alternate as usize * self.stride;
-        // One word per cache line of both rows (rows start on a line boundary).
+    fn touch(&self, address: Address, group: usize, lanes: u64) -> u64 {
+        let (row_a, row_b) = self.group_rows(address, group);
+        // One word per cache line holding one of `lanes`, in both rows (rows start on a
+        // line boundary).
         let mut sink = 0;
-        for lane in (0..n_lanes).step_by(ROW_ALIGN_WORDS) {
-            sink ^= rows[primary + lane] ^ rows[alternate + lane];
+        let mut lines = lanes;
+        while lines != 0 {
+            let first = lines.trailing_zeros() as usize / ROW_ALIGN_WORDS * ROW_ALIGN_WORDS;
+            if let (Some(a), Some(b)) = (row_a.get(first), row_b.get(first)) {
+                sink ^= a ^ b;
+            }
+            lines &= !(LINE_LANES << first);
         }
         sink
     }
 
     #[inline]
-    fn probe(&self, address: Address, mask: &mut [u64]) {
-        let rows = self.rows();
-        let n_lanes = self.lanes.len();
-        let primary = address.primary as usize * self.stride;
-        let alternate = address.alternate as usize * self.stride;
-        let row_a = &rows[primary..primary + n_lanes];
-        let row_b = &rows[alternate..alternate + n_lanes];
-        for (group, ((a, b), out)) in row_a
-            .chunks(64)
-            .zip(row_b.chunks(64))
-            .zip(mask.iter_mut())
-            .enumerate()
-        {
-            let mut bits = 0u64;
-            for (lane, (&a, &b)) in a.iter().zip(b).enumerate() {
-                let present = bucket::contains(a, address.fingerprint)
-                    | bucket::contains(b, address.fingerprint);
-                bits |= u64::from(present) << lane;
+    fn probe(&self, address: Address, group: usize, lanes: u64) -> u64 {
+        let (row_a, row_b) = self.group_rows(address, group);
+        let pattern = bucket::fingerprint_pattern(address.fingerprint);
+        let holds = |lane: usize| {
+            bucket::matches_pattern(row_a[lane], pattern)
+                | bucket::matches_pattern(row_b[lane], pattern)
+        };
+        let mut bits = 0u64;
+        if lanes.count_ones() <= SPARSE_PROBE_LANES {
+            let mut rest = lanes;
+            while rest != 0 {
+                let lane = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                if lane < row_a.len() {
+                    bits |= u64::from(holds(lane)) << lane;
+                }
             }
-            *out |= bits & self.ready[group];
+        } else {
+            // Every lane, branch-free, so the compiler vectorises it.
+            for lane in 0..row_a.len().min(row_b.len()) {
+                bits |= u64::from(holds(lane)) << lane;
+            }
         }
+        bits & lanes & self.ready_lanes(group)
     }
 }
 

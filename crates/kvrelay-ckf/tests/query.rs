@@ -1,0 +1,126 @@
+//! The multi-pool query table against the exact index: per-pool depths across lane groups
+//! (more than 64 lanes), sparse and dense probes, lanes that are not ready, deltas.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers fail the test on bad input"
+)]
+
+use kvrelay_ckf::{
+    CkfConfig, EventPayload, ExactIndex, PoolFilter, PrefixQuery, QueryConfig, QueryTable,
+    RouterEvent, SourceId, StoredBlock, StoredBlocks,
+};
+use kvrelay_identity::hashing::sequence_hashes;
+use proptest::prelude::*;
+
+/// Roomy enough that a false positive in these small tests is a ~1e-6 event per probe.
+const CAPACITY: u64 = 4096;
+
+/// A store of `tokens[..depth]` as one chain from `source`.
+fn store_prefix(filter: &mut PoolFilter, tokens: &[u64], depth: usize, event_id: u64) {
+    if depth == 0 {
+        return;
+    }
+    let blocks = tokens[..depth]
+        .iter()
+        .enumerate()
+        .map(|(i, &token_hash)| StoredBlock {
+            engine_block_id: event_id * 1_000 + i as u64,
+            token_hash,
+        })
+        .collect();
+    let event = RouterEvent {
+        source: SourceId::new(1, 0),
+        event_id,
+        payload: EventPayload::Stored(StoredBlocks {
+            parent_engine_block_id: None,
+            blocks,
+        }),
+    };
+    filter.apply(&event).unwrap();
+}
+
+/// Lane `i` holds the first `depths[i]` blocks of `tokens`; `None` lanes get no snapshot.
+fn build(tokens: &[u64], depths: &[Option<usize>]) -> (QueryTable, ExactIndex) {
+    let format = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap().format();
+    let mut table = QueryTable::new(format, QueryConfig::default()).unwrap();
+    let mut exact = ExactIndex::new();
+    let hashes = sequence_hashes(tokens);
+    for (i, depth) in depths.iter().enumerate() {
+        let lane = table.add_lane().unwrap();
+        let pool = exact.add_pool();
+        let Some(depth) = *depth else { continue };
+        let mut filter = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap();
+        store_prefix(&mut filter, tokens, depth, i as u64 + 1);
+        for chunk in filter.snapshot().unwrap().chunks {
+            table.install_chunk(lane, &chunk).unwrap();
+        }
+        for &hash in &hashes[..depth] {
+            exact.insert(pool, hash);
+        }
+    }
+    (table, exact)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn depths_match_the_exact_index_across_lane_groups(
+        (tokens, depths) in (1usize..80).prop_flat_map(|n| (
+            prop::collection::vec(any::<u64>(), n),
+            prop::collection::vec(prop::option::weighted(0.9, 0..=n), 1..140),
+        ))
+    ) {
+        let (table, exact) = build(&tokens, &depths);
+        let hashes = sequence_hashes(&tokens);
+        let got = table.prefix_depths(&hashes);
+        let expected = exact.prefix_depths(&hashes);
+        for (lane, depth) in depths.iter().enumerate() {
+            match depth {
+                Some(_) => prop_assert_eq!(got.depth(lane), expected.depth(lane), "lane {}", lane),
+                None => prop_assert_eq!(got.depth(lane), None, "lane {} has no snapshot", lane),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_few_lanes_deep_among_many_shallow_ones_get_their_own_depth() {
+    // 100 lanes over two groups; 3 lanes deep (sparse probes), the rest at depth 5.
+    let tokens: Vec<u64> = (1..=64).collect();
+    let depths: Vec<Option<usize>> = (0..100)
+        .map(|lane| Some(if lane % 37 == 1 { 60 + lane % 4 } else { 5 }))
+        .collect();
+    let (table, _) = build(&tokens, &depths);
+    let got = table.prefix_depths(&sequence_hashes(&tokens));
+    for (lane, depth) in depths.iter().enumerate() {
+        assert_eq!(got.depth(lane), depth.map(|d| d as u32), "lane {lane}");
+    }
+    assert!(got.n_probes() < 64, "{} probes", got.n_probes());
+}
+
+#[test]
+fn an_empty_request_has_depth_zero_in_every_ready_lane() {
+    let (table, _) = build(&[1, 2, 3], &[Some(3), None, Some(0)]);
+    assert_eq!(table.prefix_depths(&[]).depths(), &[Some(0), None, Some(0)]);
+}
+
+#[test]
+fn a_delta_extends_the_depth_a_query_sees() {
+    let tokens: Vec<u64> = (100..132).collect();
+    let format = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap().format();
+    let mut table = QueryTable::new(format, QueryConfig::default()).unwrap();
+    let lane = table.add_lane().unwrap();
+    let mut filter = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap();
+    store_prefix(&mut filter, &tokens, 10, 1);
+    for chunk in filter.snapshot().unwrap().chunks {
+        table.install_chunk(lane, &chunk).unwrap();
+    }
+    let hashes = sequence_hashes(&tokens);
+    assert_eq!(table.prefix_depths(&hashes).depth(lane), Some(10));
+    store_prefix(&mut filter, &tokens, 25, 2);
+    let delta = filter.take_delta().unwrap().unwrap();
+    table.apply_delta(lane, &delta).unwrap();
+    assert_eq!(table.prefix_depths(&hashes).depth(lane), Some(25));
+}
