@@ -47,6 +47,7 @@ mod oneshot;
 mod projection;
 pub mod readiness;
 pub mod scoring;
+mod served;
 mod state;
 mod store;
 pub mod weights;
@@ -66,6 +67,7 @@ pub use scoring::{
     DepthSource, Ranking, ReplicaDepth, ReplicaStatus, ScoreError, ScoreRequest, ScoredCandidate,
     ScoredLeg,
 };
+pub use served::{ServedModel, served_base_models};
 pub use state::{CatalogChange, CatalogError, ConsumerState, FrameError, FrameOutcome, PoolStatus};
 pub use store::StoreError;
 pub use weights::{ScoreWeights, WeightError};

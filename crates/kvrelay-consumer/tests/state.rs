@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kvrelay_ckf::{ExactIndex, PrefixQuery};
 use kvrelay_consumer::{
     CatalogError, ConsumerConfig, ConsumerState, FrameOutcome, PoolKey, RelayConfig, ReplicaStatus,
-    ResubscribeReason, ScoreRequest,
+    ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
@@ -482,4 +482,38 @@ fn topology_from_another_relay_incarnation_is_ignored() {
     state.apply_topology(0, &topology(relay_identity(2), ReadinessState::Unavailable));
     let ranking = state.score(&request(vec![1; 8]), Instant::now()).unwrap();
     assert_eq!(ranking.candidates[0].readiness, Readiness::Unknown);
+}
+
+#[test]
+fn served_base_models_lists_each_base_model_and_block_size_once_without_adapters() {
+    let relay = relay_identity(1);
+    let llama = Producer::new(
+        &PoolSpec {
+            adapter: Some("sql"),
+            ..PoolSpec::aggregated("llama-a", "llama")
+        },
+        "dc-0",
+        relay,
+        1,
+    );
+    let llama_again = Producer::new(&PoolSpec::aggregated("llama-b", "llama"), "dc-0", relay, 1);
+    let llama_wide = Producer::new(
+        &PoolSpec {
+            block_size: 16,
+            ..PoolSpec::aggregated("llama-c", "llama")
+        },
+        "dc-0",
+        relay,
+        1,
+    );
+    let qwen = Producer::new(&PoolSpec::aggregated("qwen", "qwen"), "dc-0", relay, 1);
+    let catalog = catalog_of(relay, 1, &[&qwen, &llama, &llama_again, &llama_wide]);
+    let served = |model: &str, kv_block_size| ServedModel {
+        model: model.to_owned(),
+        kv_block_size,
+    };
+    assert_eq!(
+        served_base_models(&catalog),
+        vec![served("llama", 4), served("llama", 16), served("qwen", 4)]
+    );
 }

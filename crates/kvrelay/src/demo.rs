@@ -301,23 +301,7 @@ fn score_sample(
             .with_context(|| format!("reading trace {}", path.display()))?,
         None => kvrelay_ingest::BUILTIN_REQUEST_TRACE.to_owned(),
     };
-    let mut models: Vec<(String, u32)> = catalog
-        .pools
-        .iter()
-        .flat_map(|pool| {
-            pool.registrations
-                .iter()
-                .filter(|registration| registration.adapter.is_none())
-                .map(|registration| {
-                    (
-                        registration.model.clone(),
-                        pool.query_semantics.kv_block_size,
-                    )
-                })
-        })
-        .collect();
-    models.sort();
-    models.dedup();
+    let models = kvrelay_consumer::served_base_models(catalog);
     let mut scored = 0;
     let mut hits = 0;
     for line in text
@@ -333,9 +317,17 @@ fn score_sample(
             .and_then(serde_json::Value::as_array)
             .map(|ids| ids.iter().filter_map(serde_json::Value::as_u64).collect())
             .unwrap_or_default();
-        for (model, block_size) in &models {
+        for kvrelay_consumer::ServedModel {
+            model,
+            kv_block_size,
+        } in &models
+        {
             let request = ScoreRequest {
-                tokens: kvrelay_ingest::request_tokens(&hash_ids, *block_size, WORKLOAD_TOKEN_SEED),
+                tokens: kvrelay_ingest::request_tokens(
+                    &hash_ids,
+                    *kv_block_size,
+                    WORKLOAD_TOKEN_SEED,
+                ),
                 model: model.clone(),
                 lora: None,
                 cache_namespace: None,

@@ -163,32 +163,10 @@ async fn followers_of(addr: SocketAddr, catalog: &CatalogUpdate) -> Vec<Follower
     followers
 }
 
-/// Base models of the catalog with their block sizes.
-fn base_models(catalog: &CatalogUpdate) -> Vec<(String, u32)> {
-    let mut models: Vec<(String, u32)> = catalog
-        .pools
-        .iter()
-        .flat_map(|pool| {
-            pool.registrations
-                .iter()
-                .filter(|registration| registration.adapter.is_none())
-                .map(|registration| {
-                    (
-                        registration.model.clone(),
-                        pool.query_semantics.kv_block_size,
-                    )
-                })
-        })
-        .collect();
-    models.sort();
-    models.dedup();
-    models
-}
-
 /// Scores the first `n` requests of the built-in trace for every base model; returns
 /// (scored, legs answered by a current replica, legs that found a cached prefix).
 fn score_trace(consumer: &Consumer, catalog: &CatalogUpdate, n: usize) -> (usize, usize, usize) {
-    let models = base_models(catalog);
+    let models = kvrelay_consumer::served_base_models(catalog);
     let (mut scored, mut current_legs, mut hits) = (0, 0, 0);
     for line in kvrelay_ingest::BUILTIN_REQUEST_TRACE
         .lines()
@@ -202,9 +180,17 @@ fn score_trace(consumer: &Consumer, catalog: &CatalogUpdate, n: usize) -> (usize
             .iter()
             .map(|id| id.as_u64().unwrap())
             .collect();
-        for (model, block_size) in &models {
+        for kvrelay_consumer::ServedModel {
+            model,
+            kv_block_size,
+        } in &models
+        {
             let request = ScoreRequest {
-                tokens: kvrelay_ingest::request_tokens(&hash_ids, *block_size, WORKLOAD_TOKEN_SEED),
+                tokens: kvrelay_ingest::request_tokens(
+                    &hash_ids,
+                    *kv_block_size,
+                    WORKLOAD_TOKEN_SEED,
+                ),
                 model: model.clone(),
                 lora: None,
                 cache_namespace: None,
@@ -273,7 +259,8 @@ async fn relay_restart_is_seen_as_a_new_incarnation_and_replicas_converge_again(
         "old replicas survive the relay: {:?}",
         consumer.pools()
     );
-    for (model, _) in base_models(&before) {
+    for kvrelay_consumer::ServedModel { model, .. } in kvrelay_consumer::served_base_models(&before)
+    {
         let ranking = consumer.score(&ScoreRequest {
             tokens: (0..64).collect(),
             model,
