@@ -400,3 +400,28 @@ async fn departed_endpoints_are_withdrawn_and_return_as_a_new_generation() {
     );
     relay.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_quiet_catalog_stream_repeats_its_current_revision_as_a_heartbeat() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 0);
+    config.limits.heartbeat_interval_ms = 50;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .expect("pools within the deadline");
+    let (mut watcher, _) = first_message(relay.wan_addr(), &request(StreamRpc::WatchCatalog)).await;
+    let settled = catalog_until(&mut watcher, |catalog| catalog.pools.len() == 2).await;
+    // No card changes from here on: what follows can only be heartbeats, each repeating
+    // the settled revision and content.
+    for _ in 0..2 {
+        let repeated = tokio::time::timeout(DEADLINE, next(&mut watcher))
+            .await
+            .expect("a heartbeat within the deadline");
+        match repeated {
+            Some(Message::CatalogUpdate(catalog)) => assert_eq!(catalog, settled),
+            other => panic!("expected a catalog heartbeat, got {other:?}"),
+        }
+    }
+    relay.shutdown().await.unwrap();
+}

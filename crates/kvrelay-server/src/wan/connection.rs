@@ -121,6 +121,15 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
     }
 }
 
+/// Whether a watched stream re-sends its current value after a quiet heartbeat interval
+/// (catalog and topology do, so consumers can tell a quiet relay from a dead one; load
+/// windows carry their own sequence and do not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heartbeat {
+    ResendCurrent,
+    Off,
+}
+
 /// How a stream ended without an error to report.
 enum End {
     PeerClosed,
@@ -247,7 +256,7 @@ impl Conn {
             rx,
             |update: &CatalogUpdate| Message::CatalogUpdate(update.clone()),
             |_, _| true,
-            true,
+            Heartbeat::ResendCurrent,
         )
         .await
     }
@@ -259,7 +268,7 @@ impl Conn {
             rx,
             |update: &TopologyUpdate| Message::TopologyUpdate(update.clone()),
             |_, _| true,
-            true,
+            Heartbeat::ResendCurrent,
         )
         .await
     }
@@ -271,19 +280,19 @@ impl Conn {
             rx,
             |window: &LoadWindow| Message::LoadWindow(window.clone()),
             |sent: &LoadWindow, next: &LoadWindow| next.window_sequence > sent.window_sequence,
-            false,
+            Heartbeat::Off,
         )
         .await
     }
 
-    /// Sends the current value, then every newer value; re-sends the current value after a
-    /// heartbeat interval without changes when `heartbeat` is set.
+    /// Sends the current value, then every newer value; with [`Heartbeat::ResendCurrent`],
+    /// re-sends the current value after a heartbeat interval without changes.
     async fn serve_watch<T>(
         &mut self,
         mut rx: watch::Receiver<Arc<T>>,
         message: fn(&T) -> Message,
         newer: fn(&T, &T) -> bool,
-        heartbeat: bool,
+        heartbeat: Heartbeat,
     ) -> Result<End, StreamFailure> {
         let mut sent = rx.borrow_and_update().clone();
         let frame = self.encode(&message(&sent))?;
@@ -312,7 +321,7 @@ impl Conn {
                         ticker.reset();
                     }
                 }
-                _ = ticker.tick(), if heartbeat => {
+                _ = ticker.tick(), if heartbeat == Heartbeat::ResendCurrent => {
                     let frame = self.encode(&message(&sent))?;
                     self.send(&frame, true).await?;
                 }
