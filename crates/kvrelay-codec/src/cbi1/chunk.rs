@@ -52,8 +52,8 @@ pub fn encode_snapshot_chunk(
     dst.put_u32_le(chunk_index);
     dst.put_u32_le(chunk_count);
     dst.put_u64_le(first as u64);
-    // A copy then a one-shot xxh3 measured faster than hashing block by block while
-    // copying (the streaming hasher's bookkeeping costs more than the second pass).
+    // A copy then a one-shot xxh3 (AVX2 when the CPU has it): with the hash at ~50 GB/s,
+    // copying and hashing 64 KiB pieces while they are in L2 measured no faster.
     put_words(dst, words);
     header::seal(dst, start);
     Ok(())
