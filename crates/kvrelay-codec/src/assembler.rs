@@ -5,7 +5,7 @@
 //! exactly at the bucket count. A rejected chunk leaves the assembler unchanged; the
 //! consumer is expected to drop the stream and resubscribe.
 
-use crate::cbi1::{Cbi1Layout, ChunkView, snapshot_chunk_count};
+use crate::cbi1::{CHUNK_WORDS, Cbi1Layout, ChunkView, snapshot_chunk_count};
 
 /// A complete snapshot: one word per bucket, consistent at `sequence`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +95,21 @@ pub enum AssemblyError {
         /// The next uncovered bucket.
         expected: u64,
         /// The chunk's first bucket.
+        found: u64,
+    },
+    /// A chunk other than the last holds fewer than a full chunk of words (chunk `k`
+    /// covers the buckets from `k * CHUNK_WORDS`, so only the last may be short).
+    #[error(
+        "chunk {chunk_index} of {chunk_count} holds {found} words; every chunk but the last holds {expected}"
+    )]
+    ShortChunk {
+        /// The chunk's index.
+        chunk_index: u32,
+        /// Chunks in the snapshot.
+        chunk_count: u32,
+        /// Words a non-last chunk holds.
+        expected: u64,
+        /// Words in the chunk.
         found: u64,
     },
     /// The last chunk leaves buckets uncovered.
@@ -189,6 +204,14 @@ impl SnapshotAssembler {
         }
         let covered = filled + chunk.n_words();
         let is_last = chunk.chunk_index() + 1 == chunk.chunk_count();
+        if !is_last && chunk.n_words() != CHUNK_WORDS {
+            return Err(AssemblyError::ShortChunk {
+                chunk_index: chunk.chunk_index(),
+                chunk_count: chunk.chunk_count(),
+                expected: CHUNK_WORDS as u64,
+                found: chunk.n_words() as u64,
+            });
+        }
         if is_last && covered as u64 != bucket_count {
             return Err(AssemblyError::Incomplete {
                 covered: covered as u64,
@@ -229,7 +252,7 @@ mod tests {
     use bytes::BytesMut;
 
     use super::*;
-    use crate::cbi1::{CHUNK_WORDS, Cbi1Payload, decode_cbi1, encode_snapshot_chunk};
+    use crate::cbi1::{Cbi1Payload, decode_cbi1, encode_snapshot_chunk};
 
     const BUCKETS: u64 = 1 << 21; // four chunks
 
@@ -367,6 +390,26 @@ mod tests {
             })
         );
         assert_eq!(assembler.next_chunk_index(), Some(1));
+    }
+
+    #[test]
+    fn short_chunk_before_the_last_is_rejected() {
+        let table = table();
+        let mut assembler = SnapshotAssembler::new(layout(), 5);
+        let short = patched_chunk(&table, 0, |bytes| bytes.truncate(bytes.len() - 8));
+        assert_eq!(
+            assembler.handle_chunk(&short),
+            Err(AssemblyError::ShortChunk {
+                chunk_index: 0,
+                chunk_count: 4,
+                expected: CHUNK_WORDS as u64,
+                found: CHUNK_WORDS as u64 - 1,
+            })
+        );
+        assert!(
+            !assembler.is_assembling(),
+            "a rejected chunk 0 starts nothing"
+        );
     }
 
     #[test]
