@@ -3,6 +3,7 @@
 
 use crate::addressing::{Address, Addressing};
 use crate::bucket;
+use crate::prefetch::prefetch_element;
 use kvrelay_identity::CkfFormat;
 
 use crate::format::ConfigError;
@@ -65,6 +66,12 @@ impl Table {
 
     pub(crate) fn word(&self, bucket_idx: u32) -> u64 {
         self.words[bucket_idx as usize]
+    }
+
+    /// Prefetches the word of `bucket_idx`.
+    #[inline]
+    pub(crate) fn prefetch(&self, bucket_idx: u32) {
+        prefetch_element(&self.words, bucket_idx as usize);
     }
 
     /// Whether `address`'s fingerprint is in either candidate bucket.

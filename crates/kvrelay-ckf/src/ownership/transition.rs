@@ -5,7 +5,6 @@
 //! 1 → 0 of a resident hash removes one; callers validate and reserve first, so no
 //! transition fails (a broken invariant is counted, never panicked on).
 
-use super::chain::PlannedBlock;
 use super::error::{ApplyError, alloc};
 use crate::addressing::Address;
 use crate::counters::{ApplyOutcome, FilterCounters};
@@ -60,24 +59,14 @@ impl Ownership {
         outcome.blocks_mapped += 1;
     }
 
-    /// Computes every planned block's address and loads its owner entry and table rows
-    /// (independent loads that overlap), so the commit finds them in cache.
-    pub(super) fn prefetch_plan(&self, plan: &mut [PlannedBlock]) {
-        let mut sink = 0u64;
-        for block in plan {
-            sink ^= self.prefetch(block.canonical, &mut block.address);
-        }
-        std::hint::black_box(sink);
-    }
-
-    /// Sets `address` to `canonical`'s and loads its owner slot and both table rows;
-    /// returns a value to fold into a sink so the loads are kept.
+    /// Returns `canonical`'s address after prefetching its owner slot and both table
+    /// rows.
     #[inline]
-    pub(super) fn prefetch(&self, canonical: u64, address: &mut Address) -> u64 {
-        *address = self.table.addressing().address(canonical);
-        self.owners.touch(canonical)
-            ^ self.table.word(address.primary)
-            ^ self.table.word(address.alternate)
+    pub(super) fn prefetch(&self, canonical: u64) -> Address {
+        let address = self.table.addressing().address(canonical);
+        self.owners.prefetch(canonical);
+        self.table.prefetch(address.primary);
+        address
     }
 
     /// [`Ownership::acquire`] then [`Ownership::admit`] with one owner-map lookup;
