@@ -3,7 +3,7 @@
 //! Every table write notes `(bucket, previous word)`; the first note of a bucket in a
 //! window records its original value. Draining the window emits one absolute image per
 //! bucket whose current word differs from its original (buckets that changed and changed
-//! back are dropped), sorted by bucket index.
+//! back are dropped), sorted by bucket index (a radix sort of the changed indices).
 
 use std::num::NonZeroU32;
 
@@ -21,7 +21,16 @@ pub(crate) struct DirtyWindow {
     bits: Vec<u64>,
     touched: Vec<(u32, u64)>,
     bucket_count: usize,
+    /// Bits in the largest bucket index (the radix sort's key width).
+    index_bits: u32,
+    /// Indices of the buckets that changed net, while draining.
+    changed: Vec<u32>,
+    /// The radix sort's second buffer.
+    sort_scratch: Vec<u32>,
 }
+
+/// Changed-bucket lists up to this length are sorted by comparison, longer ones by radix.
+const COMPARISON_SORT_MAX: usize = 64;
 
 /// Statistics of one drained window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +51,9 @@ impl DirtyWindow {
             bits,
             touched: Vec::new(),
             bucket_count,
+            index_bits: usize::BITS - bucket_count.saturating_sub(1).leading_zeros(),
+            changed: Vec::new(),
+            sort_scratch: Vec::new(),
         })
     }
 
@@ -72,7 +84,9 @@ impl DirtyWindow {
 
     /// Bytes held by the window.
     pub(crate) fn bytes(&self) -> u64 {
-        (self.bits.capacity() * 8 + self.touched.capacity() * 16) as u64
+        (self.bits.capacity() * 8
+            + self.touched.capacity() * 16
+            + (self.changed.capacity() + self.sort_scratch.capacity()) * 4) as u64
     }
 
     /// Drains the window into a delta `base_sequence → base_sequence + 1` against the
@@ -83,36 +97,85 @@ impl DirtyWindow {
         words: &[u64],
         base_sequence: u64,
     ) -> Result<(Option<Delta>, DrainStats), AllocFailed> {
+        let n_touched = self.touched.len();
+        let alloc_failed = AllocFailed {
+            bytes: (n_touched * 24) as u64,
+        };
         let mut images = Vec::new();
         images
-            .try_reserve_exact(self.touched.len())
-            .map_err(|_| AllocFailed {
-                bytes: (self.touched.len() * 16) as u64,
-            })?;
+            .try_reserve_exact(n_touched)
+            .map_err(|_| alloc_failed)?;
+        self.changed.clear();
+        self.changed
+            .try_reserve(n_touched)
+            .map_err(|_| alloc_failed)?;
+        self.sort_scratch
+            .try_reserve(n_touched)
+            .map_err(|_| alloc_failed)?;
         let mut stats = DrainStats {
-            distinct_touched: self.touched.len() as u64,
+            distinct_touched: n_touched as u64,
             net_reverted: 0,
         };
         for &(bucket_idx, original) in &self.touched {
-            let word = words[bucket_idx as usize];
-            if word == original {
+            if words[bucket_idx as usize] == original {
                 stats.net_reverted += 1;
             } else {
-                images.push(BucketImage { bucket_idx, word });
+                self.changed.push(bucket_idx);
             }
             self.bits[bucket_idx as usize / 64] = 0;
         }
         self.touched.clear();
-        if images.is_empty() {
+        if self.changed.is_empty() {
             return Ok((None, stats));
         }
-        images.sort_unstable_by_key(|image| image.bucket_idx);
+        if self.changed.len() <= COMPARISON_SORT_MAX {
+            self.changed.sort_unstable();
+        } else {
+            radix_sort(&mut self.changed, &mut self.sort_scratch, self.index_bits);
+        }
+        images.extend(self.changed.iter().map(|&bucket_idx| BucketImage {
+            bucket_idx,
+            word: words[bucket_idx as usize],
+        }));
         let delta = Delta {
             base_sequence,
             sequence: base_sequence + 1,
             images,
         };
         Ok((Some(delta), stats))
+    }
+}
+
+/// Sorts `keys` (each below `1 << key_bits`) ascending: least-significant-digit radix
+/// sort with 8-bit digits, skipping digits all keys share; `scratch` is the second buffer
+/// (reserved by the caller, so nothing allocates).
+fn radix_sort(keys: &mut Vec<u32>, scratch: &mut Vec<u32>, key_bits: u32) {
+    let n_keys = keys.len();
+    let mut shift = 0;
+    while shift < key_bits {
+        let mut starts = [0usize; 256];
+        for &key in keys.iter() {
+            starts[((key >> shift) & 0xFF) as usize] += 1;
+        }
+        if starts.contains(&n_keys) {
+            shift += 8;
+            continue;
+        }
+        let mut total = 0;
+        for start in &mut starts {
+            let count = *start;
+            *start = total;
+            total += count;
+        }
+        scratch.clear();
+        scratch.resize(n_keys, 0);
+        for &key in keys.iter() {
+            let digit = ((key >> shift) & 0xFF) as usize;
+            scratch[starts[digit]] = key;
+            starts[digit] += 1;
+        }
+        std::mem::swap(keys, scratch);
+        shift += 8;
     }
 }
 
@@ -189,6 +252,48 @@ mod tests {
         );
         assert!(window.is_empty());
         assert_eq!(window.drain(&words, 5).unwrap().0, None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn radix_sort_orders_like_a_comparison_sort(
+            key_bits in 1u32..=24,
+            raw in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..400),
+        ) {
+            let mut keys: Vec<u32> = raw.iter().map(|k| k & ((1u32 << key_bits) - 1)).collect();
+            let mut expected = keys.clone();
+            expected.sort_unstable();
+            let mut scratch = Vec::with_capacity(keys.len());
+            radix_sort(&mut keys, &mut scratch, key_bits);
+            proptest::prop_assert_eq!(keys, expected);
+        }
+    }
+
+    #[test]
+    fn large_deltas_are_sorted_by_bucket() {
+        // More changed buckets than the comparison-sort cutoff, noted in scrambled order.
+        let bucket_count = 1 << 12;
+        let mut window = DirtyWindow::new(bucket_count).unwrap();
+        let mut words = vec![0u64; bucket_count];
+        window.reserve(bucket_count).unwrap();
+        for i in 0..300u32 {
+            let bucket = (i.wrapping_mul(2_654_435_761) >> 7) % bucket_count as u32;
+            window.note(bucket, words[bucket as usize]);
+            words[bucket as usize] = u64::from(i) + 1;
+        }
+        let delta = window.drain(&words, 0).unwrap().0.unwrap();
+        assert!(delta.images.len() > COMPARISON_SORT_MAX);
+        assert!(
+            delta
+                .images
+                .windows(2)
+                .all(|w| w[0].bucket_idx < w[1].bucket_idx)
+        );
+        for image in &delta.images {
+            assert_eq!(image.word, words[image.bucket_idx as usize]);
+        }
+        let n_changed = words.iter().filter(|&&w| w != 0).count();
+        assert_eq!(delta.images.len(), n_changed);
     }
 
     #[test]
