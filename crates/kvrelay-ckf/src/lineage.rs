@@ -12,7 +12,7 @@
 
 use crate::keyhash::mix;
 use crate::owners::GrowFailed;
-use crate::prefetch::prefetch_element;
+use crate::prefetch::{SLOTS_PER_LINE, prefetch_element};
 
 /// The key marking an empty slot.
 const EMPTY: u64 = u64::MAX;
@@ -159,7 +159,7 @@ impl LineageMap {
         if !self.slots.is_empty() {
             let idx = home(key, self.seed, self.slots.len() - 1);
             prefetch_element(&self.slots, idx);
-            prefetch_element(&self.slots, idx + 1);
+            prefetch_element(&self.slots, idx + SLOTS_PER_LINE);
         }
     }
 

@@ -9,7 +9,7 @@
 //! when its owner count is 0; every stored entry has at least one owner.
 
 use crate::keyhash::mix;
-use crate::prefetch::prefetch_element;
+use crate::prefetch::{SLOTS_PER_LINE, prefetch_element};
 
 /// Owner count and residency of one canonical hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -161,7 +161,7 @@ impl OwnerTable {
         if !self.slots.is_empty() {
             let idx = home(key, self.slots.len() - 1);
             prefetch_element(&self.slots, idx);
-            prefetch_element(&self.slots, idx + 1);
+            prefetch_element(&self.slots, idx + SLOTS_PER_LINE);
         }
     }
 

@@ -5,6 +5,12 @@
 //! line arrives, so a pass touching a few dozen cold slots stalls once the buffer is
 //! full; a prefetch retires at once. On targets without the x86-64 hint it is a no-op.
 
+/// 16-byte map slots per 64-byte cache line. A probe run or a backward shift that starts
+/// at slot `idx` rarely reaches past `idx + SLOTS_PER_LINE`, so prefetching that slot too
+/// brings in the following line whenever the run may cross into it (same page, so no
+/// second translation).
+pub(crate) const SLOTS_PER_LINE: usize = 4;
+
 /// Hints that `slice[idx]` will be read soon; does nothing when `idx` is out of bounds.
 #[inline(always)]
 pub(crate) fn prefetch_element<T>(slice: &[T], idx: usize) {
