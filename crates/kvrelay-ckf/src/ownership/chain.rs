@@ -6,7 +6,7 @@ use kvrelay_identity::hashing::{canonical_child, canonical_root};
 
 use super::PoolFilter;
 use super::error::{ApplyError, alloc};
-use crate::addressing::Address;
+use crate::addressing::Home;
 use crate::counters::ApplyOutcome;
 use crate::event::{SourceId, StoredBlocks};
 use crate::keyhash::KeyMap;
@@ -22,8 +22,8 @@ pub(super) struct PlannedBlock {
     pub(super) engine_block_id: u64,
     pub(super) canonical: u64,
     pub(super) is_new: bool,
-    /// The canonical hash's table address.
-    pub(super) address: Address,
+    /// The canonical hash's fingerprint and primary bucket.
+    pub(super) home: Home,
 }
 
 impl PoolFilter {
@@ -85,7 +85,7 @@ impl PoolFilter {
                 engine_block_id: block.engine_block_id,
                 canonical,
                 is_new: false,
-                address: self.state.prefetch(canonical),
+                home: self.state.prefetch(canonical),
             });
         }
         let use_scan = plan.len() <= LINEAR_SCAN_MAX;
@@ -181,7 +181,7 @@ impl PoolFilter {
         for block in plan {
             if block.is_new {
                 self.state
-                    .acquire_and_admit(block.canonical, block.address, &mut outcome);
+                    .acquire_and_admit(block.canonical, block.home, &mut outcome);
             } else {
                 self.state.reoffer(block.canonical, &mut outcome);
             }

@@ -44,9 +44,8 @@ impl PoolFilter {
         if lineage.is_empty() {
             self.lineage.remove(&source);
         }
-        for &(canonical, address) in &removal {
-            self.state
-                .release_at(canonical, Some(address), &mut outcome);
+        for &(canonical, home) in &removal {
+            self.state.release_at(canonical, Some(home), &mut outcome);
         }
         self.removal = removal;
         Ok(outcome)
