@@ -20,6 +20,16 @@ pub struct Address {
     pub alternate: u32,
 }
 
+/// A hash's fingerprint and primary bucket: an [`Address`] whose alternate bucket is
+/// derived only when needed (most inserts and removals never look at it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Home {
+    /// The nonzero 16-bit fingerprint.
+    pub(crate) fingerprint: u16,
+    /// The primary bucket index.
+    pub(crate) primary: u32,
+}
+
 /// Computes [`Address`]es for one [`CkfFormat`] (seed and bucket count).
 ///
 /// ```
@@ -50,15 +60,26 @@ impl Addressing {
     /// The address of a 64-bit (canonical sequence) hash.
     #[inline]
     pub fn address(&self, hash: u64) -> Address {
-        let mixed = xxh3_64_with_seed(&hash.to_le_bytes(), self.seed);
-        let low = (mixed & 0xFFFF) as u16;
-        let fingerprint = if low == 0 { 1 } else { low };
-        // Masked by a bucket count <= 2^24, so it fits in u32.
-        let primary = ((mixed >> 16) & self.mask) as u32;
+        let Home {
+            fingerprint,
+            primary,
+        } = self.home(hash);
         Address {
             fingerprint,
             primary,
             alternate: self.alternate(primary, fingerprint),
+        }
+    }
+
+    /// The fingerprint and primary bucket of a hash (its address without the alternate).
+    #[inline]
+    pub(crate) fn home(&self, hash: u64) -> Home {
+        let mixed = xxh3_64_with_seed(&hash.to_le_bytes(), self.seed);
+        let low = (mixed & 0xFFFF) as u16;
+        // Masked by a bucket count <= 2^24, so it fits in u32.
+        Home {
+            fingerprint: if low == 0 { 1 } else { low },
+            primary: ((mixed >> 16) & self.mask) as u32,
         }
     }
 

@@ -29,14 +29,14 @@ pub(crate) fn matches_pattern(word: u64, pattern: u64) -> bool {
 /// `word` with `fingerprint` in its first empty slot, or `None` when full.
 #[inline]
 pub(crate) fn with_inserted(word: u64, fingerprint: u16) -> Option<u64> {
-    let slot = (0..4).find(|&slot| slot_value(word, slot) == 0)?;
+    let slot = first_slot_equal(word, 0)?;
     Some(with_slot(word, slot, fingerprint))
 }
 
 /// `word` with its first slot equal to `fingerprint` cleared, or `None` when absent.
 #[inline]
 pub(crate) fn with_removed(word: u64, fingerprint: u16) -> Option<u64> {
-    let slot = (0..4).find(|&slot| slot_value(word, slot) == fingerprint)?;
+    let slot = first_slot_equal(word, fingerprint)?;
     Some(with_slot(word, slot, 0))
 }
 
@@ -61,7 +61,22 @@ pub(crate) fn occupied_slots(word: u64) -> u32 {
 
 #[inline]
 fn has_zero_lane(x: u64) -> bool {
-    x.wrapping_sub(LANE_ONES) & !x & LANE_HIGH_BITS != 0
+    zero_lane_flags(x) != 0
+}
+
+/// The lowest slot of `word` equal to `value` (branch-free search).
+#[inline]
+fn first_slot_equal(word: u64, value: u16) -> Option<u32> {
+    let flags = zero_lane_flags(word ^ (u64::from(value) * LANE_ONES));
+    (flags != 0).then_some(flags.trailing_zeros() / 16)
+}
+
+/// The high bit of each zero lane of `x`. A borrow out of a zero lane can also flag lanes
+/// above it, but never one below, so the lowest flag is always a zero lane and there is a
+/// flag exactly when some lane is zero.
+#[inline]
+fn zero_lane_flags(x: u64) -> u64 {
+    x.wrapping_sub(LANE_ONES) & !x & LANE_HIGH_BITS
 }
 
 #[cfg(test)]
@@ -78,6 +93,23 @@ mod tests {
         fn swar_membership_matches_slot_scan(word in any::<u64>(), fingerprint in any::<u16>()) {
             let expected = slots(word).contains(&fingerprint);
             prop_assert_eq!(contains(word, fingerprint), expected);
+        }
+
+        #[test]
+        fn swar_insert_and_remove_match_slot_scan(
+            lanes in proptest::array::uniform4(prop_oneof![Just(0u16), Just(7), any::<u16>()]),
+            fingerprint in prop_oneof![Just(7u16), 1..=u16::MAX],
+        ) {
+            let word = lanes.iter().rev().fold(0u64, |w, &lane| (w << 16) | u64::from(lane));
+            let scan = |value: u16| (0..4).find(|&slot| slot_value(word, slot) == value);
+            prop_assert_eq!(
+                with_inserted(word, fingerprint),
+                scan(0).map(|slot| with_slot(word, slot, fingerprint))
+            );
+            prop_assert_eq!(
+                with_removed(word, fingerprint),
+                scan(fingerprint).map(|slot| with_slot(word, slot, 0))
+            );
         }
     }
 

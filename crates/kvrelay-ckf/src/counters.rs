@@ -88,7 +88,7 @@ pub struct ApplyOutcome {
 pub struct MemoryUsage {
     /// Bucket words (the lossy projection that is published).
     pub table_bytes: u64,
-    /// Dirty-tracking bitset and touched list.
+    /// Dirty-tracking bitsets and touched list.
     pub dirty_window_bytes: u64,
     /// Per-source lineage maps (engine block id → canonical hash), by capacity.
     pub lineage_bytes: u64,

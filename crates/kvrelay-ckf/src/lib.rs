@@ -40,6 +40,7 @@ mod keyhash;
 mod lineage;
 mod owners;
 pub mod ownership;
+mod prefetch;
 mod publication;
 pub mod query;
 pub mod replica;

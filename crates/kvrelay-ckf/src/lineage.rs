@@ -12,6 +12,7 @@
 
 use crate::keyhash::mix;
 use crate::owners::GrowFailed;
+use crate::prefetch::{SLOTS_PER_LINE, prefetch_element};
 
 /// The key marking an empty slot.
 const EMPTY: u64 = u64::MAX;
@@ -152,14 +153,14 @@ impl LineageMap {
             .chain(self.max_id)
     }
 
-    /// Loads the home slot of `key` without branching on it, so that the loads of many
-    /// keys overlap; returns a value to fold into a sink so the load is kept.
+    /// Prefetches the home slot of `key`, so that the misses of many keys overlap.
     #[inline]
-    pub(crate) fn touch(&self, key: u64) -> u64 {
-        if self.slots.is_empty() {
-            return 0;
+    pub(crate) fn prefetch(&self, key: u64) {
+        if !self.slots.is_empty() {
+            let idx = home(key, self.seed, self.slots.len() - 1);
+            prefetch_element(&self.slots, idx);
+            prefetch_element(&self.slots, idx + SLOTS_PER_LINE);
         }
-        self.slots[home(key, self.seed, self.slots.len() - 1)].0
     }
 
     fn find(&self, key: u64) -> Option<usize> {

@@ -4,11 +4,12 @@
 //! A general-purpose map keeps its control bytes apart from its entries, so a lookup costs
 //! two cache misses on a large table, and the slot a new key lands in is unknown until
 //! the insert runs. Here key and entry share one 16-byte slot and a key lands at or just
-//! after its home slot, so one read of the home slot (see `Ownership::prefetch`) brings in
+//! after its home slot, so one prefetch of the home slot (see `Ownership::prefetch`) brings in
 //! the line a later lookup, increment, insert or removal touches. A slot is empty exactly
 //! when its owner count is 0; every stored entry has at least one owner.
 
 use crate::keyhash::mix;
+use crate::prefetch::{SLOTS_PER_LINE, prefetch_element};
 
 /// Owner count and residency of one canonical hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,14 +155,14 @@ impl OwnerTable {
             .map(|(k, e)| (*k, e))
     }
 
-    /// Loads the home slot of `key` without branching on it, so that the loads of many
-    /// keys overlap; returns a value to fold into a sink so the load is kept.
+    /// Prefetches the home slot of `key`, so that the misses of many keys overlap.
     #[inline]
-    pub(crate) fn touch(&self, key: u64) -> u64 {
-        if self.slots.is_empty() {
-            return 0;
+    pub(crate) fn prefetch(&self, key: u64) {
+        if !self.slots.is_empty() {
+            let idx = home(key, self.slots.len() - 1);
+            prefetch_element(&self.slots, idx);
+            prefetch_element(&self.slots, idx + SLOTS_PER_LINE);
         }
-        self.slots[home(key, self.slots.len() - 1)].0
     }
 
     fn find(&self, key: u64) -> Option<usize> {

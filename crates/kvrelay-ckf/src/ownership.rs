@@ -22,7 +22,7 @@ use std::num::NonZeroU32;
 
 use kvrelay_identity::CkfFormat;
 
-use crate::addressing::Address;
+use crate::addressing::{Address, Home};
 use crate::counters::{ApplyOutcome, FilterCounters, MemoryUsage};
 use crate::event::{EventPayload, RouterEvent, SourceId, StoredBlocks};
 use crate::format::{CkfConfig, ConfigError};
@@ -77,7 +77,7 @@ pub struct PoolFilter {
     state: Ownership,
     plan: Vec<PlannedBlock>,
     /// Canonical hashes and addresses of the removal being applied.
-    removal: Vec<(u64, Address)>,
+    removal: Vec<(u64, Home)>,
     sequence: u64,
     pending_events: u64,
 }
@@ -188,8 +188,8 @@ impl PoolFilter {
 
     /// Whether the table holds `canonical`'s fingerprint (what a replica would answer).
     pub fn contains(&self, canonical: u64) -> bool {
-        let address = self.address(canonical);
-        self.state.table.contains(address)
+        let home = self.state.table.addressing().home(canonical);
+        self.state.table.contains(home)
     }
 
     /// The address of a canonical hash in this filter's format.

@@ -1,9 +1,11 @@
 //! Dirty-bucket tracking and the building of deltas and snapshot chunks.
 //!
 //! Every table write notes `(bucket, previous word)`; the first note of a bucket in a
-//! window records its original value. Draining the window emits one absolute image per
-//! bucket whose current word differs from its original (buckets that changed and changed
-//! back are dropped), sorted by bucket index.
+//! window records its original value and sets the bucket's bit. Draining the window emits
+//! one absolute image per bucket whose current word differs from its original (buckets
+//! that changed and changed back are dropped), in bucket order: reverted buckets lose
+//! their bit, then the set bits are read in order, skipping empty words of the bitset by
+//! a summary bitset (one bit per bitset word), so no sort is needed.
 
 use std::num::NonZeroU32;
 
@@ -18,7 +20,10 @@ pub(crate) struct AllocFailed {
 /// Buckets touched since the last delta, with their values at the window's start.
 #[derive(Debug, Clone)]
 pub(crate) struct DirtyWindow {
+    /// One bit per bucket: touched in this window.
     bits: Vec<u64>,
+    /// One bit per word of `bits`: that word may have a set bit.
+    summary: Vec<u64>,
     touched: Vec<(u32, u64)>,
     bucket_count: usize,
 }
@@ -33,13 +38,21 @@ pub(crate) struct DrainStats {
 impl DirtyWindow {
     pub(crate) fn new(bucket_count: usize) -> Result<Self, AllocFailed> {
         let n_words = bucket_count.div_ceil(64);
+        let n_summary_words = n_words.div_ceil(64);
+        let alloc_failed = AllocFailed {
+            bytes: ((n_words + n_summary_words) * 8) as u64,
+        };
         let mut bits = Vec::new();
-        bits.try_reserve_exact(n_words).map_err(|_| AllocFailed {
-            bytes: (n_words * 8) as u64,
-        })?;
+        bits.try_reserve_exact(n_words).map_err(|_| alloc_failed)?;
         bits.resize(n_words, 0);
+        let mut summary = Vec::new();
+        summary
+            .try_reserve_exact(n_summary_words)
+            .map_err(|_| alloc_failed)?;
+        summary.resize(n_summary_words, 0);
         Ok(Self {
             bits,
+            summary,
             touched: Vec::new(),
             bucket_count,
         })
@@ -62,6 +75,7 @@ impl DirtyWindow {
         let word = &mut self.bits[idx / 64];
         if *word & bit == 0 {
             *word |= bit;
+            self.summary[idx / 4096] |= 1u64 << ((idx / 64) % 64);
             self.touched.push((bucket_idx, previous));
         }
     }
@@ -72,7 +86,7 @@ impl DirtyWindow {
 
     /// Bytes held by the window.
     pub(crate) fn bytes(&self) -> u64 {
-        (self.bits.capacity() * 8 + self.touched.capacity() * 16) as u64
+        ((self.bits.capacity() + self.summary.capacity()) * 8 + self.touched.capacity() * 16) as u64
     }
 
     /// Drains the window into a delta `base_sequence → base_sequence + 1` against the
@@ -83,30 +97,46 @@ impl DirtyWindow {
         words: &[u64],
         base_sequence: u64,
     ) -> Result<(Option<Delta>, DrainStats), AllocFailed> {
+        let n_touched = self.touched.len();
         let mut images = Vec::new();
         images
-            .try_reserve_exact(self.touched.len())
+            .try_reserve_exact(n_touched)
             .map_err(|_| AllocFailed {
-                bytes: (self.touched.len() * 16) as u64,
+                bytes: (n_touched * 16) as u64,
             })?;
         let mut stats = DrainStats {
-            distinct_touched: self.touched.len() as u64,
+            distinct_touched: n_touched as u64,
             net_reverted: 0,
         };
         for &(bucket_idx, original) in &self.touched {
-            let word = words[bucket_idx as usize];
-            if word == original {
+            let idx = bucket_idx as usize;
+            if words[idx] == original {
                 stats.net_reverted += 1;
-            } else {
-                images.push(BucketImage { bucket_idx, word });
+                self.bits[idx / 64] &= !(1u64 << (idx % 64));
             }
-            self.bits[bucket_idx as usize / 64] = 0;
         }
         self.touched.clear();
+        // Every set bit is a changed bucket; take them in order, clearing as we go.
+        for (summary_idx, summary_word) in self.summary.iter_mut().enumerate() {
+            let mut pending_words = std::mem::take(summary_word);
+            while pending_words != 0 {
+                let word_idx = summary_idx * 64 + pending_words.trailing_zeros() as usize;
+                pending_words &= pending_words - 1;
+                let mut pending_bits = std::mem::take(&mut self.bits[word_idx]);
+                while pending_bits != 0 {
+                    let idx = word_idx * 64 + pending_bits.trailing_zeros() as usize;
+                    pending_bits &= pending_bits - 1;
+                    // Bucket counts are at most 2^24, so indices fit in u32.
+                    images.push(BucketImage {
+                        bucket_idx: idx as u32,
+                        word: words[idx],
+                    });
+                }
+            }
+        }
         if images.is_empty() {
             return Ok((None, stats));
         }
-        images.sort_unstable_by_key(|image| image.bucket_idx);
         let delta = Delta {
             base_sequence,
             sequence: base_sequence + 1,
@@ -189,6 +219,70 @@ mod tests {
         );
         assert!(window.is_empty());
         assert_eq!(window.drain(&words, 5).unwrap().0, None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        #[test]
+        fn drained_images_match_a_model_window(
+            bucket_count in proptest::prop_oneof![1usize..300, proptest::strategy::Just(1usize << 13)],
+            windows in proptest::collection::vec(
+                proptest::collection::vec((0u32..1 << 13, 0u64..4), 0..200),
+                1..4,
+            ),
+        ) {
+            let mut window = DirtyWindow::new(bucket_count).unwrap();
+            let mut words = vec![0u64; bucket_count];
+            for writes in windows {
+                window.reserve(writes.len()).unwrap();
+                let mut originals = std::collections::BTreeMap::new();
+                for (bucket, value) in writes {
+                    let bucket = bucket % bucket_count as u32;
+                    originals.entry(bucket).or_insert(words[bucket as usize]);
+                    window.note(bucket, words[bucket as usize]);
+                    words[bucket as usize] = value;
+                }
+                let expected: Vec<BucketImage> = originals
+                    .iter()
+                    .filter(|&(&b, &original)| words[b as usize] != original)
+                    .map(|(&bucket_idx, _)| BucketImage { bucket_idx, word: words[bucket_idx as usize] })
+                    .collect();
+                let (delta, stats) = window.drain(&words, 0).unwrap();
+                proptest::prop_assert_eq!(stats.distinct_touched, originals.len() as u64);
+                proptest::prop_assert_eq!(delta.map(|d| d.images).unwrap_or_default(), expected);
+                proptest::prop_assert!(window.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn large_deltas_are_sorted_by_bucket() {
+        // Changed buckets noted in scrambled order, across many bitset and summary words,
+        // some changed back.
+        let bucket_count = 1 << 14;
+        let mut window = DirtyWindow::new(bucket_count).unwrap();
+        let mut words = vec![0u64; bucket_count];
+        window.reserve(bucket_count).unwrap();
+        for i in 0..600u32 {
+            let bucket = (i.wrapping_mul(2_654_435_761) >> 7) % bucket_count as u32;
+            window.note(bucket, words[bucket as usize]);
+            words[bucket as usize] = if i % 5 == 0 { 0 } else { u64::from(i) + 1 };
+        }
+        let delta = window.drain(&words, 0).unwrap().0.unwrap();
+        assert!(window.is_empty());
+        assert!(window.bits.iter().chain(&window.summary).all(|&w| w == 0));
+        assert!(
+            delta
+                .images
+                .windows(2)
+                .all(|w| w[0].bucket_idx < w[1].bucket_idx)
+        );
+        for image in &delta.images {
+            assert_eq!(image.word, words[image.bucket_idx as usize]);
+        }
+        let n_changed = words.iter().filter(|&&w| w != 0).count();
+        assert_eq!(delta.images.len(), n_changed);
     }
 
     #[test]

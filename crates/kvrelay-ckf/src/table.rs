@@ -1,8 +1,9 @@
 //! The packed cuckoo table: bucket words, insertion with bounded relocation and complete
 //! rollback, removal of one fingerprint copy. No ownership knowledge lives here.
 
-use crate::addressing::{Address, Addressing};
+use crate::addressing::{Addressing, Home};
 use crate::bucket;
+use crate::prefetch::prefetch_element;
 use kvrelay_identity::CkfFormat;
 
 use crate::format::ConfigError;
@@ -67,10 +68,23 @@ impl Table {
         self.words[bucket_idx as usize]
     }
 
-    /// Whether `address`'s fingerprint is in either candidate bucket.
-    pub(crate) fn contains(&self, address: Address) -> bool {
-        bucket::contains(self.word(address.primary), address.fingerprint)
-            || bucket::contains(self.word(address.alternate), address.fingerprint)
+    /// Prefetches the word of `bucket_idx`.
+    #[inline]
+    pub(crate) fn prefetch(&self, bucket_idx: u32) {
+        prefetch_element(&self.words, bucket_idx as usize);
+    }
+
+    /// Whether `home`'s fingerprint is in either candidate bucket.
+    pub(crate) fn contains(&self, home: Home) -> bool {
+        let Home {
+            fingerprint,
+            primary,
+        } = home;
+        bucket::contains(self.word(primary), fingerprint)
+            || bucket::contains(
+                self.word(self.addressing.alternate(primary, fingerprint)),
+                fingerprint,
+            )
     }
 
     /// Inserts one copy of `address`'s fingerprint, relocating up to the table's budget.
@@ -78,31 +92,37 @@ impl Table {
     /// on failure the table is exactly as before and nothing is reported.
     pub(crate) fn insert(
         &mut self,
-        address: Address,
+        home: Home,
         touched: impl FnMut(u32, u64),
     ) -> Result<(), InsertFailed> {
-        self.insert_with_budget(address, self.max_kicks, touched)
+        self.insert_with_budget(home, self.max_kicks, touched)
     }
 
     /// Inserts only if a candidate bucket has a free slot (no relocation, no rollback).
     pub(crate) fn insert_without_relocation(
         &mut self,
-        address: Address,
+        home: Home,
         touched: impl FnMut(u32, u64),
     ) -> Result<(), InsertFailed> {
-        self.insert_with_budget(address, 0, touched)
+        self.insert_with_budget(home, 0, touched)
     }
 
-    /// Removes one copy of `address`'s fingerprint (primary bucket first). Returns `false`
+    /// Removes one copy of `home`'s fingerprint (primary bucket first). Returns `false`
     /// (and changes nothing) when neither bucket holds it.
-    pub(crate) fn remove(&mut self, address: Address, mut touched: impl FnMut(u32, u64)) -> bool {
-        for bucket_idx in [address.primary, address.alternate] {
+    pub(crate) fn remove(&mut self, home: Home, mut touched: impl FnMut(u32, u64)) -> bool {
+        let Home {
+            fingerprint,
+            primary,
+        } = home;
+        let mut bucket_idx = primary;
+        for _ in 0..2 {
             let previous = self.word(bucket_idx);
-            if let Some(next) = bucket::with_removed(previous, address.fingerprint) {
+            if let Some(next) = bucket::with_removed(previous, fingerprint) {
                 self.words[bucket_idx as usize] = next;
                 touched(bucket_idx, previous);
                 return true;
             }
+            bucket_idx = self.addressing.alternate(primary, fingerprint);
         }
         false
     }
@@ -117,27 +137,30 @@ impl Table {
 
     fn insert_with_budget(
         &mut self,
-        address: Address,
+        home: Home,
         max_kicks: u32,
         mut touched: impl FnMut(u32, u64),
     ) -> Result<(), InsertFailed> {
-        for bucket_idx in [address.primary, address.alternate] {
-            let previous = self.word(bucket_idx);
-            if let Some(next) = bucket::with_inserted(previous, address.fingerprint) {
-                self.words[bucket_idx as usize] = next;
-                touched(bucket_idx, previous);
-                return Ok(());
-            }
+        let Home {
+            fingerprint,
+            primary,
+        } = home;
+        if self.insert_into(primary, fingerprint, &mut touched) {
+            return Ok(());
+        }
+        let alternate = self.addressing.alternate(primary, fingerprint);
+        if self.insert_into(alternate, fingerprint, &mut touched) {
+            return Ok(());
         }
         if max_kicks == 0 {
             return Err(InsertFailed);
         }
         self.write_log.clear();
-        let mut carried = address.fingerprint;
+        let mut carried = fingerprint;
         let mut bucket_idx = if self.next_random() & 1 == 0 {
-            address.primary
+            primary
         } else {
-            address.alternate
+            alternate
         };
         for _ in 0..max_kicks {
             let slot = (self.next_random() & 3) as u32;
@@ -161,6 +184,25 @@ impl Table {
             self.words[bucket_idx as usize] = previous;
         }
         Err(InsertFailed)
+    }
+
+    /// Puts `fingerprint` in a free slot of `bucket_idx` if it has one.
+    #[inline]
+    fn insert_into(
+        &mut self,
+        bucket_idx: u32,
+        fingerprint: u16,
+        touched: &mut impl FnMut(u32, u64),
+    ) -> bool {
+        let previous = self.word(bucket_idx);
+        match bucket::with_inserted(previous, fingerprint) {
+            Some(next) => {
+                self.words[bucket_idx as usize] = next;
+                touched(bucket_idx, previous);
+                true
+            }
+            None => false,
+        }
     }
 
     fn log_write(&mut self, bucket_idx: u32, previous: u64) {
@@ -199,7 +241,7 @@ mod tests {
     #[test]
     fn inserted_hashes_are_found_until_removed() {
         let mut table = table(64, 500);
-        let addresses: Vec<_> = (0..100u64).map(|h| table.addressing().address(h)).collect();
+        let addresses: Vec<_> = (0..100u64).map(|h| table.addressing().home(h)).collect();
         for &address in &addresses {
             table.insert(address, |_, _| {}).unwrap();
         }
@@ -218,7 +260,7 @@ mod tests {
         let mut hash = 0u64;
         // Fill until an insert fails, then check the failure left the table unchanged.
         loop {
-            let address = table.addressing().address(hash);
+            let address = table.addressing().home(hash);
             let before = table.words().to_vec();
             let mut n_touched = 0;
             match table.insert(address, |_, _| n_touched += 1) {
@@ -239,7 +281,7 @@ mod tests {
         let mut table = table(4, 500);
         let mut replay = [0u64; 4];
         for hash in 0..14u64 {
-            let address = table.addressing().address(hash);
+            let address = table.addressing().home(hash);
             let mut log = Vec::new();
             if table.insert(address, |b, prev| log.push((b, prev))).is_ok() {
                 // The first report for each bucket carries the value the replay holds.

@@ -1,12 +1,12 @@
-//! Applying a stored chain: validate it into a plan against the source's lineage,
-//! reserve every slot the commit may need, prefetch, then commit (nothing fails after
-//! validation and reservation).
+//! Applying a stored chain: derive every block's canonical hash and prefetch the slots
+//! the event touches, validate the plan against the source's lineage, reserve every slot
+//! the commit may need, then commit (nothing fails after validation and reservation).
 
 use kvrelay_identity::hashing::{canonical_child, canonical_root};
 
 use super::PoolFilter;
 use super::error::{ApplyError, alloc};
-use crate::addressing::Address;
+use crate::addressing::Home;
 use crate::counters::ApplyOutcome;
 use crate::event::{SourceId, StoredBlocks};
 use crate::keyhash::KeyMap;
@@ -22,16 +22,9 @@ pub(super) struct PlannedBlock {
     pub(super) engine_block_id: u64,
     pub(super) canonical: u64,
     pub(super) is_new: bool,
-    /// Filled by the prefetch pass just before commit.
-    pub(super) address: Address,
+    /// The canonical hash's fingerprint and primary bucket.
+    pub(super) home: Home,
 }
-
-/// An address placeholder until the prefetch pass fills it.
-pub(super) const NO_ADDRESS: Address = Address {
-    fingerprint: 0,
-    primary: 0,
-    alternate: 0,
-};
 
 impl PoolFilter {
     pub(super) fn apply_stored(
@@ -44,7 +37,6 @@ impl PoolFilter {
             .plan_stored(source, stored, &mut plan)
             .and_then(|n_new| {
                 self.reserve_for_store(source, n_new, plan.len() - n_new)?;
-                self.state.prefetch_plan(&mut plan);
                 Ok(self.commit_stored(source, &plan))
             });
         plan.clear();
@@ -77,27 +69,38 @@ impl PoolFilter {
                 what: "stored plan",
                 bytes: (stored.blocks.len() * std::mem::size_of::<PlannedBlock>()) as u64,
             })?;
-        if let Some(lineage) = lineage {
-            // Issue every block's lineage miss before the (branchy) validation loop.
-            let sink = stored
-                .blocks
-                .iter()
-                .fold(0u64, |sink, b| sink ^ lineage.touch(b.engine_block_id));
-            std::hint::black_box(sink);
-        }
-        let use_scan = stored.blocks.len() <= LINEAR_SCAN_MAX;
-        let mut batch_ids: KeyMap<u64, u64> = KeyMap::default();
-        let mut n_new = 0u64;
+        // Canonical hashes depend only on the parent, so every block's lineage slot, owner
+        // slot and table rows can be prefetched before the first of them is read: the
+        // event waits for one round of misses instead of one per pass.
         for block in &stored.blocks {
             let canonical = match parent {
                 None => canonical_root(block.token_hash),
                 Some(parent) => canonical_child(parent, block.token_hash),
             };
             parent = Some(canonical);
-            let id = block.engine_block_id;
+            if let Some(lineage) = lineage {
+                lineage.prefetch(block.engine_block_id);
+            }
+            plan.push(PlannedBlock {
+                engine_block_id: block.engine_block_id,
+                canonical,
+                is_new: false,
+                home: self.state.prefetch(canonical),
+            });
+        }
+        let use_scan = plan.len() <= LINEAR_SCAN_MAX;
+        let mut batch_ids: KeyMap<u64, u64> = KeyMap::default();
+        let mut n_new = 0u64;
+        for block_idx in 0..plan.len() {
+            let PlannedBlock {
+                engine_block_id: id,
+                canonical,
+                ..
+            } = plan[block_idx];
             let earlier = lineage.and_then(|m| m.get(id)).or_else(|| {
                 if use_scan {
-                    plan.iter()
+                    plan[..block_idx]
+                        .iter()
                         .find(|p| p.engine_block_id == id)
                         .map(|p| p.canonical)
                 } else {
@@ -116,6 +119,7 @@ impl PoolFilter {
                 Some(_) => false,
                 None => true,
             };
+            plan[block_idx].is_new = is_new;
             if is_new {
                 n_new += 1;
                 // An owner count never exceeds the live mappings, so bounding those bounds
@@ -127,12 +131,6 @@ impl PoolFilter {
                     batch_ids.insert(id, canonical);
                 }
             }
-            plan.push(PlannedBlock {
-                engine_block_id: id,
-                canonical,
-                is_new,
-                address: NO_ADDRESS,
-            });
         }
         Ok(n_new as usize)
     }
@@ -183,7 +181,7 @@ impl PoolFilter {
         for block in plan {
             if block.is_new {
                 self.state
-                    .acquire_and_admit(block.canonical, block.address, &mut outcome);
+                    .acquire_and_admit(block.canonical, block.home, &mut outcome);
             } else {
                 self.state.reoffer(block.canonical, &mut outcome);
             }

@@ -3,7 +3,6 @@
 //! commit); unknown ids are counted no-ops.
 
 use super::PoolFilter;
-use super::chain::NO_ADDRESS;
 use super::error::{ApplyError, alloc};
 use crate::counters::ApplyOutcome;
 use crate::event::SourceId;
@@ -30,13 +29,12 @@ impl PoolFilter {
         };
         // Three passes, so that each pass's cache misses are independent of each other
         // and overlap: lineage reads, then owner entries and table rows, then the commit.
-        let mut sink = 0u64;
         for id in engine_block_ids {
-            sink ^= lineage.touch(*id);
+            lineage.prefetch(*id);
         }
         for id in engine_block_ids {
             match lineage.remove(*id) {
-                Some(canonical) => removal.push((canonical, NO_ADDRESS)),
+                Some(canonical) => removal.push((canonical, self.state.prefetch(canonical))),
                 None => {
                     self.state.counters.unknown_removals += 1;
                     outcome.unknown_removals += 1;
@@ -46,13 +44,8 @@ impl PoolFilter {
         if lineage.is_empty() {
             self.lineage.remove(&source);
         }
-        for (canonical, address) in &mut removal {
-            sink ^= self.state.prefetch(*canonical, address);
-        }
-        std::hint::black_box(sink);
-        for &(canonical, address) in &removal {
-            self.state
-                .release_at(canonical, Some(address), &mut outcome);
+        for &(canonical, home) in &removal {
+            self.state.release_at(canonical, Some(home), &mut outcome);
         }
         self.removal = removal;
         Ok(outcome)

@@ -5,9 +5,8 @@
 //! 1 → 0 of a resident hash removes one; callers validate and reserve first, so no
 //! transition fails (a broken invariant is counted, never panicked on).
 
-use super::chain::PlannedBlock;
 use super::error::{ApplyError, alloc};
-use crate::addressing::Address;
+use crate::addressing::Home;
 use crate::counters::{ApplyOutcome, FilterCounters};
 use crate::owners::{GrowFailed, NotStored, OwnerEntry, OwnerTable};
 use crate::publication::{AllocFailed, DirtyWindow};
@@ -60,32 +59,22 @@ impl Ownership {
         outcome.blocks_mapped += 1;
     }
 
-    /// Computes every planned block's address and loads its owner entry and table rows
-    /// (independent loads that overlap), so the commit finds them in cache.
-    pub(super) fn prefetch_plan(&self, plan: &mut [PlannedBlock]) {
-        let mut sink = 0u64;
-        for block in plan {
-            sink ^= self.prefetch(block.canonical, &mut block.address);
-        }
-        std::hint::black_box(sink);
-    }
-
-    /// Sets `address` to `canonical`'s and loads its owner slot and both table rows;
-    /// returns a value to fold into a sink so the loads are kept.
+    /// Returns `canonical`'s fingerprint and primary bucket after prefetching its owner
+    /// slot and primary table row (the alternate row is rarely needed).
     #[inline]
-    pub(super) fn prefetch(&self, canonical: u64, address: &mut Address) -> u64 {
-        *address = self.table.addressing().address(canonical);
-        self.owners.touch(canonical)
-            ^ self.table.word(address.primary)
-            ^ self.table.word(address.alternate)
+    pub(super) fn prefetch(&self, canonical: u64) -> Home {
+        let home = self.table.addressing().home(canonical);
+        self.owners.prefetch(canonical);
+        self.table.prefetch(home.primary);
+        home
     }
 
     /// [`Ownership::acquire`] then [`Ownership::admit`] with one owner-map lookup;
-    /// `address` is `canonical`'s.
+    /// `home` is `canonical`'s.
     pub(super) fn acquire_and_admit(
         &mut self,
         canonical: u64,
-        address: Address,
+        home: Home,
         outcome: &mut ApplyOutcome,
     ) {
         self.counters.blocks_mapped += 1;
@@ -103,7 +92,7 @@ impl Ownership {
                 &mut self.table,
                 &mut self.window,
                 &mut self.counters,
-                address,
+                home,
                 entry,
                 outcome,
             );
@@ -118,12 +107,12 @@ impl Ownership {
         if entry.resident {
             return;
         }
-        let address = self.table.addressing().address(canonical);
+        let home = self.table.addressing().home(canonical);
         admit_entry(
             &mut self.table,
             &mut self.window,
             &mut self.counters,
-            address,
+            home,
             entry,
             outcome,
         );
@@ -139,11 +128,11 @@ impl Ownership {
         if entry.resident {
             return;
         }
-        let address = self.table.addressing().address(canonical);
+        let home = self.table.addressing().home(canonical);
         let window = &mut self.window;
         match self
             .table
-            .insert_without_relocation(address, |b, prev| window.note(b, prev))
+            .insert_without_relocation(home, |b, prev| window.note(b, prev))
         {
             Ok(()) => {
                 entry.resident = true;
@@ -161,11 +150,11 @@ impl Ownership {
         self.release_at(canonical, None, outcome);
     }
 
-    /// [`Ownership::release`] with `canonical`'s address when already known.
+    /// [`Ownership::release`] with `canonical`'s home when already known.
     pub(super) fn release_at(
         &mut self,
         canonical: u64,
-        address: Option<Address>,
+        home: Option<Home>,
         outcome: &mut ApplyOutcome,
     ) {
         self.counters.mappings_removed += 1;
@@ -182,9 +171,9 @@ impl Ownership {
         if !resident {
             return;
         }
-        let address = address.unwrap_or_else(|| self.table.addressing().address(canonical));
+        let home = home.unwrap_or_else(|| self.table.addressing().home(canonical));
         let window = &mut self.window;
-        if self.table.remove(address, |b, prev| window.note(b, prev)) {
+        if self.table.remove(home, |b, prev| window.note(b, prev)) {
             self.counters.fingerprints_removed += 1;
             outcome.fingerprints_removed += 1;
         } else {
@@ -193,17 +182,17 @@ impl Ownership {
     }
 }
 
-/// Inserts the fingerprint at `address` (of an owned hash that is not resident) with
+/// Inserts the fingerprint at `home` (of an owned hash that is not resident) with
 /// relocation and records the outcome in its owner `entry`.
 fn admit_entry(
     table: &mut Table,
     window: &mut DirtyWindow,
     counters: &mut FilterCounters,
-    address: Address,
+    home: Home,
     entry: &mut OwnerEntry,
     outcome: &mut ApplyOutcome,
 ) {
-    match table.insert(address, |b, prev| window.note(b, prev)) {
+    match table.insert(home, |b, prev| window.note(b, prev)) {
         Ok(()) => {
             entry.resident = true;
             counters.fingerprints_inserted += 1;
