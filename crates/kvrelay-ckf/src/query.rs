@@ -12,6 +12,7 @@ use crate::addressing::{Address, Addressing};
 use crate::bucket;
 use crate::format::ConfigError;
 use crate::image::{Delta, SnapshotChunk};
+use crate::prefetch::prefetch_element;
 use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
 use crate::search::{Prober, SearchScratch, search};
 
@@ -326,19 +327,20 @@ impl Prober for QueryTable {
 
     #[inline]
     fn touch(&self, address: Address, group: usize, lanes: u64) -> u64 {
-        let (row_a, row_b) = self.group_rows(address, group);
-        // One word per cache line holding one of `lanes`, in both rows (rows start on a
-        // line boundary).
-        let mut sink = 0;
+        let rows = self.rows();
+        let first = group * 64;
+        let primary = address.primary as usize * self.stride + first;
+        let alternate = address.alternate as usize * self.stride + first;
+        // Every cache line holding one of `lanes`, in both rows (rows start on a line
+        // boundary).
         let mut lines = lanes;
         while lines != 0 {
-            let first = lines.trailing_zeros() as usize / ROW_ALIGN_WORDS * ROW_ALIGN_WORDS;
-            if let (Some(a), Some(b)) = (row_a.get(first), row_b.get(first)) {
-                sink ^= a ^ b;
-            }
-            lines &= !(LINE_LANES << first);
+            let line = lines.trailing_zeros() as usize / ROW_ALIGN_WORDS * ROW_ALIGN_WORDS;
+            prefetch_element(rows, primary + line);
+            prefetch_element(rows, alternate + line);
+            lines &= !(LINE_LANES << line);
         }
-        sink
+        0
     }
 
     #[inline]
