@@ -326,7 +326,7 @@ impl Prober for QueryTable {
     }
 
     #[inline]
-    fn touch(&self, address: Address, group: usize, lanes: u64) -> u64 {
+    fn prefetch(&self, address: Address, group: usize, lanes: u64) {
         let rows = self.rows();
         let first = group * 64;
         let primary = address.primary as usize * self.stride + first;
@@ -340,7 +340,6 @@ impl Prober for QueryTable {
             prefetch_element(rows, alternate + line);
             lines &= !(LINE_LANES << line);
         }
-        0
     }
 
     #[inline]

@@ -8,7 +8,7 @@
 //! `lo == 0`) and position `hi` was probed absent (or `hi` is the request length). Every
 //! step is a handful of mask operations, whatever the number of lanes in a group, and the
 //! work runs in rounds whose probes are issued as one batch (addresses first, then every
-//! row load, then the reads), so a round costs about one memory latency, not one per probe:
+//! row prefetch, then the reads), so a round costs about one memory latency, not one per probe:
 //!
 //! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 and the last `window` positions in one
 //!    batch; the lanes that miss first at a gallop position form one bracket;
@@ -65,9 +65,9 @@ pub(crate) trait Prober {
     fn ready_lanes(&self, group: usize) -> u64;
     /// Where `hash` lives (computed once per position, before any memory is touched).
     fn locate(&self, hash: u64) -> Address;
-    /// Loads the memory `probe` will read for `lanes` of `group` and folds it into the
-    /// result (so a batch of touches issues its cache misses together).
-    fn touch(&self, address: Address, group: usize, lanes: u64) -> u64;
+    /// Hints that `probe` will read the memory of `lanes` of `group` at `address` (so a
+    /// batch's cache misses are all in flight before the first read waits).
+    fn prefetch(&self, address: Address, group: usize, lanes: u64);
     /// Which of `lanes` (ready lanes of `group`) hold `address`; bits outside `lanes` may
     /// be set and are ignored.
     fn probe(&self, address: Address, group: usize, lanes: u64) -> u64;
@@ -194,7 +194,7 @@ impl<P: Prober> GroupSearch<'_, P> {
         }
     }
 
-    /// Probes every queued position: addresses, then every touch, then every read.
+    /// Probes every queued position: addresses, then every prefetch, then every read.
     fn probe_batch(&mut self) {
         let s = &mut *self.scratch;
         for &p in &s.batch {
@@ -203,12 +203,11 @@ impl<P: Prober> GroupSearch<'_, P> {
                 s.addresses[p as usize] = self.prober.locate(self.hashes[p as usize]);
             }
         }
-        let mut sink = 0u64;
         for &p in &s.batch {
             let p = p as usize;
-            sink ^= self.prober.touch(s.addresses[p], self.group, s.queued[p]);
+            self.prober
+                .prefetch(s.addresses[p], self.group, s.queued[p]);
         }
-        std::hint::black_box(sink);
         for &p in &s.batch {
             let p = p as usize;
             let lanes = s.queued[p];
@@ -429,9 +428,7 @@ mod tests {
                 alternate: 0,
             }
         }
-        fn touch(&self, address: Address, group: usize, lanes: u64) -> u64 {
-            u64::from(address.primary) ^ group as u64 ^ lanes
-        }
+        fn prefetch(&self, _address: Address, _group: usize, _lanes: u64) {}
         fn probe(&self, address: Address, group: usize, _lanes: u64) -> u64 {
             let mut bits = 0;
             for (lane, present) in self.present.iter().enumerate().skip(group * 64).take(64) {
