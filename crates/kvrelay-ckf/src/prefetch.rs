@@ -32,3 +32,19 @@ pub(crate) fn prefetch_element<T>(slice: &[T], idx: usize) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (slice, idx);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefetching_any_index_leaves_the_slice_alone_and_ignores_out_of_bounds() {
+        let words: Vec<u64> = (0..64).collect();
+        for idx in 0..words.len() + SLOTS_PER_LINE {
+            prefetch_element(&words, idx);
+        }
+        prefetch_element(&words, usize::MAX);
+        prefetch_element::<u64>(&[], 0);
+        assert_eq!(words, (0..64).collect::<Vec<u64>>());
+    }
+}
