@@ -168,18 +168,9 @@ async fn followers_of(addr: SocketAddr, catalog: &CatalogUpdate) -> Vec<Follower
 fn score_trace(consumer: &Consumer, catalog: &CatalogUpdate, n: usize) -> (usize, usize, usize) {
     let models = kvrelay_consumer::served_base_models(catalog);
     let (mut scored, mut current_legs, mut hits) = (0, 0, 0);
-    for line in kvrelay_ingest::BUILTIN_REQUEST_TRACE
-        .lines()
-        .filter(|line| !line.trim().is_empty())
-        .take(n)
-    {
-        let record: serde_json::Value = serde_json::from_str(line).unwrap();
-        let hash_ids: Vec<u64> = record["hash_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|id| id.as_u64().unwrap())
-            .collect();
+    let requests = kvrelay_ingest::parse_request_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE)
+        .expect("the built-in trace parses");
+    for kvrelay_ingest::RequestRecord { hash_ids, .. } in requests.iter().take(n) {
         for kvrelay_consumer::ServedModel {
             model,
             kv_block_size,
@@ -187,7 +178,7 @@ fn score_trace(consumer: &Consumer, catalog: &CatalogUpdate, n: usize) -> (usize
         {
             let request = ScoreRequest {
                 tokens: kvrelay_ingest::request_tokens(
-                    &hash_ids,
+                    hash_ids,
                     *kv_block_size,
                     WORKLOAD_TOKEN_SEED,
                 ),
