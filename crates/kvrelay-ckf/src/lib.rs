@@ -45,6 +45,7 @@ mod publication;
 pub mod query;
 pub mod replica;
 mod search;
+mod slots;
 mod table;
 
 pub use addressing::{Address, Addressing};

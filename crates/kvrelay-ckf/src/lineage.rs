@@ -11,17 +11,11 @@
 //! another. The keyed mix resists precomputed collision sets, not a cryptographic attack.
 
 use crate::keyhash::mix;
-use crate::owners::GrowFailed;
 use crate::prefetch::{SLOTS_PER_LINE, prefetch_element};
+use crate::slots::{self, GrowFailed, max_len};
 
 /// The key marking an empty slot.
 const EMPTY: u64 = u64::MAX;
-
-/// Slots are at most this many eighths full.
-const MAX_LOAD_EIGHTHS: usize = 6;
-
-/// The smallest allocated table.
-const MIN_SLOTS: usize = 16;
 
 /// The map; see the module docs.
 #[derive(Debug, Clone)]
@@ -65,23 +59,11 @@ impl LineageMap {
     /// Makes room for `n_more` new mappings, so that inserting them cannot allocate.
     pub(crate) fn try_reserve(&mut self, n_more: usize) -> Result<(), GrowFailed> {
         let needed = self.n_slotted.saturating_add(n_more);
-        if needed <= max_len(self.slots.len()) && !self.slots.is_empty() {
+        let Some(slots) = slots::grown(self.slots.len(), needed, (EMPTY, 0))? else {
             return Ok(());
-        }
-        let mut n_slots = self.slots.len().max(MIN_SLOTS);
-        while max_len(n_slots) < needed {
-            n_slots = n_slots
-                .checked_mul(2)
-                .ok_or(GrowFailed { bytes: u64::MAX })?;
-        }
-        let bytes = (n_slots * 16) as u64;
-        let mut slots = Vec::new();
-        slots
-            .try_reserve_exact(n_slots)
-            .map_err(|_| GrowFailed { bytes })?;
-        slots.resize(n_slots, (EMPTY, 0));
+        };
+        let mask = slots.len() - 1;
         let old = std::mem::replace(&mut self.slots, slots);
-        let mask = n_slots - 1;
         for (key, value) in old.into_iter().filter(|&(k, _)| k != EMPTY) {
             let mut idx = home(key, self.seed, mask);
             while self.slots[idx].0 != EMPTY {
@@ -204,11 +186,6 @@ impl LineageMap {
         self.slots[hole] = (EMPTY, 0);
         self.n_slotted -= 1;
     }
-}
-
-/// The most mappings `n_slots` slots may hold.
-fn max_len(n_slots: usize) -> usize {
-    n_slots / 8 * MAX_LOAD_EIGHTHS
 }
 
 /// The home slot of `key` under `seed` in a table of `mask + 1` slots.

@@ -10,6 +10,7 @@
 
 use crate::keyhash::mix;
 use crate::prefetch::{SLOTS_PER_LINE, prefetch_element};
+use crate::slots::{self, max_len};
 
 /// Owner count and residency of one canonical hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,11 +23,7 @@ pub(crate) struct OwnerEntry {
     pub(crate) omitted: bool,
 }
 
-/// Why the table could not grow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct GrowFailed {
-    pub(crate) bytes: u64,
-}
+pub(crate) use crate::slots::GrowFailed;
 
 /// The table; see the module docs.
 #[derive(Debug, Clone, Default)]
@@ -35,12 +32,6 @@ pub(crate) struct OwnerTable {
     slots: Vec<(u64, OwnerEntry)>,
     len: usize,
 }
-
-/// Slots are at most this many eighths full.
-const MAX_LOAD_EIGHTHS: usize = 6;
-
-/// The smallest allocated table.
-const MIN_SLOTS: usize = 16;
 
 impl OwnerTable {
     /// Stored hashes.
@@ -56,23 +47,12 @@ impl OwnerTable {
     /// Makes room for `n_more` new hashes, so that inserting them cannot allocate.
     pub(crate) fn try_reserve(&mut self, n_more: usize) -> Result<(), GrowFailed> {
         let needed = self.len.saturating_add(n_more);
-        if needed <= max_len(self.slots.len()) && !self.slots.is_empty() {
+        let Some(slots) = slots::grown(self.slots.len(), needed, (0, OwnerEntry::default()))?
+        else {
             return Ok(());
-        }
-        let mut n_slots = self.slots.len().max(MIN_SLOTS);
-        while max_len(n_slots) < needed {
-            n_slots = n_slots
-                .checked_mul(2)
-                .ok_or(GrowFailed { bytes: u64::MAX })?;
-        }
-        let bytes = (n_slots * std::mem::size_of::<(u64, OwnerEntry)>()) as u64;
-        let mut slots = Vec::new();
-        slots
-            .try_reserve_exact(n_slots)
-            .map_err(|_| GrowFailed { bytes })?;
-        slots.resize(n_slots, (0, OwnerEntry::default()));
+        };
+        let mask = slots.len() - 1;
         let old = std::mem::replace(&mut self.slots, slots);
-        let mask = n_slots - 1;
         for (key, entry) in old.into_iter().filter(|(_, e)| e.owners > 0) {
             let mut idx = home(key, mask);
             while self.slots[idx].1.owners > 0 {
@@ -211,11 +191,6 @@ impl OwnerTable {
 /// A removal named a hash the table does not hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NotStored;
-
-/// The most hashes `n_slots` slots may hold.
-fn max_len(n_slots: usize) -> usize {
-    n_slots / 8 * MAX_LOAD_EIGHTHS
-}
 
 #[inline]
 fn home(key: u64, mask: usize) -> usize {
