@@ -539,6 +539,22 @@ struct LegValues {
     load: Option<f64>,
 }
 
+impl LegValues {
+    /// A new leg of `entry` with these values.
+    fn into_leg(self, entry: &PoolEntry) -> ScoredLeg {
+        ScoredLeg {
+            role: self.role,
+            pool: Arc::clone(&entry.pool_label),
+            endpoint: Arc::clone(&entry.endpoint),
+            block_size: self.block_size,
+            replica: self.replica,
+            prefix_blocks: self.prefix_blocks,
+            prefix_tokens: self.prefix_tokens,
+            load: self.load,
+        }
+    }
+}
+
 /// The legs of `terms`' candidate: entry index, role, load.
 fn legs_of(terms: &CandidateTerms) -> impl Iterator<Item = (usize, &'static str, Option<f64>)> {
     let cand = terms.candidate;
@@ -581,17 +597,7 @@ fn new_candidate(
     let legs = legs_of(terms)
         .map(|(idx, role, load)| {
             let entry = &inputs.entries[idx];
-            let values = leg_values(entry, role, depth_of[idx], load, n_tokens);
-            ScoredLeg {
-                role: values.role,
-                pool: Arc::clone(&entry.pool_label),
-                endpoint: Arc::clone(&entry.endpoint),
-                block_size: values.block_size,
-                replica: values.replica,
-                prefix_blocks: values.prefix_blocks,
-                prefix_tokens: values.prefix_tokens,
-                load: values.load,
-            }
+            leg_values(entry, role, depth_of[idx], load, n_tokens).into_leg(entry)
         })
         .collect();
     let relay = inputs.entries[terms.candidate.first].relay;
@@ -640,16 +646,7 @@ fn fill_candidate(
                 leg.prefix_tokens = values.prefix_tokens;
                 leg.load = values.load;
             }
-            None => slot.legs.push(ScoredLeg {
-                role: values.role,
-                pool: Arc::clone(&entry.pool_label),
-                endpoint: Arc::clone(&entry.endpoint),
-                block_size: values.block_size,
-                replica: values.replica,
-                prefix_blocks: values.prefix_blocks,
-                prefix_tokens: values.prefix_tokens,
-                load: values.load,
-            }),
+            None => slot.legs.push(values.into_leg(entry)),
         }
     }
 }
