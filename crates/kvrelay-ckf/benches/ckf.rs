@@ -7,7 +7,8 @@
 //!   exact per-pool index behind the same trait, and the memory floor (as many independent
 //!   random row-pair loads as the filter probes, no hashing, no search).
 //!
-//! p50/p99 latencies, memory and accuracy figures come from `examples/ckf_figures.rs`.
+//! p50/p99 latencies, a paired (interleaved) apply ratio, memory and accuracy figures come
+//! from `examples/ckf_figures.rs`, which `cargo xtask bench` runs after criterion.
 
 #![allow(clippy::unwrap_used, reason = "benchmark setup fails loudly")]
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
@@ -15,54 +16,32 @@
 mod workload;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use kvrelay_ckf::{CkfConfig, EventPayload, PoolFilter, PrefixDepths, PrefixQuery, RouterEvent};
-use workload::{ChainWorkload, QUERY_REQUESTS, QuerySetup, block_ops, query_setup};
-
-/// Filter capacity of the apply benchmark.
-const APPLY_CAPACITY: u64 = 1 << 20;
-/// Blocks per stored sequence.
-const SEQUENCE_BLOCKS: usize = 64;
-/// Live sequences (≈ 1M live blocks, ≈ 50 % load).
-const LIVE_SEQUENCES: usize = (APPLY_CAPACITY as usize) / SEQUENCE_BLOCKS;
-/// Steady-state steps per measured batch.
-const STEPS_PER_BATCH: usize = 32;
-/// Events between deltas (the relay's default cadence).
-const EVENTS_PER_DELTA: usize = 16;
+use kvrelay_ckf::{PrefixDepths, PrefixQuery};
+use workload::{
+    ApplySetup, ChainWorkload, QUERY_REQUESTS, QuerySetup, SEQUENCE_BLOCKS, STEPS_PER_BATCH,
+    apply_batch, apply_refcount, block_ops, query_setup,
+};
 
 fn apply(c: &mut Criterion) {
     let mut group = c.benchmark_group("ckf_apply");
     let probe = ChainWorkload::new(7, 16, SEQUENCE_BLOCKS).steady(STEPS_PER_BATCH);
     group.throughput(Throughput::Elements(block_ops(&probe)));
-
-    let mut stream = ChainWorkload::new(7, 16, SEQUENCE_BLOCKS);
-    let mut filter = PoolFilter::new(CkfConfig::new(APPLY_CAPACITY)).unwrap();
-    for event in stream.fill(LIVE_SEQUENCES) {
-        filter.apply(&event).unwrap();
-    }
-    filter.take_delta().unwrap();
+    let ApplySetup {
+        mut filter,
+        mut filter_stream,
+        mut refcounts,
+        mut refcount_stream,
+    } = ApplySetup::new();
     group.bench_function("filter", |b| {
         b.iter_batched(
-            || stream.steady(STEPS_PER_BATCH),
-            |events| {
-                for (i, event) in events.iter().enumerate() {
-                    filter.apply(event).unwrap();
-                    if i % EVENTS_PER_DELTA == EVENTS_PER_DELTA - 1 {
-                        std::hint::black_box(filter.take_delta().unwrap());
-                    }
-                }
-            },
+            || filter_stream.steady(STEPS_PER_BATCH),
+            |events| apply_batch(&mut filter, &events),
             BatchSize::SmallInput,
         )
     });
-
-    let mut stream = ChainWorkload::new(7, 16, SEQUENCE_BLOCKS);
-    let mut refcounts: hashbrown::HashMap<u64, u32> = hashbrown::HashMap::new();
-    for event in stream.fill(LIVE_SEQUENCES) {
-        apply_refcount(&mut refcounts, &event);
-    }
     group.bench_function("baseline-refcount-map", |b| {
         b.iter_batched(
-            || stream.steady(STEPS_PER_BATCH),
+            || refcount_stream.steady(STEPS_PER_BATCH),
             |events| {
                 for event in &events {
                     apply_refcount(&mut refcounts, event);
@@ -72,28 +51,6 @@ fn apply(c: &mut Criterion) {
         )
     });
     group.finish();
-}
-
-/// The bare baseline: a refcount per engine block id.
-fn apply_refcount(map: &mut hashbrown::HashMap<u64, u32>, event: &RouterEvent) {
-    match &event.payload {
-        EventPayload::Stored(stored) => {
-            for block in &stored.blocks {
-                *map.entry(block.engine_block_id).or_insert(0) += 1;
-            }
-        }
-        EventPayload::Removed(removed) => {
-            for id in &removed.engine_block_ids {
-                if let Some(count) = map.get_mut(id) {
-                    *count -= 1;
-                    if *count == 0 {
-                        map.remove(id);
-                    }
-                }
-            }
-        }
-        EventPayload::AllCleared => map.clear(),
-    }
 }
 
 fn query(c: &mut Criterion) {

@@ -1,31 +1,145 @@
-//! Prints the ckf figures criterion does not give: prefix-query p50/p99 latency (filter
-//! vs exact baseline), memory per block, measured false-positive and depth-inflation rates
-//! next to theory. Run: `cargo run --release -p kvrelay-ckf --example ckf_figures`.
+//! Prints, as one JSON object, the ckf figures criterion does not give: a paired apply
+//! ratio (filter and refcount map timed in alternating turns, so slow drifts of a shared
+//! machine cancel), prefix-query p50/p99 latency (filter vs exact baseline, on the
+//! benchmark's table and on a cache-resident one), memory per block, and measured
+//! false-positive and depth-inflation rates next to theory. Progress goes to stderr.
+//! `cargo xtask bench` runs it and renders the object as a table; by hand:
+//! `cargo run --release -p kvrelay-ckf --example ckf_figures [-- --quick] [SECTION...]`
+//! with sections `apply`, `memory`, `query`, `accuracy`, `query_cache_resident` (all by
+//! default).
 
 #![allow(clippy::unwrap_used, reason = "a measurement script fails loudly")]
 
 #[path = "../benches/workload/mod.rs"]
 mod workload;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{CkfConfig, PoolFilter, PrefixDepths, PrefixQuery};
+use serde_json::{Value, json};
 use workload::{
-    ChainWorkload, QUERY_BLOCKS, QUERY_CAPACITY, QUERY_POOLS, QuerySetup, Rng,
-    query_setup_with_capacity,
+    ApplySetup, ChainWorkload, QUERY_BLOCKS, QUERY_CAPACITY, QUERY_POOLS, QuerySetup, Rng,
+    STEPS_PER_BATCH, apply_batch, apply_refcount, block_ops, query_setup_with_capacity,
 };
 
+/// Per-pool capacity of the cache-resident query table (16 pools × 32 KiB = 512 KiB).
+const CACHE_RESIDENT_CAPACITY: u64 = 1 << 14;
+
 fn main() {
-    // CKF_QUERY_CAPACITY overrides the per-pool capacity (e.g. a cache-resident table).
-    let capacity = std::env::var("CKF_QUERY_CAPACITY")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    if capacity.is_none() {
-        memory();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let sections: Vec<&str> = args
+        .iter()
+        .filter(|a| !a.starts_with("--"))
+        .map(String::as_str)
+        .collect();
+    let wanted = |section: &str| sections.is_empty() || sections.contains(&section);
+    let (apply_rounds, query_rounds) = if quick { (10, 5) } else { (40, 20) };
+    let mut figures = serde_json::Map::new();
+    if wanted("apply") {
+        eprintln!("ckf figures: paired apply ({apply_rounds} rounds)");
+        figures.insert("apply".into(), apply_paired(apply_rounds));
     }
-    let setup = query_setup_with_capacity(11, capacity.unwrap_or(QUERY_CAPACITY));
-    latency(&setup);
-    accuracy(&setup);
+    if wanted("memory") {
+        eprintln!("ckf figures: memory (filling a 1M-block filter)");
+        figures.insert("memory".into(), memory());
+    }
+    if wanted("query") || wanted("accuracy") {
+        let setup = query_setup_with_capacity(11, QUERY_CAPACITY);
+        if wanted("query") {
+            eprintln!("ckf figures: prefix query ({query_rounds} rounds)");
+            figures.insert("query".into(), latency(&setup, query_rounds));
+        }
+        if wanted("accuracy") {
+            eprintln!("ckf figures: accuracy");
+            figures.insert("accuracy".into(), accuracy(&setup));
+        }
+    }
+    if wanted("query_cache_resident") {
+        eprintln!("ckf figures: prefix query on a cache-resident table");
+        let small = query_setup_with_capacity(11, CACHE_RESIDENT_CAPACITY);
+        figures.insert("query_cache_resident".into(), latency(&small, query_rounds));
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&Value::Object(figures)).unwrap()
+    );
+}
+
+/// The `q`-quantile of sorted `values`.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    values[((values.len() - 1) as f64 * q).round() as usize]
+}
+
+fn rounded(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+/// Batches each side runs untimed after taking over the machine, so its hot lines are
+/// back in cache (the other side's batches evicted them), then timed batches per turn.
+const WARM_BATCHES: usize = 2;
+const TIMED_BATCHES: usize = 8;
+
+/// The apply ratio (refcount map time / filter time) from `rounds` paired turns: each
+/// turn runs a few warm-up and then timed batches of one side, then of the other (which
+/// goes first alternates), so slow drifts of a shared machine cancel within a pair while
+/// each side runs warm; median and quartiles over the pairs.
+fn apply_paired(rounds: usize) -> Value {
+    let mut setup = ApplySetup::new();
+    let filter_turn = |setup: &mut ApplySetup| {
+        let (mut elapsed, mut ops) = (Duration::ZERO, 0);
+        for batch in 0..WARM_BATCHES + TIMED_BATCHES {
+            let events = setup.filter_stream.steady(STEPS_PER_BATCH);
+            let start = Instant::now();
+            apply_batch(&mut setup.filter, &events);
+            if batch >= WARM_BATCHES {
+                elapsed += start.elapsed();
+                ops += block_ops(&events);
+            }
+        }
+        (elapsed, ops)
+    };
+    let refcount_turn = |setup: &mut ApplySetup| {
+        let mut elapsed = Duration::ZERO;
+        for batch in 0..WARM_BATCHES + TIMED_BATCHES {
+            let events = setup.refcount_stream.steady(STEPS_PER_BATCH);
+            let start = Instant::now();
+            for event in &events {
+                apply_refcount(&mut setup.refcounts, event);
+            }
+            if batch >= WARM_BATCHES {
+                elapsed += start.elapsed();
+            }
+        }
+        elapsed
+    };
+    let (mut ratios, mut filter_ns, mut baseline_ns) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (filter, baseline, ops): (Duration, Duration, u64) = if round % 2 == 0 {
+            let (filter, ops) = filter_turn(&mut setup);
+            (filter, refcount_turn(&mut setup), ops)
+        } else {
+            let baseline = refcount_turn(&mut setup);
+            let (filter, ops) = filter_turn(&mut setup);
+            (filter, baseline, ops)
+        };
+        ratios.push(baseline.as_secs_f64() / filter.as_secs_f64());
+        filter_ns.push(filter.as_nanos() as f64 / ops as f64);
+        baseline_ns.push(baseline.as_nanos() as f64 / ops as f64);
+    }
+    for values in [&mut ratios, &mut filter_ns, &mut baseline_ns] {
+        values.sort_by(f64::total_cmp);
+    }
+    json!({
+        "pairs": rounds,
+        "timed_batches_per_turn": TIMED_BATCHES,
+        "ratio_vs_refcount_map_p50": rounded(quantile(&ratios, 0.5), 3),
+        "ratio_p25": rounded(quantile(&ratios, 0.25), 3),
+        "ratio_p75": rounded(quantile(&ratios, 0.75), 3),
+        "filter_ns_per_block_op_p50": rounded(quantile(&filter_ns, 0.5), 1),
+        "refcount_map_ns_per_block_op_p50": rounded(quantile(&baseline_ns, 0.5), 1),
+    })
 }
 
 /// Per-query latency percentiles over `rounds` passes of every request.
@@ -41,18 +155,17 @@ fn percentiles(index: &impl PrefixQuery, requests: &[Vec<u64>], rounds: usize) -
         }
     }
     samples.sort_by(f64::total_cmp);
-    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
     let mean = samples.iter().sum::<f64>() / samples.len() as f64;
-    (at(0.5), at(0.99), mean)
+    (quantile(&samples, 0.5), quantile(&samples, 0.99), mean)
 }
 
-fn latency(setup: &QuerySetup) {
+fn latency(setup: &QuerySetup, rounds: usize) -> Value {
     let requests = &setup.work.requests;
     // Warm both structures once.
     percentiles(&setup.table, requests, 1);
     percentiles(&setup.exact, requests, 1);
-    let (f50, f99, fmean) = percentiles(&setup.table, requests, 20);
-    let (e50, e99, emean) = percentiles(&setup.exact, requests, 20);
+    let (f50, f99, fmean) = percentiles(&setup.table, requests, rounds);
+    let (e50, e99, emean) = percentiles(&setup.exact, requests, rounds);
     let mut out = PrefixDepths::default();
     let (mut filter_probes, mut exact_probes) = (0u64, 0u64);
     for request in requests {
@@ -61,38 +174,27 @@ fn latency(setup: &QuerySetup) {
         setup.exact.prefix_depths_into(request, &mut out);
         exact_probes += u64::from(out.n_probes());
     }
-    println!(
-        "## prefix query: {QUERY_BLOCKS} blocks, {QUERY_POOLS} pools, {} requests",
-        requests.len()
-    );
-    println!(
-        "filter : p50 {:.0} ns  p99 {:.0} ns  mean {:.0} ns  ({:.1} probes/query, all pools at once)",
-        f50,
-        f99,
-        fmean,
-        filter_probes as f64 / requests.len() as f64
-    );
-    println!(
-        "exact  : p50 {:.0} ns  p99 {:.0} ns  mean {:.0} ns  ({:.1} lookups/query)",
-        e50,
-        e99,
-        emean,
-        exact_probes as f64 / requests.len() as f64
-    );
-    println!(
-        "speedup: p50 {:.2}x  p99 {:.2}x  mean {:.2}x",
-        e50 / f50,
-        e99 / f99,
-        emean / fmean
-    );
-    println!(
-        "query table: {:.1} MiB for {} lanes",
-        setup.table.table_bytes() as f64 / (1 << 20) as f64,
-        setup.table.n_lanes()
-    );
+    let n = requests.len() as f64;
+    json!({
+        "blocks": QUERY_BLOCKS,
+        "pools": QUERY_POOLS,
+        "requests": requests.len(),
+        "table_mib": rounded(setup.table.table_bytes() as f64 / f64::from(1 << 20), 2),
+        "filter_p50_ns": f50,
+        "filter_p99_ns": f99,
+        "filter_mean_ns": fmean.round(),
+        "exact_p50_ns": e50,
+        "exact_p99_ns": e99,
+        "exact_mean_ns": emean.round(),
+        "speedup_p50": rounded(e50 / f50, 2),
+        "speedup_p99": rounded(e99 / f99, 2),
+        "speedup_mean": rounded(emean / fmean, 2),
+        "filter_probes_per_query": rounded(filter_probes as f64 / n, 1),
+        "exact_lookups_per_query": rounded(exact_probes as f64 / n, 1),
+    })
 }
 
-fn accuracy(setup: &QuerySetup) {
+fn accuracy(setup: &QuerySetup) -> Value {
     let load = setup.mean_load;
     let theory_fp = 1.0 - (1.0 - 1.0 / 65535.0f64).powf(8.0 * load);
     // Per-probe false positives: random absent hashes, one-block requests, every lane.
@@ -105,14 +207,6 @@ fn accuracy(setup: &QuerySetup) {
         false_positives += out.depths().iter().filter(|d| **d == Some(1)).count() as u64;
     }
     let probes = (n_hashes * QUERY_POOLS) as f64;
-    println!("## accuracy at mean load {:.1} %", load * 100.0);
-    println!(
-        "false-positive rate per probe: measured {:.3e} ({} / {:.0}), theory 1-(1-1/65535)^(8α) = {:.3e}",
-        false_positives as f64 / probes,
-        false_positives,
-        probes,
-        theory_fp
-    );
     // Depth inflation over (request, pool) pairs, against the exact depths.
     let (mut pairs, mut open_pairs, mut inflated, mut inflated_blocks, mut deflated) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -132,23 +226,27 @@ fn accuracy(setup: &QuerySetup) {
             }
         }
     }
-    println!(
-        "depth inflation: {} of {} (request, pool) pairs = {:.3e} ({} extra blocks); under-reports {}; theory ≈ ε·P(depth<n) = {:.3e}",
-        inflated,
-        pairs,
-        inflated as f64 / pairs as f64,
-        inflated_blocks,
-        deflated,
-        theory_fp * open_pairs as f64 / pairs as f64
-    );
+    json!({
+        "mean_load_percent": rounded(load * 100.0, 1),
+        "false_positives": false_positives,
+        "probes": probes,
+        "fp_rate_per_probe": format!("{:.3e}", false_positives as f64 / probes),
+        "fp_rate_theory_1-(1-1/65535)^(8·load)": format!("{theory_fp:.3e}"),
+        "inflated_pairs": inflated,
+        "request_pool_pairs": pairs,
+        "depth_inflation_rate": format!("{:.3e}", inflated as f64 / pairs as f64),
+        "depth_inflation_theory_fp·P(depth<n)": format!("{:.3e}", theory_fp * open_pairs as f64 / pairs as f64),
+        "inflated_extra_blocks": inflated_blocks,
+        "under_reported_pairs": deflated,
+    })
 }
 
-fn memory() {
+fn memory() -> Value {
     let mut stream = ChainWorkload::new(7, 16, 64);
     let mut filter = PoolFilter::new(CkfConfig::new(1 << 20)).unwrap();
     let start = Instant::now();
     let events = stream.fill((1 << 20) / 64);
-    let n_ops = workload::block_ops(&events);
+    let n_ops = block_ops(&events);
     for event in &events {
         filter.apply(event).unwrap();
     }
@@ -156,30 +254,18 @@ fn memory() {
     let memory = filter.memory();
     let resident = filter.n_resident();
     let mappings = filter.n_mappings();
-    println!(
-        "## memory: filter sized for 1M blocks, {} mappings, {} resident hashes, load {:.1} %",
-        mappings,
-        resident,
-        100.0 * filter.occupied_slots() as f64 / (4.0 * f64::from(filter.format().bucket_count()))
-    );
-    println!(
-        "table: {:.2} MiB = {:.1} bits per resident block (16-bit fingerprints at {:.0} % load)",
-        memory.table_bytes as f64 / (1 << 20) as f64,
-        memory.table_bytes as f64 * 8.0 / resident as f64,
-        100.0 * resident as f64 / (4.0 * f64::from(filter.format().bucket_count()))
-    );
-    println!(
-        "exact ownership: lineage {:.1} MiB + owners {:.1} MiB = {:.1} bytes per mapping; dirty window {:.2} MiB",
-        memory.lineage_bytes as f64 / (1 << 20) as f64,
-        memory.owner_bytes as f64 / (1 << 20) as f64,
-        (memory.lineage_bytes + memory.owner_bytes) as f64 / mappings as f64,
-        memory.dirty_window_bytes as f64 / (1 << 20) as f64
-    );
-    println!(
-        "fill: {} block ops in {:.3} s = {:.2} M ops/s (growing maps, no deltas)",
-        n_ops,
-        fill_secs,
-        n_ops as f64 / fill_secs / 1e6
-    );
-    println!("counters: {:?}", filter.counters());
+    let slots = 4.0 * f64::from(filter.format().bucket_count());
+    let mib = |bytes: u64| rounded(bytes as f64 / f64::from(1 << 20), 2);
+    json!({
+        "mappings": mappings,
+        "resident_hashes": resident,
+        "table_load_percent": rounded(100.0 * filter.occupied_slots() as f64 / slots, 1),
+        "table_mib": mib(memory.table_bytes),
+        "table_bits_per_resident_block": rounded(memory.table_bytes as f64 * 8.0 / resident as f64, 1),
+        "lineage_mib": mib(memory.lineage_bytes),
+        "owners_mib": mib(memory.owner_bytes),
+        "ownership_bytes_per_mapping": rounded((memory.lineage_bytes + memory.owner_bytes) as f64 / mappings as f64, 1),
+        "dirty_window_mib": mib(memory.dirty_window_bytes),
+        "fill_million_block_ops_per_s": rounded(n_ops as f64 / fill_secs / 1e6, 2),
+    })
 }

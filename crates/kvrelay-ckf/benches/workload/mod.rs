@@ -12,6 +12,17 @@ use kvrelay_ckf::{
 };
 use kvrelay_identity::hashing::sequence_hashes;
 
+/// Filter capacity of the apply benchmark.
+pub(crate) const APPLY_CAPACITY: u64 = 1 << 20;
+/// Blocks per stored sequence.
+pub(crate) const SEQUENCE_BLOCKS: usize = 64;
+/// Live sequences (≈ 1M live blocks, ≈ 50 % load).
+pub(crate) const LIVE_SEQUENCES: usize = (APPLY_CAPACITY as usize) / SEQUENCE_BLOCKS;
+/// Steady-state steps per measured batch.
+pub(crate) const STEPS_PER_BATCH: usize = 32;
+/// Events between deltas (the relay's default cadence).
+pub(crate) const EVENTS_PER_DELTA: usize = 16;
+
 /// Blocks per stored event.
 pub(crate) const BLOCKS_PER_EVENT: usize = 8;
 
@@ -156,6 +167,69 @@ pub(crate) fn block_ops(events: &[RouterEvent]) -> u64 {
             EventPayload::AllCleared => 0,
         })
         .sum()
+}
+
+/// The bare baseline: a refcount per engine block id.
+pub(crate) fn apply_refcount(map: &mut hashbrown::HashMap<u64, u32>, event: &RouterEvent) {
+    match &event.payload {
+        EventPayload::Stored(stored) => {
+            for block in &stored.blocks {
+                *map.entry(block.engine_block_id).or_insert(0) += 1;
+            }
+        }
+        EventPayload::Removed(removed) => {
+            for id in &removed.engine_block_ids {
+                if let Some(count) = map.get_mut(id) {
+                    *count -= 1;
+                    if *count == 0 {
+                        map.remove(id);
+                    }
+                }
+            }
+        }
+        EventPayload::AllCleared => map.clear(),
+    }
+}
+
+/// The apply benchmark's two sides in steady state: a filter and the refcount map, each
+/// filled with [`LIVE_SEQUENCES`] sequences and fed its own copy of the same stream.
+pub(crate) struct ApplySetup {
+    pub(crate) filter: PoolFilter,
+    pub(crate) filter_stream: ChainWorkload,
+    pub(crate) refcounts: hashbrown::HashMap<u64, u32>,
+    pub(crate) refcount_stream: ChainWorkload,
+}
+
+impl ApplySetup {
+    pub(crate) fn new() -> Self {
+        let mut filter_stream = ChainWorkload::new(7, 16, SEQUENCE_BLOCKS);
+        let mut refcount_stream = filter_stream.clone();
+        let mut filter = PoolFilter::new(CkfConfig::new(APPLY_CAPACITY)).unwrap();
+        for event in filter_stream.fill(LIVE_SEQUENCES) {
+            filter.apply(&event).unwrap();
+        }
+        filter.take_delta().unwrap();
+        let mut refcounts = hashbrown::HashMap::new();
+        for event in refcount_stream.fill(LIVE_SEQUENCES) {
+            apply_refcount(&mut refcounts, &event);
+        }
+        Self {
+            filter,
+            filter_stream,
+            refcounts,
+            refcount_stream,
+        }
+    }
+}
+
+/// Applies one batch to the filter, taking a delta every [`EVENTS_PER_DELTA`] events.
+pub(crate) fn apply_batch(filter: &mut PoolFilter, events: &[RouterEvent]) {
+    for (i, event) in events.iter().enumerate() {
+        filter.apply(event).unwrap();
+        if i % EVENTS_PER_DELTA == EVENTS_PER_DELTA - 1 {
+            std::hint::black_box(filter.take_delta().unwrap());
+        }
+    }
 }
 
 /// Prefix-query requests over `n_pools` pools, each with a known exact depth per pool.
