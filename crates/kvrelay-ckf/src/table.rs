@@ -114,17 +114,32 @@ impl Table {
             fingerprint,
             primary,
         } = home;
-        let mut bucket_idx = primary;
-        for _ in 0..2 {
-            let previous = self.word(bucket_idx);
-            if let Some(next) = bucket::with_removed(previous, fingerprint) {
+        if self.remove_from(primary, fingerprint, &mut touched) {
+            return true;
+        }
+        // Hashed only on a miss in the primary bucket (written out so the compiler does not
+        // hoist it above the primary's check).
+        let alternate = self.addressing.alternate(primary, fingerprint);
+        self.remove_from(alternate, fingerprint, &mut touched)
+    }
+
+    /// Clears one slot of `bucket_idx` holding `fingerprint`, if any.
+    #[inline(always)]
+    fn remove_from(
+        &mut self,
+        bucket_idx: u32,
+        fingerprint: u16,
+        touched: &mut impl FnMut(u32, u64),
+    ) -> bool {
+        let previous = self.word(bucket_idx);
+        match bucket::with_removed(previous, fingerprint) {
+            Some(next) => {
                 self.words[bucket_idx as usize] = next;
                 touched(bucket_idx, previous);
-                return true;
+                true
             }
-            bucket_idx = self.addressing.alternate(primary, fingerprint);
+            None => false,
         }
-        false
     }
 
     /// Occupied fingerprint slots (scans the table).
