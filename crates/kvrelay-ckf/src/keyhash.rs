@@ -49,11 +49,12 @@ impl Hasher for KeyHasher {
     }
 }
 
-/// What [`KeyHasher`] yields for one `u64` key: the hash of open-addressing tables keyed
-/// by `u64`.
+/// The hash of open-addressing tables keyed by `u64`: one folded multiply, whose low bits
+/// depend on every key bit (the high half of the product carries the key's high bits
+/// down), so sequential, strided and high-bit keys all spread.
 #[inline]
 pub(crate) fn mix(key: u64) -> u64 {
-    fold_multiply(fold_multiply(key, MIX).wrapping_add(key), MIX)
+    fold_multiply(key, MIX)
 }
 
 #[inline]
