@@ -114,6 +114,57 @@ impl LineageMap {
         }
     }
 
+    /// The canonical `engine_block_id` maps to, or (`Err`) the slot inserting it would
+    /// take right now (`None` when that is not a plain slot): a store looks each new id
+    /// up once and hands the slot to [`LineageMap::insert_at`].
+    #[inline]
+    pub(crate) fn get_or_vacant(&self, engine_block_id: u64) -> Result<u64, Option<usize>> {
+        if engine_block_id == EMPTY {
+            return self.max_id.ok_or(None);
+        }
+        if self.slots.is_empty() {
+            return Err(None);
+        }
+        let mask = self.slots.len() - 1;
+        let mut idx = home(engine_block_id, self.seed, mask);
+        loop {
+            let (key, canonical) = self.slots[idx];
+            if key == engine_block_id {
+                return Ok(canonical);
+            }
+            if key == EMPTY {
+                return Err(Some(idx));
+            }
+            idx = (idx + 1) & mask;
+        }
+    }
+
+    /// [`LineageMap::insert`] of an id that is not mapped, into `vacant` from
+    /// [`LineageMap::get_or_vacant`] when that slot is still empty and the table has
+    /// `n_slots` slots as it had then. Other inserts since can only have filled slots, so
+    /// an empty `vacant` is still the first empty slot of the id's run.
+    #[inline]
+    pub(crate) fn insert_at(
+        &mut self,
+        engine_block_id: u64,
+        canonical: u64,
+        vacant: Option<usize>,
+        n_slots: usize,
+    ) -> bool {
+        match vacant {
+            Some(idx)
+                if n_slots == self.slots.len()
+                    && self.slots.get(idx).is_some_and(|&(key, _)| key == EMPTY)
+                    && self.n_slotted < max_len(self.slots.len()) =>
+            {
+                self.n_slotted += 1;
+                self.slots[idx] = (engine_block_id, canonical);
+                true
+            }
+            _ => self.insert(engine_block_id, canonical),
+        }
+    }
+
     /// Removes and returns the mapping of `engine_block_id`.
     #[inline]
     pub(crate) fn remove(&mut self, engine_block_id: u64) -> Option<u64> {
@@ -309,6 +360,42 @@ mod tests {
             for (idx, &id) in ids.iter().enumerate() {
                 let expected = (idx % 3 != 0).then_some(!id);
                 assert_eq!(map.get(id), expected, "seed {seed:#x} id {id}");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Vacant slots handed out before a batch of inserts (and a possible growth) still
+        /// place every id where a lookup finds it.
+        #[test]
+        fn inserting_at_stale_vacant_slots_stays_consistent(
+            seed in any::<u64>(),
+            batches in prop::collection::vec(prop::collection::vec(0u64..64, 1..12), 1..20),
+        ) {
+            let mut map = LineageMap::new(seed);
+            let mut model: HashMap<u64, u64> = HashMap::new();
+            for (round, ids) in batches.iter().enumerate() {
+                let n_slots = map.capacity();
+                let probes: Vec<_> = ids.iter().map(|&id| map.get_or_vacant(id)).collect();
+                map.try_reserve(ids.len()).unwrap();
+                for (&id, probe) in ids.iter().zip(probes) {
+                    if model.contains_key(&id) {
+                        continue;
+                    }
+                    let vacant = probe.expect_err("unmapped ids have no canonical");
+                    prop_assert!(map.insert_at(id, round as u64, vacant, n_slots));
+                    model.insert(id, round as u64);
+                }
+                prop_assert_eq!(map.len(), model.len());
+                for (&id, &canonical) in &model {
+                    prop_assert_eq!(map.get_or_vacant(id), Ok(canonical));
+                }
+                if round % 3 == 2 {
+                    let victim = ids[0];
+                    prop_assert_eq!(map.remove(victim), model.remove(&victim));
+                }
             }
         }
     }

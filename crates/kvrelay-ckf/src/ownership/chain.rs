@@ -22,6 +22,8 @@ pub(super) struct PlannedBlock {
     pub(super) engine_block_id: u64,
     pub(super) canonical: u64,
     pub(super) is_new: bool,
+    /// Where the lineage would put this id (see `LineageMap::get_or_vacant`).
+    pub(super) lineage_vacant: Option<usize>,
     /// The canonical hash's fingerprint and primary bucket.
     pub(super) home: Home,
 }
@@ -33,11 +35,13 @@ impl PoolFilter {
         stored: &StoredBlocks,
     ) -> Result<ApplyOutcome, ApplyError> {
         let mut plan = std::mem::take(&mut self.plan);
+        // The planned vacant lineage slots hold only while the lineage keeps this size.
+        let planned_slots = self.lineage.get(&source).map_or(0, LineageMap::capacity);
         let result = self
             .plan_stored(source, stored, &mut plan)
             .and_then(|n_new| {
                 self.reserve_for_store(source, n_new, plan.len() - n_new)?;
-                Ok(self.commit_stored(source, &plan))
+                Ok(self.commit_stored(source, &plan, planned_slots))
             });
         plan.clear();
         self.plan = plan;
@@ -85,6 +89,7 @@ impl PoolFilter {
                 engine_block_id: block.engine_block_id,
                 canonical,
                 is_new: false,
+                lineage_vacant: None,
                 home: self.state.prefetch(canonical),
             });
         }
@@ -97,7 +102,15 @@ impl PoolFilter {
                 canonical,
                 ..
             } = plan[block_idx];
-            let earlier = lineage.and_then(|m| m.get(id)).or_else(|| {
+            let mapped = match lineage.map(|m| m.get_or_vacant(id)) {
+                Some(Ok(canonical)) => Some(canonical),
+                Some(Err(vacant)) => {
+                    plan[block_idx].lineage_vacant = vacant;
+                    None
+                }
+                None => None,
+            };
+            let earlier = mapped.or_else(|| {
                 if use_scan {
                     plan[..block_idx]
                         .iter()
@@ -168,12 +181,23 @@ impl PoolFilter {
         Ok(())
     }
 
-    fn commit_stored(&mut self, source: SourceId, plan: &[PlannedBlock]) -> ApplyOutcome {
+    fn commit_stored(
+        &mut self,
+        source: SourceId,
+        plan: &[PlannedBlock],
+        planned_slots: usize,
+    ) -> ApplyOutcome {
         let mut outcome = ApplyOutcome::default();
         if let Some(lineage) = self.lineage.get_mut(&source) {
             for block in plan.iter().filter(|b| b.is_new) {
                 // Room was reserved, so this cannot fail.
-                if !lineage.insert(block.engine_block_id, block.canonical) {
+                let inserted = lineage.insert_at(
+                    block.engine_block_id,
+                    block.canonical,
+                    block.lineage_vacant,
+                    planned_slots,
+                );
+                if !inserted {
                     self.state.counters.invariant_violations += 1;
                 }
             }
