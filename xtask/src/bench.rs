@@ -1,4 +1,7 @@
-//! `cargo xtask bench [--quick] [BENCH]`: runs criterion benchmarks and prints a summary.
+//! `cargo xtask bench [--quick] [BENCH]`: runs criterion benchmarks and prints a summary,
+//! then the figures examples (ckf percentiles/paired ratio/memory/accuracy, e2e loopback).
+//! `BENCH` is a criterion bench target (its figures example, if any, runs after it) or a
+//! figures example alone: `ckf-figures`, `e2e`.
 //!
 //! Every benchmark group measures its own baseline (ids starting with `baseline`) in the
 //! same run, so the summary reports ratios that survive a noisy, shared machine:
@@ -15,17 +18,54 @@ use serde::Deserialize;
 
 use crate::command::{self, cargo_bin, workspace_root};
 
-/// The end-to-end loopback benchmark: not a criterion target but an example binary that
-/// prints one JSON object of figures (ingest → actor → WAN → replica).
-const E2E_TARGET: &str = "e2e";
+/// An example binary that prints one JSON object of figures, run after criterion and
+/// rendered as a table (for what criterion cannot give: percentiles, paired ratios,
+/// memory and accuracy, end-to-end runs).
+struct FiguresExample {
+    /// The `cargo xtask bench` target naming it alone.
+    target: &'static str,
+    /// Also run after this criterion bench target when it is run alone.
+    with_bench: Option<&'static str>,
+    package: &'static str,
+    example: &'static str,
+    /// Arguments for a full and for a `--quick` run.
+    args: &'static [&'static str],
+    quick_args: &'static [&'static str],
+    title: &'static str,
+}
+
+const FIGURES_EXAMPLES: [FiguresExample; 2] = [
+    FiguresExample {
+        target: "ckf-figures",
+        with_bench: Some("ckf"),
+        package: "kvrelay-ckf",
+        example: "ckf_figures",
+        args: &[],
+        quick_args: &["--quick"],
+        title: "ckf figure (paired apply ratio, query percentiles, memory, accuracy)",
+    },
+    // The end-to-end loopback benchmark (ingest → actor → WAN → replica).
+    FiguresExample {
+        target: "e2e",
+        with_bench: None,
+        package: "kvrelay-server",
+        example: "e2e_bench",
+        args: &["50000"],
+        quick_args: &["20000"],
+        title: "e2e figure (loopback)",
+    },
+];
 
 /// Runs the benchmarks then prints the summary table.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let bench_target = args.iter().find(|a| !a.starts_with("--")).cloned();
     let mut summary = String::new();
-    if bench_target.as_deref() == Some(E2E_TARGET) {
-        summary.push_str(&run_e2e(quick)?);
+    if let Some(figures) = FIGURES_EXAMPLES
+        .iter()
+        .find(|f| bench_target.as_deref() == Some(f.target))
+    {
+        summary.push_str(&run_figures(figures, quick)?);
         print!("{summary}");
         return write_summary(&summary);
     }
@@ -57,8 +97,14 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     )?;
     let results = collect(&criterion_dir)?;
     summary.push_str(&render(&results));
-    if bench_target.is_none() {
-        summary.push_str(&run_e2e(quick)?);
+    for figures in &FIGURES_EXAMPLES {
+        let wanted = match bench_target.as_deref() {
+            None => true,
+            Some(target) => figures.with_bench == Some(target),
+        };
+        if wanted {
+            summary.push_str(&run_figures(figures, quick)?);
+        }
     }
     print!("{summary}");
     write_summary(&summary)
@@ -72,38 +118,45 @@ fn write_summary(summary: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs the e2e example and renders its JSON figures as a table.
-fn run_e2e(quick: bool) -> Result<String> {
-    let events = if quick { "20000" } else { "50000" };
-    let args = [
+/// Runs a figures example and renders its JSON object as a table.
+fn run_figures(figures: &FiguresExample, quick: bool) -> Result<String> {
+    let mut args = vec![
         "run",
         "--release",
         "--locked",
         "--quiet",
         "-p",
-        "kvrelay-server",
+        figures.package,
         "--example",
-        "e2e_bench",
+        figures.example,
         "--",
-        events,
     ];
+    args.extend(if quick {
+        figures.quick_args
+    } else {
+        figures.args
+    });
     eprintln!("==> cargo {}", args.join(" "));
     let output = Command::new(cargo_bin())
-        .args(args)
+        .args(&args)
         .current_dir(workspace_root())
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("running the e2e benchmark example")?;
+        .with_context(|| format!("running the {} example", figures.example))?;
     if !output.status.success() {
-        anyhow::bail!("the e2e benchmark example failed with {}", output.status);
+        anyhow::bail!(
+            "the {} example failed with {}",
+            figures.example,
+            output.status
+        );
     }
-    let figures: serde_json::Value =
-        serde_json::from_slice(&output.stdout).context("parsing the e2e benchmark output")?;
-    Ok(render_e2e(&figures))
+    let values: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .with_context(|| format!("parsing the {} example's output", figures.example))?;
+    Ok(render_figures(figures.title, &values))
 }
 
-/// Renders a flat or nested JSON object of figures as `| figure | value |` rows.
-fn render_e2e(figures: &serde_json::Value) -> String {
+/// Renders a flat or nested JSON object of figures as `| title | value |` rows.
+fn render_figures(title: &str, figures: &serde_json::Value) -> String {
     fn walk(prefix: &str, value: &serde_json::Value, rows: &mut Vec<(String, String)>) {
         match value {
             serde_json::Value::Object(map) => {
@@ -116,12 +169,13 @@ fn render_e2e(figures: &serde_json::Value) -> String {
                     walk(&name, inner, rows);
                 }
             }
+            serde_json::Value::String(text) => rows.push((prefix.to_owned(), text.clone())),
             other => rows.push((prefix.to_owned(), other.to_string())),
         }
     }
     let mut rows = Vec::new();
     walk("", figures, &mut rows);
-    let mut out = String::from("\n| e2e figure (loopback) | value |\n|---|---|\n");
+    let mut out = format!("\n| {title} | value |\n|---|---|\n");
     for (name, value) in rows {
         out.push_str(&format!("| {name} | {value} |\n"));
     }
@@ -395,9 +449,11 @@ mod tests {
     }
 
     #[test]
-    fn e2e_figures_render_as_rows_with_dotted_names() {
-        let figures = serde_json::json!({"blocks_per_s": 1000.5, "latency": {"p50_us": 12}});
-        let table = render_e2e(&figures);
+    fn figures_render_as_rows_with_dotted_names() {
+        let figures = serde_json::json!({"blocks_per_s": 1000.5, "latency": {"p50_us": 12}, "rate": "1.5e-5"});
+        let table = render_figures("e2e figure", &figures);
+        assert!(table.contains("| e2e figure | value |"), "{table}");
+        assert!(table.contains("| rate | 1.5e-5 |"), "{table}");
         assert!(table.contains("| blocks_per_s | 1000.5 |"), "{table}");
         assert!(table.contains("| latency.p50_us | 12 |"), "{table}");
     }

@@ -4,7 +4,8 @@
 //!   docs, hygiene, manifests), the whole test suite, rustdoc `-D warnings`.
 //! - `cargo xtask tidy`: only the tidy checks.
 //! - `cargo xtask bench [--quick] [BENCH]`: criterion benchmarks, then a summary table of
-//!   figures and same-run ratios against each group's baseline.
+//!   figures and same-run ratios against each group's baseline, then the figures examples
+//!   (`ckf-figures`, `e2e`; either can be named alone as BENCH).
 //! - `cargo xtask fuzz [SECONDS]`: every cargo-fuzz target for SECONDS each (nightly).
 //! - `cargo xtask demo`: the one-command demo (`kvrelay demo`) in release mode.
 //! - `cargo xtask services`: checks that the external servers the tests start are installed.

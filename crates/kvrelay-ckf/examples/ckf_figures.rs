@@ -206,7 +206,7 @@ fn accuracy(setup: &QuerySetup) -> Value {
         setup.table.prefix_depths_into(&[rng.next_u64()], &mut out);
         false_positives += out.depths().iter().filter(|d| **d == Some(1)).count() as u64;
     }
-    let probes = (n_hashes * QUERY_POOLS) as f64;
+    let probes = (n_hashes * QUERY_POOLS) as u64;
     // Depth inflation over (request, pool) pairs, against the exact depths.
     let (mut pairs, mut open_pairs, mut inflated, mut inflated_blocks, mut deflated) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -230,7 +230,7 @@ fn accuracy(setup: &QuerySetup) -> Value {
         "mean_load_percent": rounded(load * 100.0, 1),
         "false_positives": false_positives,
         "probes": probes,
-        "fp_rate_per_probe": format!("{:.3e}", false_positives as f64 / probes),
+        "fp_rate_per_probe": format!("{:.3e}", false_positives as f64 / probes as f64),
         "fp_rate_theory_1-(1-1/65535)^(8·load)": format!("{theory_fp:.3e}"),
         "inflated_pairs": inflated,
         "request_pool_pairs": pairs,
