@@ -150,6 +150,7 @@ impl Table {
             .sum()
     }
 
+    #[inline]
     fn insert_with_budget(
         &mut self,
         home: Home,
@@ -170,6 +171,20 @@ impl Table {
         if max_kicks == 0 {
             return Err(InsertFailed);
         }
+        self.relocate(fingerprint, primary, alternate, max_kicks, touched)
+    }
+
+    /// Both candidate buckets are full: kicks fingerprints along their alternate buckets
+    /// for up to `max_kicks` steps, or undoes every write.
+    #[inline(never)]
+    fn relocate(
+        &mut self,
+        fingerprint: u16,
+        primary: u32,
+        alternate: u32,
+        max_kicks: u32,
+        mut touched: impl FnMut(u32, u64),
+    ) -> Result<(), InsertFailed> {
         self.write_log.clear();
         let mut carried = fingerprint;
         let mut bucket_idx = if self.next_random() & 1 == 0 {
@@ -202,7 +217,7 @@ impl Table {
     }
 
     /// Puts `fingerprint` in a free slot of `bucket_idx` if it has one.
-    #[inline]
+    #[inline(always)]
     fn insert_into(
         &mut self,
         bucket_idx: u32,
