@@ -71,6 +71,7 @@ impl Ownership {
 
     /// [`Ownership::acquire`] then [`Ownership::admit`] with one owner-map lookup;
     /// `home` is `canonical`'s.
+    #[inline]
     pub(super) fn acquire_and_admit(
         &mut self,
         canonical: u64,
@@ -151,6 +152,7 @@ impl Ownership {
     }
 
     /// [`Ownership::release`] with `canonical`'s home when already known.
+    #[inline]
     pub(super) fn release_at(
         &mut self,
         canonical: u64,
