@@ -186,6 +186,7 @@ impl Ownership {
 
 /// Inserts the fingerprint at `home` (of an owned hash that is not resident) with
 /// relocation and records the outcome in its owner `entry`.
+#[inline]
 fn admit_entry(
     table: &mut Table,
     window: &mut DirtyWindow,
