@@ -247,6 +247,32 @@ impl QueryTable {
         &mut self.words[self.offset..self.offset + len]
     }
 
+    /// [`Prober::probe`] for rows within 64 words of the allocation's end.
+    #[cold]
+    fn probe_near_end(&self, location: &Location, first: usize, lanes: u64) -> u64 {
+        let width = self.stride.saturating_sub(first).min(64);
+        let (Some(row_a), Some(row_b)) = (
+            self.words
+                .get(location.first + first..location.first + first + width),
+            self.words
+                .get(location.second + first..location.second + first + width),
+        ) else {
+            return 0;
+        };
+        let mut bits = 0u64;
+        let mut rest = lanes;
+        while rest != 0 {
+            let lane = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if let (Some(&a), Some(&b)) = (row_a.get(lane), row_b.get(lane)) {
+                let holds = bucket::matches_pattern(a, location.key)
+                    | bucket::matches_pattern(b, location.key);
+                bits |= u64::from(holds) << lane;
+            }
+        }
+        bits
+    }
+
     /// Copies `lane`'s readiness into the lane mask.
     fn refresh_ready(&mut self, lane: usize) {
         let ready = self.lanes.get(lane).is_some_and(Sequencer::is_ready);
@@ -331,25 +357,25 @@ impl Prober for QueryTable {
     #[inline]
     fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64 {
         let first = group * 64;
-        let width = self.stride.saturating_sub(first).min(64);
-        let (Some(row_a), Some(row_b)) = (
+        let window = |start: usize| {
             self.words
-                .get(location.first + first..location.first + first + width),
-            self.words
-                .get(location.second + first..location.second + first + width),
-        ) else {
-            return 0;
+                .get(start + first..)
+                .and_then(<[u64]>::first_chunk::<64>)
+        };
+        // `lanes` are lanes of the table, so within the stride: a 64-word window from the
+        // group's first word never reaches past the row for them. Only the last rows lack
+        // such a window in the allocation.
+        let (Some(row_a), Some(row_b)) = (window(location.first), window(location.second)) else {
+            return self.probe_near_end(location, first, lanes);
         };
         let mut bits = 0u64;
         let mut rest = lanes;
         while rest != 0 {
-            let lane = rest.trailing_zeros() as usize;
+            let lane = rest.trailing_zeros() as usize % 64;
             rest &= rest - 1;
-            if let (Some(&a), Some(&b)) = (row_a.get(lane), row_b.get(lane)) {
-                let holds = bucket::matches_pattern(a, location.key)
-                    | bucket::matches_pattern(b, location.key);
-                bits |= u64::from(holds) << lane;
-            }
+            let holds = bucket::matches_pattern(row_a[lane], location.key)
+                | bucket::matches_pattern(row_b[lane], location.key);
+            bits |= u64::from(holds) << lane;
         }
         bits
     }
