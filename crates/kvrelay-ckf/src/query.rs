@@ -8,13 +8,13 @@
 
 use kvrelay_identity::CkfFormat;
 
-use crate::addressing::{Address, Addressing};
+use crate::addressing::Addressing;
 use crate::bucket;
 use crate::format::ConfigError;
 use crate::image::{Delta, SnapshotChunk};
 use crate::prefetch::prefetch_element;
 use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
-use crate::search::{Prober, SearchScratch, search};
+use crate::search::{Location, Prober, SearchScratch, search};
 
 /// Default number of positions verified below each depth.
 pub const DEFAULT_VERIFICATION_WINDOW: u32 = 2;
@@ -125,10 +125,6 @@ const ROW_ALIGN_WORDS: usize = 8;
 
 /// The lanes of one cache line, as a lane mask.
 const LINE_LANES: u64 = (1 << ROW_ALIGN_WORDS) - 1;
-
-/// Up to this many lanes, a probe tests only the asked lanes; above, every lane of the
-/// group (vectorised).
-const SPARSE_PROBE_LANES: u32 = 4;
 
 impl QueryTable {
     /// An empty table (no lanes) for `format`.
@@ -251,18 +247,30 @@ impl QueryTable {
         &mut self.words[self.offset..self.offset + len]
     }
 
-    /// The words of `group`'s lanes (up to 64) in the primary and alternate rows.
-    #[inline]
-    fn group_rows(&self, address: Address, group: usize) -> (&[u64], &[u64]) {
-        let rows = self.rows();
-        let first = group * 64;
-        let end = self.lanes.len().min(first + 64);
-        let primary = address.primary as usize * self.stride;
-        let alternate = address.alternate as usize * self.stride;
-        (
-            &rows[primary + first..primary + end],
-            &rows[alternate + first..alternate + end],
-        )
+    /// [`Prober::probe`] for rows within 64 words of the allocation's end.
+    #[cold]
+    fn probe_near_end(&self, location: &Location, first: usize, lanes: u64) -> u64 {
+        let width = self.stride.saturating_sub(first).min(64);
+        let (Some(row_a), Some(row_b)) = (
+            self.words
+                .get(location.first + first..location.first + first + width),
+            self.words
+                .get(location.second + first..location.second + first + width),
+        ) else {
+            return 0;
+        };
+        let mut bits = 0u64;
+        let mut rest = lanes;
+        while rest != 0 {
+            let lane = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if let (Some(&a), Some(&b)) = (row_a.get(lane), row_b.get(lane)) {
+                let holds = bucket::matches_pattern(a, location.key)
+                    | bucket::matches_pattern(b, location.key);
+                bits |= u64::from(holds) << lane;
+            }
+        }
+        bits
     }
 
     /// Copies `lane`'s readiness into the lane mask.
@@ -320,53 +328,56 @@ impl Prober for QueryTable {
         self.ready.get(group).copied().unwrap_or(0)
     }
 
+    /// The fingerprint pattern and the first words of both candidate rows.
     #[inline]
-    fn locate(&self, hash: u64) -> Address {
-        self.addressing.address(hash)
+    fn locate(&self, hash: u64) -> Location {
+        let address = self.addressing.address(hash);
+        Location {
+            key: bucket::fingerprint_pattern(address.fingerprint),
+            first: self.offset + address.primary as usize * self.stride,
+            second: self.offset + address.alternate as usize * self.stride,
+        }
     }
 
     #[inline]
-    fn prefetch(&self, address: Address, group: usize, lanes: u64) {
-        let rows = self.rows();
+    fn prefetch(&self, location: &Location, group: usize, lanes: u64) {
         let first = group * 64;
-        let primary = address.primary as usize * self.stride + first;
-        let alternate = address.alternate as usize * self.stride + first;
         // Every cache line holding one of `lanes`, in both rows (rows start on a line
         // boundary).
         let mut lines = lanes;
         while lines != 0 {
-            let line = lines.trailing_zeros() as usize / ROW_ALIGN_WORDS * ROW_ALIGN_WORDS;
-            prefetch_element(rows, primary + line);
-            prefetch_element(rows, alternate + line);
-            lines &= !(LINE_LANES << line);
+            let line = first + (lines.trailing_zeros() as usize & !(ROW_ALIGN_WORDS - 1));
+            prefetch_element(&self.words, location.first + line);
+            prefetch_element(&self.words, location.second + line);
+            lines &= !(LINE_LANES << (line - first));
         }
     }
 
+    /// Tests only the asked lanes: the search asks for the few lanes a decision needs.
     #[inline]
-    fn probe(&self, address: Address, group: usize, lanes: u64) -> u64 {
-        let (row_a, row_b) = self.group_rows(address, group);
-        let pattern = bucket::fingerprint_pattern(address.fingerprint);
-        let holds = |lane: usize| {
-            bucket::matches_pattern(row_a[lane], pattern)
-                | bucket::matches_pattern(row_b[lane], pattern)
+    fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64 {
+        let first = group * 64;
+        let window = |start: usize| {
+            self.words
+                .get(start + first..)
+                .and_then(<[u64]>::first_chunk::<64>)
+        };
+        // `lanes` are lanes of the table, so within the stride: a 64-word window from the
+        // group's first word never reaches past the row for them. Only the last rows lack
+        // such a window in the allocation.
+        let (Some(row_a), Some(row_b)) = (window(location.first), window(location.second)) else {
+            return self.probe_near_end(location, first, lanes);
         };
         let mut bits = 0u64;
-        if lanes.count_ones() <= SPARSE_PROBE_LANES {
-            let mut rest = lanes;
-            while rest != 0 {
-                let lane = rest.trailing_zeros() as usize;
-                rest &= rest - 1;
-                if lane < row_a.len() {
-                    bits |= u64::from(holds(lane)) << lane;
-                }
-            }
-        } else {
-            // Every lane, branch-free, so the compiler vectorises it.
-            for lane in 0..row_a.len().min(row_b.len()) {
-                bits |= u64::from(holds(lane)) << lane;
-            }
+        let mut rest = lanes;
+        while rest != 0 {
+            let lane = rest.trailing_zeros() as usize % 64;
+            rest &= rest - 1;
+            let holds = bucket::matches_pattern(row_a[lane], location.key)
+                | bucket::matches_pattern(row_b[lane], location.key);
+            bits |= u64::from(holds) << lane;
         }
-        bits & lanes & self.ready_lanes(group)
+        bits
     }
 }
 

@@ -7,8 +7,11 @@
 //! its lanes' depth lies in `lo..=hi`, where position `lo - 1` was probed present (or
 //! `lo == 0`) and position `hi` was probed absent (or `hi` is the request length). Every
 //! step is a handful of mask operations, whatever the number of lanes in a group, and the
-//! work runs in rounds whose probes are issued as one batch (addresses first, then every
-//! row prefetch, then the reads), so a round costs about one memory latency, not one per probe:
+//! work runs in rounds whose probes are issued as one batch (each position's address, then
+//! the prefetch of its rows), so a round costs about one memory latency, not one per probe.
+//! A probed lane's words are read only when a decision first needs them (the table does
+//! not change during a search, so this answers exactly as reading them all at once would,
+//! and lanes that left the search are never read):
 //!
 //! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 and the last `window` positions in one
 //!    batch; the lanes that miss first at a gallop position form one bracket;
@@ -25,29 +28,52 @@
 //! shrinks every open bracket to about `1 / FANOUT`, and each failed verification strictly
 //! lowers those lanes' `hi`.
 
-use crate::addressing::Address;
-
 /// Scratch buffers reused across searches.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SearchScratch {
-    /// Per position, its address (valid where `located` is set).
-    addresses: Vec<Address>,
-    located: Vec<u64>,
-    /// Per position, the lanes of the current group holding it, among `probed[position]`.
-    masks: Vec<u64>,
-    /// Per position, the lanes of the current group probed there so far.
-    probed: Vec<u64>,
-    /// Per position, the lanes queued for the next batch.
-    queued: Vec<u64>,
+    /// Per position, what this search knows about it (see [`PositionState`]).
+    positions: Vec<PositionState>,
+    /// Counts searched groups (the current one included) over the scratch's life, so
+    /// stale position states are told apart without clearing them.
+    epoch: u32,
+    /// The epoch of the current search's first group.
+    search_epoch: u32,
     /// Positions queued for the next batch.
     batch: Vec<u32>,
-    /// Positions with a non-zero `probed` entry (cleared after each group).
-    visited: Vec<u32>,
     open: Vec<Bracket>,
     next: Vec<Bracket>,
     /// Resolved brackets (`lo == hi`) waiting for verification.
     resolved: Vec<Bracket>,
     pub(crate) n_probes: u32,
+}
+
+/// What the search knows about one position. A probe fetches the memory of its lanes
+/// (prefetch); their words are read only when a decision needs them, which gives the same
+/// answers (the table does not change during a search) for fewer reads.
+#[derive(Debug, Clone, Copy, Default)]
+struct PositionState {
+    /// Where the position's hash lives; valid when `located_epoch >= search_epoch`.
+    location: Location,
+    located_epoch: u32,
+    /// The lane masks below are valid when `group_epoch == epoch` (else all zero).
+    group_epoch: u32,
+    /// Lanes probed here so far.
+    probed: u64,
+    /// Lanes queued for the next batch (never among `probed`).
+    queued: u64,
+    /// Lanes among `probed` whose words were read.
+    read: u64,
+    /// Lanes among `read` holding the position.
+    present: u64,
+}
+
+/// Where a hash lives, as its prober computed it once per search: a key to compare and
+/// the word offsets of its two candidate places.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Location {
+    pub(crate) key: u64,
+    pub(crate) first: usize,
+    pub(crate) second: usize,
 }
 
 /// Lanes whose depth lies in `lo..=hi` (see the module docs).
@@ -63,14 +89,15 @@ pub(crate) trait Prober {
     fn n_lanes(&self) -> usize;
     /// Ready lanes of `group` (lane `64 * group + i` is bit `i`).
     fn ready_lanes(&self, group: usize) -> u64;
-    /// Where `hash` lives (computed once per position, before any memory is touched).
-    fn locate(&self, hash: u64) -> Address;
-    /// Hints that `probe` will read the memory of `lanes` of `group` at `address` (so a
+    /// Where `hash` lives (computed once per position and search, before any memory is
+    /// touched).
+    fn locate(&self, hash: u64) -> Location;
+    /// Hints that `probe` will read the memory of `lanes` of `group` at `location` (so a
     /// batch's cache misses are all in flight before the first read waits).
-    fn prefetch(&self, address: Address, group: usize, lanes: u64);
-    /// Which of `lanes` (ready lanes of `group`) hold `address`; bits outside `lanes` may
-    /// be set and are ignored.
-    fn probe(&self, address: Address, group: usize, lanes: u64) -> u64;
+    fn prefetch(&self, location: &Location, group: usize, lanes: u64);
+    /// Which of `lanes` (ready lanes of `group`) hold `location`; bits outside `lanes`
+    /// may be set and are ignored.
+    fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64;
 }
 
 /// Runs the search over `hashes`; writes each lane's depth (`None` when not ready).
@@ -87,16 +114,25 @@ pub(crate) fn search(
     scratch.n_probes = 0;
     let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
     let hashes = &hashes[..n as usize];
-    let bit_words = hashes.len().div_ceil(64);
-    scratch.located.clear();
-    scratch.located.resize(bit_words, 0);
-    if scratch.addresses.len() < hashes.len() {
-        scratch.addresses.resize(hashes.len(), Address::default());
-        scratch.masks.resize(hashes.len(), 0);
-        scratch.probed.resize(hashes.len(), 0);
-        scratch.queued.resize(hashes.len(), 0);
+    if scratch.positions.len() < hashes.len() {
+        scratch
+            .positions
+            .resize(hashes.len(), PositionState::default());
     }
-    for group in 0..n_lanes.div_ceil(64) {
+    let n_groups = n_lanes.div_ceil(64);
+    let epochs_needed = u32::try_from(n_groups)
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
+    if u32::MAX - scratch.epoch < epochs_needed {
+        // Once in 2^32 groups: restart the epochs, forgetting every position.
+        for state in &mut scratch.positions {
+            *state = PositionState::default();
+        }
+        scratch.epoch = 0;
+    }
+    scratch.search_epoch = scratch.epoch + 1;
+    for group in 0..n_groups {
+        scratch.epoch += 1;
         let ready = prober.ready_lanes(group);
         if ready == 0 {
             continue;
@@ -119,10 +155,6 @@ pub(crate) fn search(
                 }
             }
         });
-        for &position in &scratch.visited {
-            scratch.probed[position as usize] = 0;
-        }
-        scratch.visited.clear();
     }
 }
 
@@ -135,14 +167,6 @@ fn split_point(lo: u32, hi: u32, j: u32) -> u32 {
     let span = u64::from(hi - lo);
     // span * j / FANOUT < span, so the point stays below hi.
     lo + (span * u64::from(j) / u64::from(FANOUT)) as u32
-}
-
-fn bit(bits: &[u64], position: u32) -> bool {
-    bits[position as usize / 64] & (1 << (position % 64)) != 0
-}
-
-fn set_bit(bits: &mut [u64], position: u32) {
-    bits[position as usize / 64] |= 1 << (position % 64);
 }
 
 struct GroupSearch<'a, P> {
@@ -177,13 +201,25 @@ impl<P: Prober> GroupSearch<'_, P> {
     /// Queues `position` for those of `lanes` not probed there yet.
     fn queue(&mut self, position: u32, lanes: u64) {
         let s = &mut *self.scratch;
-        let p = position as usize;
-        let needed = lanes & !s.probed[p];
+        let Some(state) = s.positions.get_mut(position as usize) else {
+            return;
+        };
+        if state.group_epoch != s.epoch {
+            *state = PositionState {
+                group_epoch: s.epoch,
+                probed: 0,
+                queued: 0,
+                read: 0,
+                present: 0,
+                ..*state
+            };
+        }
+        let needed = lanes & !state.probed;
         if needed != 0 {
-            if s.queued[p] == 0 {
+            if state.queued == 0 {
                 s.batch.push(position);
             }
-            s.queued[p] |= needed;
+            state.queued |= needed;
         }
     }
 
@@ -194,38 +230,43 @@ impl<P: Prober> GroupSearch<'_, P> {
         }
     }
 
-    /// Probes every queued position: addresses, then every prefetch, then every read.
+    /// Probes every queued position: locates it and prefetches its queued lanes' memory
+    /// (the reads wait until [`GroupSearch::present`] needs them).
     fn probe_batch(&mut self) {
         let s = &mut *self.scratch;
         for &p in &s.batch {
-            if !bit(&s.located, p) {
-                set_bit(&mut s.located, p);
-                s.addresses[p as usize] = self.prober.locate(self.hashes[p as usize]);
+            let Some(state) = s.positions.get_mut(p as usize) else {
+                continue;
+            };
+            if state.located_epoch < s.search_epoch {
+                state.located_epoch = s.epoch;
+                state.location = self.prober.locate(self.hashes[p as usize]);
             }
-        }
-        for &p in &s.batch {
-            let p = p as usize;
             self.prober
-                .prefetch(s.addresses[p], self.group, s.queued[p]);
-        }
-        for &p in &s.batch {
-            let p = p as usize;
-            let lanes = s.queued[p];
-            let hits = self.prober.probe(s.addresses[p], self.group, lanes) & lanes;
-            if s.probed[p] == 0 {
-                s.visited.push(p as u32);
-                s.masks[p] = 0;
-            }
-            s.masks[p] = (s.masks[p] & !lanes) | hits;
-            s.probed[p] |= lanes;
-            s.queued[p] = 0;
+                .prefetch(&state.location, self.group, state.queued);
+            state.probed |= state.queued;
+            state.queued = 0;
         }
         s.n_probes += s.batch.len() as u32;
         s.batch.clear();
     }
 
-    fn mask(&self, position: u32) -> u64 {
-        self.scratch.masks[position as usize]
+    /// Which of `lanes` were probed at `position` and hold it (reading the words of those
+    /// not read yet).
+    fn present(&mut self, position: u32, lanes: u64) -> u64 {
+        let epoch = self.scratch.epoch;
+        let Some(state) = self.scratch.positions.get_mut(position as usize) else {
+            return 0;
+        };
+        if state.group_epoch != epoch {
+            return 0; // not probed by this group
+        }
+        let unread = lanes & state.probed & !state.read;
+        if unread != 0 {
+            state.present |= self.prober.probe(&state.location, self.group, unread) & unread;
+            state.read |= unread;
+        }
+        state.present & lanes
     }
 
     fn gallop(&mut self, ready: u64, n: u32) {
@@ -244,7 +285,7 @@ impl<P: Prober> GroupSearch<'_, P> {
         let mut lo = 0u32;
         let mut position = 0u32;
         loop {
-            let hit = self.mask(position) & alive;
+            let hit = self.present(position, alive);
             if alive & !hit != 0 {
                 self.scratch.open.push(Bracket {
                     lo,
@@ -298,7 +339,7 @@ impl<P: Prober> GroupSearch<'_, P> {
                     if point < lo {
                         continue; // a repeated point of a small bracket
                     }
-                    let hit = self.mask(point) & alive;
+                    let hit = self.present(point, alive);
                     if alive & !hit != 0 {
                         push_bracket(
                             &mut next,
@@ -342,7 +383,8 @@ impl<P: Prober> GroupSearch<'_, P> {
             let depth = bracket.lo;
             let mut failed = 0u64;
             for position in depth.saturating_sub(self.window)..depth {
-                let first_miss = bracket.lanes & !failed & !self.mask(position);
+                let lanes = bracket.lanes & !failed;
+                let first_miss = lanes & !self.present(position, lanes);
                 if first_miss != 0 {
                     failed |= first_miss;
                     self.reopen(first_miss, position);
@@ -364,7 +406,7 @@ impl<P: Prober> GroupSearch<'_, P> {
             if rest == 0 {
                 break;
             }
-            let hit = rest & self.scratch.probed[position as usize] & self.mask(position);
+            let hit = self.present(position, rest);
             if hit != 0 {
                 self.scratch.open.push(Bracket {
                     lo: position + 1,
@@ -421,18 +463,18 @@ mod tests {
             }
             bits
         }
-        fn locate(&self, hash: u64) -> Address {
-            Address {
-                fingerprint: 1,
-                primary: hash as u32,
-                alternate: 0,
+        fn locate(&self, hash: u64) -> Location {
+            Location {
+                key: 1,
+                first: hash as usize,
+                second: 0,
             }
         }
-        fn prefetch(&self, _address: Address, _group: usize, _lanes: u64) {}
-        fn probe(&self, address: Address, group: usize, _lanes: u64) -> u64 {
+        fn prefetch(&self, _location: &Location, _group: usize, _lanes: u64) {}
+        fn probe(&self, location: &Location, group: usize, _lanes: u64) -> u64 {
             let mut bits = 0;
             for (lane, present) in self.present.iter().enumerate().skip(group * 64).take(64) {
-                if present[address.primary as usize] {
+                if present[location.first] {
                     bits |= 1 << (lane % 64);
                 }
             }
@@ -484,6 +526,45 @@ mod tests {
                 } else {
                     prop_assert!(!present[lane][0]);
                 }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn reused_scratch_answers_like_a_fresh_one(
+            searches in prop::collection::vec(
+                (1usize..150, 0usize..80, 1u32..=8, any::<u64>()),
+                1..6,
+            ),
+            start_epoch in prop_oneof![Just(0u32), Just(u32::MAX - 3), any::<u32>()],
+        ) {
+            let mut scratch = SearchScratch { epoch: start_epoch, ..SearchScratch::default() };
+            for (n_lanes, n, window, seed) in searches {
+                // Lane depths and ready flags from the seed; a quarter of the positions
+                // beyond a lane's depth are stray hits (false positives).
+                let mut bits = seed;
+                let mut next = || {
+                    bits = bits.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    bits >> 33
+                };
+                let present: Vec<Vec<bool>> = (0..n_lanes)
+                    .map(|_| {
+                        let depth = next() as usize % (n + 1);
+                        (0..n).map(|p| p < depth || next() % 4 == 0).collect()
+                    })
+                    .collect();
+                let ready = (0..n_lanes).map(|_| next() % 5 != 0).collect();
+                let fake = Fake { present, ready };
+                let hashes: Vec<u64> = (0..n as u64).collect();
+                let mut reused = Vec::new();
+                search(&fake, &hashes, window, &mut scratch, &mut reused);
+                let reused_probes = scratch.n_probes;
+                let (fresh, fresh_probes) = run(&fake, n, window);
+                prop_assert_eq!(reused, fresh);
+                prop_assert_eq!(reused_probes, fresh_probes);
             }
         }
     }
