@@ -17,8 +17,8 @@
 //!    batch; the lanes that miss first at a gallop position form one bracket;
 //! 2. refine: `FANOUT`-ary rounds; each round probes `FANOUT − 1` split points of every open
 //!    bracket and splits its lanes by where they first miss. A bracket that this round
-//!    resolves completely also probes the `window` positions below it, so verification
-//!    usually costs no round of its own;
+//!    resolves completely also probes the `window` positions below it, so its lanes are
+//!    verified in the same pass and verification usually costs no round of its own;
 //! 3. verify: the `window` positions just below each depth must be present; a miss there
 //!    shows the bracket rested on a false positive (or a capacity hole), so those lanes
 //!    get the bracket `[1 + last probed hit below the miss, miss]` and are refined again.
@@ -31,15 +31,17 @@
 /// Scratch buffers reused across searches.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SearchScratch {
-    /// Per position, what this search knows about it (see [`PositionState`]).
+    /// Per position, what this search knows about it (see [`PositionState`]). The lane
+    /// masks of every position outside `touched` are zero.
     positions: Vec<PositionState>,
-    /// Counts searched groups (the current one included) over the scratch's life, so
-    /// stale position states are told apart without clearing them.
+    /// Counts searches over the scratch's life, so stale locations are told apart without
+    /// clearing them.
     epoch: u32,
-    /// The epoch of the current search's first group.
-    search_epoch: u32,
-    /// Positions queued for the next batch.
-    batch: Vec<u32>,
+    /// Every position queued by the current group, in queue order; those from
+    /// `batch_start` on are queued for the next batch. Their lane masks are cleared when
+    /// the next group starts.
+    touched: Vec<u32>,
+    batch_start: usize,
     open: Vec<Bracket>,
     next: Vec<Bracket>,
     /// Resolved brackets (`lo == hi`) waiting for verification.
@@ -52,12 +54,10 @@ pub(crate) struct SearchScratch {
 /// answers (the table does not change during a search) for fewer reads.
 #[derive(Debug, Clone, Copy, Default)]
 struct PositionState {
-    /// Where the position's hash lives; valid when `located_epoch >= search_epoch`.
+    /// Where the position's hash lives; valid when `located_epoch == epoch`.
     location: Location,
     located_epoch: u32,
-    /// The lane masks below are valid when `group_epoch == epoch` (else all zero).
-    group_epoch: u32,
-    /// Lanes probed here so far.
+    /// Lanes of the current group probed here so far.
     probed: u64,
     /// Lanes queued for the next batch (never among `probed`).
     queued: u64,
@@ -120,19 +120,15 @@ pub(crate) fn search(
             .resize(hashes.len(), PositionState::default());
     }
     let n_groups = n_lanes.div_ceil(64);
-    let epochs_needed = u32::try_from(n_groups)
-        .unwrap_or(u32::MAX)
-        .saturating_add(1);
-    if u32::MAX - scratch.epoch < epochs_needed {
-        // Once in 2^32 groups: restart the epochs, forgetting every position.
+    if scratch.epoch == u32::MAX {
+        // Once in 2^32 searches: restart the epochs, forgetting every location.
         for state in &mut scratch.positions {
-            *state = PositionState::default();
+            state.located_epoch = 0;
         }
         scratch.epoch = 0;
     }
-    scratch.search_epoch = scratch.epoch + 1;
+    scratch.epoch += 1;
     for group in 0..n_groups {
-        scratch.epoch += 1;
         let ready = prober.ready_lanes(group);
         if ready == 0 {
             continue;
@@ -162,11 +158,12 @@ pub(crate) fn search(
 /// `FANOUT` parts. Wider rounds cost more probes but fewer dependent memory round trips.
 const FANOUT: u32 = 4;
 
-/// The `j`-th of `FANOUT - 1` split points of `lo..hi`; always in `lo..hi`.
-fn split_point(lo: u32, hi: u32, j: u32) -> u32 {
+/// The `FANOUT - 1` split points of `lo..hi`, which cut it into `FANOUT` parts; strictly
+/// increasing and in `lo + 1..hi` when `hi - lo >= FANOUT`.
+fn split_points(lo: u32, hi: u32) -> [u32; FANOUT as usize - 1] {
     let span = u64::from(hi - lo);
-    // span * j / FANOUT < span, so the point stays below hi.
-    lo + (span * u64::from(j) / u64::from(FANOUT)) as u32
+    // span * j / FANOUT < span, so every point stays below hi.
+    std::array::from_fn(|i| lo + (span * (i as u64 + 1) / u64::from(FANOUT)) as u32)
 }
 
 struct GroupSearch<'a, P> {
@@ -184,6 +181,16 @@ impl<P: Prober> GroupSearch<'_, P> {
         s.open.clear();
         s.next.clear();
         s.resolved.clear();
+        for &position in &s.touched {
+            if let Some(state) = s.positions.get_mut(position as usize) {
+                state.probed = 0;
+                state.queued = 0;
+                state.read = 0;
+                state.present = 0;
+            }
+        }
+        s.touched.clear();
+        s.batch_start = 0;
         let n = self.hashes.len() as u32;
         if n == 0 {
             report(ready, 0);
@@ -191,7 +198,7 @@ impl<P: Prober> GroupSearch<'_, P> {
         }
         self.gallop(ready, n);
         loop {
-            self.refine();
+            self.refine(report);
             if !self.verify(report) {
                 return;
             }
@@ -204,20 +211,10 @@ impl<P: Prober> GroupSearch<'_, P> {
         let Some(state) = s.positions.get_mut(position as usize) else {
             return;
         };
-        if state.group_epoch != s.epoch {
-            *state = PositionState {
-                group_epoch: s.epoch,
-                probed: 0,
-                queued: 0,
-                read: 0,
-                present: 0,
-                ..*state
-            };
-        }
         let needed = lanes & !state.probed;
         if needed != 0 {
             if state.queued == 0 {
-                s.batch.push(position);
+                s.touched.push(position);
             }
             state.queued |= needed;
         }
@@ -234,11 +231,12 @@ impl<P: Prober> GroupSearch<'_, P> {
     /// (the reads wait until [`GroupSearch::present`] needs them).
     fn probe_batch(&mut self) {
         let s = &mut *self.scratch;
-        for &p in &s.batch {
+        let batch = s.touched.get(s.batch_start..).unwrap_or_default();
+        for &p in batch {
             let Some(state) = s.positions.get_mut(p as usize) else {
                 continue;
             };
-            if state.located_epoch < s.search_epoch {
+            if state.located_epoch != s.epoch {
                 state.located_epoch = s.epoch;
                 state.location = self.prober.locate(self.hashes[p as usize]);
             }
@@ -247,20 +245,16 @@ impl<P: Prober> GroupSearch<'_, P> {
             state.probed |= state.queued;
             state.queued = 0;
         }
-        s.n_probes += s.batch.len() as u32;
-        s.batch.clear();
+        s.n_probes += batch.len() as u32;
+        s.batch_start = s.touched.len();
     }
 
     /// Which of `lanes` were probed at `position` and hold it (reading the words of those
     /// not read yet).
     fn present(&mut self, position: u32, lanes: u64) -> u64 {
-        let epoch = self.scratch.epoch;
         let Some(state) = self.scratch.positions.get_mut(position as usize) else {
             return 0;
         };
-        if state.group_epoch != epoch {
-            return 0; // not probed by this group
-        }
         let unread = lanes & state.probed & !state.read;
         if unread != 0 {
             state.present |= self.prober.probe(&state.location, self.group, unread) & unread;
@@ -287,11 +281,13 @@ impl<P: Prober> GroupSearch<'_, P> {
         loop {
             let hit = self.present(position, alive);
             if alive & !hit != 0 {
-                self.scratch.open.push(Bracket {
+                push_bracket(
+                    &mut self.scratch.open,
+                    &mut self.scratch.resolved,
                     lo,
-                    hi: position,
-                    lanes: alive & !hit,
-                });
+                    position,
+                    alive & !hit,
+                );
             }
             alive = hit;
             lo = position + 1;
@@ -301,7 +297,7 @@ impl<P: Prober> GroupSearch<'_, P> {
             position = position.saturating_mul(2).saturating_add(1).min(last);
         }
         if alive != 0 {
-            self.scratch.open.push(Bracket {
+            self.scratch.resolved.push(Bracket {
                 lo: n,
                 hi: n,
                 lanes: alive,
@@ -309,36 +305,35 @@ impl<P: Prober> GroupSearch<'_, P> {
         }
     }
 
-    /// Splits open brackets until every one is resolved (`lo == hi`).
-    fn refine(&mut self) {
-        loop {
+    /// Splits open brackets (all with `lo < hi`) until every one is resolved (`lo == hi`).
+    /// A bracket narrower than `FANOUT` has all its positions and its window probed in one
+    /// round, so its lanes are verified right away; the others wait for [`Self::verify`].
+    fn refine(&mut self, report: &mut impl FnMut(u64, u32)) {
+        while !self.scratch.open.is_empty() {
             let open = std::mem::take(&mut self.scratch.open);
             for bracket in &open {
-                if bracket.lo == bracket.hi {
-                    continue;
-                }
-                for j in 1..FANOUT {
-                    self.queue(split_point(bracket.lo, bracket.hi, j), bracket.lanes);
-                }
                 if bracket.hi - bracket.lo < FANOUT {
-                    // Every position of the bracket is probed this round: verify along.
-                    self.queue_window(bracket.lo, bracket.lanes);
+                    // Every position of the bracket, and the window below it.
+                    let start = bracket.lo.saturating_sub(self.window);
+                    for position in start..bracket.hi {
+                        self.queue(position, bracket.lanes);
+                    }
+                } else {
+                    for point in split_points(bracket.lo, bracket.hi) {
+                        self.queue(point, bracket.lanes);
+                    }
                 }
             }
             self.probe_batch();
             let mut next = std::mem::take(&mut self.scratch.next);
             for &bracket in &open {
-                if bracket.lo == bracket.hi {
-                    self.scratch.resolved.push(bracket);
+                if bracket.hi - bracket.lo < FANOUT {
+                    self.settle_small(bracket, report);
                     continue;
                 }
                 let mut alive = bracket.lanes;
                 let mut lo = bracket.lo;
-                for j in 1..FANOUT {
-                    let point = split_point(bracket.lo, bracket.hi, j);
-                    if point < lo {
-                        continue; // a repeated point of a small bracket
-                    }
+                for point in split_points(bracket.lo, bracket.hi) {
                     let hit = self.present(point, alive);
                     if alive & !hit != 0 {
                         push_bracket(
@@ -359,12 +354,44 @@ impl<P: Prober> GroupSearch<'_, P> {
                     push_bracket(&mut next, &mut self.scratch.resolved, lo, bracket.hi, alive);
                 }
             }
-            self.scratch.open = open;
-            self.scratch.open.clear();
-            std::mem::swap(&mut self.scratch.open, &mut next);
-            self.scratch.next = next;
-            if self.scratch.open.is_empty() {
-                return;
+            self.scratch.open = next;
+            self.scratch.next = open;
+            self.scratch.next.clear();
+        }
+    }
+
+    /// Resolves a bracket narrower than `FANOUT` whose positions and window were all
+    /// probed: each lane's depth is its first miss. Reports the lanes whose window holds;
+    /// the others go to [`Self::verify`], which reopens them exactly as if they had waited.
+    fn settle_small(&mut self, bracket: Bracket, report: &mut impl FnMut(u64, u32)) {
+        let mut alive = bracket.lanes;
+        for depth in bracket.lo..=bracket.hi {
+            let missing = if depth < bracket.hi {
+                let hit = self.present(depth, alive);
+                let missing = alive & !hit;
+                alive = hit;
+                missing
+            } else {
+                alive
+            };
+            if missing != 0 {
+                let mut held = missing;
+                for position in depth.saturating_sub(self.window)..depth {
+                    held = self.present(position, held);
+                }
+                if held != 0 {
+                    report(held, depth);
+                }
+                if missing & !held != 0 {
+                    self.scratch.resolved.push(Bracket {
+                        lo: depth,
+                        hi: depth,
+                        lanes: missing & !held,
+                    });
+                }
+            }
+            if alive == 0 {
+                break;
             }
         }
     }
@@ -376,7 +403,7 @@ impl<P: Prober> GroupSearch<'_, P> {
         for bracket in &resolved {
             self.queue_window(bracket.lo, bracket.lanes);
         }
-        if !self.scratch.batch.is_empty() {
+        if self.scratch.batch_start < self.scratch.touched.len() {
             self.probe_batch();
         }
         for bracket in &resolved {
@@ -587,6 +614,20 @@ mod tests {
         let (depths, probes) = run(&fake, 64, 2);
         assert!(depths.iter().all(|&d| d == Some(40)));
         assert!(probes <= 16, "{probes} probes");
+    }
+
+    #[test]
+    fn lanes_sharing_a_narrow_bracket_verify_separately() {
+        // Both lanes hit every gallop position up to 15 and resolve at depth 16 in one
+        // narrow bracket; only the second lies (true depth 10, stray hit at 15), so its
+        // window fails and it is reopened while the first is reported.
+        let mut liar = prefix_lane(64, 10);
+        liar[15] = true;
+        let fake = Fake {
+            present: vec![prefix_lane(64, 16), liar],
+            ready: vec![true, true],
+        };
+        assert_eq!(run(&fake, 64, 2).0, vec![Some(16), Some(10)]);
     }
 
     #[test]
