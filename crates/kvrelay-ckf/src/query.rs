@@ -14,7 +14,7 @@ use crate::format::ConfigError;
 use crate::image::{Delta, SnapshotChunk};
 use crate::prefetch::prefetch_element;
 use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
-use crate::search::{Location, Prober, SearchScratch, search};
+use crate::search::{Locate, Location, Prober, SearchScratch, search};
 
 /// Default number of positions verified below each depth.
 pub const DEFAULT_VERIFICATION_WINDOW: u32 = 2;
@@ -328,14 +328,14 @@ impl Prober for QueryTable {
         self.ready.get(group).copied().unwrap_or(0)
     }
 
-    /// The fingerprint pattern and the first words of both candidate rows.
+    type Locator = RowLocator;
+
     #[inline]
-    fn locate(&self, hash: u64) -> Location {
-        let address = self.addressing.address(hash);
-        Location {
-            key: bucket::fingerprint_pattern(address.fingerprint),
-            first: self.offset + address.primary as usize * self.stride,
-            second: self.offset + address.alternate as usize * self.stride,
+    fn locator(&self) -> RowLocator {
+        RowLocator {
+            addressing: self.addressing,
+            offset: self.offset,
+            stride: self.stride,
         }
     }
 
@@ -378,6 +378,28 @@ impl Prober for QueryTable {
             bits |= u64::from(holds) << lane;
         }
         bits
+    }
+}
+
+/// Where a hash's two rows start in a [`QueryTable`]'s words (a copy of the table's
+/// addressing and layout, see [`Prober::locator`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowLocator {
+    addressing: Addressing,
+    offset: usize,
+    stride: usize,
+}
+
+impl Locate for RowLocator {
+    /// The fingerprint pattern and the first words of both candidate rows.
+    #[inline]
+    fn locate(&self, hash: u64) -> Location {
+        let address = self.addressing.address(hash);
+        Location {
+            key: bucket::fingerprint_pattern(address.fingerprint),
+            first: self.offset + address.primary as usize * self.stride,
+            second: self.offset + address.alternate as usize * self.stride,
+        }
     }
 }
 

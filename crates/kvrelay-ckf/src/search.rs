@@ -89,15 +89,23 @@ pub(crate) trait Prober {
     fn n_lanes(&self) -> usize;
     /// Ready lanes of `group` (lane `64 * group + i` is bit `i`).
     fn ready_lanes(&self, group: usize) -> u64;
-    /// Where `hash` lives (computed once per position and search, before any memory is
-    /// touched).
-    fn locate(&self, hash: u64) -> Location;
+    /// What [`Locate::locate`] needs, copied out once per batch so that the batch's
+    /// addresses are computed from registers rather than reloaded per position.
+    type Locator: Locate;
+    fn locator(&self) -> Self::Locator;
     /// Hints that `probe` will read the memory of `lanes` of `group` at `location` (so a
     /// batch's cache misses are all in flight before the first read waits).
     fn prefetch(&self, location: &Location, group: usize, lanes: u64);
     /// Which of `lanes` (ready lanes of `group`) hold `location`; bits outside `lanes`
     /// may be set and are ignored.
     fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64;
+}
+
+/// Computes where hashes live (see [`Prober::locator`]).
+pub(crate) trait Locate {
+    /// Where `hash` lives (computed once per position and search, before any memory is
+    /// touched).
+    fn locate(&self, hash: u64) -> Location;
 }
 
 /// Runs the search over `hashes`; writes each lane's depth (`None` when not ready).
@@ -232,13 +240,14 @@ impl<P: Prober> GroupSearch<'_, P> {
     fn probe_batch(&mut self) {
         let s = &mut *self.scratch;
         let batch = s.touched.get(s.batch_start..).unwrap_or_default();
+        let locator = self.prober.locator();
         for &p in batch {
             let Some(state) = s.positions.get_mut(p as usize) else {
                 continue;
             };
             if state.located_epoch != s.epoch {
                 state.located_epoch = s.epoch;
-                state.location = self.prober.locate(self.hashes[p as usize]);
+                state.location = locator.locate(self.hashes[p as usize]);
             }
             self.prober
                 .prefetch(&state.location, self.group, state.queued);
@@ -479,6 +488,20 @@ mod tests {
         ready: Vec<bool>,
     }
 
+    /// Locates a hash at its own value (hashes are positions).
+    #[derive(Clone, Copy)]
+    struct FakeLocator;
+
+    impl Locate for FakeLocator {
+        fn locate(&self, hash: u64) -> Location {
+            Location {
+                key: 1,
+                first: hash as usize,
+                second: 0,
+            }
+        }
+    }
+
     impl Prober for Fake {
         fn n_lanes(&self) -> usize {
             self.present.len()
@@ -490,12 +513,9 @@ mod tests {
             }
             bits
         }
-        fn locate(&self, hash: u64) -> Location {
-            Location {
-                key: 1,
-                first: hash as usize,
-                second: 0,
-            }
+        type Locator = FakeLocator;
+        fn locator(&self) -> FakeLocator {
+            FakeLocator
         }
         fn prefetch(&self, _location: &Location, _group: usize, _lanes: u64) {}
         fn probe(&self, location: &Location, group: usize, _lanes: u64) -> u64 {
