@@ -14,7 +14,7 @@ use crate::format::ConfigError;
 use crate::image::{Delta, SnapshotChunk};
 use crate::prefetch::prefetch_element;
 use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
-use crate::search::{Locate, Location, Prober, SearchScratch, search};
+use crate::search::{Location, ProbeView, Prober, SearchScratch, search};
 
 /// Default number of positions verified below each depth.
 pub const DEFAULT_VERIFICATION_WINDOW: u32 = 2;
@@ -247,32 +247,6 @@ impl QueryTable {
         &mut self.words[self.offset..self.offset + len]
     }
 
-    /// [`Prober::probe`] for rows within 64 words of the allocation's end.
-    #[cold]
-    fn probe_near_end(&self, location: &Location, first: usize, lanes: u64) -> u64 {
-        let width = self.stride.saturating_sub(first).min(64);
-        let (Some(row_a), Some(row_b)) = (
-            self.words
-                .get(location.first + first..location.first + first + width),
-            self.words
-                .get(location.second + first..location.second + first + width),
-        ) else {
-            return 0;
-        };
-        let mut bits = 0u64;
-        let mut rest = lanes;
-        while rest != 0 {
-            let lane = rest.trailing_zeros() as usize;
-            rest &= rest - 1;
-            if let (Some(&a), Some(&b)) = (row_a.get(lane), row_b.get(lane)) {
-                let holds = bucket::matches_pattern(a, location.key)
-                    | bucket::matches_pattern(b, location.key);
-                bits |= u64::from(holds) << lane;
-            }
-        }
-        bits
-    }
-
     /// Copies `lane`'s readiness into the lane mask.
     fn refresh_ready(&mut self, lane: usize) {
         let ready = self.lanes.get(lane).is_some_and(Sequencer::is_ready);
@@ -320,6 +294,8 @@ impl QueryTable {
 }
 
 impl Prober for QueryTable {
+    type View<'a> = RowView<'a>;
+
     fn n_lanes(&self) -> usize {
         self.lanes.len()
     }
@@ -328,14 +304,35 @@ impl Prober for QueryTable {
         self.ready.get(group).copied().unwrap_or(0)
     }
 
-    type Locator = RowLocator;
-
     #[inline]
-    fn locator(&self) -> RowLocator {
-        RowLocator {
+    fn view(&self) -> RowView<'_> {
+        RowView {
+            words: &self.words,
             addressing: self.addressing,
             offset: self.offset,
             stride: self.stride,
+        }
+    }
+}
+
+/// A [`QueryTable`]'s words with its addressing and layout (see [`Prober::view`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowView<'a> {
+    words: &'a [u64],
+    addressing: Addressing,
+    offset: usize,
+    stride: usize,
+}
+
+impl ProbeView for RowView<'_> {
+    /// The fingerprint pattern and the first words of both candidate rows.
+    #[inline]
+    fn locate(&self, hash: u64) -> Location {
+        let address = self.addressing.address(hash);
+        Location {
+            key: bucket::fingerprint_pattern(address.fingerprint),
+            first: self.offset + address.primary as usize * self.stride,
+            second: self.offset + address.alternate as usize * self.stride,
         }
     }
 
@@ -347,8 +344,8 @@ impl Prober for QueryTable {
         let mut lines = lanes;
         while lines != 0 {
             let line = first + (lines.trailing_zeros() as usize & !(ROW_ALIGN_WORDS - 1));
-            prefetch_element(&self.words, location.first + line);
-            prefetch_element(&self.words, location.second + line);
+            prefetch_element(self.words, location.first + line);
+            prefetch_element(self.words, location.second + line);
             lines &= !(LINE_LANES << (line - first));
         }
     }
@@ -381,25 +378,31 @@ impl Prober for QueryTable {
     }
 }
 
-/// Where a hash's two rows start in a [`QueryTable`]'s words (a copy of the table's
-/// addressing and layout, see [`Prober::locator`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RowLocator {
-    addressing: Addressing,
-    offset: usize,
-    stride: usize,
-}
-
-impl Locate for RowLocator {
-    /// The fingerprint pattern and the first words of both candidate rows.
-    #[inline]
-    fn locate(&self, hash: u64) -> Location {
-        let address = self.addressing.address(hash);
-        Location {
-            key: bucket::fingerprint_pattern(address.fingerprint),
-            first: self.offset + address.primary as usize * self.stride,
-            second: self.offset + address.alternate as usize * self.stride,
+impl RowView<'_> {
+    /// [`ProbeView::probe`] for rows within 64 words of the allocation's end.
+    #[cold]
+    fn probe_near_end(&self, location: &Location, first: usize, lanes: u64) -> u64 {
+        let width = self.stride.saturating_sub(first).min(64);
+        let (Some(row_a), Some(row_b)) = (
+            self.words
+                .get(location.first + first..location.first + first + width),
+            self.words
+                .get(location.second + first..location.second + first + width),
+        ) else {
+            return 0;
+        };
+        let mut bits = 0u64;
+        let mut rest = lanes;
+        while rest != 0 {
+            let lane = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if let (Some(&a), Some(&b)) = (row_a.get(lane), row_b.get(lane)) {
+                let holds = bucket::matches_pattern(a, location.key)
+                    | bucket::matches_pattern(b, location.key);
+                bits |= u64::from(holds) << lane;
+            }
         }
+        bits
     }
 }
 

@@ -86,26 +86,28 @@ struct Bracket {
 
 /// The per-position presence oracle, answering for 64 lanes (one group) at a time.
 pub(crate) trait Prober {
+    /// What locating, prefetching and probing need, copied out once per search so that
+    /// the search's loops keep it in registers instead of reloading it through a pointer.
+    type View<'a>: ProbeView
+    where
+        Self: 'a;
     fn n_lanes(&self) -> usize;
     /// Ready lanes of `group` (lane `64 * group + i` is bit `i`).
     fn ready_lanes(&self, group: usize) -> u64;
-    /// What [`Locate::locate`] needs, copied out once per batch so that the batch's
-    /// addresses are computed from registers rather than reloaded per position.
-    type Locator: Locate;
-    fn locator(&self) -> Self::Locator;
+    fn view(&self) -> Self::View<'_>;
+}
+
+/// Locates, prefetches and probes positions (see [`Prober::view`]).
+pub(crate) trait ProbeView: Copy {
+    /// Where `hash` lives (computed once per position and search, before any memory is
+    /// touched).
+    fn locate(&self, hash: u64) -> Location;
     /// Hints that `probe` will read the memory of `lanes` of `group` at `location` (so a
     /// batch's cache misses are all in flight before the first read waits).
     fn prefetch(&self, location: &Location, group: usize, lanes: u64);
     /// Which of `lanes` (ready lanes of `group`) hold `location`; bits outside `lanes`
     /// may be set and are ignored.
     fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64;
-}
-
-/// Computes where hashes live (see [`Prober::locator`]).
-pub(crate) trait Locate {
-    /// Where `hash` lives (computed once per position and search, before any memory is
-    /// touched).
-    fn locate(&self, hash: u64) -> Location;
 }
 
 /// Runs the search over `hashes`; writes each lane's depth (`None` when not ready).
@@ -128,6 +130,7 @@ pub(crate) fn search(
             .resize(hashes.len(), PositionState::default());
     }
     let n_groups = n_lanes.div_ceil(64);
+    let view = prober.view();
     if scratch.epoch == u32::MAX {
         // Once in 2^32 searches: restart the epochs, forgetting every location.
         for state in &mut scratch.positions {
@@ -142,7 +145,7 @@ pub(crate) fn search(
             continue;
         }
         let mut search = GroupSearch {
-            prober,
+            view,
             group,
             hashes,
             window,
@@ -174,15 +177,15 @@ fn split_points(lo: u32, hi: u32) -> [u32; FANOUT as usize - 1] {
     std::array::from_fn(|i| lo + (span * (i as u64 + 1) / u64::from(FANOUT)) as u32)
 }
 
-struct GroupSearch<'a, P> {
-    prober: &'a P,
+struct GroupSearch<'a, V> {
+    view: V,
     group: usize,
     hashes: &'a [u64],
     window: u32,
     scratch: &'a mut SearchScratch,
 }
 
-impl<P: Prober> GroupSearch<'_, P> {
+impl<V: ProbeView> GroupSearch<'_, V> {
     /// Searches the `ready` lanes; reports `(lanes, depth)` for every verified set.
     fn run(&mut self, ready: u64, report: &mut impl FnMut(u64, u32)) {
         let s = &mut *self.scratch;
@@ -240,16 +243,15 @@ impl<P: Prober> GroupSearch<'_, P> {
     fn probe_batch(&mut self) {
         let s = &mut *self.scratch;
         let batch = s.touched.get(s.batch_start..).unwrap_or_default();
-        let locator = self.prober.locator();
         for &p in batch {
             let Some(state) = s.positions.get_mut(p as usize) else {
                 continue;
             };
             if state.located_epoch != s.epoch {
                 state.located_epoch = s.epoch;
-                state.location = locator.locate(self.hashes[p as usize]);
+                state.location = self.view.locate(self.hashes[p as usize]);
             }
-            self.prober
+            self.view
                 .prefetch(&state.location, self.group, state.queued);
             state.probed |= state.queued;
             state.queued = 0;
@@ -266,7 +268,7 @@ impl<P: Prober> GroupSearch<'_, P> {
         };
         let unread = lanes & state.probed & !state.read;
         if unread != 0 {
-            state.present |= self.prober.probe(&state.location, self.group, unread) & unread;
+            state.present |= self.view.probe(&state.location, self.group, unread) & unread;
             state.read |= unread;
         }
         state.present & lanes
@@ -488,21 +490,8 @@ mod tests {
         ready: Vec<bool>,
     }
 
-    /// Locates a hash at its own value (hashes are positions).
-    #[derive(Clone, Copy)]
-    struct FakeLocator;
-
-    impl Locate for FakeLocator {
-        fn locate(&self, hash: u64) -> Location {
-            Location {
-                key: 1,
-                first: hash as usize,
-                second: 0,
-            }
-        }
-    }
-
     impl Prober for Fake {
+        type View<'a> = &'a Fake;
         fn n_lanes(&self) -> usize {
             self.present.len()
         }
@@ -513,9 +502,18 @@ mod tests {
             }
             bits
         }
-        type Locator = FakeLocator;
-        fn locator(&self) -> FakeLocator {
-            FakeLocator
+        fn view(&self) -> &Fake {
+            self
+        }
+    }
+
+    impl ProbeView for &Fake {
+        fn locate(&self, hash: u64) -> Location {
+            Location {
+                key: 1,
+                first: hash as usize,
+                second: 0,
+            }
         }
         fn prefetch(&self, _location: &Location, _group: usize, _lanes: u64) {}
         fn probe(&self, location: &Location, group: usize, _lanes: u64) -> u64 {
