@@ -7,7 +7,7 @@
 //! mapping of that engine id lives in a side field instead.
 //!
 //! Engines choose their block ids, so the home slot is keyed by a per-filter lineage seed
-//! (see `PoolFilter::with_lineage_seed`): ids that collide under one seed spread under
+//! (see `PoolFilter::with_placement_seed`): ids that collide under one seed spread under
 //! another. The keyed mix resists precomputed collision sets, not a cryptographic attack.
 
 use crate::keyhash::mix;

@@ -31,9 +31,20 @@ pub(crate) struct OwnerTable {
     /// Power-of-two length (or 0 before the first reservation).
     slots: Vec<(u64, OwnerEntry)>,
     len: usize,
+    /// Keys every hash's home slot (see `PoolFilter::with_placement_seed`).
+    seed: u64,
 }
 
 impl OwnerTable {
+    /// An empty table (nothing allocated) whose home slots are keyed by `seed`.
+    pub(crate) fn with_seed(seed: u64) -> Self {
+        Self {
+            slots: Vec::new(),
+            len: 0,
+            seed,
+        }
+    }
+
     /// Stored hashes.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -54,7 +65,7 @@ impl OwnerTable {
         let mask = slots.len() - 1;
         let old = std::mem::replace(&mut self.slots, slots);
         for (key, entry) in old.into_iter().filter(|(_, e)| e.owners > 0) {
-            let mut idx = home(key, mask);
+            let mut idx = home(key, self.seed, mask);
             while self.slots[idx].1.owners > 0 {
                 idx = (idx + 1) & mask;
             }
@@ -84,7 +95,7 @@ impl OwnerTable {
             return None;
         }
         let mask = self.slots.len() - 1;
-        let mut idx = home(key, mask);
+        let mut idx = home(key, self.seed, mask);
         loop {
             let (slot_key, entry) = self.slots[idx];
             if entry.owners == 0 {
@@ -139,7 +150,7 @@ impl OwnerTable {
     #[inline]
     pub(crate) fn prefetch(&self, key: u64) {
         if !self.slots.is_empty() {
-            let idx = home(key, self.slots.len() - 1);
+            let idx = home(key, self.seed, self.slots.len() - 1);
             prefetch_element(&self.slots, idx);
             prefetch_element(&self.slots, idx + SLOTS_PER_LINE);
         }
@@ -150,7 +161,7 @@ impl OwnerTable {
             return None;
         }
         let mask = self.slots.len() - 1;
-        let mut idx = home(key, mask);
+        let mut idx = home(key, self.seed, mask);
         loop {
             let (slot_key, entry) = &self.slots[idx];
             if entry.owners == 0 {
@@ -176,7 +187,7 @@ impl OwnerTable {
                 break;
             }
             // The entry may fill the hole if the hole lies between its home and `next`.
-            let from_home = next.wrapping_sub(home(key, mask)) & mask;
+            let from_home = next.wrapping_sub(home(key, self.seed, mask)) & mask;
             let from_hole = next.wrapping_sub(hole) & mask;
             if from_home >= from_hole {
                 self.slots[hole] = (key, entry);
@@ -193,8 +204,8 @@ impl OwnerTable {
 pub(crate) struct NotStored;
 
 #[inline]
-fn home(key: u64, mask: usize) -> usize {
-    (mix(key) as usize) & mask
+fn home(key: u64, seed: u64, mask: usize) -> usize {
+    (mix(key ^ seed) as usize) & mask
 }
 
 #[cfg(test)]
@@ -251,7 +262,7 @@ mod tests {
         table.try_reserve(8).unwrap();
         let mask = table.capacity() - 1;
         let keys: Vec<u64> = (0..10_000u64)
-            .filter(|&k| home(k, mask) == 3)
+            .filter(|&k| home(k, 0, mask) == 3)
             .take(4)
             .collect();
         for &key in &keys {
@@ -268,6 +279,37 @@ mod tests {
             assert_eq!(table.get(key).unwrap().owners, 1);
         }
         assert_eq!(table.get(keys[1]), None);
+    }
+
+    #[test]
+    fn the_seed_moves_keys_but_not_answers() {
+        // Sequential keys (like root canonicals from crafted token hashes) under two seeds.
+        let keys: Vec<u64> = (0..64u64).map(|i| i << 20).collect();
+        let placed = |seed: u64| {
+            let mut table = OwnerTable::with_seed(seed);
+            table.try_reserve(keys.len()).unwrap();
+            for &key in &keys {
+                table.add_owner(key).unwrap();
+            }
+            for &key in keys.iter().step_by(2) {
+                table.add_owner(key).unwrap();
+            }
+            let slots: Vec<usize> = keys.iter().map(|&key| table.find(key).unwrap()).collect();
+            let counts: Vec<u32> = keys
+                .iter()
+                .map(|&key| table.get(key).unwrap().owners)
+                .collect();
+            (slots, counts)
+        };
+        let (first_slots, first_counts) = placed(1);
+        let (second_slots, second_counts) = placed(0xDEAD_BEEF);
+        assert_eq!(first_counts, second_counts);
+        let n_moved = first_slots
+            .iter()
+            .zip(&second_slots)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(n_moved > keys.len() / 2, "only {n_moved} keys moved");
     }
 
     #[test]

@@ -72,8 +72,9 @@ pub struct PoolFilter {
     format: CkfFormat,
     max_kicks: u32,
     lineage: KeyMap<SourceId, LineageMap>,
-    /// Keys where each lineage places engine block ids.
-    lineage_seed: u64,
+    /// Keys where each lineage places engine block ids and the owner table places
+    /// canonical hashes.
+    placement_seed: u64,
     state: Ownership,
     plan: Vec<PlannedBlock>,
     /// Canonical hashes and addresses of the removal being applied.
@@ -84,28 +85,32 @@ pub struct PoolFilter {
 
 impl PoolFilter {
     /// An empty filter for `config`; the table is allocated fallibly. Lineages are keyed
-    /// by the format seed (see [`PoolFilter::with_lineage_seed`]).
+    /// by the format seed (see [`PoolFilter::with_placement_seed`]).
     pub fn new(config: CkfConfig) -> Result<Self, ConfigError> {
-        let lineage_seed = config.format()?.seed();
-        Self::with_lineage_seed(config, lineage_seed)
+        let placement_seed = config.format()?.seed();
+        Self::with_placement_seed(config, placement_seed)
     }
 
     /// An empty filter for `config` whose per-source lineages (engine block id →
-    /// canonical hash) place ids by `lineage_seed` instead of the published format seed.
+    /// canonical hash) and owner table (canonical hash → owners) place their keys by
+    /// `placement_seed` instead of the published format seed.
     ///
-    /// Engines choose their block ids, so ids crafted to collide under a known seed could
-    /// lengthen lineage probe runs; a seed the engines cannot see (chosen by the caller,
-    /// e.g. per pool generation) removes that lever. The seed changes only where ids sit
-    /// in memory: every result, counter, word and delta is the same as with
-    /// [`PoolFilter::new`].
+    /// Engines choose their block ids and token hashes (a root block's canonical hash is
+    /// its token hash), so keys crafted to collide under a known seed could lengthen probe
+    /// runs; a seed the engines cannot see (chosen by the caller, e.g. per pool
+    /// generation) removes that lever. The seed changes only where keys sit in memory:
+    /// every result, counter, word and delta is the same as with [`PoolFilter::new`].
     ///
     /// ```
     /// use kvrelay_ckf::{CkfConfig, PoolFilter};
-    /// let filter = PoolFilter::with_lineage_seed(CkfConfig::new(1024), 0x5EED_1234)?;
+    /// let filter = PoolFilter::with_placement_seed(CkfConfig::new(1024), 0x5EED_1234)?;
     /// assert_eq!(filter.format(), PoolFilter::new(CkfConfig::new(1024))?.format());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn with_lineage_seed(config: CkfConfig, lineage_seed: u64) -> Result<Self, ConfigError> {
+    pub fn with_placement_seed(
+        config: CkfConfig,
+        placement_seed: u64,
+    ) -> Result<Self, ConfigError> {
         let format = config.format()?;
         let table = Table::new(format, config.max_kicks)?;
         let window = DirtyWindow::new(format.bucket_count() as usize).map_err(|failed| {
@@ -118,8 +123,8 @@ impl PoolFilter {
             format,
             max_kicks: config.max_kicks,
             lineage: KeyMap::default(),
-            lineage_seed,
-            state: Ownership::new(table, window),
+            placement_seed,
+            state: Ownership::new(table, window, placement_seed),
             plan: Vec::new(),
             removal: Vec::new(),
             sequence: 0,

@@ -389,14 +389,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
-    fn lineage_seed_changes_no_observable_result(
+    fn placement_seed_changes_no_observable_result(
         seed in any::<u64>(),
         ops in prop::collection::vec(op(), 1..120),
     ) {
         // A tiny table, so equal fingerprints share buckets and release order would show.
         let config = CkfConfig { max_kicks: 16, ..CkfConfig::new(8) };
         let mut default_seeded = PoolFilter::new(config).unwrap();
-        let mut seeded = PoolFilter::with_lineage_seed(config, seed).unwrap();
+        let mut seeded = PoolFilter::with_placement_seed(config, seed).unwrap();
         for op in &ops {
             let expected = observe(&mut default_seeded, op);
             prop_assert_eq!(observe(&mut seeded, op), expected, "{:?}", op);

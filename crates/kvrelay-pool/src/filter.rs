@@ -31,6 +31,13 @@ pub struct FilterStats {
     pub counters: FilterCounters,
 }
 
+/// A seed nobody outside this process can predict: std's per-process random hash keys,
+/// which also differ between calls.
+fn unpredictable_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0x006C_696E_6561_6765_u64)
+}
+
 /// A failure the actor reports as a fault.
 pub(crate) type Fault = (FaultCategory, String);
 
@@ -42,9 +49,15 @@ pub(crate) struct FilterState {
 
 impl FilterState {
     /// Builds a filter sized for `expected_unique_blocks` (allocates the whole table).
+    /// Its lineages and owner table place keys by a seed the engines cannot know (see
+    /// `PoolFilter::with_placement_seed`), so crafted block ids or token hashes cannot
+    /// lengthen probe runs; the seed changes no result, word or delta.
     pub(crate) fn build(expected_unique_blocks: u64) -> Result<Self, String> {
-        let filter = PoolFilter::new(CkfConfig::new(expected_unique_blocks))
-            .map_err(|error| error.to_string())?;
+        let filter = PoolFilter::with_placement_seed(
+            CkfConfig::new(expected_unique_blocks),
+            unpredictable_seed(),
+        )
+        .map_err(|error| error.to_string())?;
         Ok(Self {
             filter,
             blocks_per_source: BTreeMap::new(),
@@ -140,4 +153,15 @@ fn classify(error: ApplyError) -> Fault {
         _ => FaultCategory::SourceProtocol,
     };
     (category, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_seeds_differ_between_filters() {
+        let seeds: BTreeMap<u64, ()> = (0..8).map(|_| (unpredictable_seed(), ())).collect();
+        assert_eq!(seeds.len(), 8);
+    }
 }

@@ -170,7 +170,7 @@ impl PoolFilter {
             self.lineage
                 .try_reserve(1)
                 .map_err(|_| alloc("source map", 64))?;
-            let mut map = LineageMap::new(self.lineage_seed);
+            let mut map = LineageMap::new(self.placement_seed);
             map.try_reserve(n_new)
                 .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
             self.lineage.insert(source, map);

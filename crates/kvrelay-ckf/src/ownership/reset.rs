@@ -62,7 +62,7 @@ impl PoolFilter {
     ) -> Result<ApplyOutcome, ApplyError> {
         // Validate the whole dump against an empty lineage.
         let n_blocks: usize = chains.iter().map(|c| c.blocks.len()).sum();
-        let mut fresh = LineageMap::new(self.lineage_seed);
+        let mut fresh = LineageMap::new(self.placement_seed);
         fresh
             .try_reserve(n_blocks)
             .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;

@@ -22,10 +22,11 @@ pub(super) struct Ownership {
 }
 
 impl Ownership {
-    /// No owners over `table`, with `window` recording its writes.
-    pub(super) fn new(table: Table, window: DirtyWindow) -> Self {
+    /// No owners (placed by `placement_seed`) over `table`, with `window` recording its
+    /// writes.
+    pub(super) fn new(table: Table, window: DirtyWindow, placement_seed: u64) -> Self {
         Self {
-            owners: OwnerTable::default(),
+            owners: OwnerTable::with_seed(placement_seed),
             table,
             window,
             counters: FilterCounters::default(),
