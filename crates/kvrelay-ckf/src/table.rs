@@ -131,8 +131,22 @@ impl Table {
         fingerprint: u16,
         touched: &mut impl FnMut(u32, u64),
     ) -> bool {
+        self.rewrite(bucket_idx, touched, |word| {
+            bucket::with_removed(word, fingerprint)
+        })
+    }
+
+    /// Replaces the word of `bucket_idx` by `change(word)` when that is `Some`, reporting
+    /// the write to `touched`; `false` (nothing written) otherwise.
+    #[inline(always)]
+    fn rewrite(
+        &mut self,
+        bucket_idx: u32,
+        touched: &mut impl FnMut(u32, u64),
+        change: impl FnOnce(u64) -> Option<u64>,
+    ) -> bool {
         let previous = self.word(bucket_idx);
-        match bucket::with_removed(previous, fingerprint) {
+        match change(previous) {
             Some(next) => {
                 self.words[bucket_idx as usize] = next;
                 touched(bucket_idx, previous);
@@ -224,15 +238,9 @@ impl Table {
         fingerprint: u16,
         touched: &mut impl FnMut(u32, u64),
     ) -> bool {
-        let previous = self.word(bucket_idx);
-        match bucket::with_inserted(previous, fingerprint) {
-            Some(next) => {
-                self.words[bucket_idx as usize] = next;
-                touched(bucket_idx, previous);
-                true
-            }
-            None => false,
-        }
+        self.rewrite(bucket_idx, touched, |word| {
+            bucket::with_inserted(word, fingerprint)
+        })
     }
 
     fn log_write(&mut self, bucket_idx: u32, previous: u64) {
