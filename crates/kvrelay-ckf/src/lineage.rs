@@ -91,26 +91,13 @@ impl LineageMap {
             self.max_id = Some(canonical);
             return true;
         }
-        if self.slots.is_empty() {
-            return false;
-        }
-        let mask = self.slots.len() - 1;
-        let mut idx = home(engine_block_id, self.seed, mask);
-        loop {
-            let key = self.slots[idx].0;
-            if key == engine_block_id {
+        match self.probe(engine_block_id) {
+            Some(Ok(idx)) => {
                 self.slots[idx].1 = canonical;
-                return true;
+                true
             }
-            if key == EMPTY {
-                if self.n_slotted >= max_len(self.slots.len()) {
-                    return false;
-                }
-                self.n_slotted += 1;
-                self.slots[idx] = (engine_block_id, canonical);
-                return true;
-            }
-            idx = (idx + 1) & mask;
+            Some(Err(vacant)) => self.place(vacant, engine_block_id, canonical),
+            None => false,
         }
     }
 
@@ -122,20 +109,10 @@ impl LineageMap {
         if engine_block_id == EMPTY {
             return self.max_id.ok_or(None);
         }
-        if self.slots.is_empty() {
-            return Err(None);
-        }
-        let mask = self.slots.len() - 1;
-        let mut idx = home(engine_block_id, self.seed, mask);
-        loop {
-            let (key, canonical) = self.slots[idx];
-            if key == engine_block_id {
-                return Ok(canonical);
-            }
-            if key == EMPTY {
-                return Err(Some(idx));
-            }
-            idx = (idx + 1) & mask;
+        match self.probe(engine_block_id) {
+            Some(Ok(idx)) => Ok(self.slots[idx].1),
+            Some(Err(vacant)) => Err(Some(vacant)),
+            None => Err(None),
         }
     }
 
@@ -154,15 +131,24 @@ impl LineageMap {
         match vacant {
             Some(idx)
                 if n_slots == self.slots.len()
-                    && self.slots.get(idx).is_some_and(|&(key, _)| key == EMPTY)
-                    && self.n_slotted < max_len(self.slots.len()) =>
+                    && self.slots.get(idx).is_some_and(|&(key, _)| key == EMPTY) =>
             {
-                self.n_slotted += 1;
-                self.slots[idx] = (engine_block_id, canonical);
-                true
+                self.place(idx, engine_block_id, canonical)
             }
             _ => self.insert(engine_block_id, canonical),
         }
+    }
+
+    /// Stores a new mapping in the empty slot `idx`, the first of its key's run; `false`
+    /// (nothing changed) when the load limit is reached (no slot was reserved).
+    #[inline]
+    fn place(&mut self, idx: usize, engine_block_id: u64, canonical: u64) -> bool {
+        if self.n_slotted >= max_len(self.slots.len()) {
+            return false;
+        }
+        self.n_slotted += 1;
+        self.slots[idx] = (engine_block_id, canonical);
+        true
     }
 
     /// Removes and returns the mapping of `engine_block_id`.
@@ -197,6 +183,13 @@ impl LineageMap {
     }
 
     fn find(&self, key: u64) -> Option<usize> {
+        self.probe(key)?.ok()
+    }
+
+    /// Walks `key`'s probe run: `Ok` with its slot, or `Err` with the first empty slot
+    /// (where it would go); `None` before the first reservation.
+    #[inline]
+    fn probe(&self, key: u64) -> Option<Result<usize, usize>> {
         if self.slots.is_empty() {
             return None;
         }
@@ -205,10 +198,10 @@ impl LineageMap {
         loop {
             let slot_key = self.slots[idx].0;
             if slot_key == key {
-                return Some(idx);
+                return Some(Ok(idx));
             }
             if slot_key == EMPTY {
-                return None;
+                return Some(Err(idx));
             }
             idx = (idx + 1) & mask;
         }
