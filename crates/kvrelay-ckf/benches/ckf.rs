@@ -7,7 +7,7 @@
 //!   exact per-pool index behind the same trait, and the memory floor (as many independent
 //!   random row-pair loads as the filter probes, no hashing, no search).
 //!
-//! p50/p99 latencies, a paired (interleaved) apply ratio, memory and accuracy figures come
+//! p50/p99 latencies, a paired apply ratio (alternating turns), memory and accuracy figures come
 //! from `examples/ckf_figures.rs`, which `cargo xtask bench` runs after criterion.
 
 #![allow(clippy::unwrap_used, reason = "benchmark setup fails loudly")]

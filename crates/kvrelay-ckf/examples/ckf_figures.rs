@@ -81,6 +81,18 @@ fn rounded(value: f64, digits: i32) -> f64 {
 const WARM_BATCHES: usize = 2;
 const TIMED_BATCHES: usize = 8;
 
+/// One side's turn: [`WARM_BATCHES`] untimed, then [`TIMED_BATCHES`] timed runs of
+/// `batch` (which returns its time and block operations); the timed sums.
+fn turn(mut batch: impl FnMut() -> (Duration, u64)) -> (Duration, u64) {
+    for _ in 0..WARM_BATCHES {
+        batch();
+    }
+    (0..TIMED_BATCHES).fold((Duration::ZERO, 0), |(elapsed, ops), _| {
+        let (batch_elapsed, batch_ops) = batch();
+        (elapsed + batch_elapsed, ops + batch_ops)
+    })
+}
+
 /// The apply ratio (refcount map time / filter time) from `rounds` paired turns: each
 /// turn runs a few warm-up and then timed batches of one side, then of the other (which
 /// goes first alternates), so slow drifts of a shared machine cancel within a pair while
@@ -88,39 +100,30 @@ const TIMED_BATCHES: usize = 8;
 fn apply_paired(rounds: usize) -> Value {
     let mut setup = ApplySetup::new();
     let filter_turn = |setup: &mut ApplySetup| {
-        let (mut elapsed, mut ops) = (Duration::ZERO, 0);
-        for batch in 0..WARM_BATCHES + TIMED_BATCHES {
+        turn(|| {
             let events = setup.filter_stream.steady(STEPS_PER_BATCH);
             let start = Instant::now();
             apply_batch(&mut setup.filter, &events);
-            if batch >= WARM_BATCHES {
-                elapsed += start.elapsed();
-                ops += block_ops(&events);
-            }
-        }
-        (elapsed, ops)
+            (start.elapsed(), block_ops(&events))
+        })
     };
     let refcount_turn = |setup: &mut ApplySetup| {
-        let mut elapsed = Duration::ZERO;
-        for batch in 0..WARM_BATCHES + TIMED_BATCHES {
+        turn(|| {
             let events = setup.refcount_stream.steady(STEPS_PER_BATCH);
             let start = Instant::now();
             for event in &events {
                 apply_refcount(&mut setup.refcounts, event);
             }
-            if batch >= WARM_BATCHES {
-                elapsed += start.elapsed();
-            }
-        }
-        elapsed
+            (start.elapsed(), block_ops(&events))
+        })
     };
     let (mut ratios, mut filter_ns, mut baseline_ns) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let (filter, baseline, ops): (Duration, Duration, u64) = if round % 2 == 0 {
             let (filter, ops) = filter_turn(&mut setup);
-            (filter, refcount_turn(&mut setup), ops)
+            (filter, refcount_turn(&mut setup).0, ops)
         } else {
-            let baseline = refcount_turn(&mut setup);
+            let (baseline, _) = refcount_turn(&mut setup);
             let (filter, ops) = filter_turn(&mut setup);
             (filter, baseline, ops)
         };
