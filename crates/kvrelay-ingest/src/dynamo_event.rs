@@ -8,9 +8,14 @@
 //! `"cleared"`. Dynamo's `tokens_hash` is the same block hash this crate computes
 //! (XXH3, seed 1337 plus salt), so it is passed through. Events whose `storage_tier` is
 //! present and not `device` are filtered (the same media rule as engine events).
+//!
+//! The decoder streams: each event is deserialized straight into its compact form as the
+//! parser reaches it (no untagged buffering of the document into a generic value tree),
+//! so memory stays proportional to the events, not a multiple of the payload.
 
 use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
 use serde::Deserialize;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 /// A Dynamo payload that is not a router event (or array of them).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,7 +59,7 @@ pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEvent
             continue;
         }
         let payload = match event.event.data {
-            WireData::Tagged(TaggedData::Stored(stored)) => EventPayload::Stored(StoredBlocks {
+            WireData::Stored(stored) => EventPayload::Stored(StoredBlocks {
                 parent_engine_block_id: stored.parent_hash,
                 blocks: stored
                     .blocks
@@ -65,14 +70,12 @@ pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEvent
                     })
                     .collect(),
             }),
-            WireData::Tagged(TaggedData::Removed(removed)) => {
+            WireData::Removed(removed) => {
                 EventPayload::Removed(RemovedBlocks {
                     engine_block_ids: removed.block_hashes,
                 })
             }
-            WireData::Tagged(TaggedData::Cleared(_)) | WireData::Unit(UnitData::Cleared) => {
-                EventPayload::AllCleared
-            }
+            WireData::Cleared => EventPayload::AllCleared,
         };
         decoded.events.push(RouterEvent {
             source: SourceId::new(event.worker_id, event.event.dp_rank),
@@ -107,11 +110,35 @@ fn percent_encode(segment: &str) -> String {
     out
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// One router event or an array of them, decided by the first token.
+#[derive(Debug)]
 enum OneOrMany {
     Many(Vec<WireRouterEvent>),
     One(WireRouterEvent),
+}
+
+impl<'de> Deserialize<'de> for OneOrMany {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OneOrManyVisitor;
+        impl<'de> Visitor<'de> for OneOrManyVisitor {
+            type Value = OneOrMany;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a router event or an array of router events")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OneOrMany, A::Error> {
+                let mut events = Vec::new();
+                while let Some(event) = seq.next_element::<WireRouterEvent>()? {
+                    events.push(event);
+                }
+                Ok(OneOrMany::Many(events))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<OneOrMany, A::Error> {
+                WireRouterEvent::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(OneOrMany::One)
+            }
+        }
+        deserializer.deserialize_any(OneOrManyVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -130,25 +157,54 @@ struct WireKvCacheEvent {
     dp_rank: u32,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// `"cleared"`, or a map with exactly one key: `stored`, `removed` or `cleared`.
+#[derive(Debug)]
 enum WireData {
-    Unit(UnitData),
-    Tagged(TaggedData),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum UnitData {
+    Stored(WireStored),
+    Removed(WireRemoved),
     Cleared,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum TaggedData {
-    Stored(WireStored),
-    Removed(WireRemoved),
-    Cleared(()),
+impl<'de> Deserialize<'de> for WireData {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DataVisitor;
+        impl<'de> Visitor<'de> for DataVisitor {
+            type Value = WireData;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#""cleared" or {"stored"|"removed"|"cleared": ..}"#)
+            }
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<WireData, E> {
+                match value {
+                    "cleared" => Ok(WireData::Cleared),
+                    other => Err(E::unknown_variant(other, &["cleared"])),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WireData, A::Error> {
+                let Some(tag) = map.next_key::<std::borrow::Cow<'de, str>>()? else {
+                    return Err(de::Error::invalid_length(0, &"one key"));
+                };
+                let data = match tag.as_ref() {
+                    "stored" => WireData::Stored(map.next_value()?),
+                    "removed" => WireData::Removed(map.next_value()?),
+                    "cleared" => {
+                        map.next_value::<IgnoredAny>()?;
+                        WireData::Cleared
+                    }
+                    other => {
+                        return Err(de::Error::unknown_variant(
+                            other,
+                            &["stored", "removed", "cleared"],
+                        ));
+                    }
+                };
+                if map.next_key::<IgnoredAny>()?.is_some() {
+                    return Err(de::Error::invalid_length(2, &"one key"));
+                }
+                Ok(data)
+            }
+        }
+        deserializer.deserialize_any(DataVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -212,6 +268,26 @@ mod tests {
             decode_dynamo_events(b"{\"worker_id\": -1}"),
             Err(DynamoEventError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn tagged_cleared_and_single_object_decode() {
+        let payload = br#"{"worker_id": 3, "event": {"event_id": 9, "data": {"cleared": null}}}"#;
+        let decoded = decode_dynamo_events(payload).unwrap();
+        assert_eq!(decoded.events.len(), 1);
+        assert_eq!(decoded.events[0].payload, EventPayload::AllCleared);
+    }
+
+    #[test]
+    fn data_with_two_tags_or_an_unknown_tag_is_rejected() {
+        let two = br#"{"worker_id": 3, "event": {"event_id": 9, "data": {"cleared": null, "removed": {"block_hashes": []}}}}"#;
+        let unknown = br#"{"worker_id": 3, "event": {"event_id": 9, "data": {"moved": {}}}}"#;
+        for payload in [&two[..], &unknown[..]] {
+            assert!(matches!(
+                decode_dynamo_events(payload),
+                Err(DynamoEventError::Malformed { .. })
+            ));
+        }
     }
 
     #[test]

@@ -171,16 +171,19 @@ pub enum RejectionKind {
     Canonicalize,
     /// A bounded buffer or map overflowed and input was dropped.
     Overflow,
+    /// The batch names a data-parallel rank the source's card does not declare.
+    UndeclaredRank,
 }
 
 impl RejectionKind {
     /// Every kind, in counter order.
-    pub const ALL: [RejectionKind; 5] = [
+    pub const ALL: [RejectionKind; 6] = [
         RejectionKind::Framing,
         RejectionKind::Malformed,
         RejectionKind::Schema,
         RejectionKind::Canonicalize,
         RejectionKind::Overflow,
+        RejectionKind::UndeclaredRank,
     ];
 
     /// A stable lowercase name (metric label).
@@ -191,6 +194,7 @@ impl RejectionKind {
             RejectionKind::Schema => "schema",
             RejectionKind::Canonicalize => "canonicalize",
             RejectionKind::Overflow => "overflow",
+            RejectionKind::UndeclaredRank => "undeclared_rank",
         }
     }
 
@@ -201,6 +205,7 @@ impl RejectionKind {
             RejectionKind::Schema => 2,
             RejectionKind::Canonicalize => 3,
             RejectionKind::Overflow => 4,
+            RejectionKind::UndeclaredRank => 5,
         }
     }
 }

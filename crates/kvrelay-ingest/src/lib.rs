@@ -22,6 +22,7 @@ mod engine_encoder;
 mod error;
 mod event_trace;
 pub mod limits;
+mod log_limit;
 mod msgpack;
 mod nats_source;
 mod sequence;
@@ -31,6 +32,7 @@ mod trace_replay;
 mod workload;
 mod zmq_frames;
 mod zmq_source;
+mod zmq_transport;
 
 pub use canonical::{
     BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, multimodal_hash,
@@ -54,12 +56,12 @@ pub use event_trace::{
 pub use limits::Limits;
 pub use nats_source::{NatsSourceConfig, spawn_nats_source};
 pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
-pub use source::{SourceHandle, SourceOutput, SourceSignal};
-pub use stats::SourceStats;
+pub use source::{SourceHandle, SourceOutput, SourceProbe, SourceSignal, SourceState, Transport};
+pub use stats::{ReplayOutcome, SourceStats};
 pub use trace_replay::{TraceReplayConfig, spawn_trace_replay};
 pub use workload::{
     BUILTIN_REQUEST_TRACE, Routing, TraceWorkload, WorkloadConfig, block_token_hash, block_tokens,
     request_tokens,
 };
 pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
-pub use zmq_source::{ZmqSourceConfig, spawn_zmq_source};
+pub use zmq_source::{FaultInjection, ZmqSourceConfig, spawn_zmq_source};

@@ -19,8 +19,28 @@ pub const DEFAULT_REPLAY_TIMEOUT_MS: u64 = 5_000;
 /// Default [`Limits::shutdown_timeout_ms`].
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 2_000;
 
-/// Default [`Limits::idle_reconnect_ms`].
-pub const DEFAULT_IDLE_RECONNECT_MS: u64 = 10_000;
+/// Default [`Limits::heartbeat_interval_ms`].
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 1_000;
+/// Default [`Limits::heartbeat_timeout_ms`].
+pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
+/// Default [`Limits::handshake_timeout_ms`].
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 5_000;
+/// Default [`Limits::reconnect_interval_ms`].
+pub const DEFAULT_RECONNECT_INTERVAL_MS: u64 = 100;
+/// Default [`Limits::reconnect_interval_max_ms`].
+pub const DEFAULT_RECONNECT_INTERVAL_MAX_MS: u64 = 5_000;
+/// Default [`Limits::receive_high_water_mark`] (messages queued inside libzmq).
+pub const DEFAULT_RECEIVE_HIGH_WATER_MARK: u32 = 10_000;
+/// Default [`Limits::restart_backoff_initial_ms`].
+pub const DEFAULT_RESTART_BACKOFF_INITIAL_MS: u64 = 100;
+/// Default [`Limits::restart_backoff_max_ms`].
+pub const DEFAULT_RESTART_BACKOFF_MAX_MS: u64 = 5_000;
+/// Default [`Limits::log_interval_ms`].
+pub const DEFAULT_LOG_INTERVAL_MS: u64 = 10_000;
+/// Default [`Limits::tail_probe_idle_ms`].
+pub const DEFAULT_TAIL_PROBE_IDLE_MS: u64 = 1_000;
+/// Default payload limit of a Dynamo NATS source (1 MiB): one JSON router event list.
+pub const DEFAULT_NATS_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// Bounds on decoding, buffering and waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +63,30 @@ pub struct Limits {
     pub replay_timeout_ms: u64,
     /// How long shutdown waits for a source's tasks (ms).
     pub shutdown_timeout_ms: u64,
-    /// Silence after which a ZMQ subscriber reconnects (ms). The pure-Rust transport
-    /// does not report a vanished publisher, so a restarted engine is found again by
-    /// reconnecting after this much silence.
-    pub idle_reconnect_ms: u64,
+    /// ZMTP heartbeat interval of a ZMQ subscriber (ms): a PING is sent after this much
+    /// silence from the publisher.
+    pub heartbeat_interval_ms: u64,
+    /// How long a PING may stay unanswered before the connection is dropped and redialled
+    /// (ms); a vanished publisher is detected within interval + timeout.
+    pub heartbeat_timeout_ms: u64,
+    /// How long a connection may take to complete the ZMTP handshake (ms).
+    pub handshake_timeout_ms: u64,
+    /// First delay before libzmq redials a lost publisher (ms).
+    pub reconnect_interval_ms: u64,
+    /// Longest redial delay (ms); the delay doubles up to it.
+    pub reconnect_interval_max_ms: u64,
+    /// Messages libzmq queues for a subscriber before it drops new ones (ZMQ_RCVHWM).
+    pub receive_high_water_mark: u32,
+    /// First delay before a failed or panicked source reader is restarted (ms).
+    pub restart_backoff_initial_ms: u64,
+    /// Longest restart delay (ms); the delay doubles up to it.
+    pub restart_backoff_max_ms: u64,
+    /// Rejections are logged at most once per source, reason and interval (ms), with the
+    /// count since the previous line.
+    pub log_interval_ms: u64,
+    /// With a replay endpoint: silence after the last batch after which the replay socket
+    /// is asked for anything newer, so a tail lost in flight is recovered (ms).
+    pub tail_probe_idle_ms: u64,
 }
 
 impl Default for Limits {
@@ -61,7 +101,16 @@ impl Default for Limits {
             max_buffered_during_replay: DEFAULT_MAX_BUFFERED_DURING_REPLAY,
             replay_timeout_ms: DEFAULT_REPLAY_TIMEOUT_MS,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
-            idle_reconnect_ms: DEFAULT_IDLE_RECONNECT_MS,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+            handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
+            reconnect_interval_ms: DEFAULT_RECONNECT_INTERVAL_MS,
+            reconnect_interval_max_ms: DEFAULT_RECONNECT_INTERVAL_MAX_MS,
+            receive_high_water_mark: DEFAULT_RECEIVE_HIGH_WATER_MARK,
+            restart_backoff_initial_ms: DEFAULT_RESTART_BACKOFF_INITIAL_MS,
+            restart_backoff_max_ms: DEFAULT_RESTART_BACKOFF_MAX_MS,
+            log_interval_ms: DEFAULT_LOG_INTERVAL_MS,
+            tail_probe_idle_ms: DEFAULT_TAIL_PROBE_IDLE_MS,
         }
     }
 }

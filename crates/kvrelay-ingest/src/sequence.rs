@@ -53,6 +53,26 @@ pub enum ResetReason {
 }
 
 impl ResetReason {
+    /// Every cause name, in [`ResetReason::cause_index`] order (the metric's label set).
+    pub const CAUSES: [&'static str; 5] = [
+        "sequence_went_back",
+        "gap_without_replay",
+        "replay_incomplete",
+        "replay_failed",
+        "replay_buffer_overflow",
+    ];
+
+    /// This reason's position in [`ResetReason::CAUSES`].
+    pub fn cause_index(&self) -> usize {
+        match self {
+            ResetReason::SequenceWentBack { .. } => 0,
+            ResetReason::GapWithoutReplay { .. } => 1,
+            ResetReason::ReplayIncomplete { .. } => 2,
+            ResetReason::ReplayFailed => 3,
+            ResetReason::ReplayBufferOverflow => 4,
+        }
+    }
+
     /// A stable lowercase name (log and metric label).
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -244,6 +264,30 @@ impl<P> SequenceTracker<P> {
         *next = seq + 1;
         self.actions
             .push_back(SequenceAction::Apply { seq, payload });
+    }
+
+    /// The source went quiet after live batches, or its publisher disconnected: with a
+    /// replay endpoint, ask for everything after the last applied batch, so a tail the
+    /// publisher still held when it stopped is recovered (vLLM's replay socket answers from
+    /// a given sequence to its newest). Returns whether a probe replay was started.
+    pub fn handle_idle(&mut self) -> bool {
+        if !self.config.replay_available {
+            return false;
+        }
+        let State::Live { next } = self.state else {
+            return false;
+        };
+        self.epoch += 1;
+        self.actions.push_back(SequenceAction::RequestReplay {
+            from_seq: next,
+            epoch: self.epoch,
+        });
+        self.state = State::Replaying {
+            next,
+            epoch: self.epoch,
+            buffered: VecDeque::new(),
+        };
+        true
     }
 
     /// Replay `epoch` sent its end marker: apply the buffered live batches.

@@ -1,10 +1,11 @@
-//! The source abstraction: what every source yields, and the handle that owns its tasks.
+//! The source abstraction: what every source yields, the handle that owns its tasks, and
+//! the probe that reports its real state and counters to whoever watches it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvrelay_ckf::{RouterEvent, SourceId};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -49,6 +50,154 @@ pub enum SourceSignal {
     },
 }
 
+/// What a source's transport is doing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SourceState {
+    /// Dialling, or redialling after the connection was lost; no publisher is connected.
+    Connecting,
+    /// A publisher is connected (its handshake completed) and batches flow in order.
+    Connected,
+    /// Connected, and a replay is filling a gap, a late join or a probed tail.
+    Replaying,
+    /// The reader failed or panicked; it is restarted after a backoff.
+    Failed,
+}
+
+impl SourceState {
+    /// Every state, in label order.
+    pub const ALL: [SourceState; 4] = [
+        SourceState::Connecting,
+        SourceState::Connected,
+        SourceState::Replaying,
+        SourceState::Failed,
+    ];
+
+    /// A stable lowercase name (metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceState::Connecting => "connecting",
+            SourceState::Connected => "connected",
+            SourceState::Replaying => "replaying",
+            SourceState::Failed => "failed",
+        }
+    }
+
+    /// Whether the source currently delivers current state (connected, not replaying).
+    pub fn is_current(self) -> bool {
+        self == SourceState::Connected
+    }
+}
+
+/// Which transport a source uses (the `transport` metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Transport {
+    /// vLLM / SGLang over ZMQ.
+    Zmq,
+    /// Dynamo over NATS.
+    Nats,
+    /// An in-process trace.
+    Trace,
+}
+
+impl Transport {
+    /// A stable lowercase name (metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Zmq => "zmq",
+            Transport::Nats => "nats",
+            Transport::Trace => "trace",
+        }
+    }
+}
+
+/// The parts a source's state is made of: the reader owns `transport`, the driver owns
+/// `replaying`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StateParts {
+    pub(crate) transport: SourceState,
+    pub(crate) replaying: bool,
+}
+
+impl StateParts {
+    fn state(self) -> SourceState {
+        match self.transport {
+            SourceState::Connected if self.replaying => SourceState::Replaying,
+            other => other,
+        }
+    }
+}
+
+/// The writer side of a source's state.
+#[derive(Debug, Clone)]
+pub(crate) struct StateCell {
+    tx: Arc<watch::Sender<StateParts>>,
+}
+
+impl StateCell {
+    pub(crate) fn new(initial: SourceState) -> Self {
+        let (tx, _rx) = watch::channel(StateParts {
+            transport: initial,
+            replaying: false,
+        });
+        Self { tx: Arc::new(tx) }
+    }
+
+    pub(crate) fn set_transport(&self, transport: SourceState) {
+        self.tx.send_if_modified(|parts| {
+            let changed = parts.transport != transport;
+            parts.transport = transport;
+            changed
+        });
+    }
+
+    pub(crate) fn set_replaying(&self, replaying: bool) {
+        self.tx.send_if_modified(|parts| {
+            let changed = parts.replaying != replaying;
+            parts.replaying = replaying;
+            changed
+        });
+    }
+
+    pub(crate) fn probe(&self, transport: Transport, counters: Arc<Counters>) -> SourceProbe {
+        SourceProbe {
+            transport,
+            counters,
+            state: self.tx.subscribe(),
+        }
+    }
+}
+
+/// A read-only, clonable view of one source: its real state and its counters. It stays
+/// valid after the source stops (the state then no longer changes).
+#[derive(Debug, Clone)]
+pub struct SourceProbe {
+    transport: Transport,
+    counters: Arc<Counters>,
+    state: watch::Receiver<StateParts>,
+}
+
+impl SourceProbe {
+    /// The source's transport.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// The source's state now.
+    pub fn state(&self) -> SourceState {
+        self.state.borrow().state()
+    }
+
+    /// A snapshot of the source's counters.
+    pub fn stats(&self) -> SourceStats {
+        self.counters.snapshot()
+    }
+
+    /// Waits until the state may have changed; `false` once the source has stopped.
+    pub async fn changed(&mut self) -> bool {
+        self.state.changed().await.is_ok()
+    }
+}
+
 /// The owner's handle on a running source: its output queue, counters and tasks.
 ///
 /// Dropping the handle cancels the source's tasks; [`SourceHandle::shutdown`] also waits
@@ -56,13 +205,14 @@ pub enum SourceSignal {
 #[derive(Debug)]
 pub struct SourceHandle {
     output: mpsc::Receiver<SourceOutput>,
-    counters: Arc<Counters>,
+    probe: SourceProbe,
     cancel: CancellationToken,
     tracker: TaskTracker,
     shutdown_timeout: Duration,
 }
 
 impl SourceHandle {
+    /// A handle on an in-process source, always connected (trace replay).
     pub(crate) fn new(
         output: mpsc::Receiver<SourceOutput>,
         counters: Arc<Counters>,
@@ -70,9 +220,20 @@ impl SourceHandle {
         tracker: TaskTracker,
         shutdown_timeout: Duration,
     ) -> Self {
+        let probe = StateCell::new(SourceState::Connected).probe(Transport::Trace, counters);
+        Self::with_probe(output, probe, cancel, tracker, shutdown_timeout)
+    }
+
+    pub(crate) fn with_probe(
+        output: mpsc::Receiver<SourceOutput>,
+        probe: SourceProbe,
+        cancel: CancellationToken,
+        tracker: TaskTracker,
+        shutdown_timeout: Duration,
+    ) -> Self {
         Self {
             output,
-            counters,
+            probe,
             cancel,
             tracker,
             shutdown_timeout,
@@ -91,7 +252,17 @@ impl SourceHandle {
 
     /// A snapshot of the source's counters.
     pub fn stats(&self) -> SourceStats {
-        self.counters.snapshot()
+        self.probe.stats()
+    }
+
+    /// The source's state now.
+    pub fn state(&self) -> SourceState {
+        self.probe.state()
+    }
+
+    /// A clonable view of the source's state and counters, for metrics and readiness.
+    pub fn probe(&self) -> SourceProbe {
+        self.probe.clone()
     }
 
     /// Cancels the source and waits for its tasks, up to the shutdown timeout.

@@ -1,4 +1,5 @@
-//! Per-source counters: batches, events, filtered events, gaps, replays, resets and
+//! Per-source counters: batches, events, filtered events, gaps, replays (requested and by
+//! outcome), resets (by cause), reader restarts, transport connects and disconnects, and
 //! rejections per kind.
 
 use std::collections::BTreeMap;
@@ -6,6 +7,49 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::RejectionKind;
+use crate::sequence::ResetReason;
+
+/// How one replay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReplayOutcome {
+    /// It ended and delivered at least one missing batch.
+    Recovered,
+    /// It ended with nothing missing (a tail probe that found no lost batches).
+    Empty,
+    /// The engine's buffer had moved on: batches stayed missing and the source reset.
+    Incomplete,
+    /// The request failed or timed out; the source reset.
+    Failed,
+}
+
+impl ReplayOutcome {
+    /// Every outcome, in counter order.
+    pub const ALL: [ReplayOutcome; 4] = [
+        ReplayOutcome::Recovered,
+        ReplayOutcome::Empty,
+        ReplayOutcome::Incomplete,
+        ReplayOutcome::Failed,
+    ];
+
+    /// A stable lowercase name (metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayOutcome::Recovered => "recovered",
+            ReplayOutcome::Empty => "empty",
+            ReplayOutcome::Incomplete => "incomplete",
+            ReplayOutcome::Failed => "failed",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            ReplayOutcome::Recovered => 0,
+            ReplayOutcome::Empty => 1,
+            ReplayOutcome::Incomplete => 2,
+            ReplayOutcome::Failed => 3,
+        }
+    }
+}
 
 /// A snapshot of one source's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -18,10 +62,23 @@ pub struct SourceStats {
     pub n_filtered: u64,
     /// Sequence gaps detected.
     pub n_gaps: u64,
-    /// Replays requested.
+    /// Replays requested (gap, late join and tail probes).
     pub n_replays: u64,
     /// Source resets (the source's state was cleared).
     pub n_resets: u64,
+    /// Reader restarts after the reader failed or panicked.
+    pub n_restarts: u64,
+    /// Transport connections established (handshake completed).
+    pub n_connects: u64,
+    /// Transport connections lost (publisher gone, heartbeat timeout, oversized frame).
+    pub n_disconnects: u64,
+    /// Disconnects after batches without a replay endpoint: a tail the publisher still
+    /// held may be lost and cannot be checked.
+    pub n_unverified_tails: u64,
+    /// Replays per outcome; outcomes never seen are absent.
+    pub replays: BTreeMap<ReplayOutcome, u64>,
+    /// Resets per cause ([`ResetReason::CAUSES`]); causes never seen are absent.
+    pub resets: BTreeMap<&'static str, u64>,
     /// Rejections per kind; kinds never seen are absent.
     pub rejected: BTreeMap<RejectionKind, u64>,
 }
@@ -36,6 +93,16 @@ impl SourceStats {
     pub fn n_rejected(&self) -> u64 {
         self.rejected.values().sum()
     }
+
+    /// Replays that ended with `outcome`.
+    pub fn replays(&self, outcome: ReplayOutcome) -> u64 {
+        self.replays.get(&outcome).copied().unwrap_or(0)
+    }
+
+    /// Resets of cause `cause` (a [`ResetReason::CAUSES`] name).
+    pub fn resets(&self, cause: &str) -> u64 {
+        self.resets.get(cause).copied().unwrap_or(0)
+    }
 }
 
 /// Shared atomic counters a source's tasks bump and its handle reads.
@@ -47,7 +114,21 @@ pub(crate) struct Counters {
     gaps: AtomicU64,
     replays: AtomicU64,
     resets: AtomicU64,
+    restarts: AtomicU64,
+    connects: AtomicU64,
+    disconnects: AtomicU64,
+    unverified_tails: AtomicU64,
+    replay_outcomes: [AtomicU64; ReplayOutcome::ALL.len()],
+    reset_causes: [AtomicU64; ResetReason::CAUSES.len()],
     rejected: [AtomicU64; RejectionKind::ALL.len()],
+}
+
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
 }
 
 impl Counters {
@@ -56,48 +137,89 @@ impl Counters {
     }
 
     pub(crate) fn message(&self) {
-        self.messages.fetch_add(1, Ordering::Relaxed);
+        bump(&self.messages, 1);
     }
 
     pub(crate) fn events(&self, n: usize) {
-        self.events.fetch_add(n as u64, Ordering::Relaxed);
+        bump(&self.events, n as u64);
     }
 
     pub(crate) fn filtered(&self, n: usize) {
-        self.filtered.fetch_add(n as u64, Ordering::Relaxed);
+        bump(&self.filtered, n as u64);
     }
 
     pub(crate) fn gap(&self) {
-        self.gaps.fetch_add(1, Ordering::Relaxed);
+        bump(&self.gaps, 1);
     }
 
     pub(crate) fn replay(&self) {
-        self.replays.fetch_add(1, Ordering::Relaxed);
+        bump(&self.replays, 1);
     }
 
-    pub(crate) fn reset(&self) {
-        self.resets.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn replay_outcome(&self, outcome: ReplayOutcome) {
+        bump(&self.replay_outcomes[outcome.index()], 1);
+    }
+
+    pub(crate) fn reset(&self, reason: &ResetReason) {
+        bump(&self.resets, 1);
+        bump(&self.reset_causes[reason.cause_index()], 1);
+    }
+
+    pub(crate) fn restart(&self) {
+        bump(&self.restarts, 1);
+    }
+
+    pub(crate) fn connect(&self) {
+        bump(&self.connects, 1);
+    }
+
+    pub(crate) fn disconnect(&self) {
+        bump(&self.disconnects, 1);
+    }
+
+    pub(crate) fn unverified_tail(&self) {
+        bump(&self.unverified_tails, 1);
     }
 
     pub(crate) fn reject(&self, kind: RejectionKind) {
-        self.rejected[kind.index()].fetch_add(1, Ordering::Relaxed);
+        bump(&self.rejected[kind.index()], 1);
     }
 
     pub(crate) fn snapshot(&self) -> SourceStats {
         let mut rejected = BTreeMap::new();
         for kind in RejectionKind::ALL {
-            let n = self.rejected[kind.index()].load(Ordering::Relaxed);
+            let n = load(&self.rejected[kind.index()]);
             if n > 0 {
                 rejected.insert(kind, n);
             }
         }
+        let mut replays = BTreeMap::new();
+        for outcome in ReplayOutcome::ALL {
+            let n = load(&self.replay_outcomes[outcome.index()]);
+            if n > 0 {
+                replays.insert(outcome, n);
+            }
+        }
+        let mut resets = BTreeMap::new();
+        for (cause, counter) in ResetReason::CAUSES.iter().zip(&self.reset_causes) {
+            let n = load(counter);
+            if n > 0 {
+                resets.insert(*cause, n);
+            }
+        }
         SourceStats {
-            n_messages: self.messages.load(Ordering::Relaxed),
-            n_events: self.events.load(Ordering::Relaxed),
-            n_filtered: self.filtered.load(Ordering::Relaxed),
-            n_gaps: self.gaps.load(Ordering::Relaxed),
-            n_replays: self.replays.load(Ordering::Relaxed),
-            n_resets: self.resets.load(Ordering::Relaxed),
+            n_messages: load(&self.messages),
+            n_events: load(&self.events),
+            n_filtered: load(&self.filtered),
+            n_gaps: load(&self.gaps),
+            n_replays: load(&self.replays),
+            n_resets: load(&self.resets),
+            n_restarts: load(&self.restarts),
+            n_connects: load(&self.connects),
+            n_disconnects: load(&self.disconnects),
+            n_unverified_tails: load(&self.unverified_tails),
+            replays,
+            resets,
             rejected,
         }
     }

@@ -1,37 +1,45 @@
-//! vLLM / SGLang over ZMQ: a SUB on the engine's PUB endpoint, and DEALER replays from its
-//! ROUTER replay endpoint, driven by the pure [`SequenceTracker`].
+//! vLLM / SGLang over ZMQ (libzmq): a SUB on the engine's PUB endpoint, and DEALER replays
+//! from its ROUTER replay endpoint, driven by the pure [`SequenceTracker`].
 //!
 //! Tasks (all on the handle's tracker, under its cancellation token):
-//! - the **reader** owns the SUB socket, reconnects after `idle_reconnect_ms` of silence,
-//!   and forwards parsed `(seq, payload)` into a bounded queue;
-//! - the **driver** feeds the tracker with live batches and replay replies, and drains its
-//!   actions: decode + canonicalize + emit, request a replay, or reset (clear) the source;
+//! - the **supervisor** runs the blocking libzmq reader ([`crate::zmq_transport`]) on a
+//!   blocking thread and restarts it with backoff when it fails or panics (counted in
+//!   `n_restarts`, state `failed` meanwhile);
+//! - the **driver** feeds the tracker with live batches, replay replies, connection
+//!   events and idle ticks, and drains its actions: decode + canonicalize + emit, request
+//!   a replay, or reset (clear) the source;
 //! - one **replay** task per replay request, bounded by `replay_timeout_ms`.
 //!
-//! The driver's loop is one biased `select!`: cancellation, then replay replies, then
-//! live batches. Both queues are tokio mpsc receivers (cancel-safe).
+//! Only the ranks the source declares are accepted; a reset clears the ranks seen since
+//! the previous reset, once. Rejections are counted per kind and logged rate-limited.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvrelay_ckf::SourceId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info, info_span, warn};
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::canonical::{CanonicalConfig, Canonicalizer};
 use crate::engine::EngineKind;
 use crate::engine_decoder::decode_engine_batch;
 use crate::error::RejectionKind;
 use crate::limits::Limits;
-use crate::sequence::{SequenceAction, SequenceConfig, SequenceTracker};
-use crate::source::{SourceHandle, SourceOutput, SourceSignal, emit};
-use crate::stats::Counters;
-use crate::zmq_frames::{ReplayReply, parse_live, parse_replay, replay_request};
+use crate::log_limit::RejectionLog;
+use crate::sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
+use crate::source::{
+    SourceHandle, SourceOutput, SourceSignal, SourceState, StateCell, Transport, emit,
+};
+use crate::stats::{Counters, ReplayOutcome};
+use crate::zmq_transport::{
+    ReaderEvent, ReaderExit, ReaderParams, ReplayError, ReplayEvent, run_reader, run_replay,
+};
 
 /// Where and how to subscribe to one engine publisher (one DP rank's PUB socket).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +48,9 @@ pub struct ZmqSourceConfig {
     pub worker_id: u64,
     /// The rank used when a batch names none.
     pub dp_rank: u32,
+    /// The ranks the source's card declares (`data_parallel_start_rank` ..
+    /// `+data_parallel_size`); batches naming any other rank are rejected and counted.
+    pub declared_ranks: Range<u32>,
     /// vLLM or SGLang (positional layouts differ).
     pub engine: EngineKind,
     /// The PUB endpoint to connect to, e.g. `tcp://10.0.0.5:5557`.
@@ -52,12 +63,44 @@ pub struct ZmqSourceConfig {
     pub canonical: CanonicalConfig,
     /// Bounds and timeouts.
     pub limits: Limits,
+    /// Fault injection for tests; the default injects nothing.
+    pub fault: FaultInjection,
 }
+
+/// Test-only faults a source can be told to suffer (the default injects none).
+#[derive(Debug, Clone, Default)]
+pub struct FaultInjection {
+    panic_reader: Arc<AtomicBool>,
+}
+
+impl FaultInjection {
+    /// Makes the source's reader panic once, at its next poll.
+    pub fn panic_reader_once(&self) {
+        self.panic_reader.store(true, Ordering::Relaxed);
+    }
+
+    /// Panics if a reader panic was requested (and clears the request).
+    #[allow(clippy::panic)]
+    pub(crate) fn check_reader(&self) {
+        if self.panic_reader.swap(false, Ordering::Relaxed) {
+            panic!("injected reader panic");
+        }
+    }
+}
+
+impl PartialEq for FaultInjection {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.panic_reader, &other.panic_reader)
+    }
+}
+
+impl Eq for FaultInjection {}
 
 /// Starts a ZMQ source; must be called inside a tokio runtime.
 pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
     let limits = config.limits;
     let counters = Counters::shared();
+    let state = StateCell::new(SourceState::Connecting);
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
     let (out_tx, out_rx) = mpsc::channel(limits.output_queue_depth.max(1));
@@ -67,12 +110,17 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
         worker_id = config.worker_id,
         dp_rank = config.dp_rank
     );
+    let params = ReaderParams {
+        endpoint: config.endpoint.clone(),
+        topic: config.topic.clone(),
+        limits,
+        fault: config.fault.clone(),
+    };
     tracker.spawn(
-        reader(
-            config.endpoint.clone(),
-            config.topic.clone(),
-            limits,
+        supervise_reader(
+            params,
             live_tx,
+            state.clone(),
             counters.clone(),
             cancel.child_token(),
         )
@@ -80,127 +128,109 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
     );
     let driver = Driver {
         canonicalizer: Canonicalizer::new(config.worker_id, config.dp_rank, config.canonical),
+        rejections: RejectionLog::new(Duration::from_millis(limits.log_interval_ms)),
         config,
         counters: counters.clone(),
+        state: state.clone(),
         out: out_tx,
         cancel: cancel.child_token(),
         tracker: tracker.clone(),
         seen_sources: BTreeSet::new(),
+        ever_reset: false,
+        replay: None,
+        applied_since_connect: false,
     };
     tracker.spawn(driver.run(live_rx).instrument(span));
-    SourceHandle::new(
+    let probe = state.probe(Transport::Zmq, counters);
+    SourceHandle::with_probe(
         out_rx,
-        counters,
+        probe,
         cancel,
         tracker,
         Duration::from_millis(limits.shutdown_timeout_ms),
     )
 }
 
-/// What the reader forwards to the driver.
-#[derive(Debug)]
-enum ReaderEvent {
-    Connected,
-    Batch { seq: u64, payload: Bytes },
-}
-
-/// What a replay task forwards to the driver.
-#[derive(Debug)]
-enum ReplayEvent {
-    Batch {
-        epoch: u64,
-        seq: u64,
-        payload: Bytes,
-    },
-    End {
-        epoch: u64,
-    },
-    Failed {
-        epoch: u64,
-    },
-}
-
-async fn reader(
-    endpoint: String,
-    topic: String,
-    limits: Limits,
+/// Runs the blocking reader, restarting it with exponential backoff whenever it fails
+/// or panics, until cancelled or the driver is gone.
+async fn supervise_reader(
+    params: ReaderParams,
     live: mpsc::Sender<ReaderEvent>,
+    state: StateCell,
     counters: Arc<Counters>,
     cancel: CancellationToken,
 ) {
-    let idle = Duration::from_millis(limits.idle_reconnect_ms.max(1));
-    'reconnect: loop {
-        let mut socket = SubSocket::new();
-        let connected = tokio::select! {
-            biased;
-            () = cancel.cancelled() => return,
-            result = socket.connect(&endpoint) => result,
+    let initial = Duration::from_millis(params.limits.restart_backoff_initial_ms.max(1));
+    let max = Duration::from_millis(params.limits.restart_backoff_max_ms).max(initial);
+    let mut backoff = initial;
+    loop {
+        let started = Instant::now();
+        let run = {
+            let (params, live, state, counters, cancel) = (
+                params.clone(),
+                live.clone(),
+                state.clone(),
+                counters.clone(),
+                cancel.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                run_reader(&params, &live, &state, &counters, &cancel)
+            })
         };
-        if let Err(err) = connected {
-            warn!(peer = %endpoint, error = %err, "zmq connect failed");
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(idle) => continue 'reconnect,
-            }
-        }
-        if let Err(err) = socket.subscribe(&topic).await {
-            warn!(peer = %endpoint, error = %err, "zmq subscribe failed");
-            continue 'reconnect;
-        }
-        info!(peer = %endpoint, "zmq subscriber connected");
-        if live.send(ReaderEvent::Connected).await.is_err() {
+        // The reader checks cancellation between polls, so awaiting it is bounded.
+        let failure = match run.await {
+            Ok(ReaderExit::Stopped) => return,
+            Ok(ReaderExit::Failed(err)) => err.to_string(),
+            Err(join) if join.is_panic() => "reader panicked".to_owned(),
+            Err(_cancelled) => return,
+        };
+        if cancel.is_cancelled() || live.is_closed() {
             return;
         }
-        loop {
-            // `recv` only removes a message when it returns it, so dropping it on
-            // cancellation or timeout loses nothing.
-            let message = tokio::select! {
-                biased;
-                () = cancel.cancelled() => return,
-                received = tokio::time::timeout(idle, socket.recv()) => received,
-            };
-            let message = match message {
-                Err(_elapsed) => {
-                    debug!(peer = %endpoint, "zmq subscriber idle; reconnecting");
-                    continue 'reconnect;
-                }
-                Ok(Err(err)) => {
-                    warn!(peer = %endpoint, error = %err, "zmq receive failed; reconnecting");
-                    continue 'reconnect;
-                }
-                Ok(Ok(message)) => message,
-            };
-            let frames = message.into_vec();
-            match parse_live(&frames, limits.max_payload_bytes) {
-                Ok((seq, payload)) => {
-                    if live
-                        .send(ReaderEvent::Batch { seq, payload })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Err(err) => {
-                    counters.reject(RejectionKind::Framing);
-                    warn!(peer = %endpoint, error = %err, "rejected zmq message");
-                }
-            }
+        counters.restart();
+        state.set_transport(SourceState::Failed);
+        // A reader that ran for a while before failing starts the backoff over.
+        if started.elapsed() > max {
+            backoff = initial;
         }
+        warn!(peer = %params.endpoint, error = %failure, backoff_ms = backoff.as_millis() as u64, "zmq reader failed; restarting");
+        if live.send(ReaderEvent::Disconnected).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(max);
     }
+}
+
+/// The replay in flight, for counting its outcome.
+#[derive(Debug, Clone, Copy)]
+struct ReplayInFlight {
+    epoch: u64,
+    n_batches: u64,
+    incomplete: bool,
 }
 
 struct Driver {
     config: ZmqSourceConfig,
     canonicalizer: Canonicalizer,
+    rejections: RejectionLog,
     counters: Arc<Counters>,
+    state: StateCell,
     out: mpsc::Sender<SourceOutput>,
     cancel: CancellationToken,
     tracker: TaskTracker,
-    /// Every `(worker, rank)` this publisher has reported; a reset clears them all.
-    /// Bounded by the ranks one publisher can name (u32), in practice one or a few.
+    /// The declared `(worker, rank)`s reported since the last reset; a reset clears them
+    /// once. Bounded by `declared_ranks`.
     seen_sources: BTreeSet<SourceId>,
+    ever_reset: bool,
+    replay: Option<ReplayInFlight>,
+    /// Whether a batch was applied since the publisher last connected (a disconnect
+    /// after batches may have lost a tail).
+    applied_since_connect: bool,
 }
 
 impl Driver {
@@ -210,38 +240,100 @@ impl Driver {
             max_buffered: self.config.limits.max_buffered_during_replay,
         });
         let (replay_tx, mut replay_rx) = mpsc::channel(self.config.limits.live_queue_depth.max(1));
+        let probe_idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
+        // Armed by each live batch; a tail probe fires after `probe_idle` of silence.
+        let mut probe_at: Option<tokio::time::Instant> = None;
         loop {
+            let probe_sleep = async {
+                match probe_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => return,
                 Some(event) = replay_rx.recv() => match event {
                     ReplayEvent::Batch { epoch, seq, payload } => {
                         self.counters.message();
+                        if let Some(replay) = self.replay.as_mut().filter(|r| r.epoch == epoch) {
+                            replay.n_batches += 1;
+                        }
                         sequence.handle_replay(epoch, seq, payload);
                     }
-                    ReplayEvent::End { epoch } => sequence.handle_replay_end(epoch),
-                    ReplayEvent::Failed { epoch } => sequence.handle_replay_failed(epoch),
+                    ReplayEvent::End { epoch } => {
+                        sequence.handle_replay_end(epoch);
+                        self.finish_replay(epoch, false);
+                    }
+                    ReplayEvent::Failed { epoch } => {
+                        sequence.handle_replay_failed(epoch);
+                        self.finish_replay(epoch, true);
+                    }
                 },
                 received = live.recv() => match received {
                     None => return,
                     Some(ReaderEvent::Connected) => {
+                        self.applied_since_connect = false;
                         let signal = SourceSignal::Connected { endpoint: self.config.endpoint.clone() };
+                        if !emit(&self.out, &self.cancel, SourceOutput::Signal(signal)).await {
+                            return;
+                        }
+                    }
+                    Some(ReaderEvent::Disconnected) => {
+                        probe_at = None;
+                        // The publisher may have closed with batches still queued on its
+                        // side: probe its replay socket now, or count the unknown tail.
+                        if !sequence.handle_idle() && self.applied_since_connect {
+                            self.counters.unverified_tail();
+                        }
+                        self.applied_since_connect = false;
+                        let signal = SourceSignal::Lost { endpoint: self.config.endpoint.clone() };
                         if !emit(&self.out, &self.cancel, SourceOutput::Signal(signal)).await {
                             return;
                         }
                     }
                     Some(ReaderEvent::Batch { seq, payload }) => {
                         self.counters.message();
+                        self.applied_since_connect = true;
+                        probe_at = Some(tokio::time::Instant::now() + probe_idle);
                         sequence.handle_live(seq, payload);
                     }
                 },
+                () = probe_sleep => {
+                    probe_at = None;
+                    sequence.handle_idle();
+                }
             }
             while let Some(action) = sequence.poll_action() {
                 if !self.act(action, &replay_tx).await {
                     return;
                 }
             }
+            self.state.set_replaying(sequence.is_replaying());
         }
+    }
+
+    /// Counts how the replay of `epoch` ended (stale epochs are ignored).
+    fn finish_replay(&mut self, epoch: u64, failed: bool) {
+        let Some(replay) = self.replay.filter(|r| r.epoch == epoch) else {
+            return;
+        };
+        self.replay = None;
+        let outcome = if failed {
+            ReplayOutcome::Failed
+        } else if replay.incomplete {
+            ReplayOutcome::Incomplete
+        } else if replay.n_batches > 0 {
+            ReplayOutcome::Recovered
+        } else {
+            ReplayOutcome::Empty
+        };
+        self.counters.replay_outcome(outcome);
+        info!(
+            outcome = outcome.as_str(),
+            n_batches = replay.n_batches,
+            "zmq replay ended"
+        );
     }
 
     /// Carries out one tracker action; `false` when the source must stop.
@@ -254,7 +346,7 @@ impl Driver {
             SequenceAction::Apply { seq, payload } => self.apply(seq, &payload).await,
             SequenceAction::Gap { expected, got } => {
                 self.counters.gap();
-                warn!(seq = got, expected, "zmq sequence gap");
+                info!(seq = got, expected, "zmq sequence gap");
                 emit(
                     &self.out,
                     &self.cancel,
@@ -264,7 +356,18 @@ impl Driver {
             }
             SequenceAction::RequestReplay { from_seq, epoch } => {
                 self.counters.replay();
+                if let Some(stale) = self.replay.take() {
+                    // A newer replay supersedes one still running.
+                    self.replay = Some(stale);
+                    self.finish_replay(stale.epoch, true);
+                }
                 if let Some(endpoint) = self.config.replay_endpoint.clone() {
+                    info!(seq = from_seq, "zmq replay started");
+                    self.replay = Some(ReplayInFlight {
+                        epoch,
+                        n_batches: 0,
+                        incomplete: false,
+                    });
                     let span = info_span!("zmq_replay", seq = from_seq);
                     self.tracker.spawn(
                         replay(
@@ -281,31 +384,48 @@ impl Driver {
                 }
                 true
             }
-            SequenceAction::Reset(reason) => {
-                self.counters.reset();
-                warn!(reason = reason.as_str(), "zmq source reset");
-                self.canonicalizer.reset();
-                if self.seen_sources.is_empty() {
-                    self.seen_sources
-                        .insert(self.canonicalizer.default_source());
-                }
-                let sources: Vec<SourceId> = self.seen_sources.iter().copied().collect();
-                let signal = SourceSignal::Reset {
-                    sources: sources.clone(),
-                    reason,
-                };
-                if !emit(&self.out, &self.cancel, SourceOutput::Signal(signal)).await {
-                    return false;
-                }
-                for source in sources {
-                    let clear = self.canonicalizer.clear_event(source);
-                    self.counters.events(1);
-                    if !emit(&self.out, &self.cancel, SourceOutput::Event(clear)).await {
-                        return false;
-                    }
-                }
-                true
+            SequenceAction::Reset(reason) => self.reset(reason).await,
+        }
+    }
+
+    async fn reset(&mut self, reason: ResetReason) -> bool {
+        self.counters.reset(&reason);
+        if matches!(reason, ResetReason::ReplayIncomplete { .. }) {
+            if let Some(replay) = self.replay.as_mut() {
+                replay.incomplete = true;
             }
+        }
+        warn!(reason = reason.as_str(), "zmq source reset");
+        self.canonicalizer.reset();
+        // Clear what this incarnation reported, once; before any batch, the first reset
+        // still clears the default rank (state a previous relay run may have left).
+        let mut sources = std::mem::take(&mut self.seen_sources);
+        if sources.is_empty() && !self.ever_reset {
+            sources.insert(self.canonicalizer.default_source());
+        }
+        self.ever_reset = true;
+        let sources: Vec<SourceId> = sources.into_iter().collect();
+        let signal = SourceSignal::Reset {
+            sources: sources.clone(),
+            reason,
+        };
+        if !emit(&self.out, &self.cancel, SourceOutput::Signal(signal)).await {
+            return false;
+        }
+        for source in sources {
+            let clear = self.canonicalizer.clear_event(source);
+            self.counters.events(1);
+            if !emit(&self.out, &self.cancel, SourceOutput::Event(clear)).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn reject(&mut self, kind: RejectionKind, seq: u64, error: &dyn std::fmt::Display) {
+        self.counters.reject(kind);
+        if let Some(count) = self.rejections.note(kind, Instant::now()) {
+            warn!(seq, reason = kind.as_str(), count, error = %error, "rejected engine input");
         }
     }
 
@@ -313,19 +433,26 @@ impl Driver {
         let batch = match decode_engine_batch(payload, self.config.engine, &self.config.limits) {
             Ok(batch) => batch,
             Err(err) => {
-                self.counters.reject(err.rejection_kind());
-                warn!(seq, error = %err, "rejected engine batch");
+                self.reject(err.rejection_kind(), seq, &err);
                 return true;
             }
         };
-        self.seen_sources
-            .insert(self.canonicalizer.source_of(&batch));
+        let source = self.canonicalizer.source_of(&batch);
+        if !self.config.declared_ranks.contains(&source.dp_rank) {
+            let declared = &self.config.declared_ranks;
+            let reason = format!(
+                "dp_rank {} outside the declared ranks {}..{}",
+                source.dp_rank, declared.start, declared.end
+            );
+            self.reject(RejectionKind::UndeclaredRank, seq, &reason);
+            return true;
+        }
+        self.seen_sources.insert(source);
         let mut events = Vec::with_capacity(batch.events.len());
         let outcome = self.canonicalizer.canonicalize(&batch, &mut events);
         self.counters.filtered(outcome.n_filtered);
         for err in &outcome.rejected {
-            self.counters.reject(RejectionKind::Canonicalize);
-            warn!(seq, error = %err, "rejected engine event");
+            self.reject(RejectionKind::Canonicalize, seq, err);
         }
         self.counters.events(events.len());
         for event in events {
@@ -367,56 +494,19 @@ async fn replay(
         tx: tx.clone(),
         finished: false,
     };
-    let deadline = Duration::from_millis(limits.replay_timeout_ms);
-    let run = replay_exchange(&endpoint, from_seq, epoch, limits, &tx, &counters);
-    let outcome = tokio::select! {
-        biased;
-        () = cancel.cancelled() => return,
-        outcome = tokio::time::timeout(deadline, run) => outcome,
+    let exchange = {
+        let (endpoint, tx, cancel) = (endpoint.clone(), tx.clone(), cancel.clone());
+        tokio::task::spawn_blocking(move || {
+            run_replay(&endpoint, from_seq, epoch, &limits, &tx, &counters, &cancel)
+        })
     };
-    match outcome {
+    match exchange.await {
         Ok(Ok(())) => {
             guard.finished = true;
             let _ = tx.send(ReplayEvent::End { epoch }).await;
         }
-        Ok(Err(reason)) => warn!(peer = %endpoint, reason, "zmq replay failed"),
-        Err(_elapsed) => warn!(peer = %endpoint, "zmq replay timed out"),
-    }
-}
-
-async fn replay_exchange(
-    endpoint: &str,
-    from_seq: u64,
-    epoch: u64,
-    limits: Limits,
-    tx: &mpsc::Sender<ReplayEvent>,
-    counters: &Counters,
-) -> Result<(), String> {
-    let mut socket = DealerSocket::new();
-    socket
-        .connect(endpoint)
-        .await
-        .map_err(|err| err.to_string())?;
-    let request =
-        ZmqMessage::try_from(replay_request(from_seq).to_vec()).map_err(|err| err.to_string())?;
-    socket.send(request).await.map_err(|err| err.to_string())?;
-    loop {
-        let message = socket.recv().await.map_err(|err| err.to_string())?;
-        match parse_replay(&message.into_vec(), limits.max_payload_bytes) {
-            Ok(ReplayReply::End) => return Ok(()),
-            Ok(ReplayReply::Batch { seq, payload }) => {
-                tx.send(ReplayEvent::Batch {
-                    epoch,
-                    seq,
-                    payload,
-                })
-                .await
-                .map_err(|_| "driver stopped".to_owned())?;
-            }
-            Err(err) => {
-                counters.reject(RejectionKind::Framing);
-                warn!(peer = %endpoint, error = %err, "rejected zmq replay reply");
-            }
-        }
+        Ok(Err(ReplayError::Cancelled | ReplayError::DriverGone)) => {}
+        Ok(Err(err)) => warn!(peer = %endpoint, error = %err, "zmq replay failed"),
+        Err(join) => warn!(peer = %endpoint, error = %join, "zmq replay task failed"),
     }
 }

@@ -9,6 +9,7 @@
 )]
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,8 +21,6 @@ use kvrelay_ingest::{
     EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, RejectionKind, SourceHandle,
     SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
 };
-use tokio::task::JoinHandle;
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 const BLOCK_SIZE: u32 = 4;
 const TOPIC: &str = "kv-events";
@@ -59,12 +58,13 @@ fn apply(state: &mut State, event: &RouterEvent) {
     state.retain(|_, blocks| !blocks.is_empty());
 }
 
-/// The test's engine: a PUB socket, a ROUTER replay server and the replay history.
+/// The test's engine, on libzmq like the real engines (pyzmq): a PUB socket, a ROUTER
+/// replay server on its own thread, and the replay history.
 struct FakeEngine {
-    publisher: PubSocket,
+    publisher: zmq::Socket,
     history: Arc<Mutex<Vec<(u64, Bytes)>>>,
-    replay_server: JoinHandle<()>,
-    stop_replays: tokio::sync::oneshot::Sender<()>,
+    replay_server: Option<std::thread::JoinHandle<()>>,
+    stop_replays: Arc<AtomicBool>,
     next_seq: u64,
     /// Ground truth of this incarnation.
     truth: State,
@@ -72,26 +72,28 @@ struct FakeEngine {
 }
 
 impl FakeEngine {
+    /// Binds the PUB and ROUTER sockets (`tcp://127.0.0.1:*` picks free ports).
     async fn start(pub_endpoint: &str, replay_endpoint: &str) -> (Self, String, String) {
-        let mut publisher = PubSocket::new();
-        let bound_pub = publisher
-            .bind(pub_endpoint)
-            .await
-            .expect("bind pub")
-            .to_string();
-        let mut router = RouterSocket::new();
-        let bound_replay = router
-            .bind(replay_endpoint)
-            .await
-            .expect("bind router")
-            .to_string();
+        let ctx = zmq::Context::new();
+        let publisher = ctx.socket(zmq::PUB).expect("pub socket");
+        publisher.set_linger(0).unwrap();
+        publisher.set_sndhwm(100_000).unwrap();
+        bind_retrying(&publisher, pub_endpoint).await;
+        let bound_pub = publisher.get_last_endpoint().unwrap().unwrap();
+        let router = ctx.socket(zmq::ROUTER).expect("router socket");
+        router.set_linger(0).unwrap();
+        bind_retrying(&router, replay_endpoint).await;
+        let bound_replay = router.get_last_endpoint().unwrap().unwrap();
         let history: Arc<Mutex<Vec<(u64, Bytes)>>> = Arc::default();
-        let (stop_replays, stopped) = tokio::sync::oneshot::channel();
-        let replay_server = tokio::spawn(serve_replays(router, history.clone(), stopped));
+        let stop_replays = Arc::new(AtomicBool::new(false));
+        let replay_server = {
+            let (history, stop) = (history.clone(), stop_replays.clone());
+            std::thread::spawn(move || serve_replays(router, history, stop))
+        };
         let engine = Self {
             publisher,
             history,
-            replay_server,
+            replay_server: Some(replay_server),
             stop_replays,
             next_seq: 0,
             truth: State::new(),
@@ -119,48 +121,47 @@ impl FakeEngine {
         self.next_seq += 1;
         self.history.lock().unwrap().push((seq, payload.clone()));
         if !drop {
-            let frames = vec![
+            self.send_raw(vec![
                 Bytes::from_static(TOPIC.as_bytes()),
                 Bytes::copy_from_slice(&seq.to_be_bytes()),
                 payload,
-            ];
-            self.publisher
-                .send(ZmqMessage::try_from(frames).unwrap())
-                .await
-                .unwrap();
+            ])
+            .await;
         }
     }
 
     /// Sends raw frames on the PUB socket (for malformed input).
     async fn send_raw(&mut self, frames: Vec<Bytes>) {
-        self.publisher
-            .send(ZmqMessage::try_from(frames).unwrap())
-            .await
-            .unwrap();
+        let parts: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        self.publisher.send_multipart(parts, 0).unwrap();
     }
 
     /// Stops the engine and releases its ports.
     async fn stop(mut self) {
-        let _ = self.stop_replays.send(());
-        self.replay_server.await.unwrap();
-        self.publisher.unbind_all().await;
+        self.stop_replays.store(true, Ordering::Relaxed);
+        if let Some(server) = self.replay_server.take() {
+            server.join().unwrap();
+        }
     }
 }
 
-async fn serve_replays(
-    mut router: RouterSocket,
-    history: Arc<Mutex<Vec<(u64, Bytes)>>>,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    loop {
-        let request = tokio::select! {
-            _ = &mut stop => break,
-            request = router.recv() => match request {
-                Ok(request) => request,
-                Err(_) => break,
-            },
-        };
-        let frames = request.into_vec();
+/// Binds `endpoint`, retrying briefly while a previous incarnation's port is released.
+async fn bind_retrying(socket: &zmq::Socket, endpoint: &str) {
+    for _ in 0..100 {
+        if socket.bind(endpoint).is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("could not bind {endpoint}");
+}
+
+fn serve_replays(router: zmq::Socket, history: Arc<Mutex<Vec<(u64, Bytes)>>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        if router.poll(zmq::POLLIN, 20).unwrap() == 0 {
+            continue;
+        }
+        let frames = router.recv_multipart(0).unwrap();
         let identity = frames[0].clone();
         let start = u64::from_be_bytes(frames.last().unwrap()[..8].try_into().unwrap());
         let batches: Vec<(u64, Bytes)> = history
@@ -171,31 +172,15 @@ async fn serve_replays(
             .cloned()
             .collect();
         for (seq, payload) in batches {
-            let reply = vec![
-                identity.clone(),
-                Bytes::new(),
-                Bytes::from_static(TOPIC.as_bytes()),
-                Bytes::copy_from_slice(&seq.to_be_bytes()),
-                payload,
-            ];
-            if router
-                .send(ZmqMessage::try_from(reply).unwrap())
-                .await
-                .is_err()
-            {
+            let seq = seq.to_be_bytes();
+            let reply: Vec<&[u8]> = vec![&identity, b"", TOPIC.as_bytes(), &seq, &payload];
+            if router.send_multipart(reply, 0).is_err() {
                 break;
             }
         }
-        let end = vec![
-            identity,
-            Bytes::new(),
-            Bytes::new(),
-            Bytes::from_static(&[0xff; 8]),
-            Bytes::new(),
-        ];
-        let _ = router.send(ZmqMessage::try_from(end).unwrap()).await;
+        let end: Vec<&[u8]> = vec![&identity, b"", b"", &[0xff; 8], b""];
+        let _ = router.send_multipart(end, 0);
     }
-    router.unbind_all().await;
 }
 
 fn hash(value: u64) -> EngineBlockHash {
@@ -262,9 +247,8 @@ async fn converge(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
     let (mut engine, pub_endpoint, replay_endpoint) =
-        FakeEngine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0").await;
+        FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
     let limits = Limits {
-        idle_reconnect_ms: 300,
         replay_timeout_ms: 5_000,
         ..Limits::default()
     };
@@ -277,6 +261,8 @@ async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
         topic: TOPIC.to_owned(),
         canonical: canonical(),
         limits,
+        declared_ranks: 0..1,
+        fault: Default::default(),
     });
     let mut state = State::new();
     let mut signals = Vec::new();
@@ -338,7 +324,7 @@ async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
     let (mut engine, pub_endpoint, replay_endpoint) =
-        FakeEngine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0").await;
+        FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
     // The replay endpoint lets a slow subscription recover the first batch.
     let mut source = spawn_zmq_source(ZmqSourceConfig {
         worker_id: 1,
@@ -349,6 +335,8 @@ async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
         topic: TOPIC.to_owned(),
         canonical: canonical(),
         limits: Limits::default(),
+        declared_ranks: 0..1,
+        fault: Default::default(),
     });
     let mut state = State::new();
     let mut signals = Vec::new();

@@ -1,0 +1,340 @@
+//! The libzmq side of a ZMQ source: a blocking SUB reader and a blocking DEALER replay
+//! exchange, each run on a tokio blocking thread and checking cancellation between polls.
+//!
+//! libzmq (the implementation the engines publish with) enforces the transport bounds
+//! before anything is allocated: `ZMQ_MAXMSGSIZE` is the payload limit, so a frame header
+//! declaring more closes that connection; ZMTP heartbeats drop a publisher that stops
+//! answering; libzmq redials with exponential backoff; `ZMQ_RCVHWM` bounds what it queues.
+//! A socket monitor reports handshakes and disconnects, which set the source's state.
+//!
+//! libzmq bounds each frame, not the frame count of one multipart message: a message of
+//! more than three frames is drained and rejected (counted as `framing`).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::error::RejectionKind;
+use crate::limits::Limits;
+use crate::log_limit::RejectionLog;
+use crate::source::{SourceState, StateCell};
+use crate::stats::Counters;
+use crate::zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
+use crate::zmq_source::FaultInjection;
+
+/// How long one poll waits before cancellation is checked again.
+const POLL_INTERVAL_MS: i64 = 50;
+/// Messages drained per wake-up before cancellation and the monitor are checked again.
+const MAX_MESSAGES_PER_WAKE: usize = 256;
+/// Frames of the largest engine message (`[topic, seq, payload]`).
+const MAX_FRAMES: usize = 3;
+/// Frames of the largest replay reply (`[empty, topic, seq, payload]`).
+const MAX_REPLAY_FRAMES: usize = 4;
+
+/// The process's libzmq context (one I/O thread serves every source).
+fn context() -> &'static zmq::Context {
+    static CONTEXT: OnceLock<zmq::Context> = OnceLock::new();
+    CONTEXT.get_or_init(zmq::Context::new)
+}
+
+/// A unique in-process address for one socket monitor.
+fn monitor_address() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "inproc://kvrelay-zmq-monitor-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// What the reader forwards to the driver.
+#[derive(Debug)]
+pub(crate) enum ReaderEvent {
+    /// A publisher completed its handshake.
+    Connected,
+    /// The publisher's connection was lost (libzmq redials).
+    Disconnected,
+    /// A live batch.
+    Batch { seq: u64, payload: Bytes },
+}
+
+/// Why the reader returned.
+#[derive(Debug)]
+pub(crate) enum ReaderExit {
+    /// Cancelled, or the driver is gone: the source is stopping.
+    Stopped,
+    /// libzmq failed; the reader is restarted.
+    Failed(zmq::Error),
+}
+
+/// Everything one reader run needs.
+#[derive(Debug, Clone)]
+pub(crate) struct ReaderParams {
+    pub(crate) endpoint: String,
+    pub(crate) topic: String,
+    pub(crate) limits: Limits,
+    pub(crate) fault: FaultInjection,
+}
+
+fn clamp_ms(ms: u64) -> i32 {
+    i32::try_from(ms).unwrap_or(i32::MAX)
+}
+
+/// Applies the configured bounds to a socket before it connects.
+fn configure(socket: &zmq::Socket, limits: &Limits) -> Result<(), zmq::Error> {
+    socket.set_maxmsgsize(i64::try_from(limits.max_payload_bytes).unwrap_or(i64::MAX))?;
+    socket.set_rcvhwm(i32::try_from(limits.receive_high_water_mark).unwrap_or(i32::MAX))?;
+    socket.set_heartbeat_ivl(clamp_ms(limits.heartbeat_interval_ms))?;
+    socket.set_heartbeat_timeout(clamp_ms(limits.heartbeat_timeout_ms))?;
+    socket.set_heartbeat_ttl(clamp_ms(limits.heartbeat_timeout_ms))?;
+    socket.set_handshake_ivl(clamp_ms(limits.handshake_timeout_ms))?;
+    socket.set_reconnect_ivl(clamp_ms(limits.reconnect_interval_ms.max(1)))?;
+    socket.set_reconnect_ivl_max(clamp_ms(limits.reconnect_interval_max_ms))?;
+    socket.set_linger(0)?;
+    Ok(())
+}
+
+/// Rejects endpoints libzmq's C API cannot take (an interior NUL would panic the binding).
+pub(crate) fn endpoint_is_valid(endpoint: &str) -> bool {
+    !endpoint.is_empty() && !endpoint.contains('\0')
+}
+
+/// Reads one message of at most `max_frames` frames without blocking: `Ok(None)` when
+/// none is queued, `Ok(Some(Err(n)))` when it had `n > max_frames` frames (all drained).
+fn recv_frames(
+    socket: &zmq::Socket,
+    max_frames: usize,
+) -> Result<Option<Result<Vec<Bytes>, usize>>, zmq::Error> {
+    let first = match socket.recv_msg(zmq::DONTWAIT) {
+        Ok(message) => message,
+        Err(zmq::Error::EAGAIN) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut more = first.get_more();
+    let mut frames = vec![Bytes::copy_from_slice(&first)];
+    let mut n_frames = 1usize;
+    // A multipart message is delivered whole, so its remaining frames are queued now.
+    while more {
+        let frame = socket.recv_msg(0)?;
+        more = frame.get_more();
+        n_frames += 1;
+        if n_frames <= max_frames {
+            frames.push(Bytes::copy_from_slice(&frame));
+        }
+    }
+    if n_frames > max_frames {
+        return Ok(Some(Err(n_frames)));
+    }
+    Ok(Some(Ok(frames)))
+}
+
+/// Logs a rejection when its rate limit allows, with the count since the last line.
+pub(crate) fn log_rejection(
+    log: &mut RejectionLog,
+    kind: RejectionKind,
+    peer: &str,
+    error: &dyn std::fmt::Display,
+) {
+    if let Some(count) = log.note(kind, Instant::now()) {
+        warn!(peer, reason = kind.as_str(), count, error = %error, "rejected zmq input");
+    }
+}
+
+/// Runs one reader: connects, then forwards batches and connection events until
+/// cancelled, the driver is gone, or libzmq fails.
+pub(crate) fn run_reader(
+    params: &ReaderParams,
+    live: &mpsc::Sender<ReaderEvent>,
+    state: &StateCell,
+    counters: &Counters,
+    cancel: &CancellationToken,
+) -> ReaderExit {
+    match read(params, live, state, counters, cancel) {
+        Ok(()) => ReaderExit::Stopped,
+        Err(err) => ReaderExit::Failed(err),
+    }
+}
+
+fn read(
+    params: &ReaderParams,
+    live: &mpsc::Sender<ReaderEvent>,
+    state: &StateCell,
+    counters: &Counters,
+    cancel: &CancellationToken,
+) -> Result<(), zmq::Error> {
+    let limits = &params.limits;
+    let peer = params.endpoint.as_str();
+    if !endpoint_is_valid(peer) {
+        return Err(zmq::Error::EINVAL);
+    }
+    let ctx = context();
+    let sub = ctx.socket(zmq::SUB)?;
+    configure(&sub, limits)?;
+    let monitor_at = monitor_address();
+    sub.monitor(
+        &monitor_at,
+        zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32 | zmq::SocketEvent::DISCONNECTED as i32,
+    )?;
+    let monitor = ctx.socket(zmq::PAIR)?;
+    monitor.set_linger(0)?;
+    monitor.connect(&monitor_at)?;
+    sub.set_subscribe(params.topic.as_bytes())?;
+    sub.connect(peer)?;
+    state.set_transport(SourceState::Connecting);
+    let mut rejections = RejectionLog::new(Duration::from_millis(limits.log_interval_ms));
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(());
+        }
+        params.fault.check_reader();
+        let mut items = [
+            monitor.as_poll_item(zmq::POLLIN),
+            sub.as_poll_item(zmq::POLLIN),
+        ];
+        zmq::poll(&mut items, POLL_INTERVAL_MS)?;
+        let (monitor_ready, sub_ready) = (items[0].is_readable(), items[1].is_readable());
+        if monitor_ready {
+            while let Some(Ok(frames)) = recv_frames(&monitor, 2)? {
+                let Some(event) = frames.first().and_then(|f| f.get(..2)) else {
+                    continue;
+                };
+                let event = u16::from_le_bytes([event[0], event[1]]);
+                let forwarded = if event == zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16 {
+                    counters.connect();
+                    state.set_transport(SourceState::Connected);
+                    info!(peer, "zmq publisher connected");
+                    ReaderEvent::Connected
+                } else if event == zmq::SocketEvent::DISCONNECTED as u16 {
+                    counters.disconnect();
+                    state.set_transport(SourceState::Connecting);
+                    info!(peer, "zmq publisher disconnected; redialling");
+                    ReaderEvent::Disconnected
+                } else {
+                    continue;
+                };
+                if live.blocking_send(forwarded).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        if !sub_ready {
+            continue;
+        }
+        for _ in 0..MAX_MESSAGES_PER_WAKE {
+            let Some(frames) = recv_frames(&sub, MAX_FRAMES)? else {
+                break;
+            };
+            let parsed = match frames {
+                Ok(frames) => parse_live(&frames, limits.max_payload_bytes),
+                Err(n_frames) => Err(FrameError::FrameCount {
+                    n_frames,
+                    expected: "2 or 3",
+                }),
+            };
+            match parsed {
+                Ok((seq, payload)) => {
+                    if live
+                        .blocking_send(ReaderEvent::Batch { seq, payload })
+                        .is_err()
+                    {
+                        return Ok(());
+                    }
+                }
+                Err(err) => {
+                    counters.reject(RejectionKind::Framing);
+                    log_rejection(&mut rejections, RejectionKind::Framing, peer, &err);
+                }
+            }
+        }
+    }
+}
+
+/// What a replay exchange forwards to the driver.
+#[derive(Debug)]
+pub(crate) enum ReplayEvent {
+    Batch { epoch: u64, seq: u64, payload: Bytes },
+    End { epoch: u64 },
+    Failed { epoch: u64 },
+}
+
+/// Why a replay exchange did not end with the end marker.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplayError {
+    #[error("zmq: {0}")]
+    Zmq(#[from] zmq::Error),
+    #[error("timed out")]
+    TimedOut,
+    #[error("cancelled")]
+    Cancelled,
+    #[error("driver stopped")]
+    DriverGone,
+}
+
+/// One replay exchange: asks `endpoint` for every batch from `from_seq` and forwards the
+/// replies until the end marker, within `limits.replay_timeout_ms`.
+pub(crate) fn run_replay(
+    endpoint: &str,
+    from_seq: u64,
+    epoch: u64,
+    limits: &Limits,
+    tx: &mpsc::Sender<ReplayEvent>,
+    counters: &Counters,
+    cancel: &CancellationToken,
+) -> Result<(), ReplayError> {
+    if !endpoint_is_valid(endpoint) {
+        return Err(ReplayError::Zmq(zmq::Error::EINVAL));
+    }
+    let deadline = Instant::now() + Duration::from_millis(limits.replay_timeout_ms);
+    let dealer = context().socket(zmq::DEALER)?;
+    configure(&dealer, limits)?;
+    dealer.connect(endpoint)?;
+    let [delimiter, start] = replay_request(from_seq);
+    dealer.send(&delimiter[..], zmq::SNDMORE)?;
+    dealer.send(&start[..], 0)?;
+    let mut rejections = RejectionLog::new(Duration::from_millis(limits.log_interval_ms));
+    loop {
+        if cancel.is_cancelled() {
+            return Err(ReplayError::Cancelled);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(ReplayError::TimedOut);
+        }
+        let wait = deadline
+            .saturating_duration_since(now)
+            .as_millis()
+            .min(POLL_INTERVAL_MS as u128);
+        if dealer.poll(zmq::POLLIN, wait as i64)? == 0 {
+            continue;
+        }
+        while let Some(frames) = recv_frames(&dealer, MAX_REPLAY_FRAMES)? {
+            let parsed = match frames {
+                Ok(frames) => parse_replay(&frames, limits.max_payload_bytes),
+                Err(n_frames) => Err(FrameError::FrameCount {
+                    n_frames,
+                    expected: "2 to 4",
+                }),
+            };
+            match parsed {
+                Ok(ReplayReply::End) => return Ok(()),
+                Ok(ReplayReply::Batch { seq, payload }) => {
+                    tx.blocking_send(ReplayEvent::Batch {
+                        epoch,
+                        seq,
+                        payload,
+                    })
+                    .map_err(|_| ReplayError::DriverGone)?;
+                }
+                Err(err) => {
+                    counters.reject(RejectionKind::Framing);
+                    log_rejection(&mut rejections, RejectionKind::Framing, endpoint, &err);
+                }
+            }
+        }
+        debug!(peer = endpoint, "zmq replay waiting for more replies");
+    }
+}
