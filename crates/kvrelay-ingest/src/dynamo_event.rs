@@ -70,11 +70,9 @@ pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEvent
                     })
                     .collect(),
             }),
-            WireData::Removed(removed) => {
-                EventPayload::Removed(RemovedBlocks {
-                    engine_block_ids: removed.block_hashes,
-                })
-            }
+            WireData::Removed(removed) => EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: removed.block_hashes,
+            }),
             WireData::Cleared => EventPayload::AllCleared,
         };
         decoded.events.push(RouterEvent {

@@ -261,8 +261,11 @@ impl SourceHandle {
     }
 
     /// A clonable view of the source's state and counters, for metrics and readiness.
+    /// Its [`SourceProbe::changed`] wakes on changes after this call.
     pub fn probe(&self) -> SourceProbe {
-        self.probe.clone()
+        let mut probe = self.probe.clone();
+        probe.state.mark_unchanged();
+        probe
     }
 
     /// Cancels the source and waits for its tasks, up to the shutdown timeout.

@@ -7,6 +7,12 @@
 //! answering; libzmq redials with exponential backoff; `ZMQ_RCVHWM` bounds what it queues.
 //! A socket monitor reports handshakes and disconnects, which set the source's state.
 //!
+//! libzmq 4.3 abandons an endpoint after a *protocol* error (such as a frame over
+//! `ZMQ_MAXMSGSIZE`) instead of redialling it, so on every disconnect the reader drops the
+//! endpoint and dials it again itself, after a delay that doubles per disconnect (from
+//! `reconnect_interval_ms` up to `reconnect_interval_max_ms`) and starts over once a valid
+//! batch arrives: a hostile peer costs one handshake per delay, never a busy loop.
+//!
 //! libzmq bounds each frame, not the frame count of one multipart message: a message of
 //! more than three frames is drained and rejected (counted as `framing`).
 
@@ -186,16 +192,31 @@ fn read(
     sub.connect(peer)?;
     state.set_transport(SourceState::Connecting);
     let mut rejections = RejectionLog::new(Duration::from_millis(limits.log_interval_ms));
+    let initial_delay = Duration::from_millis(limits.reconnect_interval_ms.max(1));
+    let max_delay = Duration::from_millis(limits.reconnect_interval_max_ms).max(initial_delay);
+    let mut redial_delay = initial_delay;
+    let mut redial_at: Option<Instant> = None;
     loop {
         if cancel.is_cancelled() {
             return Ok(());
         }
         params.fault.check_reader();
+        let mut timeout = POLL_INTERVAL_MS;
+        if let Some(at) = redial_at {
+            let now = Instant::now();
+            if now >= at {
+                sub.connect(peer)?;
+                redial_at = None;
+            } else {
+                let until = at.saturating_duration_since(now).as_millis();
+                timeout = timeout.min(i64::try_from(until).unwrap_or(i64::MAX).max(1));
+            }
+        }
         let mut items = [
             monitor.as_poll_item(zmq::POLLIN),
             sub.as_poll_item(zmq::POLLIN),
         ];
-        zmq::poll(&mut items, POLL_INTERVAL_MS)?;
+        zmq::poll(&mut items, timeout)?;
         let (monitor_ready, sub_ready) = (items[0].is_readable(), items[1].is_readable());
         if monitor_ready {
             while let Some(Ok(frames)) = recv_frames(&monitor, 2)? {
@@ -211,7 +232,15 @@ fn read(
                 } else if event == zmq::SocketEvent::DISCONNECTED as u16 {
                     counters.disconnect();
                     state.set_transport(SourceState::Connecting);
-                    info!(peer, "zmq publisher disconnected; redialling");
+                    // Drop the endpoint (libzmq may have abandoned it) and redial later.
+                    let _ = sub.disconnect(peer);
+                    redial_at = Some(Instant::now() + redial_delay);
+                    info!(
+                        peer,
+                        redial_ms = redial_delay.as_millis() as u64,
+                        "zmq publisher disconnected; redialling"
+                    );
+                    redial_delay = (redial_delay * 2).min(max_delay);
                     ReaderEvent::Disconnected
                 } else {
                     continue;
@@ -237,6 +266,7 @@ fn read(
             };
             match parsed {
                 Ok((seq, payload)) => {
+                    redial_delay = initial_delay;
                     if live
                         .blocking_send(ReaderEvent::Batch { seq, payload })
                         .is_err()
@@ -256,9 +286,17 @@ fn read(
 /// What a replay exchange forwards to the driver.
 #[derive(Debug)]
 pub(crate) enum ReplayEvent {
-    Batch { epoch: u64, seq: u64, payload: Bytes },
-    End { epoch: u64 },
-    Failed { epoch: u64 },
+    Batch {
+        epoch: u64,
+        seq: u64,
+        payload: Bytes,
+    },
+    End {
+        epoch: u64,
+    },
+    Failed {
+        epoch: u64,
+    },
 }
 
 /// Why a replay exchange did not end with the end marker.

@@ -156,7 +156,11 @@ async fn bind_retrying(socket: &zmq::Socket, endpoint: &str) {
     panic!("could not bind {endpoint}");
 }
 
-fn serve_replays(router: zmq::Socket, history: Arc<Mutex<Vec<(u64, Bytes)>>>, stop: Arc<AtomicBool>) {
+fn serve_replays(
+    router: zmq::Socket,
+    history: Arc<Mutex<Vec<(u64, Bytes)>>>,
+    stop: Arc<AtomicBool>,
+) {
     while !stop.load(Ordering::Relaxed) {
         if router.poll(zmq::POLLIN, 20).unwrap() == 0 {
             continue;

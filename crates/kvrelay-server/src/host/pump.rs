@@ -47,6 +47,9 @@ pub(crate) fn spawn_zmq(
             hash_format: semantics.hash_format(),
         },
         limits: kvrelay_ingest::Limits::default(),
+        // A `[[sources]]` entry or an advertised source names one rank.
+        declared_ranks: config.dp_rank..config.dp_rank.saturating_add(1),
+        fault: kvrelay_ingest::FaultInjection::default(),
     };
     let span = info_span!(
         "source",
