@@ -390,10 +390,10 @@ impl Driver {
 
     async fn reset(&mut self, reason: ResetReason) -> bool {
         self.counters.reset(&reason);
-        if matches!(reason, ResetReason::ReplayIncomplete { .. }) {
-            if let Some(replay) = self.replay.as_mut() {
-                replay.incomplete = true;
-            }
+        if matches!(reason, ResetReason::ReplayIncomplete { .. })
+            && let Some(replay) = self.replay.as_mut()
+        {
+            replay.incomplete = true;
         }
         warn!(reason = reason.as_str(), "zmq source reset");
         self.canonicalizer.reset();
