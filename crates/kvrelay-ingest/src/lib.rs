@@ -54,7 +54,7 @@ pub use event_trace::{
     parse_event_trace, parse_header, parse_request_trace,
 };
 pub use limits::Limits;
-pub use nats_source::{NatsSourceConfig, spawn_nats_source};
+pub use nats_source::{NatsAuth, NatsSourceConfig, NatsTls, spawn_nats_source};
 pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
 pub use source::{SourceHandle, SourceOutput, SourceProbe, SourceSignal, SourceState, Transport};
 pub use stats::{ReplayOutcome, SourceStats};

@@ -114,3 +114,15 @@ impl Default for Limits {
         }
     }
 }
+
+impl Limits {
+    /// The defaults with the NATS payload limit ([`DEFAULT_NATS_MAX_PAYLOAD_BYTES`]): a
+    /// Dynamo event list is small, and anyone able to publish on the subject could
+    /// otherwise make the relay parse up to the ZMQ limit per message.
+    pub fn nats() -> Self {
+        Self {
+            max_payload_bytes: DEFAULT_NATS_MAX_PAYLOAD_BYTES,
+            ..Self::default()
+        }
+    }
+}

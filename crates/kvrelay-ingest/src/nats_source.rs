@@ -1,10 +1,17 @@
 //! Dynamo over NATS: subscribe to an endpoint's KV-event subject and decode its JSON
 //! router events. One subscription carries every worker of the endpoint.
 //!
+//! The connection authenticates as configured (token, user and password, NKey seed or a
+//! credentials file) and can require TLS with the operator's CA and client certificate.
+//! Payloads over `limits.max_payload_bytes` ([`Limits::nats`]: 1 MiB) are rejected before
+//! decoding; decoding streams (no whole-document buffering). The client's connection
+//! events drive the source's state; rejections are counted and logged rate-limited.
+//!
 //! The task's loop is one biased `select!`: cancellation, then the next message (the
 //! subscriber is a stream; dropping its `next()` future loses nothing).
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::mpsc;
@@ -15,8 +22,64 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::dynamo_event::decode_dynamo_events;
 use crate::error::{RejectionKind, SourceError};
 use crate::limits::Limits;
-use crate::source::{SourceHandle, SourceOutput, SourceSignal, emit};
+use crate::log_limit::RejectionLog;
+use crate::source::{
+    SourceHandle, SourceOutput, SourceSignal, SourceState, StateCell, Transport, emit,
+};
 use crate::stats::Counters;
+
+/// How the NATS connection authenticates.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum NatsAuth {
+    /// No credentials.
+    #[default]
+    None,
+    /// A server token.
+    Token(String),
+    /// A user name and password.
+    UserPassword {
+        /// The user.
+        user: String,
+        /// The password.
+        password: String,
+    },
+    /// An NKey seed (`SU...`): the server's nonce is signed with it.
+    NKey {
+        /// The seed.
+        seed: String,
+    },
+    /// A `.creds` file (JWT and NKey seed), as `nsc` writes it.
+    CredentialsFile(PathBuf),
+}
+
+impl std::fmt::Debug for NatsAuth {
+    // Secrets never reach logs or debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NatsAuth::None => f.write_str("None"),
+            NatsAuth::Token(_) => f.write_str("Token(<redacted>)"),
+            NatsAuth::UserPassword { user, .. } => {
+                write!(f, "UserPassword {{ user: {user:?}, password: <redacted> }}")
+            }
+            NatsAuth::NKey { .. } => f.write_str("NKey(<redacted>)"),
+            NatsAuth::CredentialsFile(path) => write!(f, "CredentialsFile({path:?})"),
+        }
+    }
+}
+
+/// TLS towards the NATS server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatsTls {
+    /// Refuse a connection the server does not upgrade to TLS.
+    pub required: bool,
+    /// PEM file of CA certificates to trust (in addition to none: the server must chain
+    /// to one of them when set).
+    pub root_certificates: Option<PathBuf>,
+    /// PEM client certificate, with `client_key`, for mutual TLS.
+    pub client_certificate: Option<PathBuf>,
+    /// PEM private key of `client_certificate`.
+    pub client_key: Option<PathBuf>,
+}
 
 /// Where to subscribe.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,13 +88,65 @@ pub struct NatsSourceConfig {
     pub server: String,
     /// The subject, e.g. from [`crate::dynamo_kv_event_subject`].
     pub subject: String,
-    /// Bounds.
+    /// Bounds; `max_payload_bytes` is the largest payload decoded ([`Limits::nats`]).
     pub limits: Limits,
+    /// Credentials.
+    pub auth: NatsAuth,
+    /// TLS options.
+    pub tls: NatsTls,
+}
+
+async fn connect_options(
+    config: &NatsSourceConfig,
+    state: &StateCell,
+) -> Result<async_nats::ConnectOptions, SourceError> {
+    let config_error = |reason: String| SourceError::Config { reason };
+    let mut options = async_nats::ConnectOptions::new();
+    options = match &config.auth {
+        NatsAuth::None => options,
+        NatsAuth::Token(token) => options.token(token.clone()),
+        NatsAuth::UserPassword { user, password } => {
+            options.user_and_password(user.clone(), password.clone())
+        }
+        NatsAuth::NKey { seed } => options.nkey(seed.clone()),
+        NatsAuth::CredentialsFile(path) => options
+            .credentials_file(path)
+            .await
+            .map_err(|err| config_error(format!("nats credentials {}: {err}", path.display())))?,
+    };
+    let tls = &config.tls;
+    if tls.required {
+        options = options.require_tls(true);
+    }
+    if let Some(roots) = &tls.root_certificates {
+        options = options.add_root_certificates(roots.clone());
+    }
+    options = match (&tls.client_certificate, &tls.client_key) {
+        (Some(cert), Some(key)) => options.add_client_certificate(cert.clone(), key.clone()),
+        (None, None) => options,
+        _ => {
+            return Err(config_error(
+                "nats TLS client certificate and key must be given together".to_owned(),
+            ));
+        }
+    };
+    let state = state.clone();
+    Ok(options.event_callback(move |event| {
+        match event {
+            async_nats::Event::Connected => state.set_transport(SourceState::Connected),
+            async_nats::Event::Disconnected => state.set_transport(SourceState::Connecting),
+            _ => {}
+        }
+        async {}
+    }))
 }
 
 /// Connects, subscribes and starts the source; must be called inside a tokio runtime.
 pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle, SourceError> {
-    let client = async_nats::connect(config.server.as_str())
+    let state = StateCell::new(SourceState::Connecting);
+    let options = connect_options(&config, &state).await?;
+    let client = options
+        .connect(config.server.as_str())
         .await
         .map_err(|err| SourceError::Connect {
             endpoint: config.server.clone(),
@@ -49,6 +164,7 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
         subject: config.subject.clone(),
         reason: err.to_string(),
     })?;
+    state.set_transport(SourceState::Connected);
     info!(peer = %config.server, subject = %config.subject, "nats source subscribed");
     let limits = config.limits;
     let counters = Counters::shared();
@@ -57,11 +173,19 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
     let (tx, rx) = mpsc::channel(limits.output_queue_depth.max(1));
     let task_counters = counters.clone();
     let task_cancel = cancel.child_token();
+    let task_state = state.clone();
     let span = info_span!("nats_source", peer = %config.server);
     tracker.spawn(
         async move {
             // Keep the client alive for the subscription's lifetime.
             let _client = client;
+            let mut rejections = RejectionLog::new(Duration::from_millis(limits.log_interval_ms));
+            let mut reject = |kind: RejectionKind, error: &dyn std::fmt::Display| {
+                task_counters.reject(kind);
+                if let Some(count) = rejections.note(kind, Instant::now()) {
+                    warn!(reason = kind.as_str(), count, error = %error, "rejected nats payload");
+                }
+            };
             let connected = SourceSignal::Connected {
                 endpoint: config.server.clone(),
             };
@@ -75,6 +199,7 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
                     message = subscriber.next() => message,
                 };
                 let Some(message) = message else {
+                    task_state.set_transport(SourceState::Connecting);
                     let lost = SourceSignal::Lost {
                         endpoint: config.server.clone(),
                     };
@@ -83,18 +208,18 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
                 };
                 task_counters.message();
                 if message.payload.len() > limits.max_payload_bytes {
-                    task_counters.reject(RejectionKind::Framing);
-                    warn!(
-                        bytes = message.payload.len(),
-                        "rejected oversized nats payload"
+                    let reason = format!(
+                        "payload of {} bytes exceeds max_payload_bytes {}",
+                        message.payload.len(),
+                        limits.max_payload_bytes
                     );
+                    reject(RejectionKind::Framing, &reason);
                     continue;
                 }
                 let decoded = match decode_dynamo_events(&message.payload) {
                     Ok(decoded) => decoded,
                     Err(err) => {
-                        task_counters.reject(RejectionKind::Malformed);
-                        warn!(error = %err, "rejected nats payload");
+                        reject(RejectionKind::Malformed, &err);
                         continue;
                     }
                 };
@@ -110,9 +235,10 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
         .instrument(span),
     );
     tracker.close();
-    Ok(SourceHandle::new(
+    let probe = state.probe(Transport::Nats, counters);
+    Ok(SourceHandle::with_probe(
         rx,
-        counters,
+        probe,
         cancel,
         tracker,
         Duration::from_millis(limits.shutdown_timeout_ms),

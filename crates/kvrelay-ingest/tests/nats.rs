@@ -84,7 +84,9 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
     let mut source = spawn_nats_source(NatsSourceConfig {
         server: server.url.clone(),
         subject: subject.clone(),
-        limits: Limits::default(),
+        limits: Limits::nats(),
+        auth: Default::default(),
+        tls: Default::default(),
     })
     .await
     .unwrap();

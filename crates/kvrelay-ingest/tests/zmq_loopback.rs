@@ -18,7 +18,7 @@ use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
-    EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, RejectionKind, SourceHandle,
+    EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, RejectionKind, ReplayOutcome, SourceHandle,
     SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
 };
 
@@ -414,4 +414,106 @@ async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
     assert_eq!(stats.rejected(RejectionKind::Canonicalize), 1, "{stats:?}");
     assert!(source.shutdown().await);
     engine.stop().await;
+}
+
+/// Drives the source until the ingested state equals the engine's truth without
+/// publishing anything more (a publisher that stopped); fails after a deadline.
+async fn converge_quiet(source: &mut SourceHandle, engine: &FakeEngine, state: &mut State) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while *state != engine.truth {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                panic!("quiet: ingested state never matched\n ingested {state:?}\n truth {:?}\n stats {:?}", engine.truth, source.stats());
+            }
+            output = source.next() => {
+                if let SourceOutput::Event(event) = output.expect("source stopped") {
+                    apply(state, &event);
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_lost_when_the_publisher_stops_is_fetched_through_the_replay_socket() {
+    let (mut engine, pub_endpoint, replay_endpoint) =
+        FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
+    let limits = Limits {
+        tail_probe_idle_ms: 200,
+        ..Limits::default()
+    };
+    let mut source = spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint,
+        replay_endpoint: Some(replay_endpoint),
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits,
+        declared_ranks: 0..1,
+        fault: Default::default(),
+    });
+    let mut state = State::new();
+    for batch_idx in 0..5u64 {
+        engine
+            .publish(vec![stored(&[batch_idx + 1], None, batch_idx as u32)], false)
+            .await;
+    }
+    converge_quiet(&mut source, &engine, &mut state).await;
+    // The engine's last batches never leave its side (it closed its PUB socket with them
+    // queued); no later batch reveals a gap.
+    for batch_idx in 5..12u64 {
+        engine
+            .publish(vec![stored(&[batch_idx + 1], None, batch_idx as u32)], true)
+            .await;
+    }
+    converge_quiet(&mut source, &engine, &mut state).await;
+    let stats = source.stats();
+    assert!(stats.replays(ReplayOutcome::Recovered) >= 1, "{stats:?}");
+    assert_eq!(stats.n_resets, 0, "{stats:?}");
+    assert!(source.shutdown().await);
+    engine.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replay_endpoint_a_publisher_gone_after_batches_counts_an_unverified_tail() {
+    let (mut engine, pub_endpoint, _replay_endpoint) =
+        FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
+    let mut source = spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint,
+        replay_endpoint: None,
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits: Limits::default(),
+        declared_ranks: 0..1,
+        fault: Default::default(),
+    });
+    // Publish until the source has applied something (a slow subscription misses the
+    // first batches, which nothing can recover without a replay endpoint).
+    for batch_idx in 0..200u64 {
+        engine
+            .publish(vec![stored(&[batch_idx + 1], None, 0)], false)
+            .await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if source.stats().n_events > 0 {
+            break;
+        }
+    }
+    assert!(source.stats().n_events > 0);
+    engine.stop().await;
+    for _ in 0..400 {
+        if source.stats().n_unverified_tails > 0 {
+            break;
+        }
+        while source.try_next().is_some() {}
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let stats = source.stats();
+    assert_eq!(stats.n_unverified_tails, 1, "{stats:?}");
+    assert!(stats.n_disconnects >= 1, "{stats:?}");
+    assert!(source.shutdown().await);
 }

@@ -265,6 +265,98 @@ fn one() -> u32 {
 pub struct NatsConfig {
     /// The NATS server, e.g. `nats://127.0.0.1:4222`.
     pub server: String,
+    /// Largest payload decoded (bytes); default 1 MiB.
+    #[serde(default = "default_nats_max_payload_bytes")]
+    pub max_payload_bytes: usize,
+    /// Server token (at most one of `token`, `user`, `nkey_seed`, `credentials_file`).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// User name; needs `password`.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Password of `user`.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// NKey seed (`SU...`).
+    #[serde(default)]
+    pub nkey_seed: Option<String>,
+    /// A `.creds` file (JWT + NKey seed).
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    /// Refuse a connection that is not upgraded to TLS.
+    #[serde(default)]
+    pub tls_required: bool,
+    /// PEM CA certificates to trust for the server.
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate (with `tls_key`) for mutual TLS.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+}
+
+fn default_nats_max_payload_bytes() -> usize {
+    kvrelay_ingest::limits::DEFAULT_NATS_MAX_PAYLOAD_BYTES
+}
+
+impl NatsConfig {
+    /// A server with the default limit, no credentials and no TLS.
+    pub fn plain(server: String) -> Self {
+        Self {
+            server,
+            max_payload_bytes: default_nats_max_payload_bytes(),
+            token: None,
+            user: None,
+            password: None,
+            nkey_seed: None,
+            credentials_file: None,
+            tls_required: false,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+
+    /// The ingest credentials, or why the table is inconsistent.
+    pub fn auth(&self) -> Result<kvrelay_ingest::NatsAuth, &'static str> {
+        use kvrelay_ingest::NatsAuth;
+        let methods = [
+            self.token.is_some(),
+            self.user.is_some(),
+            self.nkey_seed.is_some(),
+            self.credentials_file.is_some(),
+        ];
+        if methods.iter().filter(|set| **set).count() > 1 {
+            return Err("give at most one of token, user, nkey_seed, credentials_file");
+        }
+        if self.user.is_some() != self.password.is_some() {
+            return Err("user and password go together");
+        }
+        Ok(match (&self.token, &self.user, &self.password, &self.nkey_seed) {
+            (Some(token), ..) => NatsAuth::Token(token.clone()),
+            (_, Some(user), Some(password), _) => NatsAuth::UserPassword {
+                user: user.clone(),
+                password: password.clone(),
+            },
+            (.., Some(seed)) => NatsAuth::NKey { seed: seed.clone() },
+            _ => match &self.credentials_file {
+                Some(path) => NatsAuth::CredentialsFile(path.clone()),
+                None => NatsAuth::None,
+            },
+        })
+    }
+
+    /// The ingest TLS options.
+    pub fn tls(&self) -> kvrelay_ingest::NatsTls {
+        kvrelay_ingest::NatsTls {
+            required: self.tls_required,
+            root_certificates: self.tls_ca.clone(),
+            client_certificate: self.tls_cert.clone(),
+            client_key: self.tls_key.clone(),
+        }
+    }
 }
 
 /// Values resolved from flags and environment that beat the file. `None` keeps the file's.
@@ -349,7 +441,10 @@ impl RelayConfig {
             workload.trace = Some(trace);
         }
         if let Some(server) = overrides.nats_server {
-            self.nats = Some(NatsConfig { server });
+            match self.nats.as_mut() {
+                Some(nats) => nats.server = server,
+                None => self.nats = Some(NatsConfig::plain(server)),
+            }
         }
         if let (Some(speed), Some(workload)) = (overrides.replay_speed, self.workload.as_mut()) {
             workload.speed = speed;
@@ -450,6 +545,29 @@ impl RelayConfig {
                 value: nats.server.clone(),
                 reason: "must be a nats:// URL",
             });
+        }
+        if let Some(nats) = &self.nats {
+            if let Err(reason) = nats.auth() {
+                return Err(ConfigError::InvalidField {
+                    field: "nats",
+                    value: "credentials".to_owned(),
+                    reason,
+                });
+            }
+            if nats.max_payload_bytes == 0 {
+                return Err(ConfigError::InvalidField {
+                    field: "nats.max_payload_bytes",
+                    value: "0".to_owned(),
+                    reason: "must be positive",
+                });
+            }
+            if nats.tls_cert.is_some() != nats.tls_key.is_some() {
+                return Err(ConfigError::InvalidField {
+                    field: "nats.tls_cert",
+                    value: "tls_cert/tls_key".to_owned(),
+                    reason: "tls_cert and tls_key go together",
+                });
+            }
         }
         for source in &self.sources {
             if source.endpoint.split('.').count() != 3 {

@@ -23,6 +23,7 @@ mod limits;
 mod metrics;
 mod mirror;
 mod probe;
+mod source_metrics;
 mod tls;
 mod wan;
 

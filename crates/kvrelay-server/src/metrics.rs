@@ -5,6 +5,7 @@
 //! as relay-wide aggregates for the same reason; per-pool detail lives in
 //! `/v1/pools/{pool}/stats`.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -14,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::admission::StreamKind;
+use crate::source_metrics::SourceMetrics;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StreamLabel {
@@ -68,8 +70,10 @@ pub(crate) struct RelayMetrics {
     pub(crate) heartbeats: Family<StreamLabel, Counter>,
     /// Pools in the catalog.
     pub(crate) pools: Gauge,
-    /// Event sources by state (connected, disconnected).
+    /// Event sources by their real state (connecting, connected, replaying, failed).
     pub(crate) sources: Family<StateLabel, Gauge>,
+    /// The ingest sources' states and counters, refreshed on every exposition.
+    pub(crate) ingest: Arc<SourceMetrics>,
     /// Engine events by disposition (applied, rejected, ...).
     pub(crate) events: Family<DispositionLabel, Counter>,
     /// Blocks the filters could not place (capacity omissions), summed over pools.
@@ -131,6 +135,7 @@ impl RelayMetrics {
         registry.register("pools", "Pools in the catalog", pools.clone());
         let sources = Family::<StateLabel, Gauge>::default();
         registry.register("sources", "Event sources by state", sources.clone());
+        let ingest = Arc::new(SourceMetrics::new(&mut registry, sources.clone()));
         let events = Family::<DispositionLabel, Counter>::default();
         registry.register("events", "Engine events by disposition", events.clone());
         let filter_omissions = Gauge::default();
@@ -168,6 +173,7 @@ impl RelayMetrics {
             heartbeats,
             pools,
             sources,
+            ingest,
             events,
             filter_omissions,
             filter_load_max,
@@ -177,6 +183,7 @@ impl RelayMetrics {
 
     /// The OpenMetrics text exposition of every metric.
     pub(crate) fn encode(&self) -> String {
+        self.ingest.refresh();
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);

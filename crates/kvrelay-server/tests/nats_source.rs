@@ -75,9 +75,7 @@ async fn dynamo_events_on_nats_reach_a_wan_replica() {
     let server = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = single_worker(dir.path(), "dc-nats", "dynamo");
-    config.nats = Some(NatsConfig {
-        server: server.url.clone(),
-    });
+    config.nats = Some(NatsConfig::plain(server.url.clone()));
     let relay = Relay::start(config).await.unwrap();
     tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
         .await

@@ -174,7 +174,7 @@ impl Relay {
             workload_sources: trace.is_some(),
             configured_sources,
             source_updates,
-            nats_server: config.nats.as_ref().map(|nats| nats.server.clone()),
+            nats_server: config.nats.clone(),
             views: views_rx,
             cancel: host_cancel.clone(),
         };

@@ -69,19 +69,25 @@ pub(crate) fn spawn_zmq(
 /// backoff) until `cancel` fires.
 pub(crate) fn spawn_nats(
     tracker: &TaskTracker,
-    server: &str,
+    nats: &crate::config::NatsConfig,
     endpoint: &EndpointId,
     state: Arc<HostState>,
     cancel: CancellationToken,
 ) {
     let config = NatsSourceConfig {
-        server: server.to_owned(),
+        server: nats.server.clone(),
         subject: dynamo_kv_event_subject(
             endpoint.namespace(),
             endpoint.component(),
             endpoint.name(),
         ),
-        limits: kvrelay_ingest::Limits::default(),
+        limits: kvrelay_ingest::Limits {
+            max_payload_bytes: nats.max_payload_bytes,
+            ..kvrelay_ingest::Limits::nats()
+        },
+        // Validated when the configuration was loaded.
+        auth: nats.auth().unwrap_or_default(),
+        tls: nats.tls(),
     };
     let span = info_span!("nats_source", endpoint = %endpoint.dotted());
     tracker.spawn(
@@ -115,6 +121,7 @@ pub(crate) fn spawn_nats(
 /// Forwards a source's events to the current route of their source until the source stops
 /// or `cancel` fires, then shuts the source down.
 async fn forward(mut source: SourceHandle, state: &HostState, cancel: &CancellationToken) {
+    let _registration = state.metrics.ingest.register(source.probe());
     loop {
         let output = tokio::select! {
             biased;

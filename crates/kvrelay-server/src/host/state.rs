@@ -128,7 +128,6 @@ impl HostState {
     }
 
     pub(crate) fn publish_routes(&self, routes: Routes, pools: BTreeMap<String, PoolStatus>) {
-        let sources = routes.routes.len();
         self.routes.send_replace(Arc::new(routes));
         let mut current = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
         let mut next = pools;
@@ -141,10 +140,7 @@ impl HostState {
         }
         *current = next;
         drop(current);
-        self.metrics
-            .sources
-            .get_or_create(&crate::metrics::StateLabel { state: "connected" })
-            .set(i64::try_from(sources).unwrap_or(i64::MAX));
+        // `kvrelay_sources{state}` comes from the sources' real states (source_metrics).
     }
 
     pub(crate) fn record_pool_stats(&self, stats: Vec<(String, PoolActorStats)>) {

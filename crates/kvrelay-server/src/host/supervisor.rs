@@ -61,7 +61,7 @@ pub(crate) struct Supervisor {
     /// Updates of `configured_sources` (closed at once when nothing discovers sources).
     pub(crate) source_updates: watch::Receiver<BTreeMap<EndpointId, Vec<SourceConfig>>>,
     /// The NATS server carrying every endpoint's Dynamo KV events, if any.
-    pub(crate) nats_server: Option<String>,
+    pub(crate) nats_server: Option<crate::config::NatsConfig>,
     pub(crate) views: watch::Receiver<Option<MembershipView>>,
     pub(crate) cancel: CancellationToken,
 }

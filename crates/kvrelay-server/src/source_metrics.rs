@@ -1,0 +1,284 @@
+//! Ingest source metrics from the sources' own probes: `kvrelay_sources{state}` counts the
+//! live sources by their real transport state, and the ingest counters
+//! (`kvrelay_ingest_rejected_total{transport, reason}`, `kvrelay_ingest_replays_total{outcome}`,
+//! `kvrelay_ingest_resets_total{cause}`, restarts, disconnects, unverified tails) sum every
+//! source that ever ran: a stopped source's final counts are kept, so counters never go
+//! back. Label values are closed sets from the ingest crate, never remote input.
+//!
+//! A source is registered for as long as its [`SourceRegistration`] lives; the exposition
+//! calls [`SourceMetrics::refresh`] first, which adds what changed since the last scrape.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kvrelay_ingest::{
+    RejectionKind, ReplayOutcome, ResetReason, SourceProbe, SourceState, SourceStats, Transport,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{OutcomeLabel, StateLabel};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TransportReasonLabels {
+    pub(crate) transport: &'static str,
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CauseLabel {
+    pub(crate) cause: &'static str,
+}
+
+/// Counter totals over a set of sources.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Totals {
+    rejected: BTreeMap<(Transport, RejectionKind), u64>,
+    replays: BTreeMap<ReplayOutcome, u64>,
+    resets: BTreeMap<&'static str, u64>,
+    restarts: u64,
+    disconnects: u64,
+    unverified_tails: u64,
+}
+
+impl Totals {
+    fn add(&mut self, transport: Transport, stats: &SourceStats) {
+        for (kind, n) in &stats.rejected {
+            *self.rejected.entry((transport, *kind)).or_default() += n;
+        }
+        for (outcome, n) in &stats.replays {
+            *self.replays.entry(*outcome).or_default() += n;
+        }
+        for (cause, n) in &stats.resets {
+            *self.resets.entry(cause).or_default() += n;
+        }
+        self.restarts += stats.n_restarts;
+        self.disconnects += stats.n_disconnects;
+        self.unverified_tails += stats.n_unverified_tails;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next_id: u64,
+    live: BTreeMap<u64, SourceProbe>,
+    /// Final counts of sources that stopped.
+    retired: Totals,
+    /// What the families already carry.
+    exported: Totals,
+}
+
+/// The ingest families and the live sources they are computed from.
+#[derive(Debug)]
+pub(crate) struct SourceMetrics {
+    inner: Mutex<Inner>,
+    sources: Family<StateLabel, Gauge>,
+    rejected: Family<TransportReasonLabels, Counter>,
+    replays: Family<OutcomeLabel, Counter>,
+    resets: Family<CauseLabel, Counter>,
+    restarts: Counter,
+    disconnects: Counter,
+    unverified_tails: Counter,
+}
+
+/// Keeps a source in [`SourceMetrics`]; dropping it retires the source (its final counts
+/// stay in the totals).
+#[derive(Debug)]
+pub(crate) struct SourceRegistration {
+    id: u64,
+    metrics: Arc<SourceMetrics>,
+}
+
+impl Drop for SourceRegistration {
+    fn drop(&mut self) {
+        let mut inner = self.metrics.lock();
+        if let Some(probe) = inner.live.remove(&self.id) {
+            inner.retired.add(probe.transport(), &probe.stats());
+        }
+    }
+}
+
+fn delta(counter: &Counter, now: u64, before: u64) {
+    if now > before {
+        counter.inc_by(now - before);
+    }
+}
+
+impl SourceMetrics {
+    /// Registers the families in `registry`, with `sources` as the state gauge.
+    pub(crate) fn new(registry: &mut Registry, sources: Family<StateLabel, Gauge>) -> Self {
+        let metrics = Self {
+            inner: Mutex::default(),
+            sources,
+            rejected: Family::default(),
+            replays: Family::default(),
+            resets: Family::default(),
+            restarts: Counter::default(),
+            disconnects: Counter::default(),
+            unverified_tails: Counter::default(),
+        };
+        registry.register(
+            "ingest_rejected",
+            "Ingest input rejected, by transport and reason",
+            metrics.rejected.clone(),
+        );
+        registry.register(
+            "ingest_replays",
+            "Ingest replays by outcome",
+            metrics.replays.clone(),
+        );
+        registry.register(
+            "ingest_resets",
+            "Ingest source resets (state cleared) by cause",
+            metrics.resets.clone(),
+        );
+        registry.register(
+            "ingest_restarts",
+            "Ingest source readers restarted after a failure or panic",
+            metrics.restarts.clone(),
+        );
+        registry.register(
+            "ingest_disconnects",
+            "Ingest transport connections lost",
+            metrics.disconnects.clone(),
+        );
+        registry.register(
+            "ingest_unverified_tails",
+            "Publisher disconnects after batches with no replay endpoint to check for a lost tail",
+            metrics.unverified_tails.clone(),
+        );
+        // Every label of the closed sets is exported from the start, at zero.
+        for state in SourceState::ALL {
+            metrics.sources.get_or_create(&StateLabel {
+                state: state.as_str(),
+            });
+        }
+        for outcome in ReplayOutcome::ALL {
+            metrics.replays.get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            });
+        }
+        for cause in ResetReason::CAUSES {
+            metrics.resets.get_or_create(&CauseLabel { cause });
+        }
+        metrics
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Watches `probe` until the returned registration is dropped.
+    pub(crate) fn register(self: &Arc<Self>, probe: SourceProbe) -> SourceRegistration {
+        let mut inner = self.lock();
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.live.insert(id, probe);
+        SourceRegistration {
+            id,
+            metrics: self.clone(),
+        }
+    }
+
+    /// Live sources per state (every state present).
+    pub(crate) fn state_counts(&self) -> BTreeMap<SourceState, usize> {
+        let inner = self.lock();
+        let mut counts: BTreeMap<SourceState, usize> =
+            SourceState::ALL.iter().map(|state| (*state, 0)).collect();
+        for probe in inner.live.values() {
+            *counts.entry(probe.state()).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Brings the families up to date with the sources' counters and states.
+    pub(crate) fn refresh(&self) {
+        for (state, n) in self.state_counts() {
+            self.sources
+                .get_or_create(&StateLabel {
+                    state: state.as_str(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        let mut inner = self.lock();
+        let mut totals = inner.retired.clone();
+        for probe in inner.live.values() {
+            totals.add(probe.transport(), &probe.stats());
+        }
+        let before = &inner.exported;
+        for ((transport, kind), n) in &totals.rejected {
+            let labels = TransportReasonLabels {
+                transport: transport.as_str(),
+                reason: kind.as_str(),
+            };
+            let was = before.rejected.get(&(*transport, *kind)).copied();
+            delta(&self.rejected.get_or_create(&labels), *n, was.unwrap_or(0));
+        }
+        for (outcome, n) in &totals.replays {
+            let labels = OutcomeLabel {
+                outcome: outcome.as_str(),
+            };
+            let was = before.replays.get(outcome).copied().unwrap_or(0);
+            delta(&self.replays.get_or_create(&labels), *n, was);
+        }
+        for (cause, n) in &totals.resets {
+            let was = before.resets.get(cause).copied().unwrap_or(0);
+            delta(&self.resets.get_or_create(&CauseLabel { cause }), *n, was);
+        }
+        delta(&self.restarts, totals.restarts, before.restarts);
+        delta(&self.disconnects, totals.disconnects, before.disconnects);
+        delta(
+            &self.unverified_tails,
+            totals.unverified_tails,
+            before.unverified_tails,
+        );
+        inner.exported = totals;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test")]
+    use kvrelay_identity::KvQueryHashFormat;
+    use kvrelay_ingest::{
+        CanonicalConfig, EngineKind, FaultInjection, Limits, ZmqSourceConfig, spawn_zmq_source,
+    };
+
+    use crate::metrics::RelayMetrics;
+
+    #[tokio::test]
+    async fn sources_are_counted_by_real_state_and_retired_on_drop() {
+        let metrics = RelayMetrics::new();
+        // Nothing listens on the discard port: the source stays connecting.
+        let source = spawn_zmq_source(ZmqSourceConfig {
+            worker_id: 1,
+            dp_rank: 0,
+            declared_ranks: 0..1,
+            engine: EngineKind::Vllm,
+            endpoint: "tcp://127.0.0.1:9".to_owned(),
+            replay_endpoint: None,
+            topic: String::new(),
+            canonical: CanonicalConfig {
+                block_size: 4,
+                hash_format: KvQueryHashFormat::DynamoStandardV1,
+            },
+            limits: Limits::default(),
+            fault: FaultInjection::default(),
+        });
+        let registration = metrics.ingest.register(source.probe());
+        let text = metrics.encode();
+        assert!(text.contains("kvrelay_sources{state=\"connecting\"} 1"), "{text}");
+        assert!(text.contains("kvrelay_sources{state=\"connected\"} 0"), "{text}");
+        assert!(
+            text.contains("kvrelay_ingest_replays_total{outcome=\"recovered\"} 0"),
+            "{text}"
+        );
+        drop(registration);
+        let text = metrics.encode();
+        assert!(text.contains("kvrelay_sources{state=\"connecting\"} 0"), "{text}");
+        assert!(source.shutdown().await);
+    }
+}
