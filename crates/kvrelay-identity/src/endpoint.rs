@@ -309,7 +309,14 @@ mod tests {
 
     #[test]
     fn control_characters_and_separators_are_rejected_in_every_part() {
-        for bad in ["inj\n2026 ERROR forged", "nul\0", "esc\u{1b}[31m", "a.b", "a/b", "del\u{7f}"] {
+        for bad in [
+            "inj\n2026 ERROR forged",
+            "nul\0",
+            "esc\u{1b}[31m",
+            "a.b",
+            "a/b",
+            "del\u{7f}",
+        ] {
             for (at, part) in [
                 EndpointPart::Namespace,
                 EndpointPart::Component,

@@ -318,7 +318,10 @@ mod tests {
     #[test]
     fn control_characters_are_rejected() {
         let err = CanonicalModelId::new("inj\nERROR forged \u{1b}[31m").unwrap_err();
-        assert!(matches!(err, ModelNameError::ControlCharacter { .. }), "{err}");
+        assert!(
+            matches!(err, ModelNameError::ControlCharacter { .. }),
+            "{err}"
+        );
         assert!(!err.to_string().contains('\n'), "{err}");
         assert!(ModelAlias::new("a\0b").is_err());
     }

@@ -394,7 +394,8 @@ mod tests {
         }});
         let card = serde_json::from_value::<ModelDeploymentCard>(json).unwrap();
         assert_eq!(card.runtime_config.data_parallel_size, 4096);
-        let null_blocks = serde_json::json!({"display_name": "m", "runtime_config": {"total_kv_blocks": null}});
+        let null_blocks =
+            serde_json::json!({"display_name": "m", "runtime_config": {"total_kv_blocks": null}});
         let card = serde_json::from_value::<ModelDeploymentCard>(null_blocks).unwrap();
         assert_eq!(card.runtime_config.total_kv_blocks, None);
     }

@@ -290,7 +290,9 @@ impl CardDirScanner {
             known.insert(path, (stamp, result));
         }
         self.known = known;
-        scan.listing.skipped.sort_by(|left, right| left.0.cmp(&right.0));
+        scan.listing
+            .skipped
+            .sort_by(|left, right| left.0.cmp(&right.0));
         Ok(scan)
     }
 }
@@ -346,6 +348,9 @@ pub struct FileDiscovery {
     poll_interval: Duration,
     limits: MembershipLimits,
     skips: Arc<Mutex<CardFileSkips>>,
+    /// Shared by the watch's rescans and every `list` (the periodic reconcile), so a file
+    /// is read, logged and counted once per change whoever scans.
+    scanner: Arc<Mutex<CardDirScanner>>,
 }
 
 impl FileDiscovery {
@@ -356,6 +361,7 @@ impl FileDiscovery {
             poll_interval,
             limits: MembershipLimits::default(),
             skips: Arc::default(),
+            scanner: Arc::default(),
         }
     }
 
@@ -374,16 +380,16 @@ impl FileDiscovery {
         *self.skips.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Scans with `scanner` (its memory moves into the blocking task and back).
-    async fn scan(
-        &self,
-        scanner: CardDirScanner,
-    ) -> Result<(CardDirListing, CardDirScanner), DiscoveryError> {
+    /// Scans the directory on a blocking thread with the shared scanner.
+    async fn scan(&self) -> Result<CardDirListing, DiscoveryError> {
         let dir = self.dir.clone();
         let limits = self.limits;
-        let (scan, scanner) = tokio::task::spawn_blocking(move || {
-            let mut scanner = scanner;
-            scanner.scan(&dir, &limits).map(|scan| (scan, scanner))
+        let scanner = self.scanner.clone();
+        let scan = tokio::task::spawn_blocking(move || {
+            scanner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .scan(&dir, &limits)
         })
         .await
         .map_err(|error| DiscoveryError::Io {
@@ -396,7 +402,7 @@ impl FileDiscovery {
             // `?` on the path escapes control characters a file name may carry.
             tracing::warn!(path = ?path, reason = %error, "card file skipped");
         }
-        Ok((scan.listing, scanner))
+        Ok(scan.listing)
     }
 }
 
@@ -406,17 +412,12 @@ struct ScanState {
     query: DiscoveryQuery,
     listing: CardDirListing,
     current: BTreeMap<ModelCardInstanceId, serde_json::Value>,
-    scanner: CardDirScanner,
 }
 
 impl ScanState {
     /// Rescans; a file that no longer parses keeps its previous card.
     async fn rescan(&mut self) -> Result<Vec<DiscoveryEvent>, DiscoveryError> {
-        let (mut next, scanner) = self
-            .discovery
-            .scan(std::mem::take(&mut self.scanner))
-            .await?;
-        self.scanner = scanner;
+        let mut next = self.discovery.scan().await?;
         for (path, _) in &next.skipped {
             if let Some(previous) = self.listing.cards.get(path) {
                 next.cards.insert(path.clone(), previous.clone());
@@ -461,7 +462,7 @@ impl Discovery for FileDiscovery {
         query: &'a DiscoveryQuery,
     ) -> DiscoveryFuture<'a, Vec<ModelCardInstance>> {
         Box::pin(async move {
-            let (listing, _) = self.scan(CardDirScanner::default()).await?;
+            let listing = self.scan().await?;
             Ok(listing
                 .instances()
                 .into_iter()
@@ -475,7 +476,7 @@ impl Discovery for FileDiscovery {
         query: &'a DiscoveryQuery,
     ) -> DiscoveryFuture<'a, (Vec<ModelCardInstance>, DiscoveryWatch)> {
         Box::pin(async move {
-            let (listing, scanner) = self.scan(CardDirScanner::default()).await?;
+            let listing = self.scan().await?;
             let current = current_cards(&listing, query);
             let instances = current
                 .iter()
@@ -492,7 +493,6 @@ impl Discovery for FileDiscovery {
                 query: query.clone(),
                 listing,
                 current,
-                scanner,
             };
             let batches = futures::stream::unfold(Some((state, interval)), |step| async move {
                 let (mut state, mut interval) = step?;

@@ -44,8 +44,8 @@ pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
 pub use etcd::{DEFAULT_ETCD_TIMEOUT, ETCD_CARD_PREFIX, EtcdDiscovery, card_key};
 #[cfg(feature = "watch")]
 pub use file::{
-    CardDirListing, CardFileError, CardFileSkips, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery, card_file_name,
-    read_card_dir, read_card_file, write_card_file,
+    CardDirListing, CardFileError, CardFileSkips, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery,
+    card_file_name, read_card_dir, read_card_file, write_card_file,
 };
 pub use instance::{
     DiscoveryEvent, DiscoveryQuery, InstancePathError, InstanceRecordError, ModelCardInstance,

@@ -502,9 +502,18 @@ impl RelayConfig {
             validate_auth(auth, "admin.auth", "admin.auth.token")?;
         }
         let admin_bounds = [
-            ("admin.header_read_timeout_ms", self.admin.header_read_timeout_ms),
-            ("admin.connection_timeout_ms", self.admin.connection_timeout_ms),
-            ("admin.max_connections", u64::from(self.admin.max_connections)),
+            (
+                "admin.header_read_timeout_ms",
+                self.admin.header_read_timeout_ms,
+            ),
+            (
+                "admin.connection_timeout_ms",
+                self.admin.connection_timeout_ms,
+            ),
+            (
+                "admin.max_connections",
+                u64::from(self.admin.max_connections),
+            ),
         ];
         for (name, value) in admin_bounds {
             if value == 0 || value > MAX_ADMIN_BOUND {

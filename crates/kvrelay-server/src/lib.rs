@@ -34,8 +34,8 @@ pub use config::{
     AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_DC_ID, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig,
-    EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig,
-    TlsConfig, WanConfig, WorkloadConfig,
+    EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, TlsConfig,
+    WanConfig, WorkloadConfig,
 };
 pub use host::workload::{TraceError, WORKLOAD_TOKEN_SEED};
 pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress};

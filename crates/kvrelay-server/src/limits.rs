@@ -49,6 +49,9 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
 /// is a few KB (the longest token and subscriber id fit well inside); it is read before
 /// authentication, so it gets its own small bound instead of `max_frame_len`.
 pub const DEFAULT_MAX_REQUEST_LEN: u32 = 64 * 1024;
+/// Default pools the relay holds at once; a card set that would attach more is refused
+/// (logged and counted per refused endpoint).
+pub const DEFAULT_MAX_POOLS: u32 = 1024;
 /// Default concurrent TCP connections from one peer IP address.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 128;
 
@@ -94,6 +97,8 @@ pub struct Limits {
     pub max_request_len: u32,
     /// Concurrent TCP connections from one peer IP address.
     pub max_connections_per_peer: u32,
+    /// Pools held at once.
+    pub max_pools: u32,
 }
 
 impl Default for Limits {
@@ -118,6 +123,7 @@ impl Default for Limits {
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
             max_request_len: DEFAULT_MAX_REQUEST_LEN,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_pools: DEFAULT_MAX_POOLS,
         }
     }
 }
@@ -160,6 +166,7 @@ impl Limits {
                 "max_connections_per_peer",
                 u64::from(self.max_connections_per_peer),
             ),
+            ("max_pools", u64::from(self.max_pools)),
         ];
         for (name, value) in counts {
             if value == 0 {
@@ -197,8 +204,7 @@ impl Limits {
                 reason: "must hold a maximal snapshot chunk (at least 4259904 bytes)",
             });
         }
-        if self.max_request_len < MIN_MAX_REQUEST_LEN || self.max_request_len > self.max_frame_len
-        {
+        if self.max_request_len < MIN_MAX_REQUEST_LEN || self.max_request_len > self.max_frame_len {
             return Err(ConfigError::InvalidLimit {
                 name: "max_request_len",
                 value: u64::from(self.max_request_len),

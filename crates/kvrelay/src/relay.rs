@@ -103,7 +103,8 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
                 .to_owned(),
         ));
     }
-    let config = resolve(args.clone_for_config(secret_env(TOKEN_ENV), secret_env(ADMIN_TOKEN_ENV)))?;
+    let config =
+        resolve(args.clone_for_config(secret_env(TOKEN_ENV), secret_env(ADMIN_TOKEN_ENV)))?;
     init_logging(&args.log, args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -125,7 +126,9 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
 
 /// A secret from the environment; an empty value counts as unset.
 fn secret_env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|value| !value.trim().is_empty())
+    std::env::var(name)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
 }
 
 impl RelayFlags {

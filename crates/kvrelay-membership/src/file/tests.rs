@@ -187,7 +187,10 @@ fn unchanged_files_are_not_read_again() {
     assert_eq!(scanner.n_reads, 4);
     let second = scanner.scan(dir.path(), &limits).unwrap();
     assert_eq!(second.listing, first.listing);
-    assert!(second.new_skips.is_empty(), "a skip is reported once per change");
+    assert!(
+        second.new_skips.is_empty(),
+        "a skip is reported once per change"
+    );
     assert_eq!(scanner.n_reads, 4, "unchanged files are only stat'ed");
     write_card_file(dir.path(), &card("generate", 2, "mistral")).unwrap();
     let third = scanner.scan(dir.path(), &limits).unwrap();
@@ -269,7 +272,12 @@ async fn a_watch_counts_each_skipped_file_once_per_change() {
     assert_eq!(next_event(&mut watch).await, DiscoveryEvent::Added(second));
     assert_eq!(discovery.skips().malformed, 2);
     assert_eq!(
-        discovery.skips().by_reason().iter().map(|(_, n)| n).sum::<u64>(),
+        discovery
+            .skips()
+            .by_reason()
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>(),
         2
     );
 }

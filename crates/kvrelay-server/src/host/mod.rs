@@ -566,6 +566,7 @@ fn pool_limits(limits: &crate::limits::Limits) -> kvrelay_pool::Limits {
             .unwrap_or(usize::MAX),
         heartbeat_interval: limits.heartbeat_interval(),
         snapshot_progress_timeout: limits.snapshot_progress_timeout(),
+        max_pools: limits.max_pools as usize,
         ..kvrelay_pool::Limits::default()
     }
 }

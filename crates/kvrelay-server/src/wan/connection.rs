@@ -13,8 +13,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use kvrelay_codec::v1::{
-    CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, StreamRpc,
-    TopologyUpdate, encode_message,
+    CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, StreamRpc, TopologyUpdate,
+    encode_message,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
@@ -26,8 +26,8 @@ use tracing::{debug, warn};
 use crate::admission::{Admission, AdmissionError, StreamKind};
 use crate::limits::Limits;
 use crate::metrics::{OutcomeLabel, ReasonLabel, RejectionLabels, RelayMetrics};
-use crate::tls::WanTls;
 use crate::throttle::LogThrottle;
+use crate::tls::WanTls;
 use crate::wan::auth::BearerToken;
 use crate::wan::request::read_stream_request;
 use crate::wan::source::{PublicationViews, StreamFailure};
