@@ -57,12 +57,25 @@ pub enum EndpointIdError {
         /// Its value.
         value: String,
     },
+    /// A part holds a character no part may hold: a control character (NUL, newline,
+    /// escape, ...), or `.` or `/`, the separators of the reference's key layout
+    /// (`ns/component/endpoint/..` keys, `namespace.<ns>.component.<c>..` subjects).
+    #[error("endpoint {part} {value:?} must not contain {character:?}")]
+    InvalidCharacter {
+        /// The offending part.
+        part: EndpointPart,
+        /// Its value (`Debug`-quoted in the message, so control characters are escaped).
+        value: String,
+        /// The first offending character.
+        character: char,
+    },
 }
 
 /// A serving endpoint: `{namespace, component, name}`.
 ///
-/// Invariant: every part is non-empty and has no leading or trailing whitespace (the rule
-/// the WAN validator applies to every text field). `Display` is `ns/component/name`;
+/// Invariant: every part is non-empty, has no leading or trailing whitespace (the rule
+/// the WAN validator applies to every text field), and holds no control character, `.`
+/// or `/` (so every part is one segment of a key or subject, and safe to log). `Display` is `ns/component/name`;
 /// [`EndpointId::dotted`] gives `ns.component.name`. Parsing (`FromStr`) strips an optional
 /// `dyn://`, trims spaces, slashes and dots, splits on `.` or `/` and drops empty parts:
 /// one part is the component, two are namespace and component, a third and further parts
@@ -187,6 +200,16 @@ fn check_part(part: EndpointPart, value: &str) -> Result<(), EndpointIdError> {
             value: value.to_owned(),
         });
     }
+    if let Some(character) = value
+        .chars()
+        .find(|character| character.is_control() || matches!(character, '.' | '/'))
+    {
+        return Err(EndpointIdError::InvalidCharacter {
+            part,
+            value: value.to_owned(),
+            character,
+        });
+    }
     Ok(())
 }
 
@@ -282,5 +305,36 @@ mod tests {
         assert_eq!(serde_json::from_str::<EndpointId>(&json).unwrap(), endpoint);
         let bad = r#"{"namespace":"","component":"router","name":"generate"}"#;
         assert!(serde_json::from_str::<EndpointId>(bad).is_err());
+    }
+
+    #[test]
+    fn control_characters_and_separators_are_rejected_in_every_part() {
+        for bad in [
+            "inj\n2026 ERROR forged",
+            "nul\0",
+            "esc\u{1b}[31m",
+            "a.b",
+            "a/b",
+            "del\u{7f}",
+        ] {
+            for (at, part) in [
+                EndpointPart::Namespace,
+                EndpointPart::Component,
+                EndpointPart::Name,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mut parts = ["ns", "component", "name"];
+                parts[at] = bad;
+                let err = EndpointId::new(parts[0], parts[1], parts[2]).unwrap_err();
+                assert!(
+                    matches!(err, EndpointIdError::InvalidCharacter { part: got, .. } if got == part),
+                    "{bad:?}: {err}"
+                );
+                assert!(!err.to_string().contains('\n'), "{err}");
+            }
+        }
+        assert!(EndpointId::new("prod-1", "back_end", "generate:v2 é").is_ok());
     }
 }

@@ -1,8 +1,10 @@
 //! Model names: [`CanonicalModelId`], [`ModelAlias`], [`ModelTarget`] and
 //! [`CanonicalModelRegistration`].
 //!
-//! Names are validated only for being non-empty without leading or trailing whitespace;
-//! any characters and any length are accepted, as in the reference.
+//! Names are validated for being non-empty without leading or trailing whitespace and
+//! without control characters (a name reaches logs and other DCs' catalogs, where a newline
+//! or an escape sequence would forge lines); any other characters and any length are
+//! accepted, as in the reference.
 
 use std::fmt;
 
@@ -45,13 +47,22 @@ pub enum ModelNameError {
         /// The offending name.
         value: String,
     },
+    /// The name holds a control character (NUL, newline, escape, ...).
+    #[error("{kind} {value:?} must not contain control characters")]
+    ControlCharacter {
+        /// Which kind of name.
+        kind: ModelNameKind,
+        /// The offending name (`Debug`-quoted in the message).
+        value: String,
+    },
 }
 
 macro_rules! model_name {
     ($(#[$doc:meta])* $name:ident, $kind:expr) => {
         $(#[$doc])*
         ///
-        /// Invariant: non-empty, no leading or trailing whitespace. Serialises as a plain
+        /// Invariant: non-empty, no leading or trailing whitespace, no control characters.
+        /// Serialises as a plain
         /// string; deserialising re-validates.
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -250,6 +261,12 @@ fn check_name(kind: ModelNameKind, value: &str) -> Result<(), ModelNameError> {
             value: value.to_owned(),
         });
     }
+    if value.chars().any(char::is_control) {
+        return Err(ModelNameError::ControlCharacter {
+            kind,
+            value: value.to_owned(),
+        });
+    }
     Ok(())
 }
 
@@ -296,6 +313,17 @@ mod tests {
             "canonical model id \"llama \" must not contain leading or trailing whitespace"
         );
         assert!(ModelAlias::new("\tb").is_err());
+    }
+
+    #[test]
+    fn control_characters_are_rejected() {
+        let err = CanonicalModelId::new("inj\nERROR forged \u{1b}[31m").unwrap_err();
+        assert!(
+            matches!(err, ModelNameError::ControlCharacter { .. }),
+            "{err}"
+        );
+        assert!(!err.to_string().contains('\n'), "{err}");
+        assert!(ModelAlias::new("a\0b").is_err());
     }
 
     #[test]

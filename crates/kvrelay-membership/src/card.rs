@@ -2,11 +2,18 @@
 //!
 //! This is a format type (STYLE rule 9): it mirrors the JSON the reference runtime publishes
 //! in discovery, field names included, and ignores every field it does not use.
+//!
+//! Numeric fields that size memory are bounded here, at the card boundary: a card whose
+//! `data_parallel_size`, `data_parallel_start_rank` or `total_kv_blocks` is out of range
+//! does not decode (the projection reports it as malformed and skips it), so no later layer
+//! ever allocates per rank or per block for it.
 
 use std::collections::BTreeSet;
 
 use kvrelay_identity::{EndpointId, IndexerIdentitySpec};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::limits::{MAX_CARD_DATA_PARALLEL_SIZE, MAX_CARD_START_RANK, MAX_CARD_TOTAL_KV_BLOCKS};
 
 /// One worker's model deployment card, as published in discovery (`card_json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,8 +189,13 @@ pub struct LoraInfo {
 /// The engine runtime facts of a card.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuntimeConfig {
-    /// KV capacity of one data-parallel rank, in blocks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// KV capacity of one data-parallel rank, in blocks (at most
+    /// [`MAX_CARD_TOTAL_KV_BLOCKS`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "bounded_total_kv_blocks"
+    )]
     pub total_kv_blocks: Option<u64>,
     /// Maximum concurrent sequences.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,11 +203,14 @@ pub struct RuntimeConfig {
     /// Maximum tokens per scheduler batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_num_batched_tokens: Option<u64>,
-    /// First data-parallel rank this worker hosts.
-    #[serde(default)]
+    /// First data-parallel rank this worker hosts (at most [`MAX_CARD_START_RANK`]).
+    #[serde(default, deserialize_with = "bounded_start_rank")]
     pub data_parallel_start_rank: u32,
-    /// Number of data-parallel ranks this worker hosts.
-    #[serde(default = "default_data_parallel_size")]
+    /// Number of data-parallel ranks this worker hosts (1..=[`MAX_CARD_DATA_PARALLEL_SIZE`]).
+    #[serde(
+        default = "default_data_parallel_size",
+        deserialize_with = "bounded_data_parallel_size"
+    )]
     pub data_parallel_size: u32,
     /// Whether the worker runs a local indexer (the recovery target of its KV events).
     #[serde(default = "default_true")]
@@ -237,6 +252,40 @@ fn default_data_parallel_size() -> u32 {
 
 fn default_true() -> bool {
     true
+}
+
+fn bounded_data_parallel_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    let size = u32::deserialize(deserializer)?;
+    if size == 0 || size > MAX_CARD_DATA_PARALLEL_SIZE {
+        return Err(serde::de::Error::custom(format!(
+            "data_parallel_size {size} outside 1..={MAX_CARD_DATA_PARALLEL_SIZE}"
+        )));
+    }
+    Ok(size)
+}
+
+fn bounded_start_rank<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    let rank = u32::deserialize(deserializer)?;
+    if rank > MAX_CARD_START_RANK {
+        return Err(serde::de::Error::custom(format!(
+            "data_parallel_start_rank {rank} exceeds {MAX_CARD_START_RANK}"
+        )));
+    }
+    Ok(rank)
+}
+
+fn bounded_total_kv_blocks<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u64>, D::Error> {
+    let blocks = Option::<u64>::deserialize(deserializer)?;
+    if let Some(blocks) = blocks
+        && blocks > MAX_CARD_TOTAL_KV_BLOCKS
+    {
+        return Err(serde::de::Error::custom(format!(
+            "total_kv_blocks {blocks} exceeds {MAX_CARD_TOTAL_KV_BLOCKS}"
+        )));
+    }
+    Ok(blocks)
 }
 
 #[cfg(test)]
@@ -308,5 +357,46 @@ mod tests {
         chat.model_type = ModelType::parse("Chat");
         chat.normalize_legacy_prefill();
         assert_eq!(chat.worker_type, None);
+    }
+
+    #[test]
+    fn out_of_range_rank_and_block_counts_do_not_decode() {
+        let check = |runtime: serde_json::Value, needle: &str| {
+            let json = serde_json::json!({"display_name": "m", "runtime_config": runtime});
+            let err = serde_json::from_value::<ModelDeploymentCard>(json).unwrap_err();
+            assert!(err.to_string().contains(needle), "{err}");
+        };
+        check(
+            serde_json::json!({"data_parallel_size": 4_294_967_295u64}),
+            "data_parallel_size 4294967295 outside 1..=4096",
+        );
+        check(
+            serde_json::json!({"data_parallel_size": 0}),
+            "data_parallel_size 0",
+        );
+        check(
+            serde_json::json!({"data_parallel_start_rank": 4_294_967_000u64}),
+            "data_parallel_start_rank",
+        );
+        check(
+            serde_json::json!({"total_kv_blocks": 1u64 << 40}),
+            "total_kv_blocks 1099511627776 exceeds",
+        );
+    }
+
+    #[test]
+    fn the_largest_allowed_values_decode() {
+        let json = serde_json::json!({"display_name": "m", "runtime_config": {
+            "data_parallel_size": MAX_CARD_DATA_PARALLEL_SIZE,
+            "data_parallel_start_rank": MAX_CARD_START_RANK,
+            "total_kv_blocks": MAX_CARD_TOTAL_KV_BLOCKS,
+            "max_num_seqs": null,
+        }});
+        let card = serde_json::from_value::<ModelDeploymentCard>(json).unwrap();
+        assert_eq!(card.runtime_config.data_parallel_size, 4096);
+        let null_blocks =
+            serde_json::json!({"display_name": "m", "runtime_config": {"total_kv_blocks": null}});
+        let card = serde_json::from_value::<ModelDeploymentCard>(null_blocks).unwrap();
+        assert_eq!(card.runtime_config.total_kv_blocks, None);
     }
 }

@@ -3,12 +3,16 @@
 //! Each regular file directly in the directory holds one discovery record, the JSON the
 //! reference runtime stores in etcd (`{"type":"Model","namespace",..,"card_json":{..}}`);
 //! the reference file store's `v1/mdc/` directory can be used as is. Hidden files and
-//! records of other types are skipped. Write files atomically ([`write_card_file`] does):
+//! records of other types are skipped quietly. Symlinks are followed (a mounted ConfigMap
+//! is a directory of symlinks); FIFOs, sockets and devices are skipped without being
+//! opened, and reads stop at the size limit even if a file grows. Unchanged files
+//! (same length, mtime, inode and ctime) are not read again. Write files atomically ([`write_card_file`] does):
 //! a file that stops parsing keeps its previous card until it parses again, so a torn
 //! write never withdraws a card.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
@@ -53,65 +57,262 @@ pub enum CardFileError {
     /// The file is larger than [`MembershipLimits::max_card_file_bytes`].
     #[error("file is {n_bytes} bytes, more than {max} allowed")]
     TooLarge {
-        /// Its size.
+        /// Its size (or how much was read before the limit stopped the read).
         n_bytes: u64,
         /// The limit.
         max: u64,
+    },
+    /// The path (or what a symlink points to) is not a regular file: a FIFO, a socket or
+    /// a device; it is never opened.
+    #[error("not a regular file")]
+    NotARegularFile,
+    /// The directory holds more than [`MembershipLimits::max_card_files`] candidate files;
+    /// this one (after the first `max` in name order) is not read.
+    #[error("more than {max} card files in the directory")]
+    TooManyFiles {
+        /// The limit.
+        max: usize,
     },
     /// The content is not a model record.
     #[error(transparent)]
     Record(#[from] InstanceRecordError),
 }
 
-/// Reads every card file in `dir` (blocking); files over `limits.max_card_file_bytes` are
-/// skipped.
+impl CardFileError {
+    /// A closed-set label for metrics (`kvrelay_discovery_skipped_total{reason}`).
+    pub fn reason_label(&self) -> &'static str {
+        match self {
+            Self::Read { .. } => "unreadable",
+            Self::TooLarge { .. } => "too_large",
+            Self::NotARegularFile => "not_regular_file",
+            Self::TooManyFiles { .. } => "too_many_files",
+            Self::Record(_) => "malformed",
+        }
+    }
+}
+
+/// How many card files were skipped, by reason, counting each file once per change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CardFileSkips {
+    /// Unreadable files.
+    pub unreadable: u64,
+    /// Files over the size limit.
+    pub too_large: u64,
+    /// FIFOs, sockets, devices.
+    pub not_regular_file: u64,
+    /// Files past the file-count limit.
+    pub too_many_files: u64,
+    /// Files that are not a valid model record.
+    pub malformed: u64,
+}
+
+impl CardFileSkips {
+    /// Every counter with its `reason_label`.
+    pub fn by_reason(&self) -> [(&'static str, u64); 5] {
+        [
+            ("unreadable", self.unreadable),
+            ("too_large", self.too_large),
+            ("not_regular_file", self.not_regular_file),
+            ("too_many_files", self.too_many_files),
+            ("malformed", self.malformed),
+        ]
+    }
+
+    fn count(&mut self, error: &CardFileError) {
+        let counter = match error {
+            CardFileError::Read { .. } => &mut self.unreadable,
+            CardFileError::TooLarge { .. } => &mut self.too_large,
+            CardFileError::NotARegularFile => &mut self.not_regular_file,
+            CardFileError::TooManyFiles { .. } => &mut self.too_many_files,
+            CardFileError::Record(_) => &mut self.malformed,
+        };
+        *counter += 1;
+    }
+}
+
+/// Reads every card file in `dir` (blocking); files over `limits.max_card_file_bytes`,
+/// files that are not regular and files past `limits.max_card_files` are skipped.
 pub fn read_card_dir(
     dir: &Path,
     limits: &MembershipLimits,
 ) -> Result<CardDirListing, DiscoveryError> {
-    let io_error = |path: &Path, error: std::io::Error| DiscoveryError::Io {
-        path: path.to_owned(),
-        reason: error.to_string(),
-    };
-    let mut listing = CardDirListing::default();
-    let entries = std::fs::read_dir(dir).map_err(|error| io_error(dir, error))?;
-    for entry in entries {
-        let entry = entry.map_err(|error| io_error(dir, error))?;
-        let path = entry.path();
-        let hidden = entry.file_name().to_string_lossy().starts_with('.');
-        let is_file = entry.file_type().is_ok_and(|kind| kind.is_file());
-        if hidden || !is_file {
-            continue;
-        }
-        match read_card_file(&path, limits) {
-            Ok(instance) => {
-                listing.cards.insert(path, instance);
-            }
-            Err(CardFileError::Record(InstanceRecordError::NotAModel { .. })) => {}
-            Err(error) => listing.skipped.push((path, error)),
-        }
-    }
-    listing.skipped.sort_by(|left, right| left.0.cmp(&right.0));
-    Ok(listing)
+    Ok(CardDirScanner::default().scan(dir, limits)?.listing)
 }
 
-/// Reads one card file (blocking).
+/// Reads one card file (blocking): follows a symlink, refuses anything but a regular file
+/// without opening it, and never reads more than `limits.max_card_file_bytes` + 1 bytes,
+/// even if the file grows while it is read.
 pub fn read_card_file(
     path: &Path,
     limits: &MembershipLimits,
 ) -> Result<ModelCardInstance, CardFileError> {
+    use std::io::Read;
+
     let read_error = |error: std::io::Error| CardFileError::Read {
         reason: error.to_string(),
     };
-    let n_bytes = std::fs::metadata(path).map_err(read_error)?.len();
-    if n_bytes > limits.max_card_file_bytes {
+    let max = limits.max_card_file_bytes;
+    let metadata = std::fs::metadata(path).map_err(read_error)?;
+    if !metadata.is_file() {
+        return Err(CardFileError::NotARegularFile);
+    }
+    if metadata.len() > max {
         return Err(CardFileError::TooLarge {
-            n_bytes,
-            max: limits.max_card_file_bytes,
+            n_bytes: metadata.len(),
+            max,
         });
     }
-    let bytes = std::fs::read(path).map_err(read_error)?;
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    // The path may have been swapped since the check above.
+    if !file.metadata().map_err(read_error)?.is_file() {
+        return Err(CardFileError::NotARegularFile);
+    }
+    let capacity = usize::try_from(metadata.len().min(max)).unwrap_or(0);
+    let mut bytes = Vec::with_capacity(capacity);
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    let n_bytes = bytes.len() as u64;
+    if n_bytes > max {
+        return Err(CardFileError::TooLarge { n_bytes, max });
+    }
     Ok(ModelCardInstance::from_record_json(&bytes)?)
+}
+
+/// What identifies one version of a file without reading it: an unchanged stamp means the
+/// previous result (card or skip) still holds, so unchanged files are never re-read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    /// Inode and change time: an atomic rename or a rewrite within one mtime tick still
+    /// changes the stamp.
+    #[cfg(unix)]
+    inode: (u64, u64, i64, i64),
+}
+
+impl FileStamp {
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            len: metadata.len(),
+            modified: metadata.modified().ok(),
+            #[cfg(unix)]
+            inode: (
+                metadata.dev(),
+                metadata.ino(),
+                metadata.ctime(),
+                metadata.ctime_nsec(),
+            ),
+        }
+    }
+}
+
+/// One file's last result.
+type FileResult = Result<ModelCardInstance, CardFileError>;
+
+/// A card directory reader that remembers each file's last result by [`FileStamp`].
+#[derive(Debug, Default)]
+struct CardDirScanner {
+    known: BTreeMap<PathBuf, (FileStamp, FileResult)>,
+    /// Files read (opened and parsed) so far.
+    n_reads: u64,
+}
+
+/// One scan: the listing, and the skips not seen before (new or changed files).
+struct Scan {
+    listing: CardDirListing,
+    new_skips: Vec<(PathBuf, CardFileError)>,
+}
+
+impl CardDirScanner {
+    fn scan(&mut self, dir: &Path, limits: &MembershipLimits) -> Result<Scan, DiscoveryError> {
+        let io_error = |path: &Path, error: std::io::Error| DiscoveryError::Io {
+            path: path.to_owned(),
+            reason: error.to_string(),
+        };
+        let mut candidates = Vec::new();
+        let entries = std::fs::read_dir(dir).map_err(|error| io_error(dir, error))?;
+        for entry in entries {
+            let entry = entry.map_err(|error| io_error(dir, error))?;
+            let hidden = entry.file_name().to_string_lossy().starts_with('.');
+            let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+            if !hidden && !is_dir {
+                candidates.push(entry.path());
+            }
+        }
+        candidates.sort();
+        let mut known = BTreeMap::new();
+        let mut scan = Scan {
+            listing: CardDirListing::default(),
+            new_skips: Vec::new(),
+        };
+        for (at, path) in candidates.into_iter().enumerate() {
+            let result = if at >= limits.max_card_files {
+                let error = CardFileError::TooManyFiles {
+                    max: limits.max_card_files,
+                };
+                if !matches!(self.known.get(&path), Some((_, Err(previous))) if *previous == error)
+                {
+                    scan.new_skips.push((path.clone(), error.clone()));
+                }
+                // Not stamped: past the limit nothing about the file is read.
+                scan.listing.skipped.push((path, error));
+                continue;
+            } else {
+                // Follows symlinks: a link to a directory is skipped quietly, like a directory.
+                match std::fs::metadata(&path) {
+                    Ok(metadata) if metadata.is_dir() => continue,
+                    Ok(metadata) => {
+                        let stamp = FileStamp::of(&metadata);
+                        match self.known.remove(&path) {
+                            Some((previous, result)) if previous == stamp => (stamp, result, false),
+                            _ => {
+                                self.n_reads += 1;
+                                (stamp, read_card_file(&path, limits), true)
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        // Vanished between listing and stat, or a dangling symlink.
+                        let result = Err(CardFileError::Read {
+                            reason: error.to_string(),
+                        });
+                        let changed = !matches!(self.known.get(&path), Some((_, previous)) if *previous == result);
+                        scan.record(&path, &result, changed);
+                        continue;
+                    }
+                }
+            };
+            let (stamp, result, changed) = result;
+            scan.record(&path, &result, changed);
+            known.insert(path, (stamp, result));
+        }
+        self.known = known;
+        scan.listing
+            .skipped
+            .sort_by(|left, right| left.0.cmp(&right.0));
+        Ok(scan)
+    }
+}
+
+impl Scan {
+    fn record(&mut self, path: &Path, result: &FileResult, changed: bool) {
+        match result {
+            Ok(instance) => {
+                self.listing.cards.insert(path.to_owned(), instance.clone());
+            }
+            // Records of other types (endpoints, adverts) share the store: not an error.
+            Err(CardFileError::Record(InstanceRecordError::NotAModel { .. })) => {}
+            Err(error) => {
+                if changed {
+                    self.new_skips.push((path.to_owned(), error.clone()));
+                }
+                self.listing.skipped.push((path.to_owned(), error.clone()));
+            }
+        }
+    }
 }
 
 /// The file name used for a card: its instance path with `/` replaced by `.`, plus
@@ -138,11 +339,18 @@ pub fn write_card_file(
 }
 
 /// Discovery from a directory of card files, rescanned every poll interval.
+///
+/// Each scan only stats unchanged files (their last result is reused); a skipped file is
+/// logged at warn and counted ([`FileDiscovery::skips`]) once per change.
 #[derive(Debug, Clone)]
 pub struct FileDiscovery {
     dir: PathBuf,
     poll_interval: Duration,
     limits: MembershipLimits,
+    skips: Arc<Mutex<CardFileSkips>>,
+    /// Shared by the watch's rescans and every `list` (the periodic reconcile), so a file
+    /// is read, logged and counted once per change whoever scans.
+    scanner: Arc<Mutex<CardDirScanner>>,
 }
 
 impl FileDiscovery {
@@ -152,6 +360,8 @@ impl FileDiscovery {
             dir: dir.to_owned(),
             poll_interval,
             limits: MembershipLimits::default(),
+            skips: Arc::default(),
+            scanner: Arc::default(),
         }
     }
 
@@ -165,15 +375,34 @@ impl FileDiscovery {
         &self.dir
     }
 
+    /// Files skipped so far, by reason (shared by every clone of this discovery).
+    pub fn skips(&self) -> CardFileSkips {
+        *self.skips.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Scans the directory on a blocking thread with the shared scanner.
     async fn scan(&self) -> Result<CardDirListing, DiscoveryError> {
         let dir = self.dir.clone();
         let limits = self.limits;
-        tokio::task::spawn_blocking(move || read_card_dir(&dir, &limits))
-            .await
-            .map_err(|error| DiscoveryError::Io {
-                path: self.dir.clone(),
-                reason: format!("scan task failed: {error}"),
-            })?
+        let scanner = self.scanner.clone();
+        let scan = tokio::task::spawn_blocking(move || {
+            scanner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .scan(&dir, &limits)
+        })
+        .await
+        .map_err(|error| DiscoveryError::Io {
+            path: self.dir.clone(),
+            reason: format!("scan task failed: {error}"),
+        })??;
+        let mut skips = self.skips.lock().unwrap_or_else(PoisonError::into_inner);
+        for (path, error) in &scan.new_skips {
+            skips.count(error);
+            // `?` on the path escapes control characters a file name may carry.
+            tracing::warn!(path = ?path, reason = %error, "card file skipped");
+        }
+        Ok(scan.listing)
     }
 }
 

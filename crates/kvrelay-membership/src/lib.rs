@@ -44,16 +44,17 @@ pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
 pub use etcd::{DEFAULT_ETCD_TIMEOUT, ETCD_CARD_PREFIX, EtcdDiscovery, card_key};
 #[cfg(feature = "watch")]
 pub use file::{
-    CardDirListing, CardFileError, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery, card_file_name,
-    read_card_dir, read_card_file, write_card_file,
+    CardDirListing, CardFileError, CardFileSkips, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery,
+    card_file_name, read_card_dir, read_card_file, write_card_file,
 };
 pub use instance::{
     DiscoveryEvent, DiscoveryQuery, InstancePathError, InstanceRecordError, ModelCardInstance,
     ModelCardInstanceId,
 };
 pub use limits::{
-    DEFAULT_MAX_CARD_FILE_BYTES, DEFAULT_MAX_PENDING_DIAGNOSTICS, DEFAULT_MEMORY_WATCH_QUEUE_DEPTH,
-    MembershipLimits,
+    DEFAULT_MAX_CARD_FILE_BYTES, DEFAULT_MAX_CARD_FILES, DEFAULT_MAX_PENDING_DIAGNOSTICS,
+    DEFAULT_MEMORY_WATCH_QUEUE_DEPTH, MAX_CARD_DATA_PARALLEL_SIZE, MAX_CARD_START_RANK,
+    MAX_CARD_TOTAL_KV_BLOCKS, MembershipLimits,
 };
 pub use membership::{
     AdapterMembership, ConflictReason, ConflictScope, ConflictSubject, EndpointMembership,

@@ -139,6 +139,14 @@ pub enum AttachError {
         /// The pool it asked for.
         pool: PoolId,
     },
+    /// The registry already holds `max_pools` pools (attaching ones included).
+    #[error("pool limit {limit} reached; pool {pool} not attached")]
+    PoolLimit {
+        /// The pool that asked.
+        pool: PoolId,
+        /// The configured `max_pools`.
+        limit: usize,
+    },
     /// Layout generations are exhausted (`u64::MAX` attaches).
     #[error("layout generation space exhausted")]
     GenerationsExhausted,

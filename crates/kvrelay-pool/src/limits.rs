@@ -39,6 +39,10 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// Longest a subscriber may take between two snapshot chunks (60 s).
 pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Pools (attached or being attached) the registry holds at once; one more attach is
+/// refused with `AttachError::PoolLimit`.
+pub const DEFAULT_MAX_POOLS: usize = 1024;
+
 /// Every bound of the pool registry, its actors and its hubs.
 ///
 /// Plain data: build it with struct-update syntax from [`Limits::default`].
@@ -73,6 +77,8 @@ pub struct Limits {
     pub heartbeat_interval: Duration,
     /// Snapshot progress timeout ([`DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT`]).
     pub snapshot_progress_timeout: Duration,
+    /// Pools held at once, attaching ones included ([`DEFAULT_MAX_POOLS`]).
+    pub max_pools: usize,
 }
 
 impl Default for Limits {
@@ -92,6 +98,7 @@ impl Default for Limits {
             subscriber_queue_bytes: DEFAULT_SUBSCRIBER_QUEUE_BYTES,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             snapshot_progress_timeout: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
+            max_pools: DEFAULT_MAX_POOLS,
         }
     }
 }
@@ -114,6 +121,7 @@ impl Limits {
             ("encoding_permits", self.encoding_permits),
             ("subscriber_queue_frames", self.subscriber_queue_frames),
             ("subscriber_queue_bytes", self.subscriber_queue_bytes),
+            ("max_pools", self.max_pools),
         ];
         for (field, value) in counts {
             if value == 0 {

@@ -18,6 +18,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::http::HttpBounds;
 use crate::metrics::RelayMetrics;
 
 /// Readiness as reported by `/readyz`.
@@ -47,21 +48,22 @@ struct AdminState {
     metrics: Arc<RelayMetrics>,
 }
 
-/// Binds the admin listener; the returned future serves until `cancel` fires.
+/// Binds the admin listener; the returned future serves (under `bounds`, see
+/// [`crate::http`]) until `cancel` fires.
 pub(crate) async fn bind(
     addr: SocketAddr,
     view: Arc<dyn AdminView>,
     metrics: Arc<RelayMetrics>,
+    bounds: HttpBounds,
     cancel: CancellationToken,
 ) -> std::io::Result<(SocketAddr, impl Future<Output = std::io::Result<()>> + Send)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let app = router(AdminState { view, metrics });
-    let serve = async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await
-    };
+    let app = router(AdminState {
+        view,
+        metrics: metrics.clone(),
+    });
+    let serve = crate::http::serve(listener, app, bounds, metrics, cancel);
     Ok((local, serve))
 }
 
@@ -194,6 +196,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             view,
             metrics,
+            crate::http::HttpBounds::for_tests(),
             cancel.clone(),
         )
         .await

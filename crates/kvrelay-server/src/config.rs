@@ -16,6 +16,15 @@ use crate::limits::Limits;
 pub const DEFAULT_WAN_LISTEN: &str = "127.0.0.1:7400";
 /// Default admin HTTP listen address.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7401";
+/// Default time an admin HTTP connection has to send a complete request head, in ms; it
+/// also bounds how long an idle keep-alive connection stays open.
+pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
+/// Default longest life of one admin HTTP connection, in ms (a slow reader of a large
+/// `/metrics` answer is closed then).
+pub const DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS: u64 = 60_000;
+/// Default concurrent admin HTTP connections; extra ones are closed at accept.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: u32 = 64;
+
 /// Default datacenter name.
 pub const DEFAULT_DC_ID: &str = "dc-local";
 /// Default trace replay speed: 0 means as fast as the pipeline accepts events.
@@ -152,6 +161,15 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Whether the admin HTTP server runs.
     pub enabled: bool,
+    /// Time to send a complete request head (also the keep-alive idle bound), in ms.
+    pub header_read_timeout_ms: u64,
+    /// Longest life of one connection, in ms.
+    pub connection_timeout_ms: u64,
+    /// Concurrent connections; extra ones are closed at accept.
+    pub max_connections: u32,
+    /// Optional bearer token (`Authorization: Bearer ..`) required on every path except
+    /// `/healthz` and `/readyz`.
+    pub auth: Option<AuthConfig>,
 }
 
 impl Default for AdminConfig {
@@ -159,8 +177,43 @@ impl Default for AdminConfig {
         Self {
             listen: default_socket(DEFAULT_ADMIN_LISTEN, 7401),
             enabled: true,
+            header_read_timeout_ms: DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS,
+            connection_timeout_ms: DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            auth: None,
         }
     }
+}
+
+/// A listener reachable beyond loopback without protection; logged at warn on start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExposureWarning {
+    /// The WAN listener is not on loopback and has neither TLS nor a bearer token.
+    #[error(
+        "WAN listener {listen} is reachable beyond loopback without TLS or a bearer token: anyone who can reach it can read every pool"
+    )]
+    WanUnprotected {
+        /// The listen address.
+        listen: SocketAddr,
+    },
+    /// The WAN listener has a bearer token but no TLS: the token crosses the network in
+    /// clear text.
+    #[error(
+        "WAN listener {listen} checks a bearer token without TLS: the token travels in clear text"
+    )]
+    WanTokenWithoutTls {
+        /// The listen address.
+        listen: SocketAddr,
+    },
+    /// Admin HTTP is not on loopback and has no bearer token.
+    #[error(
+        "admin HTTP {listen} is reachable beyond loopback without a bearer token: set admin.auth or listen on loopback"
+    )]
+    AdminUnprotected {
+        /// The listen address.
+        listen: SocketAddr,
+    },
 }
 
 /// The `[discovery]` table.
@@ -390,6 +443,10 @@ pub struct RelayOverrides {
     pub token: Option<String>,
     /// `--token-file` / `KVRELAY_TOKEN_FILE`.
     pub token_file: Option<PathBuf>,
+    /// `KVRELAY_ADMIN_TOKEN`: the admin HTTP bearer token (environment only).
+    pub admin_token: Option<String>,
+    /// `--admin-token-file` / `KVRELAY_ADMIN_TOKEN_FILE`.
+    pub admin_token_file: Option<PathBuf>,
 }
 
 impl RelayConfig {
@@ -471,6 +528,30 @@ impl RelayConfig {
                 token_file: overrides.token_file,
             });
         }
+        if overrides.admin_token.is_some() || overrides.admin_token_file.is_some() {
+            self.admin.auth = Some(AuthConfig {
+                token: overrides.admin_token,
+                token_file: overrides.admin_token_file,
+            });
+        }
+    }
+
+    /// Listeners this configuration exposes beyond loopback without protection.
+    pub fn exposure_warnings(&self) -> Vec<ExposureWarning> {
+        let mut warnings = Vec::new();
+        let listen = self.wan.listen;
+        if !listen.ip().is_loopback() {
+            match (&self.wan.tls, &self.wan.auth) {
+                (None, None) => warnings.push(ExposureWarning::WanUnprotected { listen }),
+                (None, Some(_)) => warnings.push(ExposureWarning::WanTokenWithoutTls { listen }),
+                (Some(_), _) => {}
+            }
+        }
+        let admin = self.admin.listen;
+        if self.admin.enabled && !admin.ip().is_loopback() && self.admin.auth.is_none() {
+            warnings.push(ExposureWarning::AdminUnprotected { listen: admin });
+        }
+        warnings
     }
 
     /// Checks everything that can be checked without touching the network.
@@ -510,22 +591,32 @@ impl RelayConfig {
             });
         }
         if let Some(auth) = &self.wan.auth {
-            match (&auth.token, &auth.token_file) {
-                (Some(token), None) if token.trim().is_empty() => {
-                    return Err(ConfigError::InvalidField {
-                        field: "wan.auth.token",
-                        value: String::new(),
-                        reason: "token must not be empty",
-                    });
-                }
-                (Some(_), None) | (None, Some(_)) => {}
-                (Some(_), Some(_)) | (None, None) => {
-                    return Err(ConfigError::InvalidField {
-                        field: "wan.auth",
-                        value: String::new(),
-                        reason: "set exactly one of token or token_file",
-                    });
-                }
+            validate_auth(auth, "wan.auth", "wan.auth.token")?;
+        }
+        if let Some(auth) = &self.admin.auth {
+            validate_auth(auth, "admin.auth", "admin.auth.token")?;
+        }
+        let admin_bounds = [
+            (
+                "admin.header_read_timeout_ms",
+                self.admin.header_read_timeout_ms,
+            ),
+            (
+                "admin.connection_timeout_ms",
+                self.admin.connection_timeout_ms,
+            ),
+            (
+                "admin.max_connections",
+                u64::from(self.admin.max_connections),
+            ),
+        ];
+        for (name, value) in admin_bounds {
+            if value == 0 || value > MAX_ADMIN_BOUND {
+                return Err(ConfigError::InvalidLimit {
+                    name,
+                    value,
+                    reason: "must be between 1 and one year in ms",
+                });
             }
         }
         if let Some(workload) = &self.workload
@@ -579,6 +670,30 @@ impl RelayConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Largest accepted admin bound: one year in ms (counts are far below it).
+const MAX_ADMIN_BOUND: u64 = 365 * 24 * 3600 * 1000;
+
+/// Exactly one of an inline token and a token file; an inline token is not blank.
+fn validate_auth(
+    auth: &AuthConfig,
+    table: &'static str,
+    token_field: &'static str,
+) -> Result<(), ConfigError> {
+    match (&auth.token, &auth.token_file) {
+        (Some(token), None) if token.trim().is_empty() => Err(ConfigError::InvalidField {
+            field: token_field,
+            value: String::new(),
+            reason: "token must not be empty",
+        }),
+        (Some(_), None) | (None, Some(_)) => Ok(()),
+        (Some(_), Some(_)) | (None, None) => Err(ConfigError::InvalidField {
+            field: table,
+            value: String::new(),
+            reason: "set exactly one of token or token_file",
+        }),
     }
 }
 
@@ -696,5 +811,48 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/relay.toml");
         let config = RelayConfig::from_file(&path).unwrap();
         assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn exposure_beyond_loopback_without_protection_is_reported() {
+        let mut config = parse("[discovery]\ndir = \"c\"\n").unwrap();
+        assert_eq!(config.exposure_warnings(), Vec::new());
+        config.wan.listen = "0.0.0.0:7400".parse().unwrap();
+        config.admin.listen = "0.0.0.0:7401".parse().unwrap();
+        assert_eq!(
+            config.exposure_warnings(),
+            vec![
+                ExposureWarning::WanUnprotected {
+                    listen: config.wan.listen
+                },
+                ExposureWarning::AdminUnprotected {
+                    listen: config.admin.listen
+                },
+            ]
+        );
+        config.wan.auth = Some(AuthConfig {
+            token: Some("t".into()),
+            token_file: None,
+        });
+        config.admin.enabled = false;
+        assert_eq!(
+            config.exposure_warnings(),
+            vec![ExposureWarning::WanTokenWithoutTls {
+                listen: config.wan.listen
+            }]
+        );
+    }
+
+    #[test]
+    fn zero_admin_bounds_are_rejected() {
+        let mut config = parse("[discovery]\ndir = \"c\"\n").unwrap();
+        config.admin.header_read_timeout_ms = 0;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::InvalidLimit {
+                name: "admin.header_read_timeout_ms",
+                ..
+            })
+        ));
     }
 }

@@ -14,24 +14,29 @@
 //! Start reading at `config.rs` (the file format), then `host/mod.rs` (the wiring), then
 //! `wan/connection.rs` (one connection's life).
 
+mod accept;
 mod admin;
 mod admission;
 mod config;
 mod event_advert;
 mod host;
+mod http;
 mod limits;
 mod metrics;
 mod mirror;
 mod probe;
 mod source_metrics;
+mod throttle;
 mod tls;
 mod wan;
 
 pub use admission::{AdmissionError, StreamKind};
 pub use config::{
-    AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_LISTEN, DEFAULT_DC_ID,
-    DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig, EngineKind,
-    NatsConfig, RelayConfig, RelayOverrides, SourceConfig, TlsConfig, WanConfig, WorkloadConfig,
+    AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
+    DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
+    DEFAULT_DC_ID, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig,
+    EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, TlsConfig,
+    WanConfig, WorkloadConfig,
 };
 pub use host::workload::{TraceError, WORKLOAD_TOKEN_SEED};
 pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress};

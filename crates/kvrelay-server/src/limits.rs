@@ -26,7 +26,8 @@ pub const DEFAULT_MAX_INFO_STREAMS: u32 = 64;
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 1024;
 /// Default number of publication hubs holding a filter mirror at once.
 pub const DEFAULT_MAX_INITIALIZED_HUBS: u32 = 64;
-/// Default time a new connection has to complete TLS and send its stream request, in ms.
+/// Default time a new connection has from accept to a complete stream request, TLS handshake
+/// included (one budget), in ms.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 5_000;
 /// Default time one snapshot frame may wait for the client to accept it, in ms.
 pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT_MS: u64 = 60_000;
@@ -44,6 +45,15 @@ pub const DEFAULT_SUBSCRIBER_QUEUE_FRAMES: u32 = 16;
 pub const DEFAULT_SUBSCRIBER_QUEUE_BYTES: u64 = 16 * 1024 * 1024;
 /// Default bound on the whole ordered shutdown, in ms.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+/// Default largest stream request frame, header included, in bytes (64 KiB). A real request
+/// is a few KB (the longest token and subscriber id fit well inside); it is read before
+/// authentication, so it gets its own small bound instead of `max_frame_len`.
+pub const DEFAULT_MAX_REQUEST_LEN: u32 = 64 * 1024;
+/// Default pools the relay holds at once; a card set that would attach more is refused
+/// (logged and counted per refused endpoint).
+pub const DEFAULT_MAX_POOLS: u32 = 1024;
+/// Default concurrent TCP connections from one peer IP address.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 128;
 
 /// Every bound of the relay server. Plain data; see the `DEFAULT_*` consts for defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,7 +75,7 @@ pub struct Limits {
     pub max_connections: u32,
     /// Publication hubs holding a filter mirror at once.
     pub max_initialized_hubs: u32,
-    /// Time to complete TLS and send the stream request, in ms.
+    /// Time from accept to a complete stream request, TLS handshake included, in ms.
     pub request_timeout_ms: u64,
     /// Time one snapshot frame may wait for the client, in ms.
     pub snapshot_progress_timeout_ms: u64,
@@ -83,6 +93,12 @@ pub struct Limits {
     pub subscriber_queue_bytes: u64,
     /// Bound on the ordered shutdown, in ms.
     pub shutdown_timeout_ms: u64,
+    /// Largest stream request frame (read before authentication), in bytes.
+    pub max_request_len: u32,
+    /// Concurrent TCP connections from one peer IP address.
+    pub max_connections_per_peer: u32,
+    /// Pools held at once.
+    pub max_pools: u32,
 }
 
 impl Default for Limits {
@@ -105,12 +121,19 @@ impl Default for Limits {
             subscriber_queue_frames: DEFAULT_SUBSCRIBER_QUEUE_FRAMES,
             subscriber_queue_bytes: DEFAULT_SUBSCRIBER_QUEUE_BYTES,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            max_request_len: DEFAULT_MAX_REQUEST_LEN,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_pools: DEFAULT_MAX_POOLS,
         }
     }
 }
 
 /// Longest duration accepted for any `*_ms` limit: one year, well inside tokio's timer range.
 const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
+/// Smallest accepted stream request limit: a frame header plus a request with the longest
+/// subscriber id and token the protocol allows.
+pub const MIN_MAX_REQUEST_LEN: u32 = 8 * 1024;
+
 /// Smallest accepted frame limit: a frame must hold a maximal CBI1 chunk (4,194,368 bytes)
 /// plus envelope headroom.
 pub const MIN_MAX_FRAME_LEN: u32 = 4_194_368 + 64 * 1024;
@@ -139,6 +162,11 @@ impl Limits {
                 u64::from(self.subscriber_queue_frames),
             ),
             ("subscriber_queue_bytes", self.subscriber_queue_bytes),
+            (
+                "max_connections_per_peer",
+                u64::from(self.max_connections_per_peer),
+            ),
+            ("max_pools", u64::from(self.max_pools)),
         ];
         for (name, value) in counts {
             if value == 0 {
@@ -174,6 +202,13 @@ impl Limits {
                 name: "max_frame_len",
                 value: u64::from(self.max_frame_len),
                 reason: "must hold a maximal snapshot chunk (at least 4259904 bytes)",
+            });
+        }
+        if self.max_request_len < MIN_MAX_REQUEST_LEN || self.max_request_len > self.max_frame_len {
+            return Err(ConfigError::InvalidLimit {
+                name: "max_request_len",
+                value: u64::from(self.max_request_len),
+                reason: "must be at least 8192 bytes and at most max_frame_len",
             });
         }
         Ok(())

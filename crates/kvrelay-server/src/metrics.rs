@@ -44,6 +44,14 @@ pub(crate) struct DispositionLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct AcceptErrorLabels {
+    /// `wan` or `admin`.
+    pub(crate) listener: &'static str,
+    /// `fd_limit` (EMFILE, ENFILE, ENOBUFS, ENOMEM) or `other`.
+    pub(crate) kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StateLabel {
     pub(crate) state: &'static str,
 }
@@ -82,6 +90,14 @@ pub(crate) struct RelayMetrics {
     pub(crate) filter_load_max: Gauge<f64, AtomicU64>,
     /// Catalog revision currently published.
     pub(crate) catalog_revision: Gauge,
+    /// Failed `accept` calls by listener and kind.
+    pub(crate) accept_errors: Family<AcceptErrorLabels, Counter>,
+    /// Admin HTTP connections by outcome (accepted, rejected_limit, header_timeout).
+    pub(crate) admin_connections: Family<OutcomeLabel, Counter>,
+    /// Admin HTTP requests refused for a missing or wrong bearer token.
+    pub(crate) admin_unauthorized: Counter,
+    /// Discovery inputs skipped, by reason (`kvrelay_discovery_skipped_total`).
+    pub(crate) discovery_skipped: Family<ReasonLabel, Counter>,
 }
 
 impl RelayMetrics {
@@ -156,6 +172,30 @@ impl RelayMetrics {
             "Catalog revision published",
             catalog_revision.clone(),
         );
+        let accept_errors = Family::<AcceptErrorLabels, Counter>::default();
+        registry.register(
+            "accept_errors",
+            "Failed accept calls by listener and kind",
+            accept_errors.clone(),
+        );
+        let admin_connections = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "admin_connections",
+            "Admin HTTP connections by outcome",
+            admin_connections.clone(),
+        );
+        let admin_unauthorized = Counter::default();
+        registry.register(
+            "admin_unauthorized",
+            "Admin HTTP requests refused for a missing or wrong bearer token",
+            admin_unauthorized.clone(),
+        );
+        let discovery_skipped = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "discovery_skipped",
+            "Discovery inputs (card files, cards) skipped, by reason",
+            discovery_skipped.clone(),
+        );
         for kind in StreamKind::ALL {
             let _ = streams.get_or_create(&StreamLabel {
                 stream: kind.label(),
@@ -178,6 +218,10 @@ impl RelayMetrics {
             filter_omissions,
             filter_load_max,
             catalog_revision,
+            accept_errors,
+            admin_connections,
+            admin_unauthorized,
+            discovery_skipped,
         }
     }
 

@@ -67,7 +67,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
             cards.display()
         )));
     }
-    crate::relay::init_logging(&args.log);
+    crate::relay::init_logging(&args.log, crate::relay::LogFormat::Text);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

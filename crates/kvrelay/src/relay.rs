@@ -61,22 +61,51 @@ struct RelayFlags {
     /// Require client certificates signed by these CAs (PEM).
     #[arg(long, env = "KVRELAY_TLS_CLIENT_CA")]
     tls_client_ca: Option<PathBuf>,
-    /// Bearer token clients must present (prefer the environment variable).
-    #[arg(long, env = "KVRELAY_TOKEN", hide_env_values = true)]
+    /// Refused: a token on the command line is visible to every local user in
+    /// /proc/<pid>/cmdline. Set KVRELAY_TOKEN or use --token-file.
+    #[arg(long, hide = true)]
     token: Option<String>,
-    /// File holding the bearer token.
-    #[arg(long, env = "KVRELAY_TOKEN_FILE", conflicts_with = "token")]
+    /// File holding the bearer token clients must present (or set KVRELAY_TOKEN).
+    #[arg(long, env = "KVRELAY_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// File holding the admin HTTP bearer token (or set KVRELAY_ADMIN_TOKEN).
+    #[arg(long, env = "KVRELAY_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Log filter (tracing env-filter syntax).
     #[arg(long, env = "KVRELAY_LOG", default_value = "info")]
     log: String,
+    /// Log line format: `text` (colours only on a terminal) or `json` (one object a line).
+    #[arg(long, env = "KVRELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines; ANSI colours only when stderr is a terminal.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Environment variable holding the WAN bearer token (never a flag: see `--token`).
+const TOKEN_ENV: &str = "KVRELAY_TOKEN";
+/// Environment variable holding the admin HTTP bearer token.
+const ADMIN_TOKEN_ENV: &str = "KVRELAY_ADMIN_TOKEN";
 
 /// Runs the relay until a signal, then shuts down in order.
 pub(crate) fn run(args: RelayArgs) -> Result<()> {
     let args = args.flags;
-    let config = resolve(args.clone_for_config())?;
-    init_logging(&args.log);
+    if args.token.is_some() {
+        return Err(crate::usage::usage(
+            "--token is refused: a token on the command line is visible to every local user \
+             in /proc/<pid>/cmdline; set KVRELAY_TOKEN or use --token-file"
+                .to_owned(),
+        ));
+    }
+    let config =
+        resolve(args.clone_for_config(secret_env(TOKEN_ENV), secret_env(ADMIN_TOKEN_ENV)))?;
+    init_logging(&args.log, args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -95,8 +124,15 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
     })
 }
 
+/// A secret from the environment; an empty value counts as unset.
+fn secret_env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+}
+
 impl RelayFlags {
-    fn clone_for_config(&self) -> ConfigArgs {
+    fn clone_for_config(&self, token: Option<String>, admin_token: Option<String>) -> ConfigArgs {
         ConfigArgs {
             config: self.config.clone(),
             overrides: RelayOverrides {
@@ -112,8 +148,11 @@ impl RelayFlags {
                 tls_cert: self.tls_cert.clone(),
                 tls_key: self.tls_key.clone(),
                 tls_client_ca: self.tls_client_ca.clone(),
-                token: self.token.clone(),
+                // A file named by flag or env beats an inline token from the environment.
+                token: token.filter(|_| self.token_file.is_none()),
                 token_file: self.token_file.clone(),
+                admin_token: admin_token.filter(|_| self.admin_token_file.is_none()),
+                admin_token_file: self.admin_token_file.clone(),
             },
             builtin_workload: self.builtin_workload,
         }
@@ -149,13 +188,24 @@ fn resolve(args: ConfigArgs) -> Result<RelayConfig> {
     Ok(config)
 }
 
-pub(crate) fn init_logging(filter: &str) {
+/// Installs the stderr subscriber: `text` lines carry ANSI colours only when stderr is a
+/// terminal (a file or a pipe gets plain text); `json` writes one object per line. Either
+/// way field values are escaped by the formatter, and peer-supplied strings are logged with
+/// `Debug` formatting, so no input can forge a line.
+pub(crate) fn init_logging(filter: &str, format: LogFormat) {
+    use std::io::IsTerminal;
+
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
 }
 
 #[cfg(test)]

@@ -11,8 +11,11 @@ use crate::limits::DEFAULT_MAX_FRAME_LEN;
 
 use super::code::ErrorReason;
 
-/// Upper bound bincode may claim for any collection while decoding, in bytes.
-const BODY_LIMIT: usize = DEFAULT_MAX_FRAME_LEN as usize * 8;
+/// Upper bound bincode may claim for collections while decoding, in bytes: the default
+/// frame limit. A body can never be longer than its frame, so a declared collection larger
+/// than this is refused before bincode reserves memory for it; a few legitimate bodies
+/// (a catalog, a load window) claim far less.
+const BODY_LIMIT: usize = DEFAULT_MAX_FRAME_LEN as usize;
 
 type BodyConfig = bincode::config::Configuration<
     bincode::config::LittleEndian,
@@ -171,4 +174,26 @@ pub(crate) fn decode_prefix<T: DeserializeOwned>(
         kind: kind.name(),
         detail: err.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+
+    #[test]
+    fn a_short_body_declaring_a_huge_string_is_refused_by_the_limit() {
+        // 10 bytes whose varint length prefix declares a 60 MiB string: bincode must refuse
+        // the claim (limit = the frame limit) instead of reserving 60 MiB and then failing
+        // on the missing bytes.
+        let mut body = vec![252u8];
+        body.extend_from_slice(&(60u32 * 1024 * 1024).to_le_bytes());
+        body.extend_from_slice(&[0; 5]);
+        let err = decode_prefix::<String>(MessageKind::StreamRequest, &body).unwrap_err();
+        let DecodeError::Body { detail, .. } = err else {
+            panic!("unexpected error {err:?}");
+        };
+        assert!(detail.to_lowercase().contains("limit"), "{detail}");
+    }
 }

@@ -171,3 +171,113 @@ async fn namespaced_query_lists_only_its_namespace() {
     assert_eq!(listing.len(), 1);
     assert_eq!(listing[0].id.namespace, "prod");
 }
+
+#[test]
+fn unchanged_files_are_not_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    for worker in 1..=3 {
+        write_card_file(dir.path(), &card("generate", worker, "llama")).unwrap();
+    }
+    std::fs::write(dir.path().join("junk.json"), vec![b'x'; 1024]).unwrap();
+    let limits = MembershipLimits::default();
+    let mut scanner = CardDirScanner::default();
+    let first = scanner.scan(dir.path(), &limits).unwrap();
+    assert_eq!(first.listing.cards.len(), 3);
+    assert_eq!(first.new_skips.len(), 1);
+    assert_eq!(scanner.n_reads, 4);
+    let second = scanner.scan(dir.path(), &limits).unwrap();
+    assert_eq!(second.listing, first.listing);
+    assert!(
+        second.new_skips.is_empty(),
+        "a skip is reported once per change"
+    );
+    assert_eq!(scanner.n_reads, 4, "unchanged files are only stat'ed");
+    write_card_file(dir.path(), &card("generate", 2, "mistral")).unwrap();
+    let third = scanner.scan(dir.path(), &limits).unwrap();
+    assert_eq!(scanner.n_reads, 5, "only the rewritten file is read");
+    assert_eq!(third.listing.instances().len(), 3);
+}
+
+#[test]
+fn fifos_and_device_symlinks_are_skipped_unopened_and_regular_symlinks_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.json");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.json")).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = write_card_file(elsewhere.path(), &card("generate", 7, "llama")).unwrap();
+    std::os::unix::fs::symlink(&target, dir.path().join("linked.json")).unwrap();
+    // Reading the FIFO or /dev/zero would block or never end; the scan must return.
+    let listing = read_card_dir(dir.path(), &MembershipLimits::default()).unwrap();
+    assert_eq!(listing.instances(), vec![card("generate", 7, "llama")]);
+    let reasons: Vec<_> = listing
+        .skipped
+        .iter()
+        .map(|(path, error)| (path.file_name().unwrap().to_owned(), error.clone()))
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            ("fifo.json".into(), CardFileError::NotARegularFile),
+            ("zero.json".into(), CardFileError::NotARegularFile),
+        ]
+    );
+}
+
+#[test]
+fn files_past_the_count_limit_are_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    for worker in 1..=5 {
+        write_card_file(dir.path(), &card("generate", worker, "llama")).unwrap();
+    }
+    let limits = MembershipLimits {
+        max_card_files: 2,
+        ..MembershipLimits::default()
+    };
+    let mut scanner = CardDirScanner::default();
+    let scan = scanner.scan(dir.path(), &limits).unwrap();
+    assert_eq!(scan.listing.cards.len(), 2);
+    assert_eq!(scanner.n_reads, 2);
+    assert_eq!(scan.listing.skipped.len(), 3);
+    assert!(
+        scan.listing
+            .skipped
+            .iter()
+            .all(|(_, error)| *error == CardFileError::TooManyFiles { max: 2 })
+    );
+}
+
+#[tokio::test]
+async fn a_watch_counts_each_skipped_file_once_per_change() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("broken.json"), "{not json").unwrap();
+    let discovery = FileDiscovery::new(dir.path(), Duration::from_millis(5));
+    let (_, mut watch) = discovery
+        .list_and_watch(&DiscoveryQuery::AllModels)
+        .await
+        .unwrap();
+    assert_eq!(discovery.skips().malformed, 1);
+    // A later card proves several rescans ran over the unchanged broken file.
+    let first = card("generate", 1, "llama");
+    write_card_file(dir.path(), &first).unwrap();
+    assert_eq!(next_event(&mut watch).await, DiscoveryEvent::Added(first));
+    assert_eq!(discovery.skips().malformed, 1);
+    std::fs::write(dir.path().join("broken.json"), "{still not json").unwrap();
+    let second = card("generate", 2, "llama");
+    write_card_file(dir.path(), &second).unwrap();
+    assert_eq!(next_event(&mut watch).await, DiscoveryEvent::Added(second));
+    assert_eq!(discovery.skips().malformed, 2);
+    assert_eq!(
+        discovery
+            .skips()
+            .by_reason()
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>(),
+        2
+    );
+}

@@ -142,6 +142,8 @@ pub(crate) struct RegistryCore<A, H> {
     hubs_in_use: usize,
     evictions: u64,
     outbox: std::collections::VecDeque<Publication>,
+    /// Pools (entries plus reservations) held at once.
+    max_pools: usize,
 }
 
 impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
@@ -159,7 +161,13 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             hubs_in_use: 0,
             evictions: 0,
             outbox: std::collections::VecDeque::new(),
+            max_pools: crate::limits::DEFAULT_MAX_POOLS,
         }
+    }
+
+    /// The same registry holding at most `max_pools` pools (entries plus reservations).
+    pub(crate) fn with_max_pools(self, max_pools: usize) -> Self {
+        Self { max_pools, ..self }
     }
 
     /// The relay identity.
@@ -193,6 +201,12 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
                 endpoint: Box::new(endpoint.clone()),
                 assigned,
                 pool,
+            });
+        }
+        if self.pools.len() + self.reservations.len() >= self.max_pools {
+            return Err(AttachError::PoolLimit {
+                pool,
+                limit: self.max_pools,
             });
         }
         let generation = self.next_generation;

@@ -183,7 +183,10 @@ impl PoolRegistry {
     fn build(config: RegistryConfig, #[cfg(test)] gates: tests::Gates) -> Self {
         let limits = Arc::new(config.limits);
         let inner = Arc::new(RegistryInner {
-            core: Mutex::new(RegistryCore::new(config.relay, limits.max_initialized_hubs)),
+            core: Mutex::new(
+                RegistryCore::new(config.relay, limits.max_initialized_hubs)
+                    .with_max_pools(limits.max_pools),
+            ),
             catalog: watch::Sender::new(PoolCatalog::new(config.relay)),
             load: watch::Sender::new(Vec::new()),
             allocation: Arc::new(Semaphore::new(limits.allocation_concurrency)),

@@ -1,18 +1,27 @@
 //! Discovery for the host: the membership crate's list/watch/reconcile loop over the
-//! configured backend (a card directory or etcd), forwarded as membership views.
+//! configured backend (a card directory or etcd), forwarded as membership views. Skipped
+//! card files and skipped cards are counted in `kvrelay_discovery_skipped_total{reason}`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvrelay_membership::{
     DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryConfig as MembershipScope, EtcdDiscovery,
-    FileDiscovery, MembershipView, MembershipWatch, WatchConfig,
+    FileDiscovery, MembershipView, MembershipWatch, ProjectionStats, WatchConfig,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::{DiscoveryBackend, DiscoveryConfig};
+use crate::metrics::{ReasonLabel, RelayMetrics};
+
+/// A started membership watch and, for the file backend, the discovery whose skip
+/// counters feed the metrics.
+pub(crate) struct Discovering {
+    watch: MembershipWatch,
+    files: Option<FileDiscovery>,
+}
 
 /// How often the card directory is rescanned.
 pub(crate) const FILE_RESCAN_INTERVAL: Duration = Duration::from_millis(500);
@@ -22,11 +31,14 @@ pub(crate) async fn start(
     config: &DiscoveryConfig,
     scope: &MembershipScope,
     cancel: &CancellationToken,
-) -> Result<MembershipWatch, String> {
+) -> Result<Discovering, String> {
+    let mut files = None;
     let backend: Arc<dyn Discovery> = match config.backend {
         DiscoveryBackend::File => {
             let dir = config.dir.clone().unwrap_or_default();
-            Arc::new(FileDiscovery::new(&dir, FILE_RESCAN_INTERVAL))
+            let discovery = FileDiscovery::new(&dir, FILE_RESCAN_INTERVAL);
+            files = Some(discovery.clone());
+            Arc::new(discovery)
         }
         DiscoveryBackend::Etcd => Arc::new(
             EtcdDiscovery::connect(&config.etcd_endpoints, DEFAULT_ETCD_TIMEOUT)
@@ -34,21 +46,28 @@ pub(crate) async fn start(
                 .map_err(|err| format!("connecting to etcd {:?}: {err}", config.etcd_endpoints))?,
         ),
     };
-    MembershipWatch::start(backend, scope, WatchConfig::default(), cancel)
+    let watch = MembershipWatch::start(backend, scope, WatchConfig::default(), cancel)
         .await
-        .map_err(|err| err.to_string())
+        .map_err(|err| err.to_string())?;
+    Ok(Discovering { watch, files })
 }
 
 /// Forwards every view of `watch` to `views` until `cancel` fires, then stops the watch.
 pub(crate) async fn forward(
-    watch: MembershipWatch,
+    discovering: Discovering,
     views: watch::Sender<Option<MembershipView>>,
+    metrics: Arc<RelayMetrics>,
     cancel: CancellationToken,
 ) {
+    let Discovering { watch, files } = discovering;
     let mut subscription = watch.subscribe();
     let first = subscription.current();
     info!(endpoints = first.len(), "discovery listed");
     views.send_replace(Some(first));
+    let mut skips = SkipCounts::default();
+    skips.sync(&metrics, files.as_ref(), watch.stats());
+    let mut tick = tokio::time::interval(FILE_RESCAN_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
@@ -56,10 +75,45 @@ pub(crate) async fn forward(
             view = subscription.changed() => match view {
                 Some(view) => {
                     views.send_replace(Some(view));
+                    skips.sync(&metrics, files.as_ref(), watch.stats());
                 }
                 None => break,
             },
+            _ = tick.tick() => skips.sync(&metrics, files.as_ref(), watch.stats()),
         }
     }
     watch.shutdown().await;
+}
+
+/// The skip totals already added to the metric, so each sync adds only what is new.
+#[derive(Debug, Default)]
+struct SkipCounts {
+    seen: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl SkipCounts {
+    fn sync(
+        &mut self,
+        metrics: &RelayMetrics,
+        files: Option<&FileDiscovery>,
+        stats: ProjectionStats,
+    ) {
+        let file_skips = files.map(FileDiscovery::skips).unwrap_or_default();
+        let card_skips = [
+            ("malformed_card", stats.malformed_cards),
+            ("invalid_endpoint", stats.invalid_endpoints),
+            ("invalid_model", stats.invalid_models),
+            ("invalid_alias", stats.invalid_aliases),
+        ];
+        for (reason, total) in file_skips.by_reason().into_iter().chain(card_skips) {
+            let seen = self.seen.entry(reason).or_insert(0);
+            if total > *seen {
+                metrics
+                    .discovery_skipped
+                    .get_or_create(&ReasonLabel { reason })
+                    .inc_by(total - *seen);
+                *seen = total;
+            }
+        }
+    }
 }

@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use kvrelay_ckf::SourceId;
 use kvrelay_codec::v1::{self, RelayInfo};
@@ -89,6 +90,15 @@ impl Relay {
             .as_ref()
             .map(BearerToken::load)
             .transpose()?;
+        let admin_token = config
+            .admin
+            .auth
+            .as_ref()
+            .map(BearerToken::load)
+            .transpose()?;
+        for warning in config.exposure_warnings() {
+            warn!(%warning, "listener exposed without protection");
+        }
         let trace =
             match &config.workload {
                 Some(workload) => Some(match &workload.trace {
@@ -147,7 +157,7 @@ impl Relay {
         };
         let (views_tx, views_rx) = watch::channel::<Option<MembershipView>>(None);
         host_tracker.spawn(
-            discovery::forward(membership, views_tx, host_cancel.clone())
+            discovery::forward(membership, views_tx, metrics.clone(), host_cancel.clone())
                 .instrument(info_span!("discovery")),
         );
         let configured_sources = match event_scan::group(&config.sources) {
@@ -223,6 +233,7 @@ impl Relay {
             tls,
             token,
             cancel: wan_cancel.clone(),
+            refusal_log: crate::throttle::LogThrottle::default(),
         };
         let server = match WanServer::bind(config.wan.listen, ctx).await {
             Ok(server) => server,
@@ -251,10 +262,17 @@ impl Relay {
                 state: state.clone(),
                 admission: admission.clone(),
             });
+            let bounds = crate::http::HttpBounds {
+                header_read_timeout: Duration::from_millis(config.admin.header_read_timeout_ms),
+                connection_timeout: Duration::from_millis(config.admin.connection_timeout_ms),
+                max_connections: config.admin.max_connections,
+                token: admin_token,
+            };
             match crate::admin::bind(
                 config.admin.listen,
                 view,
                 metrics.clone(),
+                bounds,
                 admin_cancel.clone(),
             )
             .await
@@ -548,6 +566,7 @@ fn pool_limits(limits: &crate::limits::Limits) -> kvrelay_pool::Limits {
             .unwrap_or(usize::MAX),
         heartbeat_interval: limits.heartbeat_interval(),
         snapshot_progress_timeout: limits.snapshot_progress_timeout(),
+        max_pools: limits.max_pools as usize,
         ..kvrelay_pool::Limits::default()
     }
 }

@@ -54,6 +54,16 @@ impl BearerToken {
     }
 }
 
+#[cfg(test)]
+impl BearerToken {
+    /// A token for unit tests.
+    pub(crate) fn for_tests(text: &str) -> Self {
+        Self {
+            token: Arc::from(text.as_bytes()),
+        }
+    }
+}
+
 fn read_token(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path)
         .map(|text| text.trim().to_owned())

@@ -1,7 +1,8 @@
 //! One WAN connection: TLS, the stream request, authentication, admission and the stream.
 //!
-//! A connection carries exactly one stream. The client sends one `StreamRequest` frame
-//! within `request_timeout_ms` and nothing after it; the server answers with the stream's
+//! A connection carries exactly one stream. The client completes TLS (if on) and sends one
+//! `StreamRequest` frame within `request_timeout_ms` of accept, and nothing after it (the
+//! pre-authentication reading lives in [`crate::wan::request`]); the server answers with the stream's
 //! frames until the client leaves, the stream fails, or the relay shuts down. Every failure
 //! the client can cause ends in one error frame (best effort) and a close, never in a panic,
 //! and never touches another connection.
@@ -12,22 +13,23 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use kvrelay_codec::v1::{
-    CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, StreamRequest, StreamRpc,
-    TopologyUpdate, encode_message,
+    CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, StreamRpc, TopologyUpdate,
+    encode_message,
 };
-use kvrelay_codec::{MessageKind, decode_frame};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::{Instant, MissedTickBehavior, timeout};
+use tokio::time::{Instant, MissedTickBehavior, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::admission::{Admission, AdmissionError, StreamKind};
 use crate::limits::Limits;
 use crate::metrics::{OutcomeLabel, ReasonLabel, RejectionLabels, RelayMetrics};
+use crate::throttle::LogThrottle;
 use crate::tls::WanTls;
 use crate::wan::auth::BearerToken;
+use crate::wan::request::read_stream_request;
 use crate::wan::source::{PublicationViews, StreamFailure};
 
 /// Shared by every connection of one WAN server.
@@ -40,6 +42,8 @@ pub(crate) struct ConnectionContext {
     pub(crate) tls: Option<WanTls>,
     pub(crate) token: Option<BearerToken>,
     pub(crate) cancel: CancellationToken,
+    /// Rate-limits the warnings for refused (unauthenticated) requests.
+    pub(crate) refusal_log: LogThrottle,
 }
 
 trait WanIo: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -48,12 +52,14 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> WanIo for T {}
 /// Serves one accepted TCP connection to its end.
 pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: SocketAddr) {
     let _ = tcp.set_nodelay(true);
+    // One budget from accept to a complete request: TLS handshake and request share it.
+    let deadline = Instant::now() + ctx.limits.request_timeout();
     let io: Box<dyn WanIo> = match &ctx.tls {
         None => Box::new(tcp),
-        Some(tls) => match timeout(ctx.limits.request_timeout(), tls.accept(tcp)).await {
+        Some(tls) => match timeout_at(deadline, tls.accept(tcp)).await {
             Ok(Ok(stream)) => Box::new(stream),
             Ok(Err(err)) => {
-                debug!(%peer, error = %err, "tls handshake failed");
+                debug!(%peer, error = ?err.to_string(), "tls handshake failed");
                 ctx.outcome("tls_failed");
                 return;
             }
@@ -64,7 +70,12 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
             }
         },
     };
-    let (reader, writer) = tokio::io::split(io);
+    let (mut reader, writer) = tokio::io::split(io);
+    let received = timeout_at(
+        deadline,
+        read_stream_request(&mut reader, ctx.limits.max_request_len),
+    )
+    .await;
     let mut conn = Conn {
         ctx: ctx.clone(),
         reader,
@@ -73,8 +84,8 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         peer,
         torn: false,
     };
-    let request = match timeout(ctx.limits.request_timeout(), conn.read_request()).await {
-        Ok(Ok(request)) => request,
+    let received = match received {
+        Ok(Ok(received)) => received,
         Ok(Err(failure)) => {
             ctx.outcome("bad_request");
             conn.fail(failure).await;
@@ -90,10 +101,11 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
             return;
         }
     };
-    if let Some(token) = &ctx.token
-        && !token.matches(request.auth_token.as_deref())
-    {
+    if !received.authenticated(ctx.token.as_ref()) {
         ctx.outcome("auth_failed");
+        if let Some(suppressed) = ctx.refusal_log.admit(std::time::Instant::now()) {
+            warn!(%peer, suppressed, "stream request refused: missing or wrong bearer token");
+        }
         conn.fail(StreamFailure::new(
             ErrorReason::InvalidRequest,
             "authentication failed: missing or wrong bearer token",
@@ -101,6 +113,7 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         .await;
         return;
     }
+    let request = received.request;
     ctx.outcome("served");
     let result = match request.rpc {
         StreamRpc::RelayInfo => conn.serve_info().await,
@@ -156,58 +169,6 @@ impl ConnectionContext {
 }
 
 impl Conn {
-    async fn read_request(&mut self) -> Result<StreamRequest, StreamFailure> {
-        let mut buf = BytesMut::with_capacity(512);
-        let frame = loop {
-            match decode_frame(&mut buf, &self.ctx.codec_limits) {
-                Ok(Some(frame)) => break frame,
-                Ok(None) => {}
-                Err(err) => {
-                    let reason = kvrelay_codec::v1::DecodeError::from(err.clone()).reason();
-                    return Err(StreamFailure::new(reason, err.to_string()));
-                }
-            }
-            let n = self.reader.read_buf(&mut buf).await.map_err(|err| {
-                StreamFailure::new(
-                    ErrorReason::InvalidRequest,
-                    format!("reading request: {err}"),
-                )
-            })?;
-            if n == 0 {
-                return Err(StreamFailure::new(
-                    ErrorReason::InvalidRequest,
-                    "connection closed before a complete stream request",
-                ));
-            }
-        };
-        if !buf.is_empty() {
-            return Err(StreamFailure::new(
-                ErrorReason::InvalidRequest,
-                format!("{} bytes follow the stream request", buf.len()),
-            ));
-        }
-        if frame.kind() != Some(MessageKind::StreamRequest) {
-            return Err(StreamFailure::new(
-                ErrorReason::InvalidRequest,
-                format!(
-                    "first frame has message kind {}, expected a stream request",
-                    frame.kind_code
-                ),
-            ));
-        }
-        let request = StreamRequest::decode_body(&frame.body, frame.minor)
-            .map_err(|err| StreamFailure::new(err.reason(), err.to_string()))?;
-        request.validate().map_err(|err| {
-            let reason = if err.is_unsupported() {
-                ErrorReason::UnsupportedFeature
-            } else {
-                ErrorReason::InvalidRequest
-            };
-            StreamFailure::new(reason, err.to_string())
-        })?;
-        Ok(request)
-    }
-
     /// Admits a non-pool stream of `kind` (pool streams go through `admit_pool`).
     fn admit(&mut self, kind: StreamKind) -> Result<crate::admission::StreamPermit, StreamFailure> {
         let result = self.ctx.admission.admit(kind);
@@ -463,7 +424,8 @@ impl Conn {
             }
             warn!(peer = %self.peer, "subscriber lagged; stream cut off");
         } else {
-            debug!(peer = %self.peer, reason = %failure.reason, message = %failure.message, "stream ended with an error");
+            // The message may quote peer-supplied text: `?` escapes control characters.
+            debug!(peer = %self.peer, reason = %failure.reason, message = ?failure.message, "stream ended with an error");
         }
         self.ctx
             .metrics

@@ -1,25 +1,31 @@
 //! The WAN server: one TCP listener, one task per connection, one stream per connection.
 //!
-//! The accept loop admits at most `max_connections` sockets at once (extra sockets are
-//! closed at once and counted), hands each to [`connection::serve`] in a task owned by the
+//! The accept loop admits at most `max_connections` sockets at once and at most
+//! `max_connections_per_peer` from one IP address (extra sockets are closed at once, counted
+//! and logged rate-limited), backs off while the process is out of descriptors
+//! ([`crate::accept`]), hands each socket to [`connection::serve`] in a task owned by the
 //! server's `TaskTracker`, and stops accepting when its token is cancelled. Shutdown cancels
 //! the token (every stream sends `publication_unavailable` and closes) and waits for the
 //! tracker.
 
 pub(crate) mod auth;
 pub(crate) mod connection;
+pub(crate) mod request;
 pub(crate) mod source;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, info_span, warn};
 
+use crate::accept::AcceptBackoff;
+use crate::admission::ConnectionAdmission;
 use crate::metrics::OutcomeLabel;
+use crate::throttle::LogThrottle;
 use connection::ConnectionContext;
 
 /// A bound WAN listener, not yet accepting.
@@ -44,9 +50,9 @@ impl WanServer {
     /// Accepts until `ctx.cancel` fires; connection tasks join `tracker`.
     pub(crate) async fn run(self, tracker: TaskTracker) {
         let cancel: CancellationToken = self.ctx.cancel.clone();
-        let connections = Arc::new(Semaphore::new(
-            usize::try_from(self.ctx.limits.max_connections).unwrap_or(Semaphore::MAX_PERMITS),
-        ));
+        let connections = ConnectionAdmission::new(&self.ctx.limits);
+        let mut backoff = AcceptBackoff::new("wan");
+        let refusals = LogThrottle::default();
         loop {
             let accepted = tokio::select! {
                 biased;
@@ -56,22 +62,34 @@ impl WanServer {
             let (tcp, peer) = match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
-                    // Per-connection accept errors (e.g. a reset before accept) are not fatal.
-                    debug!(error = %err, "accept failed");
+                    let sleep = backoff.failed(&err, &self.ctx.metrics);
+                    if !sleep.is_zero() {
+                        tokio::select! {
+                            biased;
+                            () = cancel.cancelled() => break,
+                            () = tokio::time::sleep(sleep) => {}
+                        }
+                    }
                     continue;
                 }
             };
-            let Ok(permit) = connections.clone().try_acquire_owned() else {
-                warn!(%peer, limit = self.ctx.limits.max_connections, "connection limit reached; closing");
-                self.ctx
-                    .metrics
-                    .connections
-                    .get_or_create(&OutcomeLabel {
-                        outcome: "rejected_limit",
-                    })
-                    .inc();
-                drop(tcp);
-                continue;
+            backoff.accepted();
+            let permit = match connections.admit(peer.ip()) {
+                Ok(permit) => permit,
+                Err(refusal) => {
+                    self.ctx
+                        .metrics
+                        .connections
+                        .get_or_create(&OutcomeLabel {
+                            outcome: refusal.outcome(),
+                        })
+                        .inc();
+                    if let Some(suppressed) = refusals.admit(Instant::now()) {
+                        warn!(%peer, %refusal, suppressed, "connection refused; closing");
+                    }
+                    drop(tcp);
+                    continue;
+                }
             };
             let ctx = self.ctx.clone();
             tracker.spawn(

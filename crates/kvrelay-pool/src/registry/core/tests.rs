@@ -218,3 +218,16 @@ fn a_failed_start_fences_only_an_active_generation() {
     assert_eq!(core.hubs_in_use(), 0);
     assert!(matches!(step(&mut core, &a, false), "error"));
 }
+
+#[test]
+fn attaches_past_the_pool_limit_are_refused_until_one_is_removed() {
+    let mut core = Core::new(DcRelayIdentity::new(1, 2), 4).with_max_pools(2);
+    let first = core.reserve(pool(1), &endpoint("a")).unwrap();
+    core.reserve(pool(2), &endpoint("b")).unwrap();
+    assert!(matches!(
+        core.reserve(pool(3), &endpoint("c")),
+        Err(AttachError::PoolLimit { limit: 2, .. })
+    ));
+    core.rollback(first);
+    assert!(core.reserve(pool(3), &endpoint("c")).is_ok());
+}

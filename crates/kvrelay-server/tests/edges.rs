@@ -1,0 +1,289 @@
+//! Every edge bounded (issue #16): what an unauthenticated WAN peer, an admin HTTP client
+//! or a card file can make the relay hold. Each test runs a real relay on 127.0.0.1 with
+//! free ports, bounds every wait by `DEADLINE`, and stops it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use kvrelay_codec::v1::{ErrorReason, Message, StreamRpc, decode_message};
+use kvrelay_server::{AuthConfig, ProbeStream, Relay, RelayConfig};
+use support::{DEADLINE, deployment, next, request, write_card};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+async fn relay_with(config: impl FnOnce(&mut RelayConfig)) -> (tempfile::TempDir, Relay) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay_config = deployment(dir.path(), 20);
+    config(&mut relay_config);
+    let relay = Relay::start(relay_config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    (dir, relay)
+}
+
+fn header(kind: u16, body_len: u32) -> Vec<u8> {
+    let mut bytes = b"KVRW".to_vec();
+    bytes.extend_from_slice(&1u16.to_le_bytes());
+    bytes.extend_from_slice(&0u16.to_le_bytes());
+    bytes.extend_from_slice(&kind.to_le_bytes());
+    bytes.extend_from_slice(&0u16.to_le_bytes());
+    bytes.extend_from_slice(&body_len.to_le_bytes());
+    bytes
+}
+
+/// Reads until the relay closes and decodes what it sent.
+async fn read_all(stream: &mut TcpStream) -> Vec<Message> {
+    let mut received = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut received))
+        .await
+        .expect("relay closes in time")
+        .unwrap_or_default();
+    let mut buf = BytesMut::from(received.as_slice());
+    let mut messages = Vec::new();
+    while let Ok(Some(message)) = decode_message(&mut buf, &kvrelay_codec::Limits::default()) {
+        messages.push(message);
+    }
+    messages
+}
+
+async fn connect_from(local: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((local, 0))).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_request_declaring_more_than_max_request_len_is_refused_from_its_header() {
+    // Row 1: before, a request declaring 8 MiB was buffered (under max_frame_len) before
+    // any authentication; now the header alone is refused.
+    let (_dir, relay) = relay_with(|_| {}).await;
+    let mut stream = TcpStream::connect(relay.wan_addr()).await.unwrap();
+    stream
+        .write_all(&header(1, 8 * 1024 * 1024 - 16))
+        .await
+        .unwrap();
+    stream.write_all(&[0u8; 4096]).await.unwrap();
+    let messages = read_all(&mut stream).await;
+    match messages.as_slice() {
+        [Message::Error(error)] => {
+            assert_eq!(error.reason, ErrorReason::ResourceLimit);
+            assert!(
+                error.message.contains("max_request_len"),
+                "{}",
+                error.message
+            );
+        }
+        other => panic!("expected one error frame, got {other:?}"),
+    }
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_peer_address_cannot_take_every_connection_slot() {
+    // Row 2: one host holding idle sockets refused everyone else.
+    let (_dir, relay) = relay_with(|config| {
+        config.limits.max_connections = 8;
+        config.limits.max_connections_per_peer = 3;
+    })
+    .await;
+    let addr = relay.wan_addr();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_from([127, 0, 0, 1], addr).await);
+    }
+    // The fourth socket from the same address is closed at once, without an error frame.
+    let mut extra = connect_from([127, 0, 0, 1], addr).await;
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(DEADLINE, extra.read(&mut byte))
+        .await
+        .expect("the refused socket is closed in time");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // Another address is still served.
+    let other = connect_from([127, 0, 0, 2], addr).await;
+    let mut probe = ProbeStream::open(other, &request(StreamRpc::RelayInfo))
+        .await
+        .unwrap();
+    assert!(matches!(
+        next(&mut probe).await,
+        Some(Message::RelayInfo(_))
+    ));
+    drop(held);
+    relay.shutdown().await.unwrap();
+}
+
+async fn admin_relay(
+    config: impl FnOnce(&mut RelayConfig),
+) -> (tempfile::TempDir, Relay, SocketAddr) {
+    let (dir, relay) = relay_with(|relay_config| {
+        relay_config.admin.enabled = true;
+        config(relay_config);
+    })
+    .await;
+    let admin = relay.admin_addr().unwrap();
+    (dir, relay, admin)
+}
+
+async fn http_get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let auth = token.map_or_else(String::new, |token| {
+        format!("Authorization: Bearer {token}\r\n")
+    });
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\n{auth}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = response
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    (status, response)
+}
+
+#[tokio::test]
+async fn admin_closes_partial_headers_and_idle_keep_alive_after_the_header_timeout() {
+    // Row 3: partial headers and idle keep-alive connections stayed open forever.
+    let (_dir, relay, admin) = admin_relay(|config| {
+        config.admin.header_read_timeout_ms = 300;
+    })
+    .await;
+    let mut partial = TcpStream::connect(admin).await.unwrap();
+    partial
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: te")
+        .await
+        .unwrap();
+    let mut idle = TcpStream::connect(admin).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    for stream in [&mut partial, &mut idle] {
+        let mut received = Vec::new();
+        tokio::time::timeout(DEADLINE, stream.read_to_end(&mut received))
+            .await
+            .expect("the admin server closes the connection in time")
+            .unwrap_or_default();
+    }
+    let (_, metrics) = http_get(admin, "/metrics", None).await;
+    assert!(
+        metrics.contains("kvrelay_admin_connections_total{outcome=\"header_timeout\"}"),
+        "{metrics}"
+    );
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn admin_refuses_connections_over_its_cap() {
+    let (_dir, relay, admin) = admin_relay(|config| config.admin.max_connections = 2).await;
+    let _a = TcpStream::connect(admin).await.unwrap();
+    let _b = TcpStream::connect(admin).await.unwrap();
+    // Accepts are in order: the third socket finds both slots taken and is closed.
+    let mut extra = TcpStream::connect(admin).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(DEADLINE, extra.read(&mut byte))
+        .await
+        .expect("the refused admin socket is closed in time");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn admin_token_guards_everything_but_health_and_readiness() {
+    let (_dir, relay, admin) = admin_relay(|config| {
+        config.admin.auth = Some(AuthConfig {
+            token: Some("adm1n".to_owned()),
+            token_file: None,
+        });
+    })
+    .await;
+    assert_eq!(http_get(admin, "/healthz", None).await.0, 200);
+    assert_eq!(http_get(admin, "/metrics", None).await.0, 401);
+    assert_eq!(http_get(admin, "/v1/catalog", Some("wrong")).await.0, 401);
+    let (status, body) = http_get(admin, "/metrics", Some("adm1n")).await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("kvrelay_admin_unauthorized_total 2"),
+        "{body}"
+    );
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_card_declaring_billions_of_ranks_is_skipped_and_counted() {
+    // Row 5: a card with data_parallel_size 4294967295 grew the relay by gigabytes.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 20);
+    config.admin.enabled = true;
+    let cards = config.discovery.dir.clone().unwrap();
+    write_card(
+        &cards,
+        ("prod", "evil", "generate"),
+        0x66,
+        "model-e",
+        "aggregated",
+        64,
+        u32::MAX,
+    );
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    let admin = relay.admin_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (_, metrics) = http_get(admin, "/metrics", None).await;
+        if metrics.contains("kvrelay_discovery_skipped_total{reason=\"malformed_card\"} 1") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        relay.pool_reports().await.len(),
+        2,
+        "the evil card attached no pool"
+    );
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn junk_card_files_are_counted_once_by_reason() {
+    // Row 6: invalid files were skipped with no log line and no metric.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 20);
+    config.admin.enabled = true;
+    let cards = config.discovery.dir.clone().unwrap();
+    std::fs::write(cards.join("garbage.json"), [0xffu8, 0x00, 0x13]).unwrap();
+    std::fs::write(cards.join("broken.json"), "{not json").unwrap();
+    std::os::unix::fs::symlink("/dev/zero", cards.join("zero.json")).unwrap();
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    let admin = relay.admin_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (_, metrics) = http_get(admin, "/metrics", None).await;
+        let malformed = metrics.contains("kvrelay_discovery_skipped_total{reason=\"malformed\"} 2");
+        let irregular =
+            metrics.contains("kvrelay_discovery_skipped_total{reason=\"not_regular_file\"} 1");
+        if malformed && irregular {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.shutdown().await.unwrap();
+}
