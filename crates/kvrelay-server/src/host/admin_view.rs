@@ -64,7 +64,7 @@ impl AdminView for HostAdminView {
                 "events_rejected": stats.events_rejected,
                 "publications": stats.publications,
                 "emitted_images": stats.emitted_images,
-                "faults": stats.faults,
+                "faults": stats.faults.total(),
                 "bucket_count": stats.filter.bucket_count,
                 "resident_blocks": stats.filter.resident_blocks,
                 "capacity_omissions": stats.filter.counters.capacity_omissions,
