@@ -44,6 +44,9 @@ pub const DEFAULT_SUBSCRIBER_QUEUE_FRAMES: u32 = 16;
 pub const DEFAULT_SUBSCRIBER_QUEUE_BYTES: u64 = 16 * 1024 * 1024;
 /// Default bound on the whole ordered shutdown, in ms.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+/// Default time a pool actor may hold pending events without finishing a command before
+/// the pool counts as stalled (`/readyz` 503, withheld from the catalog), in ms.
+pub const DEFAULT_POOL_STALL_TIMEOUT_MS: u64 = 10_000;
 
 /// Every bound of the relay server. Plain data; see the `DEFAULT_*` consts for defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +86,9 @@ pub struct Limits {
     pub subscriber_queue_bytes: u64,
     /// Bound on the ordered shutdown, in ms.
     pub shutdown_timeout_ms: u64,
+    /// Pending events without progress before a pool counts as stalled
+    /// ([`DEFAULT_POOL_STALL_TIMEOUT_MS`]).
+    pub pool_stall_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -105,6 +111,7 @@ impl Default for Limits {
             subscriber_queue_frames: DEFAULT_SUBSCRIBER_QUEUE_FRAMES,
             subscriber_queue_bytes: DEFAULT_SUBSCRIBER_QUEUE_BYTES,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            pool_stall_timeout_ms: DEFAULT_POOL_STALL_TIMEOUT_MS,
         }
     }
 }
@@ -159,6 +166,7 @@ impl Limits {
             ("write_timeout_ms", self.write_timeout_ms),
             ("load_window_ms", self.load_window_ms),
             ("shutdown_timeout_ms", self.shutdown_timeout_ms),
+            ("pool_stall_timeout_ms", self.pool_stall_timeout_ms),
         ];
         for (name, value) in durations {
             if value == 0 || value > MAX_DURATION_MS {
@@ -177,6 +185,17 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    /// The pool stall bound as a `Duration`.
+    pub fn pool_stall_timeout(&self) -> Duration {
+        Duration::from_millis(self.pool_stall_timeout_ms)
+    }
+
+    /// How often pool health is checked: a quarter of the stall bound, within 10 ms..1 s,
+    /// so a stall is seen at most a quarter bound late.
+    pub fn pool_health_interval(&self) -> Duration {
+        Duration::from_millis((self.pool_stall_timeout_ms / 4).clamp(10, 1_000))
     }
 
     /// The request timeout as a `Duration`.
