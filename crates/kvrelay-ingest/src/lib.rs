@@ -33,8 +33,7 @@ mod zmq_frames;
 mod zmq_source;
 
 pub use canonical::{
-    BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, multimodal_hash,
-    stored_token_hashes,
+    BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, stored_token_hashes,
 };
 pub use dynamo_event::{
     DynamoDecoded, DynamoEventError, decode_dynamo_events, dynamo_kv_event_subject,

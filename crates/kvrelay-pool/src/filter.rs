@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 
 use kvrelay_ckf::{
-    ApplyOutcome, CkfConfig, ConfigError, Delta, FilterCounters, PoolFilter, RouterEvent,
-    SourceId,
+    ApplyOutcome, CkfConfig, ConfigError, Delta, FilterCounters, PoolFilter, RouterEvent, SourceId,
 };
 use kvrelay_identity::CkfFormat;
 

@@ -145,7 +145,10 @@ mod tests {
         let start = Instant::now();
         let cell = HealthCell::new(start, 8);
         let idle = cell.read(start + Duration::from_secs(60), 0, false);
-        assert!(!idle.is_stalled(Duration::from_secs(1)), "idle is not stalled");
+        assert!(
+            !idle.is_stalled(Duration::from_secs(1)),
+            "idle is not stalled"
+        );
 
         // An event arriving after a long idle spell is not stalled the moment it arrives.
         let arrival = start + Duration::from_secs(60);
@@ -166,7 +169,12 @@ mod tests {
 
         // Applying it clears the stall and records the last event.
         let applied = arrival + Duration::from_secs(3);
-        cell.record(applied, PoolActorStats::default(), &Default::default(), true);
+        cell.record(
+            applied,
+            PoolActorStats::default(),
+            &Default::default(),
+            true,
+        );
         let after = cell.read(applied + Duration::from_secs(1), 0, false);
         assert_eq!(after.pending_events, 0);
         assert_eq!(after.since_last_event, Some(Duration::from_secs(1)));

@@ -15,34 +15,11 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use kvrelay_ingest::{EngineBatch, EngineEvent, EngineKind, EngineLayout, encode_engine_batch};
+use kvrelay_ingest::EngineEvent;
 use kvrelay_server::{EngineKind as ConfigEngine, Relay, SourceConfig};
-use support::{DEADLINE, single_worker, stored};
+use support::{DEADLINE, single_worker, stored, vllm_message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
-
-/// One vLLM batch with `events` on rank 0 at sequence `seq`.
-fn batch(seq: u64, events: Vec<EngineEvent>) -> ZmqMessage {
-    let layout = EngineLayout {
-        engine: EngineKind::Vllm,
-        map_events: false,
-        map_batch: false,
-    };
-    let batch = EngineBatch {
-        ts: 0.0,
-        events,
-        dp_rank: Some(0),
-    };
-    let mut payload = Vec::new();
-    encode_engine_batch(&batch, layout, &mut payload);
-    ZmqMessage::try_from(vec![
-        Bytes::from_static(b"kv-events"),
-        Bytes::copy_from_slice(&seq.to_be_bytes()),
-        Bytes::from(payload),
-    ])
-    .unwrap()
-}
+use zeromq::{PubSocket, Socket, SocketSend};
 
 fn removed(ids: &[u64]) -> EngineEvent {
     EngineEvent::BlockRemoved(kvrelay_ingest::BlockRemoved {
@@ -140,7 +117,10 @@ async fn unknown_parents_are_counted_and_valid_blocks_still_land() {
     let mut seq = 0u64;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
-        publisher.send(batch(seq, vec![removed(&[seq + 1])])).await.unwrap();
+        publisher
+            .send(vllm_message(seq, vec![removed(&[seq + 1])]))
+            .await
+            .unwrap();
         seq += 1;
         relay.flush().await;
         if relay.pool_reports().await[0].events_applied > 0 {
@@ -153,12 +133,15 @@ async fn unknown_parents_are_counted_and_valid_blocks_still_land() {
 
     for at in 0..40 {
         let event = stored(&[10_000 + at], Some(999_999));
-        publisher.send(batch(seq, vec![event])).await.unwrap();
+        publisher
+            .send(vllm_message(seq, vec![event]))
+            .await
+            .unwrap();
         seq += 1;
     }
     for at in 0..50 {
         publisher
-            .send(batch(seq, vec![stored(&[1 + at], None)]))
+            .send(vllm_message(seq, vec![stored(&[1 + at], None)]))
             .await
             .unwrap();
         seq += 1;
@@ -202,7 +185,10 @@ async fn unknown_parents_are_counted_and_valid_blocks_still_land() {
                 metrics.contains("kvrelay_pool_faults_total{category=\"source_protocol\"} 0"),
                 "{metrics}"
             );
-            assert!(metrics.contains("kvrelay_sources{state=\"connected\"} 1"), "{metrics}");
+            assert!(
+                metrics.contains("kvrelay_sources{state=\"connected\"} 1"),
+                "{metrics}"
+            );
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{metrics}");

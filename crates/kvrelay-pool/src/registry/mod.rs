@@ -24,11 +24,11 @@ mod tests;
 
 use std::sync::Arc;
 
+use kvrelay_ckf::ConfigError;
 use kvrelay_identity::{
     CanonicalModelRegistration, DcRelayIdentity, EndpointId, KvQuerySemantics, PoolId,
     ProducerIdentity, WorkerRole,
 };
-use kvrelay_ckf::ConfigError;
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;

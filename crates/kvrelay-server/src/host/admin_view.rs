@@ -121,7 +121,12 @@ fn stats_json(health: &PoolHealth) -> serde_json::Value {
     let stats = &health.stats;
     let faults: serde_json::Map<String, serde_json::Value> = FaultCategory::ALL
         .into_iter()
-        .map(|category| (category.label().to_owned(), stats.faults.get(category).into()))
+        .map(|category| {
+            (
+                category.label().to_owned(),
+                stats.faults.get(category).into(),
+            )
+        })
         .collect();
     let latest_faults: Vec<serde_json::Value> = health
         .latest_faults

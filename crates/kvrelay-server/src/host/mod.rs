@@ -16,9 +16,9 @@ mod pump;
 mod replay;
 mod report;
 mod scrape;
-mod state;
 #[cfg(test)]
 mod stall_tests;
+mod state;
 mod supervisor;
 mod wire;
 pub(crate) mod workload;

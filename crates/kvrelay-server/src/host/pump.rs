@@ -213,12 +213,14 @@ async fn forward(
             Some(SourceOutput::Signal(signal)) => {
                 states.report(key.clone(), state_after(&signal));
                 match signal {
-                SourceSignal::Connected { endpoint } => info!(%endpoint, "source connected"),
-                SourceSignal::Lost { endpoint } => warn!(%endpoint, "source lost; reconnecting"),
-                SourceSignal::Gap { expected, got } => {
-                    warn!(expected, got, "source gap; replaying")
-                }
-                SourceSignal::Reset { reason, .. } => warn!(?reason, "source reset"),
+                    SourceSignal::Connected { endpoint } => info!(%endpoint, "source connected"),
+                    SourceSignal::Lost { endpoint } => {
+                        warn!(%endpoint, "source lost; reconnecting")
+                    }
+                    SourceSignal::Gap { expected, got } => {
+                        warn!(expected, got, "source gap; replaying")
+                    }
+                    SourceSignal::Reset { reason, .. } => warn!(?reason, "source reset"),
                 }
             }
         }

@@ -28,7 +28,11 @@ fn config(dir: &std::path::Path) -> RelayConfig {
                 "data_parallel_size": 1, "enable_local_indexer": true, "enable_eagle": false}
         }
     });
-    std::fs::write(cards.join("prod-backend-generate-11.json"), record.to_string()).unwrap();
+    std::fs::write(
+        cards.join("prod-backend-generate-11.json"),
+        record.to_string(),
+    )
+    .unwrap();
     let trace = dir.join("trace.jsonl");
     std::fs::write(
         &trace,

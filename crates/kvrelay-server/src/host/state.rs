@@ -218,12 +218,14 @@ impl HostState {
                     })
                     .inc_by(now.faults[index].saturating_sub(before.faults[index]));
             }
-            self.metrics
-                .pool_unroutable_blocks
-                .inc_by(now.unroutable_blocks.saturating_sub(before.unroutable_blocks));
-            self.metrics
-                .pool_contradiction_resets
-                .inc_by(now.contradiction_resets.saturating_sub(before.contradiction_resets));
+            self.metrics.pool_unroutable_blocks.inc_by(
+                now.unroutable_blocks
+                    .saturating_sub(before.unroutable_blocks),
+            );
+            self.metrics.pool_contradiction_resets.inc_by(
+                now.contradiction_resets
+                    .saturating_sub(before.contradiction_resets),
+            );
             next.insert(key.clone(), now);
         }
         *counted = next;

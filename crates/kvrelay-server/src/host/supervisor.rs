@@ -29,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-pub(crate) use self::core::{CoreConfig, HostFacts, SourceKey, SourceState};
 use self::core::{Command, HealthFact, SupervisionCore};
+pub(crate) use self::core::{CoreConfig, HostFacts, SourceKey, SourceState};
 use crate::config::SourceConfig;
 use crate::host::pump::{self, SourceStates};
 use crate::host::scrape;
@@ -206,7 +206,9 @@ impl Supervisor {
                         continue;
                     }
                     if let Some(registrations) = registrations
-                        && let Err(err) = self.registry.replace_registrations(attachment, registrations)
+                        && let Err(err) = self
+                            .registry
+                            .replace_registrations(attachment, registrations)
                     {
                         warn!(error = %err, "replacing registrations failed");
                     }
@@ -311,7 +313,11 @@ impl Supervisor {
                     stalled_for: health.stalled_for,
                 },
             ));
-            healths.push((wire::pool_key(&attachment.pool), attachment.generation, health));
+            healths.push((
+                wire::pool_key(&attachment.pool),
+                attachment.generation,
+                health,
+            ));
         }
         self.state.record_health(&healths);
         readings
@@ -335,7 +341,9 @@ fn settle(core: &mut SupervisionCore, shell: &mut Shell, settled: Settled) {
 }
 
 /// Resolves with the first attached generation whose token is cancelled (never when none).
-async fn fenced_generation(attachments: &BTreeMap<EndpointId, PoolAttachment>) -> (EndpointId, u64) {
+async fn fenced_generation(
+    attachments: &BTreeMap<EndpointId, PoolAttachment>,
+) -> (EndpointId, u64) {
     let waits: Vec<_> = attachments
         .iter()
         .map(|(endpoint, attachment)| {

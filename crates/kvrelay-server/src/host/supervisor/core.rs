@@ -226,7 +226,10 @@ pub(crate) struct SupervisionCore {
 }
 
 impl SupervisionCore {
-    pub(crate) fn new(config: CoreConfig, configured: BTreeMap<EndpointId, Vec<SourceConfig>>) -> Self {
+    pub(crate) fn new(
+        config: CoreConfig,
+        configured: BTreeMap<EndpointId, Vec<SourceConfig>>,
+    ) -> Self {
         Self {
             config,
             view: None,
@@ -352,7 +355,12 @@ impl SupervisionCore {
     }
 
     /// A source reported `state`. Ignored for sources that are not running.
-    pub(crate) fn handle_source_state(&mut self, key: &SourceKey, state: SourceState, _now: Instant) {
+    pub(crate) fn handle_source_state(
+        &mut self,
+        key: &SourceKey,
+        state: SourceState,
+        _now: Instant,
+    ) {
         let mut changed = false;
         for sources in self.running.values_mut() {
             if let Some(current) = sources.get_mut(key)
@@ -444,7 +452,9 @@ impl SupervisionCore {
     pub(crate) fn facts(&self) -> HostFacts {
         let mut facts = HostFacts::default();
         if self.view.is_none() {
-            facts.unready.push("discovery has not listed yet".to_owned());
+            facts
+                .unready
+                .push("discovery has not listed yet".to_owned());
         }
         for sources in self.running.values() {
             for state in sources.values() {
@@ -513,7 +523,12 @@ impl SupervisionCore {
                 states.insert(SourceState::Connected.label(), n);
             }
         }
-        for state in self.running.get(endpoint).into_iter().flat_map(|s| s.values()) {
+        for state in self
+            .running
+            .get(endpoint)
+            .into_iter()
+            .flat_map(|s| s.values())
+        {
             *states.entry(state.label()).or_default() += 1;
         }
         states

@@ -19,7 +19,8 @@ fn card_with_block_size(
     dp_size: u32,
     block_size: u32,
 ) -> serde_json::Value {
-    let mut runtime = serde_json::json!({"data_parallel_start_rank": dp_start, "data_parallel_size": dp_size});
+    let mut runtime =
+        serde_json::json!({"data_parallel_start_rank": dp_start, "data_parallel_size": dp_size});
     if let Some(blocks) = total_kv_blocks {
         runtime["total_kv_blocks"] = blocks.into();
     }
@@ -145,6 +146,17 @@ fn last_catalog(commands: &[Command]) -> Option<(BTreeSet<PoolId>, u64)> {
 }
 
 const A: &str = "prod.backend.generate";
+
+/// A core whose endpoint A (one worker, 64 blocks, one engine source) is attached as
+/// generation 1, with its commands drained.
+fn attached_a() -> SupervisionCore {
+    let mut core = core_with_engines(&[A]);
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
+    drain(&mut core);
+    core.handle_attached(&endpoint(A), 1);
+    drain(&mut core);
+    core
+}
 const B: &str = "prod.other.generate";
 
 fn two_endpoints() -> MembershipView {
@@ -217,7 +229,10 @@ fn endpoints_attach_concurrently_and_independently() {
     assert_eq!(started(&commands), vec![endpoint(B)]);
     let routes = last_routes(&commands).unwrap();
     assert_eq!(
-        routes.iter().map(|plan| plan.endpoint.clone()).collect::<Vec<_>>(),
+        routes
+            .iter()
+            .map(|plan| plan.endpoint.clone())
+            .collect::<Vec<_>>(),
         vec![endpoint(B)]
     );
     assert!(attaches(&commands).is_empty(), "no second attach for A");
@@ -231,11 +246,7 @@ fn endpoints_attach_concurrently_and_independently() {
 
 #[test]
 fn a_changed_binding_retires_first_then_attaches_the_new_generation() {
-    let mut core = core_with_engines(&[A]);
-    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
-    drain(&mut core);
-    core.handle_attached(&endpoint(A), 1);
-    drain(&mut core);
+    let mut core = attached_a();
 
     // A new block size is a new cache domain: a new generation.
     core.handle_membership(view(&[(
@@ -247,9 +258,9 @@ fn a_changed_binding_retires_first_then_attaches_the_new_generation() {
         retires(&commands),
         vec![(endpoint(A), 1, RetirementMode::Graceful)]
     );
-    assert!(commands
-        .iter()
-        .any(|command| matches!(command, Command::StopSources { endpoint: e } if *e == endpoint(A))));
+    assert!(commands.iter().any(
+        |command| matches!(command, Command::StopSources { endpoint: e } if *e == endpoint(A))
+    ));
     assert!(attaches(&commands).is_empty(), "withdraw first");
     assert_eq!(last_routes(&commands), Some(Vec::new()));
 
@@ -259,11 +270,7 @@ fn a_changed_binding_retires_first_then_attaches_the_new_generation() {
 
 #[test]
 fn a_content_change_updates_in_place() {
-    let mut core = core_with_engines(&[A]);
-    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
-    drain(&mut core);
-    core.handle_attached(&endpoint(A), 1);
-    drain(&mut core);
+    let mut core = attached_a();
     core.handle_membership(view(&[("prod/backend/generate/1", card(Some(128), 0, 1))]));
     let commands = drain(&mut core);
     assert!(retires(&commands).is_empty());
@@ -288,7 +295,10 @@ fn an_endpoint_that_leaves_while_attaching_is_retired_once_attached() {
     core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
     drain(&mut core);
     core.handle_membership(view(&[]));
-    assert!(retires(&drain(&mut core)).is_empty(), "nothing to retire yet");
+    assert!(
+        retires(&drain(&mut core)).is_empty(),
+        "nothing to retire yet"
+    );
     core.handle_attached(&endpoint(A), 3);
     assert_eq!(
         retires(&drain(&mut core)),
@@ -298,13 +308,12 @@ fn an_endpoint_that_leaves_while_attaching_is_retired_once_attached() {
 
 #[test]
 fn a_fenced_generation_is_retired_fenced_and_rebuilt() {
-    let mut core = core_with_engines(&[A]);
-    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
-    drain(&mut core);
-    core.handle_attached(&endpoint(A), 1);
-    drain(&mut core);
+    let mut core = attached_a();
     core.handle_fenced(&endpoint(A), 0);
-    assert!(retires(&drain(&mut core)).is_empty(), "a stale generation fences nothing");
+    assert!(
+        retires(&drain(&mut core)).is_empty(),
+        "a stale generation fences nothing"
+    );
     core.handle_fenced(&endpoint(A), 1);
     assert_eq!(
         retires(&drain(&mut core)),
@@ -317,7 +326,9 @@ fn a_fenced_generation_is_retired_fenced_and_rebuilt() {
 #[test]
 fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
     let mut core = core_with_engines(&[A]);
-    core.handle_catalog(PoolCatalog::new(kvrelay_identity::DcRelayIdentity::new(1, 2)));
+    core.handle_catalog(PoolCatalog::new(kvrelay_identity::DcRelayIdentity::new(
+        1, 2,
+    )));
     core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
     drain(&mut core);
     core.handle_attached(&endpoint(A), 1);
@@ -374,7 +385,10 @@ fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
     )]);
     let (withheld, revision) = last_catalog(&drain(&mut core)).unwrap();
     assert!(withheld.is_empty());
-    assert_eq!(revision, 2, "the advertised revision moves with its content");
+    assert_eq!(
+        revision, 2,
+        "the advertised revision moves with its content"
+    );
     assert!(core.facts().unready.is_empty());
 }
 
@@ -387,7 +401,10 @@ fn shutdown_retires_everything_including_attaches_in_flight() {
     drain(&mut core);
     core.handle_shutdown();
     let commands = drain(&mut core);
-    assert_eq!(retires(&commands), vec![(endpoint(A), 1, RetirementMode::Fenced)]);
+    assert_eq!(
+        retires(&commands),
+        vec![(endpoint(A), 1, RetirementMode::Fenced)]
+    );
     assert!(core.is_settling());
     core.handle_attached(&endpoint(B), 2);
     assert_eq!(
