@@ -5,7 +5,10 @@
 //!   delta taken every 16 events, vs a bare hashbrown refcount map fed the same stream;
 //! - `ckf_query`: 64-block prefix queries over 16 pools (bucket-major query table) vs the
 //!   exact per-pool index behind the same trait, and the memory floor (as many independent
-//!   random row-pair loads as the filter probes, no hashing, no search).
+//!   random row-pair loads as the filter probes, no hashing, no search);
+//! - `ckf_stats`: reading a 2^24-bucket filter's statistics (occupied slots, load factor,
+//!   resident and owned blocks, counters) as the pool actor does after every command, vs
+//!   the table scan that used to count occupied slots.
 //!
 //! p50/p99 latencies, a paired apply ratio (alternating turns), memory and accuracy figures come
 //! from `examples/ckf_figures.rs`, which `cargo xtask bench` runs after criterion.
@@ -145,5 +148,47 @@ impl RowLoads {
     }
 }
 
-criterion_group!(benches, apply, query);
+fn stats(c: &mut Criterion) {
+    use kvrelay_ckf::{
+        CkfConfig, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    };
+    let mut group = c.benchmark_group("ckf_stats");
+    // 2^25 expected blocks size the largest v1 table: 2^24 buckets (128 MiB).
+    let mut filter = PoolFilter::new(CkfConfig::new(1 << 25)).unwrap();
+    assert_eq!(filter.format().bucket_count(), 1 << 24);
+    let blocks = (1..=4096u64)
+        .map(|id| StoredBlock {
+            engine_block_id: id,
+            token_hash: id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        })
+        .collect();
+    filter
+        .apply(&RouterEvent {
+            source: SourceId::new(1, 0),
+            event_id: 1,
+            payload: EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: None,
+                blocks,
+            }),
+        })
+        .unwrap();
+    group.bench_function("incremental", |b| {
+        b.iter(|| {
+            let counters = filter.counters();
+            (
+                filter.occupied_slots(),
+                filter.load_factor(),
+                filter.n_resident(),
+                filter.n_canonicals(),
+                counters.capacity_omissions,
+            )
+        })
+    });
+    group.bench_function("baseline-table-scan", |b| {
+        b.iter(|| filter.count_occupied_slots())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, apply, query, stats);
 criterion_main!(benches);

@@ -247,8 +247,25 @@ impl PoolFilter {
             .map(|(c, _)| c)
     }
 
-    /// Occupied fingerprint slots (scans the table).
+    /// Occupied fingerprint slots, O(1): maintained incrementally as fingerprints are
+    /// inserted and removed (every resident canonical hash holds exactly one slot).
     pub fn occupied_slots(&self) -> u64 {
+        self.n_resident()
+    }
+
+    /// Occupied slots over all slots (4 per bucket), O(1); 0 for an empty table.
+    pub fn load_factor(&self) -> f64 {
+        let slots = u64::from(self.format.bucket_count()) * 4;
+        if slots == 0 {
+            0.0
+        } else {
+            self.occupied_slots() as f64 / slots as f64
+        }
+    }
+
+    /// Occupied fingerprint slots counted by scanning every bucket, O(buckets): an audit
+    /// of [`PoolFilter::occupied_slots`] for tests and tools, not for polling.
+    pub fn count_occupied_slots(&self) -> u64 {
         self.state.table.occupied_slots()
     }
 

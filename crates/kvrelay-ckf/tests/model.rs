@@ -166,6 +166,8 @@ fn check_state(filter: &PoolFilter, model: &Model) -> Result<(), TestCaseError> 
         }
     }
     // (b) one physical copy per resident hash, none left behind by removals.
+    prop_assert_eq!(filter.count_occupied_slots(), n_resident);
+    // The O(1) figures agree with the scan.
     prop_assert_eq!(filter.occupied_slots(), n_resident);
     prop_assert_eq!(filter.n_resident(), n_resident);
     let omitted = filter.omitted_canonicals().count() as u64;

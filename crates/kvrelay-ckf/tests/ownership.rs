@@ -80,12 +80,12 @@ fn different_engine_ids_for_the_same_tokens_share_one_fingerprint() {
     f.apply(&stored(B, None, &[(16_481_235_979_017_058_908, 7)]))
         .unwrap();
     assert_eq!(f.owner_count(7), 2);
-    assert_eq!(f.occupied_slots(), 1);
+    assert_eq!(f.count_occupied_slots(), 1);
     f.apply(&cleared(A)).unwrap();
     assert!(f.contains(7));
     f.apply(&removed(B, &[16_481_235_979_017_058_908])).unwrap();
     assert!(!f.contains(7));
-    assert_eq!(f.occupied_slots(), 0);
+    assert_eq!(f.count_occupied_slots(), 0);
 }
 
 #[test]
@@ -193,12 +193,12 @@ fn colliding_hashes_stay_visible_until_both_are_removed() {
     let (x, y) = colliding_pair(&f);
     f.apply(&stored(A, None, &[(1, x)])).unwrap();
     f.apply(&stored(B, None, &[(2, y)])).unwrap();
-    assert_eq!(f.occupied_slots(), 2);
+    assert_eq!(f.count_occupied_slots(), 2);
     f.apply(&removed(A, &[1])).unwrap();
     assert!(f.contains(y) && f.contains(x), "one copy remains for y");
     f.apply(&removed(B, &[2])).unwrap();
     assert!(!f.contains(y));
-    assert_eq!(f.occupied_slots(), 0);
+    assert_eq!(f.count_occupied_slots(), 0);
 }
 
 #[test]
@@ -266,7 +266,7 @@ fn clearing_one_rank_keeps_sibling_ranks_and_shared_hashes() {
     f.apply(&stored(A, None, &[(3, 33)])).unwrap();
     f.remove_worker(1).unwrap();
     assert_eq!(f.n_mappings(), 0);
-    assert_eq!(f.occupied_slots(), 0);
+    assert_eq!(f.count_occupied_slots(), 0);
 }
 
 #[test]

@@ -207,6 +207,25 @@ fn append_mm_hashes(buf: &mut Vec<u8>, mm_hashes: &[u64]) {
     }
 }
 
+/// Tokens hashed per block: `block_size` for standard formats, `block_size + 1` for Eagle
+/// (each window also covers the next block's first token); the stride is always
+/// `block_size`. The one definition producers (ingest) and consumers (query hashing) use.
+///
+/// ```
+/// use kvrelay_identity::hashing::block_window_len;
+/// use kvrelay_identity::KvQueryHashFormat;
+/// assert_eq!(block_window_len(16, KvQueryHashFormat::DynamoStandardV1), 16);
+/// assert_eq!(block_window_len(16, KvQueryHashFormat::DynamoEagleV1), 17);
+/// ```
+pub fn block_window_len(block_size: u32, format: KvQueryHashFormat) -> usize {
+    let stride = block_size as usize;
+    if stride > 0 && format.is_eagle() {
+        stride + 1
+    } else {
+        stride
+    }
+}
+
 /// Start/end token offsets of each complete block window.
 #[derive(Debug, Clone)]
 struct BlockWindows {
@@ -219,12 +238,12 @@ struct BlockWindows {
 impl BlockWindows {
     fn new(n_tokens: usize, block_size: u32, format: KvQueryHashFormat) -> Self {
         let stride = block_size as usize;
-        let (window, n_blocks) = if stride == 0 {
-            (0, 0)
-        } else if format.is_eagle() {
-            (stride + 1, n_tokens.saturating_sub(1) / stride)
+        let window = block_window_len(block_size, format);
+        let n_blocks = if stride == 0 {
+            0
         } else {
-            (stride, n_tokens / stride)
+            // Complete windows: the last one must end within the tokens.
+            (n_tokens + stride).saturating_sub(window) / stride
         };
         Self {
             next_block: 0,

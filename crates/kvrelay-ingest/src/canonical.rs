@@ -21,8 +21,7 @@
 
 use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
 use kvrelay_identity::KvQueryHashFormat;
-use kvrelay_identity::hashing::{HashSalt, block_hash};
-use xxhash_rust::xxh3::xxh3_64;
+use kvrelay_identity::hashing::{HashSalt, block_hash, block_window_len, mm_hash_from_identifier};
 
 use crate::engine::{BlockRemoved, BlockStored, EngineBatch, EngineEvent, ExtraKey, TokenIds};
 use crate::error::CanonicalizeError;
@@ -193,18 +192,6 @@ pub fn is_device_medium(medium: Option<&str>) -> bool {
     }
 }
 
-/// The u64 a multimodal identifier contributes to its block's hash: the first 16 hex
-/// digits of a 64-hex digest, otherwise XXH3-64 of the identifier; empty gives none.
-pub fn multimodal_hash(identifier: &str) -> Option<u64> {
-    if identifier.is_empty() {
-        return None;
-    }
-    if identifier.len() == 64 && identifier.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return u64::from_str_radix(&identifier[..16], 16).ok();
-    }
-    Some(xxh3_64(identifier.as_bytes()))
-}
-
 /// The token hashes of a stored event's blocks under `config`.
 pub fn stored_token_hashes(
     stored: &BlockStored,
@@ -231,7 +218,8 @@ pub fn stored_token_hashes(
             block_size: config.block_size,
         });
     }
-    let eagle = config.hash_format.is_eagle();
+    // The window rule is identity's: Eagle windows take one token past the block.
+    let eagle = block_window_len(config.block_size, config.hash_format) > bs;
     let mut window: Vec<u32> = Vec::with_capacity(bs + 1);
     let mut mm: Vec<u64> = Vec::new();
     let mut out = Vec::with_capacity(n_blocks);
@@ -271,7 +259,7 @@ pub fn stored_token_hashes(
         mm.clear();
         if let Some(keys) = keys {
             mm.extend(keys.iter().filter_map(|key| match key {
-                ExtraKey::Multimodal { identifier, .. } => multimodal_hash(identifier),
+                ExtraKey::Multimodal { identifier, .. } => mm_hash_from_identifier(identifier),
                 ExtraKey::Text(_) => None,
             }));
         }

@@ -35,8 +35,7 @@ mod zmq_source;
 mod zmq_transport;
 
 pub use canonical::{
-    BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, multimodal_hash,
-    stored_token_hashes,
+    BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, stored_token_hashes,
 };
 pub use dynamo_event::{
     DynamoDecoded, DynamoEventError, decode_dynamo_events, dynamo_kv_event_subject,

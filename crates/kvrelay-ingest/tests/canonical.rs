@@ -10,7 +10,7 @@ use kvrelay_identity::hashing::{HashSalt, block_hashes, block_hashes_with_mm};
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, CanonicalizeError, Canonicalizer, EngineBatch,
     EngineBlockHash, EngineEvent, EngineKind, ExtraKey, HashRepr, Limits, TokenIds,
-    decode_engine_batch, multimodal_hash,
+    decode_engine_batch,
 };
 
 const STANDARD: KvQueryHashFormat = KvQueryHashFormat::DynamoStandardV1;
@@ -155,7 +155,9 @@ fn vllm_extra_keys_give_salt_and_multimodal_hashes() {
         cache_namespace: Some("salt-1"),
     };
     let tokens: Vec<u32> = (0..8).collect();
-    let mm = vec![vec![multimodal_hash("mm-0123abcd").unwrap()]];
+    let mm = vec![vec![
+        kvrelay_identity::hashing::mm_hash_from_identifier("mm-0123abcd").unwrap(),
+    ]];
     let with_salt = block_hashes_with_mm(&tokens, 4, STANDARD, salt, &mm);
     let lora_only = block_hashes(
         &tokens,
@@ -172,8 +174,11 @@ fn vllm_extra_keys_give_salt_and_multimodal_hashes() {
 #[test]
 fn sixty_four_hex_multimodal_identifier_uses_its_first_sixteen_digits() {
     let id = "0123456789abcdef".repeat(4);
-    assert_eq!(multimodal_hash(&id), Some(0x0123_4567_89ab_cdef));
-    assert_eq!(multimodal_hash(""), None);
+    assert_eq!(
+        kvrelay_identity::hashing::mm_hash_from_identifier(&id),
+        Some(0x0123_4567_89ab_cdef)
+    );
+    assert_eq!(kvrelay_identity::hashing::mm_hash_from_identifier(""), None);
 }
 
 #[test]

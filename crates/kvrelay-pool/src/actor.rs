@@ -16,13 +16,21 @@
 //!
 //! Run loop (`biased`): fence first, then the mailbox, then the publication timer.
 //! [`PoolActorHandle::shutdown`] is graceful (queued commands run, the tail is published);
-//! [`PoolActorHandle::fence`] is not (the tail is discarded). Faults go to a bounded
-//! channel; when it is full the actor waits for its owner to drain it, unless fenced.
+//! [`PoolActorHandle::fence`] is not (the tail is discarded).
+//!
+//! Faults are data: the actor never waits to report one. Each is counted by
+//! [`FaultCategory`], the latest of each category is kept with its typed [`PoolFault`],
+//! and a fault with a remedy gets it here (contradictory block ids → that source is
+//! cleared; an exhausted sequence → the generation token is cancelled so its owner
+//! rebuilds it). Stored events whose parent the source never reported are not faults but
+//! *unroutable* blocks, counted and dropped. After every command the actor publishes its
+//! counters into a shared cell that [`PoolActorHandle::health`] reads in O(1) without the
+//! mailbox, so a stalled actor is still observable (see `health.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kvrelay_ckf::{ApplyOutcome, Delta, RouterEvent, SourceId};
+use kvrelay_ckf::{ApplyError, ApplyOutcome, Delta, EventPayload, RouterEvent, SourceId};
 use kvrelay_identity::ProducerIdentity;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -30,38 +38,94 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::error::ActorError;
-use crate::filter::{Fault, FilterState, FilterStats};
+use crate::error::{ActorError, FeedError, PoolFault};
+use crate::filter::{FilterState, FilterStats};
+use crate::health::{HealthCell, PoolHealth};
 use crate::limits::Limits;
 
-/// How bad a fault is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How bad a fault is, and so who acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum FaultCategory {
-    /// The filter could not allocate; the source should be rebuilt later.
+    /// The filter could not allocate; nothing changed and a later attempt may succeed.
     Resource,
-    /// The source sent an event that does not fit its history (missing parent,
-    /// contradictory block ids); the source should be reset and replayed.
+    /// The source sent an event that contradicts its own history (contradictory block
+    /// ids, owner overflow); contradictory ids reset that source.
     SourceProtocol,
-    /// The filter's own invariants broke; the generation must be fenced and rebuilt.
+    /// The filter's own invariants broke (sequence exhausted); the generation is rebuilt.
     ProducerInvariant,
 }
 
-/// One fault reported by a pool actor.
+impl FaultCategory {
+    /// Every category, in label order.
+    pub const ALL: [Self; 3] = [
+        Self::Resource,
+        Self::SourceProtocol,
+        Self::ProducerInvariant,
+    ];
+
+    /// The metric label value (`kvrelay_pool_faults_total{category}`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Resource => "resource",
+            Self::SourceProtocol => "source_protocol",
+            Self::ProducerInvariant => "producer_invariant",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Self::Resource => 0,
+            Self::SourceProtocol => 1,
+            Self::ProducerInvariant => 2,
+        }
+    }
+}
+
+/// Faults counted by category.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FaultCounts {
+    by_category: [u64; 3],
+}
+
+impl FaultCounts {
+    /// Faults of `category`.
+    pub fn get(&self, category: FaultCategory) -> u64 {
+        self.by_category[category.index()]
+    }
+
+    /// Faults of every category.
+    pub fn total(&self) -> u64 {
+        self.by_category.iter().sum()
+    }
+
+    fn count(&mut self, category: FaultCategory) -> u64 {
+        let slot = &mut self.by_category[category.index()];
+        *slot = slot.saturating_add(1);
+        *slot
+    }
+}
+
+/// One fault of a pool actor, with the filter's typed error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActorFault {
-    /// The source whose event failed.
+    /// The source whose event or operation failed (the default source for a publication).
     pub source: SourceId,
-    /// The event's id.
+    /// The event's id (0 for source operations and publications).
     pub event_id: u64,
-    /// How bad it is.
-    pub category: FaultCategory,
     /// What happened.
-    pub message: String,
+    pub fault: PoolFault,
+}
+
+impl ActorFault {
+    /// How bad it is.
+    pub fn category(&self) -> FaultCategory {
+        self.fault.category()
+    }
 }
 
 /// A snapshot of one actor's counters and filter statistics.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PoolActorStats {
     /// The last published sequence.
     pub sequence: u64,
@@ -69,8 +133,13 @@ pub struct PoolActorStats {
     pub publishing: bool,
     /// Events applied (accepted, possibly with omissions).
     pub events_applied: u64,
-    /// Events rejected with a fault.
+    /// Events the filter rejected (faults and unroutable events together).
     pub events_rejected: u64,
+    /// Stored events rejected because their parent block is unknown to their source (a
+    /// relay restarted next to a running engine, or a lost event): not faults.
+    pub unroutable_events: u64,
+    /// Blocks of those events.
+    pub unroutable_blocks: u64,
     /// Deltas published to a hub.
     pub publications: u64,
     /// Publication boundaries that found no changed bucket.
@@ -79,12 +148,14 @@ pub struct PoolActorStats {
     pub emitted_images: u64,
     /// Times a hub's feed overran and was closed.
     pub hub_overruns: u64,
-    /// Faults reported.
-    pub faults: u64,
+    /// Faults, by category.
+    pub faults: FaultCounts,
+    /// Sources cleared as the remedy of a contradictory block id.
+    pub contradiction_resets: u64,
     /// Blocks owned but not resident because the filter was full (lossy, not a fault).
     pub capacity_omissions: u64,
-    /// The filter's own statistics (load, omissions, unknown removals, resident blocks
-    /// per source).
+    /// The filter's own statistics (load, omissions, unknown removals, resident blocks),
+    /// all O(1) to read.
     pub filter: FilterStats,
 }
 
@@ -112,6 +183,7 @@ struct ActorShared {
     identity: ProducerIdentity,
     fence: CancellationToken,
     stopped: CancellationToken,
+    health: HealthCell,
 }
 
 #[derive(Debug)]
@@ -134,7 +206,7 @@ enum Command {
         reply: oneshot::Sender<Vec<(SourceId, u64)>>,
     },
     Attach {
-        reply: oneshot::Sender<Result<PublicationFeed, String>>,
+        reply: oneshot::Sender<Result<PublicationFeed, PoolFault>>,
     },
     Detach {
         lease: u64,
@@ -145,6 +217,11 @@ enum Command {
     #[cfg(test)]
     Words {
         reply: oneshot::Sender<(u64, Vec<u64>)>,
+    },
+    /// Test hook: the actor stops taking commands until `release` fires or is dropped.
+    #[cfg(any(test, feature = "test-hooks"))]
+    Stall {
+        release: oneshot::Receiver<()>,
     },
 }
 
@@ -158,17 +235,18 @@ impl std::fmt::Debug for PublicationFeed {
 }
 
 impl PoolActorHandle {
-    /// Spawns the actor on `tracker`; returns its handle and its fault receiver. Cancelling
-    /// `registry` (registry shutdown or drop) fences the actor.
+    /// Spawns the actor on `tracker`. Cancelling `registry` (registry shutdown or drop)
+    /// fences the actor; the actor cancels `generation` itself when a fault means the
+    /// generation must be rebuilt.
     pub(crate) fn spawn(
         state: FilterState,
         identity: ProducerIdentity,
         limits: &Limits,
         tracker: &TaskTracker,
         registry: &CancellationToken,
-    ) -> (Self, mpsc::Receiver<ActorFault>) {
+        generation: CancellationToken,
+    ) -> Self {
         let (mailbox, commands) = mpsc::channel(limits.actor_mailbox);
-        let (faults_tx, faults) = mpsc::channel(limits.fault_queue);
         let shared = Arc::new(ActorShared {
             mailbox,
             permits: Arc::new(Semaphore::new(limits.actor_pending_blocks as usize)),
@@ -176,12 +254,15 @@ impl PoolActorHandle {
             identity,
             fence: registry.child_token(),
             stopped: CancellationToken::new(),
+            health: HealthCell::new(Instant::now(), limits.actor_mailbox),
         });
         let actor = Actor {
             identity,
             state,
             commands,
-            faults: faults_tx,
+            shared: shared.clone(),
+            generation,
+            latest_faults: Default::default(),
             fence: shared.fence.clone(),
             publish_every: limits.publish_every_n_events,
             delay: limits.publication_delay,
@@ -206,7 +287,7 @@ impl PoolActorHandle {
             }
             .instrument(span),
         );
-        (Self { shared }, faults)
+        Self { shared }
     }
 
     /// The producer generation this actor publishes.
@@ -228,14 +309,42 @@ impl PoolActorHandle {
             .acquire_many_owned(weight)
             .await
             .map_err(|_| ActorError::ShuttingDown)?;
-        self.shared
+        let slot = self
+            .shared
             .mailbox
-            .send(Command::Apply {
+            .reserve()
+            .await
+            .map_err(|_| ActorError::ShuttingDown)?;
+        // Stamped and sent in one step, so stamps leave in mailbox order.
+        self.shared.health.enqueue(Instant::now(), || {
+            slot.send(Command::Apply {
                 event,
                 _permit: permit,
-            })
+            });
+        });
+        Ok(())
+    }
+
+    /// The actor's health at `now`, O(1) and without the mailbox: counters as of its last
+    /// command, mailbox depth, pending events and their age, time since the last applied
+    /// event, the latest fault of each category. Fresh even when the actor is stalled.
+    pub fn health(&self, now: Instant) -> PoolHealth {
+        let mailbox = &self.shared.mailbox;
+        let depth = mailbox.max_capacity() - mailbox.capacity();
+        self.shared.health.read(now, depth, self.is_stopped())
+    }
+
+    /// Test hook: the actor takes no command until the returned sender fires or drops.
+    /// Waits until the actor has stopped. Not for production use.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub async fn stall(&self) -> Result<oneshot::Sender<()>, ActorError> {
+        let (release, stalled) = oneshot::channel();
+        self.shared
+            .mailbox
+            .send(Command::Stall { release: stalled })
             .await
-            .map_err(|_| ActorError::ShuttingDown)
+            .map_err(|_| ActorError::ShuttingDown)?;
+        Ok(release)
     }
 
     /// Removes every block of `source` (its cache was cleared or the source went away)
@@ -256,8 +365,8 @@ impl PoolActorHandle {
         self.request(|reply| Command::SourceBlocks { reply }).await
     }
 
-    /// The actor's counters and filter statistics, after every queued command. Scans the
-    /// filter table to count occupied slots (O(buckets)): poll it at human rates.
+    /// The actor's counters and filter statistics, after every queued command (O(1) for
+    /// the actor; [`PoolActorHandle::health`] reads the same without waiting).
     pub async fn stats(&self) -> Result<PoolActorStats, ActorError> {
         self.request(|reply| Command::Stats { reply }).await
     }
@@ -293,10 +402,8 @@ impl PoolActorHandle {
         self.request(|reply| Command::Words { reply }).await
     }
 
-    pub(crate) async fn attach_publication(&self) -> Result<PublicationFeed, String> {
-        self.request(|reply| Command::Attach { reply })
-            .await
-            .map_err(|error| error.to_string())?
+    pub(crate) async fn attach_publication(&self) -> Result<PublicationFeed, FeedError> {
+        Ok(self.request(|reply| Command::Attach { reply }).await??)
     }
 
     /// Retires `lease` if it is still the current one. Never waits.
@@ -348,7 +455,11 @@ struct Actor {
     identity: ProducerIdentity,
     state: FilterState,
     commands: mpsc::Receiver<Command>,
-    faults: mpsc::Sender<ActorFault>,
+    /// Where the actor publishes its health.
+    shared: Arc<ActorShared>,
+    /// Cancelled by the actor when a fault means this generation must be rebuilt.
+    generation: CancellationToken,
+    latest_faults: [Option<ActorFault>; 3],
     fence: CancellationToken,
     publish_every: u32,
     delay: std::time::Duration,
@@ -370,12 +481,17 @@ impl Actor {
                 biased;
                 () = fence.cancelled() => break true,
                 command = self.commands.recv() => match command {
-                    Some(command) => self.handle(command).await,
+                    Some(command) => {
+                        let applied = matches!(command, Command::Apply { .. });
+                        self.handle(command).await;
+                        self.publish_health(applied);
+                    }
                     None => break false,
                 },
                 () = sleep_until_armed(deadline), if deadline.is_some() => {
                     self.deadline = None;
                     self.publish().await;
+                    self.publish_health(false);
                 }
             }
             if self.fence.is_cancelled() {
@@ -385,6 +501,7 @@ impl Actor {
         if !discard_tail {
             self.publish().await;
         }
+        self.publish_health(false);
         self.lease = None;
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
@@ -399,14 +516,12 @@ impl Actor {
                 self.after_apply(&event, result).await;
             }
             Command::ClearSource { source, reply } => {
-                if let Err((category, message)) = self.state.clear_source(source) {
+                if let Err(fault) = self.state.clear_source(source) {
                     self.report(ActorFault {
                         source,
                         event_id: 0,
-                        category,
-                        message,
-                    })
-                    .await;
+                        fault,
+                    });
                 }
                 self.publish().await;
                 let _ = reply.send(());
@@ -416,11 +531,7 @@ impl Actor {
                 let _ = reply.send(());
             }
             Command::Stats { reply } => {
-                let mut stats = self.stats.clone();
-                stats.sequence = self.state.sequence();
-                stats.publishing = self.lease.is_some();
-                stats.filter = self.state.stats();
-                let _ = reply.send(stats);
+                let _ = reply.send(self.current_stats());
             }
             Command::SourceBlocks { reply } => {
                 let _ = reply.send(self.state.source_blocks());
@@ -443,10 +554,38 @@ impl Actor {
             Command::Words { reply } => {
                 let _ = reply.send((self.state.sequence(), self.state.words().to_vec()));
             }
+            #[cfg(any(test, feature = "test-hooks"))]
+            Command::Stall { release } => {
+                tokio::select! {
+                    biased;
+                    () = self.fence.cancelled() => {}
+                    _ = release => {}
+                }
+            }
         }
     }
 
-    async fn after_apply(&mut self, event: &RouterEvent, result: Result<ApplyOutcome, Fault>) {
+    /// The counters as of now (O(1)).
+    fn current_stats(&self) -> PoolActorStats {
+        let mut stats = self.stats;
+        stats.sequence = self.state.sequence();
+        stats.publishing = self.lease.is_some();
+        stats.filter = self.state.stats();
+        stats
+    }
+
+    /// Publishes the counters into the shared health cell; `applied` marks an applied
+    /// (or rejected) event, which also retires that event's pending stamp.
+    fn publish_health(&self, applied: bool) {
+        self.shared.health.record(
+            Instant::now(),
+            self.current_stats(),
+            &self.latest_faults,
+            applied,
+        );
+    }
+
+    async fn after_apply(&mut self, event: &RouterEvent, result: Result<ApplyOutcome, PoolFault>) {
         match result {
             Ok(outcome) => {
                 self.stats.events_applied += 1;
@@ -464,15 +603,24 @@ impl Actor {
                     }
                 }
             }
-            Err((category, message)) => {
+            Err(PoolFault::Apply(ApplyError::ParentNotFound { .. })) => {
                 self.stats.events_rejected += 1;
+                self.count_unroutable(event);
+            }
+            Err(fault) => {
+                self.stats.events_rejected += 1;
+                let contradiction = matches!(
+                    fault,
+                    PoolFault::Apply(ApplyError::ContradictoryBlockId { .. })
+                );
                 self.report(ActorFault {
                     source: event.source,
                     event_id: event.event_id,
-                    category,
-                    message,
-                })
-                .await;
+                    fault,
+                });
+                if contradiction {
+                    self.reset_contradicting_source(event.source);
+                }
             }
         }
         self.pending_events = self.pending_events.saturating_add(1);
@@ -483,21 +631,62 @@ impl Actor {
         }
     }
 
-    async fn report(&mut self, fault: ActorFault) {
-        self.stats.faults += 1;
-        tracing::warn!(
-            worker_id = fault.source.worker_id,
-            dp_rank = fault.source.dp_rank,
-            category = ?fault.category,
-            error = %fault.message,
-            "pool actor fault"
-        );
-        tokio::select! {
-            biased;
-            () = self.fence.cancelled() => {}
-            // A closed receiver means the owner stopped listening: the fault is dropped.
-            _ = self.faults.send(fault) => {}
+    /// Counts a stored event whose parent its source never reported. Its blocks cannot be
+    /// keyed (a canonical hash needs the parent's), so they are dropped; later events are
+    /// unaffected.
+    fn count_unroutable(&mut self, event: &RouterEvent) {
+        let blocks = match &event.payload {
+            EventPayload::Stored(stored) => stored.blocks.len() as u64,
+            EventPayload::Removed(_) | EventPayload::AllCleared => 0,
+        };
+        self.stats.unroutable_events += 1;
+        self.stats.unroutable_blocks = self.stats.unroutable_blocks.saturating_add(blocks);
+        let total = self.stats.unroutable_events;
+        // Logged on the first, then at powers of two.
+        if total.is_power_of_two() {
+            tracing::warn!(
+                worker_id = event.source.worker_id,
+                dp_rank = event.source.dp_rank,
+                unroutable_events = total,
+                "stored blocks with an unknown parent dropped as unroutable"
+            );
         }
+    }
+
+    /// The remedy of a contradictory block id: the source's history here no longer
+    /// matches the engine's, so everything it holds is dropped and it starts over.
+    fn reset_contradicting_source(&mut self, source: SourceId) {
+        match self.state.clear_source(source) {
+            Ok(_) => self.stats.contradiction_resets += 1,
+            Err(fault) => self.report(ActorFault {
+                source,
+                event_id: 0,
+                fault,
+            }),
+        }
+    }
+
+    /// Counts a fault, keeps it as the latest of its category and applies the remedy of a
+    /// broken generation. Never waits.
+    fn report(&mut self, fault: ActorFault) {
+        let category = fault.category();
+        let count = self.stats.faults.count(category);
+        // Logged on the first of each category, then at powers of two.
+        if count.is_power_of_two() {
+            tracing::warn!(
+                worker_id = fault.source.worker_id,
+                dp_rank = fault.source.dp_rank,
+                category = category.label(),
+                count,
+                error = %fault.fault,
+                "pool actor fault"
+            );
+        }
+        if category == FaultCategory::ProducerInvariant {
+            // The owner rebuilds a generation whose token is cancelled.
+            self.generation.cancel();
+        }
+        self.latest_faults[category.index()] = Some(fault);
     }
 
     /// Drains the filter's pending window into one delta and hands it to the hub, if any.
@@ -512,15 +701,13 @@ impl Actor {
                 self.stats.unchanged_publications += 1;
                 return;
             }
-            Err((category, message)) => {
+            Err(fault) => {
                 // The window is kept; a later publication retries.
                 self.report(ActorFault {
                     source: SourceId::default(),
                     event_id: 0,
-                    category,
-                    message,
-                })
-                .await;
+                    fault,
+                });
                 return;
             }
         };
@@ -543,14 +730,19 @@ impl Actor {
         }
     }
 
-    async fn attach(&mut self, reply: oneshot::Sender<Result<PublicationFeed, String>>) {
+    async fn attach(&mut self, reply: oneshot::Sender<Result<PublicationFeed, PoolFault>>) {
         // The pending tail goes to the current hub, if any; the snapshot includes it.
         self.publish().await;
         self.lease = None;
         let words = match self.state.copy_words() {
             Ok(words) => words,
-            Err(reason) => {
-                let _ = reply.send(Err(reason));
+            Err(fault) => {
+                self.report(ActorFault {
+                    source: SourceId::default(),
+                    event_id: 0,
+                    fault: fault.clone(),
+                });
+                let _ = reply.send(Err(fault));
                 return;
             }
         };

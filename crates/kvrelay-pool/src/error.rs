@@ -4,7 +4,12 @@
 //! value. [`SubscriptionEnd`] is not an error of a call but the typed reason a pool
 //! subscription stream ended; the server maps both to wire reasons.
 
-use kvrelay_identity::{CanonicalModelId, EndpointId, ModelAlias, PoolId, WorkerRole};
+use kvrelay_ckf::{ApplyError, ConfigError, PublishError};
+use kvrelay_identity::{
+    CanonicalModelId, EndpointId, ModelAlias, PoolId, ProducerIdentityError, WorkerRole,
+};
+
+use crate::actor::FaultCategory;
 
 /// A [`crate::Limits`] value that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -151,12 +156,28 @@ pub enum AttachError {
     #[error("layout generation space exhausted")]
     GenerationsExhausted,
     /// The filter could not be built.
-    #[error("pool {pool} filter allocation failed: {reason}")]
-    Allocation {
+    #[error("pool {pool} filter could not be built: {error}")]
+    Filter {
         /// The pool.
         pool: PoolId,
         /// The filter's build error.
-        reason: String,
+        #[source]
+        error: ConfigError,
+    },
+    /// The task building the filter failed (panicked or was cancelled).
+    #[error("pool {pool} filter build task failed")]
+    FilterTask {
+        /// The pool.
+        pool: PoolId,
+    },
+    /// The producer identity could not be formed from the built filter.
+    #[error("pool {pool} producer identity is invalid: {error}")]
+    Identity {
+        /// The pool.
+        pool: PoolId,
+        /// The identity's validation error.
+        #[source]
+        error: ProducerIdentityError,
     },
     /// The reservation was retired (shutdown) while the filter was being built.
     #[error("pool {pool} generation {generation} reservation was retired before commit")]
@@ -204,6 +225,52 @@ pub enum ActorError {
     /// The actor stopped before answering.
     #[error("pool actor stopped before answering")]
     Stopped,
+}
+
+/// What went wrong inside a pool actor, with the filter's own typed error. Nothing changed
+/// in the filter when it was raised; [`PoolFault::category`] says who should act.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolFault {
+    /// An event or source operation was rejected by the filter.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// A delta could not be built (the window is kept and retried).
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    /// The table copy for a new hub's snapshot could not be allocated.
+    #[error("allocation of {bytes} bytes for a snapshot failed")]
+    SnapshotAllocation {
+        /// Bytes requested.
+        bytes: u64,
+    },
+}
+
+impl PoolFault {
+    /// How bad it is, and so what remedy applies.
+    pub fn category(&self) -> FaultCategory {
+        match self {
+            Self::Apply(ApplyError::AllocationFailed { .. })
+            | Self::Publish(PublishError::AllocationFailed { .. })
+            | Self::SnapshotAllocation { .. } => FaultCategory::Resource,
+            Self::Publish(PublishError::SequenceExhausted { .. }) => {
+                FaultCategory::ProducerInvariant
+            }
+            Self::Apply(_) | Self::Publish(_) => FaultCategory::SourceProtocol,
+        }
+    }
+}
+
+/// Why a hub could not take a publication feed from its actor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FeedError {
+    /// The actor is gone.
+    #[error(transparent)]
+    Actor(#[from] ActorError),
+    /// The actor could not copy its table.
+    #[error(transparent)]
+    Fault(#[from] PoolFault),
 }
 
 /// Why a subscription could not be opened.

@@ -1,18 +1,20 @@
-//! The pool actor's adapter over `kvrelay_ckf::PoolFilter`: classifies failures into
-//! fault categories and keeps the per-source block counts load accounting needs.
+//! The pool actor's adapter over `kvrelay_ckf::PoolFilter`: wraps its typed errors in
+//! [`PoolFault`] and keeps the per-source block counts load accounting needs. Every read
+//! here is O(1) or O(sources), never a table scan: the actor refreshes its health after
+//! every command.
 
 use std::collections::BTreeMap;
 
 use kvrelay_ckf::{
-    ApplyError, ApplyOutcome, CkfConfig, Delta, FilterCounters, PoolFilter, PublishError,
-    RouterEvent, SourceId,
+    ApplyOutcome, CkfConfig, ConfigError, Delta, FilterCounters, PoolFilter, RouterEvent, SourceId,
 };
 use kvrelay_identity::CkfFormat;
 
-use crate::actor::FaultCategory;
+use crate::error::PoolFault;
 
-/// Filter statistics reported by a pool actor.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Filter statistics reported by a pool actor; each field is maintained incrementally, so
+/// reading them costs the same at any table size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FilterStats {
     /// Buckets in the filter.
     pub bucket_count: u64,
@@ -22,9 +24,8 @@ pub struct FilterStats {
     pub resident_blocks: u64,
     /// Canonical blocks owned by at least one source (resident or omitted).
     pub owned_blocks: u64,
-    /// Engine block mappings per source, sorted by source: the exact resident block count
-    /// of each `(worker_id, dp_rank)` (for load accounting).
-    pub blocks_per_source: Vec<(SourceId, u64)>,
+    /// Sources holding at least one block.
+    pub sources: u64,
     /// Bytes held by the filter (table, dirty window, lineage, owners).
     pub memory_bytes: u64,
     /// The filter's cumulative counters (applied, rejected, omissions, unknown removals…).
@@ -38,9 +39,6 @@ fn unpredictable_seed() -> u64 {
     RandomState::new().hash_one(0x006C_696E_6561_6765_u64)
 }
 
-/// A failure the actor reports as a fault.
-pub(crate) type Fault = (FaultCategory, String);
-
 /// The filter state one actor owns.
 pub(crate) struct FilterState {
     filter: PoolFilter,
@@ -52,12 +50,11 @@ impl FilterState {
     /// Its lineages and owner table place keys by a seed the engines cannot know (see
     /// `PoolFilter::with_placement_seed`), so crafted block ids or token hashes cannot
     /// lengthen probe runs; the seed changes no result, word or delta.
-    pub(crate) fn build(expected_unique_blocks: u64) -> Result<Self, String> {
+    pub(crate) fn build(expected_unique_blocks: u64) -> Result<Self, ConfigError> {
         let filter = PoolFilter::with_placement_seed(
             CkfConfig::new(expected_unique_blocks),
             unpredictable_seed(),
-        )
-        .map_err(|error| error.to_string())?;
+        )?;
         Ok(Self {
             filter,
             blocks_per_source: BTreeMap::new(),
@@ -69,27 +66,22 @@ impl FilterState {
     }
 
     /// Applies one event; on `Err` nothing changed.
-    pub(crate) fn apply(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, Fault> {
-        let outcome = self.filter.apply(event).map_err(classify)?;
+    pub(crate) fn apply(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, PoolFault> {
+        let outcome = self.filter.apply(event)?;
         self.account(event.source, &outcome);
         Ok(outcome)
     }
 
     /// Drops every block of `source`.
-    pub(crate) fn clear_source(&mut self, source: SourceId) -> Result<ApplyOutcome, Fault> {
-        let outcome = self.filter.clear_source(source).map_err(classify)?;
+    pub(crate) fn clear_source(&mut self, source: SourceId) -> Result<ApplyOutcome, PoolFault> {
+        let outcome = self.filter.clear_source(source)?;
         self.blocks_per_source.remove(&source);
         Ok(outcome)
     }
 
     /// Drains the pending window into a delta (`None` when nothing changed net).
-    pub(crate) fn take_delta(&mut self) -> Result<Option<Delta>, Fault> {
-        self.filter.take_delta().map_err(|error| match error {
-            PublishError::SequenceExhausted { .. } => {
-                (FaultCategory::ProducerInvariant, error.to_string())
-            }
-            _ => (FaultCategory::Resource, error.to_string()),
-        })
+    pub(crate) fn take_delta(&mut self) -> Result<Option<Delta>, PoolFault> {
+        Ok(self.filter.take_delta()?)
     }
 
     /// The sequence of the last delta.
@@ -98,15 +90,13 @@ impl FilterState {
     }
 
     /// A copy of the table, allocated fallibly.
-    pub(crate) fn copy_words(&self) -> Result<Vec<u64>, String> {
+    pub(crate) fn copy_words(&self) -> Result<Vec<u64>, PoolFault> {
         let words = self.filter.words();
         let mut copy = Vec::new();
-        copy.try_reserve_exact(words.len()).map_err(|_| {
-            format!(
-                "allocation of {} bytes for a snapshot failed",
-                words.len() * 8
-            )
-        })?;
+        copy.try_reserve_exact(words.len())
+            .map_err(|_| PoolFault::SnapshotAllocation {
+                bytes: words.len() as u64 * 8,
+            })?;
         copy.extend_from_slice(words);
         Ok(copy)
     }
@@ -124,7 +114,7 @@ impl FilterState {
             occupied_slots: self.filter.occupied_slots(),
             resident_blocks: self.filter.n_resident(),
             owned_blocks: self.filter.n_canonicals(),
-            blocks_per_source: self.source_blocks(),
+            sources: self.blocks_per_source.len() as u64,
             memory_bytes: self.filter.memory().total_bytes(),
             counters: *self.filter.counters(),
         }
@@ -145,14 +135,6 @@ impl FilterState {
             self.blocks_per_source.remove(&source);
         }
     }
-}
-
-fn classify(error: ApplyError) -> Fault {
-    let category = match error {
-        ApplyError::AllocationFailed { .. } => FaultCategory::Resource,
-        _ => FaultCategory::SourceProtocol,
-    };
-    (category, error.to_string())
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! - **[`PoolRegistry`]** (cloneable handle; build with [`PoolRegistry::new`] from a
 //!   [`RegistryConfig`] = relay identity + [`Limits`]):
 //!   - [`PoolRegistry::attach`]`(`[`AttachRequest`]`)` → [`PoolAttachment`] (pool,
-//!     layout generation, [`PoolActorHandle`], fault receiver, generation token);
+//!     layout generation, [`PoolActorHandle`], generation token);
 //!     validates registrations and roles, reserves pool and endpoint, builds the filter
 //!     off the executor. [`PoolAttachment::identity`] is the [`ProducerIdentity`](kvrelay_identity::ProducerIdentity)
 //!     subscribers name.
@@ -31,9 +31,11 @@
 //! - **[`PoolActorHandle`]**: [`PoolActorHandle::submit`] (bounded mailbox +
 //!   block-weighted permits; returns when queued), [`PoolActorHandle::clear_source`],
 //!   [`PoolActorHandle::flush`], [`PoolActorHandle::stats`] ([`PoolActorStats`]: sequence,
-//!   counters, per-source block counts for load, filter load and omissions). Drain
-//!   [`PoolAttachment::faults`] ([`ActorFault`] with a [`FaultCategory`]): a full fault
-//!   queue makes the actor wait.
+//!   counters, filter load and omissions), [`PoolActorHandle::source_blocks`] (per-source
+//!   block counts for load), and [`PoolActorHandle::health`] ([`PoolHealth`]: the same
+//!   counters plus mailbox depth, pending events and their age, faults by
+//!   [`FaultCategory`] with the latest typed [`ActorFault`] of each, read in O(1) without
+//!   the mailbox, so a stalled actor is still visible). Faults never make the actor wait.
 //! - **[`PoolSubscription`]**: call [`PoolSubscription::next_frame`] in a loop and write
 //!   each [`PoolFrame::bytes`] to the socket as is (a complete codec frame). Order:
 //!   snapshot chunk(s), then deltas in sequence, heartbeats after
@@ -96,26 +98,28 @@ mod catalog;
 mod error;
 mod filter;
 mod frame;
+mod health;
 mod hub;
 mod limits;
 mod load;
 mod registry;
 mod subscription;
 
-pub use actor::{ActorFault, FaultCategory, PoolActorHandle, PoolActorStats};
+pub use actor::{ActorFault, FaultCategory, FaultCounts, PoolActorHandle, PoolActorStats};
 pub use catalog::{PoolCatalog, PoolDescriptor};
 pub use error::{
-    ActorError, AttachError, LimitsError, LoadCapacityError, PoolError, RegistrationError,
-    SubscribeError, SubscriptionEnd,
+    ActorError, AttachError, FeedError, LimitsError, LoadCapacityError, PoolError, PoolFault,
+    RegistrationError, SubscribeError, SubscriptionEnd,
 };
 pub use filter::FilterStats;
+pub use health::PoolHealth;
 pub use limits::{
     DEFAULT_ACTOR_MAILBOX, DEFAULT_ACTOR_PENDING_BLOCKS, DEFAULT_ALLOCATION_CONCURRENCY,
-    DEFAULT_ENCODING_PERMITS, DEFAULT_FAULT_QUEUE, DEFAULT_HEARTBEAT_INTERVAL,
-    DEFAULT_HUB_DELTA_QUEUE, DEFAULT_MAX_INITIALIZED_HUBS, DEFAULT_MAX_POOLS,
-    DEFAULT_MAX_SUBSCRIBERS_PER_POOL, DEFAULT_PUBLICATION_DELAY, DEFAULT_PUBLISH_EVERY_N_EVENTS,
-    DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT, DEFAULT_SUBSCRIBER_QUEUE_BYTES,
-    DEFAULT_SUBSCRIBER_QUEUE_FRAMES, FRAME_ACCOUNTING_OVERHEAD, Limits,
+    DEFAULT_ENCODING_PERMITS, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HUB_DELTA_QUEUE,
+    DEFAULT_MAX_INITIALIZED_HUBS, DEFAULT_MAX_POOLS, DEFAULT_MAX_SUBSCRIBERS_PER_POOL, DEFAULT_PUBLICATION_DELAY,
+    DEFAULT_PUBLISH_EVERY_N_EVENTS, DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
+    DEFAULT_SUBSCRIBER_QUEUE_BYTES, DEFAULT_SUBSCRIBER_QUEUE_FRAMES, FRAME_ACCOUNTING_OVERHEAD,
+    Limits,
 };
 pub use load::{
     LoadObservation, LoadObservationOutcome, MAX_DATA_PARALLEL_RANKS, PoolLoadSnapshot,

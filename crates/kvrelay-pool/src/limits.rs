@@ -16,8 +16,6 @@ pub const DEFAULT_ACTOR_PENDING_BLOCKS: u32 = 65_536;
 pub const DEFAULT_PUBLISH_EVERY_N_EVENTS: u32 = 16;
 /// Longest a non-empty pending batch waits before it is published (1 ms).
 pub const DEFAULT_PUBLICATION_DELAY: Duration = Duration::from_millis(1);
-/// Faults a pool actor queues before it waits for the owner to drain them.
-pub const DEFAULT_FAULT_QUEUE: usize = 16;
 /// Deltas queued from a pool actor to its hub before the hub counts as lagging.
 pub const DEFAULT_HUB_DELTA_QUEUE: usize = 64;
 /// Concurrent filter allocations (each runs on a blocking thread).
@@ -57,8 +55,6 @@ pub struct Limits {
     pub publish_every_n_events: u32,
     /// Soft publication timer ([`DEFAULT_PUBLICATION_DELAY`]).
     pub publication_delay: Duration,
-    /// Actor fault queue ([`DEFAULT_FAULT_QUEUE`]).
-    pub fault_queue: usize,
     /// Actor → hub delta queue ([`DEFAULT_HUB_DELTA_QUEUE`]).
     pub hub_delta_queue: usize,
     /// Concurrent filter allocations ([`DEFAULT_ALLOCATION_CONCURRENCY`]).
@@ -88,7 +84,6 @@ impl Default for Limits {
             actor_pending_blocks: DEFAULT_ACTOR_PENDING_BLOCKS,
             publish_every_n_events: DEFAULT_PUBLISH_EVERY_N_EVENTS,
             publication_delay: DEFAULT_PUBLICATION_DELAY,
-            fault_queue: DEFAULT_FAULT_QUEUE,
             hub_delta_queue: DEFAULT_HUB_DELTA_QUEUE,
             allocation_concurrency: DEFAULT_ALLOCATION_CONCURRENCY,
             max_initialized_hubs: DEFAULT_MAX_INITIALIZED_HUBS,
@@ -113,7 +108,6 @@ impl Limits {
                 "publish_every_n_events",
                 self.publish_every_n_events as usize,
             ),
-            ("fault_queue", self.fault_queue),
             ("hub_delta_queue", self.hub_delta_queue),
             ("allocation_concurrency", self.allocation_concurrency),
             ("max_initialized_hubs", self.max_initialized_hubs),

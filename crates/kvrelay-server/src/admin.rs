@@ -1,8 +1,9 @@
 //! Admin HTTP (axum): health, readiness, Prometheus metrics and JSON views.
 //!
 //! Routes: `GET /healthz` (200 while the relay runs), `GET /readyz` (200 once discovery has
-//! listed and every pool has a connected source, else 503 with the reasons), `GET /metrics`
-//! (OpenMetrics text), `GET /v1/catalog`, `/v1/load`, `/v1/topology`, and
+//! listed, every pool has a connected source and no pool is stalled, else 503 with the
+//! reasons, each naming its pool), `GET /metrics` (OpenMetrics text), `GET /v1/catalog`,
+//! `/v1/load`, `/v1/topology`, `/v1/pools` (every attached pool with its key and links) and
 //! `/v1/pools/{pool}/stats` (404 for an unknown pool). The views are read from an
 //! [`AdminView`] so this module knows nothing about pools or discovery.
 
@@ -36,6 +37,8 @@ pub(crate) trait AdminView: Send + Sync + 'static {
     fn catalog(&self) -> serde_json::Value;
     fn load(&self) -> serde_json::Value;
     fn topology(&self) -> serde_json::Value;
+    /// Every attached pool with its key, endpoint, generation, state and links.
+    fn pools(&self) -> serde_json::Value;
     /// Stats of the pool whose id renders as `pool` (hex), or `None`.
     fn pool_stats(&self, pool: &str) -> Option<serde_json::Value>;
     /// Refreshes sampled gauges just before `/metrics` is encoded.
@@ -75,6 +78,7 @@ fn router(state: AdminState) -> Router {
         .route("/v1/catalog", get(catalog))
         .route("/v1/load", get(load))
         .route("/v1/topology", get(topology))
+        .route("/v1/pools", get(pools))
         .route("/v1/pools/{pool}/stats", get(pool_stats))
         .with_state(state)
 }
@@ -121,6 +125,10 @@ async fn topology(State(state): State<AdminState>) -> Response {
     axum::Json(state.view.topology()).into_response()
 }
 
+async fn pools(State(state): State<AdminState>) -> Response {
+    axum::Json(state.view.pools()).into_response()
+}
+
 async fn pool_stats(State(state): State<AdminState>, Path(pool): Path<String>) -> Response {
     match state.view.pool_stats(&pool) {
         Some(stats) => axum::Json(stats).into_response(),
@@ -165,6 +173,9 @@ mod tests {
         }
         fn topology(&self) -> serde_json::Value {
             serde_json::json!({"entries": []})
+        }
+        fn pools(&self) -> serde_json::Value {
+            serde_json::json!({"pools": [{"pool": "abcd", "stats": "/v1/pools/abcd/stats"}]})
         }
         fn pool_stats(&self, pool: &str) -> Option<serde_json::Value> {
             (pool == "abcd").then(|| serde_json::json!({"sequence": 9}))
@@ -235,6 +246,9 @@ mod tests {
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
         assert!(body.contains("kvrelay_streams"), "{body}");
+        let (status, body) = get(addr, "/v1/pools").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("/v1/pools/abcd/stats"), "{body}");
         assert_eq!(get(addr, "/v1/pools/abcd/stats").await.0, 200);
         assert_eq!(get(addr, "/v1/pools/ffff/stats").await.0, 404);
         cancel.cancel();

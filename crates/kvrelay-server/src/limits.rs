@@ -54,6 +54,9 @@ pub const DEFAULT_MAX_REQUEST_LEN: u32 = 64 * 1024;
 pub const DEFAULT_MAX_POOLS: u32 = 1024;
 /// Default concurrent TCP connections from one peer IP address.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 128;
+/// Default time a pool actor may hold pending events without finishing a command before
+/// the pool counts as stalled (`/readyz` 503, withheld from the catalog), in ms.
+pub const DEFAULT_POOL_STALL_TIMEOUT_MS: u64 = 10_000;
 
 /// Every bound of the relay server. Plain data; see the `DEFAULT_*` consts for defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +102,9 @@ pub struct Limits {
     pub max_connections_per_peer: u32,
     /// Pools held at once.
     pub max_pools: u32,
+    /// Pending events without progress before a pool counts as stalled
+    /// ([`DEFAULT_POOL_STALL_TIMEOUT_MS`]).
+    pub pool_stall_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -124,6 +130,7 @@ impl Default for Limits {
             max_request_len: DEFAULT_MAX_REQUEST_LEN,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_pools: DEFAULT_MAX_POOLS,
+            pool_stall_timeout_ms: DEFAULT_POOL_STALL_TIMEOUT_MS,
         }
     }
 }
@@ -187,6 +194,7 @@ impl Limits {
             ("write_timeout_ms", self.write_timeout_ms),
             ("load_window_ms", self.load_window_ms),
             ("shutdown_timeout_ms", self.shutdown_timeout_ms),
+            ("pool_stall_timeout_ms", self.pool_stall_timeout_ms),
         ];
         for (name, value) in durations {
             if value == 0 || value > MAX_DURATION_MS {
@@ -212,6 +220,17 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    /// The pool stall bound as a `Duration`.
+    pub fn pool_stall_timeout(&self) -> Duration {
+        Duration::from_millis(self.pool_stall_timeout_ms)
+    }
+
+    /// How often pool health is checked: a quarter of the stall bound, within 10 ms..1 s,
+    /// so a stall is seen at most a quarter bound late.
+    pub fn pool_health_interval(&self) -> Duration {
+        Duration::from_millis((self.pool_stall_timeout_ms / 4).clamp(10, 1_000))
     }
 
     /// The request timeout as a `Duration`.

@@ -1,9 +1,10 @@
 //! Prometheus metrics of the relay: a fixed, low-cardinality set registered once.
 //!
-//! Label values come from closed sets (stream kinds, error reasons, outcomes, dispositions),
-//! never from remote input, so the series count is bounded. Pool-level figures are exported
-//! as relay-wide aggregates for the same reason; per-pool detail lives in
-//! `/v1/pools/{pool}/stats`.
+//! Label values come from closed sets (stream kinds, error reasons, outcomes, dispositions,
+//! source states, fault categories), never from remote input or pool identities, so the
+//! series count is fixed. Pool-level figures are exported as relay-wide sums or maxima for
+//! the same reason (a pool key per series would grow with every discovered endpoint and
+//! every generation); per-pool detail lives in `/v1/pools/{pool}/stats`.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -56,6 +57,11 @@ pub(crate) struct StateLabel {
     pub(crate) state: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CategoryLabel {
+    pub(crate) category: &'static str,
+}
+
 /// Every metric the relay exports, registered in one registry.
 #[derive(Debug)]
 pub(crate) struct RelayMetrics {
@@ -82,6 +88,18 @@ pub(crate) struct RelayMetrics {
     pub(crate) sources: Family<StateLabel, Gauge>,
     /// The ingest sources' states and counters, refreshed on every exposition.
     pub(crate) ingest: Arc<SourceMetrics>,
+    /// Pool actor faults by category (resource, source_protocol, producer_invariant).
+    pub(crate) pool_faults: Family<CategoryLabel, Counter>,
+    /// Stored blocks dropped because their parent was unknown to their source.
+    pub(crate) pool_unroutable_blocks: Counter,
+    /// Sources cleared because they contradicted their own block ids.
+    pub(crate) pool_contradiction_resets: Counter,
+    /// Pools withheld from the catalog as stalled.
+    pub(crate) pools_stalled: Gauge,
+    /// Deepest actor mailbox across pools, in commands.
+    pub(crate) pool_mailbox_depth_max: Gauge,
+    /// Age of the oldest pending event across pools, in seconds.
+    pub(crate) pool_oldest_pending_seconds_max: Gauge<f64, AtomicU64>,
     /// Engine events by disposition (applied, rejected, ...).
     pub(crate) events: Family<DispositionLabel, Counter>,
     /// Blocks the filters could not place (capacity omissions), summed over pools.
@@ -152,6 +170,47 @@ impl RelayMetrics {
         let sources = Family::<StateLabel, Gauge>::default();
         registry.register("sources", "Event sources by state", sources.clone());
         let ingest = Arc::new(SourceMetrics::new(&mut registry, sources.clone()));
+        let pool_faults = Family::<CategoryLabel, Counter>::default();
+        registry.register(
+            "pool_faults",
+            "Pool actor faults by category",
+            pool_faults.clone(),
+        );
+        for category in kvrelay_pool::FaultCategory::ALL {
+            let _ = pool_faults.get_or_create(&CategoryLabel {
+                category: category.label(),
+            });
+        }
+        let pool_unroutable_blocks = Counter::default();
+        registry.register(
+            "pool_unroutable_blocks",
+            "Stored blocks dropped because their parent was unknown to their source",
+            pool_unroutable_blocks.clone(),
+        );
+        let pool_contradiction_resets = Counter::default();
+        registry.register(
+            "pool_contradiction_resets",
+            "Sources cleared because they contradicted their own block ids",
+            pool_contradiction_resets.clone(),
+        );
+        let pools_stalled = Gauge::default();
+        registry.register(
+            "pools_stalled",
+            "Pools withheld from the catalog because their actor made no progress",
+            pools_stalled.clone(),
+        );
+        let pool_mailbox_depth_max = Gauge::default();
+        registry.register(
+            "pool_mailbox_depth_max",
+            "Deepest pool actor mailbox, in commands",
+            pool_mailbox_depth_max.clone(),
+        );
+        let pool_oldest_pending_seconds_max = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "pool_oldest_pending_seconds_max",
+            "Age of the oldest event waiting in any pool actor, in seconds",
+            pool_oldest_pending_seconds_max.clone(),
+        );
         let events = Family::<DispositionLabel, Counter>::default();
         registry.register("events", "Engine events by disposition", events.clone());
         let filter_omissions = Gauge::default();
@@ -214,6 +273,12 @@ impl RelayMetrics {
             pools,
             sources,
             ingest,
+            pool_faults,
+            pool_unroutable_blocks,
+            pool_contradiction_resets,
+            pools_stalled,
+            pool_mailbox_depth_max,
+            pool_oldest_pending_seconds_max,
             events,
             filter_omissions,
             filter_load_max,

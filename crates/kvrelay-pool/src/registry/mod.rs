@@ -24,18 +24,19 @@ mod tests;
 
 use std::sync::Arc;
 
+use kvrelay_ckf::ConfigError;
 use kvrelay_identity::{
     CanonicalModelRegistration, DcRelayIdentity, EndpointId, KvQuerySemantics, PoolId,
     ProducerIdentity, WorkerRole,
 };
 use parking_lot::Mutex;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use self::core::RetirementMode;
 use self::core::{Commit, RegistryCore, Reserved};
-use crate::actor::{ActorFault, PoolActorHandle};
+use crate::actor::PoolActorHandle;
 use crate::catalog::PoolCatalog;
 use crate::error::{AttachError, LimitsError, PoolError, SubscribeError};
 use crate::filter::FilterState;
@@ -85,8 +86,6 @@ pub struct PoolAttachment {
     pub generation: u64,
     /// The pool actor: submit events here.
     pub actor: PoolActorHandle,
-    /// The actor's faults; drain it.
-    pub faults: mpsc::Receiver<ActorFault>,
     /// Cancelled when the generation stops being publishable.
     pub generation_cancel: CancellationToken,
     registrations: Arc<[CanonicalModelRegistration]>,
@@ -247,7 +246,7 @@ impl PoolRegistry {
         builder: B,
     ) -> Result<PoolAttachment, AttachError>
     where
-        B: FnOnce(u64) -> Result<FilterState, String> + Send + 'static,
+        B: FnOnce(u64) -> Result<FilterState, ConfigError> + Send + 'static,
     {
         registration::validate_registrations(request.pool, &request.registrations)?;
         registration::validate_roles(&request.roles)?;
@@ -286,11 +285,8 @@ impl PoolRegistry {
                 result
             })
             .await
-            .map_err(|error| AttachError::Allocation {
-                pool,
-                reason: format!("allocation task failed: {error}"),
-            })?
-            .map_err(|reason| AttachError::Allocation { pool, reason })?;
+            .map_err(|_| AttachError::FilterTask { pool })?
+            .map_err(|error| AttachError::Filter { pool, error })?;
 
         let identity = ProducerIdentity::new(
             request.pool,
@@ -298,15 +294,12 @@ impl PoolRegistry {
             reserved.generation,
             state.format(),
         )
-        .map_err(|error| AttachError::Allocation {
-            pool,
-            reason: error.to_string(),
-        })?;
+        .map_err(|error| AttachError::Identity { pool, error })?;
         let registrations: Arc<[CanonicalModelRegistration]> = request.registrations.into();
         let roles: Arc<[WorkerRole]> = request.roles.into();
         // A child of the registry token: dropping the owner's last handle retires it too.
         let generation_cancel = self.inner.shutdown.child_token();
-        let (actor, faults) = {
+        let actor = {
             let mut core = self.inner.core.lock();
             if !core.is_reserved(reserved) {
                 return Err(AttachError::RetiredBeforeCommit {
@@ -314,12 +307,13 @@ impl PoolRegistry {
                     generation: reserved.generation,
                 });
             }
-            let (actor, faults) = PoolActorHandle::spawn(
+            let actor = PoolActorHandle::spawn(
                 state,
                 identity,
                 &self.inner.limits,
                 &self.inner.tracker,
                 &self.inner.shutdown,
+                generation_cancel.clone(),
             );
             core.commit(Commit {
                 reserved,
@@ -333,7 +327,7 @@ impl PoolRegistry {
                 cancel: generation_cancel.clone(),
             })?;
             self.publish(&mut core);
-            (actor, faults)
+            actor
         };
         guard.armed = false;
         tracing::info!(pool = %pool.indexer_domain, generation = reserved.generation, "pool attached");
@@ -341,7 +335,6 @@ impl PoolRegistry {
             pool,
             generation: reserved.generation,
             actor,
-            faults,
             generation_cancel,
             registrations,
             roles,
@@ -355,43 +348,23 @@ impl PoolRegistry {
 
     /// Retires a generation: withdraws it from catalog and load, stops its hub, then shuts
     /// the actor down (`Graceful`: tail published) or fences it (`Fenced`: tail
-    /// discarded), draining its faults meanwhile, and removes the entry.
+    /// discarded), and removes the entry. Faults are data on the actor (its health), so
+    /// there is nothing to drain.
     pub async fn retire(&self, attachment: PoolAttachment, mode: RetirementMode) {
         let PoolAttachment {
             pool,
             generation,
             actor,
-            mut faults,
             ..
         } = attachment;
         self.withdraw(pool, generation, mode).await;
-        let stop = async {
-            match mode {
-                RetirementMode::Graceful => {
-                    if actor.shutdown().await.is_err() {
-                        actor.fence().await;
-                    }
+        match mode {
+            RetirementMode::Graceful => {
+                if actor.shutdown().await.is_err() {
+                    actor.fence().await;
                 }
-                RetirementMode::Fenced => actor.fence().await,
             }
-        };
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => break,
-                fault = faults.recv() => match fault {
-                    Some(fault) => tracing::debug!(
-                        worker_id = fault.source.worker_id,
-                        dp_rank = fault.source.dp_rank,
-                        error = %fault.message,
-                        "draining a fault of a retiring pool"
-                    ),
-                    None => {
-                        (&mut stop).await;
-                        break;
-                    }
-                },
-            }
+            RetirementMode::Fenced => actor.fence().await,
         }
         self.remove(pool, generation).await;
     }

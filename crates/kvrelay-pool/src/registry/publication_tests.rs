@@ -16,7 +16,7 @@ use super::tests::behaviour::{
 };
 use super::*;
 use crate::actor::FaultCategory;
-use crate::error::{ActorError, SubscriptionEnd};
+use crate::error::{ActorError, PoolFault, SubscriptionEnd};
 use crate::subscription::{PoolFrame, PoolFrameKind, PoolSubscription};
 
 /// A consumer-side replica fed from encoded frames, checking every frame like a client.
@@ -196,7 +196,10 @@ async fn subscriber_replica_is_bit_identical_to_the_producer() {
     assert_eq!(replica.words(), words.as_slice());
     let stats = attachment.actor.stats().await.unwrap();
     assert_eq!(stats.filter.counters.unknown_removals, 1);
-    assert_eq!(stats.filter.blocks_per_source, vec![(a, 10), (b, 6)]);
+    assert_eq!(
+        attachment.actor.source_blocks().await.unwrap(),
+        vec![(a, 10), (b, 6)]
+    );
     drop(subscription);
     registry.detach(attachment).await;
 }
@@ -443,28 +446,109 @@ async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
 }
 
 #[tokio::test]
-async fn source_protocol_errors_are_reported_as_faults() {
+async fn unknown_parents_are_unroutable_and_never_hold_up_later_events() {
     let registry = registry_with(test_limits(), Gates::default());
-    let mut attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let source = SourceId::new(9, 2);
-    attachment
-        .actor
-        .submit(chain(source, 41, Some(12345), 0..2))
-        .await
-        .unwrap();
-    let fault = tokio::time::timeout(Duration::from_secs(5), attachment.faults.recv())
+    // Far more than any queue the actor once waited on.
+    for event_id in 0..40 {
+        let first = 1_000 + event_id * 2;
+        attachment
+            .actor
+            .submit(chain(source, event_id, Some(12_345), first..first + 2))
+            .await
+            .unwrap();
+    }
+    for event_id in 0..50 {
+        attachment
+            .actor
+            .submit(chain(source, 100 + event_id, None, event_id..event_id + 1))
+            .await
+            .unwrap();
+    }
+    let stats = tokio::time::timeout(Duration::from_secs(5), attachment.actor.stats())
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(fault.category, FaultCategory::SourceProtocol);
-    assert_eq!((fault.source, fault.event_id), (source, 41));
-    assert!(fault.message.contains("12345"), "{}", fault.message);
+    assert_eq!((stats.unroutable_events, stats.unroutable_blocks), (40, 80));
+    assert_eq!(stats.faults.total(), 0, "unroutable blocks are not faults");
+    assert_eq!((stats.events_applied, stats.events_rejected), (50, 40));
+    assert_eq!(stats.filter.resident_blocks, 50);
+    let health = attachment.actor.health(tokio::time::Instant::now());
+    assert_eq!(health.stats, stats);
+    assert!(health.latest_faults.is_empty());
+    registry.detach(attachment).await;
+}
+
+#[tokio::test]
+async fn contradictory_block_ids_are_typed_faults_that_reset_the_source() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let source = SourceId::new(9, 2);
+    let other = SourceId::new(9, 3);
+    attachment
+        .actor
+        .submit(chain(source, 1, None, 0..3))
+        .await
+        .unwrap();
+    attachment
+        .actor
+        .submit(chain(other, 1, None, 0..2))
+        .await
+        .unwrap();
+    // Block 1 again, now as a root with different tokens: it contradicts the mapping.
+    let mut contradiction = chain(source, 2, None, 1..2);
+    if let EventPayload::Stored(stored) = &mut contradiction.payload {
+        stored.blocks[0].token_hash = 424_242;
+    }
+    attachment.actor.submit(contradiction).await.unwrap();
     let stats = attachment.actor.stats().await.unwrap();
-    assert_eq!((stats.events_applied, stats.events_rejected), (0, 1));
-    assert!(
-        stats.filter.blocks_per_source.is_empty(),
-        "a rejected event changes nothing"
+    assert_eq!(stats.faults.get(FaultCategory::SourceProtocol), 1);
+    assert_eq!(stats.contradiction_resets, 1);
+    assert_eq!(
+        attachment.actor.source_blocks().await.unwrap(),
+        vec![(other, 2)],
+        "the contradicting source starts over; the others keep their blocks"
     );
+    let health = attachment.actor.health(tokio::time::Instant::now());
+    let fault = health
+        .latest_fault(FaultCategory::SourceProtocol)
+        .unwrap()
+        .clone();
+    assert_eq!((fault.source, fault.event_id), (source, 2));
+    assert!(
+        matches!(
+            fault.fault,
+            PoolFault::Apply(kvrelay_ckf::ApplyError::ContradictoryBlockId {
+                engine_block_id: 1,
+                offered: 424_242,
+                ..
+            })
+        ),
+        "{:?}",
+        fault.fault
+    );
+    registry.detach(attachment).await;
+}
+
+#[tokio::test]
+async fn health_sees_a_stalled_actor_without_its_mailbox() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let release = attachment.actor.stall().await.unwrap();
+    attachment.actor.submit(stored_event(1)).await.unwrap();
+    attachment.actor.submit(stored_event(2)).await.unwrap();
+    let now = tokio::time::Instant::now();
+    let health = attachment.actor.health(now + Duration::from_secs(3));
+    assert_eq!(health.pending_events, 2);
+    assert!(health.mailbox_depth >= 2, "{health:?}");
+    assert!(health.oldest_pending_age >= Some(Duration::from_secs(3)));
+    assert!(health.is_stalled(Duration::from_secs(3)), "{health:?}");
+    drop(release);
+    attachment.actor.flush().await.unwrap();
+    let health = attachment.actor.health(tokio::time::Instant::now());
+    assert_eq!((health.pending_events, health.stats.events_applied), (0, 2));
+    assert!(!health.is_stalled(Duration::ZERO));
     registry.detach(attachment).await;
 }
 
@@ -485,8 +569,6 @@ async fn clearing_a_source_drops_only_its_blocks() {
         .await
         .unwrap();
     attachment.actor.clear_source(a).await.unwrap();
-    let stats = attachment.actor.stats().await.unwrap();
-    assert_eq!(stats.filter.blocks_per_source, vec![(a_rank1, 3)]);
     assert_eq!(
         attachment.actor.source_blocks().await.unwrap(),
         vec![(a_rank1, 3)]
@@ -512,17 +594,7 @@ async fn block_permits_are_returned_after_apply() {
         .unwrap();
     attachment.actor.flush().await.unwrap();
     assert_eq!(attachment.actor.available_block_permits(), 4);
-    assert_eq!(
-        attachment
-            .actor
-            .stats()
-            .await
-            .unwrap()
-            .filter
-            .blocks_per_source[0]
-            .1,
-        10
-    );
+    assert_eq!(attachment.actor.source_blocks().await.unwrap()[0].1, 10);
     registry.detach(attachment).await;
 }
 

@@ -244,7 +244,7 @@ pub(super) mod behaviour {
     }
 
     struct GatedBuilder {
-        builder: Box<dyn FnOnce(u64) -> Result<FilterState, String> + Send>,
+        builder: Box<dyn FnOnce(u64) -> Result<FilterState, kvrelay_ckf::ConfigError> + Send>,
         started: oneshot::Receiver<()>,
         release: std_mpsc::Sender<()>,
         finished: oneshot::Receiver<()>,

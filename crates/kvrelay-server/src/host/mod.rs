@@ -16,6 +16,8 @@ mod pump;
 mod replay;
 mod report;
 mod scrape;
+#[cfg(test)]
+mod stall_tests;
 mod state;
 mod supervisor;
 mod wire;
@@ -180,8 +182,12 @@ impl Relay {
         let supervisor = supervisor::Supervisor {
             registry: registry.clone(),
             state: state.clone(),
-            dc_id,
-            workload_sources: trace.is_some(),
+            core: supervisor::CoreConfig {
+                dc_id,
+                workload_sources: trace.is_some(),
+                nats: config.nats.is_some(),
+                stall_bound: limits.pool_stall_timeout(),
+            },
             configured_sources,
             source_updates,
             nats_server: config.nats.clone(),
@@ -362,8 +368,7 @@ impl Relay {
                 .get(),
             filter_load_max: pools
                 .values()
-                .filter_map(|pool| pool.stats.as_ref())
-                .map(state::filter_load)
+                .map(|pool| state::filter_load(&pool.actor.health(tokio::time::Instant::now())))
                 .fold(0.0, f64::max),
             catalog_revision: self.state.catalog_snapshot().revision,
         }
@@ -389,35 +394,42 @@ impl Relay {
             .await;
     }
 
-    /// Per-pool figures (refreshed every load window).
+    /// Per-pool figures, read fresh from each actor's health (O(1), never through its
+    /// mailbox, so a stalled pool still reports).
     pub async fn pool_reports(&self) -> Vec<PoolReport> {
-        let routes = self.state.routes.borrow().clone();
-        let mut reports = Vec::new();
-        let mut seen = std::collections::BTreeSet::new();
-        let statuses = self.state.pools();
-        for route in routes.routes.values() {
-            let key = wire::pool_key(&route.pool);
-            if !seen.insert(key.clone()) {
-                continue;
-            }
-            let Ok(stats) = route.actor.stats().await else {
-                continue;
-            };
-            let status = statuses.get(&key);
-            reports.push(PoolReport {
-                pool: key,
-                endpoint: status
-                    .map(|status| status.endpoint.clone())
-                    .unwrap_or_default(),
-                generation: route.generation,
-                sources: status.map_or(0, |status| status.sources),
-                sequence: stats.sequence,
-                resident_blocks: stats.filter.resident_blocks,
-                bucket_count: stats.filter.bucket_count,
-                capacity_omissions: stats.filter.counters.capacity_omissions,
-                events_applied: stats.events_applied,
-            });
-        }
+        let now = tokio::time::Instant::now();
+        let facts = self.state.facts();
+        let mut reports: Vec<PoolReport> = self
+            .state
+            .pools()
+            .into_iter()
+            .map(|(key, status)| {
+                let health = status.actor.health(now);
+                let stats = &health.stats;
+                let pool_facts = facts.pools.get(&key);
+                PoolReport {
+                    endpoint: status.endpoint.clone(),
+                    generation: status.generation,
+                    sources: status.routed_sources,
+                    connected_sources: pool_facts.map_or(0, |facts| {
+                        facts.sources.get("connected").copied().unwrap_or(0)
+                            + facts.sources.get("replaying").copied().unwrap_or(0)
+                    }),
+                    stalled: pool_facts.is_some_and(|facts| facts.stalled),
+                    sequence: stats.sequence,
+                    resident_blocks: stats.filter.resident_blocks,
+                    bucket_count: stats.filter.bucket_count,
+                    capacity_omissions: stats.filter.counters.capacity_omissions,
+                    events_applied: stats.events_applied,
+                    events_rejected: stats.events_rejected,
+                    unroutable_events: stats.unroutable_events,
+                    unroutable_blocks: stats.unroutable_blocks,
+                    faults: stats.faults.total(),
+                    pending_events: health.pending_events,
+                    pool: key,
+                }
+            })
+            .collect();
         reports.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
         reports
     }

@@ -1,10 +1,15 @@
 //! Engine event sources: one ingest ZMQ source per engine source (a `[[sources]]` entry or
 //! an advertised one, per worker and rank), and one Dynamo NATS subscription per attached
 //! endpoint when `[nats]` is set. Their events go to whichever pool generation currently
-//! routes their source.
+//! routes their source. Each source's lifecycle signals become its state in
+//! [`SourceStates`], which the supervisor drains into its core.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use kvrelay_ckf::SourceId;
+use tokio::sync::Notify;
 
 use kvrelay_identity::{EndpointId, KvQuerySemantics};
 use kvrelay_ingest::{
@@ -17,7 +22,57 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::{EngineKind, SourceConfig};
 use crate::host::state::HostState;
+use crate::host::supervisor::{SourceKey, SourceState};
 use crate::metrics::DispositionLabel;
+
+/// The latest state each source reported and the supervisor has not taken yet: bounded by
+/// the number of sources, and a newer state replaces an older one (nothing is lost that
+/// matters, nothing queues without bound).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SourceStates {
+    shared: Arc<SourceStatesShared>,
+}
+
+#[derive(Debug, Default)]
+struct SourceStatesShared {
+    latest: Mutex<BTreeMap<SourceKey, SourceState>>,
+    notify: Notify,
+}
+
+impl SourceStates {
+    pub(crate) fn report(&self, key: SourceKey, state: SourceState) {
+        self.shared
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, state);
+        self.shared.notify.notify_one();
+    }
+
+    /// Resolves once a state was reported since the last `take`.
+    pub(crate) async fn changed(&self) {
+        self.shared.notify.notified().await;
+    }
+
+    pub(crate) fn take(&self) -> BTreeMap<SourceKey, SourceState> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .latest
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+}
+
+/// The state a lifecycle signal puts its source in.
+fn state_after(signal: &SourceSignal) -> SourceState {
+    match signal {
+        SourceSignal::Connected { .. } | SourceSignal::Reset { .. } => SourceState::Connected,
+        SourceSignal::Gap { .. } => SourceState::Replaying,
+        SourceSignal::Lost { .. } => SourceState::Connecting,
+    }
+}
 
 /// First delay before reconnecting a NATS source.
 const NATS_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -30,8 +85,10 @@ pub(crate) fn spawn_zmq(
     config: &SourceConfig,
     semantics: KvQuerySemantics,
     state: Arc<HostState>,
+    states: SourceStates,
     cancel: CancellationToken,
 ) {
+    let key = SourceKey::Engine(SourceId::new(config.worker_id, config.dp_rank));
     let zmq = ZmqSourceConfig {
         worker_id: config.worker_id,
         dp_rank: config.dp_rank,
@@ -59,7 +116,10 @@ pub(crate) fn spawn_zmq(
     tracker.spawn(
         async move {
             let source = spawn_zmq_source(zmq);
-            forward(source, &state, &cancel).await;
+            forward(source, &state, &states, &key, &cancel).await;
+            if !cancel.is_cancelled() {
+                states.report(key, SourceState::Failed);
+            }
         }
         .instrument(span),
     );
@@ -72,8 +132,10 @@ pub(crate) fn spawn_nats(
     nats: &crate::config::NatsConfig,
     endpoint: &EndpointId,
     state: Arc<HostState>,
+    states: SourceStates,
     cancel: CancellationToken,
 ) {
+    let key = SourceKey::Nats(endpoint.clone());
     let config = NatsSourceConfig {
         server: nats.server.clone(),
         subject: dynamo_kv_event_subject(
@@ -102,9 +164,14 @@ pub(crate) fn spawn_nats(
                 match connected {
                     Ok(source) => {
                         backoff = NATS_BACKOFF_INITIAL;
-                        forward(source, &state, &cancel).await;
+                        states.report(key.clone(), SourceState::Connected);
+                        forward(source, &state, &states, &key, &cancel).await;
+                        states.report(key.clone(), SourceState::Connecting);
                     }
-                    Err(err) => warn!(error = %err, "nats source failed; retrying"),
+                    Err(err) => {
+                        warn!(error = %err, "nats source failed; retrying");
+                        states.report(key.clone(), SourceState::Failed);
+                    }
                 }
                 tokio::select! {
                     biased;
@@ -120,7 +187,13 @@ pub(crate) fn spawn_nats(
 
 /// Forwards a source's events to the current route of their source until the source stops
 /// or `cancel` fires, then shuts the source down.
-async fn forward(mut source: SourceHandle, state: &HostState, cancel: &CancellationToken) {
+async fn forward(
+    mut source: SourceHandle,
+    state: &HostState,
+    states: &SourceStates,
+    key: &SourceKey,
+    cancel: &CancellationToken,
+) {
     let _registration = state.metrics.ingest.register(source.probe());
     loop {
         let output = tokio::select! {
@@ -147,14 +220,19 @@ async fn forward(mut source: SourceHandle, state: &HostState, cancel: &Cancellat
                     .get_or_create(&DispositionLabel { disposition })
                     .inc();
             }
-            Some(SourceOutput::Signal(signal)) => match signal {
-                SourceSignal::Connected { endpoint } => info!(%endpoint, "source connected"),
-                SourceSignal::Lost { endpoint } => warn!(%endpoint, "source lost; reconnecting"),
-                SourceSignal::Gap { expected, got } => {
-                    warn!(expected, got, "source gap; replaying")
+            Some(SourceOutput::Signal(signal)) => {
+                states.report(key.clone(), state_after(&signal));
+                match signal {
+                    SourceSignal::Connected { endpoint } => info!(%endpoint, "source connected"),
+                    SourceSignal::Lost { endpoint } => {
+                        warn!(%endpoint, "source lost; reconnecting")
+                    }
+                    SourceSignal::Gap { expected, got } => {
+                        warn!(expected, got, "source gap; replaying")
+                    }
+                    SourceSignal::Reset { reason, .. } => warn!(?reason, "source reset"),
                 }
-                SourceSignal::Reset { reason, .. } => warn!(?reason, "source reset"),
-            },
+            }
         }
     }
     if !source.shutdown().await {

@@ -124,8 +124,12 @@ pub struct PoolReport {
     pub endpoint: String,
     /// Layout generation.
     pub generation: u64,
-    /// Connected sources.
+    /// Sources routed to the pool (cards' ranks plus configured sources).
     pub sources: usize,
+    /// Running sources that are connected (or replaying a gap).
+    pub connected_sources: usize,
+    /// Whether the pool is stalled (withheld from the catalog).
+    pub stalled: bool,
     /// Published sequence.
     pub sequence: u64,
     /// Resident blocks (exact).
@@ -136,6 +140,16 @@ pub struct PoolReport {
     pub capacity_omissions: u64,
     /// Events applied.
     pub events_applied: u64,
+    /// Events rejected (faults and unroutable events).
+    pub events_rejected: u64,
+    /// Stored events whose parent their source never reported.
+    pub unroutable_events: u64,
+    /// Blocks of those events.
+    pub unroutable_blocks: u64,
+    /// Faults of every category.
+    pub faults: u64,
+    /// Events submitted and not yet applied.
+    pub pending_events: usize,
 }
 
 /// A producer's table as published: what every replica must equal at `sequence`.

@@ -1,21 +1,23 @@
 //! What the host publishes to the WAN server, admin HTTP and the workload.
 //!
 //! Complete wire states live in `watch` channels (one writer: the supervisor). Status for
-//! people (pools, stats, readiness facts) is a small snapshot replaced whole under a lock
-//! that is never held across an await.
+//! people (attached pools with their actor handles, the supervision core's readiness facts)
+//! is a small snapshot replaced whole under a lock that is never held across an await.
+//! Per-pool figures are read fresh from each actor's health (O(1)) when asked for.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvrelay_ckf::SourceId;
 use kvrelay_codec::v1::{CatalogUpdate, LoadWindow, RelayIdentity, TopologyUpdate};
 use kvrelay_identity::PoolId;
-use kvrelay_pool::{PoolActorHandle, PoolActorStats};
+use kvrelay_pool::{FaultCategory, PoolActorHandle, PoolHealth};
 use tokio::sync::watch;
 
+use crate::host::supervisor::{HostFacts, SourceState};
 use crate::limits::Limits;
-use crate::metrics::RelayMetrics;
+use crate::metrics::{CategoryLabel, RelayMetrics, StateLabel};
 
 /// Where one source's events go.
 #[derive(Debug, Clone)]
@@ -40,8 +42,10 @@ pub(crate) struct Routes {
 pub(crate) struct PoolStatus {
     pub(crate) endpoint: String,
     pub(crate) generation: u64,
-    pub(crate) sources: usize,
-    pub(crate) stats: Option<PoolActorStats>,
+    /// Sources whose events route to this pool (cards' ranks plus configured sources).
+    pub(crate) routed_sources: usize,
+    /// Its actor, for fresh health reads.
+    pub(crate) actor: PoolActorHandle,
 }
 
 /// Counters of the trace workload.
@@ -65,8 +69,19 @@ pub(crate) struct HostState {
     pub(crate) routes: watch::Sender<Arc<Routes>>,
     pub(crate) workload: WorkloadCounters,
     pub(crate) live: AtomicBool,
-    discovery_listed: AtomicBool,
     pools: Mutex<BTreeMap<String, PoolStatus>>,
+    facts: Mutex<HostFacts>,
+    /// Cumulative figures of each pool generation already added to the metric counters.
+    counted: Mutex<BTreeMap<String, CountedHealth>>,
+}
+
+/// What a generation has contributed to the relay-wide counters so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct CountedHealth {
+    generation: u64,
+    faults: [u64; 3],
+    unroutable_blocks: u64,
+    contradiction_resets: u64,
 }
 
 impl HostState {
@@ -100,8 +115,12 @@ impl HostState {
             routes: watch::Sender::new(Arc::new(Routes::default())),
             workload: WorkloadCounters::default(),
             live: AtomicBool::new(true),
-            discovery_listed: AtomicBool::new(false),
             pools: Mutex::new(BTreeMap::new()),
+            facts: Mutex::new(HostFacts {
+                unready: vec!["discovery has not listed yet".to_owned()],
+                ..HostFacts::default()
+            }),
+            counted: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -129,37 +148,89 @@ impl HostState {
 
     pub(crate) fn publish_routes(&self, routes: Routes, pools: BTreeMap<String, PoolStatus>) {
         self.routes.send_replace(Arc::new(routes));
-        let mut current = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut next = pools;
-        for (key, status) in next.iter_mut() {
-            if let Some(previous) = current.get(key)
-                && previous.generation == status.generation
-            {
-                status.stats.clone_from(&previous.stats);
-            }
-        }
-        *current = next;
-        drop(current);
-        // `kvrelay_sources{state}` comes from the sources' real states (source_metrics).
+        *self.pools.lock().unwrap_or_else(PoisonError::into_inner) = pools;
     }
 
-    pub(crate) fn record_pool_stats(&self, stats: Vec<(String, PoolActorStats)>) {
+    /// The supervision core's facts after its latest step.
+    pub(crate) fn publish_facts(&self, facts: HostFacts) {
+        // `kvrelay_sources{state}` is written from the sources' own probes (source_metrics),
+        // the one place that sees every transport state change.
+        let stalled = facts.pools.values().filter(|pool| pool.stalled).count();
+        self.metrics
+            .pools_stalled
+            .set(i64::try_from(stalled).unwrap_or(i64::MAX));
+        *self.facts.lock().unwrap_or_else(PoisonError::into_inner) = facts;
+    }
+
+    pub(crate) fn facts(&self) -> HostFacts {
+        self.facts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Folds one health reading per attached pool generation into the metrics: counters
+    /// grow by what each generation added since its last reading; gauges are relay-wide
+    /// maxima and sums (no per-pool labels).
+    pub(crate) fn record_health(&self, healths: &[(String, u64, PoolHealth)]) {
         let mut omissions = 0u64;
         let mut load_max = 0f64;
-        {
-            let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
-            for (key, stats) in stats {
-                omissions = omissions.saturating_add(stats.filter.counters.capacity_omissions);
-                load_max = load_max.max(filter_load(&stats));
-                if let Some(status) = pools.get_mut(&key) {
-                    status.stats = Some(stats);
-                }
+        let mut depth_max = 0usize;
+        let mut oldest_max = 0f64;
+        let mut counted = self.counted.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = BTreeMap::new();
+        for (key, generation, health) in healths {
+            let stats = &health.stats;
+            omissions = omissions.saturating_add(stats.filter.counters.capacity_omissions);
+            load_max = load_max.max(filter_load(health));
+            depth_max = depth_max.max(health.mailbox_depth);
+            oldest_max = oldest_max.max(
+                health
+                    .oldest_pending_age
+                    .map_or(0.0, |age| age.as_secs_f64()),
+            );
+            let before = counted
+                .get(key)
+                .filter(|before| before.generation == *generation)
+                .copied()
+                .unwrap_or(CountedHealth {
+                    generation: *generation,
+                    ..CountedHealth::default()
+                });
+            let now = CountedHealth {
+                generation: *generation,
+                faults: FaultCategory::ALL.map(|category| stats.faults.get(category)),
+                unroutable_blocks: stats.unroutable_blocks,
+                contradiction_resets: stats.contradiction_resets,
+            };
+            for (index, category) in FaultCategory::ALL.into_iter().enumerate() {
+                self.metrics
+                    .pool_faults
+                    .get_or_create(&CategoryLabel {
+                        category: category.label(),
+                    })
+                    .inc_by(now.faults[index].saturating_sub(before.faults[index]));
             }
+            self.metrics.pool_unroutable_blocks.inc_by(
+                now.unroutable_blocks
+                    .saturating_sub(before.unroutable_blocks),
+            );
+            self.metrics.pool_contradiction_resets.inc_by(
+                now.contradiction_resets
+                    .saturating_sub(before.contradiction_resets),
+            );
+            next.insert(key.clone(), now);
         }
+        *counted = next;
+        drop(counted);
         self.metrics
             .filter_omissions
             .set(i64::try_from(omissions).unwrap_or(i64::MAX));
         self.metrics.filter_load_max.set(load_max);
+        self.metrics
+            .pool_mailbox_depth_max
+            .set(i64::try_from(depth_max).unwrap_or(i64::MAX));
+        self.metrics.pool_oldest_pending_seconds_max.set(oldest_max);
     }
 
     pub(crate) fn pools(&self) -> BTreeMap<String, PoolStatus> {
@@ -168,22 +239,15 @@ impl HostState {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
-
-    pub(crate) fn mark_discovery_listed(&self) {
-        self.discovery_listed.store(true, Ordering::SeqCst);
-    }
-
-    pub(crate) fn discovery_listed(&self) -> bool {
-        self.discovery_listed.load(Ordering::SeqCst)
-    }
 }
 
 /// Occupied slots over all slots (4 per bucket), 0 for an empty filter.
-pub(crate) fn filter_load(stats: &PoolActorStats) -> f64 {
-    let slots = stats.filter.bucket_count.saturating_mul(4);
+pub(crate) fn filter_load(health: &PoolHealth) -> f64 {
+    let filter = &health.stats.filter;
+    let slots = filter.bucket_count.saturating_mul(4);
     if slots == 0 {
         0.0
     } else {
-        stats.filter.occupied_slots as f64 / slots as f64
+        filter.occupied_slots as f64 / slots as f64
     }
 }

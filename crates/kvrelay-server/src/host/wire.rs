@@ -4,6 +4,7 @@
 //! this module only assembles the messages the codec has no domain counterpart for.
 //! Only the host builds wire states; the WAN server only encodes them.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kvrelay_codec::v1::{
@@ -39,9 +40,17 @@ fn roles(roles: &[WorkerRole]) -> Vec<v1::WorkerRole> {
     roles.iter().copied().map(v1::WorkerRole::from).collect()
 }
 
-pub(crate) fn catalog_update(catalog: &PoolCatalog) -> CatalogUpdate {
+/// The advertised catalog: the registry's pools except `withheld` ones (stalled pools
+/// consumers must not trust), under `revision` (the registry revision plus the times the
+/// withheld set changed, so it moves whenever the content does).
+pub(crate) fn catalog_update(
+    catalog: &PoolCatalog,
+    withheld: &BTreeSet<kvrelay_identity::PoolId>,
+    revision: u64,
+) -> CatalogUpdate {
     let pools = catalog
         .pools()
+        .filter(|pool| !withheld.contains(&pool.pool_id()))
         .map(|pool| v1::PoolDescriptor {
             producer: pool.producer.into(),
             serving_endpoint: (&pool.serving_endpoint).into(),
@@ -52,7 +61,7 @@ pub(crate) fn catalog_update(catalog: &PoolCatalog) -> CatalogUpdate {
         .collect();
     CatalogUpdate {
         relay: catalog.relay().into(),
-        revision: catalog.revision(),
+        revision,
         pools,
     }
 }

@@ -221,6 +221,11 @@ pub(crate) fn stored(ids: &[u64], parent: Option<u64>) -> EngineEvent {
 
 /// The ZMQ message of batch `seq`: two fresh blocks on rank 0, as vLLM publishes it.
 pub(crate) fn vllm_batch(seq: u64) -> ZmqMessage {
+    vllm_message(seq, vec![stored(&[seq * 10 + 1, seq * 10 + 2], None)])
+}
+
+/// The ZMQ message of batch `seq` carrying `events` on rank 0, as vLLM publishes it.
+pub(crate) fn vllm_message(seq: u64, events: Vec<EngineEvent>) -> ZmqMessage {
     let layout = EngineLayout {
         engine: EngineKind::Vllm,
         map_events: false,
@@ -228,7 +233,7 @@ pub(crate) fn vllm_batch(seq: u64) -> ZmqMessage {
     };
     let batch = EngineBatch {
         ts: 0.0,
-        events: vec![stored(&[seq * 10 + 1, seq * 10 + 2], None)],
+        events,
         dp_rank: Some(0),
     };
     let mut payload = Vec::new();

@@ -1,0 +1,873 @@
+//! The supervision core: every decision of the host supervisor, with no runtime.
+//!
+//! Inputs (`handle_*`): a membership view, the configured engine sources, attach / retire /
+//! fence outcomes, source states, pool health, catalog changes and load ticks, each with
+//! the caller's `now` where time matters. Outputs: [`Command`]s from
+//! [`SupervisionCore::poll_command`] (attach, retire, update in place, start / stop sources,
+//! publish routes / catalog / topology / load) and the readiness facts of
+//! [`SupervisionCore::facts`]. The async shell (`supervisor.rs`) executes commands,
+//! running independent attaches and retirements concurrently.
+//!
+//! Rules kept here and nowhere else:
+//! - an endpoint gets a pool when it is materializable and has an event source; a change
+//!   of pool or query semantics retires the generation (withdraw first) and attaches a new
+//!   one once the retirement finished; registrations, roles and capacity change in place;
+//! - at most one attach or retirement is in flight per endpoint; endpoints never wait for
+//!   each other;
+//! - a source is not connected until its state says so (`Connecting` when started);
+//! - a pool whose actor holds pending events without progress for `stall_bound` is
+//!   *stalled*: withheld from the advertised catalog and named by readiness until it
+//!   makes progress again.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use kvrelay_ckf::SourceId;
+use kvrelay_identity::{DcId, EndpointId, KvQuerySemantics, PoolId, WorkerRole};
+use kvrelay_membership::{EndpointMembership, MembershipView, TopologySnapshot, TopologyState};
+use kvrelay_pool::{AttachRequest, PoolCatalog, RetirementMode, WorkerCapacity};
+use tokio::time::Instant;
+
+use crate::config::SourceConfig;
+use crate::host::wire;
+
+/// Filter sizing when no worker declares its KV capacity, in blocks.
+pub(crate) const DEFAULT_EXPECTED_UNIQUE_BLOCKS: u64 = 65_536;
+/// Smallest filter sizing, in blocks.
+pub(crate) const MIN_EXPECTED_UNIQUE_BLOCKS: u64 = 1_024;
+/// Default per-rank capacity of a simulated source when its card declares none, in blocks.
+const DEFAULT_SOURCE_CAPACITY: u64 = 4_096;
+
+/// Fixed facts of one relay.
+#[derive(Debug, Clone)]
+pub(crate) struct CoreConfig {
+    pub(crate) dc_id: DcId,
+    /// Every discovered worker has a connected source (the trace workload).
+    pub(crate) workload_sources: bool,
+    /// A NATS server carries every endpoint's Dynamo KV events.
+    pub(crate) nats: bool,
+    /// Pending events without progress for this long make a pool stalled.
+    pub(crate) stall_bound: Duration,
+}
+
+/// Identifies one event source.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum SourceKey {
+    /// A vLLM/SGLang ZMQ source of one worker rank.
+    Engine(SourceId),
+    /// The Dynamo NATS subscription of one endpoint.
+    Nats(EndpointId),
+}
+
+/// What a source is doing, as it reported last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum SourceState {
+    /// Started or lost; (re)connecting.
+    Connecting,
+    /// Connected and delivering events.
+    Connected,
+    /// Connected, filling a sequence gap (replay or reset).
+    Replaying,
+    /// Stopped on its own; will not deliver events until restarted.
+    Failed,
+}
+
+impl SourceState {
+    /// Every state, in label order.
+    pub(crate) const ALL: [Self; 4] = [
+        Self::Connecting,
+        Self::Connected,
+        Self::Replaying,
+        Self::Failed,
+    ];
+
+    /// The label of `/v1/pools/{pool}/stats` and `kvrelay_sources{state}`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Connected => "connected",
+            Self::Replaying => "replaying",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Whether events flow (a replaying source is connected and catching up).
+    fn delivers(self) -> bool {
+        matches!(self, Self::Connected | Self::Replaying)
+    }
+}
+
+/// What the core asks the shell to do.
+#[derive(Debug, Clone)]
+pub(crate) enum Command {
+    /// Attach a pool for `endpoint`; answer with `handle_attached` or
+    /// `handle_attach_failed`.
+    Attach {
+        endpoint: EndpointId,
+        request: Box<AttachRequest>,
+    },
+    /// Retire `endpoint`'s generation; answer with `handle_retired`.
+    Retire {
+        endpoint: EndpointId,
+        generation: u64,
+        mode: RetirementMode,
+    },
+    /// Update an attached generation in place.
+    Update {
+        endpoint: EndpointId,
+        generation: u64,
+        registrations: Option<Vec<kvrelay_identity::CanonicalModelRegistration>>,
+        roles: Option<Vec<WorkerRole>>,
+        capacity: Vec<WorkerCapacity>,
+    },
+    /// Start `endpoint`'s sources (engines and, when set, its NATS subscription).
+    StartSources {
+        endpoint: EndpointId,
+        engines: Vec<SourceConfig>,
+        nats: bool,
+        semantics: KvQuerySemantics,
+    },
+    /// Stop every source of `endpoint`.
+    StopSources { endpoint: EndpointId },
+    /// Route each source's events to its pool generation.
+    PublishRoutes(Vec<RoutePlan>),
+    /// Advertise `catalog` without the `withheld` pools, under `revision`.
+    PublishCatalog {
+        catalog: PoolCatalog,
+        withheld: BTreeSet<PoolId>,
+        revision: u64,
+    },
+    /// Publish serving readiness.
+    PublishTopology(TopologySnapshot),
+    /// Publish load window `window_sequence`.
+    PublishLoad { window_sequence: u64 },
+}
+
+/// Where one attached endpoint's sources route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RoutePlan {
+    pub(crate) endpoint: EndpointId,
+    pub(crate) pool: PoolId,
+    pub(crate) generation: u64,
+    pub(crate) block_size: u32,
+    /// Every source of the endpoint with its per-rank capacity in blocks.
+    pub(crate) sources: Vec<(SourceId, u64)>,
+}
+
+/// One pool's health as the shell read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HealthFact {
+    pub(crate) pending_events: usize,
+    pub(crate) stalled_for: Duration,
+}
+
+/// Readiness and per-pool facts, for admin and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct HostFacts {
+    /// Why the relay is not ready (empty: ready).
+    pub(crate) unready: Vec<String>,
+    /// Attached pools by pool key.
+    pub(crate) pools: BTreeMap<String, PoolFacts>,
+    /// Sources by state, over every running source.
+    pub(crate) sources: BTreeMap<&'static str, usize>,
+}
+
+/// One attached pool's facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PoolFacts {
+    pub(crate) endpoint: EndpointId,
+    pub(crate) pool: PoolId,
+    pub(crate) generation: u64,
+    /// Sources by state (workload sources count as connected).
+    pub(crate) sources: BTreeMap<&'static str, usize>,
+    /// Whether the pool is withheld from the catalog as stalled.
+    pub(crate) stalled: bool,
+}
+
+/// What makes a generation: a change here builds a new generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Binding {
+    pool: PoolId,
+    query_semantics: KvQuerySemantics,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Attaching {
+        binding: Binding,
+    },
+    Attached {
+        binding: Binding,
+        generation: u64,
+        membership: EndpointMembership,
+    },
+    Retiring,
+}
+
+/// The supervisor's state and decisions.
+#[derive(Debug)]
+pub(crate) struct SupervisionCore {
+    config: CoreConfig,
+    view: Option<MembershipView>,
+    configured: BTreeMap<EndpointId, Vec<SourceConfig>>,
+    slots: BTreeMap<EndpointId, Slot>,
+    /// Sources started per endpoint, with their last state.
+    running: BTreeMap<EndpointId, BTreeMap<SourceKey, SourceState>>,
+    stalled: BTreeSet<PoolId>,
+    /// Times the withheld set changed: added to the registry revision so the advertised
+    /// catalog's revision moves whenever its content does.
+    withheld_changes: u64,
+    catalog: Option<PoolCatalog>,
+    topology: Option<TopologyState>,
+    topology_published: bool,
+    window_sequence: u64,
+    shutting_down: bool,
+    commands: VecDeque<Command>,
+}
+
+impl SupervisionCore {
+    pub(crate) fn new(
+        config: CoreConfig,
+        configured: BTreeMap<EndpointId, Vec<SourceConfig>>,
+    ) -> Self {
+        Self {
+            config,
+            view: None,
+            configured,
+            slots: BTreeMap::new(),
+            running: BTreeMap::new(),
+            stalled: BTreeSet::new(),
+            withheld_changes: 0,
+            catalog: None,
+            topology: None,
+            topology_published: false,
+            window_sequence: 0,
+            shutting_down: false,
+            commands: VecDeque::new(),
+        }
+    }
+
+    /// The next command, oldest first.
+    pub(crate) fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// A new membership view (discovery listed or changed).
+    pub(crate) fn handle_membership(&mut self, view: MembershipView) {
+        self.view = Some(view);
+        self.reconcile();
+    }
+
+    /// The engine sources per endpoint changed (`[[sources]]` plus adverts). Sources of
+    /// touched endpoints restart.
+    pub(crate) fn handle_configured_sources(
+        &mut self,
+        next: BTreeMap<EndpointId, Vec<SourceConfig>>,
+    ) {
+        let touched: Vec<EndpointId> = self
+            .configured
+            .keys()
+            .chain(next.keys())
+            .filter(|endpoint| self.configured.get(*endpoint) != next.get(*endpoint))
+            .cloned()
+            .collect();
+        self.configured = next;
+        for endpoint in &touched {
+            self.stop_sources(endpoint);
+        }
+        self.reconcile();
+    }
+
+    /// The attach of `endpoint` succeeded with `generation`.
+    pub(crate) fn handle_attached(&mut self, endpoint: &EndpointId, generation: u64) {
+        let Some(Slot::Attaching { binding }) = self.slots.remove(endpoint) else {
+            // Not asked for (cannot happen); retire what we did not expect.
+            self.commands.push_back(Command::Retire {
+                endpoint: endpoint.clone(),
+                generation,
+                mode: RetirementMode::Graceful,
+            });
+            return;
+        };
+        let membership = self
+            .view
+            .as_ref()
+            .and_then(|view| view.endpoint(endpoint))
+            .cloned()
+            .filter(|_| !self.shutting_down);
+        match membership {
+            Some(membership) => {
+                self.slots.insert(
+                    endpoint.clone(),
+                    Slot::Attached {
+                        binding,
+                        generation,
+                        membership,
+                    },
+                );
+            }
+            None => {
+                // The endpoint left (or the relay began shutting down) while attaching.
+                self.slots.insert(endpoint.clone(), Slot::Retiring);
+                self.commands.push_back(Command::Retire {
+                    endpoint: endpoint.clone(),
+                    generation,
+                    mode: RetirementMode::Graceful,
+                });
+            }
+        }
+        self.reconcile();
+    }
+
+    /// The attach of `endpoint` failed; the next reconcile (membership or source change)
+    /// tries again.
+    pub(crate) fn handle_attach_failed(&mut self, endpoint: &EndpointId) {
+        if matches!(self.slots.get(endpoint), Some(Slot::Attaching { .. })) {
+            self.slots.remove(endpoint);
+        }
+        self.publish_routes();
+    }
+
+    /// The retirement of `endpoint`'s generation finished.
+    pub(crate) fn handle_retired(&mut self, endpoint: &EndpointId) {
+        if matches!(self.slots.get(endpoint), Some(Slot::Retiring)) {
+            self.slots.remove(endpoint);
+        }
+        self.reconcile();
+    }
+
+    /// `endpoint`'s generation was fenced (terminal failure): retire it and rebuild.
+    pub(crate) fn handle_fenced(&mut self, endpoint: &EndpointId, generation: u64) {
+        if let Some(Slot::Attached {
+            generation: current,
+            ..
+        }) = self.slots.get(endpoint)
+            && *current == generation
+        {
+            self.slots.insert(endpoint.clone(), Slot::Retiring);
+            self.commands.push_back(Command::Retire {
+                endpoint: endpoint.clone(),
+                generation,
+                mode: RetirementMode::Fenced,
+            });
+            self.publish_routes();
+        }
+    }
+
+    /// A source reported `state`. Ignored for sources that are not running.
+    pub(crate) fn handle_source_state(
+        &mut self,
+        key: &SourceKey,
+        state: SourceState,
+        _now: Instant,
+    ) {
+        let mut changed = false;
+        for sources in self.running.values_mut() {
+            if let Some(current) = sources.get_mut(key)
+                && *current != state
+            {
+                *current = state;
+                changed = true;
+            }
+        }
+        if changed {
+            self.update_topology();
+        }
+    }
+
+    /// The registry's catalog changed.
+    pub(crate) fn handle_catalog(&mut self, catalog: PoolCatalog) {
+        self.catalog = Some(catalog);
+        self.publish_catalog();
+        self.update_topology();
+    }
+
+    /// One health reading per attached pool, by endpoint and generation. Pools not read
+    /// (retiring, attaching) keep their previous stall state.
+    pub(crate) fn handle_pool_health(&mut self, readings: &[(EndpointId, u64, HealthFact)]) {
+        let mut next = self.stalled.clone();
+        for (endpoint, generation, fact) in readings {
+            let Some(Slot::Attached {
+                binding,
+                generation: current,
+                ..
+            }) = self.slots.get(endpoint)
+            else {
+                continue;
+            };
+            if current != generation {
+                continue;
+            }
+            if fact.pending_events > 0 && fact.stalled_for >= self.config.stall_bound {
+                next.insert(binding.pool);
+            } else {
+                next.remove(&binding.pool);
+            }
+        }
+        self.replace_stalled(next);
+    }
+
+    /// The load window ticked.
+    pub(crate) fn handle_load_tick(&mut self) {
+        self.window_sequence += 1;
+        self.commands.push_back(Command::PublishLoad {
+            window_sequence: self.window_sequence,
+        });
+    }
+
+    /// Shutdown: stop every source and retire every attached generation (fenced).
+    pub(crate) fn handle_shutdown(&mut self) {
+        self.shutting_down = true;
+        let endpoints: Vec<EndpointId> = self.running.keys().cloned().collect();
+        for endpoint in &endpoints {
+            self.stop_sources(endpoint);
+        }
+        let attached: Vec<(EndpointId, u64)> = self
+            .slots
+            .iter()
+            .filter_map(|(endpoint, slot)| match slot {
+                Slot::Attached { generation, .. } => Some((endpoint.clone(), *generation)),
+                Slot::Attaching { .. } | Slot::Retiring => None,
+            })
+            .collect();
+        for (endpoint, generation) in attached {
+            self.slots.insert(endpoint.clone(), Slot::Retiring);
+            self.commands.push_back(Command::Retire {
+                endpoint,
+                generation,
+                mode: RetirementMode::Fenced,
+            });
+        }
+        self.publish_routes();
+    }
+
+    /// Whether an attach or retirement is still in flight.
+    pub(crate) fn is_settling(&self) -> bool {
+        self.slots
+            .values()
+            .any(|slot| matches!(slot, Slot::Attaching { .. } | Slot::Retiring))
+    }
+
+    /// Readiness and per-pool facts now.
+    pub(crate) fn facts(&self) -> HostFacts {
+        let mut facts = HostFacts::default();
+        if self.view.is_none() {
+            facts
+                .unready
+                .push("discovery has not listed yet".to_owned());
+        }
+        for sources in self.running.values() {
+            for state in sources.values() {
+                *facts.sources.entry(state.label()).or_default() += 1;
+            }
+        }
+        for (endpoint, slot) in &self.slots {
+            let Slot::Attached {
+                binding,
+                generation,
+                membership,
+            } = slot
+            else {
+                continue;
+            };
+            let key = wire::pool_key(&binding.pool);
+            let sources = self.pool_source_states(endpoint, membership);
+            let stalled = self.stalled.contains(&binding.pool);
+            let connected = sources.get("connected").copied().unwrap_or(0)
+                + sources.get("replaying").copied().unwrap_or(0);
+            if connected == 0 {
+                let states: Vec<String> = sources
+                    .iter()
+                    .map(|(state, n)| format!("{n} {state}"))
+                    .collect();
+                facts.unready.push(format!(
+                    "pool {key} ({}) has no connected source ({})",
+                    endpoint.dotted(),
+                    if states.is_empty() {
+                        "none started".to_owned()
+                    } else {
+                        states.join(", ")
+                    }
+                ));
+            }
+            if stalled {
+                facts.unready.push(format!(
+                    "pool {key} ({}) is stalled: pending events made no progress for {} ms; withheld from the catalog",
+                    endpoint.dotted(),
+                    self.config.stall_bound.as_millis()
+                ));
+            }
+            facts.pools.insert(
+                key,
+                PoolFacts {
+                    endpoint: endpoint.clone(),
+                    pool: binding.pool,
+                    generation: *generation,
+                    sources,
+                    stalled,
+                },
+            );
+        }
+        facts
+    }
+
+    fn pool_source_states(
+        &self,
+        endpoint: &EndpointId,
+        membership: &EndpointMembership,
+    ) -> BTreeMap<&'static str, usize> {
+        let mut states = BTreeMap::new();
+        if self.config.workload_sources {
+            let n = sources_of(membership, None).len();
+            if n > 0 {
+                states.insert(SourceState::Connected.label(), n);
+            }
+        }
+        for state in self
+            .running
+            .get(endpoint)
+            .into_iter()
+            .flat_map(|s| s.values())
+        {
+            *states.entry(state.label()).or_default() += 1;
+        }
+        states
+    }
+
+    fn reconcile(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        let Some(view) = self.view.clone() else {
+            return;
+        };
+        let mut desired: BTreeMap<EndpointId, (Binding, &EndpointMembership)> = BTreeMap::new();
+        for membership in view.endpoints() {
+            if let Some(binding) = self.binding_of(membership) {
+                desired.insert(membership.endpoint.clone(), (binding, membership));
+            }
+        }
+        // Retire what is no longer wanted or whose binding changed; update the rest in place.
+        let endpoints: Vec<EndpointId> = self.slots.keys().cloned().collect();
+        for endpoint in endpoints {
+            let wanted = desired.get(&endpoint);
+            let Some(Slot::Attached {
+                binding,
+                generation,
+                membership,
+            }) = self.slots.get_mut(&endpoint)
+            else {
+                continue;
+            };
+            match wanted {
+                Some((wanted, next)) if wanted == binding => {
+                    if !membership.same_content(next) {
+                        let registrations = (membership.registrations != next.registrations)
+                            .then(|| next.registrations.clone());
+                        let roles = (membership.roles != next.roles).then(|| roles_of(next));
+                        self.commands.push_back(Command::Update {
+                            endpoint: endpoint.clone(),
+                            generation: *generation,
+                            registrations,
+                            roles,
+                            capacity: capacities(next),
+                        });
+                        *membership = (*next).clone();
+                    }
+                }
+                _ => {
+                    let generation = *generation;
+                    self.slots.insert(endpoint.clone(), Slot::Retiring);
+                    self.stop_sources(&endpoint);
+                    self.commands.push_back(Command::Retire {
+                        endpoint,
+                        generation,
+                        mode: RetirementMode::Graceful,
+                    });
+                }
+            }
+        }
+        // Attach what is wanted and has no slot.
+        for (endpoint, (binding, membership)) in &desired {
+            if self.slots.contains_key(endpoint) {
+                continue;
+            }
+            let request = AttachRequest {
+                pool: binding.pool,
+                endpoint: endpoint.clone(),
+                registrations: membership.registrations.clone(),
+                query_semantics: binding.query_semantics,
+                roles: roles_of(membership),
+                expected_unique_blocks: expected_unique_blocks(membership),
+                load_capacity: Some(capacities(membership)),
+            };
+            self.slots.insert(
+                endpoint.clone(),
+                Slot::Attaching {
+                    binding: binding.clone(),
+                },
+            );
+            self.commands.push_back(Command::Attach {
+                endpoint: endpoint.clone(),
+                request: Box::new(request),
+            });
+        }
+        // Start the sources of attached endpoints whose sources are not running.
+        let mut starts = Vec::new();
+        for (endpoint, slot) in &self.slots {
+            let Slot::Attached { binding, .. } = slot else {
+                continue;
+            };
+            if self.running.contains_key(endpoint) {
+                continue;
+            }
+            let engines = self.configured.get(endpoint).cloned().unwrap_or_default();
+            if engines.is_empty() && !self.config.nats {
+                continue;
+            }
+            starts.push((endpoint.clone(), engines, binding.query_semantics));
+        }
+        for (endpoint, engines, semantics) in starts {
+            let mut states = BTreeMap::new();
+            for engine in &engines {
+                states.insert(
+                    SourceKey::Engine(SourceId::new(engine.worker_id, engine.dp_rank)),
+                    SourceState::Connecting,
+                );
+            }
+            if self.config.nats {
+                states.insert(SourceKey::Nats(endpoint.clone()), SourceState::Connecting);
+            }
+            self.running.insert(endpoint.clone(), states);
+            self.commands.push_back(Command::StartSources {
+                endpoint,
+                engines,
+                nats: self.config.nats,
+                semantics,
+            });
+        }
+        self.publish_routes();
+        // A retired pool is no longer stalled.
+        let live: BTreeSet<PoolId> = self.attached_pools().collect();
+        let next: BTreeSet<PoolId> = self.stalled.intersection(&live).copied().collect();
+        self.replace_stalled(next);
+        self.update_topology();
+    }
+
+    fn attached_pools(&self) -> impl Iterator<Item = PoolId> + '_ {
+        self.slots.values().filter_map(|slot| match slot {
+            Slot::Attached { binding, .. } => Some(binding.pool),
+            Slot::Attaching { .. } | Slot::Retiring => None,
+        })
+    }
+
+    fn stop_sources(&mut self, endpoint: &EndpointId) {
+        if self.running.remove(endpoint).is_some() {
+            self.commands.push_back(Command::StopSources {
+                endpoint: endpoint.clone(),
+            });
+        }
+    }
+
+    fn replace_stalled(&mut self, next: BTreeSet<PoolId>) {
+        if next != self.stalled {
+            self.stalled = next;
+            self.withheld_changes += 1;
+            self.publish_catalog();
+        }
+    }
+
+    fn publish_catalog(&mut self) {
+        let Some(catalog) = &self.catalog else {
+            return;
+        };
+        self.commands.push_back(Command::PublishCatalog {
+            catalog: catalog.clone(),
+            withheld: self.stalled.clone(),
+            revision: catalog.revision().saturating_add(self.withheld_changes),
+        });
+    }
+
+    fn publish_routes(&mut self) {
+        let plans = self
+            .slots
+            .iter()
+            .filter_map(|(endpoint, slot)| match slot {
+                Slot::Attached {
+                    binding,
+                    generation,
+                    membership,
+                } => Some(RoutePlan {
+                    endpoint: endpoint.clone(),
+                    pool: binding.pool,
+                    generation: *generation,
+                    block_size: binding.query_semantics.kv_block_size(),
+                    sources: sources_of(membership, self.configured.get(endpoint)),
+                }),
+                Slot::Attaching { .. } | Slot::Retiring => None,
+            })
+            .collect();
+        self.commands.push_back(Command::PublishRoutes(plans));
+    }
+
+    /// Feeds membership, liveness (workers with a source that delivers, owned by the
+    /// attached generation) and pool links into the topology; publishes on change.
+    fn update_topology(&mut self) {
+        let Some(view) = &self.view else {
+            return;
+        };
+        let topology = self
+            .topology
+            .get_or_insert_with(|| TopologyState::new(view.clone()));
+        let mut changed = topology.replace_membership(view.clone());
+        for (endpoint, slot) in &self.slots {
+            let Slot::Attached {
+                generation,
+                membership,
+                ..
+            } = slot
+            else {
+                continue;
+            };
+            changed |= topology.claim_availability(endpoint, *generation);
+            let live = live_workers(
+                &self.config,
+                membership,
+                self.configured.get(endpoint),
+                self.running.get(endpoint),
+            );
+            changed |= topology.replace_availability(endpoint, *generation, Some(live));
+        }
+        if let Some(catalog) = &self.catalog {
+            changed |= topology.replace_pool_links(
+                catalog
+                    .pools()
+                    .map(|pool| (pool.serving_endpoint.clone(), pool.pool_id())),
+            );
+        }
+        if changed || !self.topology_published {
+            self.topology_published = true;
+            self.commands
+                .push_back(Command::PublishTopology(topology.snapshot()));
+        }
+    }
+
+    fn binding_of(&self, membership: &EndpointMembership) -> Option<Binding> {
+        if !membership.is_materializable() {
+            return None;
+        }
+        let has_source = (self.config.workload_sources || self.config.nats)
+            && !membership.worker_topology.is_empty()
+            || self.configured.contains_key(&membership.endpoint);
+        if !has_source {
+            return None;
+        }
+        let domain = membership.domain?;
+        Some(Binding {
+            pool: PoolId {
+                indexer_domain: domain.id,
+                dc_id: self.config.dc_id,
+            },
+            query_semantics: domain.query_semantics,
+        })
+    }
+}
+
+/// Workers with a source that delivers events: all of them under the trace workload or a
+/// delivering NATS subscription, else those with a delivering engine source.
+fn live_workers(
+    config: &CoreConfig,
+    membership: &EndpointMembership,
+    configured: Option<&Vec<SourceConfig>>,
+    running: Option<&BTreeMap<SourceKey, SourceState>>,
+) -> BTreeSet<u64> {
+    let all = || {
+        sources_of(membership, configured)
+            .into_iter()
+            .map(|(source, _)| source.worker_id)
+            .collect()
+    };
+    if config.workload_sources {
+        return all();
+    }
+    let Some(running) = running else {
+        return BTreeSet::new();
+    };
+    let nats_delivers = running
+        .iter()
+        .any(|(key, state)| matches!(key, SourceKey::Nats(_)) && state.delivers());
+    if nats_delivers {
+        return all();
+    }
+    running
+        .iter()
+        .filter_map(|(key, state)| match key {
+            SourceKey::Engine(source) if state.delivers() => Some(source.worker_id),
+            SourceKey::Engine(_) | SourceKey::Nats(_) => None,
+        })
+        .collect()
+}
+
+pub(crate) fn roles_of(membership: &EndpointMembership) -> Vec<WorkerRole> {
+    if membership.roles.is_empty() {
+        vec![WorkerRole::Aggregated]
+    } else {
+        membership.roles.clone()
+    }
+}
+
+/// Per-rank capacity in blocks, by worker, from the runtime configs.
+pub(crate) fn capacities(membership: &EndpointMembership) -> Vec<WorkerCapacity> {
+    membership
+        .runtime_configs
+        .iter()
+        .map(|(worker_id, config)| WorkerCapacity {
+            worker_id: *worker_id,
+            data_parallel_start_rank: config.data_parallel_start_rank,
+            data_parallel_size: config.data_parallel_size.max(1),
+            total_kv_blocks: config.total_kv_blocks,
+        })
+        .collect()
+}
+
+pub(crate) fn expected_unique_blocks(membership: &EndpointMembership) -> u64 {
+    let declared: u64 = membership
+        .runtime_configs
+        .values()
+        .filter_map(|config| {
+            config
+                .total_kv_blocks
+                .map(|blocks| blocks.saturating_mul(u64::from(config.data_parallel_size.max(1))))
+        })
+        .fold(0u64, u64::saturating_add);
+    if declared == 0 {
+        DEFAULT_EXPECTED_UNIQUE_BLOCKS
+    } else {
+        declared.max(MIN_EXPECTED_UNIQUE_BLOCKS)
+    }
+}
+
+/// The sources of an endpoint with their per-rank capacity: every (worker, rank) of its
+/// cards, plus statically configured ones.
+pub(crate) fn sources_of(
+    membership: &EndpointMembership,
+    configured: Option<&Vec<SourceConfig>>,
+) -> Vec<(SourceId, u64)> {
+    let mut sources = BTreeMap::new();
+    for (worker_id, config) in &membership.runtime_configs {
+        let capacity = config.total_kv_blocks.unwrap_or(DEFAULT_SOURCE_CAPACITY);
+        for offset in 0..config.data_parallel_size.max(1) {
+            let rank = config.data_parallel_start_rank.saturating_add(offset);
+            sources.insert(SourceId::new(*worker_id, rank), capacity);
+        }
+    }
+    for source in configured.into_iter().flatten() {
+        sources
+            .entry(SourceId::new(source.worker_id, source.dp_rank))
+            .or_insert(DEFAULT_SOURCE_CAPACITY);
+    }
+    sources.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,465 @@
+//! Supervision core decisions, driven without a runtime.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
+
+use kvrelay_membership::{
+    DiscoveryEvent, EndpointFilter, MembershipProjection, ModelCardInstance, ModelCardInstanceId,
+};
+
+use super::*;
+use crate::config::EngineKind;
+
+fn card(total_kv_blocks: Option<u64>, dp_start: u32, dp_size: u32) -> serde_json::Value {
+    card_with_block_size(total_kv_blocks, dp_start, dp_size, 16)
+}
+
+fn card_with_block_size(
+    total_kv_blocks: Option<u64>,
+    dp_start: u32,
+    dp_size: u32,
+    block_size: u32,
+) -> serde_json::Value {
+    let mut runtime =
+        serde_json::json!({"data_parallel_start_rank": dp_start, "data_parallel_size": dp_size});
+    if let Some(blocks) = total_kv_blocks {
+        runtime["total_kv_blocks"] = blocks.into();
+    }
+    serde_json::json!({
+        "display_name": "m", "source_path": "models/m", "kv_cache_block_size": block_size,
+        "worker_type": "aggregated", "runtime_config": runtime
+    })
+}
+
+/// A view of the cards `(path, card)`, paths like `prod/backend/generate/1`.
+fn view(cards: &[(&str, serde_json::Value)]) -> MembershipView {
+    let mut projection = MembershipProjection::new(EndpointFilter::default());
+    for (path, card_json) in cards {
+        let id = ModelCardInstanceId::from_path(path).unwrap();
+        projection.handle_event(DiscoveryEvent::Added(ModelCardInstance {
+            id,
+            card_json: card_json.clone(),
+        }));
+    }
+    projection.project();
+    projection.view()
+}
+
+fn membership(cards: &[(u64, serde_json::Value)]) -> EndpointMembership {
+    let cards: Vec<(String, serde_json::Value)> = cards
+        .iter()
+        .map(|(instance, card)| (format!("prod/backend/generate/{instance:x}"), card.clone()))
+        .collect();
+    let cards: Vec<(&str, serde_json::Value)> = cards
+        .iter()
+        .map(|(path, card)| (path.as_str(), card.clone()))
+        .collect();
+    view(&cards).endpoints().next().unwrap().clone()
+}
+
+fn endpoint(dotted: &str) -> EndpointId {
+    dotted.parse().unwrap()
+}
+
+fn engine(endpoint: &str, worker_id: u64) -> SourceConfig {
+    SourceConfig {
+        endpoint: endpoint.to_owned(),
+        worker_id,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        zmq: "tcp://127.0.0.1:9".to_owned(),
+        replay: None,
+        metrics_url: None,
+    }
+}
+
+fn config() -> CoreConfig {
+    CoreConfig {
+        dc_id: DcId::from_dc_name("dc-test"),
+        workload_sources: false,
+        nats: false,
+        stall_bound: Duration::from_secs(10),
+    }
+}
+
+/// A core with one engine source per listed endpoint (worker 1, 2, … in order).
+fn core_with_engines(endpoints: &[&str]) -> SupervisionCore {
+    let configured = endpoints
+        .iter()
+        .enumerate()
+        .map(|(at, dotted)| (endpoint(dotted), vec![engine(dotted, at as u64 + 1)]))
+        .collect();
+    SupervisionCore::new(config(), configured)
+}
+
+fn drain(core: &mut SupervisionCore) -> Vec<Command> {
+    std::iter::from_fn(|| core.poll_command()).collect()
+}
+
+fn attaches(commands: &[Command]) -> Vec<EndpointId> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::Attach { endpoint, .. } => Some(endpoint.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn retires(commands: &[Command]) -> Vec<(EndpointId, u64, RetirementMode)> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::Retire {
+                endpoint,
+                generation,
+                mode,
+            } => Some((endpoint.clone(), *generation, *mode)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn started(commands: &[Command]) -> Vec<EndpointId> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::StartSources { endpoint, .. } => Some(endpoint.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn last_routes(commands: &[Command]) -> Option<Vec<RoutePlan>> {
+    commands.iter().rev().find_map(|command| match command {
+        Command::PublishRoutes(plans) => Some(plans.clone()),
+        _ => None,
+    })
+}
+
+fn last_catalog(commands: &[Command]) -> Option<(BTreeSet<PoolId>, u64)> {
+    commands.iter().rev().find_map(|command| match command {
+        Command::PublishCatalog {
+            withheld, revision, ..
+        } => Some((withheld.clone(), *revision)),
+        _ => None,
+    })
+}
+
+const A: &str = "prod.backend.generate";
+
+/// A core whose endpoint A (one worker, 64 blocks, one engine source) is attached as
+/// generation 1, with its commands drained.
+fn attached_a() -> SupervisionCore {
+    let mut core = core_with_engines(&[A]);
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
+    drain(&mut core);
+    core.handle_attached(&endpoint(A), 1);
+    drain(&mut core);
+    core
+}
+const B: &str = "prod.other.generate";
+
+fn two_endpoints() -> MembershipView {
+    view(&[
+        ("prod/backend/generate/1", card(Some(64), 0, 1)),
+        ("prod/other/generate/2", card(Some(64), 0, 1)),
+    ])
+}
+
+#[test]
+fn an_endpoint_without_a_source_gets_no_pool() {
+    let mut core = core_with_engines(&[]);
+    core.handle_membership(two_endpoints());
+    let commands = drain(&mut core);
+    assert!(attaches(&commands).is_empty());
+    assert!(core.facts().unready.is_empty(), "{:?}", core.facts());
+}
+
+#[test]
+fn readiness_waits_for_discovery() {
+    let core = core_with_engines(&[A]);
+    assert_eq!(
+        core.facts().unready,
+        vec!["discovery has not listed yet".to_owned()]
+    );
+}
+
+#[test]
+fn a_configured_source_is_not_connected_until_it_says_so() {
+    let mut core = core_with_engines(&[A]);
+    core.handle_membership(two_endpoints());
+    let commands = drain(&mut core);
+    assert_eq!(attaches(&commands), vec![endpoint(A)]);
+    assert!(started(&commands).is_empty(), "sources start once attached");
+
+    core.handle_attached(&endpoint(A), 7);
+    let commands = drain(&mut core);
+    assert_eq!(started(&commands), vec![endpoint(A)]);
+    let routes = last_routes(&commands).unwrap();
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0].generation, 7);
+    let facts = core.facts();
+    assert_eq!(facts.unready.len(), 1, "{facts:?}");
+    assert!(
+        facts.unready[0].contains("has no connected source (1 connecting)"),
+        "{facts:?}"
+    );
+
+    let source = SourceKey::Engine(SourceId::new(1, 0));
+    core.handle_source_state(&source, SourceState::Connected, Instant::now());
+    assert!(core.facts().unready.is_empty(), "{:?}", core.facts());
+    let pool = core.facts().pools.into_values().next().unwrap();
+    assert_eq!(pool.sources.get("connected"), Some(&1));
+
+    core.handle_source_state(&source, SourceState::Failed, Instant::now());
+    assert!(core.facts().unready[0].contains("1 failed"));
+}
+
+#[test]
+fn endpoints_attach_concurrently_and_independently() {
+    let mut core = core_with_engines(&[A, B]);
+    core.handle_membership(two_endpoints());
+    let commands = drain(&mut core);
+    // Both attaches are asked for before either answers.
+    assert_eq!(attaches(&commands), vec![endpoint(A), endpoint(B)]);
+
+    // B answers first; A is still allocating and holds nothing up.
+    core.handle_attached(&endpoint(B), 2);
+    let commands = drain(&mut core);
+    assert_eq!(started(&commands), vec![endpoint(B)]);
+    let routes = last_routes(&commands).unwrap();
+    assert_eq!(
+        routes
+            .iter()
+            .map(|plan| plan.endpoint.clone())
+            .collect::<Vec<_>>(),
+        vec![endpoint(B)]
+    );
+    assert!(attaches(&commands).is_empty(), "no second attach for A");
+
+    core.handle_attach_failed(&endpoint(A));
+    drain(&mut core);
+    // The next reconcile tries A again.
+    core.handle_membership(two_endpoints());
+    assert_eq!(attaches(&drain(&mut core)), vec![endpoint(A)]);
+}
+
+#[test]
+fn a_changed_binding_retires_first_then_attaches_the_new_generation() {
+    let mut core = attached_a();
+
+    // A new block size is a new cache domain: a new generation.
+    core.handle_membership(view(&[(
+        "prod/backend/generate/1",
+        card_with_block_size(Some(64), 0, 1, 32),
+    )]));
+    let commands = drain(&mut core);
+    assert_eq!(
+        retires(&commands),
+        vec![(endpoint(A), 1, RetirementMode::Graceful)]
+    );
+    assert!(commands.iter().any(
+        |command| matches!(command, Command::StopSources { endpoint: e } if *e == endpoint(A))
+    ));
+    assert!(attaches(&commands).is_empty(), "withdraw first");
+    assert_eq!(last_routes(&commands), Some(Vec::new()));
+
+    core.handle_retired(&endpoint(A));
+    assert_eq!(attaches(&drain(&mut core)), vec![endpoint(A)]);
+}
+
+#[test]
+fn a_content_change_updates_in_place() {
+    let mut core = attached_a();
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(128), 0, 1))]));
+    let commands = drain(&mut core);
+    assert!(retires(&commands).is_empty());
+    let update = commands
+        .iter()
+        .find_map(|command| match command {
+            Command::Update {
+                generation,
+                capacity,
+                ..
+            } => Some((*generation, capacity.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(update.0, 1);
+    assert_eq!(update.1[0].total_kv_blocks, Some(128));
+}
+
+#[test]
+fn an_endpoint_that_leaves_while_attaching_is_retired_once_attached() {
+    let mut core = core_with_engines(&[A]);
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
+    drain(&mut core);
+    core.handle_membership(view(&[]));
+    assert!(
+        retires(&drain(&mut core)).is_empty(),
+        "nothing to retire yet"
+    );
+    core.handle_attached(&endpoint(A), 3);
+    assert_eq!(
+        retires(&drain(&mut core)),
+        vec![(endpoint(A), 3, RetirementMode::Graceful)]
+    );
+}
+
+#[test]
+fn a_fenced_generation_is_retired_fenced_and_rebuilt() {
+    let mut core = attached_a();
+    core.handle_fenced(&endpoint(A), 0);
+    assert!(
+        retires(&drain(&mut core)).is_empty(),
+        "a stale generation fences nothing"
+    );
+    core.handle_fenced(&endpoint(A), 1);
+    assert_eq!(
+        retires(&drain(&mut core)),
+        vec![(endpoint(A), 1, RetirementMode::Fenced)]
+    );
+    core.handle_retired(&endpoint(A));
+    assert_eq!(attaches(&drain(&mut core)), vec![endpoint(A)]);
+}
+
+#[test]
+fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
+    let mut core = core_with_engines(&[A]);
+    core.handle_catalog(PoolCatalog::new(kvrelay_identity::DcRelayIdentity::new(
+        1, 2,
+    )));
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
+    drain(&mut core);
+    core.handle_attached(&endpoint(A), 1);
+    core.handle_source_state(
+        &SourceKey::Engine(SourceId::new(1, 0)),
+        SourceState::Connected,
+        Instant::now(),
+    );
+    drain(&mut core);
+    let pool = core.facts().pools.values().next().unwrap().pool;
+
+    let busy = HealthFact {
+        pending_events: 3,
+        stalled_for: Duration::from_secs(9),
+    };
+    core.handle_pool_health(&[(endpoint(A), 1, busy)]);
+    assert!(last_catalog(&drain(&mut core)).is_none(), "below the bound");
+    assert!(core.facts().unready.is_empty());
+
+    let stalled = HealthFact {
+        stalled_for: Duration::from_secs(10),
+        ..busy
+    };
+    core.handle_pool_health(&[(endpoint(A), 1, stalled)]);
+    let (withheld, revision) = last_catalog(&drain(&mut core)).unwrap();
+    assert_eq!(withheld, BTreeSet::from([pool]));
+    assert_eq!(revision, 1);
+    let facts = core.facts();
+    assert_eq!(facts.unready.len(), 1);
+    let key = wire::pool_key(&pool);
+    assert!(facts.unready[0].contains(&key), "{facts:?}");
+    assert!(facts.unready[0].contains("stalled"), "{facts:?}");
+    // Still stalled: nothing new to publish.
+    core.handle_pool_health(&[(endpoint(A), 1, stalled)]);
+    assert!(last_catalog(&drain(&mut core)).is_none());
+    // A reading of an old generation changes nothing.
+    core.handle_pool_health(&[(
+        endpoint(A),
+        0,
+        HealthFact {
+            pending_events: 0,
+            stalled_for: Duration::ZERO,
+        },
+    )]);
+    assert!(last_catalog(&drain(&mut core)).is_none());
+
+    core.handle_pool_health(&[(
+        endpoint(A),
+        1,
+        HealthFact {
+            pending_events: 0,
+            stalled_for: Duration::ZERO,
+        },
+    )]);
+    let (withheld, revision) = last_catalog(&drain(&mut core)).unwrap();
+    assert!(withheld.is_empty());
+    assert_eq!(
+        revision, 2,
+        "the advertised revision moves with its content"
+    );
+    assert!(core.facts().unready.is_empty());
+}
+
+#[test]
+fn shutdown_retires_everything_including_attaches_in_flight() {
+    let mut core = core_with_engines(&[A, B]);
+    core.handle_membership(two_endpoints());
+    drain(&mut core);
+    core.handle_attached(&endpoint(A), 1);
+    drain(&mut core);
+    core.handle_shutdown();
+    let commands = drain(&mut core);
+    assert_eq!(
+        retires(&commands),
+        vec![(endpoint(A), 1, RetirementMode::Fenced)]
+    );
+    assert!(core.is_settling());
+    core.handle_attached(&endpoint(B), 2);
+    assert_eq!(
+        retires(&drain(&mut core)),
+        vec![(endpoint(B), 2, RetirementMode::Graceful)]
+    );
+    core.handle_retired(&endpoint(A));
+    core.handle_retired(&endpoint(B));
+    assert!(!core.is_settling());
+    assert!(attaches(&drain(&mut core)).is_empty());
+}
+
+#[test]
+fn sources_cover_every_rank_of_every_worker() {
+    let endpoint = membership(&[(1, card(Some(100), 4, 2)), (2, card(None, 0, 1))]);
+    let sources = sources_of(&endpoint, None);
+    assert_eq!(
+        sources,
+        vec![
+            (SourceId::new(1, 4), 100),
+            (SourceId::new(1, 5), 100),
+            (SourceId::new(2, 0), DEFAULT_SOURCE_CAPACITY)
+        ]
+    );
+}
+
+#[test]
+fn filter_sizing_sums_declared_capacity_with_a_floor_and_a_default() {
+    assert_eq!(
+        expected_unique_blocks(&membership(&[(1, card(Some(100), 0, 2))])),
+        MIN_EXPECTED_UNIQUE_BLOCKS
+    );
+    assert_eq!(
+        expected_unique_blocks(&membership(&[
+            (1, card(Some(40_000), 0, 2)),
+            (2, card(Some(10_000), 0, 1))
+        ])),
+        90_000
+    );
+    assert_eq!(
+        expected_unique_blocks(&membership(&[(1, card(None, 0, 1))])),
+        DEFAULT_EXPECTED_UNIQUE_BLOCKS
+    );
+}
+
+#[test]
+fn capacities_name_each_worker_rank_range() {
+    let capacity = capacities(&membership(&[(7, card(Some(64), 2, 3))]));
+    assert_eq!(
+        capacity,
+        vec![WorkerCapacity {
+            worker_id: 7,
+            data_parallel_start_rank: 2,
+            data_parallel_size: 3,
+            total_kv_blocks: Some(64)
+        }]
+    );
+}
