@@ -239,12 +239,11 @@ impl BlockWindows {
     fn new(n_tokens: usize, block_size: u32, format: KvQueryHashFormat) -> Self {
         let stride = block_size as usize;
         let window = block_window_len(block_size, format);
-        let n_blocks = if stride == 0 {
-            0
-        } else {
-            // Complete windows: the last one must end within the tokens.
-            (n_tokens + stride).saturating_sub(window) / stride
-        };
+        // Complete windows: the last one must end within the tokens (none for stride 0).
+        let n_blocks = (n_tokens + stride)
+            .saturating_sub(window)
+            .checked_div(stride)
+            .unwrap_or(0);
         Self {
             next_block: 0,
             n_blocks,

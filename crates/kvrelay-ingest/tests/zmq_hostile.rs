@@ -215,11 +215,19 @@ fn hostile_peer(listener: TcpListener) -> Vec<bool> {
     let mut message = frame(TOPIC, true);
     message.extend(frame(&0u64.to_be_bytes(), true));
     message.extend(frame(&payload, false));
+    // Paced by the socket: between sends, wait up to 20 ms for anything from the source
+    // (heartbeats are read and ignored); a close ends the finale early.
+    stream
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let mut scratch = [0u8; 256];
     for _ in 0..50 {
         if stream.write_all(&message).is_err() {
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        if let Ok(0) = stream.read(&mut scratch) {
+            break;
+        }
     }
     closed
 }

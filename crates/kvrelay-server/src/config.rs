@@ -387,18 +387,20 @@ impl NatsConfig {
         if self.user.is_some() != self.password.is_some() {
             return Err("user and password go together");
         }
-        Ok(match (&self.token, &self.user, &self.password, &self.nkey_seed) {
-            (Some(token), ..) => NatsAuth::Token(token.clone()),
-            (_, Some(user), Some(password), _) => NatsAuth::UserPassword {
-                user: user.clone(),
-                password: password.clone(),
+        Ok(
+            match (&self.token, &self.user, &self.password, &self.nkey_seed) {
+                (Some(token), ..) => NatsAuth::Token(token.clone()),
+                (_, Some(user), Some(password), _) => NatsAuth::UserPassword {
+                    user: user.clone(),
+                    password: password.clone(),
+                },
+                (.., Some(seed)) => NatsAuth::NKey { seed: seed.clone() },
+                _ => match &self.credentials_file {
+                    Some(path) => NatsAuth::CredentialsFile(path.clone()),
+                    None => NatsAuth::None,
+                },
             },
-            (.., Some(seed)) => NatsAuth::NKey { seed: seed.clone() },
-            _ => match &self.credentials_file {
-                Some(path) => NatsAuth::CredentialsFile(path.clone()),
-                None => NatsAuth::None,
-            },
-        })
+        )
     }
 
     /// The ingest TLS options.

@@ -84,8 +84,6 @@ pub(crate) struct RelayMetrics {
     pub(crate) heartbeats: Family<StreamLabel, Counter>,
     /// Pools in the catalog.
     pub(crate) pools: Gauge,
-    /// Event sources by their real state (connecting, connected, replaying, failed).
-    pub(crate) sources: Family<StateLabel, Gauge>,
     /// The ingest sources' states and counters, refreshed on every exposition.
     pub(crate) ingest: Arc<SourceMetrics>,
     /// Pool actor faults by category (resource, source_protocol, producer_invariant).
@@ -271,7 +269,6 @@ impl RelayMetrics {
             bytes_sent,
             heartbeats,
             pools,
-            sources,
             ingest,
             pool_faults,
             pool_unroutable_blocks,

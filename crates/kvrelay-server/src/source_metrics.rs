@@ -152,17 +152,17 @@ impl SourceMetrics {
         );
         // Every label of the closed sets is exported from the start, at zero.
         for state in SourceState::ALL {
-            metrics.sources.get_or_create(&StateLabel {
+            let _ = metrics.sources.get_or_create(&StateLabel {
                 state: state.as_str(),
             });
         }
         for outcome in ReplayOutcome::ALL {
-            metrics.replays.get_or_create(&OutcomeLabel {
+            let _ = metrics.replays.get_or_create(&OutcomeLabel {
                 outcome: outcome.as_str(),
             });
         }
         for cause in ResetReason::CAUSES {
-            metrics.resets.get_or_create(&CauseLabel { cause });
+            let _ = metrics.resets.get_or_create(&CauseLabel { cause });
         }
         metrics
     }
@@ -270,15 +270,24 @@ mod tests {
         });
         let registration = metrics.ingest.register(source.probe());
         let text = metrics.encode();
-        assert!(text.contains("kvrelay_sources{state=\"connecting\"} 1"), "{text}");
-        assert!(text.contains("kvrelay_sources{state=\"connected\"} 0"), "{text}");
+        assert!(
+            text.contains("kvrelay_sources{state=\"connecting\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvrelay_sources{state=\"connected\"} 0"),
+            "{text}"
+        );
         assert!(
             text.contains("kvrelay_ingest_replays_total{outcome=\"recovered\"} 0"),
             "{text}"
         );
         drop(registration);
         let text = metrics.encode();
-        assert!(text.contains("kvrelay_sources{state=\"connecting\"} 0"), "{text}");
+        assert!(
+            text.contains("kvrelay_sources{state=\"connecting\"} 0"),
+            "{text}"
+        );
         assert!(source.shutdown().await);
     }
 }

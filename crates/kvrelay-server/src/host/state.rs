@@ -15,9 +15,9 @@ use kvrelay_identity::PoolId;
 use kvrelay_pool::{FaultCategory, PoolActorHandle, PoolHealth};
 use tokio::sync::watch;
 
-use crate::host::supervisor::{HostFacts, SourceState};
+use crate::host::supervisor::HostFacts;
 use crate::limits::Limits;
-use crate::metrics::{CategoryLabel, RelayMetrics, StateLabel};
+use crate::metrics::{CategoryLabel, RelayMetrics};
 
 /// Where one source's events go.
 #[derive(Debug, Clone)]

@@ -231,7 +231,7 @@ impl Supervisor {
                     nats,
                     semantics,
                 } => {
-                    let nats_server = nats.then_some(self.nats_server.as_deref()).flatten();
+                    let nats_server = nats.then_some(self.nats_server.as_ref()).flatten();
                     shell
                         .pumps
                         .start(&endpoint, &engines, nats_server, semantics, self);
@@ -373,7 +373,7 @@ impl Pumps {
         &mut self,
         endpoint: &EndpointId,
         engines: &[SourceConfig],
-        nats_server: Option<&str>,
+        nats_server: Option<&crate::config::NatsConfig>,
         semantics: kvrelay_identity::KvQuerySemantics,
         supervisor: &Supervisor,
     ) {
