@@ -388,7 +388,9 @@ async fn undeclared_ranks_are_rejected_and_counted_in_bounded_memory() {
     );
     assert_eq!(stats.n_events, 0);
     let growth = rss_after.saturating_sub(rss_before);
-    assert!(growth < 1 << 20, "RSS grew by {growth} bytes");
+    // Unbounded per-rank state grows by ~10 MB for 300,000 ranks; the bound leaves room for
+    // allocator and runtime noise while the whole suite runs (1.4–1.8 MB seen there).
+    assert!(growth < 4 << 20, "RSS grew by {growth} bytes");
 
     // A reset (the sequence goes back) clears only the declared rank, once.
     publish(&socket, 0, &cleared_payload(0));

@@ -280,12 +280,11 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
 }
 
 async fn wait_for_sources(relay: &Relay) {
-    loop {
-        if relay.progress().sources > 0 && !relay.catalog().pools.is_empty() {
-            return;
-        }
-        relay.wait_for_pools(1).await;
-        tokio::task::yield_now().await;
+    relay.wait_for_pools(1).await;
+    // Attaches finish one by one: follow the catalog once every discovered endpoint has
+    // settled (the caller bounds this by the demo deadline).
+    while relay.is_settling() || relay.progress().sources == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 

@@ -386,6 +386,12 @@ impl Relay {
         (*self.state.catalog_snapshot()).clone()
     }
 
+    /// Whether discovery has not listed yet, or an attach or retirement is in flight (the
+    /// catalog may still change without any discovery change).
+    pub fn is_settling(&self) -> bool {
+        self.state.facts().settling
+    }
+
     /// Waits until the catalog holds at least `n_pools` pools.
     pub async fn wait_for_pools(&self, n_pools: usize) {
         let mut catalog = self.state.catalog.subscribe();

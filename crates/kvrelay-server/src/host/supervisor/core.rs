@@ -162,6 +162,8 @@ pub(crate) struct HostFacts {
     pub(crate) pools: BTreeMap<String, PoolFacts>,
     /// Sources by state, over every running source.
     pub(crate) sources: BTreeMap<&'static str, usize>,
+    /// Whether an attach or retirement is still in flight.
+    pub(crate) settling: bool,
 }
 
 /// One attached pool's facts.
@@ -446,7 +448,10 @@ impl SupervisionCore {
 
     /// Readiness and per-pool facts now.
     pub(crate) fn facts(&self) -> HostFacts {
-        let mut facts = HostFacts::default();
+        let mut facts = HostFacts {
+            settling: self.view.is_none() || self.is_settling(),
+            ..HostFacts::default()
+        };
         if self.view.is_none() {
             facts
                 .unready
