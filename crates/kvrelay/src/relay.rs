@@ -62,7 +62,7 @@ struct RelayFlags {
     #[arg(long, env = "KVRELAY_TLS_CLIENT_CA")]
     tls_client_ca: Option<PathBuf>,
     /// Refused: a token on the command line is visible to every local user in
-    /// /proc/<pid>/cmdline. Set KVRELAY_TOKEN or use --token-file.
+    /// `/proc/<pid>/cmdline`. Set KVRELAY_TOKEN or use --token-file.
     #[arg(long, hide = true)]
     token: Option<String>,
     /// File holding the bearer token clients must present (or set KVRELAY_TOKEN).
