@@ -25,13 +25,15 @@ pub struct BucketImage {
 
 /// One published batch: moves a replica from `base_sequence` to `sequence`.
 ///
-/// Produced deltas always have `sequence == base_sequence + 1`, at least one image, and
-/// images sorted by strictly increasing `bucket_idx` (coalesced: each bucket once).
+/// A filter produces deltas with `sequence == base_sequence + 1`; a publisher may
+/// coalesce consecutive ones into one delta `S → S+k` (see [`crate::stream`]). Every
+/// delta has at least one image, sorted by strictly increasing `bucket_idx` (each bucket
+/// once, its latest word).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Delta {
     /// The sequence the replica must be at before applying this delta.
     pub base_sequence: u64,
-    /// The sequence the replica is at after applying it (`base_sequence + 1`).
+    /// The sequence the replica is at after applying it (`> base_sequence`).
     pub sequence: u64,
     /// Absolute images of the buckets that changed, sorted by `bucket_idx`, no repeats.
     pub images: Vec<BucketImage>,

@@ -16,6 +16,9 @@
 //!   [`Delta`] `{base_sequence, sequence, images}` (coalesced, sorted, never empty) and
 //!   [`SnapshotChunk`] `{sequence, bucket_count, chunk_index, chunk_count, first_bucket,
 //!   words}`. Plain data; the codec crate owns their CBI1 bytes and checksum.
+//! - **Stream** ([`stream`]): [`stream::Publisher`], the sans-IO publication state machine
+//!   of one producer generation (sequencing, per-subscriber cursors, coalescing backlogs
+//!   bounded in bytes, resumption window, heartbeat and snapshot deadlines).
 //! - **Replica** ([`replica`]): [`Replica`] installs chunks and applies deltas strictly in
 //!   sequence; any error leaves it invalid until a new snapshot.
 //! - **Query** ([`query`]): [`QueryTable`] holds any number of pool lanes bucket-major and
@@ -46,6 +49,7 @@ pub mod query;
 pub mod replica;
 mod search;
 mod slots;
+pub mod stream;
 mod table;
 
 pub use addressing::{Address, Addressing};

@@ -284,6 +284,11 @@ impl PoolFilter {
         self.pending_events
     }
 
+    /// Distinct buckets touched since the last delta (an upper bound on its images).
+    pub fn pending_buckets(&self) -> usize {
+        self.state.window.touched_len()
+    }
+
     /// Whether buckets were touched since the last delta.
     pub fn has_pending_changes(&self) -> bool {
         !self.state.window.is_empty()

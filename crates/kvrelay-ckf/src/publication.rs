@@ -84,6 +84,11 @@ impl DirtyWindow {
         self.touched.is_empty()
     }
 
+    /// Distinct buckets touched in this window.
+    pub(crate) fn touched_len(&self) -> usize {
+        self.touched.len()
+    }
+
     /// Bytes held by the window.
     pub(crate) fn bytes(&self) -> u64 {
         ((self.bits.capacity() + self.summary.capacity()) * 8 + self.touched.capacity() * 16) as u64

@@ -121,8 +121,8 @@ pub enum ReplicaError {
         /// The delta's base.
         base_sequence: u64,
     },
-    /// The delta's sequence is not its base + 1.
-    #[error("delta sequence {sequence} is not base sequence {base_sequence} + 1")]
+    /// The delta's sequence is not after its base.
+    #[error("delta sequence {sequence} is not after base sequence {base_sequence}")]
     SequenceNotNext {
         /// The delta's base.
         base_sequence: u64,
@@ -417,7 +417,8 @@ impl Sequencer {
                 base_sequence: delta.base_sequence,
             });
         }
-        if delta.base_sequence.checked_add(1) != Some(delta.sequence) {
+        // A coalesced delta spans several sequences; it never goes backwards or stands still.
+        if delta.sequence <= delta.base_sequence {
             return Err(ReplicaError::SequenceNotNext {
                 base_sequence: delta.base_sequence,
                 sequence: delta.sequence,

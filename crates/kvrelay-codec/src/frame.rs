@@ -27,7 +27,7 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 
 /// The protocol minor version this crate writes. Minors only add: new message kinds, new
 /// enum codes and fields appended to the end of a message body.
-pub const PROTOCOL_MINOR: u16 = 0;
+pub const PROTOCOL_MINOR: u16 = 1;
 
 /// Frame header length, in bytes.
 pub const FRAME_HEADER_LEN: usize = 16;

@@ -136,11 +136,26 @@ fn frame_of_another_producer_generation_is_refused() {
 }
 
 #[test]
-fn delta_that_skips_a_sequence_is_refused_by_the_encoder() {
+fn delta_that_does_not_advance_is_refused_by_the_encoder() {
+    for (base, sequence) in [(10, 10), (12, 10)] {
+        let mut dst = BytesMut::new();
+        let header = header(PoolFrameKind::Delta, base, sequence);
+        assert!(v1::encode_delta_frame(&header, &images(), &Limits::default(), &mut dst).is_err());
+        assert!(dst.is_empty());
+    }
+}
+
+#[test]
+fn a_coalesced_delta_spanning_several_sequences_round_trips() {
     let mut dst = BytesMut::new();
-    let header = header(PoolFrameKind::Delta, 10, 12);
-    assert!(v1::encode_delta_frame(&header, &images(), &Limits::default(), &mut dst).is_err());
-    assert!(dst.is_empty());
+    let header = header(PoolFrameKind::Delta, 10, 14);
+    v1::encode_delta_frame(&header, &images(), &Limits::default(), &mut dst).unwrap();
+    let frame = decode_pool_frame(dst);
+    assert_eq!(
+        (frame.header.base_sequence, frame.header.sequence),
+        (10, 14)
+    );
+    assert!(frame.check(&producer()).is_ok());
 }
 
 #[test]

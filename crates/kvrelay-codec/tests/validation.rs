@@ -227,7 +227,10 @@ fn subscribe_pool_checks_the_expected_producer() {
     expected_producer.layout_generation = 0;
     let request = StreamRequest {
         subscriber_id: "router-a".into(),
-        rpc: StreamRpc::SubscribePool { expected_producer },
+        rpc: StreamRpc::SubscribePool {
+            expected_producer,
+            resume_from_sequence: None,
+        },
         auth_token: Some("secret".into()),
     };
     assert_eq!(
@@ -327,4 +330,32 @@ fn long_error_message_is_cut_at_a_char_boundary() {
     let message = ErrorMessage::new(ErrorReason::Internal, &"é".repeat(3000));
     assert!(message.message.len() <= 4096);
     assert!(message.message.chars().all(|c| c == 'é'));
+}
+
+#[test]
+fn resume_point_is_a_minor_1_field_and_minor_0_requests_still_decode() {
+    let subscribe = |resume_from_sequence| StreamRequest {
+        subscriber_id: "router-a".into(),
+        rpc: StreamRpc::SubscribePool {
+            expected_producer: producer(1),
+            resume_from_sequence,
+        },
+        auth_token: None,
+    };
+    let mut body = BytesMut::new();
+    subscribe(Some(41)).encode_body(&mut body).unwrap();
+    assert_eq!(
+        StreamRequest::decode_body(&body, frame::PROTOCOL_MINOR).unwrap(),
+        subscribe(Some(41))
+    );
+    // A minor-0 client writes no resume field: the old body alone decodes, with none.
+    let mut without = BytesMut::new();
+    subscribe(None).encode_body(&mut without).unwrap();
+    let minor0_body = &without[..without.len() - 1];
+    assert_eq!(
+        StreamRequest::decode_body(minor0_body, 0).unwrap(),
+        subscribe(None)
+    );
+    // Minor-0 senders may not append anything.
+    assert!(StreamRequest::decode_body(&body, 0).is_err());
 }

@@ -502,14 +502,31 @@ async fn run_subscription(
     let mut backoff = Backoff::new(shared.config.backoff);
     loop {
         let started = Instant::now();
-        let reason = subscription_attempt(&shared, relay, key, identity, &cancel).await;
-        shared.state.write().invalidate(key);
+        let (reason, reached_current) =
+            subscription_attempt(&shared, relay, key, identity, &cancel).await;
+        {
+            let mut state = shared.state.write();
+            // A stream that broke in transit leaves an intact replica: keep it for resuming.
+            // Anything else (a refused frame, a new producer or relay) starts over.
+            match reason {
+                Some(
+                    ResubscribeReason::Disconnected
+                    | ResubscribeReason::Lagged
+                    | ResubscribeReason::Stale,
+                ) => state.suspend(key),
+                _ => state.invalidate(key),
+            }
+        }
         shared.bump();
         let Some(reason) = reason else { return };
         if cancel.is_cancelled() {
             return;
         }
         shared.metrics.resubscribe(reason);
+        if reached_current {
+            // The stream worked: a cut-off starts the backoff over from its base delay.
+            backoff = Backoff::new(shared.config.backoff);
+        }
         let delay = backoff.on_failure(started.elapsed(), rand::random::<f64>());
         tokio::select! {
             biased;
@@ -519,22 +536,41 @@ async fn run_subscription(
     }
 }
 
-/// One subscription attempt; `None` means stop for good (cancelled, or the generation
-/// left the catalog), `Some(reason)` means resubscribe after backoff.
+/// One subscription attempt and whether its replica was current at some point; a
+/// `None` reason means stop for good (cancelled, or the generation left the catalog),
+/// `Some(reason)` means resubscribe after backoff.
 async fn subscription_attempt(
     shared: &Shared,
     relay: usize,
     key: PoolKey,
     identity: RelayIdentity,
     cancel: &CancellationToken,
+) -> (Option<ResubscribeReason>, bool) {
+    let mut reached_current = false;
+    let reason =
+        subscription_frames(shared, relay, key, identity, cancel, &mut reached_current).await;
+    (reason, reached_current)
+}
+
+async fn subscription_frames(
+    shared: &Shared,
+    relay: usize,
+    key: PoolKey,
+    identity: RelayIdentity,
+    cancel: &CancellationToken,
+    reached_current: &mut bool,
 ) -> Option<ResubscribeReason> {
     let dc = &shared.config.relays[relay].dc;
-    let producer = shared.state.write().begin_subscription(key).ok()?;
+    let (producer, resume_from_sequence) = shared.state.write().begin_subscription(key).ok()?;
     shared.bump();
+    let rpc = StreamRpc::SubscribePool {
+        expected_producer: producer,
+        resume_from_sequence,
+    };
     let stream = tokio::select! {
         biased;
         () = cancel.cancelled() => return None,
-        stream = open(shared, relay, "pool", StreamRpc::SubscribePool { expected_producer: producer }) => stream,
+        stream = open(shared, relay, "pool", rpc) => stream,
     };
     let mut stream = match stream {
         Ok(stream) => stream,
@@ -581,6 +617,9 @@ async fn subscription_attempt(
             .apply_pool_frame(key, &frame, Instant::now());
         match outcome {
             Ok(outcome) => {
+                if !matches!(outcome, FrameOutcome::ChunkStored) {
+                    *reached_current = true;
+                }
                 let counter = match outcome {
                     FrameOutcome::ChunkStored => None,
                     FrameOutcome::SnapshotInstalled(_) => Some(Counter::SnapshotsInstalled),

@@ -370,23 +370,37 @@ impl ConsumerState {
         self.producers.get(&key).map(|(_, producer)| *producer)
     }
 
-    /// Resets `key`'s replica to empty for a new subscription; returns the producer
-    /// generation to subscribe to.
-    pub fn begin_subscription(&mut self, key: PoolKey) -> Result<ProducerIdentity, StoreError> {
+    /// Prepares `key`'s replica for a new subscription; returns the producer generation
+    /// to subscribe to and, when a suspended replica is kept intact, the sequence to
+    /// resume from (otherwise the replica is reset to empty for a snapshot).
+    pub fn begin_subscription(
+        &mut self,
+        key: PoolKey,
+    ) -> Result<(ProducerIdentity, Option<u64>), StoreError> {
         let (_, producer) = *self
             .producers
             .get(&key)
             .ok_or(StoreError::UnknownKey { key: key.0 })?;
         let format =
             projection::domain_format(&producer).ok_or(StoreError::UnknownKey { key: key.0 })?;
+        if let Some(sequence) = self.store.resume_point(key, format) {
+            return Ok((producer, Some(sequence)));
+        }
         self.announced.remove(&key);
         self.store.reset(key, format)?;
-        Ok(producer)
+        Ok((producer, None))
     }
 
     /// Marks `key`'s replica unusable (its stream broke) until a new snapshot.
     pub fn invalidate(&mut self, key: PoolKey) {
         self.store.invalidate(key);
+    }
+
+    /// Marks `key`'s replica unusable until its stream resumes: it keeps its table at its
+    /// sequence so the next subscription can resume without a snapshot. A replica that
+    /// refused a frame stays invalid.
+    pub fn suspend(&mut self, key: PoolKey) {
+        self.store.suspend(key);
     }
 
     /// Checks and applies one pool frame for `key`. On `Err` the replica is unusable and

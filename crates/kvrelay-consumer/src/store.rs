@@ -71,6 +71,9 @@ struct Slot {
     last_heard: Option<Instant>,
     /// Set when a heartbeat or frame was refused: the lane answers nothing until reset.
     invalid: bool,
+    /// Set when the stream broke but the lane is intact at its sequence: it answers
+    /// nothing (`invalid` is set too) until a resumed stream brings it up to date.
+    suspended: bool,
 }
 
 /// One multi-pool table per filter format, with its free lanes.
@@ -115,6 +118,7 @@ impl ReplicaStore {
                     Slot {
                         last_heard: None,
                         invalid: false,
+                        suspended: false,
                         ..slot
                     },
                 );
@@ -140,6 +144,7 @@ impl ReplicaStore {
                 lane,
                 last_heard: None,
                 invalid: false,
+                suspended: false,
             },
         );
         Ok(())
@@ -167,6 +172,52 @@ impl ReplicaStore {
     pub(crate) fn invalidate(&mut self, key: PoolKey) {
         if let Some(slot) = self.slots.get_mut(&key) {
             slot.invalid = true;
+            slot.suspended = false;
+        }
+    }
+
+    /// Marks `key`'s replica unusable until its stream resumes (or a new snapshot), keeping
+    /// its lane for the resumption. A replica already invalidated stays invalid.
+    pub(crate) fn suspend(&mut self, key: PoolKey) {
+        if let Some(slot) = self.slots.get_mut(&key)
+            && (!slot.invalid || slot.suspended)
+        {
+            slot.invalid = true;
+            slot.suspended = true;
+        }
+    }
+
+    /// The sequence a suspended replica of `format` can resume from.
+    pub(crate) fn resume_point(&self, key: PoolKey, format: CkfFormat) -> Option<u64> {
+        let slot = self.slots.get(&key)?;
+        if !slot.suspended || slot.format != format {
+            return None;
+        }
+        match self
+            .tables
+            .get(&slot.format)?
+            .table
+            .lane_status(slot.lane)?
+        {
+            CkfStatus::Ready { sequence } => Some(sequence),
+            _ => None,
+        }
+    }
+
+    /// The lane's own sequence, suspended or not (never for a refused replica).
+    fn resumable_sequence(&self, key: PoolKey) -> Option<u64> {
+        let slot = self.slots.get(&key)?;
+        if slot.invalid && !slot.suspended {
+            return None;
+        }
+        match self
+            .tables
+            .get(&slot.format)?
+            .table
+            .lane_status(slot.lane)?
+        {
+            CkfStatus::Ready { sequence } => Some(sequence),
+            _ => None,
         }
     }
 
@@ -185,6 +236,7 @@ impl ReplicaStore {
         let slot = self.slot_mut(key)?;
         if chunk.chunk_index == 0 {
             slot.invalid = false;
+            slot.suspended = false;
         }
         if complete {
             slot.last_heard = Some(now);
@@ -203,7 +255,13 @@ impl ReplicaStore {
         self.table_mut(key, slot.format)?
             .apply_delta(slot.lane, delta)
             .map_err(|source| StoreError::Replica { key: key.0, source })?;
-        self.slot_mut(key)?.last_heard = Some(now);
+        let slot = self.slot_mut(key)?;
+        slot.last_heard = Some(now);
+        if slot.suspended {
+            // The resumed stream caught the replica up: it answers again.
+            slot.suspended = false;
+            slot.invalid = false;
+        }
         Ok(())
     }
 
@@ -214,13 +272,19 @@ impl ReplicaStore {
         sequence: u64,
         now: Instant,
     ) -> Result<(), StoreError> {
-        let installed = self.sequence(key);
+        let installed = self.resumable_sequence(key);
         let slot = self.slot_mut(key)?;
         if installed == Some(sequence) {
             slot.last_heard = Some(now);
+            if slot.suspended {
+                // Resumed already current.
+                slot.suspended = false;
+                slot.invalid = false;
+            }
             return Ok(());
         }
         slot.invalid = true;
+        slot.suspended = false;
         Err(StoreError::HeartbeatMismatch {
             key: key.0,
             sequence,

@@ -73,9 +73,9 @@ async fn fixture(subscribers: usize) -> Fixture {
     let registry = PoolRegistry::new(RegistryConfig {
         relay: DcRelayIdentity::new(1, 2),
         limits: Limits {
-            publish_every_n_events: BATCH as u32,
-            publication_delay: Duration::from_secs(3600),
-            max_subscribers_per_pool: 64,
+            // The bench flushes each batch itself: no window or size bound interferes.
+            publication_window: Duration::from_secs(3600),
+            max_delta_buckets: u32::MAX,
             ..Limits::default()
         },
     })

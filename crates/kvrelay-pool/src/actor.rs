@@ -3,16 +3,21 @@
 //!
 //! Others hold a cloneable [`PoolActorHandle`]. Events enter through a bounded mailbox
 //! after taking block-weighted permits (an event weighs its block count, at least 1), so
-//! queued work is bounded both in commands and in blocks. Applied events are batched: a
-//! delta is published every `publish_every_n_events` events, or `publication_delay` after
-//! the first pending event, whichever comes first; [`PoolActorHandle::flush`] publishes now.
+//! queued work is bounded both in commands and in blocks. Applied events are batched by
+//! time and size, not by count: a change after a quiet `publication_window` is published
+//! at once; later changes wait until a window has passed since the previous delta, or
+//! until `max_delta_buckets` buckets changed. Latency stays low at low rates while the
+//! frame rate stays bounded (1 / window) under load. [`PoolActorHandle::flush`] publishes
+//! now.
 //!
 //! Deltas are handed to a publication hub only while one is attached (a lease); without
 //! one the actor still drains its dirty buckets (the filter's sequence advances) but
 //! delivers nothing. Attaching drains the pending tail, copies the table and hands the hub
 //! a snapshot at sequence `S` and a bounded feed of deltas `S → S+1 → …`.
-//! If the hub does not keep up, its feed is closed and flagged as overrun (the hub
-//! resynchronises from a new snapshot); the actor never waits for a hub.
+//! If the hub does not keep up and its feed is full, the actor does not drain its dirty
+//! window: the changes keep accumulating (deltas are absolute images, so the next one
+//! carries them all) and it retries a window later. Nothing is lost, nobody is cut off,
+//! and the actor never waits for a hub.
 //!
 //! Run loop (`biased`): fence first, then the mailbox, then the publication timer.
 //! [`PoolActorHandle::shutdown`] is graceful (queued commands run, the tail is published);
@@ -28,7 +33,6 @@
 //! mailbox, so a stalled actor is still observable (see `health.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use kvrelay_ckf::{ApplyError, ApplyOutcome, Delta, EventPayload, RouterEvent, SourceId};
 use kvrelay_identity::ProducerIdentity;
@@ -146,8 +150,9 @@ pub struct PoolActorStats {
     pub unchanged_publications: u64,
     /// Bucket images drained from the filter (published or not).
     pub emitted_images: u64,
-    /// Times a hub's feed overran and was closed.
-    pub hub_overruns: u64,
+    /// Publications deferred because the hub's feed was full (the changes accumulated
+    /// into a later delta).
+    pub deferred_publications: u64,
     /// Faults, by category.
     pub faults: FaultCounts,
     /// Sources cleared as the remedy of a contradictory block id.
@@ -165,8 +170,7 @@ pub(crate) struct PublicationFeed {
     pub(crate) lease: u64,
     pub(crate) sequence: u64,
     pub(crate) words: Vec<u64>,
-    pub(crate) deltas: mpsc::Receiver<Arc<Delta>>,
-    pub(crate) overrun: Arc<AtomicBool>,
+    pub(crate) deltas: mpsc::Receiver<Delta>,
 }
 
 /// A cloneable handle to one pool actor.
@@ -264,10 +268,10 @@ impl PoolActorHandle {
             generation,
             latest_faults: Default::default(),
             fence: shared.fence.clone(),
-            publish_every: limits.publish_every_n_events,
-            delay: limits.publication_delay,
+            window: limits.publication_window,
+            max_delta_buckets: limits.max_delta_buckets as usize,
             hub_queue: limits.hub_delta_queue,
-            pending_events: 0,
+            last_publication: None,
             deadline: None,
             lease: None,
             next_lease: 1,
@@ -447,8 +451,7 @@ impl Drop for StoppedGuard {
 
 struct Lease {
     id: u64,
-    deltas: mpsc::Sender<Arc<Delta>>,
-    overrun: Arc<AtomicBool>,
+    deltas: mpsc::Sender<Delta>,
 }
 
 struct Actor {
@@ -461,10 +464,12 @@ struct Actor {
     generation: CancellationToken,
     latest_faults: [Option<ActorFault>; 3],
     fence: CancellationToken,
-    publish_every: u32,
-    delay: std::time::Duration,
+    window: std::time::Duration,
+    max_delta_buckets: usize,
     hub_queue: usize,
-    pending_events: u32,
+    /// When the last delta left (or was drained without a hub).
+    last_publication: Option<Instant>,
+    /// When the pending changes are due, if any.
     deadline: Option<Instant>,
     lease: Option<Lease>,
     next_lease: u64,
@@ -499,7 +504,7 @@ impl Actor {
             }
         };
         if !discard_tail {
-            self.publish().await;
+            self.publish_tail().await;
         }
         self.publish_health(false);
         self.lease = None;
@@ -527,7 +532,7 @@ impl Actor {
                 let _ = reply.send(());
             }
             Command::Flush { reply } => {
-                self.publish().await;
+                self.publish_tail().await;
                 let _ = reply.send(());
             }
             Command::Stats { reply } => {
@@ -623,11 +628,30 @@ impl Actor {
                 }
             }
         }
-        self.pending_events = self.pending_events.saturating_add(1);
-        if self.pending_events >= self.publish_every {
+        self.schedule_publication(Instant::now()).await;
+    }
+
+    /// Publishes now when the size bound or the due time is reached, else arms the timer:
+    /// at once after a quiet window, otherwise a window after the previous delta. Checked
+    /// after every event, so a mailbox that never empties cannot starve the timer.
+    async fn schedule_publication(&mut self, now: Instant) {
+        if self.state.pending_buckets() >= self.max_delta_buckets {
             self.publish().await;
-        } else if self.deadline.is_none() {
-            self.deadline = Some(Instant::now() + self.delay);
+            return;
+        }
+        match self.deadline {
+            Some(deadline) if now >= deadline => self.publish().await,
+            Some(_) => {}
+            None => {
+                let due = self
+                    .last_publication
+                    .map_or(now, |last| (last + self.window).max(now));
+                if due <= now {
+                    self.publish().await;
+                } else {
+                    self.deadline = Some(due);
+                }
+            }
         }
     }
 
@@ -691,17 +715,45 @@ impl Actor {
 
     /// Drains the filter's pending window into one delta and hands it to the hub, if any.
     /// Without a hub the delta is dropped: a hub that attaches later starts from a
-    /// snapshot at the filter's sequence.
+    /// snapshot at the filter's sequence. With a hub whose feed is full nothing is
+    /// drained: the changes stay pending and are retried a window later.
     async fn publish(&mut self) {
-        self.pending_events = 0;
         self.deadline = None;
-        let delta = match self.state.take_delta() {
-            Ok(Some(delta)) => delta,
+        let now = Instant::now();
+        let mut permit = None;
+        let mut closed = false;
+        if let Some(lease) = &self.lease {
+            // An owned permit: it does not borrow the lease, which may be dropped below.
+            match lease.deltas.clone().try_reserve_owned() {
+                Ok(reserved) => permit = Some(reserved),
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    self.stats.deferred_publications += 1;
+                    self.deadline = Some(now + self.window);
+                    return;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => closed = true,
+            }
+        }
+        let taken = self.state.take_delta();
+        let delivered = match taken {
+            Ok(Some(delta)) => {
+                self.last_publication = Some(now);
+                self.stats.emitted_images += delta.images.len() as u64;
+                match permit {
+                    Some(permit) => {
+                        permit.send(delta);
+                        true
+                    }
+                    None => false,
+                }
+            }
             Ok(None) => {
+                drop(permit);
                 self.stats.unchanged_publications += 1;
                 return;
             }
             Err(fault) => {
+                drop(permit);
                 // The window is kept; a later publication retries.
                 self.report(ActorFault {
                     source: SourceId::default(),
@@ -711,23 +763,24 @@ impl Actor {
                 return;
             }
         };
-        self.stats.emitted_images += delta.images.len() as u64;
-        let Some(lease) = &self.lease else {
-            return;
-        };
-        match lease.deltas.try_send(Arc::new(delta)) {
-            Ok(()) => self.stats.publications += 1,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                lease.overrun.store(true, Ordering::Release);
-                self.stats.hub_overruns += 1;
-                tracing::warn!(
-                    seq = self.state.sequence(),
-                    "publication hub overran, closing its feed"
-                );
-                self.lease = None;
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => self.lease = None,
+        if delivered {
+            self.stats.publications += 1;
         }
+        if closed {
+            self.lease = None;
+        }
+    }
+
+    /// Publishes what is pending even if the hub's feed is full, waiting for room (a
+    /// graceful stop's tail); gives up when the hub went away.
+    async fn publish_tail(&mut self) {
+        if let Some(lease) = &self.lease
+            && self.state.pending_buckets() > 0
+        {
+            // Room appears as the hub drains; a closed feed ends the wait.
+            let _ = lease.deltas.reserve().await.map(drop);
+        }
+        self.publish().await;
     }
 
     async fn attach(&mut self, reply: oneshot::Sender<Result<PublicationFeed, PoolFault>>) {
@@ -747,7 +800,6 @@ impl Actor {
             }
         };
         let (deltas_tx, deltas) = mpsc::channel(self.hub_queue);
-        let overrun = Arc::new(AtomicBool::new(false));
         let id = self.next_lease;
         self.next_lease = self.next_lease.wrapping_add(1);
         let feed = PublicationFeed {
@@ -756,14 +808,12 @@ impl Actor {
             sequence: self.state.sequence(),
             words,
             deltas,
-            overrun: overrun.clone(),
         };
         // A requester that went away leaves no lease behind.
         if reply.send(Ok(feed)).is_ok() {
             self.lease = Some(Lease {
                 id,
                 deltas: deltas_tx,
-                overrun,
             });
         }
     }

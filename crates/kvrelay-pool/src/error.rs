@@ -21,6 +21,12 @@ pub enum LimitsError {
         /// The field's name.
         field: &'static str,
     },
+    /// A bound of the publication stream cannot work.
+    #[error(transparent)]
+    Stream(#[from] kvrelay_ckf::stream::StreamLimitsError),
+    /// A codec bound cannot work.
+    #[error(transparent)]
+    Codec(#[from] kvrelay_codec::LimitsError),
 }
 
 /// Worker capacity that cannot be turned into declared ranks.
@@ -322,8 +328,8 @@ pub enum SubscribeError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubscriptionEnd {
-    /// The subscriber's queue overflowed (frames or bytes), or its hub had to
-    /// resynchronise; it never receives a gapped stream.
+    /// The subscriber's backlog, coalesced, still exceeded the byte bound (a snapshot is
+    /// cheaper); it never receives a gapped stream.
     #[error("subscriber lagged")]
     SubscriberLagged,
     /// The producer generation was withdrawn, fenced or replaced.

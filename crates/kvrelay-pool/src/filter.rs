@@ -84,6 +84,11 @@ impl FilterState {
         Ok(self.filter.take_delta()?)
     }
 
+    /// Distinct buckets changed since the last delta.
+    pub(crate) fn pending_buckets(&self) -> usize {
+        self.filter.pending_buckets()
+    }
+
     /// The sequence of the last delta.
     pub(crate) fn sequence(&self) -> u64 {
         self.filter.sequence()

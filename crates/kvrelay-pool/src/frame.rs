@@ -22,17 +22,16 @@ pub(crate) struct FrameEncoder {
 
 impl FrameEncoder {
     /// An encoder for `producer`, published by `relay`.
-    pub(crate) fn new(relay: DcRelayIdentity, producer: &ProducerIdentity) -> Self {
+    pub(crate) fn new(
+        relay: DcRelayIdentity,
+        producer: &ProducerIdentity,
+        limits: kvrelay_codec::Limits,
+    ) -> Self {
         Self {
             relay: relay.into(),
             producer: (*producer).into(),
-            limits: kvrelay_codec::Limits::default(),
+            limits,
         }
-    }
-
-    /// How many chunks a snapshot of `bucket_count` buckets has.
-    pub(crate) fn chunk_count(bucket_count: usize) -> u32 {
-        kvrelay_codec::cbi1::snapshot_chunk_count(bucket_count as u64)
     }
 
     /// Chunk `chunk_index` of the snapshot of `table` at `sequence`.

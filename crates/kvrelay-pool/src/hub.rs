@@ -1,28 +1,30 @@
-//! The publication hub of one pool generation: a task that mirrors the actor's filter and
-//! fans each delta, encoded once, out to bounded per-subscriber queues.
+//! The publication hub of one pool generation: a thin async driver of the sans-IO
+//! [`kvrelay_ckf::stream::Publisher`], which owns the mirror, sequencing, per-subscriber
+//! cursors, coalescing backlogs, the resume window and the deadlines.
 //!
-//! The hub task owns the mirror, the sequence and the subscriber list; subscriptions and
-//! deltas go through it in one order, so a new subscriber gets the mirror at sequence `N`
-//! and then exactly the deltas `N → N+1 → …` — including those published while its
-//! snapshot is being encoded and sent. The mirror is an `Arc<Vec<u64>>`: a snapshot is a
-//! pointer copy, and a delta copies the table only while a subscriber still holds the
-//! previous image (copy on write).
+//! The hub task moves the actor's deltas into the publisher (encoding each once, under the
+//! global encoding permits, when someone is subscribed) and ticks its timeouts; each
+//! [`PoolSubscription`] pulls its own frames from the publisher. Both go through one short
+//! lock, never held across an await, so a subscriber opened at sequence `N` gets exactly
+//! the deltas after `N`, however the two interleave.
 //!
-//! Run loop (`biased`): cancellation (retire, evict, shutdown) first, then subscribe
-//! commands, then the actor's deltas. With no subscriber a delta is applied without
-//! encoding and without an encoding permit, so idle hubs are cheap. A delta that does not
-//! follow the mirror (identity, sequence or bucket out of range) or cannot be encoded is a
-//! terminal failure: subscribers end with `InvalidPublication` and the generation is
-//! fenced through the failure callback. If the hub falls so far behind that the actor
-//! overran its feed, the hub takes a fresh snapshot and ends every current subscriber with
-//! `SubscriberLagged`: nobody ever gets a gapped stream.
+//! Run loop (`biased`): cancellation (retire, evict, shutdown) first, then the actor's
+//! deltas, then the timeout tick. A delta that does not follow the mirror or cannot be
+//! encoded is a terminal failure: subscribers end with `InvalidPublication` and the
+//! generation is fenced through the failure callback. The actor never overruns the hub: a
+//! full feed makes it accumulate its changes into a later delta.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use bytes::Bytes;
 use kvrelay_ckf::Delta;
+use kvrelay_ckf::stream::{Publisher, StreamLimits, StreamStats, SubscribeRefused};
 use kvrelay_identity::ProducerIdentity;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use parking_lot::Mutex;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -32,12 +34,13 @@ use crate::error::{SubscribeError, SubscriptionEnd};
 use crate::frame::FrameEncoder;
 use crate::limits::Limits;
 use crate::registry::core::SlotHub;
-use crate::subscription::{
-    self, Offer, PoolFrame, PoolFrameKind, PoolSubscription, SubscriberSender,
-};
+use crate::subscription::{self, PoolSubscription};
 
 /// Called once with a reason when the hub fails terminally; fences the generation.
 pub(crate) type FailureCallback = Arc<dyn Fn(String) + Send + Sync>;
+
+/// How often the hub checks the publisher's deadlines without new deltas.
+const TIMEOUT_TICK: Duration = Duration::from_secs(1);
 
 /// What a hub needs from its registry.
 #[derive(Clone)]
@@ -50,6 +53,28 @@ pub(crate) struct HubContext {
     /// Cancelled on registry shutdown: subscribers then end with `ShuttingDown`.
     pub(crate) shutdown: CancellationToken,
     pub(crate) on_failure: FailureCallback,
+    /// The registry's stream counters, summed over every hub it ever ran.
+    pub(crate) totals: Arc<Mutex<StreamStats>>,
+}
+
+/// How a subscriber wants its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscribeOptions {
+    /// The last sequence the subscriber applied of this generation, if it kept a replica:
+    /// the stream then resumes from it when the relay still holds what it missed.
+    pub resume_from: Option<u64>,
+    /// Whether the subscriber accepts deltas spanning several sequences (protocol minor
+    /// 1); without it a subscriber that falls behind is cut off at the backlog bound.
+    pub coalesce: bool,
+}
+
+impl Default for SubscribeOptions {
+    fn default() -> Self {
+        Self {
+            resume_from: None,
+            coalesce: true,
+        }
+    }
 }
 
 /// A cloneable handle to a running hub.
@@ -58,17 +83,30 @@ pub(crate) struct HubHandle {
     shared: Arc<HubShared>,
 }
 
-struct HubShared {
-    commands: mpsc::Sender<HubCommand>,
+/// What the hub task and its subscriptions share.
+pub(crate) struct HubShared {
+    pub(crate) publisher: Mutex<Publisher<Option<Bytes>>>,
+    /// Bumped whenever a subscription may have something new (a delta, a timeout, the end).
+    pub(crate) wake: watch::Sender<u64>,
+    /// Why the hub ended, once it has.
+    pub(crate) end: OnceLock<SubscriptionEnd>,
+    pub(crate) identity: ProducerIdentity,
+    pub(crate) encoder: FrameEncoder,
+    pub(crate) encoding: Arc<Semaphore>,
     subscribers: Arc<AtomicUsize>,
     cancel: CancellationToken,
     stopped: CancellationToken,
 }
 
-enum HubCommand {
-    Subscribe {
-        reply: oneshot::Sender<Result<PoolSubscription, SubscribeError>>,
-    },
+impl HubShared {
+    pub(crate) fn wake_all(&self) {
+        self.wake.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn finish(&self, end: SubscriptionEnd) {
+        let _ = self.end.set(end);
+        self.wake_all();
+    }
 }
 
 impl SlotHub for HubHandle {
@@ -88,24 +126,31 @@ impl HubHandle {
             actor.detach_publication(feed.lease);
             return Err("pool actor identity differs from the hub's producer".to_owned());
         }
-        let (commands, command_rx) = mpsc::channel(context.limits.max_subscribers_per_pool);
+        let stream_limits = stream_limits(&context.limits, feed.words.len());
+        let publisher = match Publisher::new(feed.sequence, feed.words, stream_limits) {
+            Ok(publisher) => publisher,
+            Err(error) => {
+                actor.detach_publication(feed.lease);
+                return Err(error.to_string());
+            }
+        };
         let shared = Arc::new(HubShared {
-            commands,
+            publisher: Mutex::new(publisher),
+            wake: watch::Sender::new(0),
+            end: OnceLock::new(),
+            identity: context.identity,
+            encoder: FrameEncoder::new(context.relay, &context.identity, context.limits.codec),
+            encoding: context.encoding.clone(),
             subscribers: Arc::new(AtomicUsize::new(0)),
             cancel: context.shutdown.child_token(),
             stopped: CancellationToken::new(),
         });
         let task = HubTask {
-            mirror: Arc::new(feed.words),
-            sequence: feed.sequence,
+            reported: StreamStats::default(),
             lease: feed.lease,
             deltas: feed.deltas,
-            overrun: feed.overrun,
-            subscribers: Vec::new(),
-            commands: command_rx,
             shared: shared.clone(),
             actor: actor.clone(),
-            encoder: FrameEncoder::new(context.relay, &context.identity),
             context: context.clone(),
         };
         let span = tracing::info_span!(
@@ -117,15 +162,36 @@ impl HubHandle {
         Ok(Self { shared })
     }
 
-    /// Opens a subscription: a snapshot of the mirror, then every later delta.
-    pub(crate) async fn subscribe(&self) -> Result<PoolSubscription, SubscribeError> {
-        let (reply, answer) = oneshot::channel();
-        self.shared
-            .commands
-            .send(HubCommand::Subscribe { reply })
-            .await
-            .map_err(|_| hub_stopped())?;
-        answer.await.map_err(|_| hub_stopped())?
+    /// Opens a subscription: a snapshot of the mirror (or a resumption), then every later
+    /// delta.
+    pub(crate) fn subscribe(
+        &self,
+        options: SubscribeOptions,
+    ) -> Result<PoolSubscription, SubscribeError> {
+        if let Some(end) = self.shared.end.get() {
+            return Err(SubscribeError::Unavailable {
+                reason: format!("publication hub stopped: {end}"),
+            });
+        }
+        let started = self.shared.publisher.lock().handle_subscribe(
+            options.resume_from,
+            options.coalesce,
+            Instant::now().into_std(),
+        );
+        match started {
+            Ok((id, start)) => Ok(subscription::open(
+                self.shared.clone(),
+                id,
+                start,
+                self.shared.subscribers.clone(),
+            )),
+            Err(SubscribeRefused::SubscriberLimit { limit }) => {
+                Err(SubscribeError::SubscriberLimit {
+                    pool: *self.shared.identity.pool_id(),
+                    limit,
+                })
+            }
+        }
     }
 
     /// Stops the hub (subscribers end with `ProducerWithdrawn`) and waits for its task.
@@ -140,23 +206,30 @@ impl HubHandle {
     }
 }
 
-fn hub_stopped() -> SubscribeError {
-    SubscribeError::Unavailable {
-        reason: "publication hub stopped".to_owned(),
+/// The publisher's limits for a table of `bucket_count` buckets: the configured stream
+/// limits, with the backlog bound capped so that one coalesced delta always fits a frame.
+fn stream_limits(limits: &Limits, bucket_count: usize) -> StreamLimits {
+    let frame_cap = u64::from(limits.codec.max_frame_len)
+        .saturating_sub(kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD);
+    StreamLimits {
+        max_backlog_bytes: Some(
+            limits
+                .stream
+                .backlog_bound(bucket_count)
+                .min(frame_cap)
+                .max(1),
+        ),
+        ..limits.stream.clone()
     }
 }
 
 struct HubTask {
-    mirror: Arc<Vec<u64>>,
-    sequence: u64,
+    /// The counters already added to the registry's totals.
+    reported: StreamStats,
     lease: u64,
-    deltas: mpsc::Receiver<Arc<Delta>>,
-    overrun: Arc<std::sync::atomic::AtomicBool>,
-    subscribers: Vec<SubscriberSender>,
-    commands: mpsc::Receiver<HubCommand>,
+    deltas: mpsc::Receiver<Delta>,
     shared: Arc<HubShared>,
     actor: PoolActorHandle,
-    encoder: FrameEncoder,
     context: HubContext,
 }
 
@@ -173,39 +246,60 @@ impl HubTask {
     async fn run(mut self) {
         let _stopped = StoppedGuard(self.shared.stopped.clone());
         let cancel = self.shared.cancel.clone();
+        let mut tick = tokio::time::interval(TIMEOUT_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let end = loop {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break self.cancel_reason(),
-                Some(command) = self.commands.recv() => self.handle(command),
                 delta = self.deltas.recv() => match delta {
                     Some(delta) => {
-                        if let Err(reason) = self.on_delta(&delta, &cancel).await {
+                        if let Err(reason) = self.on_delta(delta, &cancel).await {
                             if cancel.is_cancelled() {
                                 break self.cancel_reason();
                             }
                             tracing::error!(%reason, "publication hub failed, fencing the generation");
-                            self.end_all(SubscriptionEnd::InvalidPublication { reason: reason.clone() });
+                            self.shared.finish(SubscriptionEnd::InvalidPublication { reason: reason.clone() });
                             (self.context.on_failure)(reason);
                             return;
                         }
                     }
-                    None => {
-                        if self.overrun.load(Ordering::Acquire) {
-                            if let Err(reason) = self.resynchronise().await {
-                                tracing::warn!(%reason, "publication hub could not resynchronise");
-                                break SubscriptionEnd::ProducerWithdrawn;
-                            }
-                        } else {
-                            break SubscriptionEnd::ProducerWithdrawn;
-                        }
-                    }
+                    None => break SubscriptionEnd::ProducerWithdrawn,
                 },
+                _ = tick.tick() => {
+                    self.shared.publisher.lock().handle_timeout(Instant::now().into_std());
+                    self.shared.wake_all();
+                    self.report_stats();
+                }
             }
         };
-        self.end_all(end);
+        self.shared.finish(end);
+        self.report_stats();
         // Retire the actor's lease while our feed is still open, so it stops publishing.
         self.actor.detach_publication(self.lease);
+    }
+
+    /// Adds what the counters gained since the last report to the registry's totals.
+    fn report_stats(&mut self) {
+        let current = self.shared.publisher.lock().stats();
+        let before = self.reported;
+        let mut totals = self.context.totals.lock();
+        let gained = |now: u64, then: u64| now.saturating_sub(then);
+        totals.deltas += gained(current.deltas, before.deltas);
+        totals.snapshots += gained(current.snapshots, before.snapshots);
+        totals.resumes += gained(current.resumes, before.resumes);
+        totals.resume_misses += gained(current.resume_misses, before.resume_misses);
+        totals.delta_frames += gained(current.delta_frames, before.delta_frames);
+        totals.coalesced_frames += gained(current.coalesced_frames, before.coalesced_frames);
+        totals.coalesced_deltas += gained(current.coalesced_deltas, before.coalesced_deltas);
+        totals.heartbeats += gained(current.heartbeats, before.heartbeats);
+        totals.cut_offs_backlog += gained(current.cut_offs_backlog, before.cut_offs_backlog);
+        totals.cut_offs_snapshot_stalled += gained(
+            current.cut_offs_snapshot_stalled,
+            before.cut_offs_snapshot_stalled,
+        );
+        drop(totals);
+        self.reported = current;
     }
 
     fn cancel_reason(&self) -> SubscriptionEnd {
@@ -216,127 +310,33 @@ impl HubTask {
         }
     }
 
-    fn handle(&mut self, command: HubCommand) {
-        match command {
-            HubCommand::Subscribe { reply } => {
-                let limits = &self.context.limits;
-                self.subscribers.retain(|subscriber| subscriber.is_live());
-                let live = self.shared.subscribers.load(Ordering::Acquire);
-                if live >= limits.max_subscribers_per_pool {
-                    let _ = reply.send(Err(SubscribeError::SubscriberLimit {
-                        pool: *self.context.identity.pool_id(),
-                        limit: limits.max_subscribers_per_pool,
-                    }));
-                    return;
-                }
-                let (subscription, sender) = subscription::open(subscription::SubscriptionParts {
-                    identity: self.context.identity,
-                    sequence: self.sequence,
-                    words: self.mirror.clone(),
-                    encoder: self.encoder,
-                    queue_frames: limits.subscriber_queue_frames,
-                    queue_bytes: limits.subscriber_queue_bytes,
-                    encoding: self.context.encoding.clone(),
-                    heartbeat_interval: limits.heartbeat_interval,
-                    snapshot_progress_timeout: limits.snapshot_progress_timeout,
-                    subscribers: self.shared.subscribers.clone(),
-                });
-                // A requester that went away drops the subscription, which unsubscribes.
-                if reply.send(Ok(subscription)).is_ok() {
-                    self.subscribers.push(sender);
-                }
-            }
-        }
-    }
-
-    async fn on_delta(&mut self, delta: &Delta, cancel: &CancellationToken) -> Result<(), String> {
-        let next = self.sequence.checked_add(1);
-        if delta.base_sequence != self.sequence || Some(delta.sequence) != next {
-            return Err(format!(
-                "sequence gap: hub at {}, delta {} -> {}",
-                self.sequence, delta.base_sequence, delta.sequence
-            ));
-        }
-        let bucket_count = self.mirror.len();
-        if let Some(image) = delta
-            .images
-            .iter()
-            .find(|image| image.bucket_idx as usize >= bucket_count)
-        {
-            return Err(format!(
-                "delta bucket {} out of range for bucket count {bucket_count}",
-                image.bucket_idx
-            ));
-        }
-        self.subscribers.retain(SubscriberSender::is_live);
-        let frame = if self.subscribers.is_empty() {
-            None
-        } else {
+    async fn on_delta(&mut self, delta: Delta, cancel: &CancellationToken) -> Result<(), String> {
+        let live = self.shared.publisher.lock().live_subscriber_count() > 0;
+        // Encoded once, outside the lock, for every subscriber it goes to alone.
+        let encoded = if live {
             let permit = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Err("publication hub cancelled".to_owned()),
-                permit = self.context.encoding.clone().acquire_owned() => {
+                permit = self.shared.encoding.clone().acquire_owned() => {
                     permit.map_err(|_| "encoding permits closed".to_owned())?
                 }
             };
             let bytes = self
+                .shared
                 .encoder
-                .delta(delta)
+                .delta(&delta)
                 .map_err(|error| format!("delta encoding failed: {error}"))?;
             drop(permit);
-            Some(PoolFrame {
-                kind: PoolFrameKind::Delta,
-                base_sequence: delta.base_sequence,
-                sequence: delta.sequence,
-                bytes,
-            })
+            Some(bytes)
+        } else {
+            None
         };
-        let mirror = Arc::make_mut(&mut self.mirror);
-        for image in &delta.images {
-            if let Some(word) = mirror.get_mut(image.bucket_idx as usize) {
-                *word = image.word;
-            }
-        }
-        self.sequence = delta.sequence;
-        if let Some(frame) = frame {
-            self.subscribers
-                .retain(|subscriber| match subscriber.offer(&frame) {
-                    Offer::Queued => true,
-                    Offer::Lagged => {
-                        tracing::warn!(seq = frame.sequence, "subscriber lagged, cutting it off");
-                        false
-                    }
-                    Offer::Gone => false,
-                });
-        }
-        Ok(())
-    }
-
-    async fn resynchronise(&mut self) -> Result<(), String> {
-        tracing::warn!(
-            seq = self.sequence,
-            "publication hub overran by its actor, taking a new snapshot"
-        );
-        self.end_all(SubscriptionEnd::SubscriberLagged);
-        let feed: PublicationFeed = self
-            .actor
-            .attach_publication()
-            .await
+        self.shared
+            .publisher
+            .lock()
+            .handle_delta(delta, Instant::now().into_std(), |_| encoded)
             .map_err(|error| error.to_string())?;
-        if feed.identity != self.context.identity {
-            return Err("pool actor identity changed".to_owned());
-        }
-        self.mirror = Arc::new(feed.words);
-        self.sequence = feed.sequence;
-        self.lease = feed.lease;
-        self.deltas = feed.deltas;
-        self.overrun = feed.overrun;
+        self.shared.wake_all();
         Ok(())
-    }
-
-    fn end_all(&mut self, end: SubscriptionEnd) {
-        for subscriber in self.subscribers.drain(..) {
-            subscriber.end(end.clone());
-        }
     }
 }

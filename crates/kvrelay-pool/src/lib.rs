@@ -22,7 +22,8 @@
 //!   - [`PoolRegistry::watch_catalog`] → `watch::Receiver<`[`PoolCatalog`]`>`: complete,
 //!     revisioned, sorted by pool, `serde_json`-serialisable. [`PoolRegistry::watch_load`]
 //!     → `watch::Receiver<Vec<`[`PoolLoadSnapshot`]`>>` sorted by pool.
-//!   - [`PoolRegistry::subscribe`]`(expected)` → [`PoolSubscription`] or
+//!   - [`PoolRegistry::subscribe`]`(expected)` (or [`PoolRegistry::subscribe_with`] with
+//!     [`SubscribeOptions`]: a resume point, coalescing) → [`PoolSubscription`] or
 //!     [`SubscribeError`] (unknown pool, producer mismatch, subscriber limit,
 //!     initialized-hub limit, unavailable).
 //!   - [`PoolRegistry::shutdown`]: fences everything, ends subscriptions with
@@ -38,7 +39,8 @@
 //!   the mailbox, so a stalled actor is still visible). Faults never make the actor wait.
 //! - **[`PoolSubscription`]**: call [`PoolSubscription::next_frame`] in a loop and write
 //!   each [`PoolFrame::bytes`] to the socket as is (a complete codec frame). Order:
-//!   snapshot chunk(s), then deltas in sequence, heartbeats after
+//!   snapshot chunk(s) or a resumption, then deltas in sequence (a subscriber that fell
+//!   behind gets them coalesced into one), heartbeats after
 //!   `heartbeat_interval` of quiet; then a terminal [`SubscriptionEnd`] (subscriber
 //!   lagged, producer withdrawn, snapshot progress timeout, invalid publication, shutting
 //!   down) that the server maps to a wire error reason.
@@ -46,9 +48,11 @@
 //! # Invariants
 //!
 //! - One actor task owns each generation's filter; nothing else touches it.
-//! - A subscriber gets a consistent snapshot at `S` and then exactly `S → S+1 → …`,
-//!   including deltas published while its snapshot was being sent; it never sees a gap:
-//!   a full queue (frames or bytes) ends it with `SubscriberLagged`.
+//! - A subscriber gets a consistent snapshot at `S` (or resumes at the `S` it named) and
+//!   then deltas whose bases chain exactly from `S`, including those published while its
+//!   snapshot was being sent; it never sees a gap. Lag is absorbed by coalescing; only a
+//!   coalesced backlog over the byte bound ends it with `SubscriberLagged`. The decisions
+//!   live in the sans-IO `kvrelay_ckf::stream::Publisher`.
 //! - The catalog withdraws a generation before its actor stops; a stale generation can
 //!   never fence, withdraw or initialise its replacement; layout generations never repeat.
 //! - Every bound is in [`Limits`]; every spawn joins the registry's `TaskTracker` under a
@@ -113,13 +117,12 @@ pub use error::{
 };
 pub use filter::FilterStats;
 pub use health::PoolHealth;
+pub use hub::SubscribeOptions;
+pub use kvrelay_ckf::stream::{Start as SubscriptionStart, StreamLimits, StreamStats};
 pub use limits::{
     DEFAULT_ACTOR_MAILBOX, DEFAULT_ACTOR_PENDING_BLOCKS, DEFAULT_ALLOCATION_CONCURRENCY,
-    DEFAULT_ENCODING_PERMITS, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HUB_DELTA_QUEUE,
-    DEFAULT_MAX_INITIALIZED_HUBS, DEFAULT_MAX_POOLS, DEFAULT_MAX_SUBSCRIBERS_PER_POOL,
-    DEFAULT_PUBLICATION_DELAY, DEFAULT_PUBLISH_EVERY_N_EVENTS, DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
-    DEFAULT_SUBSCRIBER_QUEUE_BYTES, DEFAULT_SUBSCRIBER_QUEUE_FRAMES, FRAME_ACCOUNTING_OVERHEAD,
-    Limits,
+    DEFAULT_ENCODING_PERMITS, DEFAULT_HUB_DELTA_QUEUE, DEFAULT_MAX_DELTA_BUCKETS,
+    DEFAULT_MAX_INITIALIZED_HUBS, DEFAULT_MAX_POOLS, DEFAULT_PUBLICATION_WINDOW, Limits,
 };
 pub use load::{
     LoadObservation, LoadObservationOutcome, MAX_DATA_PARALLEL_RANKS, PoolLoadSnapshot,
@@ -127,5 +130,6 @@ pub use load::{
 };
 pub use registry::{
     AttachRequest, PoolAttachment, PoolRegistry, RegistryConfig, RegistryStats, RetirementMode,
+    StreamStatsReader,
 };
 pub use subscription::{PoolFrame, PoolFrameKind, PoolSubscription};

@@ -6,36 +6,30 @@
 
 use std::time::Duration;
 
+use kvrelay_ckf::stream::StreamLimits;
+
 use crate::error::LimitsError;
 
 /// Commands a pool actor's mailbox holds before `submit` waits.
 pub const DEFAULT_ACTOR_MAILBOX: usize = 256;
 /// Block-weighted permits of events queued in one pool actor's mailbox (blocks).
 pub const DEFAULT_ACTOR_PENDING_BLOCKS: u32 = 65_536;
-/// Applied events after which the actor publishes a delta (events).
-pub const DEFAULT_PUBLISH_EVERY_N_EVENTS: u32 = 16;
-/// Longest a non-empty pending batch waits before it is published (1 ms).
-pub const DEFAULT_PUBLICATION_DELAY: Duration = Duration::from_millis(1);
-/// Deltas queued from a pool actor to its hub before the hub counts as lagging.
+/// The publication window: after a delta, the next one waits at least this long, so
+/// changes arriving within it go out together (5 ms). A change after a quiet window is
+/// published at once.
+pub const DEFAULT_PUBLICATION_WINDOW: Duration = Duration::from_millis(5);
+/// Changed buckets after which a delta is published before its window ends (65,536
+/// buckets: a frame of about 768 KiB, under the default 8 MiB frame limit).
+pub const DEFAULT_MAX_DELTA_BUCKETS: u32 = 65_536;
+/// Deltas queued from a pool actor to its hub. When it is full the actor keeps
+/// accumulating (deltas are absolute images, so nothing is lost) and retries.
 pub const DEFAULT_HUB_DELTA_QUEUE: usize = 64;
 /// Concurrent filter allocations (each runs on a blocking thread).
 pub const DEFAULT_ALLOCATION_CONCURRENCY: usize = 2;
 /// Publication hubs holding a filter mirror at once, across all pools.
 pub const DEFAULT_MAX_INITIALIZED_HUBS: usize = 64;
-/// Subscribers of one pool generation's hub.
-pub const DEFAULT_MAX_SUBSCRIBERS_PER_POOL: usize = 64;
 /// Concurrent frame encodings (snapshot chunks and deltas), across all hubs.
 pub const DEFAULT_ENCODING_PERMITS: usize = 2;
-/// Frames queued for one subscriber before it counts as lagging.
-pub const DEFAULT_SUBSCRIBER_QUEUE_FRAMES: usize = 16;
-/// Bytes queued for one subscriber before it counts as lagging (16 MiB).
-pub const DEFAULT_SUBSCRIBER_QUEUE_BYTES: usize = 16 * 1024 * 1024;
-/// Bytes charged per queued frame on top of its encoded length.
-pub const FRAME_ACCOUNTING_OVERHEAD: usize = 256;
-/// Quiet time after which a subscription yields a heartbeat (10 s).
-pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
-/// Longest a subscriber may take between two snapshot chunks (60 s).
-pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Pools (attached or being attached) the registry holds at once; one more attach is
 /// refused with `AttachError::PoolLimit`.
@@ -51,28 +45,24 @@ pub struct Limits {
     /// Block permits of queued events per actor ([`DEFAULT_ACTOR_PENDING_BLOCKS`]); an
     /// event weighs its block count (at least 1, at most this value).
     pub actor_pending_blocks: u32,
-    /// Events per published delta ([`DEFAULT_PUBLISH_EVERY_N_EVENTS`]).
-    pub publish_every_n_events: u32,
-    /// Soft publication timer ([`DEFAULT_PUBLICATION_DELAY`]).
-    pub publication_delay: Duration,
+    /// Publication window ([`DEFAULT_PUBLICATION_WINDOW`]).
+    pub publication_window: Duration,
+    /// Changed buckets that end a window early ([`DEFAULT_MAX_DELTA_BUCKETS`]).
+    pub max_delta_buckets: u32,
     /// Actor → hub delta queue ([`DEFAULT_HUB_DELTA_QUEUE`]).
     pub hub_delta_queue: usize,
     /// Concurrent filter allocations ([`DEFAULT_ALLOCATION_CONCURRENCY`]).
     pub allocation_concurrency: usize,
     /// Initialized hubs across all pools ([`DEFAULT_MAX_INITIALIZED_HUBS`]).
     pub max_initialized_hubs: usize,
-    /// Subscribers per pool ([`DEFAULT_MAX_SUBSCRIBERS_PER_POOL`]).
-    pub max_subscribers_per_pool: usize,
     /// Concurrent encodings ([`DEFAULT_ENCODING_PERMITS`]).
     pub encoding_permits: usize,
-    /// Frames per subscriber queue ([`DEFAULT_SUBSCRIBER_QUEUE_FRAMES`]).
-    pub subscriber_queue_frames: usize,
-    /// Bytes per subscriber queue ([`DEFAULT_SUBSCRIBER_QUEUE_BYTES`]).
-    pub subscriber_queue_bytes: usize,
-    /// Heartbeat interval ([`DEFAULT_HEARTBEAT_INTERVAL`]).
-    pub heartbeat_interval: Duration,
-    /// Snapshot progress timeout ([`DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT`]).
-    pub snapshot_progress_timeout: Duration,
+    /// The publication stream of each generation: subscribers, backlog bound, resume
+    /// window, heartbeat and snapshot deadlines (`kvrelay_ckf::stream::StreamLimits`,
+    /// whose own defaults apply).
+    pub stream: StreamLimits,
+    /// The codec's bounds; frames are encoded under its `max_frame_len`.
+    pub codec: kvrelay_codec::Limits,
     /// Pools held at once, attaching ones included ([`DEFAULT_MAX_POOLS`]).
     pub max_pools: usize,
 }
@@ -82,17 +72,14 @@ impl Default for Limits {
         Self {
             actor_mailbox: DEFAULT_ACTOR_MAILBOX,
             actor_pending_blocks: DEFAULT_ACTOR_PENDING_BLOCKS,
-            publish_every_n_events: DEFAULT_PUBLISH_EVERY_N_EVENTS,
-            publication_delay: DEFAULT_PUBLICATION_DELAY,
+            publication_window: DEFAULT_PUBLICATION_WINDOW,
+            max_delta_buckets: DEFAULT_MAX_DELTA_BUCKETS,
             hub_delta_queue: DEFAULT_HUB_DELTA_QUEUE,
             allocation_concurrency: DEFAULT_ALLOCATION_CONCURRENCY,
             max_initialized_hubs: DEFAULT_MAX_INITIALIZED_HUBS,
-            max_subscribers_per_pool: DEFAULT_MAX_SUBSCRIBERS_PER_POOL,
             encoding_permits: DEFAULT_ENCODING_PERMITS,
-            subscriber_queue_frames: DEFAULT_SUBSCRIBER_QUEUE_FRAMES,
-            subscriber_queue_bytes: DEFAULT_SUBSCRIBER_QUEUE_BYTES,
-            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
-            snapshot_progress_timeout: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
+            stream: StreamLimits::default(),
+            codec: kvrelay_codec::Limits::default(),
             max_pools: DEFAULT_MAX_POOLS,
         }
     }
@@ -104,17 +91,11 @@ impl Limits {
         let counts = [
             ("actor_mailbox", self.actor_mailbox),
             ("actor_pending_blocks", self.actor_pending_blocks as usize),
-            (
-                "publish_every_n_events",
-                self.publish_every_n_events as usize,
-            ),
+            ("max_delta_buckets", self.max_delta_buckets as usize),
             ("hub_delta_queue", self.hub_delta_queue),
             ("allocation_concurrency", self.allocation_concurrency),
             ("max_initialized_hubs", self.max_initialized_hubs),
-            ("max_subscribers_per_pool", self.max_subscribers_per_pool),
             ("encoding_permits", self.encoding_permits),
-            ("subscriber_queue_frames", self.subscriber_queue_frames),
-            ("subscriber_queue_bytes", self.subscriber_queue_bytes),
             ("max_pools", self.max_pools),
         ];
         for (field, value) in counts {
@@ -122,16 +103,14 @@ impl Limits {
                 return Err(LimitsError::Zero { field });
             }
         }
-        let durations = [
-            ("publication_delay", self.publication_delay),
-            ("heartbeat_interval", self.heartbeat_interval),
-            ("snapshot_progress_timeout", self.snapshot_progress_timeout),
-        ];
+        let durations = [("publication_window", self.publication_window)];
         for (field, value) in durations {
             if value.is_zero() {
                 return Err(LimitsError::Zero { field });
             }
         }
+        self.stream.validate()?;
+        self.codec.validate()?;
         Ok(())
     }
 }
@@ -162,14 +141,22 @@ mod tests {
     #[test]
     fn zero_duration_is_rejected_by_name() {
         let limits = Limits {
-            heartbeat_interval: Duration::ZERO,
+            publication_window: Duration::ZERO,
             ..Limits::default()
         };
         assert_eq!(
             limits.validate(),
             Err(LimitsError::Zero {
-                field: "heartbeat_interval"
+                field: "publication_window"
             })
         );
+        let limits = Limits {
+            stream: StreamLimits {
+                heartbeat_interval: Duration::ZERO,
+                ..StreamLimits::default()
+            },
+            ..Limits::default()
+        };
+        assert!(matches!(limits.validate(), Err(LimitsError::Stream(_))));
     }
 }

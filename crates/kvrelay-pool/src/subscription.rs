@@ -1,31 +1,33 @@
-//! One subscriber's stream of a pool generation: snapshot chunks, then deltas in order,
-//! with heartbeats in quiet periods, ending with a typed [`SubscriptionEnd`].
+//! One subscriber's stream of a pool generation: snapshot chunks (or a resumption), then
+//! deltas in order, with heartbeats in quiet periods, ending with a typed
+//! [`SubscriptionEnd`].
 //!
 //! Every item is a [`PoolFrame`]: a complete, already-encoded codec frame (`bytes`, ready
-//! to write to a socket as is) plus its kind and sequences for metrics and tests. Delta
-//! frames are encoded once by the hub and shared by every subscriber (`Bytes` clones).
-//! Snapshot chunks are encoded lazily, one per [`PoolSubscription::next_frame`] call,
-//! under the global encoding permits, so a slow subscriber never buffers a whole table.
+//! to write to a socket as is) plus its kind and sequences for metrics and tests. What to
+//! send is decided by the hub's sans-IO [`kvrelay_ckf::stream::Publisher`]; this type only
+//! pulls it, encodes what was not encoded yet (snapshot chunks, coalesced deltas,
+//! heartbeats) under the global encoding permits, and waits when there is nothing to
+//! send. A delta that goes to a subscriber alone reuses the hub's one encoding.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use bytes::Bytes;
+use kvrelay_ckf::stream::{CutOff, Poll, Start, SubscriberId, Transmit};
 use kvrelay_identity::ProducerIdentity;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::SubscriptionEnd;
-use crate::frame::FrameEncoder;
-use crate::limits::FRAME_ACCOUNTING_OVERHEAD;
+use crate::hub::HubShared;
 
 /// What a [`PoolFrame`] carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolFrameKind {
     /// One chunk of the snapshot; `base_sequence == sequence` == the snapshot sequence.
     SnapshotChunk,
-    /// Moves the replica from `base_sequence` to `sequence = base_sequence + 1`.
+    /// Moves the replica from `base_sequence` to `sequence` (`base_sequence + 1` unless
+    /// several deltas were coalesced).
     Delta,
     /// Nothing changed; `base_sequence == sequence` == the last delivered sequence.
     Heartbeat,
@@ -40,44 +42,77 @@ pub struct PoolFrame {
     pub base_sequence: u64,
     /// The sequence a replica is at after the frame.
     pub sequence: u64,
+    /// Published deltas this frame covers (deltas only: 1 unless coalesced; else 0).
+    pub covers: usize,
     /// The complete codec frame (header included), ready to write.
     pub bytes: Bytes,
 }
 
-impl PoolFrame {
-    /// Bytes charged against a subscriber's queue budget for this frame.
-    pub fn queued_bytes(&self) -> usize {
-        self.bytes.len().saturating_add(FRAME_ACCOUNTING_OVERHEAD)
-    }
-}
-
 /// A pool subscription: see the module docs. Dropping it unsubscribes.
-#[derive(Debug)]
 pub struct PoolSubscription {
-    identity: ProducerIdentity,
-    snapshot: Option<SnapshotCursor>,
-    snapshot_sequence: u64,
-    queue: mpsc::Receiver<PoolFrame>,
-    shared: Arc<SubscriberShared>,
-    encoding: Arc<Semaphore>,
-    encoder: FrameEncoder,
-    heartbeat_interval: Duration,
-    snapshot_progress_timeout: Duration,
-    last_progress: Instant,
+    hub: Arc<HubShared>,
+    id: SubscriberId,
+    start: Start,
+    wake: watch::Receiver<u64>,
+    /// A transmit taken from the publisher but not yet returned (cancel safety).
+    staged: Option<Transmit<Option<Bytes>>>,
     sequence: u64,
     end: Option<SubscriptionEnd>,
     _membership: SubscriberMembership,
 }
 
+impl std::fmt::Debug for PoolSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolSubscription")
+            .field("identity", &self.hub.identity)
+            .field("start", &self.start)
+            .field("sequence", &self.sequence)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Creates a subscription for publisher subscriber `id`; counts it until dropped.
+pub(crate) fn open(
+    hub: Arc<HubShared>,
+    id: SubscriberId,
+    start: Start,
+    subscribers: Arc<AtomicUsize>,
+) -> PoolSubscription {
+    subscribers.fetch_add(1, Ordering::AcqRel);
+    let sequence = match start {
+        Start::Snapshot { sequence } => sequence,
+        Start::Resume { from } => from,
+    };
+    PoolSubscription {
+        wake: hub.wake.subscribe(),
+        hub,
+        id,
+        start,
+        staged: None,
+        sequence,
+        end: None,
+        _membership: SubscriberMembership { subscribers },
+    }
+}
+
 impl PoolSubscription {
     /// The producer generation this subscription follows.
     pub fn identity(&self) -> ProducerIdentity {
-        self.identity
+        self.hub.identity
     }
 
-    /// The sequence the snapshot is consistent at.
+    /// How the stream started: a snapshot at a sequence, or a resumption from one.
+    pub fn start(&self) -> Start {
+        self.start
+    }
+
+    /// The sequence the snapshot is consistent at (the resume point when resumed).
     pub fn snapshot_sequence(&self) -> u64 {
-        self.snapshot_sequence
+        match self.start {
+            Start::Snapshot { sequence } => sequence,
+            Start::Resume { from } => from,
+        }
     }
 
     /// The sequence of the last frame returned.
@@ -94,233 +129,146 @@ impl PoolSubscription {
         let result = self.advance().await;
         if let Err(end) = &result {
             self.end = Some(end.clone());
-            self.snapshot = None;
-            self.queue.close();
+            self.staged = None;
+            self.hub.publisher.lock().handle_unsubscribe(self.id);
         }
         result
     }
 
     async fn advance(&mut self) -> Result<PoolFrame, SubscriptionEnd> {
-        if let Some(end) = self.shared.end_reason_if_cut_off() {
-            return Err(end);
-        }
-        if let Some(cursor) = &self.snapshot {
-            let elapsed = self.last_progress.elapsed();
-            if elapsed > self.snapshot_progress_timeout {
-                return Err(SubscriptionEnd::SnapshotProgressTimeout {
-                    timeout_ms: duration_ms(self.snapshot_progress_timeout),
-                });
-            }
-            let permit = self
-                .encoding
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| SubscriptionEnd::ShuttingDown)?;
-            let sequence = cursor.sequence;
-            let bytes = self
-                .encoder
-                .snapshot_chunk(sequence, &cursor.words, cursor.next_chunk)
-                .map_err(|error| SubscriptionEnd::Internal {
-                    reason: error.to_string(),
-                })?;
-            drop(permit);
-            if let Some(cursor) = self.snapshot.as_mut() {
-                cursor.next_chunk += 1;
-                if cursor.next_chunk >= cursor.chunk_count {
-                    self.snapshot = None;
-                }
-            }
-            self.last_progress = Instant::now();
-            self.sequence = sequence;
-            return Ok(PoolFrame {
-                kind: PoolFrameKind::SnapshotChunk,
-                base_sequence: sequence,
-                sequence,
-                bytes,
-            });
-        }
-        match tokio::time::timeout(self.heartbeat_interval, self.queue.recv()).await {
-            Ok(Some(frame)) => {
-                self.shared.release(frame.queued_bytes());
-                if let Some(end) = self.shared.end_reason_if_cut_off() {
-                    return Err(end);
-                }
+        loop {
+            if let Some(transmit) = self.staged.clone() {
+                let frame = self.encode(transmit).await?;
+                self.staged = None;
                 self.sequence = frame.sequence;
-                Ok(frame)
+                return Ok(frame);
             }
-            Ok(None) => Err(self.shared.end_reason()),
-            Err(_elapsed) => {
-                let bytes = self.encoder.heartbeat(self.sequence).map_err(|error| {
-                    SubscriptionEnd::Internal {
-                        reason: error.to_string(),
+            // Mark what we have seen before polling, so a wake-up in between is not lost.
+            self.wake.borrow_and_update();
+            let (poll, deadline) = {
+                let mut publisher = self.hub.publisher.lock();
+                let poll = publisher.poll_transmit(self.id, Instant::now().into_std());
+                (poll, publisher.poll_timeout(self.id))
+            };
+            match poll {
+                Poll::Transmit(transmit) => self.staged = Some(transmit),
+                Poll::CutOff(cut) => return Err(cut_off_end(cut)),
+                Poll::Unknown => {
+                    return Err(self
+                        .hub
+                        .end
+                        .get()
+                        .cloned()
+                        .unwrap_or(SubscriptionEnd::ProducerWithdrawn));
+                }
+                Poll::Idle => {
+                    if let Some(end) = self.hub.end.get() {
+                        return Err(end.clone());
                     }
-                })?;
+                    let sleep = async {
+                        match deadline {
+                            Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        changed = self.wake.changed() => {
+                            if changed.is_err() {
+                                return Err(SubscriptionEnd::ProducerWithdrawn);
+                            }
+                        }
+                        () = sleep => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn encode(
+        &self,
+        transmit: Transmit<Option<Bytes>>,
+    ) -> Result<PoolFrame, SubscriptionEnd> {
+        let internal = |error: kvrelay_codec::v1::EncodeError| SubscriptionEnd::Internal {
+            reason: error.to_string(),
+        };
+        match transmit {
+            Transmit::Delta {
+                delta,
+                encoded: Some(Some(bytes)),
+                covers,
+            } => Ok(PoolFrame {
+                kind: PoolFrameKind::Delta,
+                base_sequence: delta.base_sequence,
+                sequence: delta.sequence,
+                covers,
+                bytes,
+            }),
+            Transmit::Delta { delta, covers, .. } => {
+                let _permit = self.permit().await?;
+                let bytes = self.hub.encoder.delta(&delta).map_err(internal)?;
+                Ok(PoolFrame {
+                    kind: PoolFrameKind::Delta,
+                    base_sequence: delta.base_sequence,
+                    sequence: delta.sequence,
+                    covers,
+                    bytes,
+                })
+            }
+            Transmit::SnapshotChunk {
+                words,
+                sequence,
+                chunk_index,
+                ..
+            } => {
+                let _permit = self.permit().await?;
+                let bytes = self
+                    .hub
+                    .encoder
+                    .snapshot_chunk(sequence, &words, chunk_index)
+                    .map_err(internal)?;
+                Ok(PoolFrame {
+                    kind: PoolFrameKind::SnapshotChunk,
+                    base_sequence: sequence,
+                    sequence,
+                    covers: 0,
+                    bytes,
+                })
+            }
+            Transmit::Heartbeat { sequence } => {
+                let bytes = self.hub.encoder.heartbeat(sequence).map_err(internal)?;
                 Ok(PoolFrame {
                     kind: PoolFrameKind::Heartbeat,
-                    base_sequence: self.sequence,
-                    sequence: self.sequence,
+                    base_sequence: sequence,
+                    sequence,
+                    covers: 0,
                     bytes,
                 })
             }
         }
     }
-}
 
-/// The hub's side of one subscriber.
-#[derive(Debug)]
-pub(crate) struct SubscriberSender {
-    queue: mpsc::Sender<PoolFrame>,
-    shared: Arc<SubscriberShared>,
-    max_bytes: usize,
-}
-
-/// What [`SubscriberSender::offer`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Offer {
-    /// Queued.
-    Queued,
-    /// The subscriber was too slow and is now cut off with `SubscriberLagged`.
-    Lagged,
-    /// The subscription was dropped.
-    Gone,
-}
-
-impl SubscriberSender {
-    /// Queues a frame, or cuts the subscriber off when its queue is full by frames or
-    /// bytes.
-    pub(crate) fn offer(&self, frame: &PoolFrame) -> Offer {
-        if self.queue.is_closed() {
-            return Offer::Gone;
-        }
-        let charge = frame.queued_bytes();
-        if !self.shared.charge(charge, self.max_bytes) {
-            self.shared.end(SubscriptionEnd::SubscriberLagged);
-            return Offer::Lagged;
-        }
-        match self.queue.try_send(frame.clone()) {
-            Ok(()) => Offer::Queued,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.shared.release(charge);
-                self.shared.end(SubscriptionEnd::SubscriberLagged);
-                Offer::Lagged
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                self.shared.release(charge);
-                Offer::Gone
-            }
-        }
-    }
-
-    /// False once the subscription was dropped.
-    pub(crate) fn is_live(&self) -> bool {
-        !self.queue.is_closed()
-    }
-
-    /// Ends the subscription with `end` (the first recorded end wins).
-    pub(crate) fn end(&self, end: SubscriptionEnd) {
-        self.shared.end(end);
+    async fn permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, SubscriptionEnd> {
+        self.hub
+            .encoding
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| SubscriptionEnd::ShuttingDown)
     }
 }
 
-/// Everything needed to open one subscription.
-pub(crate) struct SubscriptionParts {
-    pub(crate) identity: ProducerIdentity,
-    pub(crate) sequence: u64,
-    pub(crate) words: Arc<Vec<u64>>,
-    pub(crate) encoder: FrameEncoder,
-    pub(crate) queue_frames: usize,
-    pub(crate) queue_bytes: usize,
-    pub(crate) encoding: Arc<Semaphore>,
-    pub(crate) heartbeat_interval: Duration,
-    pub(crate) snapshot_progress_timeout: Duration,
-    pub(crate) subscribers: Arc<AtomicUsize>,
+impl Drop for PoolSubscription {
+    fn drop(&mut self) {
+        self.hub.publisher.lock().handle_unsubscribe(self.id);
+    }
 }
 
-/// Creates the subscriber's two ends; counts it in `subscribers` until dropped.
-pub(crate) fn open(parts: SubscriptionParts) -> (PoolSubscription, SubscriberSender) {
-    let (tx, rx) = mpsc::channel(parts.queue_frames);
-    let shared = Arc::new(SubscriberShared::default());
-    parts.subscribers.fetch_add(1, Ordering::AcqRel);
-    let chunk_count = FrameEncoder::chunk_count(parts.words.len());
-    let subscription = PoolSubscription {
-        identity: parts.identity,
-        snapshot: Some(SnapshotCursor {
-            words: parts.words,
-            sequence: parts.sequence,
-            next_chunk: 0,
-            chunk_count,
-        }),
-        snapshot_sequence: parts.sequence,
-        queue: rx,
-        shared: shared.clone(),
-        encoding: parts.encoding,
-        encoder: parts.encoder,
-        heartbeat_interval: parts.heartbeat_interval,
-        snapshot_progress_timeout: parts.snapshot_progress_timeout,
-        last_progress: Instant::now(),
-        sequence: parts.sequence,
-        end: None,
-        _membership: SubscriberMembership {
-            subscribers: parts.subscribers,
+fn cut_off_end(cut: CutOff) -> SubscriptionEnd {
+    match cut {
+        CutOff::Backlog { .. } => SubscriptionEnd::SubscriberLagged,
+        CutOff::SnapshotStalled { timeout } => SubscriptionEnd::SnapshotProgressTimeout {
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         },
-    };
-    let sender = SubscriberSender {
-        queue: tx,
-        shared,
-        max_bytes: parts.queue_bytes,
-    };
-    (subscription, sender)
-}
-
-#[derive(Debug)]
-struct SnapshotCursor {
-    words: Arc<Vec<u64>>,
-    sequence: u64,
-    next_chunk: u32,
-    chunk_count: u32,
-}
-
-#[derive(Debug, Default)]
-struct SubscriberShared {
-    queued_bytes: AtomicUsize,
-    end: OnceLock<SubscriptionEnd>,
-}
-
-impl SubscriberShared {
-    fn charge(&self, bytes: usize, max: usize) -> bool {
-        self.queued_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
-                queued.checked_add(bytes).filter(|total| *total <= max)
-            })
-            .is_ok()
-    }
-
-    fn release(&self, bytes: usize) {
-        let _ = self
-            .queued_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
-                Some(queued.saturating_sub(bytes))
-            });
-    }
-
-    fn end(&self, end: SubscriptionEnd) {
-        let _ = self.end.set(end);
-    }
-
-    /// The end reason when the subscriber must stop before draining its queue (lag).
-    fn end_reason_if_cut_off(&self) -> Option<SubscriptionEnd> {
-        self.end
-            .get()
-            .filter(|end| matches!(end, SubscriptionEnd::SubscriberLagged))
-            .cloned()
-    }
-
-    fn end_reason(&self) -> SubscriptionEnd {
-        self.end
-            .get()
-            .cloned()
-            .unwrap_or(SubscriptionEnd::ProducerWithdrawn)
     }
 }
 
@@ -334,8 +282,4 @@ impl Drop for SubscriberMembership {
     fn drop(&mut self) {
         self.subscribers.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-fn duration_ms(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -111,8 +111,6 @@ async fn run(events: u64) -> serde_json::Value {
     };
     config.wan.listen = "127.0.0.1:0".parse().unwrap();
     config.admin.enabled = false;
-    // A deep per-subscriber queue, as a high-throughput WAN link would be configured.
-    config.limits.subscriber_queue_frames = 1024;
     config.discovery.dir = Some(cards);
     config.workload = Some(WorkloadConfig {
         trace: Some(trace),
@@ -131,6 +129,7 @@ async fn run(events: u64) -> serde_json::Value {
         subscriber_id: "e2e-bench".to_owned(),
         rpc: StreamRpc::SubscribePool {
             expected_producer: pool.producer,
+            resume_from_sequence: None,
         },
         auth_token: None,
     };

@@ -14,8 +14,9 @@ use crate::config::ConfigError;
 pub const DEFAULT_MAX_CATALOG_STREAMS: u32 = 64;
 /// Default concurrent `SubscribePool` streams across all pools.
 pub const DEFAULT_MAX_POOL_STREAMS_TOTAL: u32 = 64;
-/// Default concurrent subscribers of one pool.
-pub const DEFAULT_MAX_SUBSCRIBERS_PER_POOL: u32 = 64;
+/// Default concurrent subscribers of one pool (the stream's own default).
+pub const DEFAULT_MAX_SUBSCRIBERS_PER_POOL: u32 =
+    kvrelay_ckf::stream::DEFAULT_MAX_SUBSCRIBERS as u32;
 /// Default concurrent `WatchLoad` streams.
 pub const DEFAULT_MAX_LOAD_STREAMS: u32 = 64;
 /// Default concurrent `WatchTopology` streams.
@@ -29,20 +30,30 @@ pub const DEFAULT_MAX_INITIALIZED_HUBS: u32 = 64;
 /// Default time a new connection has from accept to a complete stream request, TLS handshake
 /// included (one budget), in ms.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 5_000;
-/// Default time one snapshot frame may wait for the client to accept it, in ms.
-pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT_MS: u64 = 60_000;
-/// Default idle interval after which a stream sends a heartbeat, in ms.
-pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 10_000;
+/// Default time one snapshot frame may wait for the client to accept it, in ms (the
+/// stream's own default).
+pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT_MS: u64 =
+    kvrelay_ckf::stream::DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT.as_millis() as u64;
+/// Default idle interval after which a stream sends a heartbeat, in ms (the stream's own
+/// default).
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 =
+    kvrelay_ckf::stream::DEFAULT_HEARTBEAT_INTERVAL.as_millis() as u64;
+/// Default publication window, in ms (the pool's own default): a change after a quiet
+/// window is published at once, later ones wait until a window has passed.
+pub const DEFAULT_PUBLICATION_WINDOW_MS: u64 =
+    kvrelay_pool::DEFAULT_PUBLICATION_WINDOW.as_millis() as u64;
+/// Default changed buckets that end a publication window early (the pool's own default).
+pub const DEFAULT_MAX_DELTA_BUCKETS: u32 = kvrelay_pool::DEFAULT_MAX_DELTA_BUCKETS;
+/// Default bytes of recent deltas each pool keeps so a reconnecting consumer resumes
+/// without a snapshot (the stream's own default, 16 MiB).
+pub const DEFAULT_RESUME_WINDOW_BYTES: u64 = kvrelay_ckf::stream::DEFAULT_RESUME_WINDOW_BYTES;
 /// Default time any single frame write may take before the client counts as stalled, in ms.
 pub const DEFAULT_WRITE_TIMEOUT_MS: u64 = 30_000;
 /// Default load window published on `WatchLoad`, in ms.
 pub const DEFAULT_LOAD_WINDOW_MS: u64 = 1_000;
-/// Default largest frame the server reads or writes, in bytes (8 MiB).
-pub const DEFAULT_MAX_FRAME_LEN: u32 = 8 * 1024 * 1024;
-/// Default per-subscriber queue depth, in frames.
-pub const DEFAULT_SUBSCRIBER_QUEUE_FRAMES: u32 = 16;
-/// Default per-subscriber queue size, in bytes (16 MiB).
-pub const DEFAULT_SUBSCRIBER_QUEUE_BYTES: u64 = 16 * 1024 * 1024;
+/// Default largest frame the server reads or writes, in bytes (the codec's own default,
+/// 8 MiB).
+pub const DEFAULT_MAX_FRAME_LEN: u32 = kvrelay_codec::limits::DEFAULT_MAX_FRAME_LEN;
 /// Default bound on the whole ordered shutdown, in ms.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
 /// Default largest stream request frame, header included, in bytes (64 KiB). A real request
@@ -90,10 +101,16 @@ pub struct Limits {
     pub load_window_ms: u64,
     /// Largest frame read or written, in bytes.
     pub max_frame_len: u32,
-    /// Per-subscriber queue depth, in frames.
-    pub subscriber_queue_frames: u32,
-    /// Per-subscriber queue size, in bytes.
-    pub subscriber_queue_bytes: u64,
+    /// Bytes of deltas pending for one subscriber, after coalescing, before it is cut off
+    /// as lagged; unset: one snapshot of the pool's table (at least 1 MiB), capped so a
+    /// coalesced delta fits `max_frame_len`.
+    pub subscriber_backlog_bytes: Option<u64>,
+    /// Bytes of recent deltas each pool keeps for resuming consumers (0: never resume).
+    pub resume_window_bytes: u64,
+    /// Publication window, in ms ([`DEFAULT_PUBLICATION_WINDOW_MS`]).
+    pub publication_window_ms: u64,
+    /// Changed buckets that end a publication window early ([`DEFAULT_MAX_DELTA_BUCKETS`]).
+    pub max_delta_buckets: u32,
     /// Bound on the ordered shutdown, in ms.
     pub shutdown_timeout_ms: u64,
     /// Largest stream request frame (read before authentication), in bytes.
@@ -124,8 +141,10 @@ impl Default for Limits {
             write_timeout_ms: DEFAULT_WRITE_TIMEOUT_MS,
             load_window_ms: DEFAULT_LOAD_WINDOW_MS,
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
-            subscriber_queue_frames: DEFAULT_SUBSCRIBER_QUEUE_FRAMES,
-            subscriber_queue_bytes: DEFAULT_SUBSCRIBER_QUEUE_BYTES,
+            subscriber_backlog_bytes: None,
+            resume_window_bytes: DEFAULT_RESUME_WINDOW_BYTES,
+            publication_window_ms: DEFAULT_PUBLICATION_WINDOW_MS,
+            max_delta_buckets: DEFAULT_MAX_DELTA_BUCKETS,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
             max_request_len: DEFAULT_MAX_REQUEST_LEN,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
@@ -141,9 +160,9 @@ const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 /// subscriber id and token the protocol allows.
 pub const MIN_MAX_REQUEST_LEN: u32 = 8 * 1024;
 
-/// Smallest accepted frame limit: a frame must hold a maximal CBI1 chunk (4,194,368 bytes)
+/// Smallest accepted frame limit (the codec's): a frame must hold a maximal CBI1 chunk
 /// plus envelope headroom.
-pub const MIN_MAX_FRAME_LEN: u32 = 4_194_368 + 64 * 1024;
+pub const MIN_MAX_FRAME_LEN: u32 = kvrelay_codec::limits::MIN_MAX_FRAME_LEN;
 
 impl Limits {
     /// Checks that every capacity is nonzero, every duration is in `1..=1 year` and the frame
@@ -165,10 +184,10 @@ impl Limits {
             ("max_connections", u64::from(self.max_connections)),
             ("max_initialized_hubs", u64::from(self.max_initialized_hubs)),
             (
-                "subscriber_queue_frames",
-                u64::from(self.subscriber_queue_frames),
+                "subscriber_backlog_bytes",
+                self.subscriber_backlog_bytes.unwrap_or(1),
             ),
-            ("subscriber_queue_bytes", self.subscriber_queue_bytes),
+            ("max_delta_buckets", u64::from(self.max_delta_buckets)),
             (
                 "max_connections_per_peer",
                 u64::from(self.max_connections_per_peer),
@@ -195,6 +214,7 @@ impl Limits {
             ("load_window_ms", self.load_window_ms),
             ("shutdown_timeout_ms", self.shutdown_timeout_ms),
             ("pool_stall_timeout_ms", self.pool_stall_timeout_ms),
+            ("publication_window_ms", self.publication_window_ms),
         ];
         for (name, value) in durations {
             if value == 0 || value > MAX_DURATION_MS {
@@ -212,6 +232,27 @@ impl Limits {
                 reason: "must hold a maximal snapshot chunk (at least 4259904 bytes)",
             });
         }
+        let max_delta_frame = u64::from(self.max_delta_buckets)
+            .saturating_mul(kvrelay_ckf::stream::IMAGE_WIRE_BYTES)
+            .saturating_add(kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD);
+        if max_delta_frame > u64::from(self.max_frame_len) {
+            return Err(ConfigError::InvalidLimit {
+                name: "max_delta_buckets",
+                value: u64::from(self.max_delta_buckets),
+                reason: "a delta of that many buckets (12 bytes each) must fit max_frame_len",
+            });
+        }
+        self.pool()
+            .validate()
+            .map_err(|err| ConfigError::InvalidLimit {
+                name: "pool",
+                value: 0,
+                reason: if matches!(err, kvrelay_pool::LimitsError::Codec(_)) {
+                    "max_frame_len is outside the codec's range"
+                } else {
+                    "a pool or stream bound is zero"
+                },
+            })?;
         if self.max_request_len < MIN_MAX_REQUEST_LEN || self.max_request_len > self.max_frame_len {
             return Err(ConfigError::InvalidLimit {
                 name: "max_request_len",
@@ -220,6 +261,35 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    /// The codec's bounds, composed from these.
+    pub fn codec(&self) -> kvrelay_codec::Limits {
+        kvrelay_codec::Limits {
+            max_frame_len: self.max_frame_len,
+        }
+    }
+
+    /// The pool registry's bounds, composed from these (every other pool bound keeps the
+    /// pool crate's own default).
+    pub fn pool(&self) -> kvrelay_pool::Limits {
+        let defaults = kvrelay_pool::Limits::default();
+        kvrelay_pool::Limits {
+            max_initialized_hubs: self.max_initialized_hubs as usize,
+            max_pools: self.max_pools as usize,
+            publication_window: Duration::from_millis(self.publication_window_ms),
+            max_delta_buckets: self.max_delta_buckets,
+            stream: kvrelay_pool::StreamLimits {
+                max_subscribers: self.max_subscribers_per_pool as usize,
+                max_backlog_bytes: self.subscriber_backlog_bytes,
+                resume_window_bytes: self.resume_window_bytes,
+                heartbeat_interval: self.heartbeat_interval(),
+                snapshot_progress_timeout: self.snapshot_progress_timeout(),
+                ..defaults.stream.clone()
+            },
+            codec: self.codec(),
+            ..defaults
+        }
     }
 
     /// The pool stall bound as a `Duration`.

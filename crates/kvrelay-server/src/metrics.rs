@@ -114,6 +114,111 @@ pub(crate) struct RelayMetrics {
     pub(crate) admin_unauthorized: Counter,
     /// Discovery inputs skipped, by reason (`kvrelay_discovery_skipped_total`).
     pub(crate) discovery_skipped: Family<ReasonLabel, Counter>,
+    /// The pool publication streams' counters, refreshed on every exposition.
+    pub(crate) stream: StreamMetrics,
+}
+
+/// `kvrelay_stream_*`: what the pools' publishers decided, summed over pools.
+#[derive(Debug, Default)]
+pub(crate) struct StreamMetrics {
+    /// Reads the registry's totals (set once the registry exists).
+    source: std::sync::OnceLock<kvrelay_pool::StreamStatsReader>,
+    seen: std::sync::Mutex<kvrelay_pool::StreamStats>,
+    cut_offs: Family<CauseLabel, Counter>,
+    subscriptions: Family<StartLabel, Counter>,
+    deltas: Counter,
+    delta_frames: Counter,
+    coalesced_frames: Counter,
+    coalesced_deltas: Counter,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CauseLabel {
+    pub(crate) cause: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StartLabel {
+    pub(crate) start: &'static str,
+}
+
+impl StreamMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "stream_cut_offs",
+            "Pool subscribers cut off by their publisher, by cause (backlog, snapshot_stalled)",
+            self.cut_offs.clone(),
+        );
+        registry.register(
+            "stream_subscriptions",
+            "Pool subscriptions started, by start (snapshot, resume, resume_miss: asked to resume, got a snapshot)",
+            self.subscriptions.clone(),
+        );
+        registry.register(
+            "stream_deltas",
+            "Deltas the pool actors handed to their publishers",
+            self.deltas.clone(),
+        );
+        registry.register(
+            "stream_delta_frames",
+            "Delta frames handed to subscribers (coalesced ones included)",
+            self.delta_frames.clone(),
+        );
+        registry.register(
+            "stream_coalesced_frames",
+            "Delta frames that merged two or more deltas for a subscriber that fell behind",
+            self.coalesced_frames.clone(),
+        );
+        registry.register(
+            "stream_coalesced_deltas",
+            "Deltas merged into coalesced frames",
+            self.coalesced_deltas.clone(),
+        );
+        for cause in ["backlog", "snapshot_stalled"] {
+            let _ = self.cut_offs.get_or_create(&CauseLabel { cause });
+        }
+        for start in ["snapshot", "resume", "resume_miss"] {
+            let _ = self.subscriptions.get_or_create(&StartLabel { start });
+        }
+    }
+
+    /// Follows `registry`'s stream totals from now on.
+    pub(crate) fn follow(&self, reader: kvrelay_pool::StreamStatsReader) {
+        let _ = self.source.set(reader);
+    }
+
+    fn refresh(&self) {
+        let Some(reader) = self.source.get() else {
+            return;
+        };
+        let now = reader.get();
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let gained = |now: u64, then: u64| now.saturating_sub(then);
+        let cut = |cause| self.cut_offs.get_or_create(&CauseLabel { cause });
+        cut("backlog").inc_by(gained(now.cut_offs_backlog, seen.cut_offs_backlog));
+        cut("snapshot_stalled").inc_by(gained(
+            now.cut_offs_snapshot_stalled,
+            seen.cut_offs_snapshot_stalled,
+        ));
+        let start = |start| self.subscriptions.get_or_create(&StartLabel { start });
+        start("snapshot").inc_by(gained(
+            now.snapshots.saturating_sub(now.resume_misses),
+            seen.snapshots.saturating_sub(seen.resume_misses),
+        ));
+        start("resume").inc_by(gained(now.resumes, seen.resumes));
+        start("resume_miss").inc_by(gained(now.resume_misses, seen.resume_misses));
+        self.deltas.inc_by(gained(now.deltas, seen.deltas));
+        self.delta_frames
+            .inc_by(gained(now.delta_frames, seen.delta_frames));
+        self.coalesced_frames
+            .inc_by(gained(now.coalesced_frames, seen.coalesced_frames));
+        self.coalesced_deltas
+            .inc_by(gained(now.coalesced_deltas, seen.coalesced_deltas));
+        *seen = now;
+    }
 }
 
 impl RelayMetrics {
@@ -253,6 +358,8 @@ impl RelayMetrics {
             "Discovery inputs (card files, cards) skipped, by reason",
             discovery_skipped.clone(),
         );
+        let stream = StreamMetrics::default();
+        stream.register(&mut registry);
         for kind in StreamKind::ALL {
             let _ = streams.get_or_create(&StreamLabel {
                 stream: kind.label(),
@@ -284,12 +391,14 @@ impl RelayMetrics {
             admin_connections,
             admin_unauthorized,
             discovery_skipped,
+            stream,
         }
     }
 
     /// The OpenMetrics text exposition of every metric.
     pub(crate) fn encode(&self) -> String {
         self.ingest.refresh();
+        self.stream.refresh();
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);

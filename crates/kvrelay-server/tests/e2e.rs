@@ -36,6 +36,7 @@ async fn replicas_equal_their_producers_after_a_workload() {
             addr,
             &request(StreamRpc::SubscribePool {
                 expected_producer: pool.producer,
+                resume_from_sequence: None,
             }),
         )
         .await
@@ -137,6 +138,7 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
         .unwrap();
     let subscribe = request(StreamRpc::SubscribePool {
         expected_producer: big.producer,
+        resume_from_sequence: None,
     });
 
     // The stalled client: a tiny receive buffer and never a read.
@@ -241,6 +243,7 @@ async fn after_a_restart_consumers_see_a_new_incarnation_and_converge() {
     // An old producer identity is refused; the new one converges.
     let stale = request(StreamRpc::SubscribePool {
         expected_producer: before.pools[0].producer,
+        resume_from_sequence: None,
     });
     let (_, refused) = first_message(addr, &stale).await;
     assert!(

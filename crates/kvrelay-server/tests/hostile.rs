@@ -114,6 +114,7 @@ async fn stale_and_unknown_producers_get_their_reasons() {
         relay.wan_addr(),
         &request(StreamRpc::SubscribePool {
             expected_producer: stale,
+            resume_from_sequence: None,
         }),
     )
     .await;
@@ -128,6 +129,7 @@ async fn stale_and_unknown_producers_get_their_reasons() {
         relay.wan_addr(),
         &request(StreamRpc::SubscribePool {
             expected_producer: unknown,
+            resume_from_sequence: None,
         }),
     )
     .await;

@@ -493,6 +493,7 @@ impl Follower {
                 subscriber_id: "kvrelay-demo-mirror".to_owned(),
                 rpc: StreamRpc::SubscribePool {
                     expected_producer: producer,
+                    resume_from_sequence: None,
                 },
                 auth_token: None,
             };

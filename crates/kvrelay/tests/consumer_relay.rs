@@ -87,6 +87,7 @@ impl Follower {
             subscriber_id: "consumer-relay-test-mirror".to_owned(),
             rpc: StreamRpc::SubscribePool {
                 expected_producer: producer,
+                resume_from_sequence: None,
             },
             auth_token: None,
         };
@@ -299,9 +300,10 @@ async fn relay_restart_is_seen_as_a_new_incarnation_and_replicas_converge_again(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
     // An empty trace connects every discovered worker as a source and replays nothing;
-    // the test brings its own burst. A one-byte subscriber queue cannot hold any delta:
-    // every live subscription is cut off for lagging at the first delta it is offered,
-    // while snapshots (sent lazily, not queued) still go through.
+    // the test brings its own burst. A one-byte backlog bound cannot hold any delta, even
+    // coalesced: every live subscription is cut off for lagging at the first delta it is
+    // offered (and cannot resume), while snapshots (sent lazily, not queued) still go
+    // through.
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("empty.jsonl");
     std::fs::write(&trace, "").unwrap();
@@ -311,8 +313,7 @@ async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
         speed: 0.0,
         loops: 1,
     });
-    config.limits.subscriber_queue_frames = 1;
-    config.limits.subscriber_queue_bytes = 1;
+    config.limits.subscriber_backlog_bytes = Some(1);
     let (relay, catalog) = start_relay(config).await;
     tokio::time::timeout(DEADLINE, relay.workload_finished())
         .await

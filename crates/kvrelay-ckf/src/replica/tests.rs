@@ -73,15 +73,32 @@ fn out_of_order_or_malformed_deltas_invalidate_without_writing() {
     check_delta_refused(delta(4, &[(0, 9)])); // stale
     check_delta_refused(Delta {
         base_sequence: 5,
-        sequence: 7,
+        sequence: 5,
         images: vec![BucketImage {
             bucket_idx: 0,
             word: 9,
         }],
-    });
+    }); // does not advance
     check_delta_refused(delta(5, &[])); // empty
     check_delta_refused(delta(5, &[(0, 9), (8, 1)])); // out of range, first image valid
     check_delta_refused(delta(5, &[(3, 9), (1, 1), (3, 2)])); // repeated bucket
+}
+
+#[test]
+fn a_coalesced_delta_spanning_several_sequences_is_accepted() {
+    let mut replica = ready_replica();
+    replica
+        .apply_delta(&Delta {
+            base_sequence: 5,
+            sequence: 9,
+            images: vec![BucketImage {
+                bucket_idx: 2,
+                word: 4,
+            }],
+        })
+        .unwrap();
+    assert_eq!(replica.status(), ReplicaStatus::Ready { sequence: 9 });
+    assert_eq!(replica.words().unwrap()[2], 4);
 }
 
 #[test]

@@ -163,7 +163,7 @@ wire_code! {
     PoolFrameKind {
         /// One chunk of a snapshot (`base_sequence == sequence`).
         SnapshotChunk = 1, "snapshot_chunk";
-        /// One delta (`sequence == base_sequence + 1`).
+        /// One delta (`sequence > base_sequence`; `base_sequence + 1` unless coalesced).
         Delta = 2, "delta";
         /// No change (`base_sequence == sequence`, empty payload).
         Heartbeat = 3, "heartbeat";

@@ -26,7 +26,8 @@ pub struct PoolFrameHeader {
     pub relay: RelayIdentity,
     /// The producer generation (must equal the subscribed one).
     pub producer: ProducerIdentity,
-    /// Chunks and heartbeats: equal to `sequence`; deltas: `sequence - 1`.
+    /// Chunks and heartbeats: equal to `sequence`; deltas: before `sequence` (`sequence - 1`
+    /// unless the relay coalesced several deltas, protocol minor 1).
     pub base_sequence: u64,
     /// The stream sequence after this frame.
     pub sequence: u64,
@@ -154,7 +155,7 @@ impl PoolFrameHeader {
             PoolFrameKind::SnapshotChunk | PoolFrameKind::Heartbeat => {
                 self.base_sequence == self.sequence
             }
-            PoolFrameKind::Delta => self.base_sequence.checked_add(1) == Some(self.sequence),
+            PoolFrameKind::Delta => self.base_sequence < self.sequence,
             PoolFrameKind::Unrecognized(code) => {
                 return Err(PoolFrameError::UnsupportedKind { code });
             }

@@ -3,7 +3,7 @@
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
-use super::body::{DecodeError, EncodeError, decode_body, encode_body};
+use super::body::{DecodeError, EncodeError, decode_body, decode_prefix, encode_body};
 use super::identity::ProducerIdentity;
 use super::validation::{ValidationError, check_label};
 use crate::frame::MessageKind;
@@ -32,6 +32,10 @@ pub enum StreamRpc {
     SubscribePool {
         /// The producer generation the client saw in the catalog.
         expected_producer: ProducerIdentity,
+        /// The last sequence the client applied of that generation, when it kept its
+        /// replica: the relay resumes from there if it can (protocol minor 1; older
+        /// clients send nothing and always get a snapshot).
+        resume_from_sequence: Option<u64>,
     },
     /// Complete load windows.
     WatchLoad,
@@ -59,7 +63,10 @@ impl StreamRequest {
         if let Some(token) = &self.auth_token {
             check_label("auth_token", token, MAX_AUTH_TOKEN_LEN)?;
         }
-        if let StreamRpc::SubscribePool { expected_producer } = &self.rpc {
+        if let StreamRpc::SubscribePool {
+            expected_producer, ..
+        } = &self.rpc
+        {
             expected_producer.validate()?;
         }
         Ok(())
@@ -67,11 +74,16 @@ impl StreamRequest {
 
     /// Appends the body to `dst`.
     pub fn encode_body(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        let (rpc, expected_producer) = match &self.rpc {
-            StreamRpc::SubscribePool { expected_producer } => {
-                (self.rpc.code(), Some(*expected_producer))
-            }
-            other => (other.code(), None),
+        let (rpc, expected_producer, resume_from_sequence) = match &self.rpc {
+            StreamRpc::SubscribePool {
+                expected_producer,
+                resume_from_sequence,
+            } => (
+                self.rpc.code(),
+                Some(*expected_producer),
+                *resume_from_sequence,
+            ),
+            other => (other.code(), None, None),
         };
         let wire = RequestWire {
             subscriber_id: self.subscriber_id.clone(),
@@ -79,17 +91,36 @@ impl StreamRequest {
             expected_producer,
             auth_token: self.auth_token.clone(),
         };
-        encode_body(MessageKind::StreamRequest, &wire, dst)
+        encode_body(MessageKind::StreamRequest, &wire, dst)?;
+        // Minor 1 appends its fields after the minor-0 body; older relays skip them.
+        encode_body(
+            MessageKind::StreamRequest,
+            &RequestWireMinor1 {
+                resume_from_sequence,
+            },
+            dst,
+        )
     }
 
     /// Decodes a body sent with protocol minor `minor`.
     pub fn decode_body(body: &[u8], minor: u16) -> Result<Self, DecodeError> {
-        let wire: RequestWire = decode_body(MessageKind::StreamRequest, body, minor)?;
+        let (wire, used): (RequestWire, usize) = decode_prefix(MessageKind::StreamRequest, body)?;
+        let rest = &body[used..];
+        // A minor-0 sender has nothing after its body; minor 1 and newer append fields.
+        let minor1 = if minor == 0 || rest.is_empty() {
+            decode_body::<()>(MessageKind::StreamRequest, rest, minor)?;
+            RequestWireMinor1::default()
+        } else {
+            decode_body(MessageKind::StreamRequest, rest, minor)?
+        };
         let needs_producer = wire.rpc == 3;
         let rpc = match (wire.rpc, wire.expected_producer) {
             (1, None) => StreamRpc::RelayInfo,
             (2, None) => StreamRpc::WatchCatalog,
-            (3, Some(expected_producer)) => StreamRpc::SubscribePool { expected_producer },
+            (3, Some(expected_producer)) => StreamRpc::SubscribePool {
+                expected_producer,
+                resume_from_sequence: minor1.resume_from_sequence,
+            },
             (4, None) => StreamRpc::WatchLoad,
             (5, None) => StreamRpc::WatchTopology,
             (code @ (0 | 6..), _) => {
@@ -118,6 +149,12 @@ impl StreamRequest {
             auth_token: wire.auth_token,
         })
     }
+}
+
+/// Fields protocol minor 1 appends to a request body.
+#[derive(Serialize, Deserialize, Default)]
+struct RequestWireMinor1 {
+    resume_from_sequence: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]

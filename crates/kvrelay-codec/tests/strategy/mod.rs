@@ -236,7 +236,12 @@ pub(crate) fn stream_request() -> impl Strategy<Value = StreamRequest> {
     let rpc = prop_oneof![
         Just(StreamRpc::RelayInfo),
         Just(StreamRpc::WatchCatalog),
-        producer().prop_map(|expected_producer| StreamRpc::SubscribePool { expected_producer }),
+        (producer(), proptest::option::of(proptest::num::u64::ANY)).prop_map(
+            |(expected_producer, resume_from_sequence)| StreamRpc::SubscribePool {
+                expected_producer,
+                resume_from_sequence
+            }
+        ),
         Just(StreamRpc::WatchLoad),
         Just(StreamRpc::WatchTopology),
     ];

@@ -664,9 +664,9 @@ async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
                 }
             }
         }
-        StreamRpc::SubscribePool { expected_producer } => {
-            serve_pool(socket, core, expected_producer).await
-        }
+        StreamRpc::SubscribePool {
+            expected_producer, ..
+        } => serve_pool(socket, core, expected_producer).await,
         StreamRpc::WatchTopology => {
             let mut rx = core.lock().topology_tx.subscribe();
             loop {

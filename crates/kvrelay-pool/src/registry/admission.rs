@@ -10,7 +10,7 @@ use super::core::{HubStep, InitOutcome};
 use super::{PoolRegistry, RegistryInner};
 use crate::actor::PoolActorHandle;
 use crate::error::SubscribeError;
-use crate::hub::{HubContext, HubHandle};
+use crate::hub::{HubContext, HubHandle, SubscribeOptions};
 use crate::subscription::PoolSubscription;
 
 impl PoolRegistry {
@@ -23,6 +23,16 @@ impl PoolRegistry {
     pub async fn subscribe(
         &self,
         expected: ProducerIdentity,
+    ) -> Result<PoolSubscription, SubscribeError> {
+        self.subscribe_with(expected, SubscribeOptions::default())
+            .await
+    }
+
+    /// [`PoolRegistry::subscribe`] with a resume point and the subscriber's abilities.
+    pub async fn subscribe_with(
+        &self,
+        expected: ProducerIdentity,
+        options: SubscribeOptions,
     ) -> Result<PoolSubscription, SubscribeError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(SubscribeError::Unavailable {
@@ -39,7 +49,7 @@ impl PoolRegistry {
             let step = self.inner.core.lock().hub_step(&admission, attempted)?;
             match step {
                 HubStep::Ready(hub) => {
-                    let subscription = hub.subscribe().await?;
+                    let subscription = hub.subscribe(options)?;
                     self.inner.core.lock().active_generation_token(&expected)?;
                     return Ok(subscription);
                 }
@@ -132,6 +142,7 @@ impl PoolRegistry {
             encoding: self.inner.encoding.clone(),
             tracker: self.inner.tracker.clone(),
             shutdown: self.inner.shutdown.clone(),
+            totals: self.inner.stream_totals.clone(),
             on_failure: Arc::new(move |reason| {
                 if let Some(inner) = registry.upgrade() {
                     PoolRegistry::from_inner(inner).fence_generation(

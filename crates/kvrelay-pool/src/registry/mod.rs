@@ -112,6 +112,20 @@ pub struct RegistryStats {
     pub hub_evictions: u64,
     /// Tasks alive in the registry's tracker.
     pub tasks: usize,
+    /// Publication stream counters summed over every hub (refreshed by each hub about
+    /// once a second and when it stops; the gauge fields are not filled).
+    pub stream: kvrelay_ckf::stream::StreamStats,
+}
+
+/// Reads a registry's stream counters ([`RegistryStats::stream`]) without holding it.
+#[derive(Debug, Clone)]
+pub struct StreamStatsReader(Arc<Mutex<kvrelay_ckf::stream::StreamStats>>);
+
+impl StreamStatsReader {
+    /// The counters now.
+    pub fn get(&self) -> kvrelay_ckf::stream::StreamStats {
+        *self.0.lock()
+    }
 }
 
 /// The cloneable registry handle.
@@ -156,6 +170,8 @@ struct RegistryInner {
     eviction_coordinator: Arc<Semaphore>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    /// Stream counters summed over every hub.
+    stream_totals: Arc<Mutex<kvrelay_ckf::stream::StreamStats>>,
     #[cfg(test)]
     gates: tests::Gates,
 }
@@ -193,6 +209,7 @@ impl PoolRegistry {
             eviction_coordinator: Arc::new(Semaphore::new(1)),
             tracker: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            stream_totals: Arc::new(Mutex::new(kvrelay_ckf::stream::StreamStats::default())),
             limits,
             #[cfg(test)]
             gates,
@@ -546,7 +563,14 @@ impl PoolRegistry {
             initialized_hubs: core.hubs_in_use(),
             hub_evictions: core.evictions(),
             tasks: self.inner.tracker.len(),
+            stream: *self.inner.stream_totals.lock(),
         }
+    }
+
+    /// A reader of the stream counters that does not keep the registry alive (for
+    /// metrics expositions that may outlive it).
+    pub fn stream_stats_reader(&self) -> StreamStatsReader {
+        StreamStatsReader(self.inner.stream_totals.clone())
     }
 
     /// A token cancelled when the registry shuts down.

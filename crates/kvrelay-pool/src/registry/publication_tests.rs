@@ -18,6 +18,7 @@ use super::*;
 use crate::actor::FaultCategory;
 use crate::error::{ActorError, PoolFault, SubscriptionEnd};
 use crate::subscription::{PoolFrame, PoolFrameKind, PoolSubscription};
+use crate::{StreamLimits, SubscribeOptions};
 
 /// A consumer-side replica fed from encoded frames, checking every frame like a client.
 pub(super) struct WireReplica {
@@ -155,7 +156,7 @@ pub(super) async fn next_end(subscription: &mut PoolSubscription) -> Subscriptio
 async fn subscriber_replica_is_bit_identical_to_the_producer() {
     let registry = registry_with(
         Limits {
-            publish_every_n_events: 4,
+            max_delta_buckets: 4,
             ..test_limits()
         },
         Gates::default(),
@@ -205,55 +206,126 @@ async fn subscriber_replica_is_bit_identical_to_the_producer() {
 }
 
 #[tokio::test]
-async fn lagging_subscriber_is_cut_off_while_others_keep_up() {
-    let registry = registry_with(
-        Limits {
-            subscriber_queue_frames: 2,
-            ..test_limits()
-        },
-        Gates::default(),
-    );
+async fn a_slow_subscriber_catches_up_with_one_coalesced_delta_while_others_keep_up() {
+    let registry = registry_with(test_limits(), Gates::default());
     let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut slow = registry.subscribe(attachment.identity()).await.unwrap();
     let mut fast = registry.subscribe(attachment.identity()).await.unwrap();
-    let mut replica = WireReplica::new(&attachment.identity());
+    let mut fast_replica = WireReplica::new(&attachment.identity());
     for id in 1..=6 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
         attachment.actor.flush().await.unwrap();
         let (sequence, _) = attachment.actor.words().await.unwrap();
-        follow_until(&mut fast, &mut replica, sequence).await;
+        follow_until(&mut fast, &mut fast_replica, sequence).await;
     }
+    let (sequence, words) = attachment.actor.words().await.unwrap();
+    // The slow one, reading only now: its snapshot, then everything since in one delta.
+    let mut slow_replica = WireReplica::new(&attachment.identity());
+    let chunk = slow.next_frame().await.unwrap();
+    assert_eq!(chunk.kind, PoolFrameKind::SnapshotChunk);
+    slow_replica.feed(&chunk);
+    let delta = slow.next_frame().await.unwrap();
+    assert_eq!(delta.kind, PoolFrameKind::Delta);
     assert_eq!(
-        slow.next_frame().await.unwrap_err(),
-        SubscriptionEnd::SubscriberLagged
+        (delta.base_sequence, delta.sequence),
+        (chunk.sequence, sequence)
     );
-    assert_eq!(
-        slow.next_frame().await.unwrap_err(),
-        SubscriptionEnd::SubscriberLagged,
-        "terminal"
-    );
-    let (_, words) = attachment.actor.words().await.unwrap();
-    assert_eq!(replica.words(), words.as_slice());
+    assert_eq!(delta.covers as u64, sequence - chunk.sequence);
+    slow_replica.feed(&delta);
+    assert_eq!(slow_replica.words(), words.as_slice());
+    assert_eq!(fast_replica.words(), words.as_slice());
     drop((slow, fast));
     registry.detach(attachment).await;
 }
 
 #[tokio::test]
-async fn byte_budget_cuts_off_a_subscriber() {
+async fn the_byte_bound_cuts_off_a_subscriber_that_cannot_coalesce() {
     let registry = registry_with(
         Limits {
-            subscriber_queue_bytes: 2 * crate::limits::FRAME_ACCOUNTING_OVERHEAD + 600,
+            stream: StreamLimits {
+                max_backlog_bytes: Some(2 * (kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD + 64)),
+                ..StreamLimits::default()
+            },
             ..test_limits()
         },
         Gates::default(),
     );
     let attachment = attach_llama(&registry, 1, "a.b.c").await;
-    let mut slow = registry.subscribe(attachment.identity()).await.unwrap();
+    let options = SubscribeOptions {
+        resume_from: None,
+        coalesce: false,
+    };
+    let mut minor0 = registry
+        .subscribe_with(attachment.identity(), options)
+        .await
+        .unwrap();
+    let mut coalescing = registry.subscribe(attachment.identity()).await.unwrap();
     for id in 1..=4 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
         attachment.actor.flush().await.unwrap();
     }
-    assert_eq!(next_end(&mut slow).await, SubscriptionEnd::SubscriberLagged);
+    assert_eq!(
+        next_end(&mut minor0).await,
+        SubscriptionEnd::SubscriberLagged
+    );
+    // The same backlog coalesced (one image per bucket) stays within the bound.
+    let (sequence, words) = attachment.actor.words().await.unwrap();
+    let mut replica = WireReplica::new(&attachment.identity());
+    follow_until(&mut coalescing, &mut replica, sequence).await;
+    assert_eq!(replica.words(), words.as_slice());
+    drop(coalescing);
+    registry.detach(attachment).await;
+}
+
+#[tokio::test]
+async fn a_subscriber_resumes_from_its_sequence_without_a_snapshot() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let mut first = registry.subscribe(attachment.identity()).await.unwrap();
+    let mut replica = WireReplica::new(&attachment.identity());
+    attachment.actor.submit(stored_event(1)).await.unwrap();
+    attachment.actor.flush().await.unwrap();
+    let (at, _) = attachment.actor.words().await.unwrap();
+    follow_until(&mut first, &mut replica, at).await;
+    drop(first);
+    // Missed while disconnected.
+    for id in 2..=5 {
+        attachment.actor.submit(stored_event(id)).await.unwrap();
+        attachment.actor.flush().await.unwrap();
+    }
+    let (sequence, words) = attachment.actor.words().await.unwrap();
+    let options = SubscribeOptions {
+        resume_from: Some(at),
+        coalesce: true,
+    };
+    let mut resumed = registry
+        .subscribe_with(attachment.identity(), options)
+        .await
+        .unwrap();
+    assert_eq!(
+        resumed.start(),
+        crate::SubscriptionStart::Resume { from: at }
+    );
+    let delta = resumed.next_frame().await.unwrap();
+    assert_eq!(delta.kind, PoolFrameKind::Delta);
+    assert_eq!((delta.base_sequence, delta.sequence), (at, sequence));
+    replica.feed(&delta);
+    assert_eq!(replica.words(), words.as_slice());
+    // Already current: a heartbeat at once.
+    let options = SubscribeOptions {
+        resume_from: Some(sequence),
+        coalesce: true,
+    };
+    let mut current = registry
+        .subscribe_with(attachment.identity(), options)
+        .await
+        .unwrap();
+    let heartbeat = current.next_frame().await.unwrap();
+    assert_eq!(
+        (heartbeat.kind, heartbeat.sequence),
+        (PoolFrameKind::Heartbeat, sequence)
+    );
+    drop((resumed, current));
     registry.detach(attachment).await;
 }
 
@@ -261,7 +333,10 @@ async fn byte_budget_cuts_off_a_subscriber() {
 async fn quiet_stream_yields_heartbeats_at_the_last_sequence() {
     let registry = registry_with(
         Limits {
-            heartbeat_interval: Duration::from_secs(10),
+            stream: StreamLimits {
+                heartbeat_interval: Duration::from_secs(10),
+                ..StreamLimits::default()
+            },
             ..test_limits()
         },
         Gates::default(),
@@ -287,7 +362,10 @@ async fn quiet_stream_yields_heartbeats_at_the_last_sequence() {
 async fn stalled_snapshot_consumer_times_out_without_fencing() {
     let registry = registry_with(
         Limits {
-            snapshot_progress_timeout: Duration::from_secs(60),
+            stream: StreamLimits {
+                snapshot_progress_timeout: Duration::from_secs(60),
+                ..StreamLimits::default()
+            },
             ..test_limits()
         },
         Gates::default(),
@@ -336,10 +414,11 @@ async fn shutdown_ends_subscriptions_and_leaves_no_task() {
 }
 
 #[tokio::test]
-async fn overrun_hub_resnapshots_and_cuts_off_its_subscribers() {
+async fn a_full_hub_feed_defers_publication_and_loses_nothing() {
     let registry = registry_with(
         Limits {
             hub_delta_queue: 1,
+            publication_window: Duration::from_millis(2),
             ..test_limits()
         },
         Gates::default(),
@@ -347,7 +426,7 @@ async fn overrun_hub_resnapshots_and_cuts_off_its_subscribers() {
     let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     // Hold every encoding permit: the hub stalls on its first delta while the actor
-    // publishes more than its feed holds.
+    // has more to publish than the feed holds.
     let held = registry
         .inner
         .encoding
@@ -355,58 +434,82 @@ async fn overrun_hub_resnapshots_and_cuts_off_its_subscribers() {
         .acquire_many_owned(registry.limits().encoding_permits as u32)
         .await
         .unwrap();
-    for id in 1..=4 {
+    for id in 1..=6 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
-        attachment.actor.flush().await.unwrap();
     }
-    assert!(attachment.actor.stats().await.unwrap().hub_overruns >= 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while attachment
+        .actor
+        .stats()
+        .await
+        .unwrap()
+        .deferred_publications
+        == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no publication was deferred"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     drop(held);
-    assert_eq!(
-        next_end(&mut subscription).await,
-        SubscriptionEnd::SubscriberLagged
-    );
-
-    // The hub took a new snapshot: a new subscriber converges on the producer.
-    let mut fresh = registry.subscribe(attachment.identity()).await.unwrap();
-    let mut replica = WireReplica::new(&attachment.identity());
-    attachment.actor.submit(stored_event(5)).await.unwrap();
     attachment.actor.flush().await.unwrap();
+    // The subscriber is never cut off and converges on the producer.
     let (sequence, words) = attachment.actor.words().await.unwrap();
-    follow_until(&mut fresh, &mut replica, sequence).await;
+    let mut replica = WireReplica::new(&attachment.identity());
+    follow_until(&mut subscription, &mut replica, sequence).await;
     assert_eq!(replica.words(), words.as_slice());
     assert!(!attachment.generation_cancel.is_cancelled());
-    drop(fresh);
-    registry.detach(attachment).await;
-}
-
-#[tokio::test(start_paused = true)]
-async fn deltas_are_batched_every_n_events() {
-    let registry = batching_registry(4, Duration::from_secs(3600));
-    let attachment = attach_llama(&registry, 1, "a.b.c").await;
-    let subscription = registry.subscribe(attachment.identity()).await.unwrap();
-    for id in 1..=3 {
-        attachment.actor.submit(stored_event(id)).await.unwrap();
-    }
-    assert_eq!(attachment.actor.stats().await.unwrap().publications, 0);
-    attachment.actor.submit(stored_event(4)).await.unwrap();
-    let stats = attachment.actor.stats().await.unwrap();
-    assert_eq!(stats.publications, 1, "the fourth event closes the batch");
-    assert_eq!(stats.sequence, 1);
     drop(subscription);
     registry.detach(attachment).await;
 }
 
 #[tokio::test(start_paused = true)]
-async fn sparse_tail_is_published_after_the_publication_delay() {
-    let registry = batching_registry(16, Duration::from_millis(5));
+async fn a_delta_is_published_once_max_delta_buckets_changed() {
+    let registry = batching_registry(3, Duration::from_secs(3600));
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let subscription = registry.subscribe(attachment.identity()).await.unwrap();
+    // The first change after a quiet window goes out at once.
+    attachment.actor.submit(stored_event(1)).await.unwrap();
+    assert_eq!(attachment.actor.stats().await.unwrap().publications, 1);
+    // Later ones wait for the window, unless enough buckets changed.
+    attachment
+        .actor
+        .submit(chain(SourceId::new(1, 0), 2, None, 10..12))
+        .await
+        .unwrap();
+    assert_eq!(attachment.actor.stats().await.unwrap().publications, 1);
+    attachment
+        .actor
+        .submit(chain(SourceId::new(1, 0), 3, None, 20..30))
+        .await
+        .unwrap();
+    let stats = attachment.actor.stats().await.unwrap();
+    assert_eq!(stats.publications, 2, "the size bound closes the batch");
+    assert_eq!(stats.sequence, 2);
+    drop(subscription);
+    registry.detach(attachment).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_after_a_quiet_window_goes_out_at_once_and_later_ones_wait_a_window() {
+    let registry = batching_registry(1 << 16, Duration::from_millis(5));
     let attachment = attach_llama(&registry, 1, "a.b.c").await;
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     let chunk = subscription.next_frame().await.unwrap();
     let submitted = tokio::time::Instant::now();
     attachment.actor.submit(stored_event(1)).await.unwrap();
-    let delta = subscription.next_frame().await.unwrap();
-    assert_eq!(delta.kind, PoolFrameKind::Delta);
-    assert_eq!(delta.base_sequence, chunk.sequence);
+    let first = subscription.next_frame().await.unwrap();
+    assert_eq!(first.kind, PoolFrameKind::Delta);
+    assert_eq!(first.base_sequence, chunk.sequence);
+    assert!(
+        submitted.elapsed() < Duration::from_millis(5),
+        "{:?}",
+        submitted.elapsed()
+    );
+    attachment.actor.submit(stored_event(2)).await.unwrap();
+    let second = subscription.next_frame().await.unwrap();
+    assert_eq!(second.base_sequence, first.sequence);
     let waited = submitted.elapsed();
     assert!(
         waited >= Duration::from_millis(5) && waited < Duration::from_secs(10),
@@ -422,11 +525,17 @@ async fn graceful_shutdown_publishes_the_tail_and_fence_discards_it() {
         (RetirementMode::Graceful, true),
         (RetirementMode::Fenced, false),
     ] {
-        let registry = batching_registry(16, Duration::from_secs(3600));
+        let registry = batching_registry(1 << 16, Duration::from_secs(3600));
         let attachment = attach_llama(&registry, 1, "a.b.c").await;
         let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
         subscription.next_frame().await.unwrap();
+        // The first change goes out at once; the next one waits a whole window.
         attachment.actor.submit(stored_event(1)).await.unwrap();
+        assert_eq!(
+            subscription.next_frame().await.unwrap().kind,
+            PoolFrameKind::Delta
+        );
+        attachment.actor.submit(stored_event(2)).await.unwrap();
         let actor = attachment.actor.clone();
         // Stop the actor directly: the hub is still attached and sees what it published.
         match mode {
@@ -598,12 +707,12 @@ async fn block_permits_are_returned_after_apply() {
     registry.detach(attachment).await;
 }
 
-/// A registry that publishes every `every_n_events` events or after `delay`, whichever is first.
-fn batching_registry(every_n_events: u32, delay: Duration) -> PoolRegistry {
+/// A registry that publishes once `max_delta_buckets` changed or a `window` passed.
+fn batching_registry(max_delta_buckets: u32, window: Duration) -> PoolRegistry {
     registry_with(
         Limits {
-            publish_every_n_events: every_n_events,
-            publication_delay: delay,
+            max_delta_buckets,
+            publication_window: window,
             ..test_limits()
         },
         Gates::default(),

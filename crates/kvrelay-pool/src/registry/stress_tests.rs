@@ -105,8 +105,7 @@ fn follow(mut subscription: PoolSubscription) -> Follower {
 async fn churn_leaks_nothing_and_survivors_match_their_producers() {
     let limits = Limits {
         max_initialized_hubs: 4,
-        publish_every_n_events: 4,
-        subscriber_queue_frames: 64,
+        max_delta_buckets: 4,
         ..test_limits()
     };
     let max_blocks = limits.actor_pending_blocks as usize;

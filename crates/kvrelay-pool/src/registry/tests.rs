@@ -78,7 +78,7 @@ pub(super) mod behaviour {
 
     pub(crate) fn test_limits() -> Limits {
         Limits {
-            publish_every_n_events: 1,
+            max_delta_buckets: 1,
             ..Limits::default()
         }
     }
@@ -1122,7 +1122,10 @@ pub(super) mod behaviour {
         // spec: publication_source_limit_and_retirement_are_generation_safe
         let registry = registry_with(
             Limits {
-                max_subscribers_per_pool: 1,
+                stream: crate::StreamLimits {
+                    max_subscribers: 1,
+                    ..crate::StreamLimits::default()
+                },
                 ..test_limits()
             },
             Gates::default(),

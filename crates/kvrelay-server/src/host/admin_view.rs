@@ -153,7 +153,7 @@ fn stats_json(health: &PoolHealth) -> serde_json::Value {
         "contradiction_resets": stats.contradiction_resets,
         "publications": stats.publications,
         "emitted_images": stats.emitted_images,
-        "hub_overruns": stats.hub_overruns,
+        "deferred_publications": stats.deferred_publications,
         "bucket_count": stats.filter.bucket_count,
         "occupied_slots": stats.filter.occupied_slots,
         "resident_blocks": stats.filter.resident_blocks,

@@ -127,12 +127,13 @@ impl Relay {
         let limits = config.limits.clone();
         let registry = PoolRegistry::new(RegistryConfig {
             relay: identity,
-            limits: pool_limits(&limits),
+            limits: limits.pool(),
         })
         .map_err(|err| RelayError::Registry {
             message: err.to_string(),
         })?;
         let metrics = Arc::new(RelayMetrics::new());
+        metrics.stream.follow(registry.stream_stats_reader());
         let relay = v1::RelayIdentity::from(identity);
         let state = Arc::new(HostState::new(
             relay,
@@ -213,9 +214,7 @@ impl Relay {
             );
         }
 
-        let codec_limits = kvrelay_codec::Limits {
-            max_frame_len: limits.max_frame_len,
-        };
+        let codec_limits = limits.codec();
         let views = PublicationViews {
             info: RelayInfo {
                 protocol_major: kvrelay_codec::PROTOCOL_MAJOR,
@@ -572,20 +571,6 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         self.root.cancel();
-    }
-}
-
-fn pool_limits(limits: &crate::limits::Limits) -> kvrelay_pool::Limits {
-    kvrelay_pool::Limits {
-        max_initialized_hubs: limits.max_initialized_hubs as usize,
-        max_subscribers_per_pool: limits.max_subscribers_per_pool as usize,
-        subscriber_queue_frames: limits.subscriber_queue_frames as usize,
-        subscriber_queue_bytes: usize::try_from(limits.subscriber_queue_bytes)
-            .unwrap_or(usize::MAX),
-        heartbeat_interval: limits.heartbeat_interval(),
-        snapshot_progress_timeout: limits.snapshot_progress_timeout(),
-        max_pools: limits.max_pools as usize,
-        ..kvrelay_pool::Limits::default()
     }
 }
 

@@ -16,6 +16,7 @@ impl PoolPublisher for RegistryPublisher {
         &self,
         expected: v1::ProducerIdentity,
         subscriber: String,
+        options: kvrelay_pool::SubscribeOptions,
     ) -> BoxFuture<'static, Result<PoolFrameStream, StreamFailure>> {
         let registry = self.registry.clone();
         Box::pin(async move {
@@ -34,10 +35,10 @@ impl PoolPublisher for RegistryPublisher {
             let identity = descriptor.producer;
             drop(catalog);
             let subscription = registry
-                .subscribe(identity)
+                .subscribe_with(identity, options)
                 .await
                 .map_err(subscribe_failure)?;
-            tracing::debug!(subscriber = %subscriber, generation = identity.layout_generation(), "pool subscription opened");
+            tracing::debug!(subscriber = %subscriber, generation = identity.layout_generation(), start = ?subscription.start(), "pool subscription opened");
             let frames = stream::unfold(Some(subscription), |state| async move {
                 let mut subscription = state?;
                 match subscription.next_frame().await {

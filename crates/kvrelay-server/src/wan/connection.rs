@@ -113,6 +113,7 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         .await;
         return;
     }
+    let minor = received.minor;
     let request = received.request;
     ctx.outcome("served");
     let result = match request.rpc {
@@ -120,8 +121,16 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         StreamRpc::WatchCatalog => conn.serve_catalog().await,
         StreamRpc::WatchLoad => conn.serve_load().await,
         StreamRpc::WatchTopology => conn.serve_topology().await,
-        StreamRpc::SubscribePool { expected_producer } => {
-            conn.serve_pool(expected_producer, request.subscriber_id)
+        StreamRpc::SubscribePool {
+            expected_producer,
+            resume_from_sequence,
+        } => {
+            // Minor 1 clients accept coalesced deltas (several sequences in one).
+            let options = kvrelay_pool::SubscribeOptions {
+                resume_from: resume_from_sequence,
+                coalesce: minor >= 1,
+            };
+            conn.serve_pool(expected_producer, request.subscriber_id, options)
                 .await
         }
     };
@@ -294,6 +303,7 @@ impl Conn {
         &mut self,
         expected: kvrelay_codec::v1::ProducerIdentity,
         subscriber: String,
+        options: kvrelay_pool::SubscribeOptions,
     ) -> Result<End, StreamFailure> {
         // Cheap identity checks first, before any slot is taken: stale requests never queue.
         {
@@ -326,7 +336,11 @@ impl Conn {
         let admitted = self.ctx.admission.admit_pool(pool_key.as_bytes());
         let _permit = self.admitted(StreamKind::Pool, admitted)?;
         let cancel = self.ctx.cancel.clone();
-        let subscribe = self.ctx.views.pools.subscribe(expected, subscriber);
+        let subscribe = self
+            .ctx
+            .views
+            .pools
+            .subscribe(expected, subscriber, options);
         let mut stream = tokio::select! {
             () = cancel.cancelled() => {
                 return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "relay is shutting down"));

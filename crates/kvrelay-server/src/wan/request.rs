@@ -23,6 +23,8 @@ const INITIAL_REQUEST_BUFFER: usize = 512;
 pub(crate) struct ReceivedRequest {
     /// The request, with `auth_token` always `None`.
     pub(crate) request: StreamRequest,
+    /// The protocol minor the client wrote the request with.
+    pub(crate) minor: u16,
     presented_token: Option<String>,
 }
 
@@ -109,6 +111,7 @@ pub(crate) async fn read_stream_request<R: AsyncRead + Unpin>(
     })?;
     Ok(ReceivedRequest {
         request,
+        minor: frame.minor,
         presented_token,
     })
 }

@@ -48,11 +48,13 @@ pub(crate) type PoolFrameStream = BoxStream<'static, Result<OutgoingPoolFrame, S
 /// Opens pool subscriptions for an exact producer identity.
 pub(crate) trait PoolPublisher: Send + Sync + 'static {
     /// Subscribes to the pool whose current producer is `expected` (already checked against
-    /// the catalog by the caller); the stream starts with a complete snapshot.
+    /// the catalog by the caller); the stream starts with a complete snapshot, or resumes
+    /// from `options.resume_from` when the relay still holds what the client missed.
     fn subscribe(
         &self,
         expected: ProducerIdentity,
         subscriber: String,
+        options: kvrelay_pool::SubscribeOptions,
     ) -> BoxFuture<'static, Result<PoolFrameStream, StreamFailure>>;
 }
 

@@ -266,6 +266,7 @@ pub(crate) async fn mirror_until(
         addr,
         &request(StreamRpc::SubscribePool {
             expected_producer: producer,
+            resume_from_sequence: None,
         }),
     )
     .await

@@ -1,0 +1,796 @@
+//! The publication stream of one producer generation, sans-IO.
+//!
+//! A [`Publisher`] owns everything a relay decides about a pool's stream: the mirror of
+//! the producer's table, delta sequencing, one cursor per subscriber (snapshot in
+//! progress, pending deltas, heartbeat and progress deadlines), backlog accounting in
+//! bytes, and a retained window of recent deltas for resumption. It does no IO and reads
+//! no clock: inputs arrive through `handle_*` with the caller's `now`, outputs leave
+//! through [`Publisher::poll_transmit`] and [`Publisher::poll_timeout`], like
+//! `quinn-proto`. The async hub and subscriptions of `kvrelay-pool` only drive it.
+//!
+//! # Lag is absorbed, not punished
+//!
+//! Deltas carry absolute bucket images, so the deltas pending for a subscriber coalesce
+//! losslessly into one delta `S → S+k` (a later image of a bucket replaces the earlier,
+//! [`coalesce`]). A subscriber that falls behind gets fewer, larger deltas; it is cut off
+//! only when its coalesced backlog exceeds [`StreamLimits::max_backlog_bytes`] (by
+//! default one snapshot's size: beyond that a snapshot is cheaper) or its snapshot stops
+//! progressing. Subscribers that cannot take coalesced deltas (protocol minor 0) get every
+//! delta one by one and are cut off at the same byte bound.
+//!
+//! # Resumption
+//!
+//! A subscriber may name the last sequence it applied. When the retained window (bounded
+//! by [`StreamLimits::resume_window_bytes`]) still reaches back to it, the stream resumes
+//! with the missing deltas (coalesced into one) instead of a snapshot; when it is already
+//! current, with a heartbeat. Otherwise it starts with a snapshot.
+//!
+//! # Invariant
+//!
+//! For every subscriber, the frames handed out are a snapshot at `S` (or a resume point
+//! `S` it named), then deltas whose bases chain exactly (`base == previous sequence`);
+//! applied in order to a replica they reproduce the mirror at each delta's sequence.
+
+use std::collections::{HashMap, VecDeque};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::image::{BucketImage, Delta, SNAPSHOT_CHUNK_BUCKETS};
+
+/// Wire bytes charged per delta image (a `u32` bucket index and a `u64` word).
+pub const IMAGE_WIRE_BYTES: u64 = 12;
+/// Bytes charged per delta frame on top of its images (header, identity, checksum).
+pub const DELTA_FRAME_OVERHEAD: u64 = 256;
+/// The smallest backlog bound used when it defaults to one snapshot's size (1 MiB), so
+/// a tiny table does not cut a subscriber off after a handful of frames.
+pub const MIN_DEFAULT_BACKLOG_BYTES: u64 = 1 << 20;
+/// Default bytes of recent deltas retained for resumption (16 MiB).
+pub const DEFAULT_RESUME_WINDOW_BYTES: u64 = 16 << 20;
+/// Default quiet time after which a subscriber gets a heartbeat (10 s).
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// Default longest time between two snapshot chunks handed to one subscriber (60 s).
+pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default subscribers of one publisher.
+pub const DEFAULT_MAX_SUBSCRIBERS: usize = 64;
+
+/// The bytes a delta is charged in backlogs and the retained window.
+pub fn delta_wire_bytes(delta: &Delta) -> u64 {
+    DELTA_FRAME_OVERHEAD
+        .saturating_add((delta.images.len() as u64).saturating_mul(IMAGE_WIRE_BYTES))
+}
+
+/// Merges consecutive deltas (each one's base is the previous one's sequence) into one
+/// delta from the first base to the last sequence; a later image of a bucket replaces an
+/// earlier one. `None` for an empty slice.
+pub fn coalesce<'a>(deltas: impl IntoIterator<Item = &'a Delta>) -> Option<Delta> {
+    let mut deltas = deltas.into_iter().peekable();
+    let base_sequence = deltas.peek()?.base_sequence;
+    let mut sequence = base_sequence;
+    let mut all: Vec<BucketImage> = Vec::new();
+    for delta in deltas {
+        sequence = delta.sequence;
+        all.extend_from_slice(&delta.images);
+    }
+    // Stable: within one bucket, earlier deltas stay first, so the last image wins.
+    all.sort_by_key(|image| image.bucket_idx);
+    let mut images: Vec<BucketImage> = Vec::with_capacity(all.len());
+    for image in all {
+        match images.last_mut() {
+            Some(last) if last.bucket_idx == image.bucket_idx => *last = image,
+            _ => images.push(image),
+        }
+    }
+    Some(Delta {
+        base_sequence,
+        sequence,
+        images,
+    })
+}
+
+/// Every bound of one publisher. Plain data; [`StreamLimits::validate`] rejects zeros.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Subscribers at once ([`DEFAULT_MAX_SUBSCRIBERS`]).
+    pub max_subscribers: usize,
+    /// Bytes of deltas pending for one subscriber, after coalescing, before it is cut off.
+    /// `None` (the default): one snapshot's size (`bucket_count × 8`), at least
+    /// [`MIN_DEFAULT_BACKLOG_BYTES`].
+    pub max_backlog_bytes: Option<u64>,
+    /// Bytes of recent deltas retained for resumption ([`DEFAULT_RESUME_WINDOW_BYTES`];
+    /// 0 disables resumption).
+    pub resume_window_bytes: u64,
+    /// Quiet time after which a subscriber gets a heartbeat ([`DEFAULT_HEARTBEAT_INTERVAL`]).
+    pub heartbeat_interval: Duration,
+    /// Longest time between two snapshot chunks of one subscriber
+    /// ([`DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT`]).
+    pub snapshot_progress_timeout: Duration,
+    /// Buckets per snapshot chunk ([`SNAPSHOT_CHUNK_BUCKETS`]).
+    pub chunk_buckets: NonZeroU32,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self {
+            max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
+            max_backlog_bytes: None,
+            resume_window_bytes: DEFAULT_RESUME_WINDOW_BYTES,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            snapshot_progress_timeout: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
+            chunk_buckets: NonZeroU32::MIN.saturating_add(SNAPSHOT_CHUNK_BUCKETS - 1),
+        }
+    }
+}
+
+/// A stream bound that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamLimitsError {
+    /// A capacity or duration is zero.
+    #[error("stream limit {field} must be greater than zero")]
+    Zero {
+        /// The field's name.
+        field: &'static str,
+    },
+}
+
+impl StreamLimits {
+    /// Rejects zero capacities and durations, naming the field.
+    pub fn validate(&self) -> Result<(), StreamLimitsError> {
+        if self.max_subscribers == 0 {
+            return Err(StreamLimitsError::Zero {
+                field: "max_subscribers",
+            });
+        }
+        if self.max_backlog_bytes == Some(0) {
+            return Err(StreamLimitsError::Zero {
+                field: "max_backlog_bytes",
+            });
+        }
+        if self.heartbeat_interval.is_zero() {
+            return Err(StreamLimitsError::Zero {
+                field: "heartbeat_interval",
+            });
+        }
+        if self.snapshot_progress_timeout.is_zero() {
+            return Err(StreamLimitsError::Zero {
+                field: "snapshot_progress_timeout",
+            });
+        }
+        Ok(())
+    }
+
+    /// The backlog bound for a table of `bucket_count` buckets.
+    pub fn backlog_bound(&self, bucket_count: usize) -> u64 {
+        self.max_backlog_bytes.unwrap_or_else(|| {
+            ((bucket_count as u64).saturating_mul(8)).max(MIN_DEFAULT_BACKLOG_BYTES)
+        })
+    }
+}
+
+/// A delta that does not follow the publisher's mirror; nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// The delta's base is not the publisher's sequence.
+    #[error("delta {base_sequence}->{sequence} does not follow the publisher at {current}")]
+    SequenceGap {
+        /// The publisher's sequence.
+        current: u64,
+        /// The delta's base.
+        base_sequence: u64,
+        /// The delta's sequence.
+        sequence: u64,
+    },
+    /// The delta does not advance the sequence.
+    #[error("delta {base_sequence}->{sequence} does not advance")]
+    NotAdvancing {
+        /// The delta's base.
+        base_sequence: u64,
+        /// The delta's sequence.
+        sequence: u64,
+    },
+    /// The delta has no images.
+    #[error("delta {base_sequence}->{sequence} has no images")]
+    Empty {
+        /// The delta's base.
+        base_sequence: u64,
+        /// The delta's sequence.
+        sequence: u64,
+    },
+    /// An image names a bucket outside the table.
+    #[error("delta image for bucket {bucket_idx} outside the table of {bucket_count} buckets")]
+    OutOfRange {
+        /// The bucket named.
+        bucket_idx: u32,
+        /// The table's bucket count.
+        bucket_count: usize,
+    },
+    /// Images are not sorted by strictly increasing bucket.
+    #[error("delta images are not sorted by strictly increasing bucket")]
+    Unsorted,
+}
+
+/// Why a subscription could not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeRefused {
+    /// The publisher already has its maximum of subscribers.
+    #[error("publisher already has {limit} subscribers")]
+    SubscriberLimit {
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// Why a subscriber was cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutOff {
+    /// Its coalesced backlog exceeded the bound.
+    Backlog {
+        /// Bytes the backlog would have held.
+        bytes: u64,
+        /// The bound.
+        limit: u64,
+    },
+    /// Its snapshot made no progress within the timeout.
+    SnapshotStalled {
+        /// The timeout.
+        timeout: Duration,
+    },
+}
+
+impl CutOff {
+    /// A stable label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CutOff::Backlog { .. } => "backlog",
+            CutOff::SnapshotStalled { .. } => "snapshot_stalled",
+        }
+    }
+}
+
+/// A subscriber of one publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubscriberId(u64);
+
+/// How a new subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// With a snapshot at `sequence`.
+    Snapshot {
+        /// The snapshot's sequence.
+        sequence: u64,
+    },
+    /// From the sequence the subscriber named; no snapshot.
+    Resume {
+        /// The subscriber's sequence.
+        from: u64,
+    },
+}
+
+/// One thing to send to a subscriber.
+#[derive(Debug, Clone)]
+pub enum Transmit<T> {
+    /// Snapshot chunk `chunk_index` of `chunk_count` at `sequence`, cut from `words`
+    /// (pinned: later deltas do not change it) in chunks of
+    /// [`StreamLimits::chunk_buckets`].
+    SnapshotChunk {
+        /// The pinned table.
+        words: Arc<Vec<u64>>,
+        /// The snapshot's sequence.
+        sequence: u64,
+        /// This chunk.
+        chunk_index: u32,
+        /// The snapshot's chunks.
+        chunk_count: u32,
+    },
+    /// A delta, with the caller's encoding of it when it was not coalesced.
+    Delta {
+        /// The delta.
+        delta: Arc<Delta>,
+        /// The encoding passed to [`Publisher::handle_delta`]; `None` when coalesced.
+        encoded: Option<T>,
+        /// How many published deltas it covers (1 unless coalesced).
+        covers: usize,
+    },
+    /// Nothing changed; the subscriber is at `sequence`.
+    Heartbeat {
+        /// The subscriber's sequence.
+        sequence: u64,
+    },
+}
+
+/// What [`Publisher::poll_transmit`] has for a subscriber.
+#[derive(Debug, Clone)]
+pub enum Poll<T> {
+    /// Send this.
+    Transmit(Transmit<T>),
+    /// Nothing now; poll again after new input or at [`Publisher::poll_timeout`].
+    Idle,
+    /// The subscriber was cut off (it stays so until unsubscribed).
+    CutOff(CutOff),
+    /// No such subscriber.
+    Unknown,
+}
+
+/// Counters of one publisher (monotonic, except the gauges marked).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Deltas accepted.
+    pub deltas: u64,
+    /// Subscriptions started with a snapshot.
+    pub snapshots: u64,
+    /// Subscriptions resumed without a snapshot.
+    pub resumes: u64,
+    /// Resumptions asked for but served with a snapshot (the window no longer reached).
+    pub resume_misses: u64,
+    /// Delta frames handed out.
+    pub delta_frames: u64,
+    /// Delta frames handed out that coalesced two or more deltas.
+    pub coalesced_frames: u64,
+    /// Deltas merged into coalesced frames.
+    pub coalesced_deltas: u64,
+    /// Heartbeats handed out.
+    pub heartbeats: u64,
+    /// Subscribers cut off for their backlog.
+    pub cut_offs_backlog: u64,
+    /// Subscribers cut off for a stalled snapshot.
+    pub cut_offs_snapshot_stalled: u64,
+    /// Gauge: deltas in the resume window.
+    pub retained_deltas: u64,
+    /// Gauge: bytes in the resume window.
+    pub retained_bytes: u64,
+    /// Gauge: bytes pending across subscribers.
+    pub pending_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Pending<T> {
+    delta: Arc<Delta>,
+    encoded: Option<T>,
+    bytes: u64,
+    /// Published deltas it stands for (more than 1 once coalesced in place).
+    covers: usize,
+}
+
+#[derive(Debug)]
+struct SnapshotCursor {
+    words: Arc<Vec<u64>>,
+    sequence: u64,
+    next_chunk: u32,
+    chunk_count: u32,
+}
+
+#[derive(Debug)]
+struct Cursor<T> {
+    snapshot: Option<SnapshotCursor>,
+    pending: VecDeque<Pending<T>>,
+    pending_bytes: u64,
+    coalesce: bool,
+    /// The subscriber's sequence once it applied everything handed out.
+    sent_sequence: u64,
+    /// When something was last handed out (heartbeat clock); `None`: a heartbeat is due.
+    last_sent: Option<Instant>,
+    /// When the snapshot last progressed.
+    last_progress: Instant,
+    cut_off: Option<CutOff>,
+}
+
+/// The publication state machine of one producer generation: see the module docs.
+#[derive(Debug)]
+pub struct Publisher<T> {
+    limits: StreamLimits,
+    backlog_bound: u64,
+    sequence: u64,
+    mirror: Arc<Vec<u64>>,
+    /// Recent deltas (with their encodings) for resumption, oldest first.
+    window: VecDeque<Pending<T>>,
+    window_bytes: u64,
+    cursors: HashMap<SubscriberId, Cursor<T>>,
+    next_id: u64,
+    stats: StreamStats,
+}
+
+impl<T: Clone> Publisher<T> {
+    /// A publisher whose mirror is `words` at `sequence`.
+    pub fn new(
+        sequence: u64,
+        words: Vec<u64>,
+        limits: StreamLimits,
+    ) -> Result<Self, StreamLimitsError> {
+        limits.validate()?;
+        Ok(Self {
+            backlog_bound: limits.backlog_bound(words.len()),
+            limits,
+            sequence,
+            mirror: Arc::new(words),
+            window: VecDeque::new(),
+            window_bytes: 0,
+            cursors: HashMap::new(),
+            next_id: 0,
+            stats: StreamStats::default(),
+        })
+    }
+
+    /// The mirror's sequence.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// The mirror (the producer's table at [`Publisher::sequence`]).
+    pub fn words(&self) -> &[u64] {
+        &self.mirror
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> StreamStats {
+        let mut stats = self.stats;
+        stats.retained_deltas = self.window.len() as u64;
+        stats.retained_bytes = self.window_bytes;
+        stats.pending_bytes = self.cursors.values().map(|c| c.pending_bytes).sum();
+        stats
+    }
+
+    /// Subscribers (cut-off ones included, until unsubscribed).
+    pub fn subscriber_count(&self) -> usize {
+        self.cursors.len()
+    }
+
+    /// Subscribers still being served (not cut off).
+    pub fn live_subscriber_count(&self) -> usize {
+        self.cursors
+            .values()
+            .filter(|c| c.cut_off.is_none())
+            .count()
+    }
+
+    /// The backlog bound in effect.
+    pub fn backlog_bound(&self) -> u64 {
+        self.backlog_bound
+    }
+
+    /// Accepts the producer's next delta: checks it against the mirror, applies it, keeps
+    /// it for resumption and queues it for every subscriber. `encode` is called at most
+    /// once, only when a subscriber is live, and its result is handed out with the delta
+    /// when it is sent alone. On `Err` nothing changed.
+    pub fn handle_delta(
+        &mut self,
+        delta: Delta,
+        now: Instant,
+        encode: impl FnOnce(&Delta) -> T,
+    ) -> Result<(), PublishError> {
+        self.check(&delta)?;
+        let mirror = Arc::make_mut(&mut self.mirror);
+        for image in &delta.images {
+            mirror[image.bucket_idx as usize] = image.word;
+        }
+        self.sequence = delta.sequence;
+        self.stats.deltas += 1;
+        let bytes = delta_wire_bytes(&delta);
+        let delta = Arc::new(delta);
+        let encoded = if self.live_subscriber_count() > 0 {
+            Some(encode(&delta))
+        } else {
+            None
+        };
+        if self.limits.resume_window_bytes > 0 {
+            self.window.push_back(Pending {
+                delta: delta.clone(),
+                encoded: encoded.clone(),
+                bytes,
+                covers: 1,
+            });
+            self.window_bytes = self.window_bytes.saturating_add(bytes);
+            while self.window_bytes > self.limits.resume_window_bytes {
+                let Some(evicted) = self.window.pop_front() else {
+                    break;
+                };
+                self.window_bytes -= evicted.bytes;
+            }
+        }
+        let bound = self.backlog_bound;
+        for cursor in self.cursors.values_mut() {
+            if cursor.cut_off.is_some() {
+                continue;
+            }
+            cursor.pending.push_back(Pending {
+                delta: delta.clone(),
+                encoded: encoded.clone(),
+                bytes,
+                covers: 1,
+            });
+            cursor.pending_bytes = cursor.pending_bytes.saturating_add(bytes);
+            if let Err(cut) = cursor.fit_backlog(bound) {
+                self.stats.cut_offs_backlog += 1;
+                cursor.cut(cut);
+            }
+        }
+        self.handle_timeout(now);
+        Ok(())
+    }
+
+    fn check(&self, delta: &Delta) -> Result<(), PublishError> {
+        if delta.base_sequence != self.sequence {
+            return Err(PublishError::SequenceGap {
+                current: self.sequence,
+                base_sequence: delta.base_sequence,
+                sequence: delta.sequence,
+            });
+        }
+        if delta.sequence <= delta.base_sequence {
+            return Err(PublishError::NotAdvancing {
+                base_sequence: delta.base_sequence,
+                sequence: delta.sequence,
+            });
+        }
+        if delta.images.is_empty() {
+            return Err(PublishError::Empty {
+                base_sequence: delta.base_sequence,
+                sequence: delta.sequence,
+            });
+        }
+        let bucket_count = self.mirror.len();
+        if let Some(image) = delta
+            .images
+            .iter()
+            .find(|image| image.bucket_idx as usize >= bucket_count)
+        {
+            return Err(PublishError::OutOfRange {
+                bucket_idx: image.bucket_idx,
+                bucket_count,
+            });
+        }
+        if delta
+            .images
+            .windows(2)
+            .any(|pair| pair[0].bucket_idx >= pair[1].bucket_idx)
+        {
+            return Err(PublishError::Unsorted);
+        }
+        Ok(())
+    }
+
+    /// Starts a subscription. With `resume_from = Some(S)` and `S` still reachable from
+    /// the retained window, the subscriber gets the deltas after `S` (coalesced when
+    /// `coalesce`) instead of a snapshot. `coalesce` says whether the subscriber accepts
+    /// deltas spanning several sequences.
+    pub fn handle_subscribe(
+        &mut self,
+        resume_from: Option<u64>,
+        coalesce: bool,
+        now: Instant,
+    ) -> Result<(SubscriberId, Start), SubscribeRefused> {
+        if self.cursors.len() >= self.limits.max_subscribers {
+            return Err(SubscribeRefused::SubscriberLimit {
+                limit: self.limits.max_subscribers,
+            });
+        }
+        let id = SubscriberId(self.next_id);
+        self.next_id += 1;
+        let mut cursor = Cursor {
+            snapshot: None,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            coalesce,
+            sent_sequence: self.sequence,
+            last_sent: Some(now),
+            last_progress: now,
+            cut_off: None,
+        };
+        let resumed = resume_from.and_then(|from| self.resume(&mut cursor, from));
+        let start = match resumed {
+            Some(from) => {
+                self.stats.resumes += 1;
+                Start::Resume { from }
+            }
+            None => {
+                if resume_from.is_some() {
+                    self.stats.resume_misses += 1;
+                }
+                self.stats.snapshots += 1;
+                let chunk_len = self.limits.chunk_buckets.get() as usize;
+                cursor.pending.clear();
+                cursor.pending_bytes = 0;
+                cursor.sent_sequence = self.sequence;
+                cursor.last_sent = Some(now);
+                cursor.snapshot = Some(SnapshotCursor {
+                    words: self.mirror.clone(),
+                    sequence: self.sequence,
+                    next_chunk: 0,
+                    // Bucket counts are at most 2^24, so chunk counts fit in u32.
+                    chunk_count: self.mirror.len().div_ceil(chunk_len).max(1) as u32,
+                });
+                Start::Snapshot {
+                    sequence: self.sequence,
+                }
+            }
+        };
+        self.cursors.insert(id, cursor);
+        Ok((id, start))
+    }
+
+    /// Fills `cursor` with what a subscriber at `from` misses; `None` when the window
+    /// does not reach back to `from` or the missed deltas exceed the backlog bound.
+    fn resume(&self, cursor: &mut Cursor<T>, from: u64) -> Option<u64> {
+        if from == self.sequence {
+            // Current already: a heartbeat tells it so at once.
+            cursor.last_sent = None;
+            cursor.sent_sequence = from;
+            return Some(from);
+        }
+        let start = self
+            .window
+            .iter()
+            .position(|pending| pending.delta.base_sequence == from)?;
+        cursor.sent_sequence = from;
+        for pending in self.window.iter().skip(start) {
+            cursor.pending.push_back(Pending {
+                delta: pending.delta.clone(),
+                encoded: pending.encoded.clone(),
+                bytes: pending.bytes,
+                covers: 1,
+            });
+            cursor.pending_bytes = cursor.pending_bytes.saturating_add(pending.bytes);
+        }
+        cursor.fit_backlog(self.backlog_bound).ok()?;
+        Some(from)
+    }
+
+    /// Forgets a subscriber.
+    pub fn handle_unsubscribe(&mut self, id: SubscriberId) {
+        self.cursors.remove(&id);
+    }
+
+    /// Cuts off subscribers whose snapshot stopped progressing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let timeout = self.limits.snapshot_progress_timeout;
+        for cursor in self.cursors.values_mut() {
+            if cursor.cut_off.is_none()
+                && cursor.snapshot.is_some()
+                && now.saturating_duration_since(cursor.last_progress) > timeout
+            {
+                self.stats.cut_offs_snapshot_stalled += 1;
+                cursor.cut(CutOff::SnapshotStalled { timeout });
+            }
+        }
+    }
+
+    /// The next thing to send to `id` at `now`.
+    pub fn poll_transmit(&mut self, id: SubscriberId, now: Instant) -> Poll<T> {
+        self.handle_timeout(now);
+        let heartbeat_interval = self.limits.heartbeat_interval;
+        let Some(cursor) = self.cursors.get_mut(&id) else {
+            return Poll::Unknown;
+        };
+        if let Some(cut) = cursor.cut_off {
+            return Poll::CutOff(cut);
+        }
+        if let Some(snapshot) = &mut cursor.snapshot {
+            let transmit = Transmit::SnapshotChunk {
+                words: snapshot.words.clone(),
+                sequence: snapshot.sequence,
+                chunk_index: snapshot.next_chunk,
+                chunk_count: snapshot.chunk_count,
+            };
+            snapshot.next_chunk += 1;
+            if snapshot.next_chunk >= snapshot.chunk_count {
+                cursor.snapshot = None;
+            }
+            cursor.last_progress = now;
+            cursor.last_sent = Some(now);
+            return Poll::Transmit(transmit);
+        }
+        if !cursor.pending.is_empty() {
+            let covers: usize = cursor.pending.iter().map(|p| p.covers).sum();
+            let transmit = if cursor.pending.len() > 1 && cursor.coalesce {
+                let merged = coalesce(cursor.pending.iter().map(|p| &*p.delta));
+                cursor.pending.clear();
+                cursor.pending_bytes = 0;
+                self.stats.coalesced_frames += 1;
+                self.stats.coalesced_deltas += covers as u64;
+                // `pending` was non-empty, so there is a merged delta.
+                merged.map(|delta| Transmit::Delta {
+                    delta: Arc::new(delta),
+                    encoded: None,
+                    covers,
+                })
+            } else {
+                cursor.pending.pop_front().map(|pending| {
+                    cursor.pending_bytes = cursor.pending_bytes.saturating_sub(pending.bytes);
+                    if pending.covers > 1 {
+                        self.stats.coalesced_frames += 1;
+                        self.stats.coalesced_deltas += pending.covers as u64;
+                    }
+                    Transmit::Delta {
+                        delta: pending.delta,
+                        encoded: pending.encoded,
+                        covers: pending.covers,
+                    }
+                })
+            };
+            if let Some(Transmit::Delta { delta, .. }) = &transmit {
+                cursor.sent_sequence = delta.sequence;
+                cursor.last_sent = Some(now);
+                self.stats.delta_frames += 1;
+            }
+            if let Some(transmit) = transmit {
+                return Poll::Transmit(transmit);
+            }
+        }
+        let due = cursor
+            .last_sent
+            .is_none_or(|last| now.saturating_duration_since(last) >= heartbeat_interval);
+        if due {
+            cursor.last_sent = Some(now);
+            self.stats.heartbeats += 1;
+            return Poll::Transmit(Transmit::Heartbeat {
+                sequence: cursor.sent_sequence,
+            });
+        }
+        Poll::Idle
+    }
+
+    /// When `id` next needs a poll without new input (its heartbeat or snapshot
+    /// deadline); `None` for an unknown or cut-off subscriber.
+    pub fn poll_timeout(&self, id: SubscriberId) -> Option<Instant> {
+        let cursor = self.cursors.get(&id)?;
+        if cursor.cut_off.is_some() {
+            return None;
+        }
+        if cursor.snapshot.is_some() {
+            return Some(cursor.last_progress + self.limits.snapshot_progress_timeout);
+        }
+        match cursor.last_sent {
+            Some(last) => Some(last + self.limits.heartbeat_interval),
+            None => Some(cursor.last_progress),
+        }
+    }
+
+    /// True when `id` has something to send now (a chunk, a delta or a due heartbeat).
+    pub fn has_transmit(&self, id: SubscriberId) -> bool {
+        self.cursors.get(&id).is_some_and(|cursor| {
+            cursor.cut_off.is_none()
+                && (cursor.snapshot.is_some()
+                    || !cursor.pending.is_empty()
+                    || cursor.last_sent.is_none())
+        })
+    }
+}
+
+impl<T> Cursor<T> {
+    /// Keeps the backlog within `bound`, coalescing it when the subscriber accepts that.
+    fn fit_backlog(&mut self, bound: u64) -> Result<(), CutOff> {
+        if self.pending_bytes <= bound {
+            return Ok(());
+        }
+        if self.coalesce && self.pending.len() > 1 {
+            let covers = self.pending.iter().map(|p| p.covers).sum();
+            if let Some(merged) = coalesce(self.pending.iter().map(|p| &*p.delta)) {
+                let bytes = delta_wire_bytes(&merged);
+                self.pending.clear();
+                self.pending.push_back(Pending {
+                    delta: Arc::new(merged),
+                    encoded: None,
+                    bytes,
+                    covers,
+                });
+                self.pending_bytes = bytes;
+            }
+            if self.pending_bytes <= bound {
+                return Ok(());
+            }
+        }
+        Err(CutOff::Backlog {
+            bytes: self.pending_bytes,
+            limit: bound,
+        })
+    }
+
+    fn cut(&mut self, cut: CutOff) {
+        self.cut_off = Some(cut);
+        self.pending.clear();
+        self.pending_bytes = 0;
+        self.snapshot = None;
+    }
+}
+
+#[cfg(test)]
+mod tests;
