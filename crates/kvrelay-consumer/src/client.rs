@@ -248,10 +248,33 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
     let mut backoff = Backoff::new(shared.config.backoff);
     let addr = shared.config.relays[relay].addr.clone();
     let dc = shared.config.relays[relay].dc.clone();
+    let mut suspended_since: Option<Instant> = None;
     loop {
+        if suspended_since.is_some_and(|since| since.elapsed() > shared.config.limits.resume_hold) {
+            // Held too long to be worth resuming: start this relay over.
+            shared.state.write().reset_relay(relay);
+            suspended_since = None;
+        }
         let started = Instant::now();
         let result = relay_epoch(&shared, relay, &cancel).await;
-        let dropped = shared.state.write().reset_relay(relay);
+        // A relay that restarted (or whose catalog broke the rules) starts over; one whose
+        // connection merely broke keeps its catalog and suspended replicas for resuming.
+        let start_over = matches!(
+            result,
+            Err(EpochError::RelayRestart { .. }
+                | EpochError::Catalog(_)
+                | EpochError::ContractMismatch { .. })
+        );
+        let dropped = if start_over {
+            suspended_since = None;
+            shared.state.write().reset_relay(relay)
+        } else {
+            if suspended_since.is_none() {
+                suspended_since = Some(Instant::now());
+            }
+            shared.state.write().suspend_relay(relay);
+            Vec::new()
+        };
         shared.bump();
         if cancel.is_cancelled() {
             return;
@@ -302,6 +325,18 @@ async fn relay_epoch(
     let addr = shared.config.relays[relay].addr.clone();
     let limits = shared.config.limits;
     let identity = relay_info(shared, relay).await?;
+    {
+        let mut state = shared.state.write();
+        if state
+            .relay_identity(relay)
+            .is_some_and(|kept| kept != identity)
+        {
+            // Restarted while we were away: what we kept is of another incarnation.
+            for _ in state.reset_relay(relay) {
+                shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
+            }
+        }
+    }
     shared.metrics.incr(Counter::RelayConnects);
     info!(dc = %shared.config.relays[relay].dc, peer = %addr, incarnation = identity.relay_incarnation, "relay connected");
 
@@ -358,10 +393,16 @@ async fn relay_epoch(
                         token.cancel();
                     }
                 }
-                for (key, _) in &change.added {
+                // New pools, and on an epoch's first catalog the pools kept (suspended)
+                // from the previous epoch, which resume.
+                let keys = shared.state.read().relay_keys(relay);
+                for key in keys {
+                    if tokens.contains_key(&key) {
+                        continue;
+                    }
                     let token = epoch_cancel.child_token();
-                    tokens.insert(*key, token.clone());
-                    subscriptions.spawn(run_subscription(Arc::clone(shared), relay, *key, identity, token));
+                    tokens.insert(key, token.clone());
+                    subscriptions.spawn(run_subscription(Arc::clone(shared), relay, key, identity, token));
                 }
                 shared.bump();
             }
@@ -514,6 +555,8 @@ async fn run_subscription(
                     | ResubscribeReason::Lagged
                     | ResubscribeReason::Stale,
                 ) => state.suspend(key),
+                // The relay's epoch ended: its next epoch may resume this pool.
+                None if cancel.is_cancelled() => state.suspend(key),
                 _ => state.invalidate(key),
             }
         }

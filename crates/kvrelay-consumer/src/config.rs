@@ -88,6 +88,10 @@ pub struct Limits {
     pub staleness_bound: Duration,
     /// Catalog streams older than this without a frame fail the relay's epoch.
     pub catalog_staleness_bound: Duration,
+    /// How long a relay's catalog and replicas are kept (suspended, not scored) after its
+    /// connection broke, so a reconnect to the same incarnation resumes every pool
+    /// without a snapshot; after this they are dropped when the relay comes back.
+    pub resume_hold: Duration,
 }
 
 impl Limits {
@@ -101,6 +105,8 @@ impl Limits {
     pub const DEFAULT_STALENESS_BOUND: Duration = Duration::from_secs(30);
     /// Default [`Limits::catalog_staleness_bound`]: 45 s.
     pub const DEFAULT_CATALOG_STALENESS_BOUND: Duration = Duration::from_secs(45);
+    /// Default [`Limits::resume_hold`]: 60 s.
+    pub const DEFAULT_RESUME_HOLD: Duration = Duration::from_secs(60);
 }
 
 impl Default for Limits {
@@ -111,6 +117,7 @@ impl Default for Limits {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             staleness_bound: Self::DEFAULT_STALENESS_BOUND,
             catalog_staleness_bound: Self::DEFAULT_CATALOG_STALENESS_BOUND,
+            resume_hold: Self::DEFAULT_RESUME_HOLD,
         }
     }
 }

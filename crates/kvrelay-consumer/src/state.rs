@@ -135,6 +135,9 @@ struct RelayView {
     /// Admitted entries by producer generation.
     pools: HashMap<ProducerIdentity, PoolEntry>,
     quarantined: Vec<QuarantinedEntry>,
+    /// False while the relay's connection is broken and its view is only kept for
+    /// resuming: its pools are neither listed nor scored.
+    suspended: bool,
 }
 
 /// The consumer's state: catalogs, loads and replicas of every configured relay.
@@ -284,6 +287,7 @@ impl ConsumerState {
         view.revision = Some(update.revision);
         view.pools = next;
         view.quarantined = projected.quarantined;
+        view.suspended = false;
         self.rebuild_entries();
         Ok(change)
     }
@@ -305,6 +309,38 @@ impl ConsumerState {
         self.topologies[relay] = None;
         self.rebuild_entries();
         dropped
+    }
+
+    /// Keeps relay `relay`'s catalog view after its connection broke, with every replica
+    /// suspended (not scored; intact for resumption) and its loads and topology cleared,
+    /// so the next epoch with the same incarnation resumes each pool without a snapshot.
+    /// Returns the keys kept.
+    pub fn suspend_relay(&mut self, relay: usize) -> Vec<PoolKey> {
+        let Some(view) = self.relay_views.get(relay) else {
+            return Vec::new();
+        };
+        let keys: Vec<PoolKey> = view.pools.values().map(|entry| entry.key).collect();
+        for key in &keys {
+            self.store.suspend(*key);
+            self.loads.remove(key);
+        }
+        self.topologies[relay] = None;
+        self.relay_views[relay].suspended = true;
+        self.rebuild_entries();
+        keys
+    }
+
+    /// The relay incarnation `relay`'s view was learned from, if any.
+    pub fn relay_identity(&self, relay: usize) -> Option<RelayIdentity> {
+        self.relay_views.get(relay).and_then(|view| view.identity)
+    }
+
+    /// The pool keys admitted from relay `relay`.
+    pub fn relay_keys(&self, relay: usize) -> Vec<PoolKey> {
+        self.relay_views
+            .get(relay)
+            .map(|view| view.pools.values().map(|entry| entry.key).collect())
+            .unwrap_or_default()
     }
 
     /// Replaces relay `relay`'s load samples with a complete window. Admitted pools absent
@@ -621,6 +657,7 @@ impl ConsumerState {
         let mut entries: Vec<PoolEntry> = self
             .relay_views
             .iter()
+            .filter(|view| !view.suspended)
             .flat_map(|view| view.pools.values().cloned())
             .collect();
         entries.sort_by(|a, b| {

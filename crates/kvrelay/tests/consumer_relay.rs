@@ -552,3 +552,141 @@ async fn a_connection_cut_mid_snapshot_never_installs_and_the_replica_recovers()
     drop(proxy);
     relay.shutdown().await.unwrap();
 }
+
+/// A loopback TCP proxy that can cut every connection through it and refuse new ones for
+/// a while: a network outage between a consumer and its relay.
+struct OutageProxy {
+    addr: SocketAddr,
+    up: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OutageProxy {
+    async fn start(relay: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = std::sync::Arc::new(tokio::sync::watch::Sender::new(true));
+        let link = std::sync::Arc::clone(&up);
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut state = link.subscribe();
+                if !*state.borrow_and_update() {
+                    drop(client);
+                    continue;
+                }
+                connections.spawn(async move {
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect(relay).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = state.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, up, task }
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+impl Drop for OutageProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Stores `rounds` fresh 8-block chains on every source of `relay`, then flushes.
+async fn store_rounds(relay: &Relay, rounds: u64, salt: u64) {
+    let sources = relay.sources();
+    for round in 0..rounds {
+        for (at, source) in sources.iter().enumerate() {
+            let first = (salt << 40) | ((round * 100 + at as u64) * 8);
+            let blocks = (first..first + 8)
+                .map(|id| StoredBlock {
+                    engine_block_id: id,
+                    token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xfeed,
+                })
+                .collect();
+            relay
+                .submit(RouterEvent {
+                    source: *source,
+                    event_id: (salt << 32) + round,
+                    payload: EventPayload::Stored(StoredBlocks {
+                        parent_engine_block_id: None,
+                        blocks,
+                    }),
+                })
+                .await
+                .unwrap();
+        }
+    }
+    relay.flush().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_every_pool_resumes_without_a_snapshot() {
+    let (relay, catalog) = start_relay(example_config()).await;
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .expect("the workload finishes");
+    let proxy = OutageProxy::start(relay.wan_addr()).await;
+    let consumer = start_consumer(proxy.addr);
+    let all_current = consumer
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools
+                    .iter()
+                    .all(|status| status.replica == ReplicaStatus::Current)
+        })
+        .await;
+    assert!(all_current, "{:?}", consumer.pools());
+    let snapshots_before = consumer.metrics().snapshots_installed;
+
+    // Two seconds without a network, while every source keeps storing blocks.
+    proxy.set_up(false);
+    store_rounds(&relay, 10, 7).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cut_off = consumer
+        .wait_until(DEADLINE, |state, now| state.pools(now).is_empty())
+        .await;
+    assert!(
+        cut_off,
+        "a relay out of reach is not scored: {:?}",
+        consumer.pools()
+    );
+    proxy.set_up(true);
+
+    // Every replica comes back at its producer's sequence, without a new snapshot.
+    for pool in &catalog.pools {
+        let table = relay.producer_table(&pool.producer).await.unwrap();
+        let current = consumer
+            .wait_until(DEADLINE, |state, now| {
+                state.pools(now).iter().any(|status| {
+                    status.producer == pool.producer
+                        && status.replica == ReplicaStatus::Current
+                        && status.sequence == Some(table.sequence)
+                })
+            })
+            .await;
+        assert!(current, "{:?}", consumer.pools());
+    }
+    let metrics = consumer.metrics();
+    assert_eq!(metrics.snapshots_installed, snapshots_before, "{metrics:?}");
+    let (_, current_legs, hits) = score_trace(&consumer, &catalog, 50);
+    assert!(current_legs > 0 && hits > 0);
+
+    consumer.shutdown().await;
+    drop(proxy);
+    relay.shutdown().await.unwrap();
+}
