@@ -48,7 +48,7 @@ const FIGURES_EXAMPLES: [FiguresExample; 2] = [
     FiguresExample {
         target: "e2e",
         with_bench: None,
-        package: "kvrelay-server",
+        package: "kvrelay-benches",
         example: "e2e_bench",
         args: &["50000"],
         quick_args: &["20000"],
