@@ -44,16 +44,19 @@ pub fn request_tokens(keys: &[u64], n_blocks: usize) -> Vec<u32> {
         .collect()
 }
 
-/// For every request of a trace, whether its deepest block appears there for the first
-/// time in the whole trace (no worker can hold it before this request's batch): only
-/// those requests measure event → replica latency honestly.
-pub fn first_occurrences(requests: &[RequestRecord]) -> Vec<bool> {
+/// For every request of a trace, whether its first block appears there for the first
+/// time in the whole trace. Such a request's first block cannot be in any worker's cache
+/// before its batch, so the moment a consumer's replica covers that one block is the
+/// moment the batch's first store became visible there: these requests are the latency
+/// probes (probing one block keeps the follower's work and memory per probe tiny; the
+/// trace's ids name whole prefixes, so a new first block means the whole request is new).
+pub fn first_block_new(requests: &[RequestRecord]) -> Vec<bool> {
     let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
     requests
         .iter()
         .map(|request| {
             let keys = request_keys(request);
-            let fresh = keys.last().is_some_and(|last| !seen.contains(last));
+            let fresh = keys.first().is_some_and(|first| !seen.contains(first));
             seen.extend(keys);
             fresh
         })
@@ -294,12 +297,13 @@ mod tests {
     }
 
     #[test]
-    fn first_occurrence_marks_requests_with_a_new_deepest_block() {
+    fn probes_are_requests_whose_first_block_is_new() {
         let requests = vec![
             request(1024, vec![1, 2]),
             request(512, vec![1]),
             request(1024, vec![1, 3]),
+            request(1024, vec![4, 3]),
         ];
-        assert_eq!(first_occurrences(&requests), vec![true, false, true]);
+        assert_eq!(first_block_new(&requests), vec![true, false, false, true]);
     }
 }

@@ -175,7 +175,7 @@ async fn main() -> Result<()> {
     }
     // Full runs publish the whole trace at the paced rate (~60 s); the low rate is capped
     // (the whole trace at 5 k events/s would take ~10 minutes). `--quick`: ≤ 60 s in all.
-    let max_seconds: f64 = flags.get_or("seconds", if quick { 12.0 } else { 90.0 })?;
+    let max_seconds: f64 = flags.get_or("seconds", if quick { 8.0 } else { 90.0 })?;
     let paced: f64 = flags.get_or("paced-rate", 48_000.0)?;
     let low: f64 = flags.get_or("low-rate", 5_000.0)?;
     let all_runs = [
@@ -610,8 +610,8 @@ fn reasons(value: &Value) -> String {
 /// The Markdown table of every run.
 fn render(results: &[Value]) -> String {
     let mut out = String::from(
-        "\n| run | target ev/s | events | publish s | relay ev/s | usable | cut-offs (relay errors) | resubscribes (consumer) | delta frames/s | pool frames/s | pool MB/s | latency p50 / p99 ms (seen/probes) | current after stop s | relay RSS peak MB | follower RSS peak MB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| run | target ev/s | events | publish s | relay ev/s | usable | cut-offs (relay errors) | resubscribes (consumer) | delta frames/s | pool frames/s | pool MB/s | latency p50 / p99 ms (seen/probes) | relay drained after stop s | current after stop s | relay RSS peak MB | follower RSS peak MB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in results {
         let follower = &run["follower"];
@@ -622,7 +622,7 @@ fn render(results: &[Value]) -> String {
         };
         let target = run["target_events_per_s"].as_f64().unwrap_or(0.0);
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} ({}/{}) | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} / {} ({}/{}) | {} | {} | {} | {} |\n",
             run["run"].as_str().unwrap_or("?"),
             if target > 0.0 { format!("{target:.0}") } else { "flat out".to_owned() },
             number(&run["events_sent"], 0),
@@ -632,6 +632,10 @@ fn render(results: &[Value]) -> String {
                 .as_f64()
                 .map_or_else(|| "-".to_owned(), |f| format!("{:.1} %", 100.0 * f)),
             reasons(&run["relay_error_frames"]),
+            match run["relay_hub_overruns"].as_f64() {
+                Some(n) if n > 0.0 => format!(" (hub overruns {n:.0})"),
+                _ => String::new(),
+            },
             reasons(&follower["resubscribes"]),
             number(&run["consumer_delta_frames_per_s"], 0),
             number(&run["relay_pool_frames_per_s"], 0),
@@ -642,6 +646,7 @@ fn render(results: &[Value]) -> String {
             ms(&latency["p99_ms"]),
             number(&latency["seen"], 0),
             number(&latency["probes"], 0),
+            number(&run["relay_drained_after_stop_s"], 2),
             follower["time_to_current_after_stop_s"]
                 .as_f64()
                 .map_or_else(|| "never".to_owned(), |s| format!("{s:.2}")),

@@ -19,7 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use kvrelay_benches::sim::{WorkerCache, first_occurrences, request_keys};
+use kvrelay_benches::sim::{WorkerCache, first_block_new, request_keys};
 use kvrelay_benches::stamps::{Stamp, unix_ns};
 use kvrelay_benches::{Flags, TOPIC};
 use kvrelay_ingest::{EngineBatch, EngineKind, EngineLayout, encode_engine_batch};
@@ -45,7 +45,7 @@ fn main() -> Result<()> {
 
     let text = std::fs::read_to_string(&trace).with_context(|| format!("reading {trace}"))?;
     let requests = kvrelay_ingest::parse_request_trace(&text)?;
-    let fresh = first_occurrences(&requests);
+    let fresh = first_block_new(&requests);
 
     let context = zmq::Context::new();
     let publisher = context.socket(zmq::PUB)?;
@@ -128,10 +128,11 @@ fn main() -> Result<()> {
         seq += 1;
         events_sent += n_events;
         if fresh.get(at).copied().unwrap_or(false) && served.stored_blocks > 0 {
+            // The probe is the request's first block (see `sim::first_block_new`).
             let stamp = Stamp {
                 request: at,
                 sent_unix_ns,
-                blocks: served.resident_blocks,
+                blocks: 1,
             };
             stamps.write_all(stamp.line().as_bytes())?;
             // The follower tails this file while the run goes on.

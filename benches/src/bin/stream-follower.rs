@@ -7,10 +7,11 @@
 //!   sampled; each interval counts as usable when the replica was `current` at its start.
 //!   Fraction = usable time / time since the first install.
 //! - **event → replica latency**: engines stamp the wall-clock send time of the batch of
-//!   every request whose deepest block is new to the trace (no worker can hold it before);
-//!   every `--probe-ms` (2 ms) the follower scores each pending request's prompt and takes
-//!   the first time the pool's estimated prefix covers the blocks the engine holds after
-//!   the batch. Latency = that time − send time (both wall clock, same host). It includes
+//!   every request whose first block is new to the trace (no worker can hold it before;
+//!   `sim::first_block_new`); every `--probe-ms` (2 ms), while the replica is current, the
+//!   follower scores each pending probe's first block and takes the first time the pool's
+//!   estimated prefix covers it. Latency = that time − send time (both wall clock, same
+//!   host). It includes
 //!   relay ingest, batching, the WAN hop and the consumer's apply, plus up to one probe
 //!   interval; a request not seen within `--probe-timeout-s` (or before the end) is
 //!   *unseen* and counts as infinitely late in the percentiles.
