@@ -270,6 +270,10 @@ struct RelaySample {
     sequence: u64,
     /// Times the publication hub was overrun by its actor (pool stats).
     hub_overruns: f64,
+    /// Deltas the pool published, and bucket images in them (pool stats `publications`,
+    /// `emitted_images`): what a subscriber that keeps up receives, attached or not.
+    publications: f64,
+    emitted_images: f64,
     /// Events the ingest sources handed to the pool (`kvrelay_events_total{submitted}`).
     events_submitted: f64,
     pool_frames: f64,
@@ -296,6 +300,8 @@ fn relay_sample(admin: &str, stats_path: &str) -> Result<RelaySample> {
         events_rejected: stat("events_rejected"),
         sequence: stats["stats"]["sequence"].as_u64().unwrap_or(0),
         hub_overruns: stat("hub_overruns"),
+        publications: stat("publications"),
+        emitted_images: stat("emitted_images"),
         events_submitted: metric_sum(
             &text,
             "kvrelay_events_total",
@@ -560,6 +566,7 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
     let applied = after.events_applied - before.events_applied;
     let errors = diff(&after.errors, &before.errors);
     let deltas = report["deltas_applied"].as_f64().unwrap_or(0.0);
+    let time_current = report["time_current_s"].as_f64().unwrap_or(0.0);
     let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
     Ok(json!({
         "run": spec.name,
@@ -581,6 +588,9 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
         "relay_ingest_replays": diff(&after.ingest_replays, &before.ingest_replays),
         "relay_ingest_resets": diff(&after.ingest_resets, &before.ingest_resets),
         "consumer_delta_frames_per_s": deltas / busy_seconds,
+        "consumer_delta_frames_per_current_s": if time_current > 0.0 { deltas / time_current } else { 0.0 },
+        "relay_published_deltas_per_s": (after.publications - before.publications) / busy_seconds,
+        "relay_emitted_images_per_s": (after.emitted_images - before.emitted_images) / busy_seconds,
         "final_sequence": final_sequence,
         "relay_rss_peak_mb": mb(relay_memory.peak_bytes),
         "relay_rss_mb": mb(relay_memory.current_bytes),
@@ -610,8 +620,8 @@ fn reasons(value: &Value) -> String {
 /// The Markdown table of every run.
 fn render(results: &[Value]) -> String {
     let mut out = String::from(
-        "\n| run | target ev/s | events | publish s | relay ev/s | usable | cut-offs (relay errors) | resubscribes (consumer) | delta frames/s | pool frames/s | pool MB/s | latency p50 / p99 ms (seen/probes) | relay drained after stop s | current after stop s | relay RSS peak MB | follower RSS peak MB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| run | target ev/s | events | publish s | relay ev/s | usable | cut-offs (relay errors) | resubscribes (consumer) | published deltas/s | consumer deltas/s (per current s) | pool frames/s | pool MB/s | latency p50 / p99 ms (seen/probes) | relay drained after stop s | current after stop s | relay RSS peak MB | follower RSS peak MB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in results {
         let follower = &run["follower"];
@@ -622,7 +632,7 @@ fn render(results: &[Value]) -> String {
         };
         let target = run["target_events_per_s"].as_f64().unwrap_or(0.0);
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} / {} ({}/{}) | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {}{} | {} | {} | {} ({}) | {} | {} | {} / {} ({}/{}) | {} | {} | {} | {} |\n",
             run["run"].as_str().unwrap_or("?"),
             if target > 0.0 { format!("{target:.0}") } else { "flat out".to_owned() },
             number(&run["events_sent"], 0),
@@ -637,7 +647,9 @@ fn render(results: &[Value]) -> String {
                 _ => String::new(),
             },
             reasons(&follower["resubscribes"]),
+            number(&run["relay_published_deltas_per_s"], 0),
             number(&run["consumer_delta_frames_per_s"], 0),
+            number(&run["consumer_delta_frames_per_current_s"], 0),
             number(&run["relay_pool_frames_per_s"], 0),
             run["relay_pool_bytes_per_s"]
                 .as_f64()
