@@ -100,6 +100,9 @@ fn main() -> Result<()> {
         }
         if per_engine_rate > 0.0 {
             let due = Duration::from_secs_f64(events_sent as f64 / per_engine_rate);
+            if due.as_secs_f64() >= max_seconds {
+                break;
+            }
             // Waiting for the due time is spent answering replay requests.
             while let Some(left) = due.checked_sub(started.elapsed()) {
                 if left < Duration::from_millis(1) {
