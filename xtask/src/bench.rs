@@ -1,7 +1,10 @@
 //! `cargo xtask bench [--quick] [BENCH]`: runs criterion benchmarks and prints a summary,
 //! then the figures examples (ckf percentiles/paired ratio/memory/accuracy, e2e loopback).
 //! `BENCH` is a criterion bench target (its figures example, if any, runs after it) or a
-//! figures example alone: `ckf-figures`, `e2e`.
+//! figures example alone: `ckf-figures`, `e2e`; or `stream`, the multi-process stream
+//! benchmark of `benches/` (engines → `kvrelay relay` → consumer; docs/benchmarks.md),
+//! whose other arguments are passed to its driver (`--runs paced,low,flat`, `--seconds N`,
+//! `--relay-limits key=value,..`).
 //!
 //! Every benchmark group measures its own baseline (ids starting with `baseline`) in the
 //! same run, so the summary reports ratios that survive a noisy, shared machine:
@@ -48,7 +51,7 @@ const FIGURES_EXAMPLES: [FiguresExample; 2] = [
     FiguresExample {
         target: "e2e",
         with_bench: None,
-        package: "kvrelay-server",
+        package: "kvrelay-benches",
         example: "e2e_bench",
         args: &["50000"],
         quick_args: &["20000"],
@@ -59,6 +62,12 @@ const FIGURES_EXAMPLES: [FiguresExample; 2] = [
 /// Runs the benchmarks then prints the summary table.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "stream") {
+        let rest: Vec<String> = args.iter().filter(|a| *a != "stream").cloned().collect();
+        let summary = run_stream(&rest)?;
+        print!("{summary}");
+        return write_summary(&summary);
+    }
     let bench_target = args.iter().find(|a| !a.starts_with("--")).cloned();
     let mut summary = String::new();
     if let Some(figures) = FIGURES_EXAMPLES
@@ -116,6 +125,53 @@ fn write_summary(summary: &str) -> Result<()> {
         .with_context(|| format!("writing {}", summary_path.display()))?;
     eprintln!("summary written to {}", summary_path.display());
     Ok(())
+}
+
+/// The trace the stream benchmark replays (outside the repository, see STYLE/traces).
+const STREAM_TRACE: &str = "../shared/traces/mooncake-synthetic.jsonl";
+
+/// Builds the relay binary and the stream benchmark's processes, then runs its driver
+/// (which prints progress on stderr and the table on stdout, and writes
+/// `target/stream-bench.json`).
+fn run_stream(args: &[String]) -> Result<String> {
+    let root = workspace_root();
+    command::cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "kvrelay",
+        "-p",
+        "kvrelay-benches",
+        "--bins",
+    ])?;
+    let target_dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let driver = target_dir.join("release").join("stream-bench");
+    let trace = root.join(STREAM_TRACE);
+    if !trace.is_file() {
+        anyhow::bail!("the stream benchmark needs the trace {}", trace.display());
+    }
+    let mut command = Command::new(&driver);
+    command
+        .arg("--trace")
+        .arg(&trace)
+        .arg("--out-dir")
+        .arg(root.join("target"))
+        .args(args)
+        .current_dir(&root)
+        .stderr(std::process::Stdio::inherit());
+    eprintln!("==> {}", driver.display());
+    let output = command
+        .output()
+        .with_context(|| format!("running {}", driver.display()))?;
+    if !output.status.success() {
+        anyhow::bail!("the stream benchmark failed with {}", output.status);
+    }
+    Ok(format!(
+        "\nstream benchmark (figures in target/stream-bench.json)\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    ))
 }
 
 /// Runs a figures example and renders its JSON object as a table.

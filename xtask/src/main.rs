@@ -5,7 +5,8 @@
 //! - `cargo xtask tidy`: only the tidy checks.
 //! - `cargo xtask bench [--quick] [BENCH]`: criterion benchmarks, then a summary table of
 //!   figures and same-run ratios against each group's baseline, then the figures examples
-//!   (`ckf-figures`, `e2e`; either can be named alone as BENCH).
+//!   (`ckf-figures`, `e2e`; either can be named alone as BENCH). `cargo xtask bench stream
+//!   [--quick]`: the multi-process stream benchmark of `benches/` (docs/benchmarks.md).
 //! - `cargo xtask fuzz [SECONDS]`: every cargo-fuzz target for SECONDS each (nightly).
 //! - `cargo xtask demo`: the one-command demo (`kvrelay demo`) in release mode.
 //! - `cargo xtask services`: checks that the external servers the tests start are installed.
@@ -19,8 +20,7 @@ mod fuzz;
 mod services;
 mod tidy;
 
-const USAGE: &str =
-    "usage: cargo xtask <ci | tidy | bench [--quick] [BENCH] | fuzz [SECONDS] | demo | services>";
+const USAGE: &str = "usage: cargo xtask <ci | tidy | bench [--quick] [BENCH | stream] | fuzz [SECONDS] | demo | services>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

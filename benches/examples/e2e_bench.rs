@@ -3,7 +3,7 @@
 //!
 //! Prints one JSON object: sustained stored blocks/s (submit to replica caught up), and
 //! event-to-replica latency p50/p99 (one event at a time, including the actor's batching
-//! delay). Run with `cargo run --release -p kvrelay-server --example e2e_bench [-- EVENTS]`.
+//! delay). Run with `cargo run --release -p kvrelay-benches --example e2e_bench [-- EVENTS]`.
 
 #![allow(
     clippy::unwrap_used,

@@ -1,0 +1,678 @@
+//! `stream-bench`: the driver of the stream benchmark (`cargo xtask bench stream [--quick]`).
+//!
+//! Per run it starts, as separate processes on 127.0.0.1 free ports: `--workers` (4)
+//! `stream-engine`s, a real `kvrelay relay` (file card discovery of one pool, one
+//! `[[sources]]` entry with a replay endpoint per engine) and a `stream-follower`; it
+//! starts the engines once the follower holds a replica, prints one progress line a
+//! second, waits for the relay to drain and the follower to be current at the final
+//! sequence, and prints a Markdown table (stdout) and writes every figure as JSON
+//! (`--out-dir`, default `target/`, file `stream-bench.json`). Runs: `paced` (48 k
+//! events/s), `low` (5 k events/s) and `flat` (as fast as the engines go); see
+//! docs/benchmarks.md for the columns.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kvrelay_benches::{Flags, MODEL, http_get, metric_by_label, metric_sum, process_memory};
+use serde_json::{Value, json};
+
+/// Endpoint of the benchmark's one pool.
+const NAMESPACE: &str = "bench";
+const COMPONENT: &str = "backend";
+const ENDPOINT: &str = "generate";
+/// Engine worker ids start here.
+const FIRST_WORKER_ID: u64 = 0x100;
+/// Admin HTTP request timeout.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One run's settings.
+#[derive(Debug, Clone)]
+struct RunSpec {
+    name: String,
+    /// Target events/s over all engines; 0 = flat out.
+    rate: f64,
+    /// Longest publishing time; the trace may end sooner.
+    max_seconds: f64,
+}
+
+/// Everything shared by the runs.
+#[derive(Debug, Clone)]
+struct Setup {
+    bin_dir: PathBuf,
+    kvrelay: PathBuf,
+    trace: PathBuf,
+    out_dir: PathBuf,
+    workers: usize,
+    capacity: usize,
+    /// Extra `[limits]` lines for the relay (`key = value`), for experiments.
+    relay_limits: Vec<String>,
+}
+
+/// A child process whose stdout lines arrive on a channel.
+struct Proc {
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(name: &str, command: &mut Command, stderr: Stdio) -> Result<Self> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting {name} ({command:?})"))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("child stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            stdin,
+            lines,
+        })
+    }
+
+    fn send(&mut self, line: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(stdin, "{line}").with_context(|| format!("writing to {}", self.name))?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// Waits for a line starting with `prefix` (other lines are skipped).
+    async fn expect(&mut self, prefix: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) if line.starts_with(prefix) => return Ok(line),
+                Ok(_) => continue,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    bail!("{} exited before printing {prefix:?}", self.name)
+                }
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+            if Instant::now() >= deadline {
+                bail!("{} did not print {prefix:?} within {timeout:?}", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let flags = Flags::from_env();
+    let quick = flags.switch("quick");
+    let exe = std::env::current_exe()?;
+    let bin_dir = exe
+        .parent()
+        .context("the driver's directory")?
+        .to_path_buf();
+    let setup = Setup {
+        kvrelay: flags
+            .raw("kvrelay")
+            .map_or_else(|| bin_dir.join("kvrelay"), PathBuf::from),
+        bin_dir,
+        trace: PathBuf::from(
+            flags
+                .raw("trace")
+                .unwrap_or("../shared/traces/mooncake-synthetic.jsonl"),
+        ),
+        out_dir: PathBuf::from(flags.raw("out-dir").unwrap_or("target")),
+        workers: flags.get_or("workers", 4)?,
+        capacity: flags.get_or("capacity", 20_000)?,
+        relay_limits: flags
+            .raw("relay-limits")
+            .map(|text| {
+                text.split(',')
+                    .filter(|kv| !kv.is_empty())
+                    .map(|kv| kv.replacen('=', " = ", 1))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    if !setup.kvrelay.is_file() {
+        bail!(
+            "{} not found: build it first (cargo build --release -p kvrelay) or pass --kvrelay",
+            setup.kvrelay.display()
+        );
+    }
+    // Full runs publish the whole trace at the paced rate (~60 s); the low rate is capped
+    // (the whole trace at 5 k events/s would take ~10 minutes). `--quick`: ≤ 60 s in all.
+    let max_seconds: f64 = flags.get_or("seconds", if quick { 6.0 } else { 90.0 })?;
+    let paced: f64 = flags.get_or("paced-rate", 48_000.0)?;
+    let low: f64 = flags.get_or("low-rate", 5_000.0)?;
+    let all_runs = [
+        RunSpec {
+            name: "paced".into(),
+            rate: paced,
+            max_seconds,
+        },
+        RunSpec {
+            name: "low".into(),
+            rate: low,
+            max_seconds,
+        },
+        RunSpec {
+            name: "flat".into(),
+            rate: 0.0,
+            max_seconds,
+        },
+    ];
+    let wanted: Vec<String> = flags
+        .raw("runs")
+        .unwrap_or("paced,low,flat")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mut results = Vec::new();
+    for spec in all_runs.iter().filter(|spec| wanted.contains(&spec.name)) {
+        eprintln!(
+            "==> stream run `{}`: {} events/s, ≤ {:.0} s",
+            spec.name,
+            if spec.rate > 0.0 {
+                format!("{:.0}", spec.rate)
+            } else {
+                "flat-out".to_owned()
+            },
+            spec.max_seconds
+        );
+        let result = run(&setup, spec)
+            .await
+            .with_context(|| format!("stream run {}", spec.name))?;
+        results.push(result);
+    }
+    let table = render(&results);
+    print!("{table}");
+    std::fs::create_dir_all(&setup.out_dir)?;
+    let json_path = setup.out_dir.join("stream-bench.json");
+    let document = json!({
+        "benchmark": "stream",
+        "trace": setup.trace.display().to_string(),
+        "workers": setup.workers,
+        "capacity_blocks": setup.capacity,
+        "relay_limits": setup.relay_limits,
+        "quick": quick,
+        "runs": results,
+    });
+    std::fs::write(&json_path, serde_json::to_string_pretty(&document)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    std::fs::write(setup.out_dir.join("stream-bench.md"), &table)?;
+    eprintln!("figures written to {}", json_path.display());
+    Ok(())
+}
+
+fn write_cards(dir: &Path, setup: &Setup) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for worker in 0..setup.workers as u64 {
+        let instance_id = FIRST_WORKER_ID + worker;
+        let record = json!({
+            "type": "Model", "namespace": NAMESPACE, "component": COMPONENT, "endpoint": ENDPOINT,
+            "instance_id": instance_id,
+            "card_json": {
+                "display_name": MODEL, "source_path": format!("models/{MODEL}"),
+                "kv_cache_block_size": kvrelay_benches::BLOCK_SIZE,
+                "model_type": "Chat", "worker_type": "aggregated", "needs": [],
+                "runtime_config": {
+                    "total_kv_blocks": setup.capacity,
+                    "data_parallel_start_rank": 0, "data_parallel_size": 1
+                }
+            }
+        });
+        std::fs::write(dir.join(format!("w{worker}.json")), record.to_string())?;
+    }
+    Ok(())
+}
+
+/// The relay's figures at one moment (`/metrics` and the pool's `/v1/pools/{pool}/stats`).
+#[derive(Debug, Clone, Default)]
+struct RelaySample {
+    /// Events the pool actor applied / rejected (pool stats).
+    events_applied: f64,
+    events_rejected: f64,
+    /// The pool's publication sequence.
+    sequence: u64,
+    /// Times the publication hub was overrun by its actor (pool stats).
+    hub_overruns: f64,
+    /// Deltas the pool published, and bucket images in them (pool stats `publications`,
+    /// `emitted_images`): what a subscriber that keeps up receives, attached or not.
+    publications: f64,
+    emitted_images: f64,
+    /// Events the ingest sources handed to the pool (`kvrelay_events_total{submitted}`).
+    events_submitted: f64,
+    pool_frames: f64,
+    pool_bytes: f64,
+    pool_lagged: f64,
+    errors: BTreeMap<String, f64>,
+    ingest_replays: BTreeMap<String, f64>,
+    ingest_resets: BTreeMap<String, f64>,
+}
+
+fn relay_sample(admin: &str, stats_path: &str) -> Result<RelaySample> {
+    let (status, text) = http_get(admin, "/metrics", HTTP_TIMEOUT)?;
+    if status != 200 {
+        bail!("/metrics answered {status}");
+    }
+    let (status, body) = http_get(admin, stats_path, HTTP_TIMEOUT)?;
+    if status != 200 {
+        bail!("{stats_path} answered {status}");
+    }
+    let stats: Value = serde_json::from_str(&body).context("parsing the pool stats")?;
+    let stat = |name: &str| stats["stats"][name].as_f64().unwrap_or(0.0);
+    Ok(RelaySample {
+        events_applied: stat("events_applied"),
+        events_rejected: stat("events_rejected"),
+        sequence: stats["stats"]["sequence"].as_u64().unwrap_or(0),
+        hub_overruns: stat("hub_overruns"),
+        publications: stat("publications"),
+        emitted_images: stat("emitted_images"),
+        events_submitted: metric_sum(
+            &text,
+            "kvrelay_events_total",
+            &[("disposition", "submitted")],
+        ),
+        pool_frames: metric_sum(&text, "kvrelay_frames_sent_total", &[("stream", "pool")]),
+        pool_bytes: metric_sum(&text, "kvrelay_bytes_sent_total", &[("stream", "pool")]),
+        pool_lagged: metric_sum(
+            &text,
+            "kvrelay_subscriber_lagged_total",
+            &[("stream", "pool")],
+        ),
+        errors: metric_by_label(&text, "kvrelay_errors_sent_total", "reason")
+            .into_iter()
+            .collect(),
+        ingest_replays: metric_by_label(&text, "kvrelay_ingest_replays_total", "outcome")
+            .into_iter()
+            .collect(),
+        ingest_resets: metric_by_label(&text, "kvrelay_ingest_resets_total", "cause")
+            .into_iter()
+            .collect(),
+    })
+}
+
+/// The pool's stats path from `/v1/pools` (the benchmark has one pool).
+fn pool_stats_path(admin: &str) -> Result<String> {
+    let (_, body) = http_get(admin, "/v1/pools", HTTP_TIMEOUT)?;
+    let pools: Value = serde_json::from_str(&body).context("parsing /v1/pools")?;
+    let pool = pools["pools"][0]["pool"]
+        .as_str()
+        .context("no pool in /v1/pools")?;
+    Ok(format!("/v1/pools/{pool}/stats"))
+}
+
+/// `after - before` per label, nonzero ones only.
+fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(label, n)| (label.clone(), n - before.get(label).copied().unwrap_or(0.0)))
+        .filter(|(_, n)| *n > 0.0)
+        .collect()
+}
+
+async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
+    let dir = setup.out_dir.join("stream-bench").join(&spec.name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let dir = dir.canonicalize()?;
+    let cards = dir.join("cards");
+    write_cards(&cards, setup)?;
+
+    // Engines first: their sockets are bound before the relay dials them.
+    let mut engines = Vec::new();
+    let mut sources = String::new();
+    let mut stamp_paths = Vec::new();
+    for index in 0..setup.workers {
+        let (publish, replay) = (free_port()?, free_port()?);
+        let worker_id = FIRST_WORKER_ID + index as u64;
+        let stamps = dir.join(format!("stamps-{index}.txt"));
+        stamp_paths.push(stamps.display().to_string());
+        let log = std::fs::File::create(dir.join(format!("engine-{index}.log")))?;
+        let mut command = Command::new(setup.bin_dir.join("stream-engine"));
+        command
+            .arg("--index")
+            .arg(index.to_string())
+            .arg("--workers")
+            .arg(setup.workers.to_string())
+            .arg("--worker-id")
+            .arg(worker_id.to_string())
+            .arg("--trace")
+            .arg(&setup.trace)
+            .arg("--capacity")
+            .arg(setup.capacity.to_string())
+            .arg("--rate")
+            .arg(spec.rate.to_string())
+            .arg("--max-seconds")
+            .arg(spec.max_seconds.to_string())
+            .arg("--publish")
+            .arg(format!("tcp://127.0.0.1:{publish}"))
+            .arg("--replay")
+            .arg(format!("tcp://127.0.0.1:{replay}"))
+            .arg("--stamps")
+            .arg(&stamps);
+        engines.push(Proc::spawn(
+            &format!("stream-engine {index}"),
+            &mut command,
+            Stdio::from(log),
+        )?);
+        sources.push_str(&format!(
+            "\n[[sources]]\nendpoint = \"{NAMESPACE}.{COMPONENT}.{ENDPOINT}\"\nworker_id = {worker_id}\n\
+             dp_rank = 0\nengine = \"vllm\"\nzmq = \"tcp://127.0.0.1:{publish}\"\n\
+             replay = \"tcp://127.0.0.1:{replay}\"\n"
+        ));
+    }
+    for engine in &mut engines {
+        engine.expect("ready", Duration::from_secs(60)).await?;
+    }
+
+    let (wan, admin_port) = (free_port()?, free_port()?);
+    let admin = format!("127.0.0.1:{admin_port}");
+    let mut limits = String::new();
+    if !setup.relay_limits.is_empty() {
+        limits.push_str("\n[limits]\n");
+        for line in &setup.relay_limits {
+            limits.push_str(line);
+            limits.push('\n');
+        }
+    }
+    let config = format!(
+        "dc_id = \"dc-bench\"\n\n[wan]\nlisten = \"127.0.0.1:{wan}\"\n\n[admin]\nlisten = \"{admin}\"\n\n\
+         [discovery]\nbackend = \"file\"\ndir = \"{}\"\n{sources}{limits}",
+        cards.display()
+    );
+    let config_path = dir.join("relay.toml");
+    std::fs::write(&config_path, config)?;
+    let relay_log = std::fs::File::create(dir.join("relay.log"))?;
+    let mut relay = Proc::spawn(
+        "kvrelay relay",
+        Command::new(&setup.kvrelay)
+            .arg("relay")
+            .arg("--config")
+            .arg(&config_path),
+        Stdio::from(relay_log),
+    )?;
+    let ready_deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok((200, _)) = http_get(&admin, "/readyz", HTTP_TIMEOUT) {
+            break;
+        }
+        if let Ok(Some(status)) = relay.child.try_wait() {
+            bail!(
+                "the relay exited with {status} (see {})",
+                dir.join("relay.log").display()
+            );
+        }
+        if Instant::now() >= ready_deadline {
+            bail!(
+                "the relay was not ready within 30 s (see {})",
+                dir.join("relay.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let mut follower = Proc::spawn(
+        "stream-follower",
+        Command::new(setup.bin_dir.join("stream-follower"))
+            .arg("--relay")
+            .arg(format!("127.0.0.1:{wan}"))
+            .arg("--trace")
+            .arg(&setup.trace)
+            .arg("--stamps")
+            .arg(stamp_paths.join(",")),
+        Stdio::inherit(),
+    )?;
+    follower
+        .expect("installed", Duration::from_secs(60))
+        .await?;
+
+    let stats_path = pool_stats_path(&admin)?;
+    let before = relay_sample(&admin, &stats_path)?;
+    let started = Instant::now();
+    let go_ns = kvrelay_benches::stamps::unix_ns();
+    for engine in &mut engines {
+        engine.send("go")?;
+    }
+    let mut sent = vec![0u64; engines.len()];
+    let mut done: Vec<Option<(u64, u64)>> = vec![None; engines.len()];
+    let mut last = (Instant::now(), before.clone(), 0u64);
+    let hard_stop = Duration::from_secs_f64(spec.max_seconds + 120.0);
+    let mut next_progress = started + Duration::from_secs(1);
+    while done.iter().any(Option::is_none) {
+        // Engines are polled every 100 ms (so their end is noticed promptly), progress is
+        // printed every second.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for (at, engine) in engines.iter_mut().enumerate() {
+            while let Ok(line) = engine.lines.try_recv() {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                match words.as_slice() {
+                    ["sent", events, _] => sent[at] = events.parse().unwrap_or(sent[at]),
+                    ["done", events, _, unix] => {
+                        let events = events.parse().unwrap_or(0);
+                        sent[at] = events;
+                        done[at] = Some((events, unix.parse().unwrap_or(0)));
+                    }
+                    _ => {}
+                }
+            }
+            if done[at].is_none()
+                && let Ok(Some(status)) = engine.child.try_wait()
+            {
+                bail!("{} exited with {status}", engine.name);
+            }
+        }
+        let now = Instant::now();
+        if now < next_progress && done.iter().any(Option::is_none) {
+            continue;
+        }
+        next_progress += Duration::from_secs(1);
+        let sample = relay_sample(&admin, &stats_path)?;
+        let total_sent: u64 = sent.iter().sum();
+        let dt = now.duration_since(last.0).as_secs_f64().max(1e-9);
+        eprintln!(
+            "[{}] {:>4.0} s: engines sent {:>9} ev ({:>6.1} k/s), relay applied {:>9} ({:>6.1} k/s), pool {:>6.0} frames/s {:>7.2} MB/s, lagged cut-offs {}",
+            spec.name,
+            now.duration_since(started).as_secs_f64(),
+            total_sent,
+            (total_sent - last.2) as f64 / dt / 1e3,
+            (sample.events_applied - before.events_applied) as u64,
+            (sample.events_applied - last.1.events_applied) / dt / 1e3,
+            (sample.pool_frames - last.1.pool_frames) / dt,
+            (sample.pool_bytes - last.1.pool_bytes) / dt / 1e6,
+            sample.pool_lagged - before.pool_lagged,
+        );
+        last = (now, sample, total_sent);
+        if now.duration_since(started) > hard_stop {
+            bail!("the engines did not finish within {hard_stop:?}");
+        }
+    }
+    let stop_ns = done.iter().flatten().map(|(_, ns)| *ns).max().unwrap_or(0);
+    let events_sent: u64 = done.iter().flatten().map(|(events, _)| *events).sum();
+    // From the engines' own clocks: the driver notices `done` only on its next tick.
+    let publish_seconds = stop_ns.saturating_sub(go_ns) as f64 / 1e9;
+
+    // The relay has drained when its pool has applied or rejected every event sent (or
+    // stopped moving for 3 s).
+    let mut drained = Instant::now();
+    let mut previous = -1.0;
+    let drain_deadline = Instant::now() + Duration::from_secs(120);
+    let mut drained_sample;
+    loop {
+        drained_sample = relay_sample(&admin, &stats_path)?;
+        let disposed = drained_sample.events_applied + drained_sample.events_rejected
+            - before.events_applied
+            - before.events_rejected;
+        if disposed >= events_sent as f64 {
+            drained = Instant::now();
+            break;
+        }
+        if disposed != previous {
+            previous = disposed;
+            drained = Instant::now();
+        } else if drained.elapsed() > Duration::from_secs(3) || Instant::now() >= drain_deadline {
+            eprintln!(
+                "[{}] the relay's pool stopped at {disposed} of {events_sent} events",
+                spec.name
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let final_sequence = drained_sample.sequence;
+    let relay_memory = process_memory(relay.pid()).unwrap_or_default();
+    let follower_memory = process_memory(follower.pid()).unwrap_or_default();
+    follower.send(&format!("final {final_sequence} {stop_ns}"))?;
+    let report_line = follower.expect("{", Duration::from_secs(120)).await?;
+    let report: Value =
+        serde_json::from_str(&report_line).context("parsing the follower's report")?;
+    let after = relay_sample(&admin, &stats_path)?;
+    for engine in &mut engines {
+        let _ = engine.send("quit");
+    }
+    relay.stop();
+    drop(engines);
+    follower.stop();
+
+    let busy_seconds = drained.duration_since(started).as_secs_f64().max(1e-9);
+    let applied = after.events_applied - before.events_applied;
+    let errors = diff(&after.errors, &before.errors);
+    let deltas = report["deltas_applied"].as_f64().unwrap_or(0.0);
+    let time_current = report["time_current_s"].as_f64().unwrap_or(0.0);
+    let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    Ok(json!({
+        "run": spec.name,
+        "target_events_per_s": spec.rate,
+        "events_sent": events_sent,
+        "publish_seconds": publish_seconds,
+        "engine_events_per_s": events_sent as f64 / publish_seconds.max(1e-9),
+        "relay_events_applied": applied,
+        "relay_events_per_s": applied / busy_seconds,
+        "relay_drained_after_stop_s": (busy_seconds - publish_seconds).max(0.0),
+        "relay_pool_frames": after.pool_frames - before.pool_frames,
+        "relay_pool_frames_per_s": (after.pool_frames - before.pool_frames) / busy_seconds,
+        "relay_pool_bytes_per_s": (after.pool_bytes - before.pool_bytes) / busy_seconds,
+        "relay_pool_subscriber_lagged": after.pool_lagged - before.pool_lagged,
+        "relay_error_frames": errors,
+        "relay_events_submitted": after.events_submitted - before.events_submitted,
+        "relay_events_rejected": after.events_rejected - before.events_rejected,
+        "relay_hub_overruns": after.hub_overruns - before.hub_overruns,
+        "relay_ingest_replays": diff(&after.ingest_replays, &before.ingest_replays),
+        "relay_ingest_resets": diff(&after.ingest_resets, &before.ingest_resets),
+        "consumer_delta_frames_per_s": deltas / busy_seconds,
+        "consumer_delta_frames_per_current_s": if time_current > 0.0 { deltas / time_current } else { 0.0 },
+        "relay_published_deltas_per_s": (after.publications - before.publications) / busy_seconds,
+        "relay_emitted_images_per_s": (after.emitted_images - before.emitted_images) / busy_seconds,
+        "final_sequence": final_sequence,
+        "relay_rss_peak_mb": mb(relay_memory.peak_bytes),
+        "relay_rss_mb": mb(relay_memory.current_bytes),
+        "follower_rss_peak_mb": mb(follower_memory.peak_bytes),
+        "follower_rss_mb": mb(follower_memory.current_bytes),
+        "follower": report,
+    }))
+}
+
+fn number(value: &Value, digits: usize) -> String {
+    value
+        .as_f64()
+        .map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn reasons(value: &Value) -> String {
+    match value.as_object() {
+        Some(map) if !map.is_empty() => map
+            .iter()
+            .map(|(reason, n)| format!("{reason} {}", number(n, 0)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "0".to_owned(),
+    }
+}
+
+/// The Markdown table of every run.
+fn render(results: &[Value]) -> String {
+    let mut out = String::from(
+        "\n| run | target ev/s | events | publish s | relay ev/s | usable | cut-offs (relay errors) | resubscribes (consumer) | published deltas/s | consumer deltas/s (per current s) | pool frames/s | pool MB/s | latency p50 / p99 ms (seen/probes) | relay drained after stop s | current after stop s | relay RSS peak MB | follower RSS peak MB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for run in results {
+        let follower = &run["follower"];
+        let latency = &follower["latency"];
+        let ms = |v: &Value| {
+            v.as_f64()
+                .map_or_else(|| "unseen".to_owned(), |v| format!("{v:.1}"))
+        };
+        let target = run["target_events_per_s"].as_f64().unwrap_or(0.0);
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {}{} | {} | {} | {} ({}) | {} | {} | {} / {} ({}/{}) | {} | {} | {} | {} |\n",
+            run["run"].as_str().unwrap_or("?"),
+            if target > 0.0 { format!("{target:.0}") } else { "flat out".to_owned() },
+            number(&run["events_sent"], 0),
+            number(&run["publish_seconds"], 1),
+            number(&run["relay_events_per_s"], 0),
+            follower["usable_fraction"]
+                .as_f64()
+                .map_or_else(|| "-".to_owned(), |f| format!("{:.1} %", 100.0 * f)),
+            reasons(&run["relay_error_frames"]),
+            match run["relay_hub_overruns"].as_f64() {
+                Some(n) if n > 0.0 => format!(" (hub overruns {n:.0})"),
+                _ => String::new(),
+            },
+            reasons(&follower["resubscribes"]),
+            number(&run["relay_published_deltas_per_s"], 0),
+            number(&run["consumer_delta_frames_per_s"], 0),
+            number(&run["consumer_delta_frames_per_current_s"], 0),
+            number(&run["relay_pool_frames_per_s"], 0),
+            run["relay_pool_bytes_per_s"]
+                .as_f64()
+                .map_or_else(|| "-".to_owned(), |b| format!("{:.2}", b / 1e6)),
+            ms(&latency["p50_ms"]),
+            ms(&latency["p99_ms"]),
+            number(&latency["seen"], 0),
+            number(&latency["probes"], 0),
+            number(&run["relay_drained_after_stop_s"], 2),
+            follower["time_to_current_after_stop_s"]
+                .as_f64()
+                .map_or_else(|| "never".to_owned(), |s| format!("{s:.2}")),
+            number(&run["relay_rss_peak_mb"], 0),
+            number(&run["follower_rss_peak_mb"], 0),
+        ));
+    }
+    out
+}

@@ -1,0 +1,292 @@
+//! `stream-follower`: the consumer process of the stream benchmark.
+//!
+//! Follows one relay with [`kvrelay_consumer::Consumer`] (default configuration, as a
+//! router would run it) and measures, from the outside of the consumer's API:
+//!
+//! - **usable fraction**: every `--sample-ms` (10 ms) the pool's replica status is
+//!   sampled; each interval counts as usable when the replica was `current` at its start.
+//!   Fraction = usable time / time since the first install.
+//! - **event → replica latency**: engines stamp the wall-clock send time of the batch of
+//!   every request whose first block is new to the trace (no worker can hold it before;
+//!   `sim::first_block_new`); every `--probe-ms` (2 ms), while the replica is current, the
+//!   follower scores each pending probe's first block and takes the first time the pool's
+//!   estimated prefix covers it. Latency = that time − send time (both wall clock, same
+//!   host). It includes
+//!   relay ingest, batching, the WAN hop and the consumer's apply, plus up to one probe
+//!   interval; a request not seen within `--probe-timeout-s` (or before the end) is
+//!   *unseen* and counts as infinitely late in the percentiles.
+//! - **time to current after the publishers stop**: the driver sends
+//!   `final SEQUENCE STOP_UNIX_NS` on stdin (the relay's final pool sequence and when the
+//!   last engine finished); the follower reports when its replica is current at or past
+//!   that sequence.
+//!
+//! Prints `installed` once the first replica is current, one progress line a second on
+//! stderr, and the JSON report on stdout when done (or on `stop`).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Seek};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use kvrelay_benches::sim::{request_keys, request_tokens};
+use kvrelay_benches::stamps::{Stamp, unix_ns};
+use kvrelay_benches::{Flags, MODEL, percentile};
+use kvrelay_consumer::{
+    Consumer, ConsumerConfig, Ranking, RelayConfig, ReplicaStatus, ResubscribeReason, ScoreRequest,
+};
+use tokio::io::AsyncBufReadExt;
+
+/// A request waiting to become visible.
+struct Pending {
+    stamp: Stamp,
+    request: ScoreRequest,
+}
+
+/// Tails one stamp file.
+struct Tail {
+    path: String,
+    offset: u64,
+}
+
+impl Tail {
+    fn read_new(&mut self, out: &mut Vec<Stamp>) -> Result<()> {
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return Ok(());
+        };
+        file.seek(std::io::SeekFrom::Start(self.offset))?;
+        let mut reader = std::io::BufReader::new(file);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line)?;
+            // Only complete lines: a partial last line is read again next time.
+            if n == 0 || !line.ends_with('\n') {
+                return Ok(());
+            }
+            self.offset += n as u64;
+            if let Some(stamp) = Stamp::parse(line.trim_end()) {
+                out.push(stamp);
+            }
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let flags = Flags::from_env();
+    let relay: String = flags.get("relay")?;
+    let trace: String = flags.get("trace")?;
+    let stamp_paths: String = flags.get("stamps")?;
+    let sample_every = Duration::from_millis(flags.get_or("sample-ms", 10)?);
+    let probe_every = Duration::from_millis(flags.get_or("probe-ms", 2)?);
+    let probe_timeout = Duration::from_secs_f64(flags.get_or("probe-timeout-s", 30.0)?);
+    let install_timeout = Duration::from_secs_f64(flags.get_or("install-timeout-s", 60.0)?);
+    let final_timeout = Duration::from_secs_f64(flags.get_or("final-timeout-s", 60.0)?);
+
+    let text = std::fs::read_to_string(&trace).with_context(|| format!("reading {trace}"))?;
+    let requests = kvrelay_ingest::parse_request_trace(&text)?;
+    let mut tails: Vec<Tail> = stamp_paths
+        .split(',')
+        .map(|path| Tail {
+            path: path.to_owned(),
+            offset: 0,
+        })
+        .collect();
+
+    let mut config = ConsumerConfig::new(vec![RelayConfig::new(&relay, "dc-bench")]);
+    config.subscriber_id = "stream-follower".to_owned();
+    let consumer = Arc::new(Consumer::start(config)?);
+    let installed = consumer
+        .wait_until(install_timeout, |state, now| {
+            state
+                .pools(now)
+                .iter()
+                .any(|pool| pool.replica == ReplicaStatus::Current)
+        })
+        .await;
+    if !installed {
+        anyhow::bail!("no replica became current within {install_timeout:?}");
+    }
+    println!("installed");
+
+    let (command_tx, mut commands) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if command_tx.send(line.trim().to_owned()).is_err() {
+                return;
+            }
+        }
+    });
+
+    let first_install = Instant::now();
+    let mut last_sample = first_install;
+    let mut was_current = true;
+    let mut current_time = Duration::ZERO;
+    let mut losses = 0u64;
+    let mut sequence: Option<u64> = None;
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut latencies_ms: Vec<f64> = Vec::new();
+    let mut unseen = 0u64;
+    let mut probes = 0u64;
+    let mut new_stamps = Vec::new();
+    let mut ranking = Ranking::default();
+    let mut final_target: Option<(u64, u64, Instant)> = None;
+    let mut time_to_current: Option<f64> = None;
+    let mut next_progress = first_install + Duration::from_secs(1);
+    let mut ticker = tokio::time::interval(probe_every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+
+    loop {
+        ticker.tick().await;
+        let now = Instant::now();
+        if now.duration_since(last_sample) >= sample_every {
+            let pools = consumer.pools();
+            let status = pools.first().map(|pool| (pool.replica, pool.sequence));
+            let current = matches!(status, Some((ReplicaStatus::Current, _)));
+            if was_current {
+                current_time += now.duration_since(last_sample);
+            }
+            if was_current && !current {
+                losses += 1;
+            }
+            was_current = current;
+            sequence = status.and_then(|(_, sequence)| sequence);
+            last_sample = now;
+        }
+        for tail in &mut tails {
+            tail.read_new(&mut new_stamps)?;
+        }
+        for stamp in new_stamps.drain(..) {
+            let Some(record) = requests.get(stamp.request) else {
+                continue;
+            };
+            let keys = request_keys(record);
+            probes += 1;
+            pending.push(Pending {
+                stamp,
+                request: ScoreRequest {
+                    tokens: request_tokens(&keys, stamp.blocks),
+                    model: MODEL.to_owned(),
+                    ..ScoreRequest::default()
+                },
+            });
+        }
+        // Nothing can become visible while the replica is not current.
+        if was_current {
+            let wall = unix_ns();
+            pending.retain(|probe| {
+                if consumer.score_into(&probe.request, &mut ranking).is_err() {
+                    return true;
+                }
+                let covered = ranking.candidates.iter().any(|candidate| {
+                    candidate.legs.iter().any(|leg| {
+                        leg.prefix_blocks
+                            .is_some_and(|blocks| blocks as usize >= probe.stamp.blocks)
+                    })
+                });
+                if covered {
+                    latencies_ms.push(wall.saturating_sub(probe.stamp.sent_unix_ns) as f64 / 1e6);
+                }
+                !covered
+            });
+        }
+        let wall = unix_ns();
+        let before = pending.len();
+        pending.retain(|probe| {
+            Duration::from_nanos(wall.saturating_sub(probe.stamp.sent_unix_ns)) < probe_timeout
+        });
+        unseen += (before - pending.len()) as u64;
+
+        while let Ok(command) = commands.try_recv() {
+            let mut words = command.split_whitespace();
+            match words.next() {
+                Some("final") => {
+                    let target = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+                    let stop_ns = words.next().and_then(|w| w.parse().ok()).unwrap_or(wall);
+                    final_target = Some((target, stop_ns, now));
+                }
+                Some("stop") => final_target = Some((u64::MAX, wall, now - final_timeout)),
+                _ => {}
+            }
+        }
+        if let Some((target, stop_ns, asked)) = final_target {
+            if was_current && sequence.is_some_and(|sequence| sequence >= target) {
+                time_to_current = Some(unix_ns().saturating_sub(stop_ns) as f64 / 1e9);
+                break;
+            }
+            if now.duration_since(asked) >= final_timeout {
+                break;
+            }
+        }
+        if now >= next_progress {
+            next_progress += Duration::from_secs(1);
+            let since = now.duration_since(first_install).as_secs_f64();
+            eprintln!(
+                "    follower: {} seq {} usable {:.1}% of {:.0} s, {} losses, {} seen / {} pending / {} unseen probes",
+                if was_current {
+                    "current"
+                } else {
+                    "NOT current"
+                },
+                sequence.map_or_else(|| "-".to_owned(), |s| s.to_string()),
+                100.0 * current_time.as_secs_f64() / since.max(1e-9),
+                since,
+                losses,
+                latencies_ms.len(),
+                pending.len(),
+                unseen
+            );
+        }
+    }
+
+    let elapsed = first_install.elapsed().as_secs_f64();
+    unseen += pending.len() as u64;
+    latencies_ms.sort_by(f64::total_cmp);
+    // Unseen probes are infinitely late: a percentile falling on them is reported as null.
+    let total = latencies_ms.len() + unseen as usize;
+    let quantile = |p: f64| -> serde_json::Value {
+        if total == 0 {
+            return serde_json::Value::Null;
+        }
+        let rank = ((total as f64 - 1.0) * p).round() as usize;
+        latencies_ms
+            .get(rank)
+            .map_or(serde_json::Value::Null, |ms| serde_json::json!(ms))
+    };
+    let metrics = consumer.metrics();
+    let resubscribes: BTreeMap<&str, u64> = ResubscribeReason::ALL
+        .iter()
+        .map(|reason| (reason.as_str(), metrics.resubscribes_for(*reason)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let report = serde_json::json!({
+        "usable_fraction": current_time.as_secs_f64() / elapsed.max(1e-9),
+        "time_current_s": current_time.as_secs_f64(),
+        "time_since_first_install_s": elapsed,
+        "replica_losses": losses,
+        "resubscribes": resubscribes,
+        "resubscribes_total": resubscribes.values().sum::<u64>(),
+        "snapshots_installed": metrics.snapshots_installed,
+        "deltas_applied": metrics.deltas_applied,
+        "heartbeats": metrics.heartbeats,
+        "latency": {
+            "probes": probes,
+            "seen": latencies_ms.len(),
+            "unseen": unseen,
+            "p50_ms": quantile(0.50),
+            "p99_ms": quantile(0.99),
+            "seen_p50_ms": percentile(&latencies_ms, 0.50),
+            "seen_p99_ms": percentile(&latencies_ms, 0.99),
+        },
+        "time_to_current_after_stop_s": time_to_current,
+        "final_sequence": final_target.map(|(target, _, _)| target),
+        "last_sequence": sequence,
+    });
+    println!("{report}");
+    if let Ok(consumer) = Arc::try_unwrap(consumer) {
+        consumer.shutdown().await;
+    }
+    Ok(())
+}

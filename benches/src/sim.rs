@@ -1,0 +1,309 @@
+//! One simulated vLLM worker's prefix cache: an LRU of 16-token blocks fed by a request
+//! trace, emitting the KV events vLLM would publish.
+//!
+//! Why not `kvrelay_ingest::TraceWorkload`: it emits router events (no token ids, one
+//! removal event per request), while a vLLM engine publishes `BlockStored` with the
+//! blocks' tokens and one `BlockRemoved` per evicted block (vLLM's block pool evicts one
+//! cached block at a time as it allocates). The cache model is the same: blocks of the
+//! running request are never evicted; when nothing else is evictable the request is cut.
+//!
+//! The trace's `hash_ids` name 512-token blocks; each becomes 32 consecutive 16-token
+//! blocks (key `hash_id * 32 + i`), and a request caches its `input_length / 16` full
+//! blocks. Block tokens are synthesized per key with [`kvrelay_ingest::block_tokens`], so a
+//! consumer can rebuild a request's prompt with [`request_tokens`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use kvrelay_ingest::{
+    BlockRemoved, BlockStored, EngineBlockHash, EngineEvent, HashRepr, RequestRecord, TokenIds,
+    block_tokens,
+};
+
+use crate::{BLOCK_SIZE, TOKEN_SEED, TRACE_BLOCK_TOKENS};
+
+/// 16-token blocks per trace block.
+pub const SUB_BLOCKS: u64 = (TRACE_BLOCK_TOKENS / BLOCK_SIZE) as u64;
+
+/// The 16-token block keys of a request, in prefix order (its full blocks only).
+pub fn request_keys(request: &RequestRecord) -> Vec<u64> {
+    let full_blocks = (request.input_length / u64::from(BLOCK_SIZE))
+        .min(request.hash_ids.len() as u64 * SUB_BLOCKS);
+    (0..full_blocks)
+        .filter_map(|at| {
+            let trace_block = request.hash_ids.get((at / SUB_BLOCKS) as usize)?;
+            Some(trace_block * SUB_BLOCKS + at % SUB_BLOCKS)
+        })
+        .collect()
+}
+
+/// The prompt tokens of the first `n_blocks` blocks of `keys`, as the engines publish them.
+pub fn request_tokens(keys: &[u64], n_blocks: usize) -> Vec<u32> {
+    keys.iter()
+        .take(n_blocks)
+        .flat_map(|key| block_tokens(*key, BLOCK_SIZE, TOKEN_SEED))
+        .collect()
+}
+
+/// For every request of a trace, whether its first block appears there for the first
+/// time in the whole trace. Such a request's first block cannot be in any worker's cache
+/// before its batch, so the moment a consumer's replica covers that one block is the
+/// moment the batch's first store became visible there: these requests are the latency
+/// probes (probing one block keeps the follower's work and memory per probe tiny; the
+/// trace's ids name whole prefixes, so a new first block means the whole request is new).
+pub fn first_block_new(requests: &[RequestRecord]) -> Vec<bool> {
+    let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    requests
+        .iter()
+        .map(|request| {
+            let keys = request_keys(request);
+            let fresh = keys.first().is_some_and(|first| !seen.contains(first));
+            seen.extend(keys);
+            fresh
+        })
+        .collect()
+}
+
+/// What serving one request published.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Served {
+    /// The batch's events, in order (removals first, then stores).
+    pub events: Vec<EngineEvent>,
+    /// Blocks of the request resident after it (the prefix a router can now find).
+    pub resident_blocks: usize,
+    /// Blocks stored by this request.
+    pub stored_blocks: usize,
+}
+
+/// One worker's cache.
+#[derive(Debug)]
+pub struct WorkerCache {
+    worker_id: u64,
+    capacity: usize,
+    /// key → (engine block hash, last use tick).
+    blocks: HashMap<u64, (u64, u64)>,
+    /// last use tick → key (LRU order).
+    by_tick: BTreeMap<u64, u64>,
+    tick: u64,
+}
+
+impl WorkerCache {
+    /// An empty cache of `capacity` blocks for worker `worker_id`.
+    pub fn new(worker_id: u64, capacity: usize) -> Self {
+        Self {
+            worker_id,
+            capacity: capacity.max(1),
+            blocks: HashMap::new(),
+            by_tick: BTreeMap::new(),
+            tick: 0,
+        }
+    }
+
+    /// Blocks cached now.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Serves a request whose prefix blocks are `keys`.
+    pub fn serve(&mut self, keys: &[u64]) -> Served {
+        let request_start = self.tick;
+        let mut events = Vec::new();
+        let mut stores: Vec<EngineEvent> = Vec::new();
+        let mut run: Vec<u64> = Vec::new();
+        let mut run_keys: Vec<u64> = Vec::new();
+        let mut run_parent: Option<u64> = None;
+        let mut previous: Option<u64> = None;
+        let mut resident = 0usize;
+        let mut stored = 0usize;
+        for &key in keys {
+            if let Some(engine_hash) = self.touch(key) {
+                if !run.is_empty() {
+                    stores.push(stored_event(
+                        std::mem::take(&mut run),
+                        std::mem::take(&mut run_keys),
+                        run_parent,
+                    ));
+                }
+                previous = Some(engine_hash);
+                resident += 1;
+                continue;
+            }
+            if self.blocks.len() >= self.capacity {
+                match self.evict_before(request_start) {
+                    Some(evicted) => events.push(removed_event(evicted)),
+                    None => break,
+                }
+            }
+            let engine_hash = engine_block_hash(self.worker_id, key);
+            self.insert(key, engine_hash);
+            if run.is_empty() {
+                run_parent = previous;
+            }
+            run.push(engine_hash);
+            run_keys.push(key);
+            previous = Some(engine_hash);
+            resident += 1;
+            stored += 1;
+        }
+        if !run.is_empty() {
+            stores.push(stored_event(run, run_keys, run_parent));
+        }
+        events.extend(stores);
+        Served {
+            events,
+            resident_blocks: resident,
+            stored_blocks: stored,
+        }
+    }
+
+    fn touch(&mut self, key: u64) -> Option<u64> {
+        self.tick += 1;
+        let tick = self.tick;
+        let entry = self.blocks.get_mut(&key)?;
+        self.by_tick.remove(&entry.1);
+        entry.1 = tick;
+        self.by_tick.insert(tick, key);
+        Some(entry.0)
+    }
+
+    fn insert(&mut self, key: u64, engine_hash: u64) {
+        self.tick += 1;
+        self.blocks.insert(key, (engine_hash, self.tick));
+        self.by_tick.insert(self.tick, key);
+    }
+
+    /// Evicts the least recently used block last used before `tick` (not one of the
+    /// running request's blocks).
+    fn evict_before(&mut self, tick: u64) -> Option<u64> {
+        let (&oldest, &key) = self.by_tick.iter().next()?;
+        if oldest > tick {
+            return None;
+        }
+        self.by_tick.remove(&oldest);
+        self.blocks.remove(&key).map(|(engine_hash, _)| engine_hash)
+    }
+}
+
+/// A worker's engine block hash for `key` (vLLM's hashes differ per worker: random seed).
+fn engine_block_hash(worker_id: u64, key: u64) -> u64 {
+    // splitmix64 of the pair: distinct, well spread, reproducible.
+    let mut z = key
+        .wrapping_add(worker_id.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    // vLLM's int hashes are non-negative 64-bit values below 2^63.
+    (z ^ (z >> 31)) >> 1
+}
+
+fn hash(value: u64) -> EngineBlockHash {
+    EngineBlockHash {
+        value,
+        repr: HashRepr::Unsigned,
+    }
+}
+
+fn removed_event(engine_hash: u64) -> EngineEvent {
+    EngineEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![hash(engine_hash)],
+        medium: Some("GPU".to_owned()),
+        group_idx: None,
+    })
+}
+
+fn stored_event(engine_hashes: Vec<u64>, keys: Vec<u64>, parent: Option<u64>) -> EngineEvent {
+    let tokens = keys
+        .iter()
+        .flat_map(|key| block_tokens(*key, BLOCK_SIZE, TOKEN_SEED))
+        .collect();
+    EngineEvent::BlockStored(BlockStored {
+        block_hashes: engine_hashes.into_iter().map(hash).collect(),
+        parent_block_hash: parent.map(hash),
+        token_ids: TokenIds::Flat(tokens),
+        block_size: BLOCK_SIZE,
+        lora_id: None,
+        medium: Some("GPU".to_owned()),
+        lora_name: None,
+        extra_keys: Vec::new(),
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        cache_salt: None,
+        lookahead_token_ids: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(input_length: u64, hash_ids: Vec<u64>) -> RequestRecord {
+        RequestRecord {
+            timestamp: 0,
+            input_length,
+            output_length: 1,
+            hash_ids,
+        }
+    }
+
+    #[test]
+    fn trace_blocks_split_into_full_sixteen_token_blocks() {
+        let keys = request_keys(&request(512 + 40, vec![7, 9]));
+        assert_eq!(keys.len(), 34);
+        assert_eq!(keys[0], 7 * SUB_BLOCKS);
+        assert_eq!(keys[32], 9 * SUB_BLOCKS);
+        assert_eq!(keys[33], 9 * SUB_BLOCKS + 1);
+    }
+
+    #[test]
+    fn a_full_cache_evicts_one_block_per_event_and_keeps_the_running_request() {
+        let mut cache = WorkerCache::new(1, 4);
+        let first = cache.serve(&[1, 2, 3]);
+        assert_eq!(first.events.len(), 1);
+        assert_eq!(first.stored_blocks, 3);
+        // Reuses 1 and 2, stores 10 and 11: one slot free, then one eviction (block 3).
+        let second = cache.serve(&[1, 2, 10, 11]);
+        assert_eq!(second.stored_blocks, 2);
+        let removals = second
+            .events
+            .iter()
+            .filter(|e| matches!(e, EngineEvent::BlockRemoved(r) if r.block_hashes.len() == 1))
+            .count();
+        assert_eq!(removals, 1);
+        assert_eq!(cache.len(), 4);
+        // A request longer than the cache is cut to it.
+        let long = cache.serve(&[20, 21, 22, 23, 24, 25]);
+        assert_eq!(long.resident_blocks, 4);
+        assert_eq!(long.stored_blocks, 4);
+    }
+
+    #[test]
+    fn stores_are_parented_on_the_cached_prefix() {
+        let mut cache = WorkerCache::new(1, 16);
+        cache.serve(&[1, 2]);
+        let served = cache.serve(&[1, 2, 3]);
+        let EngineEvent::BlockStored(stored) = &served.events[0] else {
+            panic!("expected a store");
+        };
+        assert_eq!(
+            stored.parent_block_hash,
+            Some(hash(engine_block_hash(1, 2)))
+        );
+        assert_eq!(stored.token_ids.len(), BLOCK_SIZE as usize);
+    }
+
+    #[test]
+    fn probes_are_requests_whose_first_block_is_new() {
+        let requests = vec![
+            request(1024, vec![1, 2]),
+            request(512, vec![1]),
+            request(1024, vec![1, 3]),
+            request(1024, vec![4, 3]),
+        ];
+        assert_eq!(first_block_new(&requests), vec![true, false, false, true]);
+    }
+}
