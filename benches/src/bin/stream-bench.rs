@@ -268,8 +268,12 @@ struct RelaySample {
     events_rejected: f64,
     /// The pool's publication sequence.
     sequence: u64,
-    /// Times the publication hub was overrun by its actor (pool stats).
-    hub_overruns: f64,
+    /// Publications the actor deferred because its hub's feed was full (pool stats;
+    /// before the publication rewrite the relay reported hub overruns here).
+    deferred_publications: f64,
+    /// Delta frames coalesced for subscribers that fell behind
+    /// (`kvrelay_stream_coalesced_frames_total`).
+    coalesced_frames: f64,
     /// Deltas the pool published, and bucket images in them (pool stats `publications`,
     /// `emitted_images`): what a subscriber that keeps up receives, attached or not.
     publications: f64,
@@ -299,7 +303,8 @@ fn relay_sample(admin: &str, stats_path: &str) -> Result<RelaySample> {
         events_applied: stat("events_applied"),
         events_rejected: stat("events_rejected"),
         sequence: stats["stats"]["sequence"].as_u64().unwrap_or(0),
-        hub_overruns: stat("hub_overruns"),
+        deferred_publications: stat("deferred_publications"),
+        coalesced_frames: metric_sum(&text, "kvrelay_stream_coalesced_frames_total", &[]),
         publications: stat("publications"),
         emitted_images: stat("emitted_images"),
         events_submitted: metric_sum(
@@ -592,7 +597,8 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
         "relay_error_frames": errors,
         "relay_events_submitted": after.events_submitted - before.events_submitted,
         "relay_events_rejected": after.events_rejected - before.events_rejected,
-        "relay_hub_overruns": after.hub_overruns - before.hub_overruns,
+        "relay_deferred_publications": after.deferred_publications - before.deferred_publications,
+        "relay_coalesced_frames": after.coalesced_frames - before.coalesced_frames,
         "relay_ingest_replays": diff(&after.ingest_replays, &before.ingest_replays),
         "relay_ingest_resets": diff(&after.ingest_resets, &before.ingest_resets),
         "consumer_delta_frames_per_s": deltas / busy_seconds,
@@ -650,8 +656,13 @@ fn render(results: &[Value]) -> String {
                 .as_f64()
                 .map_or_else(|| "-".to_owned(), |f| format!("{:.1} %", 100.0 * f)),
             reasons(&run["relay_error_frames"]),
-            match run["relay_hub_overruns"].as_f64() {
-                Some(n) if n > 0.0 => format!(" (hub overruns {n:.0})"),
+            match (
+                run["relay_deferred_publications"].as_f64(),
+                run["relay_coalesced_frames"].as_f64(),
+            ) {
+                (Some(d), Some(c)) if d > 0.0 || c > 0.0 => {
+                    format!(" (deferred {d:.0}, coalesced {c:.0})")
+                }
                 _ => String::new(),
             },
             reasons(&follower["resubscribes"]),
