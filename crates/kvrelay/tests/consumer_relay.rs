@@ -79,6 +79,8 @@ async fn start_relay(config: RelayConfig) -> (Relay, CatalogUpdate) {
 struct Follower {
     stream: ProbeStream<tokio::net::TcpStream>,
     mirror: PoolMirror,
+    addr: SocketAddr,
+    producer: ProducerIdentity,
 }
 
 impl Follower {
@@ -94,6 +96,8 @@ impl Follower {
         Self {
             stream: ProbeStream::connect(addr, &request).await.unwrap(),
             mirror: PoolMirror::new(producer).unwrap(),
+            addr,
+            producer,
         }
     }
 
@@ -106,6 +110,12 @@ impl Follower {
                 .unwrap()
                 .expect("the pool stream stays open");
             if let Ok(Message::Error(error)) = Message::from_frame(&frame) {
+                // A relay configured to cut every lagging subscriber (one test does) may
+                // cut this one too: start over, as a consumer would.
+                if error.effective_reason() == kvrelay_codec::v1::ErrorReason::SubscriberLagged {
+                    *self = Self::subscribe(self.addr, self.producer).await;
+                    continue;
+                }
                 panic!("relay ended the pool stream: {error:?}");
             }
             self.mirror.handle_frame(&frame).unwrap();
