@@ -109,6 +109,16 @@ fn material(names: &[&str]) -> Material {
 /// The example deployment with TLS (client certificates required when `mutual`) and
 /// the bearer token on its WAN listener, replayed once as fast as possible.
 async fn secured_relay(material: &Material, mutual: bool) -> Relay {
+    start_relay(Some(TlsConfig {
+        cert: material.server_cert.clone(),
+        key: material.server_key.clone(),
+        client_ca: mutual.then(|| material.ca_pem.clone()),
+    }))
+    .await
+}
+
+/// The example deployment with the token and `tls` (none: plaintext) on its WAN listener.
+async fn start_relay(tls: Option<TlsConfig>) -> Relay {
     let cards = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/deployment/cards");
     let mut config = RelayConfig {
         dc_id: "dc-tls".to_owned(),
@@ -122,11 +132,7 @@ async fn secured_relay(material: &Material, mutual: bool) -> Relay {
         speed: 0.0,
         loops: 1,
     });
-    config.wan.tls = Some(TlsConfig {
-        cert: material.server_cert.clone(),
-        key: material.server_key.clone(),
-        client_ca: mutual.then(|| material.ca_pem.clone()),
-    });
+    config.wan.tls = tls;
     config.wan.auth = Some(AuthConfig {
         token: Some(TOKEN.to_owned()),
         token_file: None,
@@ -325,6 +331,34 @@ async fn mutual_tls_admits_a_trusted_client_certificate_only() {
     );
     assert_all_current(&trusted).await;
     trusted.shutdown().await;
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_plaintext_mismatches_fail_cleanly() {
+    let material = material(&["127.0.0.1"]);
+    let plain = start_relay(None).await;
+    let tls_to_plain = start_consumer(
+        plain.wan_addr(),
+        RelayTls::new(&material.ca_pem),
+        Some(TOKEN),
+    );
+    assert_refused(tls_to_plain, tls_failures, "TLS handshake failed").await;
+    plain.shutdown().await.unwrap();
+
+    let relay = secured_relay(&material, false).await;
+    let mut config = ConsumerConfig::new(vec![
+        kvrelay_consumer::RelayConfig::new(&relay.wan_addr().to_string(), "dc-tls")
+            .with_token(BearerToken::new(TOKEN).unwrap()),
+    ]);
+    config.backoff = BackoffConfig {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..BackoffConfig::default()
+    };
+    let plain_to_tls = Consumer::start(config).unwrap();
+    // The relay answers the plaintext request with a TLS alert, which is no frame.
+    assert_refused(plain_to_tls, |m| m.relay_epoch_failures, "is not KVRW").await;
     relay.shutdown().await.unwrap();
 }
 
