@@ -242,6 +242,53 @@ mod tests {
     }
 
     #[test]
+    fn token_file_beats_the_environment_and_a_token_flag_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let args = SecurityArgs {
+            token_file: Some(file),
+            ..SecurityArgs::default()
+        };
+        let (tls, token) = args.resolve(Some("from-env".into())).unwrap();
+        assert!(tls.is_none());
+        assert_eq!(token, Some(BearerToken::new("from-file").unwrap()));
+        let (_, token) = SecurityArgs::default()
+            .resolve(Some("from-env".into()))
+            .unwrap();
+        assert_eq!(token, Some(BearerToken::new("from-env").unwrap()));
+        let flag = SecurityArgs {
+            token: Some("on-the-command-line".into()),
+            ..SecurityArgs::default()
+        };
+        let err = flag.resolve(None).unwrap_err();
+        assert!(err.downcast_ref::<crate::UsageError>().is_some());
+        assert!(!format!("{err:#}").contains("on-the-command-line"));
+    }
+
+    #[test]
+    fn tls_flags_become_the_relay_tls() {
+        let args = SecurityArgs {
+            tls_ca: Some("ca.pem".into()),
+            tls_cert: Some("c.pem".into()),
+            tls_key: Some("c.key".into()),
+            tls_server_name: Some("relay.example".into()),
+            ..SecurityArgs::default()
+        };
+        let (tls, token) = args.resolve(None).unwrap();
+        assert_eq!(
+            tls,
+            Some(RelayTls {
+                ca: "ca.pem".into(),
+                cert: Some("c.pem".into()),
+                key: Some("c.key".into()),
+                server_name: Some("relay.example".into()),
+            })
+        );
+        assert!(token.is_none());
+    }
+
+    #[test]
     fn non_numeric_token_is_a_usage_error() {
         let err = parse_tokens("1 two").unwrap_err();
         assert!(err.downcast_ref::<crate::UsageError>().is_some());
