@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvrelay_codec::PROTOCOL_MAJOR;
 use kvrelay_codec::v1::{ErrorReason, Message, RelayIdentity, StreamRpc};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,7 +28,7 @@ use crate::config::{ConfigError, ConsumerConfig};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
 use crate::scoring::{Ranking, ScoreError, ScoreRequest};
 use crate::state::{ConsumerState, FrameOutcome, PoolStatus};
-use crate::wire::{WireError, WireStream};
+use crate::wire::{Endpoint, WireError, WireStream};
 
 /// How long [`Consumer::shutdown`] waits for its tasks.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
@@ -58,8 +58,13 @@ pub struct Consumer {
 #[derive(Debug)]
 struct Shared {
     config: ConsumerConfig,
+    /// How to reach each relay (same order as `config.relays`), TLS material loaded.
+    endpoints: Vec<Endpoint>,
     state: RwLock<ConsumerState>,
     metrics: MetricsRecorder,
+    /// Why each relay's last epoch ended (`None` until one ends), same order as
+    /// `config.relays`; kept after a reconnect, so a flapping relay still explains itself.
+    last_errors: Mutex<Vec<Option<String>>>,
     /// Bumped after every state change, so waiters re-check their condition.
     changed: watch::Sender<u64>,
 }
@@ -72,12 +77,26 @@ impl Shared {
 }
 
 impl Consumer {
-    /// Validates `config` and starts one task per relay on the current tokio runtime.
+    /// Validates `config` (loading every relay's TLS material) and starts one task per
+    /// relay on the current tokio runtime.
     pub fn start(config: ConsumerConfig) -> Result<Self, ConfigError> {
         let state = ConsumerState::new(&config)?;
+        let endpoints = config
+            .relays
+            .iter()
+            .map(|relay| {
+                Ok(Endpoint {
+                    addr: relay.addr.clone(),
+                    tls: relay.connector()?,
+                    token: relay.token.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
         let (changed, _) = watch::channel(0);
         let shared = Arc::new(Shared {
             config,
+            last_errors: Mutex::new(vec![None; endpoints.len()]),
+            endpoints,
             state: RwLock::new(state),
             metrics: MetricsRecorder::default(),
             changed,
@@ -141,6 +160,19 @@ impl Consumer {
     /// Every admitted pool with its replica state.
     pub fn pools(&self) -> Vec<PoolStatus> {
         self.shared.state.read().pools(Instant::now())
+    }
+
+    /// Per relay (in configuration order): its DC and why its last connection epoch
+    /// ended, e.g. a TLS handshake or token refusal; `None` if none has ended yet.
+    pub fn relay_errors(&self) -> Vec<(String, Option<String>)> {
+        let errors = self.shared.last_errors.lock();
+        self.shared
+            .config
+            .relays
+            .iter()
+            .zip(errors.iter())
+            .map(|(relay, error)| (relay.dc.clone(), error.clone()))
+            .collect()
     }
 
     /// Every quarantined catalog entry.
@@ -226,6 +258,12 @@ enum EpochError {
     },
     #[error(transparent)]
     Catalog(#[from] crate::state::CatalogError),
+    #[error("relay {addr} refused the connection ({reason}): {message}")]
+    Refused {
+        addr: String,
+        reason: ErrorReason,
+        message: String,
+    },
     #[error("relay {addr} sent error {reason}: {message}")]
     Relay {
         addr: String,
@@ -280,6 +318,17 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             return;
         }
         shared.metrics.incr(Counter::RelayEpochFailures);
+        match &result {
+            Err(EpochError::Wire(WireError::Tls { .. })) => {
+                shared.metrics.incr(Counter::RelayTlsFailures);
+            }
+            Err(EpochError::Refused { .. }) => shared.metrics.incr(Counter::RelayRefusals),
+            _ => {}
+        }
+        shared.last_errors.lock()[relay] = Some(match &result {
+            Ok(()) => "relay epoch ended".to_owned(),
+            Err(err) => err.to_string(),
+        });
         if let Err(EpochError::RelayRestart { .. }) = &result {
             for _ in &dropped {
                 shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
@@ -306,7 +355,7 @@ async fn open(
 ) -> Result<WireStream, WireError> {
     let config = &shared.config;
     WireStream::open(
-        &config.relays[relay].addr,
+        &shared.endpoints[relay],
         &format!("{}/{suffix}", config.subscriber_id),
         rpc,
         config.limits.max_frame_len,
@@ -509,6 +558,13 @@ async fn relay_info(shared: &Shared, relay: usize) -> Result<RelayIdentity, Epoc
         Some(Message::RelayInfo(info)) => Err(EpochError::ContractMismatch {
             addr: addr.clone(),
             major: info.protocol_major,
+        }),
+        // The first answer of an epoch: an error here is the relay refusing us (a missing
+        // or wrong token, typically), counted apart from errors on established streams.
+        Some(Message::Error(err)) => Err(EpochError::Refused {
+            addr: addr.clone(),
+            reason: err.effective_reason(),
+            message: err.message,
         }),
         Some(other) => Err(unexpected(addr, &other, "relay info")),
         None => Err(EpochError::Closed {

@@ -4,12 +4,14 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::backoff::BackoffConfig;
+use crate::tls::{BearerToken, RelayConnector, RelayTls, TlsError};
 use crate::weights::{ScoreWeights, WeightError};
 
 /// One relay to watch: its address, the DC name it serves and a per-DC cost.
 ///
 /// Parsed from `ADDR[=DC[:COST]]`, e.g. `10.0.0.7:7400=us-east:12.5`. Without `=DC` the
-/// address doubles as the DC name; without `:COST` the cost is 0.
+/// address doubles as the DC name; without `:COST` the cost is 0. TLS and the bearer
+/// token are off unless set (see [`RelayConfig::with_tls`], [`RelayConfig::with_token`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RelayConfig {
     /// `host:port` of the relay's WAN listener.
@@ -18,6 +20,10 @@ pub struct RelayConfig {
     pub dc: String,
     /// The DC's cost in the ranking formula (e.g. network latency in ms); finite, ≥ 0.
     pub cost: f64,
+    /// TLS towards this relay; `None` is plaintext TCP.
+    pub tls: Option<RelayTls>,
+    /// Bearer token sent in every stream request to this relay.
+    pub token: Option<BearerToken>,
 }
 
 impl RelayConfig {
@@ -27,7 +33,36 @@ impl RelayConfig {
             addr: addr.to_owned(),
             dc: dc.to_owned(),
             cost: 0.0,
+            tls: None,
+            token: None,
         }
+    }
+
+    /// This relay reached over TLS.
+    #[must_use]
+    pub fn with_tls(mut self, tls: RelayTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// This relay given `token` in every stream request.
+    #[must_use]
+    pub fn with_token(mut self, token: BearerToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Loads this relay's TLS material, if any (reads the PEM files).
+    pub(crate) fn connector(&self) -> Result<Option<RelayConnector>, ConfigError> {
+        self.tls
+            .as_ref()
+            .map(|tls| {
+                RelayConnector::load(&self.addr, tls).map_err(|source| ConfigError::Tls {
+                    addr: self.addr.clone(),
+                    source,
+                })
+            })
+            .transpose()
     }
 }
 
@@ -67,9 +102,8 @@ impl FromStr for RelayConfig {
             });
         }
         Ok(Self {
-            addr: addr.to_owned(),
-            dc: dc.to_owned(),
             cost,
+            ..Self::new(addr, dc)
         })
     }
 }
@@ -149,7 +183,8 @@ impl ConsumerConfig {
         }
     }
 
-    /// Checks the relay list, weights and bounds.
+    /// Checks the relay list, weights and bounds, and loads every relay's TLS material
+    /// (so a missing or malformed PEM file is reported here, naming the file).
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.relays.is_empty() {
             return Err(ConfigError::NoRelays);
@@ -166,6 +201,7 @@ impl ConsumerConfig {
                     cost: relay.cost.to_string(),
                 });
             }
+            relay.connector()?;
         }
         self.weights.validate()?;
         // The stream suffix ("/catalog", "/pool") must still fit the 128-byte id limit.
@@ -220,6 +256,15 @@ pub enum ConfigError {
         /// The rejected id.
         id: String,
     },
+    /// A relay's TLS material cannot be loaded.
+    #[error("relay {addr}: {source}")]
+    Tls {
+        /// The relay's address.
+        addr: String,
+        /// What is wrong.
+        #[source]
+        source: TlsError,
+    },
     /// A ranking weight is invalid.
     #[error(transparent)]
     Weight(#[from] WeightError),
@@ -234,9 +279,8 @@ mod tests {
         assert_eq!(
             relay,
             RelayConfig {
-                addr: addr.into(),
-                dc: dc.into(),
-                cost
+                cost,
+                ..RelayConfig::new(addr, dc)
             },
             "{text}"
         );

@@ -107,6 +107,16 @@ impl Collector for Snapshot {
                 m.relay_epoch_failures,
             ),
             (
+                "relay_tls_failures",
+                "Relay epochs that failed in the TLS handshake.",
+                m.relay_tls_failures,
+            ),
+            (
+                "relay_refusals",
+                "Relay epochs refused at the first request (e.g. bad bearer token).",
+                m.relay_refusals,
+            ),
+            (
                 "catalogs_applied",
                 "Complete catalogs applied.",
                 m.catalogs_applied,
@@ -222,6 +232,8 @@ mod tests {
             ("quarantined", "counter"),
             ("relay_connects", "counter"),
             ("relay_epoch_failures", "counter"),
+            ("relay_tls_failures", "counter"),
+            ("relay_refusals", "counter"),
             ("catalogs_applied", "counter"),
             ("snapshots_installed", "counter"),
             ("deltas_applied", "counter"),

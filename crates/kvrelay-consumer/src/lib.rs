@@ -50,6 +50,7 @@ pub mod scoring;
 mod served;
 mod state;
 mod store;
+pub mod tls;
 pub mod weights;
 mod wire;
 
@@ -70,4 +71,5 @@ pub use scoring::{
 pub use served::{ServedModel, served_base_models};
 pub use state::{CatalogChange, CatalogError, ConsumerState, FrameError, FrameOutcome, PoolStatus};
 pub use store::StoreError;
+pub use tls::{BearerToken, RelayTls, TlsError, TokenError};
 pub use weights::{ScoreWeights, WeightError};

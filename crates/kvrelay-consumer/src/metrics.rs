@@ -101,6 +101,12 @@ pub struct ConsumerMetrics {
     pub relay_connects: u64,
     /// Relay connection epochs that ended (error, close, restart).
     pub relay_epoch_failures: u64,
+    /// Epochs that failed in the TLS handshake (untrusted or mismatched relay
+    /// certificate, client certificate refused, peer not speaking TLS).
+    pub relay_tls_failures: u64,
+    /// Epochs the relay refused at the first request (a missing or wrong bearer token,
+    /// or another error answer to the relay-info request).
+    pub relay_refusals: u64,
     /// Complete catalogs applied.
     pub catalogs_applied: u64,
     /// Snapshots installed.
@@ -139,6 +145,8 @@ pub(crate) struct MetricsRecorder {
     quarantined_total: AtomicU64,
     relay_connects: AtomicU64,
     relay_epoch_failures: AtomicU64,
+    relay_tls_failures: AtomicU64,
+    relay_refusals: AtomicU64,
     catalogs_applied: AtomicU64,
     snapshots_installed: AtomicU64,
     deltas_applied: AtomicU64,
@@ -156,6 +164,8 @@ pub(crate) enum Counter {
     QuarantinedTotal,
     RelayConnects,
     RelayEpochFailures,
+    RelayTlsFailures,
+    RelayRefusals,
     CatalogsApplied,
     SnapshotsInstalled,
     DeltasApplied,
@@ -174,6 +184,8 @@ impl MetricsRecorder {
             Counter::QuarantinedTotal => &self.quarantined_total,
             Counter::RelayConnects => &self.relay_connects,
             Counter::RelayEpochFailures => &self.relay_epoch_failures,
+            Counter::RelayTlsFailures => &self.relay_tls_failures,
+            Counter::RelayRefusals => &self.relay_refusals,
             Counter::CatalogsApplied => &self.catalogs_applied,
             Counter::SnapshotsInstalled => &self.snapshots_installed,
             Counter::DeltasApplied => &self.deltas_applied,
@@ -210,6 +222,8 @@ impl MetricsRecorder {
         out.quarantined_total = load(&self.quarantined_total);
         out.relay_connects = load(&self.relay_connects);
         out.relay_epoch_failures = load(&self.relay_epoch_failures);
+        out.relay_tls_failures = load(&self.relay_tls_failures);
+        out.relay_refusals = load(&self.relay_refusals);
         out.catalogs_applied = load(&self.catalogs_applied);
         out.snapshots_installed = load(&self.snapshots_installed);
         out.deltas_applied = load(&self.deltas_applied);

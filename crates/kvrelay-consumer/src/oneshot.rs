@@ -24,6 +24,9 @@ pub struct RouteReport {
     pub quarantined: Vec<QuarantinedEntry>,
     /// Metrics when scored.
     pub metrics: ConsumerMetrics,
+    /// Per relay: its DC and why its last connection epoch ended, if one did (see
+    /// [`Consumer::relay_errors`]).
+    pub relay_errors: Vec<(String, Option<String>)>,
 }
 
 /// Why a blocking route could not run.
@@ -70,6 +73,7 @@ pub fn route_once(
             pools: consumer.pools(),
             quarantined: consumer.quarantined(),
             metrics: consumer.metrics(),
+            relay_errors: consumer.relay_errors(),
         };
         consumer.shutdown().await;
         Ok(report)

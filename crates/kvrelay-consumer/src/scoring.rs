@@ -741,15 +741,10 @@ mod tests {
 
     fn relays() -> Vec<RelayConfig> {
         vec![
+            RelayConfig::new("a:1", "dc-a"),
             RelayConfig {
-                addr: "a:1".into(),
-                dc: "dc-a".into(),
-                cost: 0.0,
-            },
-            RelayConfig {
-                addr: "b:1".into(),
-                dc: "dc-b".into(),
                 cost: 20.0,
+                ..RelayConfig::new("b:1", "dc-b")
             },
         ]
     }

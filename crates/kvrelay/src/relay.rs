@@ -125,7 +125,7 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
 }
 
 /// A secret from the environment; an empty value counts as unset.
-fn secret_env(name: &str) -> Option<String> {
+pub(crate) fn secret_env(name: &str) -> Option<String> {
     std::env::var(name)
         .ok()
         .filter(|value| !value.trim().is_empty())
