@@ -289,7 +289,10 @@ async fn run(resume_window_bytes: Option<u64>) -> Outcome {
             })
         }
     };
-    assert!(consumer.wait_until(DEADLINE, current_at(0)).await, "first install");
+    assert!(
+        consumer.wait_until(DEADLINE, current_at(0)).await,
+        "first install"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     proxy.up.send_replace(false);
