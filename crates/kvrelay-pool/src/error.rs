@@ -195,6 +195,24 @@ pub enum AttachError {
     },
 }
 
+impl AttachError {
+    /// A stable label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AttachError::ShuttingDown => "shutting_down",
+            AttachError::Registration(_) => "registration",
+            AttachError::PoolAlreadyOwned { .. } => "pool_already_owned",
+            AttachError::EndpointAlreadyAssigned { .. } => "endpoint_already_assigned",
+            AttachError::PoolLimit { .. } => "pool_limit",
+            AttachError::GenerationsExhausted => "generations_exhausted",
+            AttachError::Filter { .. } => "filter",
+            AttachError::FilterTask { .. } => "filter_task",
+            AttachError::Identity { .. } => "identity",
+            AttachError::RetiredBeforeCommit { .. } => "retired_before_commit",
+        }
+    }
+}
+
 /// Why an operation on an attached pool generation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

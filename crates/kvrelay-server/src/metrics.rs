@@ -116,6 +116,8 @@ pub(crate) struct RelayMetrics {
     pub(crate) discovery_skipped: Family<ReasonLabel, Counter>,
     /// The pool publication streams' counters, refreshed on every exposition.
     pub(crate) stream: StreamMetrics,
+    /// Pool attaches that failed, by reason (`pool_limit` when `max_pools` is reached).
+    pub(crate) pool_attach_failures: Family<ReasonLabel, Counter>,
 }
 
 /// `kvrelay_stream_*`: what the pools' publishers decided, summed over pools.
@@ -360,6 +362,12 @@ impl RelayMetrics {
         );
         let stream = StreamMetrics::default();
         stream.register(&mut registry);
+        let pool_attach_failures = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "pool_attach_failures",
+            "Pool attaches that failed, by reason (pool_limit: max_pools reached)",
+            pool_attach_failures.clone(),
+        );
         for kind in StreamKind::ALL {
             let _ = streams.get_or_create(&StreamLabel {
                 stream: kind.label(),
@@ -392,6 +400,7 @@ impl RelayMetrics {
             admin_unauthorized,
             discovery_skipped,
             stream,
+            pool_attach_failures,
         }
     }
 

@@ -287,3 +287,36 @@ async fn junk_card_files_are_counted_once_by_reason() {
     }
     relay.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn pools_past_max_pools_are_refused_and_counted() {
+    // Row 8: there was no cap on pools; the cap's refusals were only logged.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 20);
+    config.admin.enabled = true;
+    config.limits.max_pools = 1;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
+        .await
+        .unwrap();
+    let admin = relay.admin_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (_, metrics) = http_get(admin, "/metrics", None).await;
+        let refused = metrics
+            .lines()
+            .find(|line| {
+                line.starts_with("kvrelay_pool_attach_failures_total{reason=\"pool_limit\"}")
+            })
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or(0);
+        if refused >= 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(relay.pool_reports().await.len(), 1, "one pool, the cap");
+    relay.shutdown().await.unwrap();
+}

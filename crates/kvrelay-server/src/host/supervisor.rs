@@ -123,7 +123,7 @@ impl Supervisor {
                     }
                 }
                 Some(settled) = shell.in_flight.next(), if !shell.in_flight.is_empty() => {
-                    settle(&mut core, &mut shell, settled);
+                    settle(&mut core, &mut shell, settled, &self.state);
                 }
                 () = source_states.changed() => {
                     let now = Instant::now();
@@ -149,7 +149,7 @@ impl Supervisor {
             let Some(settled) = shell.in_flight.next().await else {
                 break;
             };
-            settle(&mut core, &mut shell, settled);
+            settle(&mut core, &mut shell, settled, &self.state);
             self.execute(&mut core, &mut shell, &load);
         }
         shell.pumps.stop_all().await;
@@ -324,7 +324,7 @@ impl Supervisor {
     }
 }
 
-fn settle(core: &mut SupervisionCore, shell: &mut Shell, settled: Settled) {
+fn settle(core: &mut SupervisionCore, shell: &mut Shell, settled: Settled, state: &HostState) {
     match settled {
         Settled::Attached(endpoint, Ok(attachment)) => {
             info!(endpoint = %endpoint.dotted(), generation = attachment.generation, "pool attached");
@@ -334,6 +334,13 @@ fn settle(core: &mut SupervisionCore, shell: &mut Shell, settled: Settled) {
         }
         Settled::Attached(endpoint, Err(err)) => {
             warn!(endpoint = %endpoint.dotted(), error = %err, "pool attach failed");
+            state
+                .metrics
+                .pool_attach_failures
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: err.label(),
+                })
+                .inc();
             core.handle_attach_failed(&endpoint);
         }
         Settled::Retired(endpoint) => core.handle_retired(&endpoint),
