@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_benches::events::ChainGenerator;
 use kvrelay_codec::v1::{StreamRequest, StreamRpc};
 use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WorkloadConfig};
 use tokio::sync::watch;
@@ -37,53 +37,6 @@ fn main() {
         .unwrap();
     let figures = runtime.block_on(run(events));
     println!("{}", serde_json::to_string_pretty(&figures).unwrap());
-}
-
-struct Generator {
-    next_engine_id: u64,
-    per_source: std::collections::BTreeMap<SourceId, std::collections::VecDeque<Vec<u64>>>,
-    seed: u64,
-}
-
-impl Generator {
-    fn event(&mut self, source: SourceId, event_id: u64) -> Vec<RouterEvent> {
-        let mut out = Vec::new();
-        let queue = self.per_source.entry(source).or_default();
-        if queue.len() as u64 >= RESIDENT_EVENTS {
-            let oldest = queue.pop_front().unwrap();
-            out.push(RouterEvent {
-                source,
-                event_id: event_id * 2,
-                payload: EventPayload::Removed(RemovedBlocks {
-                    engine_block_ids: oldest,
-                }),
-            });
-        }
-        let mut ids = Vec::new();
-        let mut blocks = Vec::new();
-        for _ in 0..BLOCKS_PER_EVENT {
-            self.next_engine_id += 1;
-            self.seed = self
-                .seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ids.push(self.next_engine_id);
-            blocks.push(StoredBlock {
-                engine_block_id: self.next_engine_id,
-                token_hash: self.seed ^ (self.seed >> 29),
-            });
-        }
-        queue.push_back(ids);
-        out.push(RouterEvent {
-            source,
-            event_id: event_id * 2 + 1,
-            payload: EventPayload::Stored(StoredBlocks {
-                parent_engine_block_id: None,
-                blocks,
-            }),
-        });
-        out
-    }
 }
 
 async fn run(events: u64) -> serde_json::Value {
@@ -160,11 +113,7 @@ async fn run(events: u64) -> serde_json::Value {
     sequence_rx.wait_for(|_| true).await.unwrap();
 
     // Throughput: submit everything, then wait for the replica to reach the final sequence.
-    let mut generator = Generator {
-        next_engine_id: 0,
-        per_source: Default::default(),
-        seed: 42,
-    };
+    let mut generator = ChainGenerator::new(BLOCKS_PER_EVENT, RESIDENT_EVENTS, 42);
     let started = Instant::now();
     for at in 0..events {
         let source = sources[(at % sources.len() as u64) as usize];

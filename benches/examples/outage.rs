@@ -17,13 +17,12 @@
     reason = "a benchmark binary fails loudly"
 )]
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_benches::events::ChainGenerator;
 use kvrelay_consumer::{BackoffConfig, Consumer, ConsumerConfig, ReplicaStatus};
 use kvrelay_server::{Relay, RelayConfig, WorkloadConfig};
 
@@ -75,53 +74,6 @@ impl Outcome {
             "time_to_current_ms": self.time_to_current.as_secs_f64() * 1e3,
             "snapshots_installed_after_reconnect": self.snapshots_installed,
         })
-    }
-}
-
-struct Generator {
-    next_engine_id: u64,
-    per_source: std::collections::BTreeMap<SourceId, VecDeque<Vec<u64>>>,
-    seed: u64,
-}
-
-impl Generator {
-    fn event(&mut self, source: SourceId, event_id: u64) -> Vec<RouterEvent> {
-        let mut out = Vec::new();
-        let queue = self.per_source.entry(source).or_default();
-        if queue.len() as u64 >= RESIDENT_EVENTS {
-            let oldest = queue.pop_front().unwrap();
-            out.push(RouterEvent {
-                source,
-                event_id: event_id * 2,
-                payload: EventPayload::Removed(RemovedBlocks {
-                    engine_block_ids: oldest,
-                }),
-            });
-        }
-        let mut ids = Vec::new();
-        let mut blocks = Vec::new();
-        for _ in 0..BLOCKS_PER_EVENT {
-            self.next_engine_id += 1;
-            self.seed = self
-                .seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ids.push(self.next_engine_id);
-            blocks.push(StoredBlock {
-                engine_block_id: self.next_engine_id,
-                token_hash: self.seed ^ (self.seed >> 29),
-            });
-        }
-        queue.push_back(ids);
-        out.push(RouterEvent {
-            source,
-            event_id: event_id * 2 + 1,
-            payload: EventPayload::Stored(StoredBlocks {
-                parent_engine_block_id: None,
-                blocks,
-            }),
-        });
-        out
     }
 }
 
@@ -233,11 +185,7 @@ async fn run(resume_window_bytes: Option<u64>) -> Outcome {
     let sources = relay.sources();
 
     // Fill every source to its capacity.
-    let mut generator = Generator {
-        next_engine_id: 0,
-        per_source: Default::default(),
-        seed: 42,
-    };
+    let mut generator = ChainGenerator::new(BLOCKS_PER_EVENT, RESIDENT_EVENTS, 42);
     let mut event_id = 0u64;
     for _ in 0..RESIDENT_EVENTS {
         for source in &sources {

@@ -13,6 +13,7 @@
 //! probe-stamp line format ([`stamps`]), percentiles, `/proc` memory figures and a minimal
 //! HTTP GET for the relay's admin endpoints.
 
+pub mod events;
 pub mod sim;
 pub mod stamps;
 

@@ -340,32 +340,9 @@ async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
         .await;
     assert!(all_current, "{:?}", consumer.pools());
 
-    // The burst: stored chains on every source, each flushed into its own delta.
-    let sources = relay.sources();
-    assert!(!sources.is_empty());
-    for round in 0..20u64 {
-        for (at, source) in sources.iter().enumerate() {
-            let first = (round * 100 + at as u64) * 8;
-            let blocks = (first..first + 8)
-                .map(|id| StoredBlock {
-                    engine_block_id: id,
-                    token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed,
-                })
-                .collect();
-            relay
-                .submit(RouterEvent {
-                    source: *source,
-                    event_id: round,
-                    payload: EventPayload::Stored(StoredBlocks {
-                        parent_engine_block_id: None,
-                        blocks,
-                    }),
-                })
-                .await
-                .unwrap();
-        }
-        relay.flush().await;
-    }
+    // The burst: stored chains on every source, each round flushed into its own delta.
+    assert!(!relay.sources().is_empty());
+    store_rounds(&relay, 20, 0).await;
 
     let lagged = consumer
         .wait_for_metrics(DEADLINE, |metrics| {
@@ -615,7 +592,9 @@ impl Drop for OutageProxy {
     }
 }
 
-/// Stores `rounds` fresh 8-block chains on every source of `relay`, then flushes.
+/// Stores `rounds` rounds of fresh 8-block chains, one on every source of `relay` per
+/// round, flushing each round into its own delta; `salt` keeps calls apart (0: block and
+/// event ids start at 0).
 async fn store_rounds(relay: &Relay, rounds: u64, salt: u64) {
     let sources = relay.sources();
     for round in 0..rounds {
@@ -624,7 +603,7 @@ async fn store_rounds(relay: &Relay, rounds: u64, salt: u64) {
             let blocks = (first..first + 8)
                 .map(|id| StoredBlock {
                     engine_block_id: id,
-                    token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xfeed,
+                    token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed,
                 })
                 .collect();
             relay
@@ -639,8 +618,8 @@ async fn store_rounds(relay: &Relay, rounds: u64, salt: u64) {
                 .await
                 .unwrap();
         }
+        relay.flush().await;
     }
-    relay.flush().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
