@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvrelay_server::Relay;
-use support::{DEADLINE, mirror_until, publish_until_resident, single_worker};
+use support::{DEADLINE, mirror_at_producer, publish_until_resident, single_worker};
 use zeromq::{PubSocket, Socket};
 
 const WORKER: u64 = 0x11;
@@ -72,9 +72,8 @@ async fn advertised_zmq_source_feeds_a_wan_replica_and_detaches_when_withdrawn()
     .await;
 
     let producer = relay.catalog().pools[0].producer;
-    let table = relay.producer_table(&producer).await.unwrap();
+    let (mirror, table) = mirror_at_producer(&relay, producer).await;
     assert!(table.words.iter().any(|word| *word != 0));
-    let mirror = mirror_until(relay.wan_addr(), producer, table.sequence).await;
     assert_eq!(mirror.words().unwrap(), table.words.as_slice());
 
     // Withdrawing the advert detaches the source: the pool has no source left and retires.

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvrelay_server::{NatsConfig, Relay};
-use support::{DEADLINE, first_pool_holds_blocks, mirror_until, single_worker};
+use support::{DEADLINE, first_pool_holds_blocks, mirror_at_producer, single_worker};
 
 /// A `nats-server` child on 127.0.0.1, killed on drop.
 struct NatsServer {
@@ -110,8 +110,7 @@ async fn dynamo_events_on_nats_reach_a_wan_replica() {
     }
 
     let producer = relay.catalog().pools[0].producer;
-    let table = relay.producer_table(&producer).await.unwrap();
-    let mirror = mirror_until(relay.wan_addr(), producer, table.sequence).await;
+    let (mirror, table) = mirror_at_producer(&relay, producer).await;
     assert_eq!(mirror.words().unwrap(), table.words.as_slice());
     relay.shutdown().await.unwrap();
 }

@@ -12,7 +12,7 @@ mod support;
 
 use kvrelay_codec::v1::StreamRpc;
 use kvrelay_server::{EngineKind as ConfigEngine, ProbeStream, Relay, SourceConfig};
-use support::{DEADLINE, mirror_until, publish_until_resident, request, single_worker};
+use support::{DEADLINE, mirror_at_producer, publish_until_resident, request, single_worker};
 use zeromq::{PubSocket, Socket};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,9 +43,8 @@ async fn zmq_engine_events_reach_a_wan_replica() {
     publish_until_resident(&relay, &mut publisher, "no engine event reached the pool").await;
 
     let producer = relay.catalog().pools[0].producer;
-    let table = relay.producer_table(&producer).await.unwrap();
+    let (mirror, table) = mirror_at_producer(&relay, producer).await;
     assert!(table.words.iter().any(|word| *word != 0));
-    let mirror = mirror_until(relay.wan_addr(), producer, table.sequence).await;
     assert_eq!(mirror.words().unwrap(), table.words.as_slice());
     relay.shutdown().await.unwrap();
 }

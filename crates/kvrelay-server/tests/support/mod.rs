@@ -283,6 +283,25 @@ pub(crate) async fn mirror_until(
     mirror
 }
 
+/// The producer's table and a WAN mirror of it at the same sequence. Events still in
+/// flight when the table is read can move the producer on, and a coalesced delta takes
+/// the mirror past the table's sequence in one step: read both again until they agree.
+pub(crate) async fn mirror_at_producer(
+    relay: &Relay,
+    producer: ProducerIdentity,
+) -> (PoolMirror, kvrelay_server::ProducerTable) {
+    for _ in 0..50 {
+        relay.flush().await;
+        let table = relay.producer_table(&producer).await.unwrap();
+        let mirror = mirror_until(relay.wan_addr(), producer, table.sequence).await;
+        if mirror.sequence() == table.sequence {
+            return (mirror, table);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the producer of {producer:?} never held still");
+}
+
 /// Publishes a fresh vLLM batch on every tick until the relay's first pool holds blocks;
 /// PUB/SUB drops whatever is sent before the relay's subscription lands. Fails with
 /// `failure` at the deadline.
