@@ -11,7 +11,11 @@
 //! a bare memcpy of the same table as its baseline.
 
 #![allow(missing_docs, reason = "criterion macros generate undocumented items")]
-#![allow(clippy::unwrap_used, reason = "benchmark setup")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "benchmark setup; a lost delta fails the run loudly"
+)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,7 +77,9 @@ async fn fixture(subscribers: usize) -> Fixture {
     let registry = PoolRegistry::new(RegistryConfig {
         relay: DcRelayIdentity::new(1, 2),
         limits: Limits {
-            // The bench flushes each batch itself: no window or size bound interferes.
+            // The bench flushes each batch itself (`one_batch`): no window or size bound
+            // interferes. A window this long also means a batch that is not flushed is never
+            // published, so a missing flush shows up as the deadline in `wait_delivered`.
             publication_window: Duration::from_secs(3600),
             max_delta_buckets: u32::MAX,
             ..Limits::default()
@@ -110,7 +116,13 @@ async fn fixture(subscribers: usize) -> Fixture {
     }
 }
 
+/// How long a batch may take to reach every subscriber before the bench gives up: far
+/// above any real latency, so only a lost delta (a bench or publication bug) trips it,
+/// and the run fails with a message instead of hanging until the CI job is killed.
+const DELIVERY_DEADLINE: Duration = Duration::from_secs(30);
+
 async fn wait_delivered(delivered: &[Arc<AtomicU64>], notify: &Notify, target: u64) {
+    let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
     loop {
         let notified = notify.notified();
         if delivered
@@ -119,7 +131,16 @@ async fn wait_delivered(delivered: &[Arc<AtomicU64>], notify: &Notify, target: u
         {
             return;
         }
-        notified.await;
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let behind: Vec<u64> = delivered
+                .iter()
+                .map(|sequence| sequence.load(Ordering::Acquire))
+                .collect();
+            panic!(
+                "publication bench: sequence {target} not delivered within {DELIVERY_DEADLINE:?} \
+                 (subscribers at {behind:?})"
+            );
+        }
     }
 }
 
@@ -161,9 +182,10 @@ async fn one_batch(fixture: &mut Fixture) {
             .await
             .unwrap();
     }
-    if fixture.delivered.is_empty() {
-        fixture.attachment.actor.flush().await.unwrap();
-    } else {
+    // The flush publishes the batch as one delta (the window never would, see `fixture`);
+    // with subscribers the batch ends when each of them has it.
+    fixture.attachment.actor.flush().await.unwrap();
+    if !fixture.delivered.is_empty() {
         wait_delivered(&fixture.delivered, &fixture.notify, target).await;
     }
     record(start.elapsed());
