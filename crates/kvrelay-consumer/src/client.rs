@@ -27,7 +27,7 @@ use crate::catalog::{PoolKey, QuarantinedEntry};
 use crate::config::{ConfigError, ConsumerConfig};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
 use crate::scoring::{Ranking, ScoreError, ScoreRequest};
-use crate::state::{ConsumerState, FrameOutcome, PoolStatus};
+use crate::state::{ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
 use crate::wire::{Endpoint, WireError, WireStream};
 
 /// How long [`Consumer::shutdown`] waits for its tasks.
@@ -173,6 +173,17 @@ impl Consumer {
             .zip(errors.iter())
             .map(|(relay, error)| (relay.dc.clone(), error.clone()))
             .collect()
+    }
+
+    /// Every configured relay's catalog state and last connection error, in
+    /// configuration order.
+    pub fn relays(&self) -> Vec<RelayStatus> {
+        let mut relays = self.shared.state.read().relay_statuses();
+        let errors = self.shared.last_errors.lock();
+        for (relay, error) in relays.iter_mut().zip(errors.iter()) {
+            relay.last_error.clone_from(error);
+        }
+        relays
     }
 
     /// Every quarantined catalog entry.

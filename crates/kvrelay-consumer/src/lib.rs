@@ -69,7 +69,9 @@ pub use scoring::{
     ScoredLeg,
 };
 pub use served::{ServedModel, served_base_models};
-pub use state::{CatalogChange, CatalogError, ConsumerState, FrameError, FrameOutcome, PoolStatus};
+pub use state::{
+    CatalogChange, CatalogError, ConsumerState, FrameError, FrameOutcome, PoolStatus, RelayStatus,
+};
 pub use store::StoreError;
 pub use tls::{BearerToken, RelayTls, TlsError, TokenError};
 pub use weights::{ScoreWeights, WeightError};

@@ -125,6 +125,33 @@ pub struct PoolStatus {
     pub replica: ReplicaStatus,
     /// The installed sequence, when ready.
     pub sequence: Option<u64>,
+    /// The newest sequence the relay announced for this pool (catalog or frames), if any.
+    pub announced_sequence: Option<u64>,
+    /// Time since the replica last heard from its stream (snapshot, delta or
+    /// heartbeat); `None` before it first did.
+    pub age: Option<Duration>,
+}
+
+/// One configured relay as the consumer sees it (for status output and readiness).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelayStatus {
+    /// The DC name configured for the relay.
+    pub dc: String,
+    /// The relay's configured `host:port`.
+    pub addr: String,
+    /// The revision of the catalog applied this epoch; `None` before the first one (or
+    /// after the relay's view was forgotten).
+    pub catalog_revision: Option<u64>,
+    /// True while the relay's connection is broken: its view is kept only for resuming,
+    /// and its pools are neither listed nor scored.
+    pub suspended: bool,
+    /// Catalog entries admitted from this relay.
+    pub admitted_pools: usize,
+    /// Catalog entries quarantined from this relay.
+    pub quarantined_entries: usize,
+    /// Why the relay's last connection epoch ended, if one has; filled by
+    /// [`crate::Consumer::relays`] (the sans-IO state does not see connections).
+    pub last_error: Option<String>,
 }
 
 /// One relay's catalog as last applied.
@@ -597,11 +624,30 @@ impl ConsumerState {
                     producer,
                     replica: self.store.status(entry.key, now),
                     sequence: self.store.sequence(entry.key),
+                    announced_sequence: self.announced.get(&entry.key).copied(),
+                    age: self.store.age(entry.key, now),
                 })
             })
             .collect();
         out.sort_by(|a, b| a.dc.cmp(&b.dc).then_with(|| a.pool.cmp(&b.pool)));
         out
+    }
+
+    /// Every configured relay's catalog state, in configuration order.
+    pub fn relay_statuses(&self) -> Vec<RelayStatus> {
+        self.relays
+            .iter()
+            .zip(&self.relay_views)
+            .map(|(relay, view)| RelayStatus {
+                dc: relay.dc.clone(),
+                addr: relay.addr.clone(),
+                catalog_revision: view.revision,
+                suspended: view.suspended,
+                admitted_pools: view.pools.len(),
+                quarantined_entries: view.quarantined.len(),
+                last_error: None,
+            })
+            .collect()
     }
 
     /// Every quarantined entry, over all relays.

@@ -10,11 +10,11 @@ use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 /// Default interval between two log lines of one throttled event.
-pub(crate) const DEFAULT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+pub const DEFAULT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Lets one occurrence per interval through.
 #[derive(Debug)]
-pub(crate) struct LogThrottle {
+pub struct LogThrottle {
     interval: Duration,
     state: Mutex<ThrottleState>,
 }
@@ -27,7 +27,7 @@ struct ThrottleState {
 
 impl LogThrottle {
     /// A throttle letting one occurrence per `interval` through.
-    pub(crate) fn new(interval: Duration) -> Self {
+    pub fn new(interval: Duration) -> Self {
         Self {
             interval,
             state: Mutex::new(ThrottleState::default()),
@@ -36,7 +36,7 @@ impl LogThrottle {
 
     /// Records one occurrence at `now`: `Some(held back since the last line)` when this one
     /// should be logged, `None` when it is held back.
-    pub(crate) fn admit(&self, now: Instant) -> Option<u64> {
+    pub fn admit(&self, now: Instant) -> Option<u64> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let due = state
             .last

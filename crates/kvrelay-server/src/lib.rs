@@ -14,7 +14,6 @@
 //! Start reading at `config.rs` (the file format), then `host/mod.rs` (the wiring), then
 //! `wan/connection.rs` (one connection's life).
 
-mod accept;
 mod admin;
 mod admission;
 mod config;
@@ -26,7 +25,6 @@ mod metrics;
 mod mirror;
 mod probe;
 mod source_metrics;
-mod throttle;
 mod tls;
 mod wan;
 

@@ -1,4 +1,4 @@
-//! The kvrelay command-line tool: `relay`, `route`, `demo`, `inspect`, `hash`.
+//! The kvrelay command-line tool: `relay`, `router`, `route`, `demo`, `inspect`, `hash`.
 //!
 //! Each subcommand lives in its own module exposing an `...Args` clap struct and a `run`
 //! function; commands that need tokio build their own runtime.
@@ -15,6 +15,7 @@ mod hash;
 mod inspect;
 mod relay;
 mod route;
+mod router;
 mod usage;
 
 pub(crate) use usage::UsageError;
@@ -31,6 +32,8 @@ struct Cli {
 enum Command {
     /// Run the relay service for this datacenter.
     Relay(relay::RelayArgs),
+    /// Serve route requests over HTTP, following the relays of every DC.
+    Router(router::RouterArgs),
     /// Rank the pools of remote relays for a request.
     Route(route::RouteArgs),
     /// Run the one-command demo: relay, trace replay and consumer on loopback.
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Relay(args) => relay::run(args),
+        Command::Router(args) => router::run(args),
         Command::Route(args) => route::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Hash(args) => hash::run(&args),

@@ -238,7 +238,7 @@ impl Relay {
             tls,
             token,
             cancel: wan_cancel.clone(),
-            refusal_log: crate::throttle::LogThrottle::default(),
+            refusal_log: kvrelay_http::LogThrottle::default(),
         };
         let server = match WanServer::bind(config.wan.listen, ctx).await {
             Ok(server) => server,
@@ -529,7 +529,7 @@ impl Relay {
 
     /// Runs until SIGINT or SIGTERM, then shuts down in order.
     pub async fn run_until_signal(self) -> Result<(), RelayError> {
-        wait_for_signal().await;
+        kvrelay_http::wait_for_signal().await;
         info!("signal received; shutting down");
         self.shutdown().await
     }
@@ -581,26 +581,4 @@ fn read_trace(path: &std::path::Path) -> Result<Vec<TraceRequest>, RelayError> {
     };
     let text = std::fs::read_to_string(path).map_err(|err| trace_error(err.to_string()))?;
     workload::parse_trace(&text).map_err(|err: TraceError| trace_error(err.to_string()))
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = terminate.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -26,11 +26,11 @@ use tracing::{debug, warn};
 use crate::admission::{Admission, AdmissionError, StreamKind};
 use crate::limits::Limits;
 use crate::metrics::{OutcomeLabel, ReasonLabel, RejectionLabels, RelayMetrics};
-use crate::throttle::LogThrottle;
 use crate::tls::WanTls;
 use crate::wan::auth::BearerToken;
 use crate::wan::request::read_stream_request;
 use crate::wan::source::{PublicationViews, StreamFailure};
+use kvrelay_http::LogThrottle;
 
 /// Shared by every connection of one WAN server.
 pub(crate) struct ConnectionContext {

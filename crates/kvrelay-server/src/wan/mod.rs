@@ -22,11 +22,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info_span, warn};
 
-use crate::accept::AcceptBackoff;
 use crate::admission::ConnectionAdmission;
 use crate::metrics::OutcomeLabel;
-use crate::throttle::LogThrottle;
 use connection::ConnectionContext;
+use kvrelay_http::AcceptBackoff;
+use kvrelay_http::LogThrottle;
 
 /// A bound WAN listener, not yet accepting.
 pub(crate) struct WanServer {
@@ -52,6 +52,10 @@ impl WanServer {
         let cancel: CancellationToken = self.ctx.cancel.clone();
         let connections = ConnectionAdmission::new(&self.ctx.limits);
         let mut backoff = AcceptBackoff::new("wan");
+        let accept_errors = crate::http::ListenerMetrics {
+            listener: "wan",
+            metrics: self.ctx.metrics.clone(),
+        };
         let refusals = LogThrottle::default();
         loop {
             let accepted = tokio::select! {
@@ -62,7 +66,7 @@ impl WanServer {
             let (tcp, peer) = match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
-                    let sleep = backoff.failed(&err, &self.ctx.metrics);
+                    let sleep = backoff.failed(&err, &accept_errors);
                     if !sleep.is_zero() {
                         tokio::select! {
                             biased;

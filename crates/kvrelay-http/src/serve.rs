@@ -1,0 +1,148 @@
+//! [`serve`]: the hardened HTTP/1.1 accept loop behind every kvrelay HTTP listener.
+//!
+//! `axum::serve` sets no timer, so a peer could hold a connection open forever by sending
+//! half a request head or by idling on keep-alive. This loop runs its own accept loop
+//! (HTTP/1.1 only) instead:
+//! - at most [`HttpBounds::max_connections`] connections; extra sockets are closed at
+//!   accept (counted, logged at warn at most once per interval);
+//! - hyper's header-read timer ([`HttpBounds::header_read_timeout`]) runs from the moment
+//!   a request head is awaited, so it bounds both a slow head and an idle keep-alive;
+//! - a connection lives at most [`HttpBounds::connection_timeout`];
+//! - accept errors back off ([`crate::AcceptBackoff`]).
+//!
+//! Routes, authentication and request limits are the caller's business (axum layers on the
+//! router it passes); this module only carries requests to them.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+
+use crate::accept::{AcceptBackoff, ConnectionOutcome, ListenerEvents};
+use crate::throttle::LogThrottle;
+
+/// The connection bounds of one HTTP listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpBounds {
+    /// Time to send a complete request head; also the keep-alive idle bound.
+    pub header_read_timeout: Duration,
+    /// Longest life of one connection.
+    pub connection_timeout: Duration,
+    /// Concurrent connections.
+    pub max_connections: u32,
+}
+
+impl HttpBounds {
+    /// Default [`HttpBounds::header_read_timeout`]: 5 s.
+    pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default [`HttpBounds::connection_timeout`]: 60 s.
+    pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+    /// Default [`HttpBounds::max_connections`].
+    pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+}
+
+impl Default for HttpBounds {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Self::DEFAULT_HEADER_READ_TIMEOUT,
+            connection_timeout: Self::DEFAULT_CONNECTION_TIMEOUT,
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// Serves `router` on `listener` under `bounds` until `cancel` fires; then stops accepting,
+/// lets in-flight requests finish (each connection is bounded anyway) and returns.
+/// `name` labels the listener in logs; `events` counts what happened.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    bounds: HttpBounds,
+    name: &'static str,
+    events: Arc<dyn ListenerEvents>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    let permits = Arc::new(Semaphore::new(
+        usize::try_from(bounds.max_connections).unwrap_or(Semaphore::MAX_PERMITS),
+    ));
+    let tracker = TaskTracker::new();
+    let mut backoff = AcceptBackoff::new(name);
+    let refusals = LogThrottle::default();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                let sleep = backoff.failed(&err, events.as_ref());
+                if !sleep.is_zero() {
+                    tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => break,
+                        () = tokio::time::sleep(sleep) => {}
+                    }
+                }
+                continue;
+            }
+        };
+        backoff.accepted();
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            events.connection(ConnectionOutcome::RejectedLimit);
+            if let Some(suppressed) = refusals.admit(Instant::now()) {
+                warn!(listener = name, %peer, limit = bounds.max_connections, suppressed, "HTTP connection limit reached; closing");
+            }
+            drop(tcp);
+            continue;
+        };
+        events.connection(ConnectionOutcome::Accepted);
+        let service = TowerToHyperService::new(router.clone());
+        let events = events.clone();
+        let cancel = cancel.clone();
+        tracker.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(bounds.header_read_timeout)
+                .keep_alive(true);
+            let connection = builder.serve_connection(TokioIo::new(tcp), service);
+            let mut connection = std::pin::pin!(connection);
+            let life = tokio::time::sleep(bounds.connection_timeout);
+            let mut life = std::pin::pin!(life);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                () = &mut life => {
+                    debug!(listener = name, %peer, "HTTP connection reached its connection timeout; closing");
+                    Ok(())
+                }
+                () = cancel.cancelled() => {
+                    // Finish the request in flight (bounded by the connection's life), then close.
+                    connection.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        result = connection.as_mut() => result,
+                        () = &mut life => Ok(()),
+                    }
+                }
+            };
+            if let Err(err) = result {
+                if err.is_timeout() {
+                    events.connection(ConnectionOutcome::HeaderTimeout);
+                }
+                debug!(listener = name, %peer, error = %err, "HTTP connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}

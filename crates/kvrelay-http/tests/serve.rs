@@ -1,0 +1,112 @@
+//! The hardened loop on a real loopback socket: the connection cap closes extra sockets
+//! at accept, a half-sent request head is cut at the header-read timeout, every outcome
+//! is reported, and cancelling stops the loop.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use kvrelay_http::{AcceptErrorKind, ConnectionOutcome, HttpBounds, ListenerEvents};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// Bound on every wait.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Recorded(Mutex<Vec<ConnectionOutcome>>);
+
+impl Recorded {
+    fn count(&self, outcome: ConnectionOutcome) -> usize {
+        let seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.iter().filter(|o| **o == outcome).count()
+    }
+}
+
+impl ListenerEvents for Recorded {
+    fn accept_error(&self, _kind: AcceptErrorKind) {}
+    fn connection(&self, outcome: ConnectionOutcome) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(outcome);
+    }
+}
+
+/// Reads until the peer closes; returns what arrived.
+async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut out))
+        .await
+        .expect("the server closes the connection")
+        .unwrap_or_default();
+    out
+}
+
+#[tokio::test]
+async fn the_cap_refuses_extra_sockets_and_a_slow_head_is_cut() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let events = Arc::new(Recorded::default());
+    let cancel = CancellationToken::new();
+    let bounds = HttpBounds {
+        header_read_timeout: Duration::from_millis(300),
+        connection_timeout: Duration::from_secs(30),
+        max_connections: 1,
+    };
+    let router = Router::new().route("/", get(|| async { "hello" }));
+    let serving = tokio::spawn(kvrelay_http::serve(
+        listener,
+        router,
+        bounds,
+        "test",
+        events.clone(),
+        cancel.clone(),
+    ));
+
+    // The first connection sends half a head and holds the only slot.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // Wait until the server has admitted it, then a second socket is closed at once.
+    tokio::time::timeout(DEADLINE, async {
+        while events.count(ConnectionOutcome::Accepted) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first connection is accepted");
+    let mut extra = TcpStream::connect(addr).await.unwrap();
+    let refused = read_to_close(&mut extra).await;
+    assert!(refused.is_empty(), "a refused socket gets no answer");
+    assert_eq!(events.count(ConnectionOutcome::RejectedLimit), 1);
+
+    // The slow head is cut at the header-read timeout, which frees the slot.
+    let _ = read_to_close(&mut slow).await;
+    tokio::time::timeout(DEADLINE, async {
+        while events.count(ConnectionOutcome::HeaderTimeout) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the slow head is reported as a header timeout");
+    let mut ok = TcpStream::connect(addr).await.unwrap();
+    ok.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = String::from_utf8(read_to_close(&mut ok).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("hello"), "{answer}");
+
+    cancel.cancel();
+    tokio::time::timeout(DEADLINE, serving)
+        .await
+        .expect("the loop stops when cancelled")
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,441 @@
+//! The router's configuration: listen address, the relays to follow, HTTP bounds, the
+//! consumer's bounds and weights; parsed from TOML (`router.toml`) and overridden by the
+//! caller (flags, then environment, then the file, then the defaults documented here).
+//!
+//! Everything is checked once, at start: a bad key, a bad relay, an unreadable token file
+//! or PEM fails [`RouterConfig::consumer_config`] with an error naming what is wrong.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kvrelay_consumer::{
+    BearerToken, ConfigError, ConsumerConfig, Limits, RelayConfig, RelayTls, ScoreWeights,
+    TokenError,
+};
+use kvrelay_http::HttpBounds;
+use serde::Deserialize;
+
+/// Default listen address: loopback only (the API has no authentication of its own).
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7480);
+
+/// The whole router configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterConfig {
+    /// HTTP listen address. Default [`DEFAULT_LISTEN`].
+    pub listen: SocketAddr,
+    /// The relays to follow, one per DC.
+    pub relays: Vec<RelaySection>,
+    /// Bounds of the HTTP API.
+    pub http: HttpSection,
+    /// Bounds and timeouts of the consumer that follows the relays.
+    pub consumer: ConsumerSection,
+    /// Ranking weights (see `kvrelay_consumer::weights`).
+    pub weights: WeightsSection,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN,
+            relays: Vec::new(),
+            http: HttpSection::default(),
+            consumer: ConsumerSection::default(),
+            weights: WeightsSection::default(),
+        }
+    }
+}
+
+/// One `[[relays]]` entry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    /// `host:port` of the relay's WAN listener.
+    pub address: String,
+    /// The DC name reported with scores (unique across relays).
+    pub dc: String,
+    /// The DC's cost in the ranking (e.g. network latency in ms); finite, ≥ 0. Default 0.
+    #[serde(default)]
+    pub cost: f64,
+    /// CA bundle (PEM) for TLS to this relay; without it the connection is plaintext.
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS; needs `tls_key` and `tls_ca`.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Name the relay's certificate must carry (default: the address's host).
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
+    /// File holding the bearer token sent to this relay.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// Environment variable holding the bearer token (used when `token_file` is unset).
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+impl RelaySection {
+    /// A plaintext relay without token at `address`, named `dc`, with `cost`.
+    pub fn new(address: &str, dc: &str, cost: f64) -> Self {
+        Self {
+            address: address.to_owned(),
+            dc: dc.to_owned(),
+            cost,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_server_name: None,
+            token_file: None,
+            token_env: None,
+        }
+    }
+}
+
+/// `[http]`: bounds of the HTTP API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSection {
+    /// Largest request body, bytes (`413` above). Default 4 MiB.
+    pub max_body_bytes: usize,
+    /// Requests scored at once; more get `503` with `Retry-After` instead of queueing.
+    /// Default 64.
+    pub max_concurrent_requests: u32,
+    /// Requests in one `POST /v1/route/batch`. Default 256.
+    pub max_batch: usize,
+    /// Token ids in one request. Default 262,144.
+    pub max_tokens: usize,
+    /// Largest `top_k`. Default 1,024.
+    pub max_top_k: usize,
+    /// Concurrent connections. Default 256.
+    pub max_connections: u32,
+    /// Time to send a request head; also the keep-alive idle bound, ms. Default 5,000.
+    pub header_read_timeout_ms: u64,
+    /// Longest life of one connection, ms. Default 300,000.
+    pub connection_timeout_ms: u64,
+}
+
+impl HttpSection {
+    /// Default [`HttpSection::max_body_bytes`].
+    pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+    /// Default [`HttpSection::max_concurrent_requests`].
+    pub const DEFAULT_MAX_CONCURRENT_REQUESTS: u32 = 64;
+    /// Default [`HttpSection::max_batch`].
+    pub const DEFAULT_MAX_BATCH: usize = 256;
+    /// Default [`HttpSection::max_tokens`].
+    pub const DEFAULT_MAX_TOKENS: usize = 256 << 10;
+    /// Default [`HttpSection::max_top_k`].
+    pub const DEFAULT_MAX_TOP_K: usize = 1024;
+    /// Default [`HttpSection::max_connections`].
+    pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+    /// Default [`HttpSection::header_read_timeout_ms`].
+    pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
+    /// Default [`HttpSection::connection_timeout_ms`].
+    pub const DEFAULT_CONNECTION_TIMEOUT_MS: u64 = 300_000;
+
+    /// The listener bounds.
+    pub fn bounds(&self) -> HttpBounds {
+        HttpBounds {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            connection_timeout: Duration::from_millis(self.connection_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
+            max_concurrent_requests: Self::DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_batch: Self::DEFAULT_MAX_BATCH,
+            max_tokens: Self::DEFAULT_MAX_TOKENS,
+            max_top_k: Self::DEFAULT_MAX_TOP_K,
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout_ms: Self::DEFAULT_HEADER_READ_TIMEOUT_MS,
+            connection_timeout_ms: Self::DEFAULT_CONNECTION_TIMEOUT_MS,
+        }
+    }
+}
+
+/// `[consumer]`: the consumer's bounds (defaults are `kvrelay_consumer::Limits`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsumerSection {
+    /// Largest frame accepted from a relay, bytes.
+    pub max_frame_len: u32,
+    /// Catalog entries accepted per relay.
+    pub max_pools_per_relay: usize,
+    /// Time to connect and receive a stream's first frame, ms.
+    pub connect_timeout_ms: u64,
+    /// Replicas not heard from for this long are not scored, ms.
+    pub staleness_bound_ms: u64,
+    /// Catalog streams silent for this long fail the relay's epoch, ms.
+    pub catalog_staleness_bound_ms: u64,
+    /// How long a broken relay's view is kept for resuming, ms.
+    pub resume_hold_ms: u64,
+}
+
+impl Default for ConsumerSection {
+    fn default() -> Self {
+        let limits = Limits::default();
+        Self {
+            max_frame_len: limits.max_frame_len,
+            max_pools_per_relay: limits.max_pools_per_relay,
+            connect_timeout_ms: millis(limits.connect_timeout),
+            staleness_bound_ms: millis(limits.staleness_bound),
+            catalog_staleness_bound_ms: millis(limits.catalog_staleness_bound),
+            resume_hold_ms: millis(limits.resume_hold),
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl ConsumerSection {
+    /// The consumer's limits: these keys set, every other limit at its default.
+    #[allow(
+        clippy::field_reassign_with_default,
+        reason = "limits added to the consumer later keep their default here"
+    )]
+    fn limits(&self) -> Limits {
+        let mut limits = Limits::default();
+        limits.max_frame_len = self.max_frame_len;
+        limits.max_pools_per_relay = self.max_pools_per_relay;
+        limits.connect_timeout = Duration::from_millis(self.connect_timeout_ms);
+        limits.staleness_bound = Duration::from_millis(self.staleness_bound_ms);
+        limits.catalog_staleness_bound = Duration::from_millis(self.catalog_staleness_bound_ms);
+        limits.resume_hold = Duration::from_millis(self.resume_hold_ms);
+        limits
+    }
+}
+
+/// `[weights]`: the ranking formula's weights (defaults are `ScoreWeights`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WeightsSection {
+    /// Weight of the prefill (or only) leg's cached-prefix fraction.
+    pub prefix: f64,
+    /// Weight of a pair's decode-leg cached-prefix fraction.
+    pub decode_leg: f64,
+    /// Weight of the KV occupancy fraction.
+    pub load: f64,
+    /// Occupancy assumed when unknown, in `[0, 1]`.
+    pub unknown_load: f64,
+    /// Weight of the per-DC cost.
+    pub dc_cost: f64,
+}
+
+impl Default for WeightsSection {
+    fn default() -> Self {
+        let weights = ScoreWeights::default();
+        Self {
+            prefix: weights.prefix,
+            decode_leg: weights.decode_leg,
+            load: weights.load,
+            unknown_load: weights.unknown_load,
+            dc_cost: weights.dc_cost,
+        }
+    }
+}
+
+/// A router configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouterConfigError {
+    /// The TOML file could not be read.
+    #[error("reading router config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has an unknown key or a value of the wrong type.
+    #[error("router config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (names the key and line).
+        message: String,
+    },
+    /// A relay given as `ADDR=DC[:COST]` could not be parsed.
+    #[error("relay {text:?}: {source}")]
+    RelayArgument {
+        /// The argument.
+        text: String,
+        /// Why.
+        #[source]
+        source: ConfigError,
+    },
+    /// A relay's TLS settings are inconsistent.
+    #[error("relay {dc:?}: {message}")]
+    RelayTls {
+        /// The relay's DC name.
+        dc: String,
+        /// What is missing.
+        message: &'static str,
+    },
+    /// A relay's bearer token could not be loaded.
+    #[error("relay {dc:?}: bearer token: {source}")]
+    Token {
+        /// The relay's DC name.
+        dc: String,
+        /// Why.
+        #[source]
+        source: TokenError,
+    },
+    /// `token_env` names a variable that is not set.
+    #[error("relay {dc:?}: token_env {name:?} is not set")]
+    TokenEnvMissing {
+        /// The relay's DC name.
+        dc: String,
+        /// The variable.
+        name: String,
+    },
+    /// An HTTP bound is zero.
+    #[error("[http] {field} must be greater than 0")]
+    ZeroBound {
+        /// The key.
+        field: &'static str,
+    },
+    /// The consumer rejected the resulting configuration (relays, weights, bounds, TLS).
+    #[error(transparent)]
+    Consumer(#[from] ConfigError),
+}
+
+impl RouterConfig {
+    /// Reads and parses a TOML file (unknown keys are refused).
+    pub fn from_file(path: &Path) -> Result<Self, RouterConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RouterConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|message| RouterConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error is the parser's message.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|err| err.to_string().trim_end().to_owned())
+    }
+
+    /// Parses `ADDR=DC[:COST]` (as `kvrelay route --relay`) into a plaintext relay.
+    pub fn parse_relay(text: &str) -> Result<RelaySection, RouterConfigError> {
+        let relay =
+            text.parse::<RelayConfig>()
+                .map_err(|source| RouterConfigError::RelayArgument {
+                    text: text.to_owned(),
+                    source,
+                })?;
+        Ok(RelaySection::new(&relay.addr, &relay.dc, relay.cost))
+    }
+
+    /// Checks the HTTP bounds and builds the consumer configuration, loading every token
+    /// and PEM file. `env` looks up environment variables (`token_env`).
+    pub fn consumer_config(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ConsumerConfig, RouterConfigError> {
+        let zero = [
+            ("max_body_bytes", self.http.max_body_bytes == 0),
+            (
+                "max_concurrent_requests",
+                self.http.max_concurrent_requests == 0,
+            ),
+            ("max_batch", self.http.max_batch == 0),
+            ("max_tokens", self.http.max_tokens == 0),
+            ("max_top_k", self.http.max_top_k == 0),
+            ("max_connections", self.http.max_connections == 0),
+            (
+                "header_read_timeout_ms",
+                self.http.header_read_timeout_ms == 0,
+            ),
+            (
+                "connection_timeout_ms",
+                self.http.connection_timeout_ms == 0,
+            ),
+        ];
+        if let Some((field, _)) = zero.into_iter().find(|(_, is_zero)| *is_zero) {
+            return Err(RouterConfigError::ZeroBound { field });
+        }
+        let relays = self
+            .relays
+            .iter()
+            .map(|relay| relay_config(relay, &env))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut config = ConsumerConfig::new(relays);
+        config.limits = self.consumer.limits();
+        config.weights = ScoreWeights {
+            prefix: self.weights.prefix,
+            decode_leg: self.weights.decode_leg,
+            load: self.weights.load,
+            unknown_load: self.weights.unknown_load,
+            dc_cost: self.weights.dc_cost,
+        };
+        config.subscriber_id = "kvrelay-router".to_owned();
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn relay_config(
+    relay: &RelaySection,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<RelayConfig, RouterConfigError> {
+    let tls_error = |message| RouterConfigError::RelayTls {
+        dc: relay.dc.clone(),
+        message,
+    };
+    let tls = match (&relay.tls_ca, &relay.tls_cert, &relay.tls_key) {
+        (None, None, None) if relay.tls_server_name.is_none() => None,
+        (None, _, _) => {
+            return Err(tls_error(
+                "tls_cert, tls_key and tls_server_name need tls_ca",
+            ));
+        }
+        (Some(_), Some(_), None) | (Some(_), None, Some(_)) => {
+            return Err(tls_error("tls_cert and tls_key go together"));
+        }
+        (Some(ca), cert, key) => Some(RelayTls {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+            server_name: relay.tls_server_name.clone(),
+        }),
+    };
+    let token_error = |source| RouterConfigError::Token {
+        dc: relay.dc.clone(),
+        source,
+    };
+    let token = match (&relay.token_file, &relay.token_env) {
+        (Some(path), _) => Some(BearerToken::from_file(path).map_err(token_error)?),
+        (None, Some(name)) => {
+            let text = env(name).ok_or_else(|| RouterConfigError::TokenEnvMissing {
+                dc: relay.dc.clone(),
+                name: name.clone(),
+            })?;
+            Some(BearerToken::new(&text).map_err(token_error)?)
+        }
+        (None, None) => None,
+    };
+    Ok(RelayConfig {
+        addr: relay.address.clone(),
+        dc: relay.dc.clone(),
+        cost: relay.cost,
+        tls,
+        token,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! Router configuration: TOML parsing, defaults, and every refusal naming its cause.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail loudly")]
+
+use std::time::Duration;
+
+use super::*;
+
+const FULL: &str = r#"
+listen = "127.0.0.1:9000"
+
+[[relays]]
+address = "127.0.0.1:7400"
+dc = "us-east"
+cost = 2.5
+
+[[relays]]
+address = "127.0.0.1:7401"
+dc = "eu-west"
+cost = 40
+token_env = "EU_TOKEN"
+
+[http]
+max_body_bytes = 1024
+max_concurrent_requests = 8
+
+[consumer]
+staleness_bound_ms = 12000
+
+[weights]
+dc_cost = 0.02
+"#;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+#[test]
+fn a_full_file_sets_every_section_and_leaves_the_rest_at_defaults() {
+    let config = RouterConfig::from_toml(FULL).unwrap();
+    assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
+    assert_eq!(config.http.max_body_bytes, 1024);
+    assert_eq!(config.http.max_concurrent_requests, 8);
+    assert_eq!(config.http.max_batch, HttpSection::DEFAULT_MAX_BATCH);
+    let consumer = config
+        .consumer_config(|name| (name == "EU_TOKEN").then(|| "s3cret".to_owned()))
+        .unwrap();
+    assert_eq!(consumer.relays.len(), 2);
+    assert_eq!(consumer.relays[0].dc, "us-east");
+    assert!((consumer.relays[0].cost - 2.5).abs() < f64::EPSILON);
+    assert!(consumer.relays[0].token.is_none());
+    assert!(consumer.relays[1].token.is_some());
+    assert_eq!(consumer.limits.staleness_bound, Duration::from_secs(12));
+    assert_eq!(
+        consumer.limits.connect_timeout,
+        Limits::default().connect_timeout
+    );
+    assert!((consumer.weights.dc_cost - 0.02).abs() < f64::EPSILON);
+    assert_eq!(consumer.subscriber_id, "kvrelay-router");
+}
+
+#[test]
+fn defaults_listen_on_loopback() {
+    let config = RouterConfig::from_toml("").unwrap();
+    assert_eq!(config.listen, DEFAULT_LISTEN);
+    assert!(config.listen.ip().is_loopback());
+}
+
+#[test]
+fn an_unknown_key_is_refused_by_name() {
+    let err = RouterConfig::from_toml("[http]\nmax_body = 3\n").unwrap_err();
+    assert!(err.contains("max_body"), "{err}");
+    let err = RouterConfig::from_toml("[[relays]]\naddress = \"a:1\"\ndc = \"x\"\ntoken = \"t\"\n")
+        .unwrap_err();
+    assert!(err.contains("token"), "{err}");
+}
+
+#[test]
+fn a_file_that_cannot_be_read_or_parsed_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("absent.toml");
+    let err = RouterConfig::from_file(&missing).unwrap_err();
+    assert!(matches!(err, RouterConfigError::Read { .. }));
+    assert!(err.to_string().contains("absent.toml"), "{err}");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "listen = 7\n").unwrap();
+    let err = RouterConfig::from_file(&bad).unwrap_err();
+    assert!(matches!(err, RouterConfigError::Parse { .. }));
+    assert!(err.to_string().contains("bad.toml"), "{err}");
+}
+
+#[test]
+fn no_relays_is_refused() {
+    let err = RouterConfig::default().consumer_config(no_env).unwrap_err();
+    assert!(
+        matches!(err, RouterConfigError::Consumer(ConfigError::NoRelays)),
+        "{err}"
+    );
+}
+
+#[test]
+fn tls_settings_must_be_consistent() {
+    let mut config = RouterConfig::default();
+    let mut relay = RelaySection::new("127.0.0.1:7400", "a", 0.0);
+    relay.tls_cert = Some("cert.pem".into());
+    config.relays.push(relay.clone());
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(matches!(err, RouterConfigError::RelayTls { .. }), "{err}");
+
+    relay.tls_ca = Some("ca.pem".into());
+    config.relays[0] = relay;
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(err.to_string().contains("tls_cert and tls_key"), "{err}");
+}
+
+#[test]
+fn a_missing_pem_or_token_is_reported_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = RouterConfig::default();
+    let mut relay = RelaySection::new("127.0.0.1:7400", "a", 0.0);
+    relay.tls_ca = Some(dir.path().join("no-ca.pem"));
+    config.relays.push(relay);
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(err.to_string().contains("no-ca.pem"), "{err}");
+
+    let mut relay = RelaySection::new("127.0.0.1:7400", "a", 0.0);
+    relay.token_env = Some("ROUTER_TEST_TOKEN".to_owned());
+    config.relays[0] = relay.clone();
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(
+        matches!(err, RouterConfigError::TokenEnvMissing { ref name, .. } if name == "ROUTER_TEST_TOKEN"),
+        "{err}"
+    );
+
+    relay.token_env = None;
+    relay.token_file = Some(dir.path().join("no-token"));
+    config.relays[0] = relay;
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(matches!(err, RouterConfigError::Token { .. }), "{err}");
+}
+
+#[test]
+fn zero_http_bounds_are_refused_by_name() {
+    let mut config = RouterConfig::default();
+    config
+        .relays
+        .push(RelaySection::new("127.0.0.1:7400", "a", 0.0));
+    config.http.max_batch = 0;
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(err.to_string().contains("max_batch"), "{err}");
+}
+
+#[test]
+fn relay_arguments_parse_like_kvrelay_route() {
+    let relay = RouterConfig::parse_relay("127.0.0.1:7400=us-east:12.5").unwrap();
+    assert_eq!(relay.address, "127.0.0.1:7400");
+    assert_eq!(relay.dc, "us-east");
+    assert!((relay.cost - 12.5).abs() < f64::EPSILON);
+    assert!(RouterConfig::parse_relay("127.0.0.1:7400=us-east:-1").is_err());
+}

@@ -1,0 +1,415 @@
+//! The HTTP service: routes, request limits, and the lifecycle of the listener and the
+//! consumer behind it.
+//!
+//! Handlers only move bytes: parsing and validation are [`crate::api`]'s, readiness is
+//! [`crate::readiness`]'s, scoring is the consumer's. Each route request takes one of
+//! `max_concurrent_requests` permits without waiting (`503` + `Retry-After` when none is
+//! free, so overload sheds instead of queueing); bodies are read up to `max_body_bytes`
+//! (`413` above, checked against `Content-Length` before anything is read). Scoring runs
+//! on the request's task: one request is tens of microseconds at hundreds of pools, and a
+//! batch is bounded by `max_batch`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use kvrelay_consumer::{Consumer, Ranking};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::api::{self, ApiError, BatchRequest, PoolsView, RouteRequest, RouteResponse};
+use crate::config::{HttpSection, RouterConfig, RouterConfigError};
+use crate::metrics::RouterMetrics;
+use crate::readiness::{self, PoolState};
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    consumer: Arc<Consumer>,
+    metrics: Arc<RouterMetrics>,
+    http: HttpSection,
+    permits: Semaphore,
+}
+
+impl AppState {
+    /// The state of an app serving `consumer` under `http`'s bounds.
+    pub fn new(consumer: Arc<Consumer>, metrics: Arc<RouterMetrics>, http: HttpSection) -> Self {
+        let permits = usize::try_from(http.max_concurrent_requests)
+            .unwrap_or(Semaphore::MAX_PERMITS)
+            .min(Semaphore::MAX_PERMITS);
+        Self {
+            consumer,
+            metrics,
+            http,
+            permits: Semaphore::new(permits),
+        }
+    }
+}
+
+/// The router's HTTP routes over `state`.
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/route", post(route))
+        .route("/v1/route/batch", post(route_batch))
+        .route("/v1/pools", get(pools))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        Err(err) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("could not encode the answer: {err}\n"),
+        )
+            .into_response(),
+    }
+}
+
+fn error_response(error: &ApiError) -> Response {
+    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_REQUEST);
+    let mut response = json_response(status, &error.body());
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// Counts and returns `response` for `route`.
+fn answered(
+    state: &AppState,
+    route: &'static str,
+    started: Instant,
+    response: Response,
+) -> Response {
+    state
+        .metrics
+        .observe(route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// Reads a JSON body within `max_body_bytes`.
+async fn read_json_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<u8>, ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value
+                .split(';')
+                .next()
+                .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if !is_json {
+        return Err(ApiError::not_json());
+    }
+    let limit = state.http.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    // A chunked body over the limit fails here; so does a body cut short, which gets no
+    // answer anyway.
+    axum::body::to_bytes(body, limit)
+        .await
+        .map(|bytes| bytes.to_vec())
+        .map_err(|_| ApiError::too_large(limit))
+}
+
+async fn route(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    let response = route_one(&state, &headers, body)
+        .await
+        .unwrap_or_else(|err| error_response(&err));
+    answered(&state, "route", started, response)
+}
+
+async fn route_one(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Ok(_permit) = state.permits.try_acquire() else {
+        return Err(ApiError::overloaded(state.http.max_concurrent_requests));
+    };
+    let bytes = read_json_body(state, headers, body).await?;
+    let request: RouteRequest = api::parse(&bytes)?;
+    let (request, top_k) = request.validate(&state.http)?;
+    let mut ranking = Ranking::default();
+    state
+        .consumer
+        .score_top_into(&request, top_k, &mut ranking)
+        .map_err(|err| api::score_error(&err))?;
+    state.metrics.scored(1);
+    Ok(json_response(
+        StatusCode::OK,
+        &RouteResponse::from(&ranking),
+    ))
+}
+
+async fn route_batch(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let response = route_many(&state, &headers, body)
+        .await
+        .unwrap_or_else(|err| error_response(&err));
+    answered(&state, "route_batch", started, response)
+}
+
+/// A batch answers every request in order: a ranking, or that request's error (one bad
+/// request does not fail the others).
+async fn route_many(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Ok(_permit) = state.permits.try_acquire() else {
+        return Err(ApiError::overloaded(state.http.max_concurrent_requests));
+    };
+    let bytes = read_json_body(state, headers, body).await?;
+    let batch: BatchRequest = api::parse(&bytes)?;
+    let requests = batch.validate(&state.http)?;
+    let mut ranking = Ranking::default();
+    let mut answers = Vec::with_capacity(requests.len());
+    for (request, top_k) in &requests {
+        answers.push(
+            match state.consumer.score_top_into(request, *top_k, &mut ranking) {
+                Ok(()) => serde_json::to_value(RouteResponse::from(&ranking))
+                    .unwrap_or(serde_json::Value::Null),
+                Err(err) => api::score_error(&err).body(),
+            },
+        );
+    }
+    state.metrics.scored(requests.len() as u64);
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "answers": answers }),
+    ))
+}
+
+async fn pools(State(state): State<Arc<AppState>>) -> Response {
+    let started = Instant::now();
+    let view = PoolsView::new(
+        &state.consumer.relays(),
+        &state.consumer.pools(),
+        &state.consumer.quarantined(),
+    );
+    answered(
+        &state,
+        "pools",
+        started,
+        json_response(StatusCode::OK, &view),
+    )
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let started = Instant::now();
+    let mut text = String::new();
+    let encoded = state
+        .metrics
+        .encode_without_eof(&mut text)
+        .and_then(|()| kvrelay_consumer::encode_prometheus(&state.consumer.metrics(), &mut text));
+    let response = match encoded {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "could not encode metrics\n",
+        )
+            .into_response(),
+    };
+    answered(&state, "metrics", started, response)
+}
+
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    let started = Instant::now();
+    answered(
+        &state,
+        "healthz",
+        started,
+        (StatusCode::OK, "ok\n").into_response(),
+    )
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let started = Instant::now();
+    let pools = state.consumer.pools();
+    let answer = readiness::assess(&state.consumer.relays(), pools.iter().map(PoolState::from));
+    let status = if answer.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    answered(&state, "readyz", started, json_response(status, &answer))
+}
+
+async fn not_found(State(state): State<Arc<AppState>>) -> Response {
+    let started = Instant::now();
+    let error = ApiError {
+        status: 404,
+        code: "not_found",
+        field: None,
+        message: "no such route; see docs/consumer.md (router API)".to_owned(),
+    };
+    answered(&state, "other", started, error_response(&error))
+}
+
+async fn method_not_allowed(State(state): State<Arc<AppState>>) -> Response {
+    let started = Instant::now();
+    let error = ApiError {
+        status: 405,
+        code: "method_not_allowed",
+        field: None,
+        message: "method not allowed on this route".to_owned(),
+    };
+    answered(&state, "other", started, error_response(&error))
+}
+
+/// The router could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouterError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] RouterConfigError),
+    /// The listen address could not be bound.
+    #[error("binding the router listener on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running router: the consumer following every relay and the HTTP listener.
+#[derive(Debug)]
+pub struct RouterService {
+    addr: SocketAddr,
+    consumer: Arc<Consumer>,
+    cancel: CancellationToken,
+    serving: JoinHandle<std::io::Result<()>>,
+}
+
+impl RouterService {
+    /// Validates `config` (`env` resolves `token_env`), starts the consumer and serves the
+    /// API on `config.listen`. Must run inside a tokio runtime.
+    pub async fn start(
+        config: &RouterConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, RouterError> {
+        let consumer_config = config.consumer_config(env)?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| RouterError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(|source| RouterError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        if !addr.ip().is_loopback() {
+            warn!(%addr, "the router API has no authentication and listens beyond loopback; keep it behind your network policy");
+        }
+        let consumer = Arc::new(
+            Consumer::start(consumer_config)
+                .map_err(|err| RouterError::Config(RouterConfigError::Consumer(err)))?,
+        );
+        let metrics = Arc::new(RouterMetrics::new());
+        let state = Arc::new(AppState::new(
+            consumer.clone(),
+            metrics.clone(),
+            config.http,
+        ));
+        let cancel = CancellationToken::new();
+        let serving = tokio::spawn(kvrelay_http::serve(
+            listener,
+            app(state),
+            config.http.bounds(),
+            "router",
+            metrics,
+            cancel.clone(),
+        ));
+        info!(%addr, relays = config.relays.len(), "router serving");
+        Ok(Self {
+            addr,
+            consumer,
+            cancel,
+            serving,
+        })
+    }
+
+    /// The bound HTTP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The consumer behind the API.
+    pub fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
+
+    /// Graceful stop: no new connections, in-flight requests finish (each connection is
+    /// bounded by `connection_timeout_ms`), then the consumer stops.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        match self.serving.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => warn!(error = %err, "router listener ended with an error"),
+            Err(err) => warn!(error = %err, "router listener task failed"),
+        }
+        // Every connection (and its clone of the state) is gone once serving returned.
+        match Arc::try_unwrap(self.consumer) {
+            Ok(consumer) => consumer.shutdown().await,
+            Err(_) => warn!("router consumer still referenced at shutdown; dropping it"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! The HTTP layer in memory (no socket): status codes, JSON errors, limits, readiness and
+//! metrics, over a consumer whose only relay is unreachable (so it has no catalog).
+//! The pairing with a real relay is tested in `crates/kvrelay/tests/router.rs`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "tests fail loudly"
+)]
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use kvrelay_consumer::{ConsumerConfig, RelayConfig};
+use tower::ServiceExt;
+
+use super::*;
+
+/// A state whose consumer follows a relay that refuses connections (port 1 on loopback).
+fn state(http: HttpSection) -> Arc<AppState> {
+    let config = ConsumerConfig::new(vec![RelayConfig::new("127.0.0.1:1", "dc-gone")]);
+    let consumer = Arc::new(Consumer::start(config).unwrap());
+    Arc::new(AppState::new(
+        consumer,
+        Arc::new(RouterMetrics::new()),
+        http,
+    ))
+}
+
+async fn call(
+    state: &Arc<AppState>,
+    request: Request<Body>,
+) -> (StatusCode, HeaderMap, serde_json::Value) {
+    let response = app(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+        serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned())
+    });
+    (status, headers, body)
+}
+
+fn post_json(path: &str, body: &str) -> Request<Body> {
+    Request::builder()
+        .method(Method::POST)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::builder().uri(path).body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn health_is_ok_and_readiness_names_the_relay_without_catalog() {
+    let state = state(HttpSection::default());
+    let (status, _, body) = call(&state, get("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "ok\n");
+    let (status, _, body) = call(&state, get("/readyz")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["ready"], false);
+    let reason = body["reasons"][0].as_str().unwrap();
+    assert!(
+        reason.contains("dc-gone") && reason.contains("no catalog"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_model_no_catalog_serves_is_404_naming_the_field() {
+    let state = state(HttpSection::default());
+    let (status, _, body) = call(
+        &state,
+        post_json("/v1/route", r#"{"tokens":[1,2],"model":"llama"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "unknown_model");
+    assert_eq!(body["error"]["field"], "model");
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_400_with_the_field_and_non_json_is_415() {
+    let state = state(HttpSection::default());
+    let (status, _, body) = call(
+        &state,
+        post_json("/v1/route", r#"{"tokens":[1,"x"],"model":"m"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["field"], "tokens[1]");
+    let (status, _, body) = call(&state, post_json("/v1/route", "{not json")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let plain = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/route")
+        .body(Body::from(r#"{"tokens":[1],"model":"m"}"#))
+        .unwrap();
+    let (status, _, body) = call(&state, plain).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(body["error"]["code"], "unsupported_media_type");
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_413_declared_or_streamed() {
+    let state = state(HttpSection {
+        max_body_bytes: 64,
+        ..HttpSection::default()
+    });
+    let big = format!(r#"{{"tokens":[{}],"model":"m"}}"#, vec!["1"; 100].join(","));
+    let (status, _, body) = call(&state, post_json("/v1/route", &big)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["error"]["code"], "body_too_large");
+    // Without Content-Length (a streamed body), the read itself stops at the limit.
+    let chunks: Vec<Result<String, std::io::Error>> = vec![Ok(big.clone())];
+    let streamed = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/route")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(futures::stream::iter(chunks)))
+        .unwrap();
+    let (status, _, _) = call(&state, streamed).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn requests_beyond_the_concurrency_limit_are_shed_with_retry_after() {
+    let state = state(HttpSection {
+        max_concurrent_requests: 1,
+        ..HttpSection::default()
+    });
+    let held = state.permits.try_acquire().unwrap();
+    let (status, headers, body) = call(
+        &state,
+        post_json("/v1/route", r#"{"tokens":[1],"model":"m"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "1");
+    assert_eq!(body["error"]["code"], "overloaded");
+    drop(held);
+    let (status, _, _) = call(
+        &state,
+        post_json("/v1/route", r#"{"tokens":[1],"model":"m"}"#),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a free permit lets the request through"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_answers_each_request_in_order() {
+    let state = state(HttpSection::default());
+    let (status, _, body) = call(
+        &state,
+        post_json(
+            "/v1/route/batch",
+            r#"{"requests":[{"tokens":[1],"model":"a"},{"tokens":[2],"model":"b"}]}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let answers = body["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 2);
+    assert!(
+        answers[1]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"b\""),
+        "{body}"
+    );
+    let (status, _, body) = call(
+        &state,
+        post_json(
+            "/v1/route/batch",
+            r#"{"requests":[{"tokens":[1],"model":"a","top_k":0}]}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["field"], "requests[0].top_k");
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_json() {
+    let state = state(HttpSection::default());
+    let (status, _, body) = call(&state, get("/v2/nothing")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "not_found");
+    let (status, _, body) = call(&state, get("/v1/route")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["error"]["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn pools_lists_every_relay_and_metrics_hold_both_registries() {
+    let state = state(HttpSection::default());
+    let (status, _, body) = call(&state, get("/v1/pools")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["relays"][0]["dc"], "dc-gone");
+    assert!(body["relays"][0]["catalog_revision"].is_null());
+    assert_eq!(body["pools"].as_array().unwrap().len(), 0);
+
+    let (status, headers, body) = call(&state, get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let text = body.as_str().unwrap();
+    assert!(
+        text.contains(r#"kvrelay_router_http_requests_total{route="pools",status="200"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("kvrelay_router_http_request_duration_seconds_bucket"),
+        "{text}"
+    );
+    assert!(text.contains("kvrelay_consumer_"), "{text}");
+    assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    assert!(text.trim_end().ends_with("# EOF"));
+}

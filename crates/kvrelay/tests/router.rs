@@ -1,0 +1,229 @@
+//! The router service against a real relay over loopback: `/readyz` turns ready once
+//! every pool's replica is current, `POST /v1/route` answers exactly what the in-process
+//! consumer scores for the same request, batches answer in order, `/v1/pools` and
+//! `/metrics` describe the replicas, and a relay that goes away turns `/readyz` to 503
+//! naming it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
+use kvrelay_router::{RelaySection, RouterConfig, RouterService};
+use kvrelay_server::{Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Bound on every wait of these tests.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Pools of the example deployment.
+const EXAMPLE_POOLS: usize = 4;
+
+/// The example deployment, replayed once as fast as possible, on free loopback ports.
+fn example_config() -> RelayConfig {
+    let cards = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/deployment/cards");
+    let mut config = RelayConfig {
+        dc_id: "dc-test".to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.discovery.dir = Some(cards);
+    config.workload = Some(kvrelay_server::WorkloadConfig {
+        trace: None,
+        speed: 0.0,
+        loops: 1,
+    });
+    config
+}
+
+/// One HTTP/1.1 exchange (`Connection: close`); returns the status and the JSON body
+/// (a JSON string when the body is not JSON).
+async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let payload = body.map(Value::to_string).unwrap_or_default();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: router\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            payload.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(payload.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        raw
+    };
+    let raw = tokio::time::timeout(DEADLINE, exchange)
+        .await
+        .expect("the router answers");
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a complete response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let body = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
+    (status, body)
+}
+
+/// A router on a free loopback port following the relay at `relay`.
+async fn start_router(relay: SocketAddr) -> RouterService {
+    let mut config = RouterConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..RouterConfig::default()
+    };
+    config
+        .relays
+        .push(RelaySection::new(&relay.to_string(), "dc-test", 5.0));
+    config.consumer.connect_timeout_ms = 1_000;
+    RouterService::start(&config, |_| None).await.unwrap()
+}
+
+/// Requests of the built-in trace for every served base model.
+fn trace_requests(relay: &Relay, n: usize) -> Vec<ScoreRequest> {
+    let models = kvrelay_consumer::served_base_models(&relay.catalog());
+    let records = kvrelay_ingest::parse_request_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE)
+        .expect("the built-in trace parses");
+    let mut requests = Vec::new();
+    for record in records.iter().take(n) {
+        for served in &models {
+            requests.push(ScoreRequest {
+                tokens: kvrelay_ingest::request_tokens(
+                    &record.hash_ids,
+                    served.kv_block_size,
+                    WORKLOAD_TOKEN_SEED,
+                ),
+                model: served.model.clone(),
+                lora: None,
+                cache_namespace: None,
+            });
+        }
+    }
+    requests
+}
+
+fn request_json(request: &ScoreRequest) -> Value {
+    json!({ "tokens": request.tokens, "model": request.model })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_answers_what_the_consumer_scores_and_tells_readiness() {
+    let relay = Relay::start(example_config()).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(EXAMPLE_POOLS))
+        .await
+        .expect("every example pool is published");
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .expect("the workload finishes");
+    relay.flush().await;
+    let router = start_router(relay.wan_addr()).await;
+    let addr = router.local_addr();
+
+    // Ready once every pool's replica is current at the producer's final sequence.
+    let mut sequences = Vec::new();
+    for pool in &relay.catalog().pools {
+        sequences.push(relay.producer_table(&pool.producer).await.unwrap().sequence);
+    }
+    let converged = router
+        .consumer()
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools.iter().all(|pool| {
+                    pool.replica == ReplicaStatus::Current
+                        && pool.sequence.is_some_and(|seq| sequences.contains(&seq))
+                })
+        })
+        .await;
+    assert!(
+        converged,
+        "replicas converge: {:?}",
+        router.consumer().pools()
+    );
+    let (status, ready) = http(addr, "GET", "/readyz", None).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["ready"], true);
+    assert_eq!(ready["pools_current"], EXAMPLE_POOLS);
+
+    // Every answer equals the in-process ranking of the same request.
+    let requests = trace_requests(&relay, 20);
+    assert!(!requests.is_empty());
+    let mut hits = 0;
+    for request in &requests {
+        let expected = router.consumer().score(request).unwrap();
+        let (status, answer) = http(addr, "POST", "/v1/route", Some(&request_json(request))).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["model"], expected.model.as_str());
+        let candidates = answer["candidates"].as_array().unwrap();
+        assert_eq!(candidates.len(), expected.candidates.len());
+        for (got, want) in candidates.iter().zip(&expected.candidates) {
+            assert_eq!(got["dc"], &*want.dc);
+            assert!((got["score"].as_f64().unwrap() - want.score).abs() < 1e-12);
+            for (leg, want_leg) in got["legs"].as_array().unwrap().iter().zip(&want.legs) {
+                assert_eq!(leg["pool"], &*want_leg.pool);
+                assert_eq!(leg["replica"], want_leg.replica.as_str());
+                assert_eq!(
+                    leg["prefix_tokens"].as_u64(),
+                    want_leg.prefix_tokens.map(u64::from)
+                );
+                if want_leg.prefix_tokens.is_some_and(|tokens| tokens > 0) {
+                    hits += 1;
+                }
+            }
+        }
+    }
+    assert!(hits > 0, "the router finds replayed prefixes");
+
+    // top_k keeps the best; a batch answers in order, errors in place.
+    let mut top = request_json(&requests[0]);
+    top["top_k"] = json!(1);
+    let (_, answer) = http(addr, "POST", "/v1/route", Some(&top)).await;
+    assert_eq!(answer["candidates"].as_array().unwrap().len(), 1);
+    let batch = json!({ "requests": [request_json(&requests[0]), {"tokens": [1], "model": "no-such-model"}] });
+    let (status, answers) = http(addr, "POST", "/v1/route/batch", Some(&batch)).await;
+    assert_eq!(status, 200);
+    assert_eq!(answers["answers"][0]["model"], requests[0].model.as_str());
+    assert_eq!(answers["answers"][1]["error"]["code"], "unknown_model");
+
+    // Pools and metrics describe the replicas.
+    let (_, pools) = http(addr, "GET", "/v1/pools", None).await;
+    assert_eq!(pools["pools"].as_array().unwrap().len(), EXAMPLE_POOLS);
+    assert!(pools["relays"][0]["catalog_revision"].is_u64(), "{pools}");
+    assert_eq!(pools["pools"][0]["replica"], "current");
+    let (_, metrics) = http(addr, "GET", "/metrics", None).await;
+    let text = metrics.as_str().unwrap();
+    assert!(
+        text.contains(r#"kvrelay_router_http_requests_total{route="route",status="200"}"#),
+        "{text}"
+    );
+    assert!(text.contains("kvrelay_consumer_"), "{text}");
+
+    // The relay goes away: readiness names it.
+    relay.shutdown().await.unwrap();
+    let unready = router
+        .consumer()
+        .wait_until(DEADLINE, |state, _| {
+            state.relay_statuses().iter().any(|relay| relay.suspended)
+        })
+        .await;
+    assert!(unready, "the consumer notices the relay is gone");
+    let (status, ready) = http(addr, "GET", "/readyz", None).await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(
+        ready["reasons"][0].as_str().unwrap().contains("dc-test"),
+        "{ready}"
+    );
+
+    tokio::time::timeout(DEADLINE, router.shutdown())
+        .await
+        .expect("the router stops");
+}
