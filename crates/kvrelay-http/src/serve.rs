@@ -105,6 +105,10 @@ pub async fn serve(
             continue;
         };
         events.connection(ConnectionOutcome::Accepted);
+        // Request/response traffic: an answer must not wait for the peer's delayed ACK.
+        if let Err(err) = tcp.set_nodelay(true) {
+            debug!(listener = name, %peer, error = %err, "could not set TCP_NODELAY");
+        }
         let service = TowerToHyperService::new(router.clone());
         let events = events.clone();
         let cancel = cancel.clone();

@@ -99,3 +99,4 @@ fn score_errors_map_to_statuses() {
         (404, Some("lora"))
     );
 }
+

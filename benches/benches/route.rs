@@ -1,0 +1,267 @@
+//! What the router's HTTP layer adds: `POST /v1/route` on a keep-alive loopback connection
+//! against `Consumer::score_top_into` in the same process (the baseline), for a 64-block
+//! request over 16 and 256 pools, ranking every pool and keeping the best 8 (`top_k`). The pools come from the consumer tests' in-process
+//! relay (the WAN protocol over loopback TCP); the router follows it like any relay.
+//! `baseline-http-healthz` is the loopback HTTP floor on the same kind of connection
+//! (`GET /healthz`: no body, no scoring). p50/p99 per request are printed to stderr after
+//! each case.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "benchmark setup"
+)]
+#![allow(missing_docs, reason = "criterion macros generate undocumented items")]
+
+#[path = "../../crates/kvrelay-consumer/tests/support/mod.rs"]
+mod support;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use kvrelay_consumer::{Ranking, ReplicaStatus, ScoreRequest};
+use kvrelay_identity::hashing::HashSalt;
+use kvrelay_router::{RouterConfig, RouterService};
+use support::{FakeRelay, PoolSpec};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+const BLOCK: u32 = 16;
+const REQUEST_BLOCKS: u32 = 64;
+
+fn family_tokens(family: u32, n_blocks: u32) -> Vec<u32> {
+    (0..n_blocks * BLOCK)
+        .map(|i| family * 1_000_000 + i)
+        .collect()
+}
+
+struct Setup {
+    relay: FakeRelay,
+    router: RouterService,
+    request: ScoreRequest,
+}
+
+/// `n_pools` pools of ~1,500 blocks each: the request's family at a depth varying by
+/// pool plus 24 unrelated chains; the router's replicas current.
+async fn setup(n_pools: usize) -> Setup {
+    let specs = (0..n_pools)
+        .map(|i| {
+            let name: &'static str = Box::leak(format!("pool{i}").into_boxed_str());
+            let mut spec = PoolSpec::aggregated(name, "llama");
+            spec.block_size = BLOCK;
+            spec.expected_blocks = 4096;
+            spec
+        })
+        .collect();
+    let relay = FakeRelay::start("dc-a", 1, specs).await;
+    let mut family = 2u32;
+    for pool in 0..n_pools {
+        let depth = (pool as u32 * 7) % (REQUEST_BLOCKS + 1);
+        relay.store(pool, 0, &family_tokens(1, depth), HashSalt::default());
+        for worker in 0..24u64 {
+            family += 1;
+            relay.store(pool, worker % 4, &family_tokens(family, 64), HashSalt::default());
+        }
+    }
+    let mut config = RouterConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..RouterConfig::default()
+    };
+    config
+        .relays
+        .push(RouterConfig::parse_relay(&relay.relay_arg()).unwrap());
+    let router = RouterService::start(&config, |_| None).await.unwrap();
+    let current = router
+        .consumer()
+        .wait_until(Duration::from_secs(60), |state, now| {
+            let pools = state.pools(now);
+            pools.len() == n_pools && pools.iter().all(|p| p.replica == ReplicaStatus::Current)
+        })
+        .await;
+    assert!(current, "every replica current");
+    Setup {
+        relay,
+        router,
+        request: ScoreRequest {
+            tokens: family_tokens(1, REQUEST_BLOCKS),
+            model: "llama".into(),
+            ..ScoreRequest::default()
+        },
+    }
+}
+
+/// One keep-alive HTTP/1.1 client connection.
+struct Client {
+    stream: BufReader<TcpStream>,
+    request: Vec<u8>,
+    body: Vec<u8>,
+}
+
+impl Client {
+    async fn connect(setup: &Setup, top_k: Option<usize>) -> Self {
+        let stream = TcpStream::connect(setup.router.local_addr()).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut body = serde_json::json!({ "tokens": setup.request.tokens, "model": "llama" });
+        if let Some(top_k) = top_k {
+            body["top_k"] = top_k.into();
+        }
+        let body = body.to_string();
+        let request = format!(
+            "POST /v1/route HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes();
+        Self::with_request(stream, request)
+    }
+
+    /// A client sending `GET /healthz`: the loopback HTTP floor (no body, no scoring).
+    async fn health(setup: &Setup) -> Self {
+        let stream = TcpStream::connect(setup.router.local_addr()).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Self::with_request(stream, b"GET /healthz HTTP/1.1\r\nHost: router\r\n\r\n".to_vec())
+    }
+
+    fn with_request(stream: TcpStream, request: Vec<u8>) -> Self {
+        Self {
+            stream: BufReader::new(stream),
+            request,
+            body: Vec::new(),
+        }
+    }
+
+    /// Sends the request and reads the whole answer (which must be `200`); returns its
+    /// body length.
+    async fn route(&mut self) -> usize {
+        self.stream.get_mut().write_all(&self.request).await.unwrap();
+        let mut line = String::new();
+        let mut length = None;
+        let mut status_ok = false;
+        loop {
+            line.clear();
+            self.stream.read_line(&mut line).await.unwrap();
+            if line.starts_with("HTTP/1.1 ") {
+                status_ok = line.starts_with("HTTP/1.1 200");
+            } else if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse::<usize>().ok();
+            } else if line == "\r\n" {
+                break;
+            }
+        }
+        assert!(status_ok, "the router answers 200");
+        let length = length.expect("a Content-Length");
+        self.body.resize(length, 0);
+        self.stream.read_exact(&mut self.body).await.unwrap();
+        length
+    }
+}
+
+/// Per-request latencies of the current case.
+static SAMPLES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
+
+fn record(elapsed: Duration) {
+    SAMPLES.lock().unwrap().push(elapsed);
+}
+
+fn report(case: &str) {
+    let mut samples = std::mem::take(&mut *SAMPLES.lock().unwrap());
+    if samples.is_empty() {
+        return;
+    }
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "{case}: requests {} p50 {:?} p99 {:?}",
+        samples.len(),
+        at(0.5),
+        at(0.99)
+    );
+}
+
+fn bench_route(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for n_pools in [16usize, 256] {
+        let setup = runtime.block_on(setup(n_pools));
+        let group_name = format!("route-{n_pools}-pools");
+        let mut group = c.benchmark_group(&group_name);
+
+        let mut floor = Some(runtime.block_on(Client::health(&setup)));
+        group.bench_function("baseline-http-healthz", |b| {
+            b.iter_custom(|iters| {
+                let mut owned = floor.take().unwrap();
+                let (owned, elapsed) = runtime.block_on(async move {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let started = Instant::now();
+                        owned.route().await;
+                        record(started.elapsed());
+                    }
+                    (owned, start.elapsed())
+                });
+                floor = Some(owned);
+                elapsed
+            });
+        });
+        report(&format!("{group_name}/baseline-http-healthz"));
+        for (case, top_k) in [("all", None), ("top-8", Some(8))] {
+            let limit = top_k.unwrap_or(usize::MAX);
+            let mut ranking = Ranking::default();
+            let baseline = format!("baseline-score-into-{case}");
+            group.bench_function(baseline.as_str(), |b| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let started = Instant::now();
+                        setup
+                            .router
+                            .consumer()
+                            .score_top_into(&setup.request, limit, &mut ranking)
+                            .unwrap();
+                        record(started.elapsed());
+                    }
+                    start.elapsed()
+                });
+            });
+            // (Empty when a filter on the command line skipped the case.)
+            assert!(ranking.candidates.is_empty() || ranking.candidates.len() == n_pools.min(limit));
+            report(&format!("{group_name}/{baseline}"));
+
+            let mut client = Some(runtime.block_on(Client::connect(&setup, top_k)));
+            let http = format!("http-route-{case}");
+            group.bench_function(http.as_str(), |b| {
+                b.iter_custom(|iters| {
+                    let mut owned = client.take().unwrap();
+                    let (owned, elapsed) = runtime.block_on(async move {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let started = Instant::now();
+                            owned.route().await;
+                            record(started.elapsed());
+                        }
+                        (owned, start.elapsed())
+                    });
+                    client = Some(owned);
+                    elapsed
+                });
+            });
+            report(&format!("{group_name}/{http}"));
+        }
+        group.finish();
+        let Setup { relay, router, .. } = setup;
+        runtime.block_on(async move {
+            router.shutdown().await;
+            relay.stop().await;
+        });
+    }
+}
+
+criterion_group!(benches, bench_route);
+criterion_main!(benches);
