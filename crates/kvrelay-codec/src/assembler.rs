@@ -112,6 +112,12 @@ pub enum AssemblyError {
         /// Words in the chunk.
         found: u64,
     },
+    /// The table for a new assembly (`bucket_count` words) could not be allocated.
+    #[error("snapshot table of {bytes} bytes could not be allocated")]
+    AllocationFailed {
+        /// Bytes asked for.
+        bytes: u64,
+    },
     /// The last chunk leaves buckets uncovered.
     #[error("snapshot covers {covered} of {bucket_count} buckets after its last chunk")]
     Incomplete {
@@ -150,7 +156,8 @@ impl SnapshotAssembler {
     /// Adds one chunk. Returns the snapshot when this chunk completes it.
     ///
     /// On `Err` the assembler is unchanged. Chunk 0 always starts a new assembly, dropping
-    /// any partial one (memory for the table, `bucket_count` words, is taken then).
+    /// any partial one (memory for the table, `bucket_count` words, is taken then, fallibly:
+    /// a refused allocation is [`AssemblyError::AllocationFailed`], never a panic).
     pub fn handle_chunk(
         &mut self,
         chunk: &ChunkView,
@@ -218,16 +225,27 @@ impl SnapshotAssembler {
                 bucket_count,
             });
         }
-        // Checked: from here on nothing fails.
-        let mut progress = match self.progress.take() {
-            Some(progress) if chunk.chunk_index() != 0 => progress,
-            _ => Progress {
-                sequence,
-                chunk_count: chunk.chunk_count(),
-                next_index: 0,
-                words: vec![0; bucket_count as usize],
-                filled: 0,
-            },
+        let fresh = if chunk.chunk_index() == 0 {
+            Some(zeroed_table(bucket_count)?)
+        } else {
+            None
+        };
+        // Checked and allocated: from here on nothing fails.
+        let mut progress = match fresh {
+            Some(words) => {
+                // Chunk 0 drops any partial assembly.
+                self.progress = None;
+                Progress {
+                    sequence,
+                    chunk_count: chunk.chunk_count(),
+                    next_index: 0,
+                    words,
+                    filled: 0,
+                }
+            }
+            None => self.progress.take().ok_or(AssemblyError::NotStarted {
+                chunk_index: chunk.chunk_index(),
+            })?,
         };
         chunk.copy_words_into(&mut progress.words[filled..covered]);
         progress.filled = covered;
@@ -243,6 +261,18 @@ impl SnapshotAssembler {
             words: progress.words,
         }))
     }
+}
+
+/// A zeroed table of `bucket_count` words, allocated fallibly.
+fn zeroed_table(bucket_count: u64) -> Result<Vec<u64>, AssemblyError> {
+    let failed = AssemblyError::AllocationFailed {
+        bytes: bucket_count.saturating_mul(8),
+    };
+    let n_words = usize::try_from(bucket_count).map_err(|_| failed.clone())?;
+    let mut words = Vec::new();
+    words.try_reserve_exact(n_words).map_err(|_| failed)?;
+    words.resize(n_words, 0);
+    Ok(words)
 }
 
 #[cfg(test)]
@@ -271,6 +301,16 @@ mod tests {
             Cbi1Payload::Chunk(chunk) => chunk,
             Cbi1Payload::Delta(_) => unreachable!("encoded a chunk"),
         }
+    }
+
+    #[test]
+    fn a_table_the_allocator_refuses_is_a_typed_error_not_a_panic() {
+        // 2^60 words (2^63 bytes) is beyond any allocation: refused without trying.
+        assert_eq!(
+            zeroed_table(1 << 60),
+            Err(AssemblyError::AllocationFailed { bytes: 1 << 63 })
+        );
+        assert_eq!(zeroed_table(4).unwrap(), vec![0; 4]);
     }
 
     #[test]

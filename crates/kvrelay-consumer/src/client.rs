@@ -28,6 +28,7 @@ use crate::config::{ConfigError, ConsumerConfig};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
 use crate::scoring::{Ranking, ScoreError, ScoreRequest};
 use crate::state::{ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
+use crate::store::StoreError;
 use crate::wire::{Endpoint, WireError, WireStream};
 
 /// How long [`Consumer::shutdown`] waits for its tasks.
@@ -444,6 +445,7 @@ async fn relay_epoch(
                 shared.metrics.incr(Counter::CatalogsApplied);
                 if change.newly_quarantined > 0 {
                     shared.metrics.add(Counter::QuarantinedTotal, change.newly_quarantined as u64);
+                    shared.metrics.add(Counter::OverBudgetTotal, change.newly_over_budget as u64);
                     for entry in shared.state.read().quarantined() {
                         warn!(dc = %entry.dc, pool = %entry.entry, reason = %entry.reason, "catalog entry quarantined");
                     }
@@ -671,7 +673,18 @@ async fn subscription_frames(
     reached_current: &mut bool,
 ) -> Option<ResubscribeReason> {
     let dc = &shared.config.relays[relay].dc;
-    let (producer, resume_from_sequence) = shared.state.write().begin_subscription(key).ok()?;
+    let begun = shared.state.write().begin_subscription(key);
+    let (producer, resume_from_sequence) = match begun {
+        Ok(begun) => begun,
+        Err(err @ StoreError::Allocation { .. }) => {
+            // The replica is dropped (no slot); memory may come back, so retry later.
+            warn!(dc = %dc, pool = key.as_u64(), error = %err, "replica allocation failed; dropped, resubscribing");
+            shared.bump();
+            return Some(ResubscribeReason::Allocation);
+        }
+        // The generation left the catalog: stop for good.
+        Err(_) => return None,
+    };
     shared.bump();
     let rpc = StreamRpc::SubscribePool {
         expected_producer: producer,

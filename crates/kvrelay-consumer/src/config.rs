@@ -115,6 +115,12 @@ pub struct Limits {
     pub max_frame_len: u32,
     /// Catalog entries accepted per relay; a larger catalog fails that relay's epoch.
     pub max_pools_per_relay: usize,
+    /// Replica memory one relay's catalog may claim, bytes: the sum over that relay's
+    /// admitted entries of `bucket_count × 8` (one 64-bit word per bucket). An entry that
+    /// would take its relay past this is quarantined instead of admitted (entries kept
+    /// from the relay's previous catalog first, then new ones in catalog order); must be
+    /// > 0. One relay may otherwise advertise 4,096 pools of 2^24 buckets (128 MiB each).
+    pub max_replica_bytes_per_relay: u64,
     /// Time allowed to connect and receive the first frame of a stream.
     pub connect_timeout: Duration,
     /// Replicas older than this (time since the last snapshot, delta or heartbeat) are not
@@ -133,6 +139,9 @@ impl Limits {
     pub const DEFAULT_MAX_FRAME_LEN: u32 = 8 << 20;
     /// Default [`Limits::max_pools_per_relay`].
     pub const DEFAULT_MAX_POOLS_PER_RELAY: usize = 4096;
+    /// Default [`Limits::max_replica_bytes_per_relay`]: 4 GiB (32 pools of the largest
+    /// filter, 2^24 buckets, or 4,096 pools of 2^17 buckets).
+    pub const DEFAULT_MAX_REPLICA_BYTES_PER_RELAY: u64 = 4 << 30;
     /// Default [`Limits::connect_timeout`]: 5 s.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// Default [`Limits::staleness_bound`]: 30 s, three relay heartbeat intervals.
@@ -148,6 +157,7 @@ impl Default for Limits {
         Self {
             max_frame_len: Self::DEFAULT_MAX_FRAME_LEN,
             max_pools_per_relay: Self::DEFAULT_MAX_POOLS_PER_RELAY,
+            max_replica_bytes_per_relay: Self::DEFAULT_MAX_REPLICA_BYTES_PER_RELAY,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             staleness_bound: Self::DEFAULT_STALENESS_BOUND,
             catalog_staleness_bound: Self::DEFAULT_CATALOG_STALENESS_BOUND,
@@ -204,6 +214,9 @@ impl ConsumerConfig {
             relay.connector()?;
         }
         self.weights.validate()?;
+        if self.limits.max_replica_bytes_per_relay == 0 {
+            return Err(ConfigError::ZeroReplicaBudget);
+        }
         // The stream suffix ("/catalog", "/pool") must still fit the 128-byte id limit.
         if self.subscriber_id.is_empty()
             || self.subscriber_id.len() > 112
@@ -256,6 +269,9 @@ pub enum ConfigError {
         /// The rejected id.
         id: String,
     },
+    /// [`Limits::max_replica_bytes_per_relay`] is 0: no replica could ever be admitted.
+    #[error("max_replica_bytes_per_relay must be > 0")]
+    ZeroReplicaBudget,
     /// A relay's TLS material cannot be loaded.
     #[error("relay {addr}: {source}")]
     Tls {
@@ -333,6 +349,13 @@ mod tests {
             config.validate(),
             Err(ConfigError::DuplicateDc { dc: "x".into() })
         );
+    }
+
+    #[test]
+    fn zero_replica_budget_is_rejected() {
+        let mut config = ConsumerConfig::new(vec![RelayConfig::new("a:1", "x")]);
+        config.limits.max_replica_bytes_per_relay = 0;
+        assert_eq!(config.validate(), Err(ConfigError::ZeroReplicaBudget));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `prometheus-client`.
 //!
 //! Every family is prefixed `kvrelay_consumer_`. Labels are low-cardinality by
-//! construction: `state` (3 replica states) and `reason` (8 resubscribe reasons); no pool,
+//! construction: `state` (3 replica states) and `reason` (9 resubscribe reasons); no pool,
 //! DC or model label appears, so the output size does not grow with the fleet.
 
 use prometheus_client::collector::Collector;
@@ -95,6 +95,11 @@ impl Collector for Snapshot {
                 "quarantined",
                 "Catalog entries quarantined since start.",
                 m.quarantined_total,
+            ),
+            (
+                "catalog_entries_over_budget",
+                "Catalog entries quarantined since start for the per-relay replica memory budget.",
+                m.over_budget_total,
             ),
             (
                 "relay_connects",
@@ -202,6 +207,7 @@ mod tests {
                 .map(|&r| (r, u64::from(r == ResubscribeReason::Gap) * 2))
                 .collect(),
             deltas_applied: 7,
+            over_budget_total: 2,
             score_latency_counts: {
                 let mut counts = vec![0; SCORE_LATENCY_BUCKETS_US.len() + 1];
                 counts[2] = 4;
@@ -230,6 +236,7 @@ mod tests {
             ("resubscribes", "counter"),
             ("quarantined_entries", "gauge"),
             ("quarantined", "counter"),
+            ("catalog_entries_over_budget", "counter"),
             ("relay_connects", "counter"),
             ("relay_epoch_failures", "counter"),
             ("relay_tls_failures", "counter"),
@@ -256,6 +263,8 @@ mod tests {
         assert!(text.contains("kvrelay_consumer_resubscribes_total{reason=\"gap\"} 2\n"));
         assert!(text.contains("kvrelay_consumer_resubscribes_total{reason=\"stale\"} 0\n"));
         assert!(text.contains("kvrelay_consumer_deltas_applied_total 7\n"));
+        assert!(text.contains("kvrelay_consumer_catalog_entries_over_budget_total 2\n"));
+        assert!(text.contains("kvrelay_consumer_resubscribes_total{reason=\"allocation\"} 0\n"));
         assert!(text.contains("kvrelay_consumer_replica_max_age_seconds 1.5\n"));
     }
 

@@ -36,6 +36,7 @@
 //! ```
 
 pub mod backoff;
+mod budget;
 mod candidate;
 mod catalog;
 mod client;

@@ -28,11 +28,14 @@ pub enum ResubscribeReason {
     RelayRestart,
     /// The replica aged past the staleness bound without hearing from the relay.
     Stale,
+    /// The replica's table could not be allocated: the replica was dropped and the
+    /// subscription is retried after backoff.
+    Allocation,
 }
 
 impl ResubscribeReason {
     /// Every reason, in export order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Gap,
         Self::Lagged,
         Self::ProducerChanged,
@@ -41,6 +44,7 @@ impl ResubscribeReason {
         Self::Disconnected,
         Self::RelayRestart,
         Self::Stale,
+        Self::Allocation,
     ];
 
     /// The snake_case label used in metrics and logs.
@@ -54,6 +58,7 @@ impl ResubscribeReason {
             Self::Disconnected => "disconnected",
             Self::RelayRestart => "relay_restart",
             Self::Stale => "stale",
+            Self::Allocation => "allocation",
         }
     }
 
@@ -67,6 +72,7 @@ impl ResubscribeReason {
             Self::Disconnected => 5,
             Self::RelayRestart => 6,
             Self::Stale => 7,
+            Self::Allocation => 8,
         }
     }
 }
@@ -97,6 +103,9 @@ pub struct ConsumerMetrics {
     pub quarantined_entries: u64,
     /// Catalog entries quarantined since start.
     pub quarantined_total: u64,
+    /// Of those, entries quarantined because they did not fit their relay's replica
+    /// memory budget ([`crate::Limits::max_replica_bytes_per_relay`]).
+    pub over_budget_total: u64,
     /// Successful connections to relays that passed the contract check.
     pub relay_connects: u64,
     /// Relay connection epochs that ended (error, close, restart).
@@ -141,8 +150,9 @@ impl ConsumerMetrics {
 /// The live counters, shared by the client tasks and the scoring path.
 #[derive(Debug, Default)]
 pub(crate) struct MetricsRecorder {
-    resubscribes: [AtomicU64; 8],
+    resubscribes: [AtomicU64; 9],
     quarantined_total: AtomicU64,
+    over_budget_total: AtomicU64,
     relay_connects: AtomicU64,
     relay_epoch_failures: AtomicU64,
     relay_tls_failures: AtomicU64,
@@ -162,6 +172,7 @@ pub(crate) struct MetricsRecorder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Counter {
     QuarantinedTotal,
+    OverBudgetTotal,
     RelayConnects,
     RelayEpochFailures,
     RelayTlsFailures,
@@ -182,6 +193,7 @@ impl MetricsRecorder {
     pub(crate) fn add(&self, counter: Counter, n: u64) {
         let cell = match counter {
             Counter::QuarantinedTotal => &self.quarantined_total,
+            Counter::OverBudgetTotal => &self.over_budget_total,
             Counter::RelayConnects => &self.relay_connects,
             Counter::RelayEpochFailures => &self.relay_epoch_failures,
             Counter::RelayTlsFailures => &self.relay_tls_failures,
@@ -220,6 +232,7 @@ impl MetricsRecorder {
             .map(|&r| (r, load(&self.resubscribes[r.index()])))
             .collect();
         out.quarantined_total = load(&self.quarantined_total);
+        out.over_budget_total = load(&self.over_budget_total);
         out.relay_connects = load(&self.relay_connects);
         out.relay_epoch_failures = load(&self.relay_epoch_failures);
         out.relay_tls_failures = load(&self.relay_tls_failures);

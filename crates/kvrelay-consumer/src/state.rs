@@ -14,6 +14,7 @@ use kvrelay_codec::v1::{
     TopologyUpdate,
 };
 
+use crate::budget;
 use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry};
 use crate::config::{ConfigError, ConsumerConfig, RelayConfig};
 use crate::load::LoadSample;
@@ -33,8 +34,11 @@ pub struct CatalogChange {
     pub added: Vec<(PoolKey, ProducerIdentity)>,
     /// Generations that left the catalog or were quarantined (replica and load dropped).
     pub removed: Vec<PoolKey>,
-    /// Entries newly quarantined by this catalog.
+    /// Entries newly quarantined by this catalog (including those over budget).
     pub newly_quarantined: usize,
+    /// Of those, entries newly quarantined because they did not fit the relay's replica
+    /// memory budget ([`crate::Limits::max_replica_bytes_per_relay`]).
+    pub newly_over_budget: usize,
 }
 
 /// A catalog that cannot be applied; the relay's epoch must restart.
@@ -174,6 +178,7 @@ pub struct ConsumerState {
     dcs: Vec<Arc<str>>,
     weights: ScoreWeights,
     max_pools_per_relay: usize,
+    max_replica_bytes_per_relay: u64,
     relay_views: Vec<RelayView>,
     /// Every admitted entry of every relay, rebuilt when a catalog changes.
     entries: Vec<PoolEntry>,
@@ -204,6 +209,7 @@ impl ConsumerState {
                 .collect(),
             weights: config.weights,
             max_pools_per_relay: config.limits.max_pools_per_relay,
+            max_replica_bytes_per_relay: config.limits.max_replica_bytes_per_relay,
             relay_views: config.relays.iter().map(|_| RelayView::default()).collect(),
             entries: Vec::new(),
             loads: hashbrown::HashMap::new(),
@@ -230,7 +236,10 @@ impl ConsumerState {
     /// Applies a complete catalog from relay `relay`.
     ///
     /// Each entry is validated alone: a failing entry is quarantined (and its previous
-    /// replica and load dropped) while the others stay usable. Entries already admitted
+    /// replica and load dropped) while the others stay usable. So is an entry that does
+    /// not fit the relay's replica memory budget (see [`crate::Limits`]; entries admitted
+    /// before keep their place, new ones are admitted in catalog order while they fit).
+    /// Entries already admitted
     /// under the same producer generation keep their key and replica even if their
     /// metadata changed; new generations get a new key (subscribe to them); absent ones
     /// are dropped. A repeated revision is a heartbeat and must carry the same content.
@@ -249,9 +258,15 @@ impl ConsumerState {
                 max: self.max_pools_per_relay,
             });
         }
-        let projected = projection::project_catalog(&config.dc, update)
+        let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
         let view = &self.relay_views[relay];
+        let n_over_budget = budget::admit_within(
+            &mut projected,
+            &config.dc,
+            self.max_replica_bytes_per_relay,
+            |producer| view.pools.contains_key(producer),
+        );
         if let Some(previous) = view.identity
             && previous != update.relay
         {
@@ -276,13 +291,17 @@ impl ConsumerState {
             }
         }
 
-        let newly_quarantined = projected
-            .quarantined
+        let is_new = |q: &&QuarantinedEntry| !view.quarantined.contains(q);
+        let newly_quarantined = projected.quarantined.iter().filter(is_new).count();
+        // `admit_within` appended the entries over budget last.
+        let newly_over_budget = projected.quarantined
+            [projected.quarantined.len() - n_over_budget..]
             .iter()
-            .filter(|q| !view.quarantined.contains(q))
+            .filter(is_new)
             .count();
         let mut change = CatalogChange {
             newly_quarantined,
+            newly_over_budget,
             ..CatalogChange::default()
         };
         let mut previous = std::mem::take(&mut self.relay_views[relay].pools);

@@ -32,7 +32,8 @@ pub enum StoreError {
         /// The key.
         key: u64,
     },
-    /// The replica table could not be allocated or grown.
+    /// The replica table could not be allocated or grown; the key has no slot now (its
+    /// replica is dropped) and the table is as it was.
     #[error("replica for pool key {key} could not be allocated: {reason}")]
     Allocation {
         /// The key.
@@ -90,6 +91,9 @@ pub(crate) struct ReplicaStore {
     slots: HashMap<PoolKey, Slot>,
     tables: HashMap<CkfFormat, FormatTable>,
     staleness_bound: Duration,
+    /// Test hook: the next lane allocation fails as if the allocator had refused it.
+    #[cfg(test)]
+    fail_next_allocation: bool,
 }
 
 impl ReplicaStore {
@@ -98,10 +102,14 @@ impl ReplicaStore {
             slots: HashMap::new(),
             tables: HashMap::new(),
             staleness_bound,
+            #[cfg(test)]
+            fail_next_allocation: false,
         }
     }
 
-    /// Gives `key` an empty lane of its format's table (an existing lane is reset).
+    /// Gives `key` an empty lane of its format's table (an existing lane is reset). On
+    /// `Err` (the allocation of a new lane failed) `key` has no slot: its replica, if any,
+    /// is dropped.
     pub(crate) fn reset(&mut self, key: PoolKey, format: CkfFormat) -> Result<(), StoreError> {
         let alloc = |err: &dyn std::fmt::Display| StoreError::Allocation {
             key: key.0,
@@ -133,9 +141,23 @@ impl ReplicaStore {
                 free_lanes: Vec::new(),
             }),
         };
+        #[cfg(test)]
+        let injected = std::mem::take(&mut self.fail_next_allocation);
+        #[cfg(not(test))]
+        let injected = false;
         let lane = match entry.free_lanes.pop() {
-            Some(lane) => lane,
-            None => entry.table.add_lane().map_err(|e| alloc(&e))?,
+            Some(lane) => Ok(lane),
+            None if injected => Err(alloc(&"injected allocation failure")),
+            None => entry.table.add_lane().map_err(|e| alloc(&e)),
+        };
+        let lane = match lane {
+            Ok(lane) => lane,
+            Err(err) => {
+                if entry.table.n_lanes() == 0 {
+                    self.tables.remove(&format);
+                }
+                return Err(err);
+            }
         };
         self.slots.insert(
             key,
@@ -444,5 +466,35 @@ impl DepthProbe for ReplicaStore {
                 None => ReplicaDepth::Unusable(ReplicaStatus::Missing),
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
+
+    use super::*;
+
+    fn format() -> CkfFormat {
+        CkfFormat::v1(7, 1024).unwrap()
+    }
+
+    #[test]
+    fn failed_lane_allocation_is_a_typed_error_and_leaves_no_slot() {
+        let mut store = ReplicaStore::new(Duration::from_secs(30));
+        store.fail_next_allocation = true;
+        let err = store.reset(PoolKey(1), format()).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Allocation { key: 1, .. }),
+            "{err:?}"
+        );
+        assert_eq!(
+            store.status(PoolKey(1), Instant::now()),
+            ReplicaStatus::Missing
+        );
+        assert!(store.tables.is_empty(), "no empty table is left behind");
+        // The allocator recovered: the next attempt gets a lane.
+        store.reset(PoolKey(1), format()).unwrap();
+        assert_eq!(store.tables[&format()].table.n_lanes(), 1);
     }
 }

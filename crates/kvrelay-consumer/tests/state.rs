@@ -517,3 +517,143 @@ fn served_base_models_lists_each_base_model_and_block_size_once_without_adapters
         vec![served("llama", 4), served("llama", 16), served("qwen", 4)]
     );
 }
+
+/// A state whose relays may each hold `budget` bytes of replicas.
+fn state_with_budget(n_relays: usize, budget: u64) -> ConsumerState {
+    let relays = (0..n_relays)
+        .map(|i| RelayConfig::new(&format!("127.0.0.1:{}", 7400 + i), &format!("dc-{i}")))
+        .collect();
+    let mut config = ConsumerConfig::new(relays);
+    config.limits.max_replica_bytes_per_relay = budget;
+    ConsumerState::new(&config).unwrap()
+}
+
+/// Bytes of replica words `producer`'s filter takes.
+fn replica_bytes(producer: &Producer) -> u64 {
+    producer.descriptor.producer.ckf_format.bucket_count * 8
+}
+
+fn key_of(change: &kvrelay_consumer::CatalogChange, producer: &Producer) -> PoolKey {
+    change
+        .added
+        .iter()
+        .find(|(_, p)| *p == producer.descriptor.producer)
+        .unwrap()
+        .0
+}
+
+#[test]
+fn entry_over_the_replica_budget_is_quarantined_and_the_rest_stay_usable() {
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    let budget = replica_bytes(&a) + replica_bytes(&b) - 1;
+    let mut state = state_with_budget(1, budget);
+    a.store(1, &[1, 2, 3, 4, 5, 6, 7, 8], HashSalt::default());
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a, &b]))
+        .unwrap();
+    assert_eq!(change.added.len(), 1, "only alpha fits");
+    assert_eq!((change.newly_quarantined, change.newly_over_budget), (1, 1));
+    let quarantined = state.quarantined();
+    assert_eq!(quarantined.len(), 1);
+    assert_eq!(quarantined[0].entry, state_pool_label(&b));
+    let reason = &quarantined[0].reason;
+    assert!(reason.starts_with("over budget"), "{reason}");
+    assert!(
+        reason.contains(&format!("needs {} bytes", replica_bytes(&b)))
+            && reason.contains(&format!("max_replica_bytes_per_relay {budget}")),
+        "{reason}"
+    );
+    let now = Instant::now();
+    install(&mut state, key_of(&change, &a), &mut a, now);
+    let ranking = state
+        .score(&request(vec![1, 2, 3, 4, 5, 6, 7, 8]), now)
+        .unwrap();
+    assert_eq!(ranking.candidates.len(), 1);
+    assert_eq!(ranking.candidates[0].legs[0].prefix_blocks, Some(2));
+}
+
+/// The pool id text of `producer`, as catalogs and quarantine list it.
+fn state_pool_label(producer: &Producer) -> String {
+    producer.descriptor.pool_id().to_string()
+}
+
+#[test]
+fn admitted_replica_keeps_its_place_when_a_new_entry_would_take_the_relay_over_budget() {
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let mut b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    let mut state = state_with_budget(1, replica_bytes(&b));
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&b]))
+        .unwrap();
+    let key_b = key_of(&change, &b);
+    let now = Instant::now();
+    install(&mut state, key_b, &mut b, now);
+    // alpha comes first in catalog order, but beta was admitted before: alpha waits.
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 2, &[&a, &b]))
+        .unwrap();
+    assert!(
+        change.added.is_empty() && change.removed.is_empty(),
+        "{change:?}"
+    );
+    assert_eq!(change.newly_over_budget, 1);
+    assert_eq!(state.quarantined()[0].entry, state_pool_label(&a));
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+}
+
+#[test]
+fn repeated_revision_with_an_entry_over_budget_is_a_heartbeat() {
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    let c = Producer::new(&PoolSpec::aggregated("gamma", "llama"), "dc-0", relay, 1);
+    let mut state = state_with_budget(1, replica_bytes(&a) * 2);
+    let catalog = catalog_of(relay, 3, &[&a, &b, &c]);
+    let first = state.apply_catalog(0, &catalog).unwrap();
+    assert_eq!((first.added.len(), first.newly_over_budget), (2, 1));
+    let again = state.apply_catalog(0, &catalog).unwrap();
+    assert!(
+        again.added.is_empty() && again.removed.is_empty(),
+        "{again:?}"
+    );
+    assert_eq!((again.newly_quarantined, again.newly_over_budget), (0, 0));
+}
+
+#[test]
+fn entry_over_budget_is_admitted_once_its_relay_has_room() {
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    let mut state = state_with_budget(1, replica_bytes(&a));
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a, &b]))
+        .unwrap();
+    assert_eq!(change.newly_over_budget, 1);
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 2, &[&b]))
+        .unwrap();
+    assert_eq!(change.added.len(), 1, "{change:?}");
+    assert_eq!(change.added[0].1, b.descriptor.producer);
+    assert!(state.quarantined().is_empty());
+}
+
+#[test]
+fn replica_budget_is_per_relay() {
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-1", relay, 1);
+    let mut state = state_with_budget(2, replica_bytes(&a));
+    for (idx, producer) in [&a, &b].into_iter().enumerate() {
+        let change = state
+            .apply_catalog(idx, &catalog_of(relay, 1, &[producer]))
+            .unwrap();
+        assert_eq!(
+            (change.added.len(), change.newly_over_budget),
+            (1, 0),
+            "relay {idx}"
+        );
+    }
+}

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRpc, decode_message};
-use kvrelay_server::{AuthConfig, ProbeStream, Relay, RelayConfig};
+use kvrelay_server::{
+    AuthConfig, EngineKind as ConfigEngine, ProbeStream, Relay, RelayConfig, SourceConfig,
+};
 use support::{DEADLINE, deployment, next, request, write_card};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -318,5 +320,96 @@ async fn pools_past_max_pools_are_refused_and_counted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(relay.pool_reports().await.len(), 1, "one pool, the cap");
+    relay.shutdown().await.unwrap();
+}
+
+/// The value of the sample line starting with `series` in a metrics page (0 if absent).
+fn sample(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_non_reading_subscriber_in_snapshot_is_cut_off_by_the_snapshot_progress_timeout() {
+    // Row 12: the write timeout (30 s) used to cut a subscriber off as `subscriber_lagged`
+    // before the documented snapshot progress timeout (60 s) could apply. Here the write
+    // timeout is the shorter one by far; a snapshot chunk must still get the progress
+    // timeout, and the cut-off must say so.
+    let dir = tempfile::tempdir().unwrap();
+    let cards = dir.path().join("cards");
+    std::fs::create_dir_all(&cards).unwrap();
+    // 4 Mi blocks: a 2^21-bucket filter, a 16 MiB snapshot in 4 chunks, far more than
+    // loopback socket buffers hold for a peer that reads nothing.
+    write_card(
+        &cards,
+        ("prod", "big", "generate"),
+        0x31,
+        "model-big",
+        "aggregated",
+        1 << 22,
+        1,
+    );
+    let mut config = RelayConfig {
+        dc_id: "dc-test".to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.enabled = true;
+    config.discovery.dir = Some(cards);
+    // A pool attaches once it has a source; this engine never comes up (no events).
+    let reserved = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let engine_addr = reserved.local_addr().unwrap();
+    drop(reserved);
+    config.sources = vec![SourceConfig {
+        endpoint: "prod.big.generate".to_owned(),
+        worker_id: 0x31,
+        dp_rank: 0,
+        engine: ConfigEngine::Vllm,
+        zmq: format!("tcp://{engine_addr}"),
+        replay: None,
+        metrics_url: None,
+    }];
+    config.limits.write_timeout_ms = 200;
+    config.limits.snapshot_progress_timeout_ms = 1_500;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
+        .await
+        .unwrap();
+    let admin = relay.admin_addr().unwrap();
+    let producer = relay.catalog().pools[0].producer;
+    assert!(producer.ckf_format.bucket_count >= 1 << 21, "{producer:?}");
+
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let tcp = socket.connect(relay.wan_addr()).await.unwrap();
+    let subscribe = request(StreamRpc::SubscribePool {
+        expected_producer: producer,
+        resume_from_sequence: None,
+    });
+    let _silent = ProbeStream::open(tcp, &subscribe).await.unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let (progress, lagged) = loop {
+        let (_, metrics) = http_get(admin, "/metrics", None).await;
+        let progress = sample(
+            &metrics,
+            "kvrelay_errors_sent_total{reason=\"snapshot_progress_timeout\"}",
+        );
+        let lagged = sample(&metrics, "kvrelay_subscriber_lagged_total{stream=\"pool\"}");
+        if progress + lagged > 0 {
+            break (progress, lagged);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (progress, lagged),
+        (1, 0),
+        "cut off by the snapshot progress timeout, not as lagged"
+    );
     relay.shutdown().await.unwrap();
 }

@@ -12,6 +12,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRequest, StreamRpc};
 use kvrelay_server::{AuthConfig, ProbeStream, Relay, RelayConfig, TlsConfig};
@@ -85,6 +86,14 @@ fn material() -> Material {
 }
 
 async fn tls_relay(material: &Material, client_ca: Option<&Path>) -> (tempfile::TempDir, Relay) {
+    tls_relay_with(material, client_ca, |_| {}).await
+}
+
+async fn tls_relay_with(
+    material: &Material,
+    client_ca: Option<&Path>,
+    configure: impl FnOnce(&mut RelayConfig),
+) -> (tempfile::TempDir, Relay) {
     let dir = tempfile::tempdir().unwrap();
     let mut config: RelayConfig = deployment(dir.path(), 5);
     config.wan.tls = Some(TlsConfig {
@@ -92,6 +101,7 @@ async fn tls_relay(material: &Material, client_ca: Option<&Path>) -> (tempfile::
         key: material.server_key.clone(),
         client_ca: client_ca.map(Path::to_path_buf),
     });
+    configure(&mut config);
     let relay = Relay::start(config).await.unwrap();
     (dir, relay)
 }
@@ -235,5 +245,69 @@ async fn bearer_token_admits_the_right_client_only() {
         next(&mut stream).await,
         Some(Message::CatalogUpdate(_))
     ));
+    relay.shutdown().await.unwrap();
+}
+
+/// Connects over TLS after `before_hello` of silence, then sends a `RelayInfo` request
+/// after `before_request`; returns the first answer (`None`: closed without one).
+async fn slow_tls_client(
+    relay: &Relay,
+    material: &Material,
+    before_hello: Duration,
+    before_request: Duration,
+) -> Option<Message> {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config(&material.ca, None)));
+    let tcp = TcpStream::connect(relay.wan_addr()).await.unwrap();
+    tokio::time::sleep(before_hello).await;
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("the handshake completes within the budget");
+    tokio::time::sleep(before_request).await;
+    let mut stream = ProbeStream::open(tls, &request(StreamRpc::RelayInfo))
+        .await
+        .ok()?;
+    tokio::time::timeout(DEADLINE, stream.next_message())
+        .await
+        .expect("answer or close within the deadline")
+        .ok()
+        .flatten()
+}
+
+#[tokio::test]
+async fn tls_handshake_and_stream_request_share_one_request_timeout() {
+    // Row 11: a client silent for most of request_timeout_ms before its ClientHello and
+    // again before its request was served at nearly twice the budget.
+    let material = material();
+    let (_dir, relay) = tls_relay_with(&material, None, |config| {
+        config.limits.request_timeout_ms = 1_000;
+    })
+    .await;
+    let wait = Duration::from_millis(700);
+    let message = slow_tls_client(&relay, &material, wait, wait).await;
+    assert!(
+        match &message {
+            None => true,
+            Some(Message::Error(error)) => error.reason == ErrorReason::InvalidRequest,
+            Some(_) => false,
+        },
+        "cut off at the shared budget, not served: {message:?}"
+    );
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn slow_tls_client_within_the_shared_request_timeout_is_served() {
+    let material = material();
+    let (_dir, relay) = tls_relay_with(&material, None, |config| {
+        config.limits.request_timeout_ms = 3_000;
+    })
+    .await;
+    let wait = Duration::from_millis(300);
+    let message = slow_tls_client(&relay, &material, wait, wait).await;
+    assert!(
+        matches!(message, Some(Message::RelayInfo(_))),
+        "{message:?}"
+    );
     relay.shutdown().await.unwrap();
 }

@@ -152,6 +152,15 @@ enum Heartbeat {
     Off,
 }
 
+/// Which bound one frame write gets: a snapshot chunk may take up to
+/// `snapshot_progress_timeout_ms` (a cut-off is `snapshot_progress_timeout`); every other
+/// frame `write_timeout_ms` (`subscriber_lagged`), as docs/operations.md says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteBound {
+    Frame,
+    SnapshotChunk,
+}
+
 /// How a stream ended without an error to report.
 enum End {
     PeerClosed,
@@ -347,7 +356,6 @@ impl Conn {
             }
             stream = subscribe => stream?,
         };
-        let progress = self.ctx.limits.snapshot_progress_timeout();
         let mut scratch = [0u8; 64];
         loop {
             tokio::select! {
@@ -361,21 +369,11 @@ impl Conn {
                         return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "pool publication ended"));
                     };
                     let frame = next?;
-                    if frame.snapshot {
-                        // A snapshot frame the client does not take within the progress
-                        // timeout ends the stream without touching the pool.
-                        match timeout(progress, self.send(&frame.frame, false)).await {
-                            Ok(sent) => sent?,
-                            Err(_) => {
-                                return Err(StreamFailure::new(
-                                    ErrorReason::SnapshotProgressTimeout,
-                                    "snapshot frame not accepted within snapshot_progress_timeout_ms",
-                                ));
-                            }
-                        }
-                    } else {
-                        self.send(&frame.frame, frame.heartbeat).await?;
-                    }
+                    // A snapshot frame the client does not take within the progress
+                    // timeout ends the stream without touching the pool; the write timeout
+                    // does not apply to it (it would cut the client off first).
+                    let bound = if frame.snapshot { WriteBound::SnapshotChunk } else { WriteBound::Frame };
+                    self.send_within(&frame.frame, frame.heartbeat, bound).await?;
                 }
             }
         }
@@ -389,6 +387,27 @@ impl Conn {
     }
 
     async fn send(&mut self, frame: &Bytes, heartbeat: bool) -> Result<(), StreamFailure> {
+        self.send_within(frame, heartbeat, WriteBound::Frame).await
+    }
+
+    async fn send_within(
+        &mut self,
+        frame: &Bytes,
+        heartbeat: bool,
+        bound: WriteBound,
+    ) -> Result<(), StreamFailure> {
+        let (limit, reason, message) = match bound {
+            WriteBound::Frame => (
+                self.ctx.limits.write_timeout(),
+                ErrorReason::SubscriberLagged,
+                "frame not accepted within write_timeout_ms",
+            ),
+            WriteBound::SnapshotChunk => (
+                self.ctx.limits.snapshot_progress_timeout(),
+                ErrorReason::SnapshotProgressTimeout,
+                "snapshot frame not accepted within snapshot_progress_timeout_ms",
+            ),
+        };
         // Until the write completes the connection counts as torn: a timeout (here or in a
         // caller's) abandons the frame midway.
         self.torn = true;
@@ -396,7 +415,7 @@ impl Conn {
             self.writer.write_all(frame).await?;
             self.writer.flush().await
         };
-        match timeout(self.ctx.limits.write_timeout(), write).await {
+        match timeout(limit, write).await {
             Ok(Ok(())) => self.torn = false,
             Ok(Err(err)) => {
                 return Err(StreamFailure::new(
@@ -404,12 +423,7 @@ impl Conn {
                     format!("writing to {}: {err}", self.peer),
                 ));
             }
-            Err(_) => {
-                return Err(StreamFailure::new(
-                    ErrorReason::SubscriberLagged,
-                    "frame not accepted within write_timeout_ms",
-                ));
-            }
+            Err(_) => return Err(StreamFailure::new(reason, message)),
         }
         if let Some(kind) = self.kind {
             let label = RelayMetrics::stream(kind);
@@ -437,6 +451,8 @@ impl Conn {
                     .inc();
             }
             warn!(peer = %self.peer, "subscriber lagged; stream cut off");
+        } else if failure.reason == ErrorReason::SnapshotProgressTimeout {
+            warn!(peer = %self.peer, "snapshot made no progress; stream cut off");
         } else {
             // The message may quote peer-supplied text: `?` escapes control characters.
             debug!(peer = %self.peer, reason = %failure.reason, message = ?failure.message, "stream ended with an error");
