@@ -62,7 +62,12 @@ async fn setup(n_pools: usize) -> Setup {
         relay.store(pool, 0, &family_tokens(1, depth), HashSalt::default());
         for worker in 0..24u64 {
             family += 1;
-            relay.store(pool, worker % 4, &family_tokens(family, 64), HashSalt::default());
+            relay.store(
+                pool,
+                worker % 4,
+                &family_tokens(family, 64),
+                HashSalt::default(),
+            );
         }
     }
     let mut config = RouterConfig {
@@ -121,7 +126,10 @@ impl Client {
     async fn health(setup: &Setup) -> Self {
         let stream = TcpStream::connect(setup.router.local_addr()).await.unwrap();
         stream.set_nodelay(true).unwrap();
-        Self::with_request(stream, b"GET /healthz HTTP/1.1\r\nHost: router\r\n\r\n".to_vec())
+        Self::with_request(
+            stream,
+            b"GET /healthz HTTP/1.1\r\nHost: router\r\n\r\n".to_vec(),
+        )
     }
 
     fn with_request(stream: TcpStream, request: Vec<u8>) -> Self {
@@ -135,7 +143,11 @@ impl Client {
     /// Sends the request and reads the whole answer (which must be `200`); returns its
     /// body length.
     async fn route(&mut self) -> usize {
-        self.stream.get_mut().write_all(&self.request).await.unwrap();
+        self.stream
+            .get_mut()
+            .write_all(&self.request)
+            .await
+            .unwrap();
         let mut line = String::new();
         let mut length = None;
         let mut status_ok = false;
@@ -231,7 +243,9 @@ fn bench_route(c: &mut Criterion) {
                 });
             });
             // (Empty when a filter on the command line skipped the case.)
-            assert!(ranking.candidates.is_empty() || ranking.candidates.len() == n_pools.min(limit));
+            assert!(
+                ranking.candidates.is_empty() || ranking.candidates.len() == n_pools.min(limit)
+            );
             report(&format!("{group_name}/{baseline}"));
 
             let mut client = Some(runtime.block_on(Client::connect(&setup, top_k)));

@@ -47,6 +47,12 @@ pub(crate) struct DemoArgs {
     /// Log filter (tracing env-filter syntax).
     #[arg(long, env = "KVRELAY_LOG", default_value = "warn")]
     log: String,
+    /// Trace requests served in the routing comparison (three DCs, three policies).
+    #[arg(long, default_value_t = 600)]
+    routing_requests: usize,
+    /// Where the routing comparison's chart (SVG) is written.
+    #[arg(long)]
+    routing_chart: Option<PathBuf>,
 }
 
 /// Runs the demo on its own runtime.
@@ -110,6 +116,10 @@ struct DemoReport {
     scored_requests: usize,
     scored_with_cached_prefix: usize,
     pools: Vec<PoolLine>,
+    /// The routing comparison across three DCs (`demo_routing.rs`).
+    routing: crate::demo_routing::RoutingReport,
+    /// Where its chart was written.
+    routing_chart: Option<String>,
 }
 
 /// One pool of the report.
@@ -135,7 +145,7 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
     };
     config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.discovery.dir = Some(cards);
+    config.discovery.dir = Some(cards.clone());
     config.workload = Some(WorkloadConfig {
         trace: args.trace.clone(),
         speed: args.speed,
@@ -259,6 +269,31 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
     let admin_addr = relay.admin_addr().map(|addr| addr.to_string());
     relay.shutdown().await?;
     let mismatched = pools.iter().filter(|pool| !pool.ok).count();
+
+    eprintln!("routing comparison: 3 DCs, a router in front, 3 policies ...");
+    let trace_text = match &args.trace {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading trace {}", path.display()))?,
+        None => kvrelay_ingest::BUILTIN_REQUEST_TRACE.to_owned(),
+    };
+    let mut records = kvrelay_ingest::parse_request_trace(&trace_text)
+        .map_err(|err| anyhow::anyhow!("parsing the trace: {err}"))?;
+    records.truncate(args.routing_requests);
+    let routing = crate::demo_routing::compare(&cards, &records).await?;
+    let chart_path = args
+        .routing_chart
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("kvrelay-demo-routing.svg"));
+    let routing_chart = match std::fs::write(&chart_path, crate::demo_routing::svg(&routing)) {
+        Ok(()) => Some(chart_path.display().to_string()),
+        Err(err) => {
+            eprintln!(
+                "routing chart not written to {}: {err}",
+                chart_path.display()
+            );
+            None
+        }
+    };
     Ok(DemoReport {
         ok: mismatched == 0 && !pools.is_empty(),
         mismatched,
@@ -276,10 +311,12 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
         scored_requests,
         scored_with_cached_prefix,
         pools,
+        routing,
+        routing_chart,
     })
 }
 
-async fn wait_for_sources(relay: &Relay) {
+pub(crate) async fn wait_for_sources(relay: &Relay) {
     relay.wait_for_pools(1).await;
     // Attaches finish one by one: follow the catalog once every discovered endpoint has
     // settled (the caller bounds this by the demo deadline).
@@ -427,6 +464,10 @@ fn print_report(report: &DemoReport) {
             format!("{} pools mismatched", report.mismatched)
         }
     );
+    crate::demo_routing::print_table(&report.routing);
+    if let Some(path) = &report.routing_chart {
+        println!("chart: {path}");
+    }
 }
 
 fn truncate(text: &str, width: usize) -> String {
@@ -545,12 +586,15 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn demo_replicas_match_their_producers() {
+        let chart = tempfile::tempdir().unwrap();
         let args = DemoArgs {
             json: true,
             cards: None,
             trace: None,
             speed: 0.0,
             log: "warn".to_owned(),
+            routing_requests: 50,
+            routing_chart: Some(chart.path().join("routing.svg")),
         };
         let report = demo(&args, default_cards().unwrap()).await.unwrap();
         assert!(report.ok, "{report:#?}");

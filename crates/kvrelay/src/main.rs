@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod demo_routing;
 mod hash;
 mod inspect;
 mod relay;

@@ -99,4 +99,3 @@ fn score_errors_map_to_statuses() {
         (404, Some("lora"))
     );
 }
-

@@ -462,6 +462,21 @@ impl Relay {
         self.state.routes.borrow().routes.keys().copied().collect()
     }
 
+    /// The connected sources feeding each producer generation (the pool behind a catalog
+    /// entry), for embedders that bring their own events and must pick a pool's source.
+    /// Sources are in order; producers in the order their first source appears.
+    pub fn sources_by_producer(&self) -> Vec<(v1::ProducerIdentity, Vec<SourceId>)> {
+        let mut out: Vec<(v1::ProducerIdentity, Vec<SourceId>)> = Vec::new();
+        for (source, route) in &self.state.routes.borrow().routes {
+            let producer = v1::ProducerIdentity::from(route.actor.identity());
+            match out.iter_mut().find(|(known, _)| *known == producer) {
+                Some((_, sources)) => sources.push(*source),
+                None => out.push((producer, vec![*source])),
+            }
+        }
+        out
+    }
+
     /// Flushes every pool actor so pending events are published.
     pub async fn flush(&self) {
         let routes = self.state.routes.borrow().clone();

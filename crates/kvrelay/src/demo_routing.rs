@@ -1,0 +1,547 @@
+//! The demo's routing comparison: why kvrelay exists, in one table.
+//!
+//! Three relays on loopback play three DCs (`dc-a`, `dc-b`, `dc-c`, per-DC costs 0, 5 and
+//! 20) serving the example deployment, with a `kvrelay router` in front following all
+//! three. The trace's requests for one model are then served one by one, each by the pool
+//! a policy picks, by simulated engines: each pool keeps an LRU prefix cache of
+//! [`POOL_CACHE_BLOCKS`] blocks, answers how many leading prompt tokens it already held
+//! (the ground truth measured here), stores the rest and evicts, and publishes exactly
+//! those KV events to its DC's relay, so the router's replicas follow what the engines
+//! hold. Each policy runs on fresh relays, on the same requests:
+//! - `kvrelay`: the router's ranking (`POST /v1/route` semantics); the best candidate
+//!   whose replica found a cached prefix, else (no DC holds any of it) the least-loaded;
+//! - `round robin`: the candidates in turn;
+//! - `least load`: the candidate whose pool did the least prefill work lately (prompt
+//!   tokens computed, decayed by [`LOAD_DECAY`] per request), what a load balancer sees.
+//!
+//! The report compares the prompt tokens found in cache.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
+use kvrelay_identity::KvQueryHashFormat;
+use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
+use kvrelay_ingest::RequestRecord;
+use kvrelay_router::{RelaySection, RouterConfig, RouterService};
+use kvrelay_server::{Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
+use serde::Serialize;
+
+/// The simulated DCs: name and per-DC cost.
+const DCS: [(&str, f64); 3] = [("dc-a", 0.0), ("dc-b", 5.0), ("dc-c", 20.0)];
+/// Prefix cache of each simulated pool, in blocks (small next to the trace's working set,
+/// so where a request goes decides what stays cached).
+pub(crate) const POOL_CACHE_BLOCKS: usize = 1024;
+/// Per-request decay of the `least load` policy's recent-work figure.
+const LOAD_DECAY: f64 = 0.9;
+/// Bound on waiting for relays, replicas and the router.
+const DEADLINE: Duration = Duration::from_secs(20);
+/// How long the router may take to see a request's stores before the next request
+/// (a router a few milliseconds behind its engines, as in production).
+const PUBLISH_WAIT: Duration = Duration::from_millis(2);
+
+/// One policy's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PolicyLine {
+    pub(crate) policy: &'static str,
+    pub(crate) requests: usize,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) cached_tokens: u64,
+    pub(crate) cached_fraction: f64,
+    /// `cached_tokens` over round robin's.
+    pub(crate) vs_round_robin: f64,
+    /// Requests served per DC.
+    pub(crate) requests_per_dc: BTreeMap<String, usize>,
+}
+
+/// The comparison.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RoutingReport {
+    pub(crate) model: String,
+    pub(crate) pool_cache_blocks: usize,
+    pub(crate) policies: Vec<PolicyLine>,
+    pub(crate) elapsed_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    Kvrelay,
+    RoundRobin,
+    LeastLoad,
+}
+
+impl Policy {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Kvrelay => "kvrelay",
+            Self::RoundRobin => "round robin",
+            Self::LeastLoad => "least load",
+        }
+    }
+}
+
+/// Runs every policy over `records` on fresh relays with the cards in `cards`.
+pub(crate) async fn compare(cards: &Path, records: &[RequestRecord]) -> Result<RoutingReport> {
+    let started = Instant::now();
+    let mut lines = Vec::new();
+    let mut model = String::new();
+    for policy in [Policy::Kvrelay, Policy::RoundRobin, Policy::LeastLoad] {
+        let (served_model, line) = run_policy(policy, cards, records)
+            .await
+            .with_context(|| format!("routing comparison, policy {}", policy.label()))?;
+        model = served_model;
+        lines.push(line);
+    }
+    let round_robin = lines
+        .iter()
+        .find(|line| line.policy == Policy::RoundRobin.label())
+        .map_or(0, |line| line.cached_tokens);
+    for line in &mut lines {
+        line.vs_round_robin = if round_robin == 0 {
+            0.0
+        } else {
+            line.cached_tokens as f64 / round_robin as f64
+        };
+    }
+    Ok(RoutingReport {
+        model,
+        pool_cache_blocks: POOL_CACHE_BLOCKS,
+        policies: lines,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A simulated engine pool: an LRU prefix cache keyed by sequence hash, publishing its
+/// stores and evictions as one source of its pool.
+struct Engine {
+    dc: usize,
+    source: SourceId,
+    /// Sequence hash → (engine block id, last use).
+    blocks: HashMap<u64, (u64, u64)>,
+    /// Last use → sequence hash (the eviction order).
+    by_use: BTreeMap<u64, u64>,
+    clock: u64,
+    next_block_id: u64,
+    next_event_id: u64,
+    /// Recent prefill work (tokens computed), decayed per request.
+    recent_work: f64,
+}
+
+impl Engine {
+    fn new(dc: usize, source: SourceId) -> Self {
+        Self {
+            dc,
+            source,
+            blocks: HashMap::new(),
+            by_use: BTreeMap::new(),
+            clock: 0,
+            next_block_id: ENGINE_ID_BASE,
+            next_event_id: ENGINE_ID_BASE,
+            recent_work: 0.0,
+        }
+    }
+
+    fn touch(&mut self, sequence_hash: u64) {
+        self.clock += 1;
+        if let Some((_, used)) = self.blocks.get_mut(&sequence_hash) {
+            self.by_use.remove(used);
+            *used = self.clock;
+            self.by_use.insert(self.clock, sequence_hash);
+        }
+    }
+
+    /// Serves a request of `block_hashes` (their `sequence` hashes): returns the leading
+    /// blocks it already held and the events its cache change publishes.
+    fn serve(&mut self, block_hashes: &[u64], sequence: &[u64]) -> (usize, Vec<RouterEvent>) {
+        let found = sequence
+            .iter()
+            .take_while(|hash| self.blocks.contains_key(hash))
+            .count();
+        for hash in &sequence[..found] {
+            self.touch(*hash);
+        }
+        let mut events = Vec::new();
+        let mut parent = found
+            .checked_sub(1)
+            .and_then(|last| self.blocks.get(&sequence[last]).map(|(id, _)| *id));
+        let mut stored = Vec::new();
+        for (block_hash, sequence_hash) in block_hashes.iter().zip(sequence).skip(found) {
+            let id = self.next_block_id;
+            self.next_block_id += 1;
+            self.clock += 1;
+            self.blocks.insert(*sequence_hash, (id, self.clock));
+            self.by_use.insert(self.clock, *sequence_hash);
+            stored.push(StoredBlock {
+                engine_block_id: id,
+                token_hash: *block_hash,
+            });
+        }
+        if !stored.is_empty() {
+            events.push(self.event(EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: parent.take(),
+                blocks: stored,
+            })));
+        }
+        let mut evicted = Vec::new();
+        while self.blocks.len() > POOL_CACHE_BLOCKS {
+            let Some((_, hash)) = self.by_use.pop_first() else {
+                break;
+            };
+            if let Some((id, _)) = self.blocks.remove(&hash) {
+                evicted.push(id);
+            }
+        }
+        if !evicted.is_empty() {
+            events.push(self.event(EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: evicted,
+            })));
+        }
+        (found, events)
+    }
+
+    fn event(&mut self, payload: EventPayload) -> RouterEvent {
+        let event_id = self.next_event_id;
+        self.next_event_id += 1;
+        RouterEvent {
+            source: self.source,
+            event_id,
+            payload,
+        }
+    }
+}
+
+/// A one-request trace outside the compared requests' blocks: replaying it makes the
+/// relay connect the cards' sources (the engines of this simulation publish through
+/// them), then the relay holds only this block, which no compared request shares.
+const SOURCE_TRACE: &str =
+    "{\"timestamp\":0,\"input_length\":16,\"output_length\":1,\"hash_ids\":[987654321987]}\n";
+/// Engine block and event ids start here, above the setup trace's.
+const ENGINE_ID_BASE: u64 = 1 << 40;
+
+async fn start_relays(cards: &Path) -> Result<Vec<Relay>> {
+    let dir = tempfile::tempdir().context("a temporary directory for the setup trace")?;
+    let trace = dir.path().join("setup.jsonl");
+    std::fs::write(&trace, SOURCE_TRACE).context("writing the setup trace")?;
+    let mut relays = Vec::new();
+    for (dc, _) in DCS {
+        let mut config = RelayConfig {
+            dc_id: dc.to_owned(),
+            ..RelayConfig::default()
+        };
+        config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.admin.enabled = false;
+        config.discovery.dir = Some(cards.to_owned());
+        config.workload = Some(kvrelay_server::WorkloadConfig {
+            trace: Some(trace.clone()),
+            speed: 0.0,
+            loops: 1,
+        });
+        let relay = Relay::start(config).await?;
+        tokio::time::timeout(DEADLINE, crate::demo::wait_for_sources(&relay))
+            .await
+            .with_context(|| format!("{dc}: no pool materialized"))?;
+        tokio::time::timeout(DEADLINE, relay.workload_finished())
+            .await
+            .with_context(|| format!("{dc}: the setup trace did not finish"))?;
+        relays.push(relay);
+    }
+    Ok(relays)
+}
+
+async fn run_policy(
+    policy: Policy,
+    cards: &Path,
+    records: &[RequestRecord],
+) -> Result<(String, PolicyLine)> {
+    let relays = start_relays(cards).await?;
+    let mut config = RouterConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..RouterConfig::default()
+    };
+    for (relay, (dc, cost)) in relays.iter().zip(DCS) {
+        config
+            .relays
+            .push(RelaySection::new(&relay.wan_addr().to_string(), dc, cost));
+    }
+    let router = RouterService::start(&config, |_| None).await?;
+    let n_pools: usize = relays.iter().map(|relay| relay.catalog().pools.len()).sum();
+    let current = router
+        .consumer()
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == n_pools && pools.iter().all(|p| p.replica == ReplicaStatus::Current)
+        })
+        .await;
+    if !current {
+        bail!("the router's replicas did not become current");
+    }
+
+    // One engine per pool, fed through one of the pool's sources.
+    let mut engines: HashMap<(String, String), Engine> = HashMap::new();
+    let sources: Vec<_> = relays.iter().map(Relay::sources_by_producer).collect();
+    for pool in router.consumer().pools() {
+        let dc = DCS
+            .iter()
+            .position(|(name, _)| *name == pool.dc)
+            .context("a pool of an unknown DC")?;
+        let source = sources[dc]
+            .iter()
+            .find(|(producer, _)| *producer == pool.producer)
+            .and_then(|(_, sources)| sources.first())
+            .copied()
+            .with_context(|| format!("no source feeds pool {} in {}", pool.pool, pool.dc))?;
+        engines.insert(
+            (pool.dc.clone(), pool.pool.clone()),
+            Engine::new(dc, source),
+        );
+    }
+
+    let served = kvrelay_consumer::served_base_models(&relays[0].catalog());
+    let model = served
+        .first()
+        .context("the deployment serves no model")?
+        .clone();
+    let mut line = PolicyLine {
+        policy: policy.label(),
+        requests: 0,
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        cached_fraction: 0.0,
+        vs_round_robin: 0.0,
+        requests_per_dc: DCS.iter().map(|(dc, _)| ((*dc).to_owned(), 0)).collect(),
+    };
+    for (index, record) in records.iter().enumerate() {
+        let tokens = kvrelay_ingest::request_tokens(
+            &record.hash_ids,
+            model.kv_block_size,
+            WORKLOAD_TOKEN_SEED,
+        );
+        let request = ScoreRequest {
+            tokens,
+            model: model.model.clone(),
+            ..ScoreRequest::default()
+        };
+        let ranking = router
+            .consumer()
+            .score(&request)
+            .map_err(|err| anyhow::anyhow!("scoring: {err}"))?;
+        // The pool each candidate's prefill (or only) leg runs on, in ranking order.
+        let mut candidates: Vec<((String, String), Option<f64>)> = ranking
+            .candidates
+            .iter()
+            .filter_map(|candidate| {
+                let leg = candidate.legs.first()?;
+                Some((
+                    (candidate.dc.to_string(), leg.pool.to_string()),
+                    candidate.prefix_fraction,
+                ))
+            })
+            .collect();
+        if candidates.is_empty() {
+            bail!("no candidate serves {}", model.model);
+        }
+        let least_loaded = |candidates: &[((String, String), Option<f64>)]| {
+            candidates
+                .iter()
+                .min_by(|a, b| {
+                    let load = |key| {
+                        engines
+                            .get(key)
+                            .map_or(f64::MAX, |e: &Engine| e.recent_work)
+                    };
+                    load(&a.0)
+                        .total_cmp(&load(&b.0))
+                        .then_with(|| a.0.cmp(&b.0))
+                })
+                .map(|(key, _)| key.clone())
+        };
+        let chosen = match policy {
+            Policy::Kvrelay => candidates
+                .iter()
+                .find(|(_, prefix)| prefix.is_some_and(|fraction| fraction > 0.0))
+                .map(|(key, _)| key.clone())
+                .or_else(|| least_loaded(&candidates)),
+            Policy::RoundRobin => {
+                candidates.sort_by(|a, b| a.0.cmp(&b.0));
+                Some(candidates[index % candidates.len()].0.clone())
+            }
+            Policy::LeastLoad => least_loaded(&candidates),
+        }
+        .context("no candidate chosen")?;
+
+        let hashes = block_hashes(
+            &request.tokens,
+            model.kv_block_size,
+            KvQueryHashFormat::DynamoStandardV1,
+            HashSalt::default(),
+        );
+        let sequence = sequence_hashes(&hashes);
+        for engine in engines.values_mut() {
+            engine.recent_work *= LOAD_DECAY;
+        }
+        let engine = engines
+            .get_mut(&chosen)
+            .with_context(|| format!("no engine for {chosen:?}"))?;
+        let (found, events) = engine.serve(&hashes, &sequence);
+        let block = u64::from(model.kv_block_size);
+        let prompt = request.tokens.len() as u64;
+        let cached = (found as u64 * block).min(prompt);
+        engine.recent_work += (prompt - cached) as f64;
+        let relay = &relays[engine.dc];
+        for event in events {
+            relay.submit(event).await?;
+        }
+        relay.flush().await;
+        tokio::time::sleep(PUBLISH_WAIT).await;
+        line.requests += 1;
+        line.prompt_tokens += prompt;
+        line.cached_tokens += cached;
+        *line.requests_per_dc.entry(chosen.0).or_default() += 1;
+    }
+    line.cached_fraction = if line.prompt_tokens == 0 {
+        0.0
+    } else {
+        line.cached_tokens as f64 / line.prompt_tokens as f64
+    };
+    router.shutdown().await;
+    for relay in relays {
+        relay.shutdown().await?;
+    }
+    Ok((model.model, line))
+}
+
+/// The comparison as a table.
+pub(crate) fn print_table(report: &RoutingReport) {
+    println!(
+        "\nrouting value: {} requests for {}, 3 DCs (costs 0/5/20), {} cached blocks per pool",
+        report.policies.first().map_or(0, |line| line.requests),
+        report.model,
+        report.pool_cache_blocks
+    );
+    println!(
+        "{:<12} {:>14} {:>14} {:>8} {:>8}  requests per DC",
+        "policy", "prompt tokens", "found cached", "cached", "vs RR"
+    );
+    for line in &report.policies {
+        let per_dc: Vec<String> = line
+            .requests_per_dc
+            .iter()
+            .map(|(dc, n)| format!("{dc} {n}"))
+            .collect();
+        println!(
+            "{:<12} {:>14} {:>14} {:>7.1}% {:>7.2}x  {}",
+            line.policy,
+            line.prompt_tokens,
+            line.cached_tokens,
+            line.cached_fraction * 100.0,
+            line.vs_round_robin,
+            per_dc.join(", ")
+        );
+    }
+}
+
+/// The comparison as an SVG bar chart (cached fraction per policy).
+pub(crate) fn svg(report: &RoutingReport) -> String {
+    let (width, bar_height, gap, left) = (560.0, 28.0, 14.0, 110.0);
+    let height = 60.0 + (bar_height + gap) * report.policies.len() as f64;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"13\">\n\
+         <text x=\"10\" y=\"22\" font-size=\"15\">Prompt tokens found in cache ({} requests, {})</text>\n",
+        report.policies.first().map_or(0, |line| line.requests),
+        escape(&report.model)
+    );
+    let scale = width - left - 90.0;
+    for (i, line) in report.policies.iter().enumerate() {
+        let y = 40.0 + i as f64 * (bar_height + gap);
+        let bar = (line.cached_fraction * scale).max(1.0);
+        let colour = if line.policy == "kvrelay" {
+            "#2b7bb9"
+        } else {
+            "#9aa5b1"
+        };
+        out.push_str(&format!(
+            "<text x=\"10\" y=\"{:.1}\">{}</text>\n\
+             <rect x=\"{left}\" y=\"{y:.1}\" width=\"{bar:.1}\" height=\"{bar_height}\" fill=\"{colour}\"/>\n\
+             <text x=\"{:.1}\" y=\"{:.1}\">{:.1}%</text>\n",
+            y + bar_height * 0.68,
+            escape(line.policy),
+            left + bar + 6.0,
+            y + bar_height * 0.68,
+            line.cached_fraction * 100.0
+        ));
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+
+    #[test]
+    fn an_engine_reports_its_cached_prefix_and_evicts_least_recently_used() {
+        let mut engine = Engine::new(0, SourceId::new(1, 0));
+        let hashes: Vec<u64> = (1..=4).collect();
+        let sequence = sequence_hashes(&hashes);
+        let (found, events) = engine.serve(&hashes, &sequence);
+        assert_eq!(found, 0);
+        assert_eq!(events.len(), 1, "one stored chain, nothing evicted");
+        let (found, events) = engine.serve(&hashes, &sequence);
+        assert_eq!(found, 4);
+        assert!(events.is_empty());
+        // A longer request reuses the prefix and stores one block, parented on the last.
+        let longer: Vec<u64> = (1..=5).collect();
+        let (found, events) = engine.serve(&longer, &sequence_hashes(&longer));
+        assert_eq!(found, 4);
+        let EventPayload::Stored(stored) = &events[0].payload else {
+            panic!("a stored event");
+        };
+        assert_eq!(stored.blocks.len(), 1);
+        assert!(stored.parent_engine_block_id.is_some());
+        // Filling past the capacity evicts the least recently used blocks.
+        let other: Vec<u64> = (100..100 + POOL_CACHE_BLOCKS as u64).collect();
+        let (_, events) = engine.serve(&other, &sequence_hashes(&other));
+        assert_eq!(engine.blocks.len(), POOL_CACHE_BLOCKS);
+        assert!(matches!(
+            events.last().unwrap().payload,
+            EventPayload::Removed(_)
+        ));
+        let (found, _) = engine.serve(&hashes, &sequence);
+        assert_eq!(found, 0, "the first chain was evicted");
+    }
+
+    #[test]
+    fn the_chart_has_one_bar_per_policy() {
+        let line = |policy, fraction| PolicyLine {
+            policy,
+            requests: 10,
+            prompt_tokens: 100,
+            cached_tokens: (fraction * 100.0) as u64,
+            cached_fraction: fraction,
+            vs_round_robin: 1.0,
+            requests_per_dc: BTreeMap::new(),
+        };
+        let report = RoutingReport {
+            model: "m<1>".into(),
+            pool_cache_blocks: 8,
+            policies: vec![line("kvrelay", 0.6), line("round robin", 0.2)],
+            elapsed_s: 0.0,
+        };
+        let svg = svg(&report);
+        assert_eq!(svg.matches("<rect").count(), 2);
+        assert!(svg.contains("m&lt;1&gt;") && svg.contains("60.0%"));
+    }
+}
