@@ -53,6 +53,9 @@ pub(crate) struct DemoArgs {
     /// Where the routing comparison's chart (SVG) is written.
     #[arg(long)]
     routing_chart: Option<PathBuf>,
+    /// Run the routing comparison's WAN without TLS and token (on by default).
+    #[arg(long)]
+    plaintext: bool,
 }
 
 /// Runs the demo on its own runtime.
@@ -279,7 +282,7 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
     let mut records = kvrelay_ingest::parse_request_trace(&trace_text)
         .map_err(|err| anyhow::anyhow!("parsing the trace: {err}"))?;
     records.truncate(args.routing_requests);
-    let routing = crate::demo_routing::compare(&cards, &records).await?;
+    let routing = crate::demo_routing::compare(&cards, &records, args.plaintext).await?;
     let chart_path = args
         .routing_chart
         .clone()
@@ -595,6 +598,7 @@ mod tests {
             log: "warn".to_owned(),
             routing_requests: 50,
             routing_chart: Some(chart.path().join("routing.svg")),
+            plaintext: true,
         };
         let report = demo(&args, default_cards().unwrap()).await.unwrap();
         assert!(report.ok, "{report:#?}");

@@ -15,6 +15,11 @@
 //!   tokens computed, decayed by [`LOAD_DECAY`] per request), what a load balancer sees.
 //!
 //! The report compares the prompt tokens found in cache.
+//!
+//! The WAN is secured as operators run it (docs/operations.md): each relay serves TLS with
+//! a certificate from a CA generated into a temporary directory and requires a bearer
+//! token read from a file there; the router trusts only that CA and sends the token.
+//! `--plaintext` turns both off.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -28,7 +33,7 @@ use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
 use kvrelay_ingest::RequestRecord;
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
-use kvrelay_server::{Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
+use kvrelay_server::{AuthConfig, Relay, RelayConfig, TlsConfig, WORKLOAD_TOKEN_SEED};
 use serde::Serialize;
 
 /// The simulated DCs: name and per-DC cost.
@@ -63,6 +68,8 @@ pub(crate) struct PolicyLine {
 pub(crate) struct RoutingReport {
     pub(crate) model: String,
     pub(crate) pool_cache_blocks: usize,
+    /// Whether the relays served TLS with a bearer token.
+    pub(crate) secured: bool,
     pub(crate) policies: Vec<PolicyLine>,
     pub(crate) elapsed_s: f64,
 }
@@ -84,13 +91,73 @@ impl Policy {
     }
 }
 
-/// Runs every policy over `records` on fresh relays with the cards in `cards`.
-pub(crate) async fn compare(cards: &Path, records: &[RequestRecord]) -> Result<RoutingReport> {
+/// TLS material and a bearer token generated for the demo, in a temporary directory.
+struct Secured {
+    _dir: tempfile::TempDir,
+    ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    token_file: std::path::PathBuf,
+}
+
+impl Secured {
+    /// A CA, a relay certificate for 127.0.0.1 signed by it, and a random token.
+    fn generate() -> Result<Self> {
+        use std::hash::{BuildHasher, Hasher};
+
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+
+        let dir = tempfile::tempdir().context("a temporary directory for the demo's TLS")?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kvrelay demo CA");
+        let ca_key = KeyPair::generate()?;
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let mut relay_params = CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
+        relay_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let relay_key = KeyPair::generate()?;
+        let relay_cert = relay_params.signed_by(&relay_key, &ca_cert, &ca_key)?;
+        // 128 random bits from std's per-process hash keys: enough for a loopback demo.
+        let random = || {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        let token = format!("{:016x}{:016x}", random(), random());
+        let path = |name: &str| dir.path().join(name);
+        std::fs::write(path("ca.pem"), ca_cert.pem())?;
+        std::fs::write(path("relay.pem"), relay_cert.pem())?;
+        std::fs::write(path("relay.key"), relay_key.serialize_pem())?;
+        std::fs::write(path("token"), token)?;
+        Ok(Self {
+            ca: path("ca.pem"),
+            cert: path("relay.pem"),
+            key: path("relay.key"),
+            token_file: path("token"),
+            _dir: dir,
+        })
+    }
+}
+
+/// Runs every policy over `records` on fresh relays with the cards in `cards`, secured
+/// with TLS and a token unless `plaintext`.
+pub(crate) async fn compare(
+    cards: &Path,
+    records: &[RequestRecord],
+    plaintext: bool,
+) -> Result<RoutingReport> {
     let started = Instant::now();
+    let secured = if plaintext {
+        None
+    } else {
+        Some(Secured::generate().context("generating the demo's TLS material")?)
+    };
     let mut lines = Vec::new();
     let mut model = String::new();
     for policy in [Policy::Kvrelay, Policy::RoundRobin, Policy::LeastLoad] {
-        let (served_model, line) = run_policy(policy, cards, records)
+        let (served_model, line) = run_policy(policy, cards, records, secured.as_ref())
             .await
             .with_context(|| format!("routing comparison, policy {}", policy.label()))?;
         model = served_model;
@@ -110,6 +177,7 @@ pub(crate) async fn compare(cards: &Path, records: &[RequestRecord]) -> Result<R
     Ok(RoutingReport {
         model,
         pool_cache_blocks: POOL_CACHE_BLOCKS,
+        secured: secured.is_some(),
         policies: lines,
         elapsed_s: started.elapsed().as_secs_f64(),
     })
@@ -222,7 +290,7 @@ const SOURCE_TRACE: &str =
 /// Engine block and event ids start here, above the setup trace's.
 const ENGINE_ID_BASE: u64 = 1 << 40;
 
-async fn start_relays(cards: &Path) -> Result<Vec<Relay>> {
+async fn start_relays(cards: &Path, secured: Option<&Secured>) -> Result<Vec<Relay>> {
     let dir = tempfile::tempdir().context("a temporary directory for the setup trace")?;
     let trace = dir.path().join("setup.jsonl");
     std::fs::write(&trace, SOURCE_TRACE).context("writing the setup trace")?;
@@ -234,6 +302,17 @@ async fn start_relays(cards: &Path) -> Result<Vec<Relay>> {
         };
         config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.admin.enabled = false;
+        if let Some(secured) = secured {
+            config.wan.tls = Some(TlsConfig {
+                cert: secured.cert.clone(),
+                key: secured.key.clone(),
+                client_ca: None,
+            });
+            config.wan.auth = Some(AuthConfig {
+                token: None,
+                token_file: Some(secured.token_file.clone()),
+            });
+        }
         config.discovery.dir = Some(cards.to_owned());
         config.workload = Some(kvrelay_server::WorkloadConfig {
             trace: Some(trace.clone()),
@@ -256,16 +335,20 @@ async fn run_policy(
     policy: Policy,
     cards: &Path,
     records: &[RequestRecord],
+    secured: Option<&Secured>,
 ) -> Result<(String, PolicyLine)> {
-    let relays = start_relays(cards).await?;
+    let relays = start_relays(cards, secured).await?;
     let mut config = RouterConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         ..RouterConfig::default()
     };
     for (relay, (dc, cost)) in relays.iter().zip(DCS) {
-        config
-            .relays
-            .push(RelaySection::new(&relay.wan_addr().to_string(), dc, cost));
+        let mut section = RelaySection::new(&relay.wan_addr().to_string(), dc, cost);
+        if let Some(secured) = secured {
+            section.tls_ca = Some(secured.ca.clone());
+            section.token_file = Some(secured.token_file.clone());
+        }
+        config.relays.push(section);
     }
     let router = RouterService::start(&config, |_| None).await?;
     let n_pools: usize = relays.iter().map(|relay| relay.catalog().pools.len()).sum();
@@ -417,9 +500,14 @@ async fn run_policy(
 /// The comparison as a table.
 pub(crate) fn print_table(report: &RoutingReport) {
     println!(
-        "\nrouting value: {} requests for {}, 3 DCs (costs 0/5/20), {} cached blocks per pool",
+        "\nrouting value: {} requests for {}, 3 DCs (costs 0/5/20, WAN {}), {} cached blocks per pool",
         report.policies.first().map_or(0, |line| line.requests),
         report.model,
+        if report.secured {
+            "TLS + token"
+        } else {
+            "plaintext"
+        },
         report.pool_cache_blocks
     );
     println!(
@@ -537,6 +625,7 @@ mod tests {
         let report = RoutingReport {
             model: "m<1>".into(),
             pool_cache_blocks: 8,
+            secured: false,
             policies: vec![line("kvrelay", 0.6), line("round robin", 0.2)],
             elapsed_s: 0.0,
         };
