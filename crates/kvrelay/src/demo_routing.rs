@@ -1,8 +1,10 @@
 //! The demo's routing comparison: why kvrelay exists, in one table.
 //!
 //! Three relays on loopback play three DCs (`dc-a`, `dc-b`, `dc-c`, per-DC costs 0, 5 and
-//! 20) serving the example deployment, with a `kvrelay router` in front following all
-//! three. The trace's requests for one model are then served one by one, each by the pool
+//! 20), each with its own slice of the example deployment ([`dc_keeps`]: `dc-a` all of
+//! it, `dc-b` without mistral and the LoRA adapters, `dc-c` one llama worker), with a
+//! `kvrelay router` in front following all three. The compared model is the first one
+//! every DC serves. The trace's requests for one model are then served one by one, each by the pool
 //! a policy picks, by simulated engines: each pool keeps an LRU prefix cache of
 //! [`POOL_CACHE_BLOCKS`] blocks, answers how many leading prompt tokens it already held
 //! (the ground truth measured here), stores the rest and evicts, and publishes exactly
@@ -290,14 +292,51 @@ const SOURCE_TRACE: &str =
 /// Engine block and event ids start here, above the setup trace's.
 const ENGINE_ID_BASE: u64 = 1 << 40;
 
+/// Whether DC `dc` (an index into [`DCS`]) deploys the card file named `name`.
+fn dc_keeps(dc: usize, name: &str) -> bool {
+    match dc {
+        0 => true,
+        1 => !name.contains("mistral") && !name.contains("-sql"),
+        _ => name.starts_with("demo.llama.generate.1a01") && !name.contains("-sql"),
+    }
+}
+
+/// A card directory for DC `dc` under `root`: the cards of `cards` it keeps, or all of
+/// them when it keeps none (a card directory other than the example's).
+fn dc_card_dir(cards: &Path, dc: usize, root: &Path) -> Result<std::path::PathBuf> {
+    let dir = root.join(format!("cards-{dc}"));
+    std::fs::create_dir_all(&dir)?;
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(cards).with_context(|| format!("reading {}", cards.display()))? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            files.push(entry.file_name());
+        }
+    }
+    let kept: Vec<_> = files
+        .iter()
+        .filter(|name| dc_keeps(dc, &name.to_string_lossy()))
+        .collect();
+    let chosen = if kept.is_empty() {
+        files.iter().collect()
+    } else {
+        kept
+    };
+    for name in chosen {
+        std::fs::copy(cards.join(name), dir.join(name))?;
+    }
+    Ok(dir)
+}
+
 async fn start_relays(cards: &Path, secured: Option<&Secured>) -> Result<Vec<Relay>> {
     let dir = tempfile::tempdir().context("a temporary directory for the setup trace")?;
     let trace = dir.path().join("setup.jsonl");
     std::fs::write(&trace, SOURCE_TRACE).context("writing the setup trace")?;
     let mut relays = Vec::new();
-    for (dc, _) in DCS {
+    for (index, (dc, _)) in DCS.iter().enumerate() {
+        let dc_cards = dc_card_dir(cards, index, dir.path())?;
         let mut config = RelayConfig {
-            dc_id: dc.to_owned(),
+            dc_id: (*dc).to_owned(),
             ..RelayConfig::default()
         };
         config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -313,7 +352,7 @@ async fn start_relays(cards: &Path, secured: Option<&Secured>) -> Result<Vec<Rel
                 token_file: Some(secured.token_file.clone()),
             });
         }
-        config.discovery.dir = Some(cards.to_owned());
+        config.discovery.dir = Some(dc_cards);
         config.workload = Some(kvrelay_server::WorkloadConfig {
             trace: Some(trace.clone()),
             speed: 0.0,
@@ -609,6 +648,26 @@ mod tests {
         ));
         let (found, _) = engine.serve(&hashes, &sequence);
         assert_eq!(found, 0, "the first chain was evicted");
+    }
+
+    #[test]
+    fn each_dc_deploys_its_own_slice_of_the_example() {
+        let cards = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/deployment/cards");
+        let root = tempfile::tempdir().unwrap();
+        let counts: Vec<usize> = (0..DCS.len())
+            .map(|dc| {
+                std::fs::read_dir(dc_card_dir(&cards, dc, root.path()).unwrap())
+                    .unwrap()
+                    .count()
+            })
+            .collect();
+        let all = std::fs::read_dir(&cards).unwrap().count();
+        assert_eq!(counts[0], all);
+        assert!(
+            counts[0] > counts[1] && counts[1] > counts[2] && counts[2] >= 1,
+            "{counts:?}"
+        );
     }
 
     #[test]
