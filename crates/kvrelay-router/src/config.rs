@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvrelay_consumer::{
-    BearerToken, ConfigError, ConsumerConfig, Limits, RelayConfig, RelayTls, ScoreWeights,
-    TokenError,
+    BackoffConfig, BearerToken, ConfigError, ConsumerConfig, Limits, RelayConfig, RelayTls,
+    ScoreWeights, TokenError,
 };
 use kvrelay_http::HttpBounds;
 use serde::Deserialize;
@@ -178,6 +178,10 @@ pub struct ConsumerSection {
     pub catalog_staleness_bound_ms: u64,
     /// How long a broken relay's view is kept for resuming, ms.
     pub resume_hold_ms: u64,
+    /// First reconnect/resubscribe delay (before jitter), ms.
+    pub backoff_initial_ms: u64,
+    /// Longest reconnect/resubscribe delay (before jitter), ms.
+    pub backoff_max_ms: u64,
 }
 
 impl Default for ConsumerSection {
@@ -190,6 +194,8 @@ impl Default for ConsumerSection {
             staleness_bound_ms: millis(limits.staleness_bound),
             catalog_staleness_bound_ms: millis(limits.catalog_staleness_bound),
             resume_hold_ms: millis(limits.resume_hold),
+            backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
+            backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
     }
 }
@@ -306,6 +312,14 @@ pub enum RouterConfigError {
         /// The key.
         field: &'static str,
     },
+    /// The reconnect backoff is zero or its maximum is below its first delay.
+    #[error("[consumer] backoff_initial_ms ({initial}) must be > 0 and <= backoff_max_ms ({max})")]
+    Backoff {
+        /// `backoff_initial_ms`.
+        initial: u64,
+        /// `backoff_max_ms`.
+        max: u64,
+    },
     /// The consumer rejected the resulting configuration (relays, weights, bounds, TLS).
     #[error(transparent)]
     Consumer(#[from] ConfigError),
@@ -368,6 +382,13 @@ impl RouterConfig {
         if let Some((field, _)) = zero.into_iter().find(|(_, is_zero)| *is_zero) {
             return Err(RouterConfigError::ZeroBound { field });
         }
+        let (initial, max) = (
+            self.consumer.backoff_initial_ms,
+            self.consumer.backoff_max_ms,
+        );
+        if initial == 0 || max < initial {
+            return Err(RouterConfigError::Backoff { initial, max });
+        }
         let relays = self
             .relays
             .iter()
@@ -375,6 +396,11 @@ impl RouterConfig {
             .collect::<Result<Vec<_>, _>>()?;
         let mut config = ConsumerConfig::new(relays);
         config.limits = self.consumer.limits();
+        config.backoff = BackoffConfig {
+            initial: Duration::from_millis(self.consumer.backoff_initial_ms),
+            max: Duration::from_millis(self.consumer.backoff_max_ms),
+            ..BackoffConfig::default()
+        };
         config.weights = ScoreWeights {
             prefix: self.weights.prefix,
             decode_leg: self.weights.decode_leg,

@@ -20,7 +20,10 @@ use kvrelay_consumer::{
     ScoreRequest,
 };
 use kvrelay_server::{AuthConfig, Relay, RelayConfig, TlsConfig};
-use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use rcgen::ExtendedKeyUsagePurpose;
+use support::{Authority, Material, material};
+
+mod support;
 
 /// Bound on every wait of these tests.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -28,83 +31,6 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const EXAMPLE_POOLS: usize = 4;
 /// The relay's token in these tests.
 const TOKEN: &str = "s3cret-relay-token";
-
-struct Authority {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-impl Authority {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Self { cert, key }
-    }
-
-    /// Writes a certificate for `names` (DNS names or IP addresses) and its key into
-    /// `dir` as `<stem>.pem` and `<stem>.key`.
-    fn issue(
-        &self,
-        dir: &Path,
-        stem: &str,
-        names: &[&str],
-        purpose: ExtendedKeyUsagePurpose,
-    ) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-                .unwrap();
-        params.extended_key_usages = vec![purpose];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        let cert_path = dir.join(format!("{stem}.pem"));
-        let key_path = dir.join(format!("{stem}.key"));
-        std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        (cert_path, key_path)
-    }
-
-    fn write(&self, dir: &Path, stem: &str) -> PathBuf {
-        let path = dir.join(format!("{stem}.pem"));
-        std::fs::write(&path, self.cert.pem()).unwrap();
-        path
-    }
-}
-
-/// A CA, a relay certificate signed by it for `names`, and a stranger CA.
-struct Material {
-    dir: tempfile::TempDir,
-    ca: Authority,
-    ca_pem: PathBuf,
-    stranger_pem: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-}
-
-fn material(names: &[&str]) -> Material {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Authority::new("kvrelay test ca");
-    let ca_pem = ca.write(dir.path(), "ca");
-    let stranger_pem = Authority::new("another ca").write(dir.path(), "stranger");
-    let (server_cert, server_key) = ca.issue(
-        dir.path(),
-        "server",
-        names,
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    Material {
-        dir,
-        ca,
-        ca_pem,
-        stranger_pem,
-        server_cert,
-        server_key,
-    }
-}
 
 /// The example deployment with TLS (client certificates required when `mutual`) and
 /// the bearer token on its WAN listener, replayed once as fast as possible.

@@ -2,7 +2,10 @@
 //! every pool's replica is current, `POST /v1/route` answers exactly what the in-process
 //! consumer scores for the same request, batches answer in order, `/v1/pools` and
 //! `/metrics` describe the replicas, and a relay that goes away turns `/readyz` to 503
-//! naming it.
+//! naming it. Against a relay with TLS and a token (and with mutual TLS) the right
+//! credentials are served while a wrong CA, a missing client certificate and a wrong token
+//! are refused, counted and named by `/readyz`; after a relay restart and a router
+//! restart the router converges again.
 
 #![allow(
     clippy::unwrap_used,
@@ -17,7 +20,7 @@ use std::time::Duration;
 
 use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
-use kvrelay_server::{Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
+use kvrelay_server::{AuthConfig, Relay, RelayConfig, TlsConfig, WORKLOAD_TOKEN_SEED};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -75,17 +78,90 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) 
     (status, body)
 }
 
+mod support;
+
 /// A router on a free loopback port following the relay at `relay`.
 async fn start_router(relay: SocketAddr) -> RouterService {
+    start_router_with(RelaySection::new(&relay.to_string(), "dc-test", 5.0)).await
+}
+
+/// A router on a free loopback port following `relay`, reconnecting quickly.
+async fn start_router_with(relay: RelaySection) -> RouterService {
     let mut config = RouterConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         ..RouterConfig::default()
     };
-    config
-        .relays
-        .push(RelaySection::new(&relay.to_string(), "dc-test", 5.0));
+    config.relays.push(relay);
     config.consumer.connect_timeout_ms = 1_000;
+    config.consumer.backoff_initial_ms = 20;
+    config.consumer.backoff_max_ms = 200;
     RouterService::start(&config, |_| None).await.unwrap()
+}
+
+/// Waits until the router's `/readyz` answers `status`; returns its body.
+async fn wait_ready(router: &RouterService, status: u16) -> Value {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (got, body) = http(router.local_addr(), "GET", "/readyz", None).await;
+        if got == status {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz stayed {got}, wanted {status}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of the first sample of `family` in the router's `/metrics`.
+async fn metric(router: &RouterService, family: &str) -> f64 {
+    let (_, body) = http(router.local_addr(), "GET", "/metrics", None).await;
+    body.as_str()
+        .unwrap()
+        .lines()
+        .find(|line| line.starts_with(family))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("{family} in {body}"))
+}
+
+/// The relay's token in these tests.
+const TOKEN: &str = "router-test-token";
+
+/// The example deployment with TLS (client certificates required when `mutual`) and the
+/// bearer token on its WAN listener.
+async fn secured_relay(material: &support::Material, mutual: bool) -> Relay {
+    let mut config = example_config();
+    config.wan.tls = Some(TlsConfig {
+        cert: material.server_cert.clone(),
+        key: material.server_key.clone(),
+        client_ca: mutual.then(|| material.ca_pem.clone()),
+    });
+    config.wan.auth = Some(AuthConfig {
+        token: Some(TOKEN.to_owned()),
+        token_file: None,
+    });
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(EXAMPLE_POOLS))
+        .await
+        .expect("every example pool is published");
+    relay
+}
+
+/// A secured relay section: `ca` trusted, `token` from a file in `dir`.
+fn secured_section(
+    relay: &Relay,
+    dir: &std::path::Path,
+    ca: &std::path::Path,
+    token: &str,
+) -> RelaySection {
+    let token_file = dir.join(format!("token-{token}"));
+    std::fs::write(&token_file, token).unwrap();
+    let mut section = RelaySection::new(&relay.wan_addr().to_string(), "dc-test", 0.0);
+    section.tls_ca = Some(ca.to_owned());
+    section.token_file = Some(token_file);
+    section
 }
 
 /// Requests of the built-in trace for every served base model.
@@ -226,4 +302,126 @@ async fn the_router_answers_what_the_consumer_scores_and_tells_readiness() {
     tokio::time::timeout(DEADLINE, router.shutdown())
         .await
         .expect("the router stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_reaches_a_tls_token_relay_and_refuses_wrong_credentials_visibly() {
+    let material = support::material(&["127.0.0.1"]);
+    let dir = material.dir.path();
+    let relay = secured_relay(&material, false).await;
+
+    let good = start_router_with(secured_section(&relay, dir, &material.ca_pem, TOKEN)).await;
+    let ready = wait_ready(&good, 200).await;
+    assert_eq!(ready["pools_current"], EXAMPLE_POOLS, "{ready}");
+
+    let wrong_ca =
+        start_router_with(secured_section(&relay, dir, &material.stranger_pem, TOKEN)).await;
+    let unready = wait_ready(&wrong_ca, 503).await;
+    assert!(
+        unready["reasons"][0].as_str().unwrap().contains("dc-test"),
+        "{unready}"
+    );
+    let failed = wrong_ca
+        .consumer()
+        .wait_for_metrics(DEADLINE, |m| m.relay_tls_failures > 0)
+        .await;
+    assert!(failed, "a wrong CA is counted as a TLS failure");
+    assert!(metric(&wrong_ca, "kvrelay_consumer_relay_tls_failures").await >= 1.0);
+
+    let wrong_token = start_router_with(secured_section(
+        &relay,
+        dir,
+        &material.ca_pem,
+        "not-the-token",
+    ))
+    .await;
+    let refused = wrong_token
+        .consumer()
+        .wait_for_metrics(DEADLINE, |m| m.relay_refusals > 0)
+        .await;
+    assert!(refused, "a wrong token is counted as a refusal");
+    let unready = wait_ready(&wrong_token, 503).await;
+    let (_, pools) = http(wrong_token.local_addr(), "GET", "/v1/pools", None).await;
+    assert!(
+        pools["relays"][0]["last_error"].is_string(),
+        "the refusal is explained: {pools} {unready}"
+    );
+
+    for router in [good, wrong_ca, wrong_token] {
+        router.shutdown().await;
+    }
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_with_a_client_certificate_reaches_a_mutual_tls_relay() {
+    let material = support::material(&["127.0.0.1"]);
+    let dir = material.dir.path();
+    let relay = secured_relay(&material, true).await;
+
+    let anonymous = start_router_with(secured_section(&relay, dir, &material.ca_pem, TOKEN)).await;
+    let failed = anonymous
+        .consumer()
+        .wait_for_metrics(DEADLINE, |m| {
+            m.relay_tls_failures > 0 || m.relay_refusals > 0
+        })
+        .await;
+    assert!(
+        failed,
+        "a missing client certificate is refused and counted"
+    );
+    wait_ready(&anonymous, 503).await;
+
+    let (cert, key) = material.ca.issue(
+        dir,
+        "router",
+        &["router.kvrelay.test"],
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let mut section = secured_section(&relay, dir, &material.ca_pem, TOKEN);
+    section.tls_cert = Some(cert);
+    section.tls_key = Some(key);
+    let mutual = start_router_with(section).await;
+    let ready = wait_ready(&mutual, 200).await;
+    assert_eq!(ready["pools_current"], EXAMPLE_POOLS, "{ready}");
+
+    anonymous.shutdown().await;
+    mutual.shutdown().await;
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_converges_after_a_relay_restart_and_a_router_restart() {
+    let config = example_config();
+    let first = Relay::start(config.clone()).await.unwrap();
+    let addr = first.wan_addr();
+    let router = start_router(addr).await;
+    wait_ready(&router, 200).await;
+    let old = first.incarnation();
+
+    first.shutdown().await.unwrap();
+    let down = wait_ready(&router, 503).await;
+    assert!(
+        down["reasons"][0].as_str().unwrap().contains("dc-test"),
+        "{down}"
+    );
+
+    // The relay comes back on the same address as a new incarnation.
+    let mut again = config;
+    again.wan.listen = addr;
+    let second = Relay::start(again).await.unwrap();
+    assert_ne!(second.incarnation(), old);
+    tokio::time::timeout(DEADLINE, second.wait_for_pools(EXAMPLE_POOLS))
+        .await
+        .expect("the restarted relay publishes its pools");
+    let ready = wait_ready(&router, 200).await;
+    assert_eq!(ready["pools_current"], EXAMPLE_POOLS, "{ready}");
+
+    // A restarted router converges from nothing.
+    router.shutdown().await;
+    let restarted = start_router(addr).await;
+    let ready = wait_ready(&restarted, 200).await;
+    assert_eq!(ready["pools_current"], EXAMPLE_POOLS, "{ready}");
+    restarted.shutdown().await;
+    second.shutdown().await.unwrap();
 }

@@ -158,3 +158,19 @@ fn relay_arguments_parse_like_kvrelay_route() {
     assert!((relay.cost - 12.5).abs() < f64::EPSILON);
     assert!(RouterConfig::parse_relay("127.0.0.1:7400=us-east:-1").is_err());
 }
+
+#[test]
+fn the_backoff_must_be_positive_and_ordered() {
+    let mut config = RouterConfig::default();
+    config
+        .relays
+        .push(RelaySection::new("127.0.0.1:7400", "a", 0.0));
+    config.consumer.backoff_initial_ms = 20;
+    config.consumer.backoff_max_ms = 200;
+    let consumer = config.consumer_config(no_env).unwrap();
+    assert_eq!(consumer.backoff.initial, Duration::from_millis(20));
+    assert_eq!(consumer.backoff.max, Duration::from_millis(200));
+    config.consumer.backoff_max_ms = 10;
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(matches!(err, RouterConfigError::Backoff { .. }), "{err}");
+}
