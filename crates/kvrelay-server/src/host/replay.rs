@@ -10,7 +10,7 @@ use kvrelay_ckf::{EventPayload, SourceId};
 use kvrelay_pool::{LoadObservation, PoolRegistry};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::host::state::{self, HostState};
 use crate::host::workload::{self, SourceCache, TraceRequest};
@@ -25,18 +25,39 @@ pub(crate) struct WorkloadDriver {
     pub(crate) done: watch::Sender<bool>,
 }
 
+/// How often the driver re-reads whether the pools have settled before it starts.
+const SETTLE_POLL: Duration = Duration::from_millis(10);
+/// Longest wait for the discovered pools to attach before replaying anyway.
+const SETTLE_WAIT_MAX: Duration = Duration::from_secs(10);
+
 /// Requests between load observations of a source.
 const LOAD_OBSERVATION_EVERY: u64 = 64;
 
 impl WorkloadDriver {
     pub(crate) async fn run(self, cancel: CancellationToken) {
+        // Start once the discovered pools have attached: attaches finish one by one, and a
+        // source list taken at the first route would leave later pools unfed. Settling is
+        // polled (it is not a watch); a relay that never settles starts after the bound.
         let mut routes_rx = self.state.routes.subscribe();
-        let routes = tokio::select! {
-            () = cancel.cancelled() => return,
-            routes = routes_rx.wait_for(|routes| !routes.routes.is_empty()) => match routes {
-                Ok(routes) => routes.clone(),
-                Err(_) => return,
-            },
+        let waiting_since = tokio::time::Instant::now();
+        let routes = loop {
+            let current = routes_rx.borrow_and_update().clone();
+            let settled = !self.state.facts().settling;
+            let waited_out = waiting_since.elapsed() >= SETTLE_WAIT_MAX;
+            if !current.routes.is_empty() && (settled || waited_out) {
+                if !settled {
+                    warn!(
+                        waited_ms = SETTLE_WAIT_MAX.as_millis() as u64,
+                        "pools still attaching; replaying into the routes present"
+                    );
+                }
+                break current;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                changed = routes_rx.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep(SETTLE_POLL) => {}
+            }
         };
         let sources: Vec<SourceId> = routes.routes.keys().copied().collect();
         let mut caches: Vec<SourceCache> = sources
