@@ -112,12 +112,25 @@ fn answered(
     response
 }
 
+/// Admits one route request: takes a scoring permit without waiting (held by the caller
+/// while it scores), then reads its JSON body within `max_body_bytes`.
+async fn admit<'a>(
+    state: &'a AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(tokio::sync::SemaphorePermit<'a>, axum::body::Bytes), ApiError> {
+    let Ok(permit) = state.permits.try_acquire() else {
+        return Err(ApiError::overloaded(state.http.max_concurrent_requests));
+    };
+    Ok((permit, read_json_body(state, headers, body).await?))
+}
+
 /// Reads a JSON body within `max_body_bytes`.
 async fn read_json_body(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Vec<u8>, ApiError> {
+) -> Result<axum::body::Bytes, ApiError> {
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
@@ -142,7 +155,6 @@ async fn read_json_body(
     // answer anyway.
     axum::body::to_bytes(body, limit)
         .await
-        .map(|bytes| bytes.to_vec())
         .map_err(|_| ApiError::too_large(limit))
 }
 
@@ -159,10 +171,7 @@ async fn route_one(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let Ok(_permit) = state.permits.try_acquire() else {
-        return Err(ApiError::overloaded(state.http.max_concurrent_requests));
-    };
-    let bytes = read_json_body(state, headers, body).await?;
+    let (_permit, bytes) = admit(state, headers, body).await?;
     let request: RouteRequest = api::parse(&bytes)?;
     let (request, top_k) = request.validate(&state.http)?;
     let mut ranking = Ranking::default();
@@ -196,10 +205,7 @@ async fn route_many(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let Ok(_permit) = state.permits.try_acquire() else {
-        return Err(ApiError::overloaded(state.http.max_concurrent_requests));
-    };
-    let bytes = read_json_body(state, headers, body).await?;
+    let (_permit, bytes) = admit(state, headers, body).await?;
     let batch: BatchRequest = api::parse(&bytes)?;
     let requests = batch.validate(&state.http)?;
     let mut ranking = Ranking::default();
