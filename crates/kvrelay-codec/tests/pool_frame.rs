@@ -193,6 +193,28 @@ fn unknown_pool_frame_kind_is_unsupported() {
     assert!(err.is_unsupported());
 }
 
+#[test]
+fn metadata_is_sealed_under_the_senders_minor() {
+    // A frame body re-encoded by this build carries this build's minor in its metadata
+    // checksum: it decodes under PROTOCOL_MINOR and is refused under another minor, so a
+    // frame cannot be replayed under a minor whose rules it was not written for. (Found by
+    // the pool_frame fuzz target, which re-decoded at minor 0.)
+    let frame = decode_pool_frame(delta_frame());
+    let mut body = BytesMut::new();
+    frame.encode_body(&mut body).unwrap();
+    let body = body.freeze();
+    assert_eq!(
+        PoolFrame::decode_body(&body, kvrelay_codec::PROTOCOL_MINOR).as_ref(),
+        Ok(&frame)
+    );
+    for other in [0, kvrelay_codec::PROTOCOL_MINOR + 1] {
+        assert!(matches!(
+            PoolFrame::decode_body(&body, other),
+            Err(v1::DecodeError::PoolFrameChecksum { .. })
+        ));
+    }
+}
+
 /// True if the bytes decode to a pool frame that passes every check: corruption went
 /// unnoticed.
 fn passes(bytes: &[u8]) -> bool {

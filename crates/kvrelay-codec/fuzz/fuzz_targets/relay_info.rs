@@ -2,6 +2,7 @@
 #![no_main]
 
 use bytes::BytesMut;
+use kvrelay_codec::PROTOCOL_MINOR;
 use kvrelay_codec::v1::RelayInfo;
 use libfuzzer_sys::fuzz_target;
 
@@ -13,7 +14,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(message) = RelayInfo::decode_body(body, minor) {
         let mut dst = BytesMut::new();
         if message.encode_body(&mut dst).is_ok() {
-            assert_eq!(RelayInfo::decode_body(&dst, 0).ok(), Some(message));
+            assert_eq!(
+                RelayInfo::decode_body(&dst, PROTOCOL_MINOR).ok(),
+                Some(message)
+            );
         }
     }
 });

@@ -2,6 +2,7 @@
 #![no_main]
 
 use bytes::BytesMut;
+use kvrelay_codec::PROTOCOL_MINOR;
 use kvrelay_codec::v1::StreamRequest;
 use libfuzzer_sys::fuzz_target;
 
@@ -14,7 +15,10 @@ fuzz_target!(|data: &[u8]| {
         let _ = message.validate();
         let mut dst = BytesMut::new();
         if message.encode_body(&mut dst).is_ok() {
-            assert_eq!(StreamRequest::decode_body(&dst, 0).ok(), Some(message));
+            assert_eq!(
+                StreamRequest::decode_body(&dst, PROTOCOL_MINOR).ok(),
+                Some(message)
+            );
         }
     }
 });
