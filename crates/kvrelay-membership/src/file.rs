@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -216,14 +217,14 @@ type FileResult = Result<ModelCardInstance, CardFileError>;
 #[derive(Debug, Default)]
 struct CardDirScanner {
     known: BTreeMap<PathBuf, (FileStamp, FileResult)>,
-    /// Files read (opened and parsed) so far.
-    n_reads: u64,
 }
 
 /// One scan: the listing, and the skips not seen before (new or changed files).
 struct Scan {
     listing: CardDirListing,
     new_skips: Vec<(PathBuf, CardFileError)>,
+    /// Files this scan opened and parsed (new or changed ones).
+    n_read: u64,
 }
 
 impl CardDirScanner {
@@ -247,6 +248,7 @@ impl CardDirScanner {
         let mut scan = Scan {
             listing: CardDirListing::default(),
             new_skips: Vec::new(),
+            n_read: 0,
         };
         for (at, path) in candidates.into_iter().enumerate() {
             let result = if at >= limits.max_card_files {
@@ -269,7 +271,7 @@ impl CardDirScanner {
                         match self.known.remove(&path) {
                             Some((previous, result)) if previous == stamp => (stamp, result, false),
                             _ => {
-                                self.n_reads += 1;
+                                scan.n_read += 1;
                                 (stamp, read_card_file(&path, limits), true)
                             }
                         }
@@ -348,6 +350,8 @@ pub struct FileDiscovery {
     poll_interval: Duration,
     limits: MembershipLimits,
     skips: Arc<Mutex<CardFileSkips>>,
+    /// Card files opened and parsed so far (shared by every clone).
+    reads: Arc<AtomicU64>,
     /// Shared by the watch's rescans and every `list` (the periodic reconcile), so a file
     /// is read, logged and counted once per change whoever scans.
     scanner: Arc<Mutex<CardDirScanner>>,
@@ -361,6 +365,7 @@ impl FileDiscovery {
             poll_interval,
             limits: MembershipLimits::default(),
             skips: Arc::default(),
+            reads: Arc::default(),
             scanner: Arc::default(),
         }
     }
@@ -380,6 +385,17 @@ impl FileDiscovery {
         *self.skips.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Card files opened and parsed so far: new and changed files only, since an unchanged
+    /// file's last result is reused (shared by every clone of this discovery).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// The limits this discovery reads under.
+    pub fn limits(&self) -> &MembershipLimits {
+        &self.limits
+    }
+
     /// Scans the directory on a blocking thread with the shared scanner.
     async fn scan(&self) -> Result<CardDirListing, DiscoveryError> {
         let dir = self.dir.clone();
@@ -396,6 +412,7 @@ impl FileDiscovery {
             path: self.dir.clone(),
             reason: format!("scan task failed: {error}"),
         })??;
+        self.reads.fetch_add(scan.n_read, Ordering::Relaxed);
         let mut skips = self.skips.lock().unwrap_or_else(PoisonError::into_inner);
         for (path, error) in &scan.new_skips {
             skips.count(error);

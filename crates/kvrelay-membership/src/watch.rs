@@ -230,6 +230,8 @@ impl WatchTask {
                             tracing::info!(n_cards = listing.len(), "membership watch rebound");
                             if self.projection.replace_all(listing) {
                                 self.publish();
+                            } else {
+                                self.publish_stats();
                             }
                             stream
                         }
@@ -276,6 +278,9 @@ impl WatchTask {
                         *backoff = self.config.backoff_initial;
                         if self.projection.handle_event(event) {
                             self.publish();
+                        } else {
+                            // A malformed card changes no card, yet is logged and counted now.
+                            self.publish_stats();
                         }
                     }
                     Some(Err(error)) => {
@@ -301,6 +306,8 @@ impl WatchTask {
                             if self.projection.replace_all(listing) {
                                 tracing::info!("membership reconcile found missed changes");
                                 self.publish();
+                            } else {
+                                self.publish_stats();
                             }
                         }
                         Err(error) => {
@@ -321,6 +328,18 @@ impl WatchTask {
             () = self.cancel.cancelled() => false,
             () = tokio::time::sleep(delay) => true,
         }
+    }
+
+    /// Logs the projection's diagnostics and publishes its counters without projecting,
+    /// for input that changed no card (a malformed card is still logged and counted at once).
+    fn publish_stats(&mut self) {
+        log_diagnostics(&mut self.projection);
+        let stats = self.projection.stats();
+        self.stats_sender.send_if_modified(|current| {
+            let changed = *current != stats;
+            *current = stats;
+            changed
+        });
     }
 
     fn publish(&mut self) {

@@ -207,6 +207,27 @@ async fn shutdown_stops_the_task_and_ends_subscriptions() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_malformed_card_alone_is_counted_at_once() {
+    // The malformed card changes no card, so the view does not change; the counter must
+    // still move without waiting for another change or the reconcile.
+    let discovery = Arc::new(MemoryDiscovery::new());
+    discovery.put(card("good", 2));
+    let watch = start(&discovery).await;
+    let mut bad = card("bad", 1);
+    bad.card_json = serde_json::json!({"display_name": 7});
+    discovery.put(bad);
+    for _ in 0..100 {
+        if watch.stats().malformed_cards == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(watch.stats().malformed_cards, 1);
+    assert!(watch.view().endpoint(&endpoint("bad")).is_none());
+    watch.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn malformed_card_is_counted_and_skipped() {
     let discovery = Arc::new(MemoryDiscovery::new());
     let watch = start(&discovery).await;
