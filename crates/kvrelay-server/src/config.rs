@@ -143,14 +143,24 @@ pub struct TlsConfig {
     pub client_ca: Option<PathBuf>,
 }
 
-/// The `[wan.auth]` table: exactly one of `token` or `token_file`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The `[wan.auth]` table: exactly one of `token` or `token_file`. `Debug` never shows
+/// the token, so a config logged or printed in an error does not leak it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     /// The bearer token inline (prefer `token_file` or the environment).
     pub token: Option<String>,
     /// A file whose trimmed contents are the bearer token.
     pub token_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("token", &redacted(self.token.as_ref()))
+            .field("token_file", &self.token_file)
+            .finish()
+    }
 }
 
 /// The `[admin]` table.
@@ -236,6 +246,15 @@ pub struct DiscoveryConfig {
     pub endpoint_prefixes: Vec<String>,
     /// Watch every namespace.
     pub watch_all: bool,
+    /// Largest card file the file backend reads, in bytes
+    /// ([`kvrelay_membership::DEFAULT_MAX_CARD_FILE_BYTES`], 4 MiB); a larger file is
+    /// skipped, logged once and counted as `too_large`. A file growing while it is read is
+    /// cut at this bound too.
+    pub max_card_file_bytes: u64,
+    /// Most card files the file backend reads per scan, in name order
+    /// ([`kvrelay_membership::DEFAULT_MAX_CARD_FILES`]); the rest are skipped and counted
+    /// as `too_many_files`.
+    pub max_card_files: u32,
 }
 
 impl Default for DiscoveryConfig {
@@ -248,9 +267,22 @@ impl Default for DiscoveryConfig {
             namespaces: Vec::new(),
             endpoint_prefixes: Vec::new(),
             watch_all: true,
+            max_card_file_bytes: kvrelay_membership::DEFAULT_MAX_CARD_FILE_BYTES,
+            max_card_files: DEFAULT_MAX_CARD_FILES,
         }
     }
 }
+
+/// [`kvrelay_membership::DEFAULT_MAX_CARD_FILES`] as the config's integer type.
+const DEFAULT_MAX_CARD_FILES: u32 = {
+    let files = kvrelay_membership::DEFAULT_MAX_CARD_FILES;
+    assert!(files <= u32::MAX as usize);
+    files as u32
+};
+
+/// Largest `discovery.max_card_file_bytes` accepted: 64 MiB, far above any real card
+/// (a few KB), so a typo cannot make every rescan read gigabytes.
+pub(crate) const MAX_CARD_FILE_BYTES_CEILING: u64 = 64 * 1024 * 1024;
 
 /// A discovery backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -312,8 +344,8 @@ fn one() -> u32 {
     1
 }
 
-/// The `[nats]` table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The `[nats]` table. `Debug` never shows the token, password or NKey seed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {
     /// The NATS server, e.g. `nats://127.0.0.1:4222`.
@@ -348,6 +380,29 @@ pub struct NatsConfig {
     /// PEM private key of `tls_cert`.
     #[serde(default)]
     pub tls_key: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("server", &self.server)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("token", &redacted(self.token.as_ref()))
+            .field("user", &self.user)
+            .field("password", &redacted(self.password.as_ref()))
+            .field("nkey_seed", &redacted(self.nkey_seed.as_ref()))
+            .field("credentials_file", &self.credentials_file)
+            .field("tls_required", &self.tls_required)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .finish()
+    }
+}
+
+/// What `Debug` shows for a secret: whether it is set, never its value.
+fn redacted<T>(secret: Option<&T>) -> Option<&'static str> {
+    secret.map(|_| "<redacted>")
 }
 
 fn default_nats_max_payload_bytes() -> usize {
@@ -415,7 +470,8 @@ impl NatsConfig {
 }
 
 /// Values resolved from flags and environment that beat the file. `None` keeps the file's.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// `Debug` never shows a token.
+#[derive(Clone, Default, PartialEq)]
 pub struct RelayOverrides {
     /// `--dc-id` / `KVRELAY_DC_ID`.
     pub dc_id: Option<String>,
@@ -449,6 +505,29 @@ pub struct RelayOverrides {
     pub admin_token: Option<String>,
     /// `--admin-token-file` / `KVRELAY_ADMIN_TOKEN_FILE`.
     pub admin_token_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for RelayOverrides {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayOverrides")
+            .field("dc_id", &self.dc_id)
+            .field("wan_listen", &self.wan_listen)
+            .field("admin_listen", &self.admin_listen)
+            .field("admin_disabled", &self.admin_disabled)
+            .field("cards_dir", &self.cards_dir)
+            .field("etcd_endpoints", &self.etcd_endpoints)
+            .field("trace", &self.trace)
+            .field("replay_speed", &self.replay_speed)
+            .field("nats_server", &self.nats_server)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("tls_client_ca", &self.tls_client_ca)
+            .field("token", &redacted(self.token.as_ref()))
+            .field("token_file", &self.token_file)
+            .field("admin_token", &redacted(self.admin_token.as_ref()))
+            .field("admin_token_file", &self.admin_token_file)
+            .finish()
+    }
 }
 
 impl RelayConfig {
@@ -582,6 +661,21 @@ impl RelayConfig {
                 });
             }
             DiscoveryBackend::File | DiscoveryBackend::Etcd => {}
+        }
+        let card_bytes = self.discovery.max_card_file_bytes;
+        if card_bytes == 0 || card_bytes > MAX_CARD_FILE_BYTES_CEILING {
+            return Err(ConfigError::InvalidField {
+                field: "discovery.max_card_file_bytes",
+                value: card_bytes.to_string(),
+                reason: "must be between 1 and 67108864 (64 MiB)",
+            });
+        }
+        if self.discovery.max_card_files == 0 {
+            return Err(ConfigError::InvalidField {
+                field: "discovery.max_card_files",
+                value: "0".to_owned(),
+                reason: "must be at least 1",
+            });
         }
         if let Some(tls) = &self.wan.tls
             && (tls.cert.as_os_str().is_empty() || tls.key.as_os_str().is_empty())
@@ -843,6 +937,64 @@ mod tests {
                 listen: config.wan.listen
             }]
         );
+    }
+
+    #[test]
+    fn debug_output_never_shows_a_token() {
+        let mut config = parse("[discovery]\ndir = \"c\"\n").unwrap();
+        config.wan.auth = Some(AuthConfig {
+            token: Some("s3cr3t-wan".into()),
+            token_file: None,
+        });
+        config.admin.auth = Some(AuthConfig {
+            token: Some("s3cr3t-admin".into()),
+            token_file: None,
+        });
+        let mut nats = NatsConfig::plain("nats://127.0.0.1:4222".into());
+        nats.password = Some("s3cr3t-nats-password".into());
+        nats.nkey_seed = Some("s3cr3t-nats-seed".into());
+        nats.token = Some("s3cr3t-nats-token".into());
+        config.nats = Some(nats);
+        let overrides = RelayOverrides {
+            token: Some("s3cr3t-flag".into()),
+            admin_token: Some("s3cr3t-flag-admin".into()),
+            ..RelayOverrides::default()
+        };
+        let printed = format!("{config:?} {config:#?} {overrides:?}");
+        assert!(!printed.contains("s3cr3t"), "{printed}");
+        assert!(printed.contains("<redacted>"), "{printed}");
+    }
+
+    #[test]
+    fn card_file_bounds_are_read_and_checked() {
+        let config =
+            parse("[discovery]\ndir = \"c\"\nmax_card_file_bytes = 65536\nmax_card_files = 8\n")
+                .unwrap();
+        assert_eq!(
+            (
+                config.discovery.max_card_file_bytes,
+                config.discovery.max_card_files
+            ),
+            (65_536, 8)
+        );
+        assert_eq!(config.validate(), Ok(()));
+        for (toml, field) in [
+            ("max_card_file_bytes = 0", "discovery.max_card_file_bytes"),
+            (
+                "max_card_file_bytes = 67108865",
+                "discovery.max_card_file_bytes",
+            ),
+            ("max_card_files = 0", "discovery.max_card_files"),
+        ] {
+            let config = parse(&format!("[discovery]\ndir = \"c\"\n{toml}\n")).unwrap();
+            assert!(
+                matches!(
+                    config.validate(),
+                    Err(ConfigError::InvalidField { field: got, .. }) if got == field
+                ),
+                "{toml}"
+            );
+        }
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub(crate) struct RelayMetrics {
     pub(crate) admin_unauthorized: Counter,
     /// Discovery inputs skipped, by reason (`kvrelay_discovery_skipped_total`).
     pub(crate) discovery_skipped: Family<ReasonLabel, Counter>,
+    /// Card files opened and parsed by the file backend (`kvrelay_discovery_card_reads_total`):
+    /// new and changed files only, so it stays flat while the directory does not change.
+    pub(crate) discovery_card_reads: Counter,
     /// The pool publication streams' counters, refreshed on every exposition.
     pub(crate) stream: StreamMetrics,
     /// Pool attaches that failed, by reason (`pool_limit` when `max_pools` is reached).
@@ -360,6 +363,12 @@ impl RelayMetrics {
             "Discovery inputs (card files, cards) skipped, by reason",
             discovery_skipped.clone(),
         );
+        let discovery_card_reads = Counter::default();
+        registry.register(
+            "discovery_card_reads",
+            "Card files opened and parsed (new or changed files; unchanged ones are only stat'ed)",
+            discovery_card_reads.clone(),
+        );
         let stream = StreamMetrics::default();
         stream.register(&mut registry);
         let pool_attach_failures = Family::<ReasonLabel, Counter>::default();
@@ -399,6 +408,7 @@ impl RelayMetrics {
             admin_connections,
             admin_unauthorized,
             discovery_skipped,
+            discovery_card_reads,
             stream,
             pool_attach_failures,
         }

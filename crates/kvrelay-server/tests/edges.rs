@@ -19,7 +19,9 @@ use kvrelay_codec::v1::{ErrorReason, Message, StreamRpc, decode_message};
 use kvrelay_server::{
     AuthConfig, EngineKind as ConfigEngine, ProbeStream, Relay, RelayConfig, SourceConfig,
 };
-use support::{DEADLINE, deployment, next, request, write_card};
+use support::{
+    DEADLINE, cpu_time, deployment, first_message, mib, next, request, rss_bytes, write_card,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -89,6 +91,66 @@ async fn a_request_declaring_more_than_max_request_len_is_refused_from_its_heade
         other => panic!("expected one error frame, got {other:?}"),
     }
     relay.shutdown().await.unwrap();
+}
+
+/// Peak memory an unauthenticated attack may add to the relay (issue target).
+const PRE_AUTH_RSS_BUDGET: u64 = 100 * 1024 * 1024;
+
+#[tokio::test]
+async fn unauthenticated_sockets_holding_maximal_requests_stay_within_the_memory_target() {
+    // Row 1: 96 unauthenticated sockets, each declaring the largest request the relay
+    // reads and sending all but its last byte, took the relay from 22 to 809 MB (48 with
+    // token auth on: 408 MB). Target: at most 100 MB above idle, while a client with the
+    // token is still served.
+    let (_dir, relay) = relay_with(|config| {
+        config.wan.auth = Some(AuthConfig {
+            token: Some("right-token".into()),
+            token_file: None,
+        });
+    })
+    .await;
+    let idle = rss_bytes();
+    let max_request_len = relay_max_request_len();
+    let mut held = Vec::new();
+    for _ in 0..96 {
+        let mut stream = TcpStream::connect(relay.wan_addr()).await.unwrap();
+        stream
+            .write_all(&header(1, max_request_len - 16))
+            .await
+            .unwrap();
+        stream
+            .write_all(&vec![0u8; max_request_len as usize - 16 - 1])
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    // Let the relay read what was sent before measuring.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut authorized = request(StreamRpc::RelayInfo);
+    authorized.auth_token = Some("right-token".into());
+    let (_stream, first) = first_message(relay.wan_addr(), &authorized).await;
+    assert!(matches!(first, Message::RelayInfo(_)), "{first:?}");
+    let peak = rss_bytes();
+    let above_idle = peak.saturating_sub(idle);
+    eprintln!(
+        "row 1: 96 unauthenticated sockets x {} KiB pending: RSS {:.1} -> {:.1} MiB ({:.1} MiB above idle; target <= {:.0} MiB)",
+        max_request_len / 1024,
+        mib(idle),
+        mib(peak),
+        mib(above_idle),
+        mib(PRE_AUTH_RSS_BUDGET)
+    );
+    assert!(
+        above_idle <= PRE_AUTH_RSS_BUDGET,
+        "{above_idle} bytes above idle"
+    );
+    drop(held);
+    relay.shutdown().await.unwrap();
+}
+
+/// The default `max_request_len` these tests run with.
+fn relay_max_request_len() -> u32 {
+    kvrelay_server::Limits::default().max_request_len
 }
 
 #[tokio::test]
@@ -222,40 +284,132 @@ async fn admin_token_guards_everything_but_health_and_readiness() {
     relay.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_card_declaring_billions_of_ranks_is_skipped_and_counted() {
-    // Row 5: a card with data_parallel_size 4294967295 grew the relay by gigabytes.
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = deployment(dir.path(), 20);
+/// The two-pool deployment with admin HTTP on, and its card directory.
+fn admin_deployment(dir: &std::path::Path) -> (RelayConfig, std::path::PathBuf) {
+    let mut config = deployment(dir, 20);
     config.admin.enabled = true;
     let cards = config.discovery.dir.clone().unwrap();
-    write_card(
-        &cards,
-        ("prod", "evil", "generate"),
-        0x66,
-        "model-e",
-        "aggregated",
-        64,
-        u32::MAX,
-    );
+    (config, cards)
+}
+
+/// Starts `config`, waits for `pools` pools, and returns the relay and its admin address.
+async fn start_admin_relay(config: RelayConfig, pools: usize) -> (Relay, SocketAddr) {
     let relay = Relay::start(config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(pools))
         .await
         .unwrap();
     let admin = relay.admin_addr().unwrap();
+    (relay, admin)
+}
+
+/// Growth allowed while the relay refuses a hostile card ("RSS flat"; before: 3.19 GB).
+const HOSTILE_CARD_RSS_BUDGET: u64 = 16 * 1024 * 1024;
+
+async fn metrics_until(admin: SocketAddr, done: impl Fn(&str) -> bool) -> String {
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let (_, metrics) = http_get(admin, "/metrics", None).await;
-        if metrics.contains("kvrelay_discovery_skipped_total{reason=\"malformed_card\"} 1") {
-            break;
+        if done(&metrics) {
+            return metrics;
         }
         assert!(tokio::time::Instant::now() < deadline, "{metrics}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn a_card_declaring_billions_of_ranks_is_skipped_counted_and_costs_no_memory() {
+    // Row 5: a card with data_parallel_size 4294967295 grew the relay by 3.19 GB in 7.5 s;
+    // one with 1,000,000 ranks by 200 MB, never released. The card now fails to decode.
+    let dir = tempfile::tempdir().unwrap();
+    let (config, cards) = admin_deployment(dir.path());
+    let (relay, admin) = start_admin_relay(config, 2).await;
+    let before = rss_bytes();
+    for (instance, ranks) in [(0x66, u32::MAX), (0x67, 1_000_000)] {
+        write_card(
+            &cards,
+            ("prod", "evil", "generate"),
+            instance,
+            "model-e",
+            "aggregated",
+            64,
+            ranks,
+        );
+    }
+    metrics_until(admin, |metrics| {
+        sample(
+            metrics,
+            "kvrelay_discovery_skipped_total{reason=\"malformed_card\"}",
+        ) >= 2
+    })
+    .await;
+    // Two more rescans with the cards present: nothing builds up either.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let after = rss_bytes();
+    let growth = after.saturating_sub(before);
+    eprintln!(
+        "row 5: cards declaring 4294967295 and 1000000 ranks: RSS {:.1} -> {:.1} MiB (+{:.1} MiB; budget {:.0} MiB)",
+        mib(before),
+        mib(after),
+        mib(growth),
+        mib(HOSTILE_CARD_RSS_BUDGET)
+    );
+    assert!(growth <= HOSTILE_CARD_RSS_BUDGET, "+{growth} bytes");
     assert_eq!(
         relay.pool_reports().await.len(),
         2,
-        "the evil card attached no pool"
+        "the evil cards attached no pool"
+    );
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn junk_files_under_the_size_limit_are_parsed_once_not_every_rescan() {
+    // Row 7: 8 junk files of 4 MiB (under the size limit) took the relay from 0.2 to 85.6 %
+    // CPU: every file was re-parsed every 500 ms. Now an unchanged file is only stat'ed,
+    // so the parse count stays flat; the CPU over six rescans is reported (target < 5 %).
+    let dir = tempfile::tempdir().unwrap();
+    let (config, cards) = admin_deployment(dir.path());
+    let limit = config.discovery.max_card_file_bytes as usize;
+    for at in 0..8 {
+        // An unterminated string: the parser reads all of it before it fails.
+        let mut junk = br#"{"type":"Model","namespace":""#.to_vec();
+        junk.resize(limit, b'x');
+        std::fs::write(cards.join(format!("junk-{at}.json")), junk).unwrap();
+    }
+    let (relay, admin) = start_admin_relay(config, 2).await;
+    let metrics = metrics_until(admin, |metrics| {
+        sample(
+            metrics,
+            "kvrelay_discovery_skipped_total{reason=\"malformed\"}",
+        ) >= 8
+    })
+    .await;
+    let reads = sample(&metrics, "kvrelay_discovery_card_reads_total");
+    assert_eq!(reads, 11, "3 cards and 8 junk files, each read once");
+    let cpu_before = cpu_time();
+    let wall = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cpu = cpu_time() - cpu_before;
+    let share = cpu.as_secs_f64() / wall.elapsed().as_secs_f64();
+    let (_, metrics) = http_get(admin, "/metrics", None).await;
+    eprintln!(
+        "row 7: 8 junk files of {} MiB over 6 rescans: relay process CPU {:.1} % (target < 5 %)",
+        limit / (1024 * 1024),
+        share * 100.0
+    );
+    assert_eq!(
+        sample(&metrics, "kvrelay_discovery_card_reads_total"),
+        reads,
+        "unchanged files were read again"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "kvrelay_discovery_skipped_total{reason=\"malformed\"}"
+        ),
+        8,
+        "each skip counted once"
     );
     relay.shutdown().await.unwrap();
 }
@@ -264,17 +418,11 @@ async fn a_card_declaring_billions_of_ranks_is_skipped_and_counted() {
 async fn junk_card_files_are_counted_once_by_reason() {
     // Row 6: invalid files were skipped with no log line and no metric.
     let dir = tempfile::tempdir().unwrap();
-    let mut config = deployment(dir.path(), 20);
-    config.admin.enabled = true;
-    let cards = config.discovery.dir.clone().unwrap();
+    let (config, cards) = admin_deployment(dir.path());
     std::fs::write(cards.join("garbage.json"), [0xffu8, 0x00, 0x13]).unwrap();
     std::fs::write(cards.join("broken.json"), "{not json").unwrap();
     std::os::unix::fs::symlink("/dev/zero", cards.join("zero.json")).unwrap();
-    let relay = Relay::start(config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
-        .await
-        .unwrap();
-    let admin = relay.admin_addr().unwrap();
+    let (relay, admin) = start_admin_relay(config, 2).await;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let (_, metrics) = http_get(admin, "/metrics", None).await;
@@ -291,35 +439,51 @@ async fn junk_card_files_are_counted_once_by_reason() {
 }
 
 #[tokio::test]
-async fn pools_past_max_pools_are_refused_and_counted() {
-    // Row 8: there was no cap on pools; the cap's refusals were only logged.
+async fn forty_large_cards_attach_only_max_pools_and_memory_follows_the_cap() {
+    // Row 8: 40 cards of 4 M blocks each made 44 pools and took the relay from 16 to
+    // 684 MB; there was no cap. With max_pools = 4, four pools attach (the deployment's two
+    // and two large ones), the rest are refused and counted, and memory follows the cap.
     let dir = tempfile::tempdir().unwrap();
-    let mut config = deployment(dir.path(), 20);
-    config.admin.enabled = true;
-    config.limits.max_pools = 1;
-    let relay = Relay::start(config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
-        .await
-        .unwrap();
-    let admin = relay.admin_addr().unwrap();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let (_, metrics) = http_get(admin, "/metrics", None).await;
-        let refused = metrics
-            .lines()
-            .find(|line| {
-                line.starts_with("kvrelay_pool_attach_failures_total{reason=\"pool_limit\"}")
-            })
-            .and_then(|line| line.rsplit(' ').next())
-            .and_then(|value| value.parse::<u64>().ok())
-            .unwrap_or(0);
-        if refused >= 1 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let (mut config, cards) = admin_deployment(dir.path());
+    config.limits.max_pools = 4;
+    for at in 0..40u64 {
+        write_card(
+            &cards,
+            ("prod", &format!("large{at:02}"), "generate"),
+            0x1000 + at,
+            "model-l",
+            "aggregated",
+            4 << 20,
+            1,
+        );
     }
-    assert_eq!(relay.pool_reports().await.len(), 1, "one pool, the cap");
+    let idle = rss_bytes();
+    let (relay, admin) = start_admin_relay(config, 4).await;
+    let metrics = metrics_until(admin, |metrics| {
+        sample(
+            metrics,
+            "kvrelay_pool_attach_failures_total{reason=\"pool_limit\"}",
+        ) >= 1
+    })
+    .await;
+    let refused = sample(
+        &metrics,
+        "kvrelay_pool_attach_failures_total{reason=\"pool_limit\"}",
+    );
+    let held = rss_bytes();
+    eprintln!(
+        "row 8: 40 cards of 4 Mi blocks, max_pools 4: RSS {:.1} -> {:.1} MiB (+{:.1} MiB), {refused} attaches refused",
+        mib(idle),
+        mib(held),
+        mib(held.saturating_sub(idle))
+    );
+    assert_eq!(relay.pool_reports().await.len(), 4, "four pools, the cap");
+    // Uncapped, the 40 filters alone are 640 MiB; the cap keeps two of them.
+    assert!(
+        held.saturating_sub(idle) < 256 * 1024 * 1024,
+        "+{} bytes",
+        held.saturating_sub(idle)
+    );
     relay.shutdown().await.unwrap();
 }
 

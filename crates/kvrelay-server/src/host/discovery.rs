@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kvrelay_membership::{
     DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryConfig as MembershipScope, EtcdDiscovery,
-    FileDiscovery, MembershipView, MembershipWatch, ProjectionStats, WatchConfig,
+    FileDiscovery, MembershipLimits, MembershipView, MembershipWatch, ProjectionStats, WatchConfig,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -36,7 +36,12 @@ pub(crate) async fn start(
     let backend: Arc<dyn Discovery> = match config.backend {
         DiscoveryBackend::File => {
             let dir = config.dir.clone().unwrap_or_default();
-            let discovery = FileDiscovery::new(&dir, FILE_RESCAN_INTERVAL);
+            let limits = MembershipLimits {
+                max_card_file_bytes: config.max_card_file_bytes,
+                max_card_files: usize::try_from(config.max_card_files).unwrap_or(usize::MAX),
+                ..MembershipLimits::default()
+            };
+            let discovery = FileDiscovery::new(&dir, FILE_RESCAN_INTERVAL).with_limits(limits);
             files = Some(discovery.clone());
             Arc::new(discovery)
         }
@@ -89,6 +94,7 @@ pub(crate) async fn forward(
 #[derive(Debug, Default)]
 struct SkipCounts {
     seen: std::collections::BTreeMap<&'static str, u64>,
+    reads: u64,
 }
 
 impl SkipCounts {
@@ -99,6 +105,11 @@ impl SkipCounts {
         stats: ProjectionStats,
     ) {
         let file_skips = files.map(FileDiscovery::skips).unwrap_or_default();
+        let reads = files.map_or(0, FileDiscovery::reads);
+        if reads > self.reads {
+            metrics.discovery_card_reads.inc_by(reads - self.reads);
+            self.reads = reads;
+        }
         let card_skips = [
             ("malformed_card", stats.malformed_cards),
             ("invalid_endpoint", stats.invalid_endpoints),

@@ -323,3 +323,34 @@ pub(crate) async fn publish_until_resident(
         }
     }
 }
+
+/// This process's resident set, in bytes (`VmRSS`). The relay under test runs in-process
+/// (nextest gives each test its own process), so this is what the relay holds.
+pub(crate) fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/self/status");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|value| value.parse().ok())
+        .expect("VmRSS in kB");
+    kib * 1024
+}
+
+/// This process's user plus system CPU time so far (`/proc/self/stat`, USER_HZ = 100).
+pub(crate) fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Mebibytes, for reports.
+pub(crate) fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
