@@ -239,6 +239,18 @@ fn subscribe_pool_checks_the_expected_producer() {
     );
 }
 
+#[test]
+fn a_request_never_shows_its_token_in_debug_output() {
+    let request = StreamRequest {
+        subscriber_id: "router-a".into(),
+        rpc: StreamRpc::RelayInfo,
+        auth_token: Some("s3cr3t-token".into()),
+    };
+    let printed = format!("{request:?} {request:#?}");
+    assert!(!printed.contains("s3cr3t"), "{printed}");
+    assert!(printed.contains("router-a") && printed.contains("<redacted>"));
+}
+
 fn frame_with(kind_code: u16, minor: u16, body: &[u8]) -> BytesMut {
     let mut buf = BytesMut::new();
     buf.put_slice(b"KVRW");

@@ -726,7 +726,7 @@ async fn subscription_frames(
                     ErrorReason::InvalidPublication => ResubscribeReason::Validation,
                     _ => ResubscribeReason::Disconnected,
                 };
-                warn!(dc = %dc, pool = key.as_u64(), reason = %err.effective_reason(), message = %err.message, "relay ended pool stream");
+                warn!(dc = %dc, pool = key.as_u64(), reason = %err.effective_reason(), message = ?err.message, "relay ended pool stream");
                 return Some(reason);
             }
             Ok(Ok(Some(_other))) => return Some(ResubscribeReason::Validation),

@@ -10,7 +10,8 @@ use crate::frame::MessageKind;
 use crate::limits::{MAX_AUTH_TOKEN_LEN, MAX_SUBSCRIBER_ID_LEN};
 
 /// What a client asks a relay for. Every stream opens with a complete state, then changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// `Debug` shows whether a token is present, never the token.
+#[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct StreamRequest {
     /// A diagnostic label: non-empty, at most 128 UTF-8 bytes, no control characters.
     pub subscriber_id: String,
@@ -18,6 +19,19 @@ pub struct StreamRequest {
     pub rpc: StreamRpc,
     /// A bearer token, when the relay requires one (at most 4096 bytes).
     pub auth_token: Option<String>,
+}
+
+impl std::fmt::Debug for StreamRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamRequest")
+            .field("subscriber_id", &self.subscriber_id)
+            .field("rpc", &self.rpc)
+            .field(
+                "auth_token",
+                &self.auth_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 /// The stream a request opens.

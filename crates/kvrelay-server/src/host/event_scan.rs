@@ -75,7 +75,8 @@ impl EventScan {
             };
             let current: BTreeSet<(PathBuf, String)> = scan.rejected.into_iter().collect();
             for (path, error) in current.difference(&warned) {
-                warn!(path = %path.display(), %error, "ignoring event advert record");
+                // `?` escapes control characters a file name or record may carry.
+                warn!(path = ?path, error = ?error, "ignoring event advert record");
             }
             warned = current;
             let joined = event_advert::join(&scan.sources, &scan.channels);
