@@ -16,7 +16,6 @@
 )]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use kvrelay_ckf::{EventPayload, RouterEvent, StoredBlock, StoredBlocks};
@@ -26,29 +25,14 @@ use kvrelay_consumer::{
 };
 use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 
+mod support;
+
+use support::example_config;
+
 /// Bound on every wait of these tests.
 const DEADLINE: Duration = Duration::from_secs(30);
 /// Pools of the example deployment.
 const EXAMPLE_POOLS: usize = 4;
-
-/// The example deployment of this repository, replayed once as fast as possible, with
-/// the WAN and admin listeners on free loopback ports.
-fn example_config() -> RelayConfig {
-    let cards = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/deployment/cards");
-    let mut config = RelayConfig {
-        dc_id: "dc-test".to_owned(),
-        ..RelayConfig::default()
-    };
-    config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.discovery.dir = Some(cards);
-    config.workload = Some(kvrelay_server::WorkloadConfig {
-        trace: None,
-        speed: 0.0,
-        loops: 1,
-    });
-    config
-}
 
 /// A consumer of the relay at `addr` that reconnects quickly.
 fn start_consumer(addr: SocketAddr) -> Consumer {
@@ -220,7 +204,7 @@ fn score_trace(consumer: &Consumer, catalog: &CatalogUpdate, n: usize) -> (usize
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_replicas_converge_on_a_real_relay() {
-    let (relay, catalog) = start_relay(example_config()).await;
+    let (relay, catalog) = start_relay(example_config("dc-test")).await;
     let addr = relay.wan_addr();
     let consumer = start_consumer(addr);
     // Subscribed while the workload runs, so deltas follow the snapshot.
@@ -242,7 +226,7 @@ async fn consumer_replicas_converge_on_a_real_relay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_restart_is_seen_as_a_new_incarnation_and_replicas_converge_again() {
-    let config = example_config();
+    let config = example_config("dc-test");
     let (first, before) = start_relay(config.clone()).await;
     let addr = first.wan_addr();
     let consumer = start_consumer(addr);
@@ -317,7 +301,7 @@ async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("empty.jsonl");
     std::fs::write(&trace, "").unwrap();
-    let mut config = example_config();
+    let mut config = example_config("dc-test");
     config.workload = Some(kvrelay_server::WorkloadConfig {
         trace: Some(trace),
         speed: 0.0,
@@ -499,7 +483,7 @@ async fn a_connection_cut_mid_snapshot_never_installs_and_the_replica_recovers()
     // The smallest example pool has 16384 buckets: a dense snapshot of 128 KiB in one
     // chunk, so a cut after 32 KiB always falls inside the first snapshot frame.
     const CUT_AFTER: usize = 32 * 1024;
-    let (relay, catalog) = start_relay(example_config()).await;
+    let (relay, catalog) = start_relay(example_config("dc-test")).await;
     assert!(
         catalog
             .pools
@@ -624,7 +608,7 @@ async fn store_rounds(relay: &Relay, rounds: u64, salt: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_outage_every_pool_resumes_without_a_snapshot() {
-    let (relay, catalog) = start_relay(example_config()).await;
+    let (relay, catalog) = start_relay(example_config("dc-test")).await;
     tokio::time::timeout(DEADLINE, relay.workload_finished())
         .await
         .expect("the workload finishes");

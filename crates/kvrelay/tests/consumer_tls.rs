@@ -12,16 +12,16 @@
 )]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use kvrelay_consumer::{
     BackoffConfig, BearerToken, Consumer, ConsumerConfig, ConsumerMetrics, RelayTls, ReplicaStatus,
     ScoreRequest,
 };
-use kvrelay_server::{AuthConfig, Relay, RelayConfig, TlsConfig};
+use kvrelay_server::{AuthConfig, Relay, TlsConfig};
 use rcgen::ExtendedKeyUsagePurpose;
-use support::{Authority, Material, material};
+use support::{Authority, Material, example_config, material};
 
 mod support;
 
@@ -45,19 +45,7 @@ async fn secured_relay(material: &Material, mutual: bool) -> Relay {
 
 /// The example deployment with the token and `tls` (none: plaintext) on its WAN listener.
 async fn start_relay(tls: Option<TlsConfig>) -> Relay {
-    let cards = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/deployment/cards");
-    let mut config = RelayConfig {
-        dc_id: "dc-tls".to_owned(),
-        ..RelayConfig::default()
-    };
-    config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.discovery.dir = Some(cards);
-    config.workload = Some(kvrelay_server::WorkloadConfig {
-        trace: None,
-        speed: 0.0,
-        loops: 1,
-    });
+    let mut config = example_config("dc-tls");
     config.wan.tls = tls;
     config.wan.auth = Some(AuthConfig {
         token: Some(TOKEN.to_owned()),

@@ -15,12 +15,11 @@
 )]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
-use kvrelay_server::{AuthConfig, Relay, RelayConfig, TlsConfig, WORKLOAD_TOKEN_SEED};
+use kvrelay_server::{AuthConfig, Relay, TlsConfig, WORKLOAD_TOKEN_SEED};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -28,24 +27,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const DEADLINE: Duration = Duration::from_secs(30);
 /// Pools of the example deployment.
 const EXAMPLE_POOLS: usize = 4;
-
-/// The example deployment, replayed once as fast as possible, on free loopback ports.
-fn example_config() -> RelayConfig {
-    let cards = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/deployment/cards");
-    let mut config = RelayConfig {
-        dc_id: "dc-test".to_owned(),
-        ..RelayConfig::default()
-    };
-    config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.discovery.dir = Some(cards);
-    config.workload = Some(kvrelay_server::WorkloadConfig {
-        trace: None,
-        speed: 0.0,
-        loops: 1,
-    });
-    config
-}
 
 /// One HTTP/1.1 exchange (`Connection: close`); returns the status and the JSON body
 /// (a JSON string when the body is not JSON).
@@ -132,7 +113,7 @@ const TOKEN: &str = "router-test-token";
 /// The example deployment with TLS (client certificates required when `mutual`) and the
 /// bearer token on its WAN listener.
 async fn secured_relay(material: &support::Material, mutual: bool) -> Relay {
-    let mut config = example_config();
+    let mut config = support::example_config("dc-test");
     config.wan.tls = Some(TlsConfig {
         cert: material.server_cert.clone(),
         key: material.server_key.clone(),
@@ -193,7 +174,9 @@ fn request_json(request: &ScoreRequest) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_answers_what_the_consumer_scores_and_tells_readiness() {
-    let relay = Relay::start(example_config()).await.unwrap();
+    let relay = Relay::start(support::example_config("dc-test"))
+        .await
+        .unwrap();
     tokio::time::timeout(DEADLINE, relay.wait_for_pools(EXAMPLE_POOLS))
         .await
         .expect("every example pool is published");
@@ -392,7 +375,7 @@ async fn a_router_with_a_client_certificate_reaches_a_mutual_tls_relay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_converges_after_a_relay_restart_and_a_router_restart() {
-    let config = example_config();
+    let config = support::example_config("dc-test");
     let first = Relay::start(config.clone()).await.unwrap();
     let addr = first.wan_addr();
     let router = start_router(addr).await;
