@@ -12,14 +12,14 @@
     reason = "tests fail by panicking"
 )]
 
+mod support;
+
 use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use support::RelayProcess;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 
 /// Bound of every wait.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -34,71 +34,6 @@ const EXHAUSTED_FOR: Duration = Duration::from_secs(3);
 /// each successful accept) allows a few dozen; a loop retrying without backoff makes
 /// thousands.
 const MAX_FAILED_ACCEPTS: u64 = 300;
-
-struct RelayProcess {
-    child: Child,
-    wan: SocketAddr,
-    admin: SocketAddr,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
-async fn start_relay_with_nofile(nofile: u32) -> RelayProcess {
-    let cards = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/deployment/cards"
-    );
-    let mut child = Command::new("prlimit")
-        .arg(format!("--nofile={nofile}:{nofile}"))
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_kvrelay"))
-        .args(["relay", "--dc-id", "dc-fd", "--cards", cards])
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .args(["--log", "info"])
-        .env_remove("KVRELAY_CONFIG")
-        .env_remove("KVRELAY_TOKEN")
-        .env_remove("KVRELAY_TOKEN_FILE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("prlimit (util-linux) runs the relay");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let addresses = tokio::time::timeout(DEADLINE, async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            stderr.lock().unwrap().push_str(&line);
-            stderr.lock().unwrap().push('\n');
-            if let Some(rest) = line.strip_prefix("kvrelay relay: WAN ") {
-                let (wan, admin) = rest.split_once(" admin ").unwrap();
-                return (wan.parse().unwrap(), admin.parse().unwrap());
-            }
-        }
-        panic!("relay exited: {}", stderr.lock().unwrap());
-    })
-    .await
-    .expect("relay prints its addresses");
-    let collected = stderr.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut text = collected.lock().unwrap();
-            text.push_str(&line);
-            text.push('\n');
-        }
-    });
-    RelayProcess {
-        child,
-        wan: addresses.0,
-        admin: addresses.1,
-        stderr,
-    }
-}
 
 /// One admin GET, or `None` if the relay does not answer within a second.
 async fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
@@ -136,7 +71,8 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[tokio::test]
 async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
-    let mut relay = start_relay_with_nofile(NOFILE).await;
+    let nofile = format!("--nofile={NOFILE}:{NOFILE}");
+    let mut relay = RelayProcess::start(&["prlimit", &nofile, "--"], &[], &[]).await;
     let pid = relay.child.id().unwrap();
     let deadline = Instant::now() + DEADLINE;
     while admin_get(relay.admin, "/healthz").await.is_none() {
@@ -194,7 +130,7 @@ async fn out_of_descriptors_the_accept_loop_backs_off_and_recovers() {
         failed <= MAX_FAILED_ACCEPTS,
         "{failed} failed accepts in {EXHAUSTED_FOR:?}: the loop is not backing off"
     );
-    let log = relay.stderr.lock().unwrap().clone();
+    let log = relay.log();
     assert!(
         log.contains("out of file descriptors or memory; backing off"),
         "no warn line: {log}"
