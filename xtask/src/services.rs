@@ -1,11 +1,14 @@
-//! `cargo xtask services`: reports which external servers the integration tests need.
+//! `cargo xtask services`: reports which external servers and tools the integration tests
+//! need.
 
 use anyhow::{Result, bail};
 
-/// The servers integration tests start on loopback, with the Debian package providing each.
+/// The servers integration tests start on loopback, and the tools they run, with the
+/// Debian package providing each (`prlimit` starts the relay under a descriptor limit).
 const SERVICES: &[(&str, &str, &str)] = &[
     ("etcd", "--version", "etcd-server"),
     ("nats-server", "--version", "nats-server"),
+    ("prlimit", "--version", "util-linux"),
 ];
 
 /// Prints a table of required servers and fails if any is missing.
