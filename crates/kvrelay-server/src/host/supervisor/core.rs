@@ -200,6 +200,11 @@ enum Slot {
         membership: EndpointMembership,
     },
     Retiring,
+    /// The attach failed (e.g. `max_pools` reached). Not tried again until something that
+    /// could change the answer happens: a membership or source change, or a retirement
+    /// (which frees a pool). Without this every reconcile, including the one after each
+    /// other endpoint's attach, retried, logged and counted every refused endpoint.
+    Refused,
 }
 
 /// The supervisor's state and decisions.
@@ -253,6 +258,7 @@ impl SupervisionCore {
     /// A new membership view (discovery listed or changed).
     pub(crate) fn handle_membership(&mut self, view: MembershipView) {
         self.view = Some(view);
+        self.clear_refused();
         self.reconcile();
     }
 
@@ -273,6 +279,7 @@ impl SupervisionCore {
         for endpoint in &touched {
             self.stop_sources(endpoint);
         }
+        self.clear_refused();
         self.reconcile();
     }
 
@@ -317,13 +324,19 @@ impl SupervisionCore {
         self.reconcile();
     }
 
-    /// The attach of `endpoint` failed; the next reconcile (membership or source change)
-    /// tries again.
+    /// The attach of `endpoint` failed; it is tried again after the next membership or
+    /// source change or retirement, not on every reconcile.
     pub(crate) fn handle_attach_failed(&mut self, endpoint: &EndpointId) {
         if matches!(self.slots.get(endpoint), Some(Slot::Attaching { .. })) {
-            self.slots.remove(endpoint);
+            self.slots.insert(endpoint.clone(), Slot::Refused);
         }
         self.publish_routes();
+    }
+
+    /// Refused endpoints become candidates again (something that could change the answer
+    /// happened).
+    fn clear_refused(&mut self) {
+        self.slots.retain(|_, slot| !matches!(slot, Slot::Refused));
     }
 
     /// The retirement of `endpoint`'s generation finished.
@@ -331,6 +344,8 @@ impl SupervisionCore {
         if matches!(self.slots.get(endpoint), Some(Slot::Retiring)) {
             self.slots.remove(endpoint);
         }
+        // A pool was freed: a refused attach may fit now.
+        self.clear_refused();
         self.reconcile();
     }
 
@@ -425,7 +440,7 @@ impl SupervisionCore {
             .iter()
             .filter_map(|(endpoint, slot)| match slot {
                 Slot::Attached { generation, .. } => Some((endpoint.clone(), *generation)),
-                Slot::Attaching { .. } | Slot::Retiring => None,
+                Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
             })
             .collect();
         for (endpoint, generation) in attached {
@@ -552,6 +567,12 @@ impl SupervisionCore {
         let endpoints: Vec<EndpointId> = self.slots.keys().cloned().collect();
         for endpoint in endpoints {
             let wanted = desired.get(&endpoint);
+            if matches!(self.slots.get(&endpoint), Some(Slot::Refused)) {
+                if wanted.is_none() {
+                    self.slots.remove(&endpoint);
+                }
+                continue;
+            }
             let Some(Slot::Attached {
                 binding,
                 generation,
@@ -658,7 +679,7 @@ impl SupervisionCore {
     fn attached_pools(&self) -> impl Iterator<Item = PoolId> + '_ {
         self.slots.values().filter_map(|slot| match slot {
             Slot::Attached { binding, .. } => Some(binding.pool),
-            Slot::Attaching { .. } | Slot::Retiring => None,
+            Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
         })
     }
 
@@ -705,7 +726,7 @@ impl SupervisionCore {
                     block_size: binding.query_semantics.kv_block_size(),
                     sources: sources_of(membership, self.configured.get(endpoint)),
                 }),
-                Slot::Attaching { .. } | Slot::Retiring => None,
+                Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
             })
             .collect();
         self.commands.push_back(Command::PublishRoutes(plans));

@@ -239,9 +239,35 @@ fn endpoints_attach_concurrently_and_independently() {
 
     core.handle_attach_failed(&endpoint(A));
     drain(&mut core);
-    // The next reconcile tries A again.
+    // The next membership change tries A again.
     core.handle_membership(two_endpoints());
     assert_eq!(attaches(&drain(&mut core)), vec![endpoint(A)]);
+}
+
+#[test]
+fn a_refused_attach_waits_for_a_change_that_could_admit_it() {
+    let mut core = core_with_engines(&[A, B]);
+    core.handle_membership(two_endpoints());
+    drain(&mut core);
+    // A is refused (say max_pools); B's attach finishing must not retry A: with many
+    // refused endpoints that retried, logged and counted every one after every attach.
+    core.handle_attach_failed(&endpoint(A));
+    drain(&mut core);
+    core.handle_attached(&endpoint(B), 2);
+    assert!(
+        attaches(&drain(&mut core)).is_empty(),
+        "A retried on B's attach"
+    );
+    assert!(!core.is_settling(), "a refused endpoint is not in flight");
+    // B's generation is fenced: A still waits while B retires...
+    core.handle_fenced(&endpoint(B), 2);
+    assert!(
+        attaches(&drain(&mut core)).is_empty(),
+        "A retried before a pool was freed"
+    );
+    // ...and once B's retirement frees a pool, A is tried again (with B's rebuild).
+    core.handle_retired(&endpoint(B));
+    assert_eq!(attaches(&drain(&mut core)), vec![endpoint(A), endpoint(B)]);
 }
 
 #[test]
