@@ -344,8 +344,7 @@ impl WatchTask {
 
     fn publish(&mut self) {
         let changed = self.projection.project();
-        log_diagnostics(&mut self.projection);
-        self.stats_sender.send_replace(self.projection.stats());
+        self.publish_stats();
         if changed {
             tracing::debug!(
                 n_endpoints = self.projection.view().len(),
