@@ -103,6 +103,11 @@ impl WorkerCache {
         self.blocks.len()
     }
 
+    /// The keys cached now, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.blocks.keys().copied()
+    }
+
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
@@ -186,6 +191,34 @@ impl WorkerCache {
         self.by_tick.remove(&oldest);
         self.blocks.remove(&key).map(|(engine_hash, _)| engine_hash)
     }
+}
+
+/// The cache of engine `index` of `workers` (requests dealt round robin, as
+/// `stream-engine` does) once it has published `batches` batches: a full hit publishes
+/// nothing, so it is served but not counted. This is the ground truth a relay should hold
+/// for that engine after those batches.
+pub fn cache_after_batches(
+    requests: &[RequestRecord],
+    workers: usize,
+    index: usize,
+    worker_id: u64,
+    capacity: usize,
+    batches: u64,
+) -> WorkerCache {
+    let mut cache = WorkerCache::new(worker_id, capacity);
+    let mut published = 0u64;
+    for (at, request) in requests.iter().enumerate() {
+        if published >= batches {
+            break;
+        }
+        if at % workers.max(1) != index {
+            continue;
+        }
+        if !cache.serve(&request_keys(request)).events.is_empty() {
+            published += 1;
+        }
+    }
+    cache
 }
 
 /// A worker's engine block hash for `key` (vLLM's hashes differ per worker: random seed).
@@ -279,6 +312,33 @@ mod tests {
         let long = cache.serve(&[20, 21, 22, 23, 24, 25]);
         assert_eq!(long.resident_blocks, 4);
         assert_eq!(long.stored_blocks, 4);
+    }
+
+    #[test]
+    fn the_cache_after_n_batches_counts_only_published_batches_of_its_own_share() {
+        // Engine 1 of 2 takes requests 1, 3 and 5; request 3 repeats request 1 (a full hit,
+        // nothing published), so its second batch is request 5's.
+        let requests = vec![
+            request(512, vec![1]),
+            request(512, vec![2]),
+            request(512, vec![3]),
+            request(512, vec![2]),
+            request(512, vec![4]),
+            request(512, vec![5]),
+        ];
+        let keys = |cache: &WorkerCache| {
+            let mut keys: Vec<u64> = cache.keys().map(|key| key / SUB_BLOCKS).collect();
+            keys.dedup();
+            keys
+        };
+        let one = cache_after_batches(&requests, 2, 1, 9, 1_000, 1);
+        assert_eq!(keys(&one), vec![2]);
+        let two = cache_after_batches(&requests, 2, 1, 9, 1_000, 2);
+        let mut two_keys = keys(&two);
+        two_keys.sort_unstable();
+        two_keys.dedup();
+        assert_eq!(two_keys, vec![2, 5]);
+        assert_eq!(two.len(), 2 * SUB_BLOCKS as usize);
     }
 
     #[test]

@@ -40,6 +40,24 @@ struct RunSpec {
     max_seconds: f64,
 }
 
+/// A join run: the engines publish first and the relay starts `join_after_s` later.
+#[derive(Debug, Clone)]
+struct JoinSpec {
+    name: String,
+    /// Target events/s over all engines.
+    rate: f64,
+    /// How long the engines publish (from `go`).
+    publish_s: f64,
+    /// When the relay starts (from `go`): before `publish_s` it joins running engines,
+    /// after it joins idle ones.
+    join_after_s: f64,
+    /// Whether the relay's `[[sources]]` name the engines' replay sockets.
+    replay: bool,
+}
+
+/// How long after starting a joining relay its pool is compared with the ground truth.
+const JOIN_MEASURE_AFTER: Duration = Duration::from_secs(10);
+
 /// Everything shared by the runs.
 #[derive(Debug, Clone)]
 struct Setup {
@@ -201,6 +219,43 @@ async fn main() -> Result<()> {
         .split(',')
         .map(str::to_owned)
         .collect();
+    // Join runs (opt-in: `--runs join-live,join-live-noreplay,join-idle,join-idle-noreplay`):
+    // the engines publish at the paced rate; the relay joins at 12 s, while they run (they
+    // stop at 18 s), or at 20 s, after they stopped; its pool is measured 10 s after it
+    // started.
+    let join_runs = [
+        ("join-live", 18.0, 12.0, true),
+        ("join-live-noreplay", 18.0, 12.0, false),
+        ("join-idle", 18.0, 20.0, true),
+        ("join-idle-noreplay", 18.0, 20.0, false),
+    ]
+    .map(|(name, publish_s, join_after_s, replay)| JoinSpec {
+        name: name.to_owned(),
+        rate: paced,
+        publish_s,
+        join_after_s,
+        replay,
+    });
+    let mut join_results = Vec::new();
+    if join_runs.iter().any(|spec| wanted.contains(&spec.name)) {
+        let text = std::fs::read_to_string(&setup.trace)
+            .with_context(|| format!("reading {}", setup.trace.display()))?;
+        let requests = kvrelay_ingest::parse_request_trace(&text)?;
+        for spec in join_runs.iter().filter(|spec| wanted.contains(&spec.name)) {
+            eprintln!(
+                "==> join run `{}`: engines publish {:.0} s at {:.0} events/s, relay joins at {:.0} s {} replay",
+                spec.name,
+                spec.publish_s,
+                spec.rate,
+                spec.join_after_s,
+                if spec.replay { "with" } else { "without" }
+            );
+            let result = run_join(&setup, spec, &requests)
+                .await
+                .with_context(|| format!("join run {}", spec.name))?;
+            join_results.push(result);
+        }
+    }
     let mut results = Vec::new();
     for spec in all_runs.iter().filter(|spec| wanted.contains(&spec.name)) {
         eprintln!(
@@ -218,7 +273,10 @@ async fn main() -> Result<()> {
             .with_context(|| format!("stream run {}", spec.name))?;
         results.push(result);
     }
-    let table = render(&results);
+    let mut table = render(&results);
+    if !join_results.is_empty() {
+        table.push_str(&render_join(&join_results));
+    }
     print!("{table}");
     std::fs::create_dir_all(&setup.out_dir)?;
     let json_path = setup.out_dir.join("stream-bench.json");
@@ -230,6 +288,7 @@ async fn main() -> Result<()> {
         "relay_limits": setup.relay_limits,
         "quick": quick,
         "runs": results,
+        "join_runs": join_results,
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&document)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
@@ -350,19 +409,23 @@ fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeM
         .collect()
 }
 
-async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
-    let dir = setup.out_dir.join("stream-bench").join(&spec.name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
-    std::fs::create_dir_all(&dir)?;
-    let dir = dir.canonicalize()?;
-    let cards = dir.join("cards");
-    write_cards(&cards, setup)?;
+/// One engine's sockets.
+struct EngineAddr {
+    worker_id: u64,
+    publish: u16,
+    replay: u16,
+}
 
-    // Engines first: their sockets are bound before the relay dials them.
+/// Starts `setup.workers` engines publishing at `rate` for at most `max_seconds` once told
+/// `go`, and waits until each has bound its sockets.
+async fn spawn_engines(
+    setup: &Setup,
+    dir: &Path,
+    rate: f64,
+    max_seconds: f64,
+) -> Result<(Vec<Proc>, Vec<EngineAddr>, Vec<String>)> {
     let mut engines = Vec::new();
-    let mut sources = String::new();
+    let mut addrs = Vec::new();
     let mut stamp_paths = Vec::new();
     for index in 0..setup.workers {
         let (publish, replay) = (free_port()?, free_port()?);
@@ -383,9 +446,9 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
             .arg("--capacity")
             .arg(setup.capacity.to_string())
             .arg("--rate")
-            .arg(spec.rate.to_string())
+            .arg(rate.to_string())
             .arg("--max-seconds")
-            .arg(spec.max_seconds.to_string())
+            .arg(max_seconds.to_string())
             .arg("--publish")
             .arg(format!("tcp://127.0.0.1:{publish}"))
             .arg("--replay")
@@ -397,16 +460,37 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
             &mut command,
             Stdio::from(log),
         )?);
-        sources.push_str(&format!(
-            "\n[[sources]]\nendpoint = \"{NAMESPACE}.{COMPONENT}.{ENDPOINT}\"\nworker_id = {worker_id}\n\
-             dp_rank = 0\nengine = \"vllm\"\nzmq = \"tcp://127.0.0.1:{publish}\"\n\
-             replay = \"tcp://127.0.0.1:{replay}\"\n"
-        ));
+        addrs.push(EngineAddr {
+            worker_id,
+            publish,
+            replay,
+        });
     }
     for engine in &mut engines {
         engine.expect("ready", Duration::from_secs(60)).await?;
     }
+    Ok((engines, addrs, stamp_paths))
+}
 
+/// The relay's `[[sources]]` entries for `addrs`, with or without their replay sockets.
+fn sources_toml(addrs: &[EngineAddr], with_replay: bool) -> String {
+    let mut sources = String::new();
+    for addr in addrs {
+        sources.push_str(&format!(
+            "\n[[sources]]\nendpoint = \"{NAMESPACE}.{COMPONENT}.{ENDPOINT}\"\nworker_id = {}\n\
+             dp_rank = 0\nengine = \"vllm\"\nzmq = \"tcp://127.0.0.1:{}\"\n",
+            addr.worker_id, addr.publish
+        ));
+        if with_replay {
+            sources.push_str(&format!("replay = \"tcp://127.0.0.1:{}\"\n", addr.replay));
+        }
+    }
+    sources
+}
+
+/// Starts `kvrelay relay` on free ports with file discovery of `cards` and `sources`;
+/// returns the process, its admin address and its WAN port.
+fn start_relay(setup: &Setup, dir: &Path, cards: &Path, sources: &str) -> Result<(Proc, String, u16)> {
     let (wan, admin_port) = (free_port()?, free_port()?);
     let admin = format!("127.0.0.1:{admin_port}");
     let mut limits = String::new();
@@ -425,7 +509,7 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
     let config_path = dir.join("relay.toml");
     std::fs::write(&config_path, config)?;
     let relay_log = std::fs::File::create(dir.join("relay.log"))?;
-    let mut relay = Proc::spawn(
+    let relay = Proc::spawn(
         "kvrelay relay",
         Command::new(&setup.kvrelay)
             .arg("relay")
@@ -433,10 +517,15 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
             .arg(&config_path),
         Stdio::from(relay_log),
     )?;
+    Ok((relay, admin, wan))
+}
+
+/// Waits until the relay answers `/readyz` 200 (30 s at most).
+async fn wait_ready(relay: &mut Proc, admin: &str, dir: &Path) -> Result<()> {
     let ready_deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok((200, _)) = http_get(&admin, "/readyz", HTTP_TIMEOUT) {
-            break;
+        if let Ok((200, _)) = http_get(admin, "/readyz", HTTP_TIMEOUT) {
+            return Ok(());
         }
         if let Ok(Some(status)) = relay.child.try_wait() {
             bail!(
@@ -452,6 +541,23 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
+    let dir = setup.out_dir.join("stream-bench").join(&spec.name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let dir = dir.canonicalize()?;
+    let cards = dir.join("cards");
+    write_cards(&cards, setup)?;
+
+    // Engines first: their sockets are bound before the relay dials them.
+    let (mut engines, addrs, stamp_paths) =
+        spawn_engines(setup, &dir, spec.rate, spec.max_seconds).await?;
+    let (mut relay, admin, wan) = start_relay(setup, &dir, &cards, &sources_toml(&addrs, true))?;
+    wait_ready(&mut relay, &admin, &dir).await?;
 
     let mut follower = Proc::spawn(
         "stream-follower",
@@ -683,6 +789,143 @@ fn render(results: &[Value]) -> String {
                 .map_or_else(|| "never".to_owned(), |s| format!("{s:.2}")),
             number(&run["relay_rss_peak_mb"], 0),
             number(&run["follower_rss_peak_mb"], 0),
+        ));
+    }
+    out
+}
+
+/// One join run: engines first, the relay `join_after_s` later; 10 s after the relay
+/// started, its pool's resident blocks against the union of what the engines hold.
+async fn run_join(
+    setup: &Setup,
+    spec: &JoinSpec,
+    requests: &[kvrelay_ingest::RequestRecord],
+) -> Result<Value> {
+    let dir = setup.out_dir.join("stream-bench").join(&spec.name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let dir = dir.canonicalize()?;
+    let cards = dir.join("cards");
+    write_cards(&cards, setup)?;
+    let (mut engines, addrs, _) = spawn_engines(setup, &dir, spec.rate, spec.publish_s).await?;
+    for engine in &mut engines {
+        engine.send("go")?;
+    }
+    let go = Instant::now();
+    // Published batches per engine, from its `done` line.
+    let mut batches: Vec<Option<u64>> = vec![None; engines.len()];
+    let join_at = go + Duration::from_secs_f64(spec.join_after_s);
+    while Instant::now() < join_at {
+        poll_done(&mut engines, &mut batches)?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut relay, admin, _) =
+        start_relay(setup, &dir, &cards, &sources_toml(&addrs, spec.replay))?;
+    let joined = Instant::now();
+    wait_ready(&mut relay, &admin, &dir).await?;
+    let ready_s = joined.elapsed().as_secs_f64();
+    let measure_at = joined + JOIN_MEASURE_AFTER;
+    while Instant::now() < measure_at {
+        poll_done(&mut engines, &mut batches)?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    poll_done(&mut engines, &mut batches)?;
+    let stats_path = pool_stats_path(&admin)?;
+    let (status, body) = http_get(&admin, &stats_path, HTTP_TIMEOUT)?;
+    if status != 200 {
+        bail!("{stats_path} answered {status}");
+    }
+    let stats: Value = serde_json::from_str(&body).context("parsing the pool stats")?;
+    let sample = relay_sample(&admin, &stats_path)?;
+    for engine in &mut engines {
+        let _ = engine.send("quit");
+    }
+    relay.stop();
+    drop(engines);
+    let Some(batches) = batches.into_iter().collect::<Option<Vec<u64>>>() else {
+        bail!("an engine was still publishing 10 s after the relay joined: no exact truth");
+    };
+    let mut truth = std::collections::HashSet::new();
+    for (index, n_batches) in batches.iter().enumerate() {
+        let cache = kvrelay_benches::sim::cache_after_batches(
+            requests,
+            setup.workers,
+            index,
+            FIRST_WORKER_ID + index as u64,
+            setup.capacity,
+            *n_batches,
+        );
+        truth.extend(cache.keys());
+    }
+    let stat = |name: &str| stats["stats"][name].as_f64().unwrap_or(0.0);
+    let resident = stat("resident_blocks");
+    let truth_blocks = truth.len() as f64;
+    Ok(json!({
+        "run": spec.name,
+        "rate": spec.rate,
+        "publish_s": spec.publish_s,
+        "join_after_s": spec.join_after_s,
+        "replay": spec.replay,
+        "engine_batches": batches,
+        "relay_ready_after_s": ready_s,
+        "measured_after_s": JOIN_MEASURE_AFTER.as_secs_f64(),
+        "truth_blocks": truth_blocks,
+        "resident_blocks": resident,
+        "owned_blocks": stat("owned_blocks"),
+        "routable_fraction": if truth_blocks > 0.0 { resident / truth_blocks } else { 0.0 },
+        "events_applied": stat("events_applied"),
+        "unroutable_events": stat("unroutable_events"),
+        "unroutable_blocks": stat("unroutable_blocks"),
+        "unknown_removals": stats["stats"]["unknown_removals"].as_f64().unwrap_or(0.0),
+        "ingest_replays": sample.ingest_replays,
+        "ingest_resets": sample.ingest_resets,
+    }))
+}
+
+/// Reads the engines' pending lines, noting each one's published batch count once it is
+/// `done`; fails if an engine exited.
+fn poll_done(engines: &mut [Proc], batches: &mut [Option<u64>]) -> Result<()> {
+    for (at, engine) in engines.iter_mut().enumerate() {
+        while let Ok(line) = engine.lines.try_recv() {
+            if let ["done", _, n_batches, _] = line.split_whitespace().collect::<Vec<_>>()[..] {
+                batches[at] = n_batches.parse().ok();
+            }
+        }
+        if batches[at].is_none()
+            && let Ok(Some(status)) = engine.child.try_wait()
+        {
+            bail!("{} exited with {status}", engine.name);
+        }
+    }
+    Ok(())
+}
+
+/// The join runs as a Markdown table.
+fn render_join(results: &[Value]) -> String {
+    let mut out = String::from(
+        "\n| join run | relay joins | replay | truth blocks | resident 10 s later | routable | unroutable blocks | replays | resets |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for result in results {
+        let joins = if result["join_after_s"].as_f64() < result["publish_s"].as_f64() {
+            "while publishing"
+        } else {
+            "after they stopped"
+        };
+        out.push_str(&format!(
+            "| {} | {} at {} s | {} | {} | {} | {:.1} % | {} | {} | {} |\n",
+            result["run"].as_str().unwrap_or("?"),
+            joins,
+            number(&result["join_after_s"], 0),
+            if result["replay"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+            number(&result["truth_blocks"], 0),
+            number(&result["resident_blocks"], 0),
+            result["routable_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+            number(&result["unroutable_blocks"], 0),
+            reasons(&result["ingest_replays"]),
+            reasons(&result["ingest_resets"]),
         ));
     }
     out

@@ -60,9 +60,11 @@ pub struct TimedEvent {
 /// One request of a request trace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestRecord {
-    /// Arrival, ms from the start.
+    /// Arrival, ms from the start (0 when absent).
+    #[serde(default)]
     pub timestamp: u64,
-    /// Prompt length in tokens.
+    /// Prompt length in tokens (0 when absent; the workload uses `hash_ids` only).
+    #[serde(default)]
     pub input_length: u64,
     /// Output length in tokens.
     #[serde(default)]

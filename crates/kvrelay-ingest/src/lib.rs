@@ -52,15 +52,15 @@ pub use event_trace::{
     TimedEvent, TraceError, format_event, format_event_trace, format_header, parse_event,
     parse_event_trace, parse_header, parse_request_trace,
 };
-pub use limits::Limits;
+pub use limits::{LimitError, Limits};
 pub use nats_source::{NatsAuth, NatsSourceConfig, NatsTls, spawn_nats_source};
 pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
 pub use source::{SourceHandle, SourceOutput, SourceProbe, SourceSignal, SourceState, Transport};
 pub use stats::{ReplayOutcome, SourceStats};
 pub use trace_replay::{TraceReplayConfig, spawn_trace_replay};
 pub use workload::{
-    BUILTIN_REQUEST_TRACE, Routing, TraceWorkload, WorkloadConfig, block_token_hash, block_tokens,
-    request_tokens,
+    BUILTIN_REQUEST_TRACE, DEFAULT_WORKLOAD_SEED, Routing, TraceWorkload, WorkerCache,
+    WorkloadConfig, block_token_hash, block_tokens, request_tokens, route_by_first_block,
 };
 pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
 pub use zmq_source::{FaultInjection, ZmqSourceConfig, spawn_zmq_source};

@@ -1,4 +1,10 @@
 //! Every bound of the ingest crate, with its documented default.
+//!
+//! `Limits` is plain data; the relay reads it from its `[ingest]` TOML table (every key
+//! optional, falling back to the const beside it) and checks it with [`Limits::validate`]
+//! before any source starts.
+
+use serde::{Deserialize, Serialize};
 
 /// Default [`Limits::max_events_per_batch`].
 pub const DEFAULT_MAX_EVENTS_PER_BATCH: u32 = 65_536;
@@ -42,8 +48,33 @@ pub const DEFAULT_TAIL_PROBE_IDLE_MS: u64 = 1_000;
 /// Default payload limit of a Dynamo NATS source (1 MiB): one JSON router event list.
 pub const DEFAULT_NATS_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
+/// Largest accepted [`Limits::max_payload_bytes`] (1 GiB): far above any engine's message,
+/// small enough that libzmq's message-size check stays meaningful.
+pub const MAX_PAYLOAD_BYTES_CAP: usize = 1 << 30;
+/// Largest accepted queue depth or buffered-batch count (1 Mi entries); each entry may hold a
+/// whole payload, so the product with `max_payload_bytes` is the real memory bound.
+pub const MAX_QUEUE_DEPTH_CAP: usize = 1 << 20;
+/// Largest accepted [`Limits::receive_high_water_mark`] (1 Mi messages).
+pub const MAX_RECEIVE_HIGH_WATER_MARK_CAP: u32 = 1 << 20;
+/// Longest accepted duration of any `*_ms` bound: one day, inside libzmq's `int`
+/// millisecond options.
+pub const MAX_DURATION_MS: u64 = 24 * 3600 * 1000;
+
+/// A [`Limits`] value that [`Limits::validate`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("ingest limit {name} = {value} {reason}")]
+pub struct LimitError {
+    /// The field (the `[ingest]` key).
+    pub name: &'static str,
+    /// The offending value.
+    pub value: u64,
+    /// What is expected.
+    pub reason: &'static str,
+}
+
 /// Bounds on decoding, buffering and waiting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Events one batch may declare.
     pub max_events_per_batch: u32,
@@ -116,6 +147,111 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Checks every bound: counts nonzero and within their caps (a zero
+    /// `receive_high_water_mark` would mean *unbounded* to libzmq), durations within
+    /// `1 ms..=1 day`, and each backoff's ceiling at least its first delay.
+    pub fn validate(&self) -> Result<(), LimitError> {
+        let widen = |value: usize| u64::try_from(value).unwrap_or(u64::MAX);
+        let counts = [
+            (
+                "max_events_per_batch",
+                u64::from(self.max_events_per_batch),
+                u64::MAX,
+            ),
+            (
+                "max_blocks_per_event",
+                u64::from(self.max_blocks_per_event),
+                u64::MAX,
+            ),
+            (
+                "max_tokens_per_event",
+                u64::from(self.max_tokens_per_event),
+                u64::MAX,
+            ),
+            (
+                "max_payload_bytes",
+                widen(self.max_payload_bytes),
+                widen(MAX_PAYLOAD_BYTES_CAP),
+            ),
+            (
+                "output_queue_depth",
+                widen(self.output_queue_depth),
+                widen(MAX_QUEUE_DEPTH_CAP),
+            ),
+            (
+                "live_queue_depth",
+                widen(self.live_queue_depth),
+                widen(MAX_QUEUE_DEPTH_CAP),
+            ),
+            (
+                "max_buffered_during_replay",
+                widen(self.max_buffered_during_replay),
+                widen(MAX_QUEUE_DEPTH_CAP),
+            ),
+            (
+                "receive_high_water_mark",
+                u64::from(self.receive_high_water_mark),
+                u64::from(MAX_RECEIVE_HIGH_WATER_MARK_CAP),
+            ),
+        ];
+        for (name, value, cap) in counts {
+            if value == 0 {
+                return Err(LimitError {
+                    name,
+                    value,
+                    reason: "must be nonzero",
+                });
+            }
+            if value > cap {
+                return Err(LimitError {
+                    name,
+                    value,
+                    reason: "is above its documented cap",
+                });
+            }
+        }
+        let durations = [
+            ("replay_timeout_ms", self.replay_timeout_ms),
+            ("shutdown_timeout_ms", self.shutdown_timeout_ms),
+            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
+            ("heartbeat_timeout_ms", self.heartbeat_timeout_ms),
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("reconnect_interval_ms", self.reconnect_interval_ms),
+            ("reconnect_interval_max_ms", self.reconnect_interval_max_ms),
+            (
+                "restart_backoff_initial_ms",
+                self.restart_backoff_initial_ms,
+            ),
+            ("restart_backoff_max_ms", self.restart_backoff_max_ms),
+            ("log_interval_ms", self.log_interval_ms),
+            ("tail_probe_idle_ms", self.tail_probe_idle_ms),
+        ];
+        for (name, value) in durations {
+            if value == 0 || value > MAX_DURATION_MS {
+                return Err(LimitError {
+                    name,
+                    value,
+                    reason: "must be between 1 ms and one day",
+                });
+            }
+        }
+        if self.reconnect_interval_max_ms < self.reconnect_interval_ms {
+            return Err(LimitError {
+                name: "reconnect_interval_max_ms",
+                value: self.reconnect_interval_max_ms,
+                reason: "must be at least reconnect_interval_ms",
+            });
+        }
+        if self.restart_backoff_max_ms < self.restart_backoff_initial_ms {
+            return Err(LimitError {
+                name: "restart_backoff_max_ms",
+                value: self.restart_backoff_max_ms,
+                reason: "must be at least restart_backoff_initial_ms",
+            });
+        }
+        Ok(())
+    }
+
     /// The defaults with the NATS payload limit ([`DEFAULT_NATS_MAX_PAYLOAD_BYTES`]): a
     /// Dynamo event list is small, and anyone able to publish on the subject could
     /// otherwise make the relay parse up to the ZMQ limit per message.
@@ -124,5 +260,106 @@ impl Limits {
             max_payload_bytes: DEFAULT_NATS_MAX_PAYLOAD_BYTES,
             ..Self::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test")]
+
+    use super::*;
+
+    #[test]
+    fn the_defaults_and_the_nats_defaults_are_valid() {
+        assert_eq!(Limits::default().validate(), Ok(()));
+        assert_eq!(Limits::nats().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_zero_high_water_mark_is_refused_because_libzmq_reads_it_as_unbounded() {
+        let limits = Limits {
+            receive_high_water_mark: 0,
+            ..Limits::default()
+        };
+        let err = limits.validate().unwrap_err();
+        assert_eq!(err.name, "receive_high_water_mark");
+        assert_eq!(err.reason, "must be nonzero");
+    }
+
+    #[test]
+    fn every_count_and_duration_is_checked_by_name() {
+        let cases: [(&str, Limits); 6] = [
+            (
+                "output_queue_depth",
+                Limits {
+                    output_queue_depth: 0,
+                    ..Limits::default()
+                },
+            ),
+            (
+                "max_payload_bytes",
+                Limits {
+                    max_payload_bytes: MAX_PAYLOAD_BYTES_CAP + 1,
+                    ..Limits::default()
+                },
+            ),
+            (
+                "max_buffered_during_replay",
+                Limits {
+                    max_buffered_during_replay: MAX_QUEUE_DEPTH_CAP + 1,
+                    ..Limits::default()
+                },
+            ),
+            (
+                "tail_probe_idle_ms",
+                Limits {
+                    tail_probe_idle_ms: 0,
+                    ..Limits::default()
+                },
+            ),
+            (
+                "heartbeat_timeout_ms",
+                Limits {
+                    heartbeat_timeout_ms: MAX_DURATION_MS + 1,
+                    ..Limits::default()
+                },
+            ),
+            (
+                "reconnect_interval_max_ms",
+                Limits {
+                    reconnect_interval_ms: 500,
+                    reconnect_interval_max_ms: 100,
+                    ..Limits::default()
+                },
+            ),
+        ];
+        for (name, limits) in cases {
+            assert_eq!(limits.validate().map_err(|err| err.name), Err(name));
+        }
+    }
+
+    #[test]
+    fn the_restart_backoff_ceiling_must_reach_its_first_delay() {
+        let limits = Limits {
+            restart_backoff_initial_ms: 2_000,
+            restart_backoff_max_ms: 1_000,
+            ..Limits::default()
+        };
+        assert_eq!(
+            limits.validate().map_err(|err| err.name),
+            Err("restart_backoff_max_ms")
+        );
+    }
+
+    #[test]
+    fn a_partial_table_keeps_the_other_defaults() {
+        let limits: Limits =
+            serde_json::from_str(r#"{"tail_probe_idle_ms": 250, "output_queue_depth": 64}"#)
+                .unwrap();
+        assert_eq!(limits.tail_probe_idle_ms, 250);
+        assert_eq!(limits.output_queue_depth, 64);
+        assert_eq!(limits.max_payload_bytes, DEFAULT_MAX_PAYLOAD_BYTES);
+        let unknown = serde_json::from_str::<Limits>(r#"{"tail_probe_idle": 250}"#);
+        assert!(unknown.is_err(), "a misspelt key must be refused");
     }
 }

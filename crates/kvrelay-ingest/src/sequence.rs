@@ -8,6 +8,10 @@
 //! - the first batch seen is applied when it is sequence 0 or there is no replay
 //!   endpoint; otherwise (joining a running engine, or a slow subscription) the tracker
 //!   first replays from 0 to recover what the engine still buffers, as for a gap;
+//! - a source connected with a replay endpoint that sees no batch for a while (joining an
+//!   idle engine that published before the relay came up) asks for a replay from 0 when the
+//!   owner reports the quiet ([`SequenceTracker::handle_quiet_join`]), so what the engine
+//!   still buffers is recovered even if it never publishes again;
 //! - the next sequence is applied; a jump forward is a **gap**: with a replay endpoint the
 //!   tracker asks for a replay from the first missing sequence and buffers live batches
 //!   until the replay ends, then applies the buffer in order; without one it resets;
@@ -284,6 +288,28 @@ impl<P> SequenceTracker<P> {
         });
         self.state = State::Replaying {
             next,
+            epoch: self.epoch,
+            buffered: VecDeque::new(),
+        };
+        true
+    }
+
+    /// The source connected and no batch has arrived since (the owner's timer): with a
+    /// replay endpoint and nothing seen yet, ask for everything the engine still buffers,
+    /// from 0, as a first batch past 0 would. An engine that published only before the
+    /// relay subscribed (a relay restarted next to an idle engine) is otherwise never
+    /// recovered. Returns whether a replay was started.
+    pub fn handle_quiet_join(&mut self) -> bool {
+        if !self.config.replay_available || !matches!(self.state, State::Fresh) {
+            return false;
+        }
+        self.epoch += 1;
+        self.actions.push_back(SequenceAction::RequestReplay {
+            from_seq: 0,
+            epoch: self.epoch,
+        });
+        self.state = State::Replaying {
+            next: 0,
             epoch: self.epoch,
             buffered: VecDeque::new(),
         };
@@ -610,5 +636,61 @@ mod tests {
             ]
         );
         assert!(!t.is_replaying());
+    }
+
+    #[test]
+    fn a_quiet_join_replays_from_zero_and_then_follows_live_batches() {
+        let mut t = tracker(true);
+        assert!(t.handle_quiet_join());
+        assert_eq!(
+            drain(&mut t),
+            vec![SequenceAction::RequestReplay {
+                from_seq: 0,
+                epoch: 1
+            }]
+        );
+        assert!(t.is_replaying());
+        t.handle_replay(1, 0, "a");
+        t.handle_replay(1, 1, "b");
+        t.handle_live(3, "d");
+        t.handle_replay(1, 2, "c");
+        t.handle_replay_end(1);
+        t.handle_live(4, "e");
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                apply(0, "a"),
+                apply(1, "b"),
+                apply(2, "c"),
+                apply(3, "d"),
+                apply(4, "e")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_quiet_join_that_finds_nothing_leaves_the_first_live_batch_to_decide() {
+        let mut t = tracker(true);
+        assert!(t.handle_quiet_join());
+        drain(&mut t);
+        t.handle_replay_end(1);
+        t.handle_live(0, "a");
+        t.handle_live(1, "b");
+        assert_eq!(drain(&mut t), vec![apply(0, "a"), apply(1, "b")]);
+    }
+
+    #[test]
+    fn a_quiet_join_probe_needs_a_replay_endpoint_and_a_fresh_source() {
+        let mut without = tracker(false);
+        assert!(!without.handle_quiet_join());
+        assert_eq!(drain(&mut without), vec![]);
+        let mut live = tracker(true);
+        live.handle_live(0, "a");
+        drain(&mut live);
+        assert!(
+            !live.handle_quiet_join(),
+            "a source with batches probes its tail instead"
+        );
+        assert_eq!(drain(&mut live), vec![]);
     }
 }

@@ -33,6 +33,27 @@ pub enum Routing {
     KvAware,
     /// Workers in turn.
     RoundRobin,
+    /// By a fixed hash of the request's first block ([`route_by_first_block`]): requests
+    /// sharing a first block land on the same worker, without looking at any cache (what
+    /// the relay's embedded workload does over the sources it finds attached).
+    FirstBlock,
+}
+
+/// The default [`WorkloadConfig::seed`]: the relay's embedded workload synthesizes block
+/// tokens with it, so a consumer scoring
+/// `request_tokens(hash_ids, block_size, DEFAULT_WORKLOAD_SEED)` finds what it stored.
+pub const DEFAULT_WORKLOAD_SEED: u64 = 0x6b76_7265_6c61_7931;
+
+/// Which of `n_workers` workers serves a request under [`Routing::FirstBlock`]: a fixed
+/// 64-bit mix (splitmix64) of its first block id, modulo the count. `None` for an empty
+/// request or no workers.
+pub fn route_by_first_block(hash_ids: &[u64], n_workers: usize) -> Option<usize> {
+    let first = *hash_ids.first()?;
+    let n = u64::try_from(n_workers).ok().filter(|n| *n > 0)?;
+    let mut z = first.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    usize::try_from((z ^ (z >> 31)) % n).ok()
 }
 
 /// Generator settings.
@@ -60,7 +81,7 @@ impl Default for WorkloadConfig {
             capacity_blocks: 512,
             block_size: 16,
             routing: Routing::KvAware,
-            seed: 0x6b76_7265_6c61_7931,
+            seed: DEFAULT_WORKLOAD_SEED,
         }
     }
 }
@@ -89,7 +110,14 @@ impl TraceWorkload {
     pub fn generate(requests: &[RequestRecord], config: WorkloadConfig) -> Self {
         let n_workers = config.n_workers.max(1) as usize;
         let mut workers: Vec<WorkerCache> = (0..n_workers)
-            .map(|idx| WorkerCache::new(SourceId::new(config.first_worker_id + idx as u64, 0)))
+            .map(|idx| {
+                WorkerCache::new(
+                    SourceId::new(config.first_worker_id + idx as u64, 0),
+                    config.capacity_blocks,
+                    config.block_size,
+                    config.seed,
+                )
+            })
             .collect();
         let mut events = Vec::new();
         let mut next_round_robin = 0usize;
@@ -101,8 +129,22 @@ impl TraceWorkload {
                     idx
                 }
                 Routing::KvAware => pick_kv_aware(&workers, &request.hash_ids),
+                Routing::FirstBlock => {
+                    route_by_first_block(&request.hash_ids, n_workers).unwrap_or(0)
+                }
             };
-            workers[worker_idx].serve(request, &config, &mut events);
+            let Some(worker) = workers.get_mut(worker_idx) else {
+                continue;
+            };
+            events.extend(
+                worker
+                    .serve(&request.hash_ids)
+                    .into_iter()
+                    .map(|event| TimedEvent {
+                        t_ms: request.timestamp,
+                        event,
+                    }),
+            );
         }
         Self {
             config,
@@ -174,11 +216,7 @@ fn pick_kv_aware(workers: &[WorkerCache], hash_ids: &[u64]) -> usize {
     let mut best = 0usize;
     let mut best_key = (0usize, usize::MAX);
     for (idx, worker) in workers.iter().enumerate() {
-        let depth = hash_ids
-            .iter()
-            .take_while(|id| worker.blocks.contains_key(id))
-            .count();
-        let key = (depth, worker.blocks.len());
+        let key = (worker.prefix_depth(hash_ids), worker.resident());
         if idx == 0 || key.0 > best_key.0 || (key.0 == best_key.0 && key.1 < best_key.1) {
             best = idx;
             best_key = key;
@@ -187,10 +225,22 @@ fn pick_kv_aware(workers: &[WorkerCache], hash_ids: &[u64]) -> usize {
     best
 }
 
-/// One worker's simulated cache.
-#[derive(Debug)]
-struct WorkerCache {
+/// One worker's simulated prefix cache: an LRU of trace blocks that turns each request into
+/// the router events the worker would publish. The one cache model of the workload, used
+/// by [`TraceWorkload`] and by the relay's embedded trace replay.
+///
+/// A request's blocks the cache holds are touched; each run of missing blocks is stored
+/// (one `stored` event, parented on the block before the run); when the cache is full, the
+/// least recently used blocks of *earlier* requests are evicted first (one `removed` event,
+/// before the stores); a request longer than the capacity is cut to it, and one that finds
+/// nothing to evict stops there. Engine block ids are a per-worker hash of the block id
+/// (vLLM's hashes differ per worker); event ids count from 0 per worker.
+#[derive(Debug, Clone)]
+pub struct WorkerCache {
     source: SourceId,
+    capacity: usize,
+    block_size: u32,
+    seed: u64,
     /// hash id → (engine block id, last use tick).
     blocks: HashMap<u64, (u64, u64)>,
     /// last use tick → hash id (LRU order).
@@ -200,9 +250,14 @@ struct WorkerCache {
 }
 
 impl WorkerCache {
-    fn new(source: SourceId) -> Self {
+    /// An empty cache of `capacity_blocks` blocks (at least 1) for `source`, synthesizing
+    /// `block_size`-token blocks with `seed`.
+    pub fn new(source: SourceId, capacity_blocks: usize, block_size: u32, seed: u64) -> Self {
         Self {
             source,
+            capacity: capacity_blocks.max(1),
+            block_size,
+            seed,
             blocks: HashMap::new(),
             by_tick: BTreeMap::new(),
             tick: 0,
@@ -210,14 +265,29 @@ impl WorkerCache {
         }
     }
 
-    fn serve(
-        &mut self,
-        request: &RequestRecord,
-        config: &WorkloadConfig,
-        out: &mut Vec<TimedEvent>,
-    ) {
+    /// The source whose events this cache emits.
+    pub fn source(&self) -> SourceId {
+        self.source
+    }
+
+    /// Blocks cached now (the worker's exact KV usage).
+    pub fn resident(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// How many leading blocks of `hash_ids` the cache holds.
+    pub fn prefix_depth(&self, hash_ids: &[u64]) -> usize {
+        hash_ids
+            .iter()
+            .take_while(|id| self.blocks.contains_key(id))
+            .count()
+    }
+
+    /// Serves one request whose prefix blocks are `hash_ids`; returns its events in order
+    /// (the eviction first, then the stored runs). A full hit returns none.
+    pub fn serve(&mut self, hash_ids: &[u64]) -> Vec<RouterEvent> {
         let request_start = self.tick;
-        let chain = &request.hash_ids[..request.hash_ids.len().min(config.capacity_blocks)];
+        let chain = &hash_ids[..hash_ids.len().min(self.capacity)];
         let mut removed: Vec<u64> = Vec::new();
         let mut run: Vec<StoredBlock> = Vec::new();
         let mut run_parent: Option<u64> = None;
@@ -234,20 +304,20 @@ impl WorkerCache {
                 previous_engine_id = Some(engine_id);
                 continue;
             }
-            if self.blocks.len() >= config.capacity_blocks {
+            if self.blocks.len() >= self.capacity {
                 match self.evict_before(request_start) {
                     Some(engine_id) => removed.push(engine_id),
                     None => break,
                 }
             }
-            let engine_id = engine_block_id(self.source, hash_id, config.seed);
+            let engine_id = engine_block_id(self.source, hash_id, self.seed);
             self.insert(hash_id, engine_id);
             if run.is_empty() {
                 run_parent = previous_engine_id;
             }
             run.push(StoredBlock {
                 engine_block_id: engine_id,
-                token_hash: block_token_hash(hash_id, config.block_size, config.seed),
+                token_hash: block_token_hash(hash_id, self.block_size, self.seed),
             });
             previous_engine_id = Some(engine_id);
         }
@@ -257,30 +327,26 @@ impl WorkerCache {
                 blocks: run,
             });
         }
+        let mut events = Vec::with_capacity(stored_runs.len() + 1);
         if !removed.is_empty() {
-            self.emit(
-                request.timestamp,
-                EventPayload::Removed(RemovedBlocks {
-                    engine_block_ids: removed,
-                }),
-                out,
-            );
+            events.push(self.event(EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: removed,
+            })));
         }
         for stored in stored_runs {
-            self.emit(request.timestamp, EventPayload::Stored(stored), out);
+            events.push(self.event(EventPayload::Stored(stored)));
         }
+        events
     }
 
-    fn emit(&mut self, t_ms: u64, payload: EventPayload, out: &mut Vec<TimedEvent>) {
-        out.push(TimedEvent {
-            t_ms,
-            event: RouterEvent {
-                source: self.source,
-                event_id: self.next_event_id,
-                payload,
-            },
-        });
+    fn event(&mut self, payload: EventPayload) -> RouterEvent {
+        let event = RouterEvent {
+            source: self.source,
+            event_id: self.next_event_id,
+            payload,
+        };
         self.next_event_id += 1;
+        event
     }
 
     /// Marks `hash_id` used; returns its engine id when cached.

@@ -241,7 +241,8 @@ impl Driver {
         });
         let (replay_tx, mut replay_rx) = mpsc::channel(self.config.limits.live_queue_depth.max(1));
         let probe_idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
-        // Armed by each live batch; a tail probe fires after `probe_idle` of silence.
+        // Armed by each live batch (a tail probe) and by a connect before any batch (a join
+        // probe); fires after `probe_idle` of silence.
         let mut probe_at: Option<tokio::time::Instant> = None;
         loop {
             let probe_sleep = async {
@@ -274,6 +275,9 @@ impl Driver {
                     None => return,
                     Some(ReaderEvent::Connected) => {
                         self.applied_since_connect = false;
+                        if self.config.replay_endpoint.is_some() && sequence.next_seq().is_none() {
+                            probe_at = Some(tokio::time::Instant::now() + probe_idle);
+                        }
                         let signal = SourceSignal::Connected { endpoint: self.config.endpoint.clone() };
                         if !emit(&self.out, &self.cancel, SourceOutput::Signal(signal)).await {
                             return;
@@ -301,7 +305,11 @@ impl Driver {
                 },
                 () = probe_sleep => {
                     probe_at = None;
-                    sequence.handle_idle();
+                    if sequence.next_seq().is_none() {
+                        sequence.handle_quiet_join();
+                    } else {
+                        sequence.handle_idle();
+                    }
                 }
             }
             while let Some(action) = sequence.poll_action() {

@@ -124,7 +124,7 @@ fn check_engine_semantics(workload: &TraceWorkload) -> BTreeMap<SourceId, usize>
 
 #[test]
 fn generated_events_respect_engine_semantics_and_capacity() {
-    for routing in [Routing::KvAware, Routing::RoundRobin] {
+    for routing in [Routing::KvAware, Routing::RoundRobin, Routing::FirstBlock] {
         let config = WorkloadConfig {
             capacity_blocks: 64,
             routing,
@@ -223,4 +223,63 @@ async fn trace_replay_emits_every_event_in_order_then_ends() {
     }
     assert_eq!(got, expected);
     assert_eq!(source.stats().n_events, expected.len() as u64);
+}
+
+#[test]
+fn a_worker_cache_chains_runs_on_the_prefix_it_holds_and_evicts_earlier_requests_first() {
+    use kvrelay_ingest::{DEFAULT_WORKLOAD_SEED, WorkerCache};
+    let source = SourceId::new(7, 0);
+    let mut cache = WorkerCache::new(source, 3, 16, DEFAULT_WORKLOAD_SEED);
+    let first = cache.serve(&[1, 2]);
+    assert_eq!(first.len(), 1);
+    let EventPayload::Stored(stored) = &first[0].payload else {
+        panic!("expected a store, got {first:?}");
+    };
+    assert_eq!(stored.parent_engine_block_id, None);
+    assert_eq!(stored.blocks.len(), 2);
+    assert_eq!(
+        stored.blocks[1].token_hash,
+        kvrelay_ingest::block_token_hash(2, 16, DEFAULT_WORKLOAD_SEED)
+    );
+    let block_2 = stored.blocks[1].engine_block_id;
+    // A full hit publishes nothing.
+    assert!(cache.serve(&[1, 2]).is_empty());
+    assert_eq!(cache.prefix_depth(&[1, 2, 3]), 2);
+    // [1, 2, 3] fills the cache; the new run is parented on the held block 2.
+    let third = cache.serve(&[1, 2, 3]);
+    let EventPayload::Stored(stored) = &third[0].payload else {
+        panic!("expected a store, got {third:?}");
+    };
+    assert_eq!(stored.parent_engine_block_id, Some(block_2));
+    assert_eq!(cache.resident(), 3);
+    // A new request evicts the least recently used block (1), never one of its own.
+    let fourth = cache.serve(&[9]);
+    assert!(
+        matches!(&fourth[0].payload, EventPayload::Removed(removed) if removed.engine_block_ids.len() == 1),
+        "{fourth:?}"
+    );
+    assert_eq!(cache.resident(), 3);
+    let ids: Vec<u64> = [first, third, fourth]
+        .iter()
+        .flatten()
+        .map(|event| event.event_id)
+        .collect();
+    assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "{ids:?}");
+    assert_eq!(cache.source(), source);
+}
+
+#[test]
+fn first_block_routing_is_fixed_per_first_block_and_in_range() {
+    use kvrelay_ingest::route_by_first_block;
+    assert_eq!(route_by_first_block(&[], 4), None);
+    assert_eq!(route_by_first_block(&[5], 0), None);
+    for first in 0..200u64 {
+        let at = route_by_first_block(&[first, 1, 2], 4).unwrap();
+        assert!(at < 4);
+        assert_eq!(route_by_first_block(&[first, 9], 4), Some(at));
+    }
+    let spread: std::collections::BTreeSet<usize> = (0..200u64)
+        .filter_map(|first| route_by_first_block(&[first], 4))
+        .collect();
+    assert_eq!(spread.len(), 4, "every worker gets requests");
 }

@@ -457,3 +457,60 @@ async fn without_a_replay_endpoint_a_publisher_gone_after_batches_counts_an_unve
     assert!(stats.n_disconnects >= 1, "{stats:?}");
     assert!(source.shutdown().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_joining_an_idle_engine_recovers_what_it_published_before() {
+    let (mut engine, pub_endpoint, replay_endpoint) =
+        FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
+    // Everything is published before the relay subscribes (nobody receives it live), and
+    // the engine stays quiet afterwards: no live batch will ever show a gap.
+    for batch_idx in 0..12u64 {
+        let ids = [batch_idx * 10 + 1, batch_idx * 10 + 2];
+        let parent = batch_idx.checked_sub(1).map(|prev| prev * 10 + 2);
+        engine
+            .publish(vec![stored(&ids, parent, batch_idx as u32)], true)
+            .await;
+    }
+    engine.publish(vec![removed(&[1])], true).await;
+    let mut source = spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint,
+        replay_endpoint: Some(replay_endpoint),
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits: Limits {
+            tail_probe_idle_ms: 200,
+            ..Limits::default()
+        },
+        declared_ranks: 0..1,
+        fault: Default::default(),
+    });
+    let mut state = State::new();
+    let mut signals = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while state != engine.truth {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                panic!("the join probe never recovered the engine\n ingested {state:?}\n truth {:?}\n signals {signals:?}\n stats {:?}", engine.truth, source.stats());
+            }
+            output = source.next() => match output.expect("source stopped") {
+                SourceOutput::Event(event) => apply(&mut state, &event),
+                SourceOutput::Signal(signal) => signals.push(signal),
+            },
+        }
+    }
+    let stats = source.stats();
+    assert_eq!(stats.n_messages, 13, "{stats:?}");
+    assert_eq!(stats.n_gaps, 0, "{stats:?}");
+    assert_eq!(stats.n_resets, 0, "{stats:?}");
+    assert!(stats.n_replays >= 1, "{stats:?}");
+    assert_eq!(
+        stats.replays(kvrelay_ingest::ReplayOutcome::Recovered),
+        1,
+        "{stats:?}"
+    );
+    assert!(source.shutdown().await, "source tasks did not stop");
+    engine.stop().await;
+}

@@ -60,6 +60,15 @@ pub enum ConfigError {
         /// What is expected.
         reason: &'static str,
     },
+    /// An ingest bound (`[ingest]`, or `[nats] max_payload_bytes` applied to the NATS
+    /// source's copy) is out of range.
+    #[error("[{table}] {error}")]
+    InvalidIngestLimit {
+        /// The TOML table the value came from (`ingest` or `nats`).
+        table: &'static str,
+        /// What the ingest crate refused.
+        error: kvrelay_ingest::LimitError,
+    },
     /// A field is invalid.
     #[error("config field {field} = {value:?}: {reason}")]
     InvalidField {
@@ -92,6 +101,9 @@ pub struct RelayConfig {
     pub nats: Option<NatsConfig>,
     /// Every bound.
     pub limits: Limits,
+    /// Bounds of every engine event source (decode, queues, replay, ZMQ transport); the
+    /// NATS source takes its payload limit from `[nats] max_payload_bytes` instead.
+    pub ingest: kvrelay_ingest::Limits,
 }
 
 impl Default for RelayConfig {
@@ -105,6 +117,7 @@ impl Default for RelayConfig {
             workload: None,
             nats: None,
             limits: Limits::default(),
+            ingest: kvrelay_ingest::Limits::default(),
         }
     }
 }
@@ -635,6 +648,14 @@ impl RelayConfig {
         warnings
     }
 
+    /// The bounds of the NATS source: `[ingest]` with `[nats] max_payload_bytes`.
+    pub fn nats_limits(&self, nats: &NatsConfig) -> kvrelay_ingest::Limits {
+        kvrelay_ingest::Limits {
+            max_payload_bytes: nats.max_payload_bytes,
+            ..self.ingest
+        }
+    }
+
     /// Checks everything that can be checked without touching the network.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.dc_id.is_empty() || self.dc_id.trim() != self.dc_id {
@@ -645,6 +666,20 @@ impl RelayConfig {
             });
         }
         self.limits.validate()?;
+        self.ingest
+            .validate()
+            .map_err(|error| ConfigError::InvalidIngestLimit {
+                table: "ingest",
+                error,
+            })?;
+        if let Some(nats) = &self.nats {
+            self.nats_limits(nats)
+                .validate()
+                .map_err(|error| ConfigError::InvalidIngestLimit {
+                    table: "nats",
+                    error,
+                })?;
+        }
         match self.discovery.backend {
             DiscoveryBackend::File if self.discovery.dir.is_none() => {
                 return Err(ConfigError::InvalidField {
@@ -741,13 +776,6 @@ impl RelayConfig {
                     reason,
                 });
             }
-            if nats.max_payload_bytes == 0 {
-                return Err(ConfigError::InvalidField {
-                    field: "nats.max_payload_bytes",
-                    value: "0".to_owned(),
-                    reason: "must be positive",
-                });
-            }
             if nats.tls_cert.is_some() != nats.tls_key.is_some() {
                 return Err(ConfigError::InvalidField {
                     field: "nats.tls_cert",
@@ -836,6 +864,66 @@ mod tests {
     }
 
     #[test]
+    fn the_ingest_table_sets_source_bounds_and_is_validated_by_the_ingest_crate() {
+        let config = parse(
+            r#"
+            [discovery]
+            dir = "cards"
+            [ingest]
+            tail_probe_idle_ms = 250
+            max_payload_bytes = 1048576
+            [nats]
+            server = "nats://127.0.0.1:4222"
+            max_payload_bytes = 65536
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.ingest.tail_probe_idle_ms, 250);
+        assert_eq!(config.ingest.max_payload_bytes, 1 << 20);
+        assert_eq!(
+            config.ingest.output_queue_depth,
+            kvrelay_ingest::limits::DEFAULT_OUTPUT_QUEUE_DEPTH
+        );
+        let nats = config.nats.as_ref().unwrap();
+        let nats_limits = config.nats_limits(nats);
+        assert_eq!(nats_limits.max_payload_bytes, 65_536);
+        assert_eq!(nats_limits.tail_probe_idle_ms, 250);
+
+        let zero_hwm = parse("[discovery]\ndir = \"c\"\n[ingest]\nreceive_high_water_mark = 0\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            matches!(
+                zero_hwm,
+                ConfigError::InvalidIngestLimit { table: "ingest", error }
+                    if error.name == "receive_high_water_mark"
+            ),
+            "{zero_hwm}"
+        );
+        assert_eq!(
+            zero_hwm.to_string(),
+            "[ingest] ingest limit receive_high_water_mark = 0 must be nonzero"
+        );
+        let zero_nats = parse(
+            "[discovery]\ndir = \"c\"\n[nats]\nserver = \"nats://127.0.0.1:1\"\nmax_payload_bytes = 0\n",
+        )
+        .unwrap()
+        .validate()
+        .unwrap_err();
+        assert!(
+            matches!(
+                zero_nats,
+                ConfigError::InvalidIngestLimit { table: "nats", .. }
+            ),
+            "{zero_nats}"
+        );
+        let misspelt = parse("[ingest]\ntail_probe_idle = 1\n").unwrap_err();
+        assert!(matches!(misspelt, ConfigError::Parse { .. }), "{misspelt}");
+    }
+
+    #[test]
     fn overrides_beat_file_values() {
         let mut config = parse("dc_id = \"from-file\"\n[discovery]\ndir = \"a\"\n").unwrap();
         config.apply(RelayOverrides {
@@ -907,6 +995,8 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/relay.toml");
         let config = RelayConfig::from_file(&path).unwrap();
         assert_eq!(config.validate(), Ok(()));
+        // The example spells out every ingest default; a changed default must change it.
+        assert_eq!(config.ingest, kvrelay_ingest::Limits::default());
     }
 
     #[test]

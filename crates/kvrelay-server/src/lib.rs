@@ -36,8 +36,7 @@ pub use config::{
     EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, TlsConfig,
     WanConfig, WorkloadConfig,
 };
-pub use host::workload::{TraceError, WORKLOAD_TOKEN_SEED};
-pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress};
+pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress, WORKLOAD_TOKEN_SEED};
 pub use limits::*;
 pub use mirror::{MirrorError, MirrorProgress, PoolMirror};
 pub use probe::{ProbeError, ProbeStream};

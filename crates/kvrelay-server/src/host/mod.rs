@@ -21,7 +21,6 @@ mod stall_tests;
 mod state;
 mod supervisor;
 mod wire;
-pub(crate) mod workload;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,7 +50,12 @@ use crate::wan::connection::ConnectionContext;
 use crate::wan::source::PublicationViews;
 pub use report::{PoolReport, ProducerTable, RelayError, RelayProgress};
 use state::HostState;
-use workload::{TraceError, TraceRequest};
+
+/// Seed of the embedded workload's synthesized block tokens (the ingest workload's
+/// default), so a consumer scoring
+/// `kvrelay_ingest::request_tokens(hash_ids, block_size, WORKLOAD_TOKEN_SEED)` finds the
+/// blocks the relay's trace replay stored.
+pub const WORKLOAD_TOKEN_SEED: u64 = kvrelay_ingest::DEFAULT_WORKLOAD_SEED;
 
 /// A running relay.
 pub struct Relay {
@@ -101,19 +105,17 @@ impl Relay {
         for warning in config.exposure_warnings() {
             warn!(%warning, "listener exposed without protection");
         }
-        let trace =
-            match &config.workload {
-                Some(workload) => Some(match &workload.trace {
-                    Some(path) => read_trace(path)?,
-                    None => workload::parse_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE).map_err(
-                        |err| RelayError::Trace {
-                            path: PathBuf::from("<builtin>"),
-                            message: err.to_string(),
-                        },
-                    )?,
-                }),
-                None => None,
-            };
+        let trace = match &config.workload {
+            Some(workload) => Some(match &workload.trace {
+                Some(path) => read_trace(path)?,
+                None => kvrelay_ingest::parse_request_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE)
+                    .map_err(|err| RelayError::Trace {
+                        path: PathBuf::from("<builtin>"),
+                        message: err.to_string(),
+                    })?,
+            }),
+            None => None,
+        };
         let scope = MembershipScope {
             namespaces: config.discovery.namespaces.clone(),
             endpoint_prefixes: config.discovery.endpoint_prefixes.clone(),
@@ -192,6 +194,8 @@ impl Relay {
             configured_sources,
             source_updates,
             nats_server: config.nats.clone(),
+            ingest_limits: config.ingest,
+            nats_limits: config.nats.as_ref().map(|nats| config.nats_limits(nats)),
             views: views_rx,
             cancel: host_cancel.clone(),
         };
@@ -589,11 +593,11 @@ impl Drop for Relay {
     }
 }
 
-fn read_trace(path: &std::path::Path) -> Result<Vec<TraceRequest>, RelayError> {
+fn read_trace(path: &std::path::Path) -> Result<Vec<kvrelay_ingest::RequestRecord>, RelayError> {
     let trace_error = |message: String| RelayError::Trace {
         path: path.to_path_buf(),
         message,
     };
     let text = std::fs::read_to_string(path).map_err(|err| trace_error(err.to_string()))?;
-    workload::parse_trace(&text).map_err(|err: TraceError| trace_error(err.to_string()))
+    kvrelay_ingest::parse_request_trace(&text).map_err(|err| trace_error(err.to_string()))
 }

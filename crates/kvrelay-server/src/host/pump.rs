@@ -83,6 +83,7 @@ const NATS_BACKOFF_MAX: Duration = Duration::from_secs(5);
 pub(crate) fn spawn_zmq(
     tracker: &TaskTracker,
     config: &SourceConfig,
+    limits: kvrelay_ingest::Limits,
     semantics: KvQuerySemantics,
     state: Arc<HostState>,
     states: SourceStates,
@@ -103,7 +104,7 @@ pub(crate) fn spawn_zmq(
             block_size: semantics.kv_block_size(),
             hash_format: semantics.hash_format(),
         },
-        limits: kvrelay_ingest::Limits::default(),
+        limits,
         // A `[[sources]]` entry or an advertised source names one rank.
         declared_ranks: config.dp_rank..config.dp_rank.saturating_add(1),
         fault: kvrelay_ingest::FaultInjection::default(),
@@ -130,6 +131,7 @@ pub(crate) fn spawn_zmq(
 pub(crate) fn spawn_nats(
     tracker: &TaskTracker,
     nats: &crate::config::NatsConfig,
+    limits: kvrelay_ingest::Limits,
     endpoint: &EndpointId,
     state: Arc<HostState>,
     states: SourceStates,
@@ -143,10 +145,7 @@ pub(crate) fn spawn_nats(
             endpoint.component(),
             endpoint.name(),
         ),
-        limits: kvrelay_ingest::Limits {
-            max_payload_bytes: nats.max_payload_bytes,
-            ..kvrelay_ingest::Limits::nats()
-        },
+        limits,
         // Validated when the configuration was loaded.
         auth: nats.auth().unwrap_or_default(),
         tls: nats.tls(),

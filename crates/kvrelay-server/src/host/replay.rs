@@ -13,13 +13,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::host::state::{self, HostState};
-use crate::host::workload::{self, SourceCache, TraceRequest};
+use kvrelay_ingest::{RequestRecord, WorkerCache, route_by_first_block};
+
+use crate::host::WORKLOAD_TOKEN_SEED;
 
 /// Replays the trace into the pool actors of the connected sources.
 pub(crate) struct WorkloadDriver {
     pub(crate) state: Arc<HostState>,
     pub(crate) registry: PoolRegistry,
-    pub(crate) requests: Vec<TraceRequest>,
+    pub(crate) requests: Vec<RequestRecord>,
     pub(crate) speed: f64,
     pub(crate) loops: u32,
     pub(crate) done: watch::Sender<bool>,
@@ -60,17 +62,18 @@ impl WorkloadDriver {
             }
         };
         let sources: Vec<SourceId> = routes.routes.keys().copied().collect();
-        let mut caches: Vec<SourceCache> = sources
+        let mut caches: Vec<WorkerCache> = sources
             .iter()
             .map(|source| {
                 let (capacity, block_size) = routes
                     .routes
                     .get(source)
                     .map_or((1, 16), |route| (route.capacity, route.block_size));
-                SourceCache::new(
+                WorkerCache::new(
                     *source,
                     usize::try_from(capacity).unwrap_or(usize::MAX),
                     block_size,
+                    WORKLOAD_TOKEN_SEED,
                 )
             })
             .collect();
@@ -95,7 +98,7 @@ impl WorkloadDriver {
                         () = tokio::time::sleep_until(started + at) => {}
                     }
                 }
-                let Some(at) = workload::route(&request.hash_ids, sources.len()) else {
+                let Some(at) = route_by_first_block(&request.hash_ids, sources.len()) else {
                     continue;
                 };
                 let Some(cache) = caches.get_mut(at) else {

@@ -47,6 +47,10 @@ pub(crate) struct Supervisor {
     pub(crate) source_updates: watch::Receiver<BTreeMap<EndpointId, Vec<SourceConfig>>>,
     /// The NATS server carrying every endpoint's Dynamo KV events, if any.
     pub(crate) nats_server: Option<crate::config::NatsConfig>,
+    /// Bounds of each ZMQ source (`[ingest]`).
+    pub(crate) ingest_limits: kvrelay_ingest::Limits,
+    /// Bounds of each NATS source (`[ingest]` with the `[nats]` payload limit).
+    pub(crate) nats_limits: Option<kvrelay_ingest::Limits>,
     pub(crate) views: watch::Receiver<Option<MembershipView>>,
     pub(crate) cancel: CancellationToken,
 }
@@ -392,6 +396,7 @@ impl Pumps {
             pump::spawn_zmq(
                 &self.tracker,
                 source,
+                supervisor.ingest_limits,
                 semantics,
                 supervisor.state.clone(),
                 self.states.clone(),
@@ -412,6 +417,9 @@ impl Pumps {
             pump::spawn_nats(
                 &self.tracker,
                 server,
+                supervisor
+                    .nats_limits
+                    .unwrap_or_else(kvrelay_ingest::Limits::nats),
                 endpoint,
                 supervisor.state.clone(),
                 self.states.clone(),
