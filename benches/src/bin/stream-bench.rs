@@ -53,6 +53,8 @@ struct JoinSpec {
     join_after_s: f64,
     /// Whether the relay's `[[sources]]` name the engines' replay sockets.
     replay: bool,
+    /// Batches each engine keeps for replay (vLLM's default: 10,000).
+    replay_batches: usize,
 }
 
 /// How long after starting a joining relay its pool is compared with the ground truth.
@@ -219,23 +221,30 @@ async fn main() -> Result<()> {
         .split(',')
         .map(str::to_owned)
         .collect();
-    // Join runs (opt-in: `--runs join-live,join-live-noreplay,join-idle,join-idle-noreplay`):
-    // the engines publish at the paced rate; the relay joins at 12 s, while they run (they
-    // stop at 18 s), or at 20 s, after they stopped; its pool is measured 10 s after it
-    // started.
+    // Join runs (opt-in: `--runs join-live,join-live-noreplay,join-live-ring8,join-idle,
+    // join-idle-noreplay`):
+    // the engines publish at the low rate (at the paced rate their caches turn over within
+    // a few seconds, so anything live soon covers everything); the relay joins at 24 s,
+    // while they run (they stop at 30 s), or at 32 s, after they stopped; its pool is
+    // measured 10 s after it started.
     let join_runs = [
-        ("join-live", 18.0, 12.0, true),
-        ("join-live-noreplay", 18.0, 12.0, false),
-        ("join-idle", 18.0, 20.0, true),
-        ("join-idle-noreplay", 18.0, 20.0, false),
+        ("join-live", 30.0, 24.0, true, 10_000),
+        ("join-live-noreplay", 30.0, 24.0, false, 10_000),
+        // A long-running engine: its replay ring no longer reaches back to sequence 0.
+        ("join-live-ring8", 30.0, 24.0, true, 8),
+        ("join-idle", 30.0, 32.0, true, 10_000),
+        ("join-idle-noreplay", 30.0, 32.0, false, 10_000),
     ]
-    .map(|(name, publish_s, join_after_s, replay)| JoinSpec {
-        name: name.to_owned(),
-        rate: paced,
-        publish_s,
-        join_after_s,
-        replay,
-    });
+    .map(
+        |(name, publish_s, join_after_s, replay, replay_batches)| JoinSpec {
+            name: name.to_owned(),
+            rate: low,
+            publish_s,
+            join_after_s,
+            replay,
+            replay_batches,
+        },
+    );
     let mut join_results = Vec::new();
     if join_runs.iter().any(|spec| wanted.contains(&spec.name)) {
         let text = std::fs::read_to_string(&setup.trace)
@@ -273,7 +282,11 @@ async fn main() -> Result<()> {
             .with_context(|| format!("stream run {}", spec.name))?;
         results.push(result);
     }
-    let mut table = render(&results);
+    let mut table = if results.is_empty() {
+        String::new()
+    } else {
+        render(&results)
+    };
     if !join_results.is_empty() {
         table.push_str(&render_join(&join_results));
     }
@@ -423,6 +436,7 @@ async fn spawn_engines(
     dir: &Path,
     rate: f64,
     max_seconds: f64,
+    replay_batches: usize,
 ) -> Result<(Vec<Proc>, Vec<EngineAddr>, Vec<String>)> {
     let mut engines = Vec::new();
     let mut addrs = Vec::new();
@@ -454,7 +468,9 @@ async fn spawn_engines(
             .arg("--replay")
             .arg(format!("tcp://127.0.0.1:{replay}"))
             .arg("--stamps")
-            .arg(&stamps);
+            .arg(&stamps)
+            .arg("--replay-batches")
+            .arg(replay_batches.to_string());
         engines.push(Proc::spawn(
             &format!("stream-engine {index}"),
             &mut command,
@@ -490,7 +506,12 @@ fn sources_toml(addrs: &[EngineAddr], with_replay: bool) -> String {
 
 /// Starts `kvrelay relay` on free ports with file discovery of `cards` and `sources`;
 /// returns the process, its admin address and its WAN port.
-fn start_relay(setup: &Setup, dir: &Path, cards: &Path, sources: &str) -> Result<(Proc, String, u16)> {
+fn start_relay(
+    setup: &Setup,
+    dir: &Path,
+    cards: &Path,
+    sources: &str,
+) -> Result<(Proc, String, u16)> {
     let (wan, admin_port) = (free_port()?, free_port()?);
     let admin = format!("127.0.0.1:{admin_port}");
     let mut limits = String::new();
@@ -555,7 +576,7 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
 
     // Engines first: their sockets are bound before the relay dials them.
     let (mut engines, addrs, stamp_paths) =
-        spawn_engines(setup, &dir, spec.rate, spec.max_seconds).await?;
+        spawn_engines(setup, &dir, spec.rate, spec.max_seconds, 10_000).await?;
     let (mut relay, admin, wan) = start_relay(setup, &dir, &cards, &sources_toml(&addrs, true))?;
     wait_ready(&mut relay, &admin, &dir).await?;
 
@@ -809,7 +830,8 @@ async fn run_join(
     let dir = dir.canonicalize()?;
     let cards = dir.join("cards");
     write_cards(&cards, setup)?;
-    let (mut engines, addrs, _) = spawn_engines(setup, &dir, spec.rate, spec.publish_s).await?;
+    let (mut engines, addrs, _) =
+        spawn_engines(setup, &dir, spec.rate, spec.publish_s, spec.replay_batches).await?;
     for engine in &mut engines {
         engine.send("go")?;
     }
@@ -868,6 +890,7 @@ async fn run_join(
         "publish_s": spec.publish_s,
         "join_after_s": spec.join_after_s,
         "replay": spec.replay,
+        "replay_batches": spec.replay_batches,
         "engine_batches": batches,
         "relay_ready_after_s": ready_s,
         "measured_after_s": JOIN_MEASURE_AFTER.as_secs_f64(),
@@ -905,7 +928,7 @@ fn poll_done(engines: &mut [Proc], batches: &mut [Option<u64>]) -> Result<()> {
 /// The join runs as a Markdown table.
 fn render_join(results: &[Value]) -> String {
     let mut out = String::from(
-        "\n| join run | relay joins | replay | truth blocks | resident 10 s later | routable | unroutable blocks | replays | resets |\n\
+        "\n| join run | relay joins | replay (ring) | truth blocks | resident 10 s later | routable | unroutable blocks | replays | resets |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for result in results {
@@ -919,7 +942,11 @@ fn render_join(results: &[Value]) -> String {
             result["run"].as_str().unwrap_or("?"),
             joins,
             number(&result["join_after_s"], 0),
-            if result["replay"].as_bool().unwrap_or(false) { "yes" } else { "no" },
+            if result["replay"].as_bool().unwrap_or(false) {
+                format!("yes ({})", number(&result["replay_batches"], 0))
+            } else {
+                "no".to_owned()
+            },
             number(&result["truth_blocks"], 0),
             number(&result["resident_blocks"], 0),
             result["routable_fraction"].as_f64().unwrap_or(0.0) * 100.0,
