@@ -61,10 +61,46 @@ impl Totals {
     }
 }
 
+impl Totals {
+    /// The pool-stats view of these counters (`ingest` in `/v1/pools/{pool}/stats`).
+    fn json(&self) -> serde_json::Value {
+        // Per kind, over both transports (a pool's sources are ZMQ or NATS).
+        let mut rejected: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for ((_, kind), n) in &self.rejected {
+            *rejected.entry(kind.as_str()).or_default() += n;
+        }
+        let replays: serde_json::Map<String, serde_json::Value> = self
+            .replays
+            .iter()
+            .map(|(outcome, n)| (outcome.as_str().to_owned(), (*n).into()))
+            .collect();
+        let resets: serde_json::Map<String, serde_json::Value> = self
+            .resets
+            .iter()
+            .map(|(cause, n)| ((*cause).to_owned(), (*n).into()))
+            .collect();
+        serde_json::json!({
+            "unverified_tails": self.unverified_tails,
+            "disconnects": self.disconnects,
+            "restarts": self.restarts,
+            "replays": replays,
+            "resets": resets,
+            "rejected": rejected,
+        })
+    }
+}
+
+/// One running source: its probe and the endpoint whose pool it feeds.
+#[derive(Debug)]
+struct LiveSource {
+    probe: SourceProbe,
+    endpoint: String,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     next_id: u64,
-    live: BTreeMap<u64, SourceProbe>,
+    live: BTreeMap<u64, LiveSource>,
     /// Final counts of sources that stopped.
     retired: Totals,
     /// What the families already carry.
@@ -95,8 +131,10 @@ pub(crate) struct SourceRegistration {
 impl Drop for SourceRegistration {
     fn drop(&mut self) {
         let mut inner = self.metrics.lock();
-        if let Some(probe) = inner.live.remove(&self.id) {
-            inner.retired.add(probe.transport(), &probe.stats());
+        if let Some(source) = inner.live.remove(&self.id) {
+            inner
+                .retired
+                .add(source.probe.transport(), &source.probe.stats());
         }
     }
 }
@@ -171,12 +209,17 @@ impl SourceMetrics {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Watches `probe` until the returned registration is dropped.
-    pub(crate) fn register(self: &Arc<Self>, probe: SourceProbe) -> SourceRegistration {
+    /// Watches `probe`, a source feeding the pool of `endpoint` (dotted), until the
+    /// returned registration is dropped.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        probe: SourceProbe,
+        endpoint: String,
+    ) -> SourceRegistration {
         let mut inner = self.lock();
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.live.insert(id, probe);
+        inner.live.insert(id, LiveSource { probe, endpoint });
         SourceRegistration {
             id,
             metrics: self.clone(),
@@ -188,10 +231,22 @@ impl SourceMetrics {
         let inner = self.lock();
         let mut counts: BTreeMap<SourceState, usize> =
             SourceState::ALL.iter().map(|state| (*state, 0)).collect();
-        for probe in inner.live.values() {
-            *counts.entry(probe.state()).or_default() += 1;
+        for source in inner.live.values() {
+            *counts.entry(source.probe.state()).or_default() += 1;
         }
         counts
+    }
+
+    /// The counters of the running sources of `endpoint`'s pool, for its stats view: what
+    /// they saw since they started (a pool's sources restart with its generation, so a
+    /// retired generation's counts stay in the relay-wide metrics only).
+    pub(crate) fn endpoint_json(&self, endpoint: &str) -> serde_json::Value {
+        let inner = self.lock();
+        let mut totals = Totals::default();
+        for source in inner.live.values().filter(|s| s.endpoint == endpoint) {
+            totals.add(source.probe.transport(), &source.probe.stats());
+        }
+        totals.json()
     }
 
     /// Brings the families up to date with the sources' counters and states.
@@ -205,8 +260,8 @@ impl SourceMetrics {
         }
         let mut inner = self.lock();
         let mut totals = inner.retired.clone();
-        for probe in inner.live.values() {
-            totals.add(probe.transport(), &probe.stats());
+        for source in inner.live.values() {
+            totals.add(source.probe.transport(), &source.probe.stats());
         }
         let before = &inner.exported;
         for ((transport, kind), n) in &totals.rejected {
@@ -268,7 +323,9 @@ mod tests {
             limits: Limits::default(),
             fault: FaultInjection::default(),
         });
-        let registration = metrics.ingest.register(source.probe());
+        let registration = metrics
+            .ingest
+            .register(source.probe(), "ns.comp.ep".to_owned());
         let text = metrics.encode();
         assert!(
             text.contains("kvrelay_sources{state=\"connecting\"} 1"),

@@ -148,8 +148,10 @@ async fn unknown_parents_are_counted_and_valid_blocks_still_land() {
             .unwrap();
         seq += 1;
     }
-    // The 50 valid blocks are resident within 1 s of the last send.
-    let landed = tokio::time::timeout(Duration::from_secs(1), async {
+    // The 50 valid blocks become resident (bounded by the deadline; speed is the
+    // benchmarks' business, the time is printed).
+    let sent_at = tokio::time::Instant::now();
+    let landed = tokio::time::timeout(DEADLINE, async {
         loop {
             relay.flush().await;
             let report = relay.pool_reports().await.remove(0);
@@ -160,7 +162,11 @@ async fn unknown_parents_are_counted_and_valid_blocks_still_land() {
         }
     })
     .await
-    .expect("the valid blocks were not resident within 1 s");
+    .expect("the valid blocks never became resident");
+    eprintln!(
+        "valid blocks resident {:?} after the last send",
+        sent_at.elapsed()
+    );
     assert_eq!(landed.resident_blocks, 50);
     assert_eq!(landed.unroutable_events, 40);
     assert_eq!(landed.unroutable_blocks, 40);
@@ -200,6 +206,26 @@ async fn unknown_parents_are_counted_and_valid_blocks_still_land() {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The engine goes away. Without a replay endpoint nothing can tell whether it still
+    // held batches: the pool's stats count the unverified tail, and readiness says the
+    // pool has no connected source.
+    assert_eq!(stats["ingest"]["unverified_tails"], 0, "{stats}");
+    drop(publisher);
+    let body = readyz_until(admin, 503).await;
+    assert!(body.contains("no connected source"), "{body}");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (_, stats) = http_get(admin, &format!("/v1/pools/{pool}/stats")).await;
+        let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+        if stats["ingest"]["unverified_tails"] == 1 {
+            assert_eq!(stats["ingest"]["disconnects"], 1, "{stats}");
+            assert_eq!(stats["sources"]["connecting"], 1, "{stats}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{stats}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     relay.shutdown().await.unwrap();

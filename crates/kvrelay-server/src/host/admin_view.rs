@@ -87,6 +87,7 @@ impl AdminView for HostAdminView {
             "stall_timeout_ms": self.state.limits.pool_stall_timeout_ms,
             "health": health_json(&health),
             "stats": stats_json(&health),
+            "ingest": self.state.metrics.ingest.endpoint_json(&status.endpoint),
         }))
     }
 

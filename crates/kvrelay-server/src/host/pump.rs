@@ -90,6 +90,8 @@ pub(crate) fn spawn_zmq(
     cancel: CancellationToken,
 ) {
     let key = SourceKey::Engine(SourceId::new(config.worker_id, config.dp_rank));
+    // Dotted, as the pool's stats view names it (configured and advertised alike).
+    let pool_endpoint = config.endpoint.clone();
     let zmq = ZmqSourceConfig {
         worker_id: config.worker_id,
         dp_rank: config.dp_rank,
@@ -117,7 +119,7 @@ pub(crate) fn spawn_zmq(
     tracker.spawn(
         async move {
             let source = spawn_zmq_source(zmq);
-            forward(source, &state, &states, &key, &cancel).await;
+            forward(source, &state, &states, &key, pool_endpoint, &cancel).await;
             if !cancel.is_cancelled() {
                 states.report(key, SourceState::Failed);
             }
@@ -138,6 +140,7 @@ pub(crate) fn spawn_nats(
     cancel: CancellationToken,
 ) {
     let key = SourceKey::Nats(endpoint.clone());
+    let pool_endpoint = endpoint.dotted();
     let config = NatsSourceConfig {
         server: nats.server.clone(),
         subject: dynamo_kv_event_subject(
@@ -164,7 +167,15 @@ pub(crate) fn spawn_nats(
                     Ok(source) => {
                         backoff = NATS_BACKOFF_INITIAL;
                         states.report(key.clone(), SourceState::Connected);
-                        forward(source, &state, &states, &key, &cancel).await;
+                        forward(
+                            source,
+                            &state,
+                            &states,
+                            &key,
+                            pool_endpoint.clone(),
+                            &cancel,
+                        )
+                        .await;
                         states.report(key.clone(), SourceState::Connecting);
                     }
                     Err(err) => {
@@ -191,9 +202,10 @@ async fn forward(
     state: &HostState,
     states: &SourceStates,
     key: &SourceKey,
+    pool_endpoint: String,
     cancel: &CancellationToken,
 ) {
-    let _registration = state.metrics.ingest.register(source.probe());
+    let _registration = state.metrics.ingest.register(source.probe(), pool_endpoint);
     loop {
         let output = tokio::select! {
             biased;
