@@ -477,6 +477,10 @@ struct Actor {
     stats: PoolActorStats,
 }
 
+/// Most commands one wake of the actor runs before it records health and looks at its
+/// timer again.
+const MAX_COMMANDS_PER_WAKE: usize = 64;
+
 impl Actor {
     async fn run(mut self) {
         let fence = self.fence.clone();
@@ -487,8 +491,23 @@ impl Actor {
                 () = fence.cancelled() => break true,
                 command = self.commands.recv() => match command {
                     Some(command) => {
-                        let applied = matches!(command, Command::Apply { .. });
+                        let mut applied = usize::from(matches!(command, Command::Apply { .. }));
                         self.handle(command).await;
+                        // Commands already queued run in the same wake, and health is
+                        // recorded once for them: per-command bookkeeping (the health
+                        // lock, the clock, a task poll) cost more than applying an event.
+                        // Bounded, so the publication timer and the fence are seen within
+                        // a few dozen commands.
+                        for _ in 1..MAX_COMMANDS_PER_WAKE {
+                            if self.fence.is_cancelled() {
+                                break;
+                            }
+                            let Ok(command) = self.commands.try_recv() else {
+                                break;
+                            };
+                            applied += usize::from(matches!(command, Command::Apply { .. }));
+                            self.handle(command).await;
+                        }
                         self.publish_health(applied);
                     }
                     None => break false,
@@ -496,7 +515,7 @@ impl Actor {
                 () = sleep_until_armed(deadline), if deadline.is_some() => {
                     self.deadline = None;
                     self.publish().await;
-                    self.publish_health(false);
+                    self.publish_health(0);
                 }
             }
             if self.fence.is_cancelled() {
@@ -506,7 +525,7 @@ impl Actor {
         if !discard_tail {
             self.publish_tail().await;
         }
-        self.publish_health(false);
+        self.publish_health(0);
         self.lease = None;
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
@@ -579,9 +598,9 @@ impl Actor {
         stats
     }
 
-    /// Publishes the counters into the shared health cell; `applied` marks an applied
-    /// (or rejected) event, which also retires that event's pending stamp.
-    fn publish_health(&self, applied: bool) {
+    /// Publishes the counters into the shared health cell; `applied` counts the applied
+    /// (or rejected) events since the last call, which also retires their pending stamps.
+    fn publish_health(&self, applied: usize) {
         self.shared.health.record(
             Instant::now(),
             self.current_stats(),

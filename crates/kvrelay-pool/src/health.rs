@@ -93,13 +93,14 @@ impl HealthCell {
         send();
     }
 
-    /// The actor's update after one command (or a timer publication).
+    /// The actor's update after a run of commands (or a timer publication), of which
+    /// `events_done` were events (each retires its pending stamp).
     pub(crate) fn record(
         &self,
         now: Instant,
         stats: PoolActorStats,
         latest_faults: &[Option<ActorFault>; 3],
-        event_done: bool,
+        events_done: usize,
     ) {
         let mut inner = self.inner.lock();
         inner.stats = stats;
@@ -107,8 +108,9 @@ impl HealthCell {
             inner.latest_faults.clone_from(latest_faults);
         }
         inner.last_progress = now;
-        if event_done {
-            inner.pending.pop_front();
+        if events_done > 0 {
+            let done = events_done.min(inner.pending.len());
+            inner.pending.drain(..done);
             inner.last_event = Some(now);
         }
     }
@@ -169,12 +171,7 @@ mod tests {
 
         // Applying it clears the stall and records the last event.
         let applied = arrival + Duration::from_secs(3);
-        cell.record(
-            applied,
-            PoolActorStats::default(),
-            &Default::default(),
-            true,
-        );
+        cell.record(applied, PoolActorStats::default(), &Default::default(), 1);
         let after = cell.read(applied + Duration::from_secs(1), 0, false);
         assert_eq!(after.pending_events, 0);
         assert_eq!(after.since_last_event, Some(Duration::from_secs(1)));
@@ -191,11 +188,26 @@ mod tests {
             start + Duration::from_secs(5),
             PoolActorStats::default(),
             &Default::default(),
-            true,
+            1,
         );
         let health = cell.read(start + Duration::from_secs(6), 1, false);
         assert_eq!(health.pending_events, 1);
         assert_eq!(health.stalled_for, Duration::from_secs(1));
         assert_eq!(health.oldest_pending_age, Some(Duration::from_secs(6)));
+    }
+
+    #[test]
+    fn a_run_of_events_retires_that_many_stamps_and_never_more() {
+        let start = Instant::now();
+        let cell = HealthCell::new(start, 8);
+        for at in 0..5 {
+            cell.enqueue(start + Duration::from_secs(at), || {});
+        }
+        cell.record(start, PoolActorStats::default(), &Default::default(), 3);
+        let health = cell.read(start + Duration::from_secs(10), 2, false);
+        assert_eq!(health.pending_events, 2);
+        assert_eq!(health.oldest_pending_age, Some(Duration::from_secs(7)));
+        cell.record(start, PoolActorStats::default(), &Default::default(), 9);
+        assert_eq!(cell.read(start, 0, false).pending_events, 0);
     }
 }
