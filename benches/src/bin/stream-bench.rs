@@ -564,8 +564,9 @@ async fn wait_ready(relay: &mut Proc, admin: &str, dir: &Path) -> Result<()> {
     }
 }
 
-async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
-    let dir = setup.out_dir.join("stream-bench").join(&spec.name);
+/// A fresh `target/stream-bench/<run>/` (absolute) with the run's cards in `cards/`.
+fn run_dir(setup: &Setup, run: &str) -> Result<(PathBuf, PathBuf)> {
+    let dir = setup.out_dir.join("stream-bench").join(run);
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
@@ -573,6 +574,11 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
     let dir = dir.canonicalize()?;
     let cards = dir.join("cards");
     write_cards(&cards, setup)?;
+    Ok((dir, cards))
+}
+
+async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
+    let (dir, cards) = run_dir(setup, &spec.name)?;
 
     // Engines first: their sockets are bound before the relay dials them.
     let (mut engines, addrs, stamp_paths) =
@@ -822,14 +828,7 @@ async fn run_join(
     spec: &JoinSpec,
     requests: &[kvrelay_ingest::RequestRecord],
 ) -> Result<Value> {
-    let dir = setup.out_dir.join("stream-bench").join(&spec.name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
-    std::fs::create_dir_all(&dir)?;
-    let dir = dir.canonicalize()?;
-    let cards = dir.join("cards");
-    write_cards(&cards, setup)?;
+    let (dir, cards) = run_dir(setup, &spec.name)?;
     let (mut engines, addrs, _) =
         spawn_engines(setup, &dir, spec.rate, spec.publish_s, spec.replay_batches).await?;
     for engine in &mut engines {

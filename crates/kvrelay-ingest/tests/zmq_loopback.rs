@@ -232,6 +232,21 @@ async fn converge(
     signals: &mut Vec<SourceSignal>,
     what: &str,
 ) {
+    drive_until_truth(source, engine, state, signals, what, true).await;
+}
+
+/// Drives the source until the ingested state equals the engine's truth; with
+/// `idle_batches` the engine publishes an empty batch every 100 ms, without it nothing
+/// (so no live batch can reveal a gap and only a probe can recover it). Fails after a
+/// deadline, naming `what`.
+async fn drive_until_truth(
+    source: &mut SourceHandle,
+    engine: &mut FakeEngine,
+    state: &mut State,
+    signals: &mut Vec<SourceSignal>,
+    what: &str,
+    idle_batches: bool,
+) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     while *state != engine.truth {
@@ -243,9 +258,28 @@ async fn converge(
                 SourceOutput::Event(event) => apply(state, &event),
                 SourceOutput::Signal(signal) => signals.push(signal),
             },
-            _ = tick.tick() => engine.publish(Vec::new(), false).await,
+            _ = tick.tick(), if idle_batches => engine.publish(Vec::new(), false).await,
         }
     }
+}
+
+/// A source with a replay endpoint that probes after 200 ms of silence.
+fn probing_source(pub_endpoint: String, replay_endpoint: String) -> SourceHandle {
+    spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint,
+        replay_endpoint: Some(replay_endpoint),
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits: Limits {
+            tail_probe_idle_ms: 200,
+            ..Limits::default()
+        },
+        declared_ranks: 0..1,
+        fault: Default::default(),
+    })
 }
 
 /// Drains the source until its stats satisfy `done` (bounded); returns them.
@@ -492,35 +526,18 @@ async fn a_relay_joining_an_idle_engine_recovers_what_it_published_before() {
             .await;
     }
     engine.publish(vec![removed(&[1])], true).await;
-    let mut source = spawn_zmq_source(ZmqSourceConfig {
-        worker_id: 1,
-        dp_rank: 0,
-        engine: EngineKind::Vllm,
-        endpoint: pub_endpoint,
-        replay_endpoint: Some(replay_endpoint),
-        topic: TOPIC.to_owned(),
-        canonical: canonical(),
-        limits: Limits {
-            tail_probe_idle_ms: 200,
-            ..Limits::default()
-        },
-        declared_ranks: 0..1,
-        fault: Default::default(),
-    });
+    let mut source = probing_source(pub_endpoint, replay_endpoint);
     let mut state = State::new();
     let mut signals = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while state != engine.truth {
-        tokio::select! {
-            () = tokio::time::sleep_until(deadline) => {
-                panic!("the join probe never recovered the engine\n ingested {state:?}\n truth {:?}\n signals {signals:?}\n stats {:?}", engine.truth, source.stats());
-            }
-            output = source.next() => match output.expect("source stopped") {
-                SourceOutput::Event(event) => apply(&mut state, &event),
-                SourceOutput::Signal(signal) => signals.push(signal),
-            },
-        }
-    }
+    drive_until_truth(
+        &mut source,
+        &mut engine,
+        &mut state,
+        &mut signals,
+        "the join probe",
+        false,
+    )
+    .await;
     // The replay's outcome is counted when its end marker arrives, just after its last
     // batch.
     let stats = stats_until(&mut source, |stats| {
@@ -539,21 +556,7 @@ async fn a_relay_joining_an_idle_engine_recovers_what_it_published_before() {
 async fn a_tail_the_publisher_never_sent_is_fetched_by_the_idle_probe() {
     let (mut engine, pub_endpoint, replay_endpoint) =
         FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
-    let mut source = spawn_zmq_source(ZmqSourceConfig {
-        worker_id: 1,
-        dp_rank: 0,
-        engine: EngineKind::Vllm,
-        endpoint: pub_endpoint,
-        replay_endpoint: Some(replay_endpoint),
-        topic: TOPIC.to_owned(),
-        canonical: canonical(),
-        limits: Limits {
-            tail_probe_idle_ms: 200,
-            ..Limits::default()
-        },
-        declared_ranks: 0..1,
-        fault: Default::default(),
-    });
+    let mut source = probing_source(pub_endpoint, replay_endpoint);
     let mut state = State::new();
     let mut signals = Vec::new();
     engine.publish(vec![stored(&[1, 2], None, 1)], false).await;
@@ -565,18 +568,15 @@ async fn a_tail_the_publisher_never_sent_is_fetched_by_the_idle_probe() {
     engine.publish(vec![stored(&[3], Some(2), 2)], true).await;
     engine.publish(vec![removed(&[1])], true).await;
     engine.publish(vec![stored(&[4, 5], None, 3)], true).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while state != engine.truth {
-        tokio::select! {
-            () = tokio::time::sleep_until(deadline) => {
-                panic!("the tail was never fetched\n ingested {state:?}\n truth {:?}\n stats {:?}", engine.truth, source.stats());
-            }
-            output = source.next() => match output.expect("source stopped") {
-                SourceOutput::Event(event) => apply(&mut state, &event),
-                SourceOutput::Signal(signal) => signals.push(signal),
-            },
-        }
-    }
+    drive_until_truth(
+        &mut source,
+        &mut engine,
+        &mut state,
+        &mut signals,
+        "the tail probe",
+        false,
+    )
+    .await;
     let recovered_before = before.replays(kvrelay_ingest::ReplayOutcome::Recovered);
     let after = stats_until(&mut source, |stats| {
         stats.replays(kvrelay_ingest::ReplayOutcome::Recovered) > recovered_before
