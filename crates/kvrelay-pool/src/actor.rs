@@ -490,26 +490,7 @@ impl Actor {
                 biased;
                 () = fence.cancelled() => break true,
                 command = self.commands.recv() => match command {
-                    Some(command) => {
-                        let mut applied = usize::from(matches!(command, Command::Apply { .. }));
-                        self.handle(command).await;
-                        // Commands already queued run in the same wake, and health is
-                        // recorded once for them: per-command bookkeeping (the health
-                        // lock, the clock, a task poll) cost more than applying an event.
-                        // Bounded, so the publication timer and the fence are seen within
-                        // a few dozen commands.
-                        for _ in 1..MAX_COMMANDS_PER_WAKE {
-                            if self.fence.is_cancelled() {
-                                break;
-                            }
-                            let Ok(command) = self.commands.try_recv() else {
-                                break;
-                            };
-                            applied += usize::from(matches!(command, Command::Apply { .. }));
-                            self.handle(command).await;
-                        }
-                        self.publish_health(applied);
-                    }
+                    Some(command) => self.run_queued(command).await,
                     None => break false,
                 },
                 () = sleep_until_armed(deadline), if deadline.is_some() => {
@@ -530,6 +511,34 @@ impl Actor {
         for reply in self.shutdown_replies.drain(..) {
             let _ = reply.send(());
         }
+    }
+
+    /// Runs `first` and the events already queued behind it in one wake, recording health
+    /// once for them: per-command bookkeeping (the health lock, the clock, a task poll)
+    /// costs more than applying an event. Bounded by [`MAX_COMMANDS_PER_WAKE`], so the
+    /// publication timer and the fence are seen within a few dozen commands. Any other
+    /// command may wait (a flush, an attach), so the events before it are on record first
+    /// and the run ends with it.
+    async fn run_queued(&mut self, first: Command) {
+        let mut applied = 0usize;
+        let mut command = first;
+        for handled in 1..=MAX_COMMANDS_PER_WAKE {
+            let is_event = matches!(command, Command::Apply { .. });
+            if !is_event && applied > 0 {
+                self.publish_health(applied);
+                applied = 0;
+            }
+            self.handle(command).await;
+            applied += usize::from(is_event);
+            if !is_event || handled == MAX_COMMANDS_PER_WAKE || self.fence.is_cancelled() {
+                break;
+            }
+            let Ok(next) = self.commands.try_recv() else {
+                break;
+            };
+            command = next;
+        }
+        self.publish_health(applied);
     }
 
     async fn handle(&mut self, command: Command) {

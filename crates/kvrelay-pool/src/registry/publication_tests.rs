@@ -662,6 +662,36 @@ async fn health_sees_a_stalled_actor_without_its_mailbox() {
 }
 
 #[tokio::test]
+async fn events_run_before_a_waiting_command_are_on_record_while_it_waits() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    // Queue three events and a second stall behind a first one, so one wake of the actor
+    // runs the events and then waits in the second stall.
+    let first = attachment.actor.stall().await.unwrap();
+    for id in 1..=3 {
+        attachment.actor.submit(stored_event(id)).await.unwrap();
+    }
+    let second = attachment.actor.stall().await.unwrap();
+    drop(first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let health = attachment.actor.health(tokio::time::Instant::now());
+        if health.stats.events_applied == 3 {
+            assert_eq!(health.pending_events, 0, "{health:?}");
+            assert!(!health.is_stalled(Duration::ZERO), "{health:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the events applied before the waiting command were never recorded: {health:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(second);
+    registry.detach(attachment).await;
+}
+
+#[tokio::test]
 async fn clearing_a_source_drops_only_its_blocks() {
     let registry = registry_with(test_limits(), Gates::default());
     let attachment = attach_llama(&registry, 1, "a.b.c").await;
