@@ -423,6 +423,15 @@ fn default_nats_max_payload_bytes() -> usize {
 }
 
 impl NatsConfig {
+    /// The bounds of the NATS source: `ingest` (the `[ingest]` table) with this table's
+    /// `max_payload_bytes`.
+    pub fn limits(&self, ingest: kvrelay_ingest::Limits) -> kvrelay_ingest::Limits {
+        kvrelay_ingest::Limits {
+            max_payload_bytes: self.max_payload_bytes,
+            ..ingest
+        }
+    }
+
     /// A server with the default limit, no credentials and no TLS.
     pub fn plain(server: String) -> Self {
         Self {
@@ -648,14 +657,6 @@ impl RelayConfig {
         warnings
     }
 
-    /// The bounds of the NATS source: `[ingest]` with `[nats] max_payload_bytes`.
-    pub fn nats_limits(&self, nats: &NatsConfig) -> kvrelay_ingest::Limits {
-        kvrelay_ingest::Limits {
-            max_payload_bytes: nats.max_payload_bytes,
-            ..self.ingest
-        }
-    }
-
     /// Checks everything that can be checked without touching the network.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.dc_id.is_empty() || self.dc_id.trim() != self.dc_id {
@@ -673,12 +674,12 @@ impl RelayConfig {
                 error,
             })?;
         if let Some(nats) = &self.nats {
-            self.nats_limits(nats)
-                .validate()
-                .map_err(|error| ConfigError::InvalidIngestLimit {
+            nats.limits(self.ingest).validate().map_err(|error| {
+                ConfigError::InvalidIngestLimit {
                     table: "nats",
                     error,
-                })?;
+                }
+            })?;
         }
         match self.discovery.backend {
             DiscoveryBackend::File if self.discovery.dir.is_none() => {
@@ -886,7 +887,7 @@ mod tests {
             kvrelay_ingest::limits::DEFAULT_OUTPUT_QUEUE_DEPTH
         );
         let nats = config.nats.as_ref().unwrap();
-        let nats_limits = config.nats_limits(nats);
+        let nats_limits = nats.limits(config.ingest);
         assert_eq!(nats_limits.max_payload_bytes, 65_536);
         assert_eq!(nats_limits.tail_probe_idle_ms, 250);
 

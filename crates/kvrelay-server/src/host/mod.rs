@@ -195,7 +195,6 @@ impl Relay {
             source_updates,
             nats_server: config.nats.clone(),
             ingest_limits: config.ingest,
-            nats_limits: config.nats.as_ref().map(|nats| config.nats_limits(nats)),
             views: views_rx,
             cancel: host_cancel.clone(),
         };

@@ -47,10 +47,8 @@ pub(crate) struct Supervisor {
     pub(crate) source_updates: watch::Receiver<BTreeMap<EndpointId, Vec<SourceConfig>>>,
     /// The NATS server carrying every endpoint's Dynamo KV events, if any.
     pub(crate) nats_server: Option<crate::config::NatsConfig>,
-    /// Bounds of each ZMQ source (`[ingest]`).
+    /// Bounds of every source (`[ingest]`; NATS takes `[nats] max_payload_bytes` on top).
     pub(crate) ingest_limits: kvrelay_ingest::Limits,
-    /// Bounds of each NATS source (`[ingest]` with the `[nats]` payload limit).
-    pub(crate) nats_limits: Option<kvrelay_ingest::Limits>,
     pub(crate) views: watch::Receiver<Option<MembershipView>>,
     pub(crate) cancel: CancellationToken,
 }
@@ -417,9 +415,7 @@ impl Pumps {
             pump::spawn_nats(
                 &self.tracker,
                 server,
-                supervisor
-                    .nats_limits
-                    .unwrap_or_else(kvrelay_ingest::Limits::nats),
+                server.limits(supervisor.ingest_limits),
                 endpoint,
                 supervisor.state.clone(),
                 self.states.clone(),
