@@ -196,6 +196,11 @@ enum Command {
         event: RouterEvent,
         _permit: OwnedSemaphorePermit,
     },
+    /// Events applied in order as one command (see [`PoolActorHandle::submit_batch`]).
+    ApplyBatch {
+        events: Vec<RouterEvent>,
+        _permit: OwnedSemaphorePermit,
+    },
     ClearSource {
         source: SourceId,
         reply: oneshot::Sender<()>,
@@ -323,6 +328,63 @@ impl PoolActorHandle {
         self.shared.health.enqueue(Instant::now(), || {
             slot.send(Command::Apply {
                 event,
+                _permit: permit,
+            });
+        });
+        Ok(())
+    }
+
+    /// Queues `events` in order; returns once all are queued, not once applied.
+    ///
+    /// One permit acquisition, one mailbox slot and one health stamp per chunk instead of
+    /// per event: a source that delivers a burst (an engine's batch is hundreds of
+    /// events) costs the actor one wake per chunk. Chunks hold at most
+    /// [`MAX_EVENTS_PER_BATCH`] events and at most `actor_pending_blocks` of weight, so the
+    /// same permits bound the queued blocks as with [`PoolActorHandle::submit`] and a chunk
+    /// never waits for more permits than exist. An empty `events` queues nothing.
+    ///
+    /// Not cancel-safe as a whole: dropping the future queues the chunks already sent and
+    /// nothing of the rest (each chunk is all or nothing).
+    pub async fn submit_batch(&self, events: Vec<RouterEvent>) -> Result<(), ActorError> {
+        let max_weight = self.shared.max_weight.max(1);
+        let mut chunk = Vec::new();
+        let mut chunk_weight = 0u32;
+        for event in events {
+            let weight = event_weight(&event, max_weight);
+            let full = chunk.len() >= MAX_EVENTS_PER_BATCH
+                || chunk_weight.saturating_add(weight) > max_weight;
+            if full && !chunk.is_empty() {
+                self.send_chunk(std::mem::take(&mut chunk), chunk_weight)
+                    .await?;
+                chunk_weight = 0;
+            }
+            chunk_weight += weight;
+            chunk.push(event);
+        }
+        if !chunk.is_empty() {
+            self.send_chunk(chunk, chunk_weight).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_chunk(&self, events: Vec<RouterEvent>, weight: u32) -> Result<(), ActorError> {
+        let permit = self
+            .shared
+            .permits
+            .clone()
+            .acquire_many_owned(weight)
+            .await
+            .map_err(|_| ActorError::ShuttingDown)?;
+        let slot = self
+            .shared
+            .mailbox
+            .reserve()
+            .await
+            .map_err(|_| ActorError::ShuttingDown)?;
+        let count = events.len();
+        self.shared.health.enqueue_many(Instant::now(), count, || {
+            slot.send(Command::ApplyBatch {
+                events,
                 _permit: permit,
             });
         });
@@ -481,6 +543,11 @@ struct Actor {
 /// timer again.
 const MAX_COMMANDS_PER_WAKE: usize = 64;
 
+/// Most events in one mailbox command from [`PoolActorHandle::submit_batch`]; with
+/// [`MAX_COMMANDS_PER_WAKE`] it bounds the events one wake applies before the actor sees
+/// its publication timer and fence again (4096).
+pub const MAX_EVENTS_PER_BATCH: usize = 64;
+
 impl Actor {
     async fn run(mut self) {
         let fence = self.fence.clone();
@@ -523,13 +590,18 @@ impl Actor {
         let mut applied = 0usize;
         let mut command = first;
         for handled in 1..=MAX_COMMANDS_PER_WAKE {
-            let is_event = matches!(command, Command::Apply { .. });
+            let events = match &command {
+                Command::Apply { .. } => 1,
+                Command::ApplyBatch { events, .. } => events.len(),
+                _ => 0,
+            };
+            let is_event = matches!(command, Command::Apply { .. } | Command::ApplyBatch { .. });
             if !is_event && applied > 0 {
                 self.publish_health(applied);
                 applied = 0;
             }
             self.handle(command).await;
-            applied += usize::from(is_event);
+            applied += events;
             if !is_event || handled == MAX_COMMANDS_PER_WAKE || self.fence.is_cancelled() {
                 break;
             }
@@ -547,6 +619,13 @@ impl Actor {
                 let result = self.state.apply(&event);
                 drop(_permit);
                 self.after_apply(&event, result).await;
+            }
+            Command::ApplyBatch { events, _permit } => {
+                for event in &events {
+                    let result = self.state.apply(event);
+                    self.after_apply(event, result).await;
+                }
+                drop(_permit);
             }
             Command::ClearSource { source, reply } => {
                 if let Err(fault) = self.state.clear_source(source) {

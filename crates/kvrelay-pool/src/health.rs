@@ -65,7 +65,8 @@ pub(crate) struct HealthCell {
 struct HealthInner {
     stats: PoolActorStats,
     latest_faults: [Option<ActorFault>; 3],
-    /// Arrival of every pending event, oldest first (at most the mailbox capacity).
+    /// Arrival of every pending event, oldest first (at most the mailbox capacity times
+    /// `MAX_EVENTS_PER_BATCH`).
     pending: VecDeque<Instant>,
     last_progress: Instant,
     last_event: Option<Instant>,
@@ -88,8 +89,14 @@ impl HealthCell {
     /// Stamps one event's arrival and runs `send` under the same lock, so stamps are in
     /// mailbox order.
     pub(crate) fn enqueue(&self, now: Instant, send: impl FnOnce()) {
+        self.enqueue_many(now, 1, send);
+    }
+
+    /// Stamps `count` events arriving together (one batch command) and runs `send` under
+    /// the same lock.
+    pub(crate) fn enqueue_many(&self, now: Instant, count: usize, send: impl FnOnce()) {
         let mut inner = self.inner.lock();
-        inner.pending.push_back(now);
+        inner.pending.extend(std::iter::repeat_n(now, count));
         send();
     }
 

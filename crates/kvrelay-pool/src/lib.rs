@@ -109,7 +109,9 @@ mod load;
 mod registry;
 mod subscription;
 
-pub use actor::{ActorFault, FaultCategory, FaultCounts, PoolActorHandle, PoolActorStats};
+pub use actor::{
+    ActorFault, FaultCategory, FaultCounts, MAX_EVENTS_PER_BATCH, PoolActorHandle, PoolActorStats,
+};
 pub use catalog::{PoolCatalog, PoolDescriptor};
 pub use error::{
     ActorError, AttachError, FeedError, LimitsError, LoadCapacityError, PoolError, PoolFault,

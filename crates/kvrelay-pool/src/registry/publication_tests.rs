@@ -691,6 +691,90 @@ async fn events_run_before_a_waiting_command_are_on_record_while_it_waits() {
     registry.detach(attachment).await;
 }
 
+/// A mixed stream of stores and removals from two sources: 3-block chains, every third
+/// event removing the chain before the last.
+fn mixed_events(count: u64) -> Vec<RouterEvent> {
+    let mut events = Vec::new();
+    for id in 0..count {
+        let source = SourceId::new(1, u32::from(id % 2 == 1));
+        let step = id / 2;
+        let first = step * 3;
+        let parent = step.checked_sub(1).map(|previous| previous * 3 + 2);
+        events.push(chain(source, id + 1, parent, first..first + 3));
+        if step >= 2 && step % 3 == 0 {
+            let old = (step - 2) * 3;
+            events.push(removed(source, id + 1, vec![old, old + 1, old + 2]));
+        }
+    }
+    events
+}
+
+#[tokio::test]
+async fn a_batch_applies_exactly_like_the_same_events_one_by_one() {
+    // 4 block permits and 3-block events: chunks split by weight (one event each); 200
+    // events also exceed MAX_EVENTS_PER_BATCH with the larger budget.
+    for pending_blocks in [4, 1 << 16] {
+        let limits = Limits {
+            actor_pending_blocks: pending_blocks,
+            ..test_limits()
+        };
+        let one_by_one = registry_with(limits.clone(), Gates::default());
+        let batched = registry_with(limits, Gates::default());
+        let single = attach_llama(&one_by_one, 1, "a.b.c").await;
+        let batch = attach_llama(&batched, 1, "a.b.c").await;
+        let events = mixed_events(200);
+        assert!(events.len() > crate::MAX_EVENTS_PER_BATCH * 2);
+        for event in events.clone() {
+            single.actor.submit(event).await.unwrap();
+        }
+        batch.actor.submit_batch(events.clone()).await.unwrap();
+        batch.actor.submit_batch(Vec::new()).await.unwrap();
+        single.actor.flush().await.unwrap();
+        batch.actor.flush().await.unwrap();
+        assert_eq!(
+            batch.actor.words().await.unwrap().1,
+            single.actor.words().await.unwrap().1,
+            "tables differ with {pending_blocks} block permits"
+        );
+        assert_eq!(
+            batch.actor.source_blocks().await.unwrap(),
+            single.actor.source_blocks().await.unwrap()
+        );
+        let stats = batch.actor.stats().await.unwrap();
+        assert_eq!(stats.events_applied, events.len() as u64);
+        assert_eq!(
+            batch.actor.available_block_permits(),
+            pending_blocks as usize
+        );
+        one_by_one.detach(single).await;
+        batched.detach(batch).await;
+    }
+}
+
+#[tokio::test]
+async fn every_event_of_a_queued_batch_counts_as_pending() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let release = attachment.actor.stall().await.unwrap();
+    attachment
+        .actor
+        .submit_batch((1..=5).map(stored_event).collect())
+        .await
+        .unwrap();
+    let health = attachment.actor.health(tokio::time::Instant::now());
+    assert_eq!(health.pending_events, 5, "{health:?}");
+    // The stall itself may still be queued; the five events take one slot.
+    assert!(
+        health.mailbox_depth <= 2,
+        "one command for the batch: {health:?}"
+    );
+    drop(release);
+    attachment.actor.flush().await.unwrap();
+    let health = attachment.actor.health(tokio::time::Instant::now());
+    assert_eq!((health.pending_events, health.stats.events_applied), (0, 5));
+    registry.detach(attachment).await;
+}
+
 #[tokio::test]
 async fn clearing_a_source_drops_only_its_blocks() {
     let registry = registry_with(test_limits(), Gates::default());

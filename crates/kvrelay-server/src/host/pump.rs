@@ -16,6 +16,7 @@ use kvrelay_ingest::{
     CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceSignal, ZmqSourceConfig,
     dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
 };
+use kvrelay_pool::MAX_EVENTS_PER_BATCH;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
@@ -206,21 +207,44 @@ async fn forward(
     cancel: &CancellationToken,
 ) {
     let _registration = state.metrics.ingest.register(source.probe(), pool_endpoint);
+    // An output taken from the queue while gathering a batch that did not belong to it.
+    let mut carried = None;
     loop {
-        let output = tokio::select! {
-            biased;
-            () = cancel.cancelled() => break,
-            output = source.next() => output,
+        let output = match carried.take() {
+            Some(output) => Some(output),
+            None => tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                output = source.next() => output,
+            },
         };
         match output {
             None => break,
             Some(SourceOutput::Event(event)) => {
-                let route = state.routes.borrow().routes.get(&event.source).cloned();
+                // An engine batch arrives as a burst of events from one source: what is
+                // already queued behind this event goes to the actor as one command (one
+                // route lookup, one permit wait, one mailbox slot).
+                let origin = event.source;
+                let mut batch = vec![event];
+                while batch.len() < MAX_EVENTS_PER_BATCH {
+                    match source.try_next() {
+                        Some(SourceOutput::Event(next)) if next.source == origin => {
+                            batch.push(next)
+                        }
+                        Some(other) => {
+                            carried = Some(other);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                let events = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+                let route = state.routes.borrow().routes.get(&origin).cloned();
                 let submitted = match route {
                     Some(route) => tokio::select! {
                         biased;
                         () = cancel.cancelled() => break,
-                        submitted = route.actor.submit(event) => submitted.is_ok(),
+                        submitted = route.actor.submit_batch(batch) => submitted.is_ok(),
                     },
                     None => false,
                 };
@@ -229,7 +253,7 @@ async fn forward(
                     .metrics
                     .events
                     .get_or_create(&DispositionLabel { disposition })
-                    .inc();
+                    .inc_by(events);
             }
             Some(SourceOutput::Signal(signal)) => {
                 states.report(key.clone(), state_after(&signal));
