@@ -543,9 +543,9 @@ struct Actor {
 /// timer again.
 const MAX_COMMANDS_PER_WAKE: usize = 64;
 
-/// Most events in one mailbox command from [`PoolActorHandle::submit_batch`]; with
-/// [`MAX_COMMANDS_PER_WAKE`] it bounds the events one wake applies before the actor sees
-/// its publication timer and fence again (4096).
+/// Most events in one mailbox command from [`PoolActorHandle::submit_batch`]. One wake of
+/// the actor runs at most 64 commands, so it applies at most 4096 events before it sees
+/// its publication timer and fence again.
 pub const MAX_EVENTS_PER_BATCH: usize = 64;
 
 impl Actor {
