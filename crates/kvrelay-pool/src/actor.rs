@@ -311,19 +311,7 @@ impl PoolActorHandle {
     /// before it returns queues nothing.
     pub async fn submit(&self, event: RouterEvent) -> Result<(), ActorError> {
         let weight = event_weight(&event, self.shared.max_weight);
-        let permit = self
-            .shared
-            .permits
-            .clone()
-            .acquire_many_owned(weight)
-            .await
-            .map_err(|_| ActorError::ShuttingDown)?;
-        let slot = self
-            .shared
-            .mailbox
-            .reserve()
-            .await
-            .map_err(|_| ActorError::ShuttingDown)?;
+        let (permit, slot) = self.admit(weight).await?;
         // Stamped and sent in one step, so stamps leave in mailbox order.
         self.shared.health.enqueue(Instant::now(), || {
             slot.send(Command::Apply {
@@ -367,7 +355,12 @@ impl PoolActorHandle {
         Ok(())
     }
 
-    async fn send_chunk(&self, events: Vec<RouterEvent>, weight: u32) -> Result<(), ActorError> {
+    /// Waits for `weight` block permits, then for a mailbox slot: the order every
+    /// submission admits itself in (permits first, so a full budget holds no slot).
+    async fn admit(
+        &self,
+        weight: u32,
+    ) -> Result<(OwnedSemaphorePermit, mpsc::Permit<'_, Command>), ActorError> {
         let permit = self
             .shared
             .permits
@@ -381,6 +374,11 @@ impl PoolActorHandle {
             .reserve()
             .await
             .map_err(|_| ActorError::ShuttingDown)?;
+        Ok((permit, slot))
+    }
+
+    async fn send_chunk(&self, events: Vec<RouterEvent>, weight: u32) -> Result<(), ActorError> {
+        let (permit, slot) = self.admit(weight).await?;
         let count = events.len();
         self.shared.health.enqueue_many(Instant::now(), count, || {
             slot.send(Command::ApplyBatch {
