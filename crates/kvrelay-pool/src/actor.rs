@@ -589,17 +589,17 @@ impl Actor {
         let mut command = first;
         for handled in 1..=MAX_COMMANDS_PER_WAKE {
             let events = match &command {
-                Command::Apply { .. } => 1,
-                Command::ApplyBatch { events, .. } => events.len(),
-                _ => 0,
+                Command::Apply { .. } => Some(1),
+                Command::ApplyBatch { events, .. } => Some(events.len()),
+                _ => None,
             };
-            let is_event = matches!(command, Command::Apply { .. } | Command::ApplyBatch { .. });
+            let is_event = events.is_some();
             if !is_event && applied > 0 {
                 self.publish_health(applied);
                 applied = 0;
             }
             self.handle(command).await;
-            applied += events;
+            applied += events.unwrap_or(0);
             if !is_event || handled == MAX_COMMANDS_PER_WAKE || self.fence.is_cancelled() {
                 break;
             }
