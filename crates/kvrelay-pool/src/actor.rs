@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::error::{ActorError, FeedError, PoolFault};
+use crate::error::{ActorError, BatchSubmitError, FeedError, PoolFault};
 use crate::filter::{FilterState, FilterStats};
 use crate::health::{HealthCell, PoolHealth};
 use crate::limits::Limits;
@@ -179,6 +179,26 @@ pub struct PoolActorHandle {
     shared: Arc<ActorShared>,
 }
 
+/// Events queued to an actor as one mailbox command, from
+/// [`PoolActorHandle::chunk_events`]. Its weight (blocks) fits the actor's permits.
+#[derive(Debug, Default)]
+pub struct EventChunk {
+    events: Vec<RouterEvent>,
+    weight: u32,
+}
+
+impl EventChunk {
+    /// The events in the chunk.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether the chunk holds no event (never, when from `chunk_events`).
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+}
+
 #[derive(Debug)]
 struct ActorShared {
     mailbox: mpsc::Sender<Command>,
@@ -196,7 +216,7 @@ enum Command {
         event: RouterEvent,
         _permit: OwnedSemaphorePermit,
     },
-    /// Events applied in order as one command (see [`PoolActorHandle::submit_batch`]).
+    /// Events applied in order as one command (see [`PoolActorHandle::submit_chunk`]).
     ApplyBatch {
         events: Vec<RouterEvent>,
         _permit: OwnedSemaphorePermit,
@@ -322,35 +342,67 @@ impl PoolActorHandle {
         Ok(())
     }
 
-    /// Queues `events` in order; returns once all are queued, not once applied.
+    /// Splits `events` into the chunks [`PoolActorHandle::submit_chunk`] queues, in order.
     ///
-    /// One permit acquisition, one mailbox slot and one health stamp per chunk instead of
-    /// per event: a source that delivers a burst (an engine's batch is hundreds of
-    /// events) costs the actor one wake per chunk. Chunks hold at most
-    /// [`MAX_EVENTS_PER_BATCH`] events and at most `actor_pending_blocks` of weight, so the
-    /// same permits bound the queued blocks as with [`PoolActorHandle::submit`] and a chunk
-    /// never waits for more permits than exist. An empty `events` queues nothing.
-    ///
-    /// Not cancel-safe as a whole: dropping the future queues the chunks already sent and
-    /// nothing of the rest (each chunk is all or nothing).
-    pub async fn submit_batch(&self, events: Vec<RouterEvent>) -> Result<(), ActorError> {
+    /// A chunk holds at most [`MAX_EVENTS_PER_BATCH`] events and at most
+    /// `actor_pending_blocks` of weight (an event weighs its block count, at least 1), so
+    /// the same permits bound the queued blocks as with [`PoolActorHandle::submit`] and a
+    /// chunk never waits for more permits than exist. An empty `events` gives no chunk.
+    pub fn chunk_events(&self, events: Vec<RouterEvent>) -> Vec<EventChunk> {
         let max_weight = self.shared.max_weight.max(1);
-        let mut chunk = Vec::new();
-        let mut chunk_weight = 0u32;
+        let mut chunks = Vec::new();
+        let mut chunk = EventChunk::default();
         for event in events {
             let weight = event_weight(&event, max_weight);
-            let full = chunk.len() >= MAX_EVENTS_PER_BATCH
-                || chunk_weight.saturating_add(weight) > max_weight;
-            if full && !chunk.is_empty() {
-                self.send_chunk(std::mem::take(&mut chunk), chunk_weight)
-                    .await?;
-                chunk_weight = 0;
+            let full = chunk.events.len() >= MAX_EVENTS_PER_BATCH
+                || chunk.weight.saturating_add(weight) > max_weight;
+            if full && !chunk.events.is_empty() {
+                chunks.push(std::mem::take(&mut chunk));
             }
-            chunk_weight += weight;
-            chunk.push(event);
+            chunk.weight += weight;
+            chunk.events.push(event);
         }
-        if !chunk.is_empty() {
-            self.send_chunk(chunk, chunk_weight).await?;
+        if !chunk.events.is_empty() {
+            chunks.push(chunk);
+        }
+        chunks
+    }
+
+    /// Queues one chunk from [`PoolActorHandle::chunk_events`]: all its events or none;
+    /// returns once queued, not once applied.
+    ///
+    /// One permit acquisition, one mailbox slot and one health stamp for the whole chunk
+    /// instead of per event: a source that delivers a burst (an engine's batch is
+    /// hundreds of events) costs the actor one wake per chunk. Cancel-safe: dropping the
+    /// future before it returns queues nothing.
+    pub async fn submit_chunk(&self, chunk: EventChunk) -> Result<(), ActorError> {
+        let (permit, slot) = self.admit(chunk.weight).await?;
+        let count = chunk.events.len();
+        self.shared.health.enqueue_many(Instant::now(), count, || {
+            slot.send(Command::ApplyBatch {
+                events: chunk.events,
+                _permit: permit,
+            });
+        });
+        Ok(())
+    }
+
+    /// Queues `events` in order, chunk by chunk ([`PoolActorHandle::chunk_events`]);
+    /// returns once all are queued, not once applied.
+    ///
+    /// On error, the returned [`BatchSubmitError`] says how many events were queued before
+    /// it (whole chunks; the rest are not). Not cancel-safe as a whole: dropping the
+    /// future queues the chunks already sent and nothing of the rest. A caller that must
+    /// account for every event under cancellation drives [`PoolActorHandle::submit_chunk`]
+    /// itself.
+    pub async fn submit_batch(&self, events: Vec<RouterEvent>) -> Result<(), BatchSubmitError> {
+        let mut queued = 0;
+        for chunk in self.chunk_events(events) {
+            let len = chunk.len();
+            self.submit_chunk(chunk)
+                .await
+                .map_err(|cause| BatchSubmitError { queued, cause })?;
+            queued += len;
         }
         Ok(())
     }
@@ -375,18 +427,6 @@ impl PoolActorHandle {
             .await
             .map_err(|_| ActorError::ShuttingDown)?;
         Ok((permit, slot))
-    }
-
-    async fn send_chunk(&self, events: Vec<RouterEvent>, weight: u32) -> Result<(), ActorError> {
-        let (permit, slot) = self.admit(weight).await?;
-        let count = events.len();
-        self.shared.health.enqueue_many(Instant::now(), count, || {
-            slot.send(Command::ApplyBatch {
-                events,
-                _permit: permit,
-            });
-        });
-        Ok(())
     }
 
     /// The actor's health at `now`, O(1) and without the mailbox: counters as of its last
@@ -541,7 +581,7 @@ struct Actor {
 /// timer again.
 const MAX_COMMANDS_PER_WAKE: usize = 64;
 
-/// Most events in one mailbox command from [`PoolActorHandle::submit_batch`]. One wake of
+/// Most events in one mailbox command from [`PoolActorHandle::submit_chunk`]. One wake of
 /// the actor runs at most 64 commands, so it applies at most 4096 events before it sees
 /// its publication timer and fence again.
 pub const MAX_EVENTS_PER_BATCH: usize = 64;

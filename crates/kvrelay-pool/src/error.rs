@@ -239,6 +239,18 @@ pub enum PoolError {
     Capacity(#[from] LoadCapacityError),
 }
 
+/// [`crate::PoolActorHandle::submit_batch`] stopped: `queued` events went to the actor before
+/// `cause` refused the rest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{cause} after {queued} events of the batch were queued")]
+pub struct BatchSubmitError {
+    /// Events queued before the failure (whole chunks, from the front of the batch).
+    pub queued: usize,
+    /// Why the rest was refused.
+    #[source]
+    pub cause: ActorError,
+}
+
 /// Why a pool actor refused a command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -110,12 +110,13 @@ mod registry;
 mod subscription;
 
 pub use actor::{
-    ActorFault, FaultCategory, FaultCounts, MAX_EVENTS_PER_BATCH, PoolActorHandle, PoolActorStats,
+    ActorFault, EventChunk, FaultCategory, FaultCounts, MAX_EVENTS_PER_BATCH, PoolActorHandle,
+    PoolActorStats,
 };
 pub use catalog::{PoolCatalog, PoolDescriptor};
 pub use error::{
-    ActorError, AttachError, FeedError, LimitsError, LoadCapacityError, PoolError, PoolFault,
-    RegistrationError, SubscribeError, SubscriptionEnd,
+    ActorError, AttachError, BatchSubmitError, FeedError, LimitsError, LoadCapacityError,
+    PoolError, PoolFault, RegistrationError, SubscribeError, SubscriptionEnd,
 };
 pub use filter::FilterStats;
 pub use health::PoolHealth;

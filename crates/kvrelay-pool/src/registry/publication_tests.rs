@@ -776,6 +776,49 @@ async fn every_event_of_a_queued_batch_counts_as_pending() {
 }
 
 #[tokio::test]
+async fn a_batch_cut_short_by_a_stopping_actor_reports_what_it_queued() {
+    // 4 block permits, 3-block events: one event per chunk, and the second chunk waits for
+    // permits while the stalled actor holds the first.
+    let limits = Limits {
+        actor_pending_blocks: 4,
+        ..test_limits()
+    };
+    let registry = registry_with(limits, Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let source = SourceId::new(1, 0);
+    let events: Vec<_> = (0..3)
+        .map(|i| chain(source, i + 1, None, i * 3..i * 3 + 3))
+        .collect();
+    assert_eq!(attachment.actor.chunk_events(events.clone()).len(), 3);
+    let release = attachment.actor.stall().await.unwrap();
+    let actor = attachment.actor.clone();
+    let submitting = tokio::spawn(async move { actor.submit_batch(events).await });
+    let mut waits = 0;
+    while attachment
+        .actor
+        .health(tokio::time::Instant::now())
+        .pending_events
+        < 1
+    {
+        waits += 1;
+        assert!(waits < 10_000, "the first chunk was never queued");
+        tokio::task::yield_now().await;
+    }
+    // The fence stops the actor: its queue is dropped (permits come back), and the
+    // waiting chunk then finds the mailbox closed.
+    attachment.actor.fence().await;
+    let outcome = tokio::time::timeout(Duration::from_secs(10), submitting)
+        .await
+        .expect("submit_batch to return once the actor stopped")
+        .unwrap();
+    let err = outcome.expect_err("the actor stopped mid-batch");
+    assert_eq!(err.queued, 1, "{err}");
+    assert_eq!(err.cause, ActorError::ShuttingDown);
+    drop(release);
+    registry.detach(attachment).await;
+}
+
+#[tokio::test]
 async fn clearing_a_source_drops_only_its_blocks() {
     let registry = registry_with(test_limits(), Gates::default());
     let attachment = attach_llama(&registry, 1, "a.b.c").await;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kvrelay_ckf::SourceId;
+use kvrelay_ckf::{RouterEvent, SourceId};
 use tokio::sync::Notify;
 
 use kvrelay_identity::{EndpointId, KvQuerySemantics};
@@ -16,7 +16,7 @@ use kvrelay_ingest::{
     CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceSignal, ZmqSourceConfig,
     dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
 };
-use kvrelay_pool::MAX_EVENTS_PER_BATCH;
+use kvrelay_pool::{MAX_EVENTS_PER_BATCH, PoolActorHandle};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
@@ -222,38 +222,23 @@ async fn forward(
             None => break,
             Some(SourceOutput::Event(event)) => {
                 // An engine batch arrives as a burst of events from one source: what is
-                // already queued behind this event goes to the actor as one command (one
-                // route lookup, one permit wait, one mailbox slot).
+                // already queued behind this event goes to the actor in as few commands as
+                // its limits allow (one route lookup, one permit wait and one mailbox slot
+                // per chunk).
                 let origin = event.source;
-                let mut batch = vec![event];
-                while batch.len() < MAX_EVENTS_PER_BATCH {
-                    match source.try_next() {
-                        Some(SourceOutput::Event(next)) if next.source == origin => {
-                            batch.push(next)
-                        }
-                        Some(other) => {
-                            carried = Some(other);
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                let events = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+                let (batch, next) = gather_burst(event, || source.try_next());
+                carried = next;
+                let total = batch.len();
                 let route = state.routes.borrow().routes.get(&origin).cloned();
-                let submitted = match route {
-                    Some(route) => tokio::select! {
-                        biased;
-                        () = cancel.cancelled() => break,
-                        submitted = route.actor.submit_batch(batch) => submitted.is_ok(),
-                    },
-                    None => false,
+                let (queued, cancelled) = match route {
+                    Some(route) => submit_counted(&route.actor, batch, cancel).await,
+                    None => (0, false),
                 };
-                let disposition = if submitted { "submitted" } else { "dropped" };
-                state
-                    .metrics
-                    .events
-                    .get_or_create(&DispositionLabel { disposition })
-                    .inc_by(events);
+                count_events(state, "submitted", queued);
+                count_events(state, "dropped", total - queued);
+                if cancelled {
+                    break;
+                }
             }
             Some(SourceOutput::Signal(signal)) => {
                 states.report(key.clone(), state_after(&signal));
@@ -272,5 +257,162 @@ async fn forward(
     }
     if !source.shutdown().await {
         warn!("source tasks did not stop within their shutdown bound");
+    }
+}
+
+/// Takes the events already queued behind `first` that come from the same source, up to
+/// [`MAX_EVENTS_PER_BATCH`] in all, in order. Returns them and the output that ended the
+/// burst, if any (a signal, or another source's event), which the caller handles next:
+/// nothing is reordered and nothing is skipped.
+fn gather_burst(
+    first: RouterEvent,
+    mut try_next: impl FnMut() -> Option<SourceOutput>,
+) -> (Vec<RouterEvent>, Option<SourceOutput>) {
+    let origin = first.source;
+    let mut burst = vec![first];
+    while burst.len() < MAX_EVENTS_PER_BATCH {
+        match try_next() {
+            Some(SourceOutput::Event(next)) if next.source == origin => burst.push(next),
+            Some(other) => return (burst, Some(other)),
+            None => break,
+        }
+    }
+    (burst, None)
+}
+
+/// Queues `events` on `actor` chunk by chunk until all are queued, the actor refuses one
+/// or `cancel` fires. Returns how many events were queued (whole chunks from the front)
+/// and whether `cancel` fired, so the caller counts every event exactly once.
+async fn submit_counted(
+    actor: &PoolActorHandle,
+    events: Vec<RouterEvent>,
+    cancel: &CancellationToken,
+) -> (usize, bool) {
+    let mut queued = 0;
+    for chunk in actor.chunk_events(events) {
+        let len = chunk.len();
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return (queued, true),
+            submitted = actor.submit_chunk(chunk) => if submitted.is_err() {
+                return (queued, false);
+            },
+        }
+        queued += len;
+    }
+    (queued, false)
+}
+
+fn count_events(state: &HostState, disposition: &'static str, events: usize) {
+    if events > 0 {
+        state
+            .metrics
+            .events
+            .get_or_create(&DispositionLabel { disposition })
+            .inc_by(u64::try_from(events).unwrap_or(u64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use kvrelay_ckf::EventPayload;
+
+    use super::*;
+
+    fn event(worker: u64, dp_rank: u32, event_id: u64) -> RouterEvent {
+        RouterEvent {
+            source: SourceId::new(worker, dp_rank),
+            event_id,
+            payload: EventPayload::AllCleared,
+        }
+    }
+
+    /// Gathers bursts from `queue` the way `forward` does; returns each burst's
+    /// `(source, event ids)` and every non-event output, in the order handled.
+    fn drain(mut queue: VecDeque<SourceOutput>) -> (Vec<(SourceId, Vec<u64>)>, Vec<SourceSignal>) {
+        let mut bursts = Vec::new();
+        let mut signals = Vec::new();
+        let mut carried = None;
+        for _ in 0..10_000 {
+            let Some(output) = carried.take().or_else(|| queue.pop_front()) else {
+                return (bursts, signals);
+            };
+            match output {
+                SourceOutput::Event(first) => {
+                    let (burst, next) = gather_burst(first, || queue.pop_front());
+                    carried = next;
+                    let source = burst[0].source;
+                    assert!(burst.iter().all(|event| event.source == source));
+                    assert!(burst.len() <= MAX_EVENTS_PER_BATCH);
+                    bursts.push((source, burst.iter().map(|event| event.event_id).collect()));
+                }
+                SourceOutput::Signal(signal) => signals.push(signal),
+            }
+        }
+        panic!("the queue never drained");
+    }
+
+    #[test]
+    fn interleaved_ranks_split_bursts_without_reordering() {
+        let queue: VecDeque<_> = [
+            event(1, 0, 1),
+            event(1, 0, 2),
+            event(1, 1, 3),
+            event(1, 0, 4),
+            event(2, 0, 5),
+            event(2, 0, 6),
+        ]
+        .into_iter()
+        .map(SourceOutput::Event)
+        .collect();
+        let (bursts, signals) = drain(queue);
+        assert!(signals.is_empty());
+        assert_eq!(
+            bursts,
+            vec![
+                (SourceId::new(1, 0), vec![1, 2]),
+                (SourceId::new(1, 1), vec![3]),
+                (SourceId::new(1, 0), vec![4]),
+                (SourceId::new(2, 0), vec![5, 6]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_signal_mid_burst_ends_it_and_is_handled_before_the_next_events() {
+        let gap = SourceSignal::Gap {
+            expected: 3,
+            got: 9,
+        };
+        let mut queue: VecDeque<_> = vec![
+            SourceOutput::Event(event(1, 0, 1)),
+            SourceOutput::Event(event(1, 0, 2)),
+            SourceOutput::Signal(gap.clone()),
+            SourceOutput::Event(event(1, 0, 9)),
+        ]
+        .into();
+        let Some(SourceOutput::Event(first)) = queue.pop_front() else {
+            unreachable!("the queue starts with an event");
+        };
+        let (burst, next) = gather_burst(first, || queue.pop_front());
+        assert_eq!(burst.iter().map(|e| e.event_id).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(next, Some(SourceOutput::Signal(gap)));
+        // The event after the signal is still queued, for the next burst.
+        assert_eq!(queue.len(), 1);
+    }
+
+    #[test]
+    fn a_long_burst_is_cut_at_the_batch_bound_and_loses_nothing() {
+        let total = MAX_EVENTS_PER_BATCH as u64 * 2 + 5;
+        let queue: VecDeque<_> = (1..=total)
+            .map(|id| SourceOutput::Event(event(3, 0, id)))
+            .collect();
+        let (bursts, _) = drain(queue);
+        let sizes: Vec<_> = bursts.iter().map(|(_, ids)| ids.len()).collect();
+        assert_eq!(sizes, [MAX_EVENTS_PER_BATCH, MAX_EVENTS_PER_BATCH, 5]);
+        let ids: Vec<u64> = bursts.into_iter().flat_map(|(_, ids)| ids).collect();
+        assert_eq!(ids, (1..=total).collect::<Vec<_>>());
     }
 }
