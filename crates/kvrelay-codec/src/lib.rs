@@ -17,12 +17,10 @@
 //!
 //! Start reading at [`frame::decode_frame`], [`v1::Message`] and [`cbi1::decode_cbi1`].
 
-pub mod assembler;
 pub mod cbi1;
 pub mod frame;
 pub mod limits;
 
-pub use assembler::{AssembledSnapshot, AssemblyError, SnapshotAssembler};
 pub use frame::{
     FrameError, MessageKind, PROTOCOL_MAJOR, PROTOCOL_MINOR, RawFrame, decode_frame, encode_frame,
 };

@@ -4,12 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
 
 use bytes::BytesMut;
-use kvrelay_ckf::BucketImage;
+use kvrelay_ckf::{BucketImage, Replica, ReplicaStatus};
+use kvrelay_codec::Limits;
 use kvrelay_codec::v1::{
     self, CkfFormat, DigestId, IdentitySource, Message, PoolFrame, PoolFrameError, PoolFrameHeader,
     PoolFrameKind, PoolId, PoolPayload, ProducerIdentity, RelayIdentity,
 };
-use kvrelay_codec::{Limits, SnapshotAssembler};
 use proptest::prelude::*;
 
 const BUCKETS: u64 = 64;
@@ -98,11 +98,10 @@ fn snapshot_chunk_frame_checks_and_assembles() {
     let PoolPayload::SnapshotChunk(chunk) = frame.check(&producer()).unwrap() else {
         panic!("expected a chunk");
     };
-    let layout = producer().ckf_format.layout().unwrap();
-    let mut assembler = SnapshotAssembler::new(layout, producer().pool_id.dc_id);
-    let snapshot = assembler.handle_chunk(&chunk).unwrap().unwrap();
-    assert_eq!(snapshot.sequence, 10);
-    assert_eq!(snapshot.words, table());
+    let mut replica = Replica::new(producer().ckf_format.domain().unwrap()).unwrap();
+    assert!(replica.install_chunk(&chunk.to_snapshot_chunk()).unwrap());
+    assert_eq!(replica.status(), ReplicaStatus::Ready { sequence: 10 });
+    assert_eq!(replica.words(), Some(&table()[..]));
 }
 
 #[test]
@@ -113,6 +112,11 @@ fn delta_frame_checks_and_yields_images() {
     };
     assert_eq!(delta.base_epoch(), 10);
     assert_eq!(delta.to_images(), images());
+    let delta = delta.to_delta();
+    assert_eq!(
+        (delta.base_sequence, delta.sequence, delta.images),
+        (10, 11, images())
+    );
 }
 
 #[test]

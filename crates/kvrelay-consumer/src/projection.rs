@@ -1,8 +1,6 @@
 //! From wire messages to the consumer's domain: catalog descriptors to pool entries (with
 //! per-entry quarantine), load windows to samples, CBI1 views to `kvrelay-ckf` images.
 
-use kvrelay_ckf::{Delta, SnapshotChunk};
-use kvrelay_codec::cbi1::{ChunkView, DeltaView};
 use kvrelay_codec::v1::{
     CatalogUpdate, HashFormat, LoadWindow, PoolDescriptor, ProducerIdentity, WorkerRole,
 };
@@ -66,9 +64,7 @@ pub(crate) fn project_catalog(
 
 /// The domain format of a validated producer (`None` if the wire format is unusable).
 pub(crate) fn domain_format(producer: &ProducerIdentity) -> Option<CkfFormat> {
-    let format = &producer.ckf_format;
-    let bucket_count = u32::try_from(format.bucket_count).ok()?;
-    CkfFormat::v1(format.seed, bucket_count).ok()
+    producer.ckf_format.domain().ok()
 }
 
 fn project_descriptor(descriptor: &PoolDescriptor) -> Result<PoolEntry, String> {
@@ -157,25 +153,4 @@ pub(crate) fn project_load(window: &LoadWindow) -> Vec<(ProducerIdentity, LoadSa
             (pool.producer, sample)
         })
         .collect()
-}
-
-/// A checked CBI1 chunk as a `kvrelay-ckf` snapshot chunk at `sequence`.
-pub(crate) fn chunk_image(view: &ChunkView, sequence: u64, bucket_count: u64) -> SnapshotChunk {
-    SnapshotChunk {
-        sequence,
-        bucket_count,
-        chunk_index: view.chunk_index(),
-        chunk_count: view.chunk_count(),
-        first_bucket: view.bucket_offset(),
-        words: view.words().collect(),
-    }
-}
-
-/// A checked CBI1 delta as a `kvrelay-ckf` delta.
-pub(crate) fn delta_image(view: &DeltaView, base_sequence: u64, sequence: u64) -> Delta {
-    Delta {
-        base_sequence,
-        sequence,
-        images: view.to_images(),
-    }
 }

@@ -556,11 +556,8 @@ impl ConsumerState {
         };
         match payload {
             PoolPayload::SnapshotChunk(view) => {
-                let chunk = projection::chunk_image(
-                    &view,
-                    header.sequence,
-                    producer.ckf_format.bucket_count,
-                );
+                // `check` tied the payload's epoch and layout to the header and producer.
+                let chunk = view.to_snapshot_chunk();
                 let complete = self
                     .store
                     .install_chunk(key, &chunk, now)
@@ -572,7 +569,7 @@ impl ConsumerState {
                 })
             }
             PoolPayload::Delta(view) => {
-                let delta = projection::delta_image(&view, header.base_sequence, header.sequence);
+                let delta = view.to_delta();
                 self.store
                     .apply_delta(key, &delta, now)
                     .map_err(store_err)?;

@@ -5,6 +5,7 @@
 //! count; `chunk_count = ceil(bucket_count / CHUNK_WORDS)`.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use kvrelay_ckf::SnapshotChunk;
 use zerocopy::IntoBytes;
 
 use super::header::{
@@ -116,6 +117,20 @@ impl ChunkView {
     /// The raw little-endian word bytes.
     pub fn word_bytes(&self) -> &Bytes {
         &self.words
+    }
+
+    /// This chunk as a `kvrelay-ckf` snapshot chunk, at the payload's epoch: what a
+    /// [`kvrelay_ckf::Replica`] (or a query-table lane) installs. The words are copied out
+    /// of the receive buffer (at most [`CHUNK_WORDS`], bounded by the decoder).
+    pub fn to_snapshot_chunk(&self) -> SnapshotChunk {
+        SnapshotChunk {
+            sequence: self.header.epoch,
+            bucket_count: self.header.layout.bucket_count(),
+            chunk_index: self.chunk_index,
+            chunk_count: self.chunk_count,
+            first_bucket: self.bucket_offset,
+            words: self.words().collect(),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! complete new word u64 (12 bytes each).
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kvrelay_ckf::BucketImage;
+use kvrelay_ckf::{BucketImage, Delta};
 
 use super::header::{
     self, CBI1_HEADER_LEN, Cbi1Error, Cbi1FrameType, Cbi1Header, Cbi1Layout, DELTA_HEADER_LEN,
@@ -87,6 +87,16 @@ impl DeltaView {
     /// The images collected into a vector.
     pub fn to_images(&self) -> Vec<BucketImage> {
         self.images().collect()
+    }
+
+    /// This delta as a `kvrelay-ckf` delta from its base epoch to its epoch: what a
+    /// [`kvrelay_ckf::Replica`] (or a query-table lane) applies.
+    pub fn to_delta(&self) -> Delta {
+        Delta {
+            base_sequence: self.base_epoch,
+            sequence: self.header.epoch,
+            images: self.to_images(),
+        }
     }
 }
 

@@ -1,6 +1,8 @@
-//! The snapshot assembler fed a sequence of sealed CBI1 chunk payloads: it never panics, a
-//! rejected chunk leaves it unchanged, and a completed snapshot holds exactly the words of
-//! the accepted chunks, one per bucket.
+//! A `kvrelay-ckf` replica fed a sequence of sealed CBI1 chunk payloads, decoded and
+//! converted the way every subscriber does (`decode_cbi1`, then
+//! `ChunkView::to_snapshot_chunk`): it never panics, a rejected chunk leaves it invalid
+//! (answering nothing) until a chunk 0 restarts it, and a completed snapshot holds exactly
+//! the words of the accepted chunks, one per bucket.
 //!
 //! Each run stays cheap: the first byte picks a small single-chunk layout (2..=4096
 //! buckets) or a two- or four-chunk layout (2^20 or 2^21 buckets: chunk order, duplicates
@@ -10,7 +12,8 @@
 #![no_main]
 
 use bytes::Bytes;
-use kvrelay_codec::SnapshotAssembler;
+use kvrelay_ckf::{Replica, ReplicaStatus};
+use kvrelay_codec::v1::CkfFormat;
 use kvrelay_codec::cbi1::{self, CHUNK_WORDS, Cbi1Layout, Cbi1Payload, snapshot_chunk_count};
 use libfuzzer_sys::fuzz_target;
 
@@ -27,7 +30,9 @@ fuzz_target!(|data: &[u8]| {
     let Ok(layout) = Cbi1Layout::new(0, bucket_count(flags)) else {
         return;
     };
-    let mut run = Run::new(layout);
+    let Some(mut run) = Run::new(layout) else {
+        return;
+    };
     for (step_no, step) in steps.chunks_exact(6).enumerate() {
         run.step(step_no as u64, step);
     }
@@ -57,10 +62,10 @@ fn edge_word(seed: u64, i: u64) -> u64 {
     seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i
 }
 
-/// What the target expects the assembler to hold: the accepted chunks since chunk 0.
+/// What the target expects the replica to hold: the accepted chunks since chunk 0.
 struct Run {
     layout: Cbi1Layout,
-    assembler: SnapshotAssembler,
+    replica: Replica,
     words_left: usize,
     sequence: u64,
     filled: u64,
@@ -69,15 +74,24 @@ struct Run {
 }
 
 impl Run {
-    fn new(layout: Cbi1Layout) -> Self {
-        Self {
+    fn new(layout: Cbi1Layout) -> Option<Self> {
+        let format = CkfFormat {
+            format_version: 1,
+            seed: 0,
+            bucket_count: layout.bucket_count(),
+            fingerprint_bits: 16,
+            slots_per_bucket: 4,
+        }
+        .domain()
+        .ok()?;
+        Some(Self {
             layout,
-            assembler: SnapshotAssembler::new(layout, DC_ID),
+            replica: Replica::new(format).ok()?,
             words_left: WORD_BUDGET,
             sequence: 0,
             filled: 0,
             segments: Vec::new(),
-        }
+        })
     }
 
     /// One step: u8 chunk index, u8 chunk count, u8 epoch (top bit: another `dc_id`),
@@ -157,19 +171,13 @@ impl Run {
             return;
         };
 
-        let before = (
-            self.assembler.is_assembling(),
-            self.assembler.next_chunk_index(),
-        );
-        match self.assembler.handle_chunk(&chunk) {
-            Err(_) => assert_eq!(
-                (
-                    self.assembler.is_assembling(),
-                    self.assembler.next_chunk_index()
-                ),
-                before,
-                "a rejected chunk changed the assembler"
-            ),
+        match self.replica.install_chunk(&chunk.to_snapshot_chunk()) {
+            Err(_) => {
+                assert_eq!(self.replica.status(), ReplicaStatus::Invalid);
+                assert!(self.replica.words().is_none(), "an invalid replica answered");
+                self.segments.clear();
+                self.filled = 0;
+            }
             Ok(done) => {
                 if chunk.chunk_index() == 0 {
                     self.segments.clear();
@@ -178,26 +186,35 @@ impl Run {
                 assert_eq!(chunk.bucket_offset(), self.filled_for(chunk.chunk_index()));
                 self.filled = offset + n_words as u64;
                 self.segments.push((offset, n_words as u64, seed));
-                match done {
-                    None => assert_eq!(
-                        self.assembler.next_chunk_index(),
-                        Some(chunk.chunk_index() + 1)
-                    ),
-                    Some(snapshot) => {
-                        assert!(!self.assembler.is_assembling());
-                        assert_eq!(chunk.chunk_index() + 1, count);
-                        assert_eq!(snapshot.words.len() as u64, bucket_count);
-                        assert_eq!(snapshot.sequence, self.sequence);
-                        assert_eq!(self.filled, bucket_count);
-                        for &(at, n, seed) in &self.segments {
-                            let got = &snapshot.words[at as usize..(at + n) as usize];
-                            let expected: Vec<u64> = (0..n).map(|i| word(seed, i, n)).collect();
-                            assert!(got == expected, "snapshot words differ from the chunks");
+                if !done {
+                    assert_eq!(
+                        self.replica.status(),
+                        ReplicaStatus::Assembling {
+                            sequence: self.sequence
                         }
-                        self.segments.clear();
-                        self.filled = 0;
-                    }
+                    );
+                    assert!(self.replica.words().is_none(), "a partial snapshot answered");
+                    return;
                 }
+                assert_eq!(
+                    self.replica.status(),
+                    ReplicaStatus::Ready {
+                        sequence: self.sequence
+                    }
+                );
+                assert_eq!(chunk.chunk_index() + 1, chunk.chunk_count());
+                assert_eq!(self.filled, bucket_count);
+                let Some(words) = self.replica.words() else {
+                    panic!("a complete snapshot answers");
+                };
+                assert_eq!(words.len() as u64, bucket_count);
+                for &(at, n, seed) in &self.segments {
+                    let got = &words[at as usize..(at + n) as usize];
+                    let expected: Vec<u64> = (0..n).map(|i| word(seed, i, n)).collect();
+                    assert!(got == expected, "snapshot words differ from the chunks");
+                }
+                self.segments.clear();
+                self.filled = 0;
             }
         }
     }
