@@ -164,13 +164,22 @@ pub struct PoolActorStats {
     pub filter: FilterStats,
 }
 
+/// One item of a hub's feed, in the order the actor produced it.
+pub(crate) enum FeedItem {
+    /// The next delta after the hub's mirror.
+    Delta(Delta),
+    /// A settle barrier: the hub answers it once every delta before it is in the publisher,
+    /// so a subscription opened after [`PoolActorHandle::settle`] sees every change.
+    Barrier(oneshot::Sender<()>),
+}
+
 /// What a hub receives when it attaches: a snapshot and the feed of later deltas.
 pub(crate) struct PublicationFeed {
     pub(crate) identity: ProducerIdentity,
     pub(crate) lease: u64,
     pub(crate) sequence: u64,
     pub(crate) words: Vec<u64>,
-    pub(crate) deltas: mpsc::Receiver<Delta>,
+    pub(crate) deltas: mpsc::Receiver<FeedItem>,
 }
 
 /// A cloneable handle to one pool actor.
@@ -227,6 +236,8 @@ enum Command {
     },
     Flush {
         reply: oneshot::Sender<()>,
+        /// Whether the reply waits for the hub to take the flushed changes.
+        through_hub: bool,
     },
     Stats {
         reply: oneshot::Sender<PoolActorStats>,
@@ -458,9 +469,27 @@ impl PoolActorHandle {
             .await
     }
 
-    /// Publishes the pending batch now and waits until it is done.
+    /// Publishes the pending batch now and waits until it is handed to the hub's feed (the
+    /// hub may not have taken it yet; see [`PoolActorHandle::settle`]).
     pub async fn flush(&self) -> Result<(), ActorError> {
-        self.request(|reply| Command::Flush { reply }).await
+        self.request(|reply| Command::Flush {
+            reply,
+            through_hub: false,
+        })
+        .await
+    }
+
+    /// Publishes the pending batch now and waits until the hub, if any, has taken it into
+    /// its publisher: a subscription opened after this returns starts at or after every
+    /// change applied before it. Waits for the hub's progress (a stalled hub holds it up;
+    /// a hub that ends answers it), so use it at the end of a workload or in tests, not on
+    /// a hot path.
+    pub async fn settle(&self) -> Result<(), ActorError> {
+        self.request(|reply| Command::Flush {
+            reply,
+            through_hub: true,
+        })
+        .await
     }
 
     /// The exact number of blocks each source holds, sorted by source, after every queued
@@ -551,7 +580,7 @@ impl Drop for StoppedGuard {
 
 struct Lease {
     id: u64,
-    deltas: mpsc::Sender<Delta>,
+    deltas: mpsc::Sender<FeedItem>,
 }
 
 struct Actor {
@@ -676,9 +705,13 @@ impl Actor {
                 self.publish().await;
                 let _ = reply.send(());
             }
-            Command::Flush { reply } => {
+            Command::Flush { reply, through_hub } => {
                 self.publish_tail().await;
-                let _ = reply.send(());
+                if through_hub {
+                    self.pass_barrier(reply).await;
+                } else {
+                    let _ = reply.send(());
+                }
             }
             Command::Stats { reply } => {
                 let _ = reply.send(self.current_stats());
@@ -886,7 +919,7 @@ impl Actor {
                 self.stats.emitted_images += delta.images.len() as u64;
                 match permit {
                     Some(permit) => {
-                        permit.send(delta);
+                        permit.send(FeedItem::Delta(delta));
                         true
                     }
                     None => false,
@@ -926,6 +959,22 @@ impl Actor {
             let _ = lease.deltas.reserve().await.map(drop);
         }
         self.publish().await;
+    }
+
+    /// Answers a settle through the hub's feed (after the deltas ahead of it), or at once
+    /// without a hub; a hub that went away answers nothing, so the reply is sent here.
+    async fn pass_barrier(&mut self, reply: oneshot::Sender<()>) {
+        let reply = match &self.lease {
+            Some(lease) => match lease.deltas.reserve().await {
+                Ok(permit) => {
+                    permit.send(FeedItem::Barrier(reply));
+                    return;
+                }
+                Err(_) => reply,
+            },
+            None => reply,
+        };
+        let _ = reply.send(());
     }
 
     async fn attach(&mut self, reply: oneshot::Sender<Result<PublicationFeed, PoolFault>>) {

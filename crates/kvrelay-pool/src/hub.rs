@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::actor::{PoolActorHandle, PublicationFeed};
+use crate::actor::{FeedItem, PoolActorHandle, PublicationFeed};
 use crate::error::{SubscribeError, SubscriptionEnd};
 use crate::frame::FrameEncoder;
 use crate::limits::Limits;
@@ -227,7 +227,7 @@ struct HubTask {
     /// The counters already added to the registry's totals.
     reported: StreamStats,
     lease: u64,
-    deltas: mpsc::Receiver<Delta>,
+    deltas: mpsc::Receiver<FeedItem>,
     shared: Arc<HubShared>,
     actor: PoolActorHandle,
     context: HubContext,
@@ -252,8 +252,11 @@ impl HubTask {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break self.cancel_reason(),
-                delta = self.deltas.recv() => match delta {
-                    Some(delta) => {
+                item = self.deltas.recv() => match item {
+                    Some(FeedItem::Barrier(reply)) => {
+                        let _ = reply.send(());
+                    }
+                    Some(FeedItem::Delta(delta)) => {
                         if let Err(reason) = self.on_delta(delta, &cancel).await {
                             if cancel.is_cancelled() {
                                 break self.cancel_reason();
@@ -261,6 +264,7 @@ impl HubTask {
                             tracing::error!(%reason, "publication hub failed, fencing the generation");
                             self.shared.finish(SubscriptionEnd::InvalidPublication { reason: reason.clone() });
                             (self.context.on_failure)(reason);
+                            self.answer_barriers();
                             return;
                         }
                     }
@@ -275,8 +279,20 @@ impl HubTask {
         };
         self.shared.finish(end);
         self.report_stats();
+        self.answer_barriers();
         // Retire the actor's lease while our feed is still open, so it stops publishing.
         self.actor.detach_publication(self.lease);
+    }
+
+    /// Answers the settle barriers still queued behind the hub's end, so a settle racing a
+    /// retirement returns instead of failing.
+    fn answer_barriers(&mut self) {
+        self.deltas.close();
+        while let Ok(item) = self.deltas.try_recv() {
+            if let FeedItem::Barrier(reply) = item {
+                let _ = reply.send(());
+            }
+        }
     }
 
     /// Adds what the counters gained since the last report to the registry's totals.

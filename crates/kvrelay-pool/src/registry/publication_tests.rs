@@ -464,6 +464,51 @@ async fn a_full_hub_feed_defers_publication_and_loses_nothing() {
     registry.detach(attachment).await;
 }
 
+#[tokio::test]
+async fn settle_returns_once_the_hub_holds_every_applied_change() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    // A live subscriber makes the hub encode each delta, under the encoding permits.
+    let mut live = registry.subscribe(attachment.identity()).await.unwrap();
+    let held = registry
+        .inner
+        .encoding
+        .clone()
+        .acquire_many_owned(registry.limits().encoding_permits as u32)
+        .await
+        .unwrap();
+    for id in 1..=3 {
+        attachment.actor.submit(stored_event(id)).await.unwrap();
+    }
+    // The actor has handed its delta to the feed, but the hub cannot take it yet.
+    let actor = attachment.actor.clone();
+    let mut settle = tokio::spawn(async move { actor.settle().await });
+    let early = tokio::time::timeout(Duration::from_millis(200), &mut settle).await;
+    assert!(
+        early.is_err(),
+        "settle returned before the hub took the delta: {early:?}"
+    );
+    // A plain flush only hands the changes to the feed: it returns meanwhile.
+    attachment.actor.flush().await.unwrap();
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(5), settle)
+        .await
+        .expect("settle returns once the hub has the delta")
+        .unwrap()
+        .unwrap();
+    // A subscription opened now starts at the flushed sequence, not before it.
+    let (sequence, words) = attachment.actor.words().await.unwrap();
+    let mut late = registry.subscribe(attachment.identity()).await.unwrap();
+    let first = late.next_frame().await.unwrap();
+    assert_eq!(first.kind, PoolFrameKind::SnapshotChunk);
+    assert_eq!(first.sequence, sequence);
+    let mut replica = WireReplica::new(&attachment.identity());
+    follow_until(&mut live, &mut replica, sequence).await;
+    assert_eq!(replica.words(), words.as_slice());
+    drop((live, late));
+    registry.detach(attachment).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_delta_is_published_once_max_delta_buckets_changed() {
     let registry = batching_registry(3, Duration::from_secs(3600));

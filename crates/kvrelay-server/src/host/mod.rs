@@ -480,11 +480,13 @@ impl Relay {
         out
     }
 
-    /// Flushes every pool actor so pending events are published.
+    /// Settles every pool actor: pending events are published and taken by the pool's
+    /// publication, so a subscription (or [`Relay::producer_table`]) opened afterwards
+    /// starts at or after them.
     pub async fn flush(&self) {
         let routes = self.state.routes.borrow().clone();
         for route in routes.routes.values() {
-            let _ = route.actor.flush().await;
+            let _ = route.actor.settle().await;
         }
     }
 

@@ -164,7 +164,7 @@ impl WorkloadDriver {
         let mut flushed = std::collections::BTreeSet::new();
         for route in routes.routes.values() {
             if flushed.insert(route.generation) {
-                let _ = route.actor.flush().await;
+                let _ = route.actor.settle().await;
             }
         }
         info!(
