@@ -764,11 +764,27 @@ fn reasons(value: &Value) -> String {
     }
 }
 
+/// `p50 / p99 (idle p50 / p99)` of the follower's score latencies, µs.
+fn score_cell(score: &Value) -> String {
+    let pair = |side: &Value| {
+        format!(
+            "{} / {}",
+            number(&side["p50_us"], 1),
+            number(&side["p99_us"], 1)
+        )
+    };
+    format!(
+        "{} ({})",
+        pair(&score["while_applying"]),
+        pair(&score["idle"])
+    )
+}
+
 /// The Markdown table of every run.
 fn render(results: &[Value]) -> String {
     let mut out = String::from(
-        "\n| run | target ev/s | events | publish s | relay ev/s | usable | cut-offs (relay errors) | resubscribes (consumer) | published deltas/s | consumer deltas/s (per current s) | pool frames/s | pool MB/s | latency p50 / p99 ms (seen/probes) | relay drained after stop s | current after stop s | relay RSS peak MB | follower RSS peak MB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "\n| run | target ev/s | events | publish s | relay ev/s | usable | cut-offs (relay errors) | resubscribes (consumer) | published deltas/s | consumer deltas/s (per current s) | pool frames/s | pool MB/s | latency p50 / p99 ms (seen/probes) | score p50 / p99 µs applying (idle) | relay drained after stop s | current after stop s | relay RSS peak MB | follower RSS peak MB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in results {
         let follower = &run["follower"];
@@ -779,7 +795,7 @@ fn render(results: &[Value]) -> String {
         };
         let target = run["target_events_per_s"].as_f64().unwrap_or(0.0);
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {}{} | {} | {} | {} ({}) | {} | {} | {} / {} ({}/{}) | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {}{} | {} | {} | {} ({}) | {} | {} | {} / {} ({}/{}) | {} | {} | {} | {} | {} |\n",
             run["run"].as_str().unwrap_or("?"),
             if target > 0.0 { format!("{target:.0}") } else { "flat out".to_owned() },
             number(&run["events_sent"], 0),
@@ -810,6 +826,7 @@ fn render(results: &[Value]) -> String {
             ms(&latency["p99_ms"]),
             number(&latency["seen"], 0),
             number(&latency["probes"], 0),
+            score_cell(&follower["score"]),
             number(&run["relay_drained_after_stop_s"], 2),
             follower["time_to_current_after_stop_s"]
                 .as_f64()

@@ -19,11 +19,17 @@
 //!   `final SEQUENCE STOP_UNIX_NS` on stdin (the relay's final pool sequence and when the
 //!   last engine finished); the follower reports when its replica is current at or past
 //!   that sequence.
+//! - **score latency while applying**: every `score_into` call of the probe loop is timed
+//!   while the publishers run (frames apply at the full rate meanwhile; the consumer's
+//!   state is one lock shared by apply and score); once current after the stop, the same
+//!   number of recent requests (up to `--idle-scores`, 5,000) is scored again with nothing
+//!   applying, in bursts of the same mean size one probe tick apart, as the baseline of
+//!   the same run.
 //!
 //! Prints `installed` once the first replica is current, one progress line a second on
 //! stderr, and the JSON report on stdout when done (or on `stop`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, Seek};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,6 +89,7 @@ async fn main() -> Result<()> {
     let probe_timeout = Duration::from_secs_f64(flags.get_or("probe-timeout-s", 30.0)?);
     let install_timeout = Duration::from_secs_f64(flags.get_or("install-timeout-s", 60.0)?);
     let final_timeout = Duration::from_secs_f64(flags.get_or("final-timeout-s", 60.0)?);
+    let idle_scores: usize = flags.get_or("idle-scores", 5_000)?;
 
     let text = std::fs::read_to_string(&trace).with_context(|| format!("reading {trace}"))?;
     let requests = kvrelay_ingest::parse_request_trace(&text)?;
@@ -135,6 +142,11 @@ async fn main() -> Result<()> {
     let mut final_target: Option<(u64, u64, Instant)> = None;
     let mut time_to_current: Option<f64> = None;
     let mut next_progress = first_install + Duration::from_secs(1);
+    // Score call durations while the publishers run, and the recent requests to score
+    // again at rest.
+    let mut score_us_loaded: Vec<f64> = Vec::new();
+    let mut loaded_bursts = 0usize;
+    let mut recent: VecDeque<ScoreRequest> = VecDeque::with_capacity(idle_scores);
     let mut ticker = tokio::time::interval(probe_every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
 
@@ -164,20 +176,33 @@ async fn main() -> Result<()> {
             };
             let keys = request_keys(record);
             probes += 1;
-            pending.push(Pending {
-                stamp,
-                request: ScoreRequest {
-                    tokens: request_tokens(&keys, stamp.blocks),
-                    model: MODEL.to_owned(),
-                    ..ScoreRequest::default()
-                },
-            });
+            let request = ScoreRequest {
+                tokens: request_tokens(&keys, stamp.blocks),
+                model: MODEL.to_owned(),
+                ..ScoreRequest::default()
+            };
+            if idle_scores > 0 {
+                if recent.len() == idle_scores {
+                    recent.pop_front();
+                }
+                recent.push_back(request.clone());
+            }
+            pending.push(Pending { stamp, request });
         }
         // Nothing can become visible while the replica is not current.
         if was_current {
             let wall = unix_ns();
+            let publishing = final_target.is_none();
+            if publishing && !pending.is_empty() {
+                loaded_bursts += 1;
+            }
             pending.retain(|probe| {
-                if consumer.score_into(&probe.request, &mut ranking).is_err() {
+                let started = Instant::now();
+                let scored = consumer.score_into(&probe.request, &mut ranking);
+                if publishing {
+                    score_us_loaded.push(started.elapsed().as_secs_f64() * 1e6);
+                }
+                if scored.is_err() {
                     return true;
                 }
                 let covered = ranking.candidates.iter().any(|candidate| {
@@ -242,6 +267,38 @@ async fn main() -> Result<()> {
     }
 
     let elapsed = first_install.elapsed().as_secs_f64();
+    // The baseline: as many scores as were timed under load (at most the recent
+    // requests), now that nothing applies; only once current, so both score replicas.
+    let mut score_us_idle: Vec<f64> = Vec::new();
+    if time_to_current.is_some() && !recent.is_empty() {
+        // The same pattern as under load: bursts of the mean loaded burst size, one per
+        // probe tick (a tight loop would be warmer in cache than the loaded samples).
+        let wanted = score_us_loaded.len().clamp(1, idle_scores.max(1));
+        let burst = score_us_loaded.len().div_ceil(loaded_bursts.max(1)).max(1);
+        let mut requests = recent.iter().cycle();
+        let until = Instant::now() + Duration::from_secs(20);
+        while score_us_idle.len() < wanted && Instant::now() < until {
+            ticker.tick().await;
+            for request in requests
+                .by_ref()
+                .take(burst.min(wanted - score_us_idle.len()))
+            {
+                let started = Instant::now();
+                let _ = consumer.score_into(request, &mut ranking);
+                score_us_idle.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    }
+    score_us_loaded.sort_by(f64::total_cmp);
+    score_us_idle.sort_by(f64::total_cmp);
+    let score_summary = |sorted: &[f64]| {
+        serde_json::json!({
+            "n": sorted.len(),
+            "p50_us": percentile(sorted, 0.50),
+            "p99_us": percentile(sorted, 0.99),
+            "max_us": sorted.last(),
+        })
+    };
     unseen += pending.len() as u64;
     latencies_ms.sort_by(f64::total_cmp);
     // Unseen probes are infinitely late: a percentile falling on them is reported as null.
@@ -279,6 +336,10 @@ async fn main() -> Result<()> {
             "p99_ms": quantile(0.99),
             "seen_p50_ms": percentile(&latencies_ms, 0.50),
             "seen_p99_ms": percentile(&latencies_ms, 0.99),
+        },
+        "score": {
+            "while_applying": score_summary(&score_us_loaded),
+            "idle": score_summary(&score_us_idle),
         },
         "time_to_current_after_stop_s": time_to_current,
         "final_sequence": final_target.map(|(target, _, _)| target),

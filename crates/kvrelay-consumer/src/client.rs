@@ -3,8 +3,10 @@
 //!
 //! Concurrency: the state sits behind one `RwLock`. Writers are the relay and
 //! subscription tasks, each holding the lock only to apply one validated message
-//! (never across an `.await`); `score` takes the read lock. Each mutation is whole, so a
-//! query sees a replica before or after a delta, never half of one.
+//! (never across an `.await`); `score` takes the read lock. A pool frame is checked
+//! (checksum, bounds) and copied out before the lock is taken, so the lock covers only the
+//! table write. Each mutation is whole, so a query sees a replica before or after a
+//! delta, never half of one.
 //!
 //! Task tree: `Consumer` owns a `TaskTracker` and a `CancellationToken`; each relay task
 //! owns a child token and a tracker for its subscriptions, cancelled and awaited when its
@@ -27,7 +29,7 @@ use crate::catalog::{PoolKey, QuarantinedEntry};
 use crate::config::{ConfigError, ConsumerConfig};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
 use crate::scoring::{Ranking, ScoreError, ScoreRequest};
-use crate::state::{ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
+use crate::state::{CheckedPoolFrame, ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
 use crate::store::StoreError;
 use crate::wire::{Endpoint, WireError, WireStream};
 
@@ -734,10 +736,18 @@ async fn subscription_frames(
         if frame.header.relay != identity {
             return Some(ResubscribeReason::RelayRestart);
         }
-        let outcome = shared
-            .state
-            .write()
-            .apply_pool_frame(key, &frame, Instant::now());
+        // Checksum and copy happen here, outside the lock; the write lock (which `score`
+        // waits for) covers only the table write.
+        let outcome = match CheckedPoolFrame::check(&frame, &producer) {
+            Ok(checked) => shared
+                .state
+                .write()
+                .apply_checked_frame(key, &checked, Instant::now()),
+            Err(err) => {
+                shared.state.write().invalidate(key);
+                Err(err)
+            }
+        };
         match outcome {
             Ok(outcome) => {
                 if !matches!(outcome, FrameOutcome::ChunkStored) {

@@ -71,7 +71,8 @@ pub use scoring::{
 };
 pub use served::{ServedModel, served_base_models};
 pub use state::{
-    CatalogChange, CatalogError, ConsumerState, FrameError, FrameOutcome, PoolStatus, RelayStatus,
+    CatalogChange, CatalogError, CheckedPoolFrame, ConsumerState, FrameError, FrameOutcome,
+    PoolStatus, RelayStatus,
 };
 pub use store::StoreError;
 pub use tls::{BearerToken, RelayTls, TlsError, TokenError};

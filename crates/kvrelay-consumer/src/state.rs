@@ -101,6 +101,67 @@ pub struct FrameError {
     pub detail: String,
 }
 
+/// A pool frame checked against the producer it was subscribed for, with its payload
+/// copied out: the CBI1 checksum, layout and bounds are verified and the words or images
+/// decoded here, with no state involved, so the async client does this before it takes
+/// the state's write lock and applying ([`ConsumerState::apply_checked_frame`]) is only
+/// the table write. Scoring waits for that, never for a checksum pass.
+#[derive(Debug, Clone)]
+pub struct CheckedPoolFrame {
+    relay: RelayIdentity,
+    producer: ProducerIdentity,
+    sequence: u64,
+    payload: CheckedPayload,
+}
+
+#[derive(Debug, Clone)]
+enum CheckedPayload {
+    SnapshotChunk(kvrelay_ckf::SnapshotChunk),
+    Delta(kvrelay_ckf::Delta),
+    Heartbeat,
+}
+
+impl CheckedPoolFrame {
+    /// Checks `frame` against `producer` (the generation it was subscribed for) and
+    /// copies its payload out; a refusal names the resubscribe reason.
+    pub fn check(frame: &PoolFrame, producer: &ProducerIdentity) -> Result<Self, FrameError> {
+        let payload = frame.check(producer).map_err(|err| {
+            use kvrelay_codec::cbi1::Cbi1Error;
+            use kvrelay_codec::v1::PoolFrameError;
+            let reason = match &err {
+                PoolFrameError::ProducerChanged { .. } => ResubscribeReason::ProducerChanged,
+                PoolFrameError::Cbi1(Cbi1Error::ChecksumMismatch { .. }) => {
+                    ResubscribeReason::Checksum
+                }
+                _ => ResubscribeReason::Validation,
+            };
+            FrameError {
+                reason,
+                detail: err.to_string(),
+            }
+        })?;
+        // `check` tied the payload's epoch and layout to the header and producer.
+        let payload = match payload {
+            PoolPayload::SnapshotChunk(view) => {
+                CheckedPayload::SnapshotChunk(view.to_snapshot_chunk())
+            }
+            PoolPayload::Delta(view) => CheckedPayload::Delta(view.to_delta()),
+            PoolPayload::Heartbeat => CheckedPayload::Heartbeat,
+        };
+        Ok(Self {
+            relay: frame.header.relay,
+            producer: *producer,
+            sequence: frame.header.sequence,
+            payload,
+        })
+    }
+
+    /// The sequence the frame brings its replica to.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+}
+
 /// What an accepted pool frame did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameOutcome {
@@ -506,40 +567,71 @@ impl ConsumerState {
         frame: &PoolFrame,
         now: Instant,
     ) -> Result<FrameOutcome, FrameError> {
+        let producer = self.subscribed_producer(key)?;
+        let checked = CheckedPoolFrame::check(frame, &producer)?;
+        self.apply_checked_inner(key, &checked, now)
+    }
+
+    /// Applies a frame already checked by [`CheckedPoolFrame::check`] (outside any lock):
+    /// only the catalog's producer and relay are compared and the table written. On
+    /// `Err` the replica is unusable until a new snapshot.
+    pub fn apply_checked_frame(
+        &mut self,
+        key: PoolKey,
+        frame: &CheckedPoolFrame,
+        now: Instant,
+    ) -> Result<FrameOutcome, FrameError> {
+        let result = self.apply_checked_inner(key, frame, now);
+        if result.is_err() {
+            self.store.invalidate(key);
+        }
+        result
+    }
+
+    /// The producer `key` stands for in the catalog.
+    fn subscribed_producer(&self, key: PoolKey) -> Result<ProducerIdentity, FrameError> {
+        self.producers
+            .get(&key)
+            .map(|&(_, producer)| producer)
+            .ok_or_else(|| FrameError {
+                reason: ResubscribeReason::ProducerChanged,
+                detail: format!("pool key {} is no longer in the catalog", key.0),
+            })
+    }
+
+    fn apply_checked_inner(
+        &mut self,
+        key: PoolKey,
+        frame: &CheckedPoolFrame,
+        now: Instant,
+    ) -> Result<FrameOutcome, FrameError> {
         let Some(&(relay, producer)) = self.producers.get(&key) else {
             return Err(FrameError {
                 reason: ResubscribeReason::ProducerChanged,
                 detail: format!("pool key {} is no longer in the catalog", key.0),
             });
         };
+        if producer != frame.producer {
+            return Err(FrameError {
+                reason: ResubscribeReason::ProducerChanged,
+                detail: format!(
+                    "frame checked for {:?}, catalog holds {:?} under key {}",
+                    frame.producer, producer, key.0
+                ),
+            });
+        }
         if let Some(identity) = self.relay_views[relay].identity
-            && identity != frame.header.relay
+            && identity != frame.relay
         {
             return Err(FrameError {
                 reason: ResubscribeReason::RelayRestart,
                 detail: format!(
                     "frame from relay {:?}, catalog from {:?}",
-                    frame.header.relay, identity
+                    frame.relay, identity
                 ),
             });
         }
-        let payload = frame.check(&producer).map_err(|err| {
-            use kvrelay_codec::cbi1::Cbi1Error;
-            use kvrelay_codec::v1::PoolFrameError;
-            let reason = match &err {
-                PoolFrameError::ProducerChanged { .. } => ResubscribeReason::ProducerChanged,
-                PoolFrameError::Cbi1(Cbi1Error::ChecksumMismatch { .. }) => {
-                    ResubscribeReason::Checksum
-                }
-                _ => ResubscribeReason::Validation,
-            };
-            FrameError {
-                reason,
-                detail: err.to_string(),
-            }
-        })?;
-        let header = &frame.header;
-        self.announce(key, header.sequence);
+        self.announce(key, frame.sequence);
         let store_err = |err: StoreError| {
             let reason = match &err {
                 StoreError::Replica {
@@ -554,32 +646,27 @@ impl ConsumerState {
                 detail: err.to_string(),
             }
         };
-        match payload {
-            PoolPayload::SnapshotChunk(view) => {
-                // `check` tied the payload's epoch and layout to the header and producer.
-                let chunk = view.to_snapshot_chunk();
+        match &frame.payload {
+            CheckedPayload::SnapshotChunk(chunk) => {
                 let complete = self
                     .store
-                    .install_chunk(key, &chunk, now)
+                    .install_chunk(key, chunk, now)
                     .map_err(store_err)?;
                 Ok(if complete {
-                    FrameOutcome::SnapshotInstalled(header.sequence)
+                    FrameOutcome::SnapshotInstalled(frame.sequence)
                 } else {
                     FrameOutcome::ChunkStored
                 })
             }
-            PoolPayload::Delta(view) => {
-                let delta = view.to_delta();
-                self.store
-                    .apply_delta(key, &delta, now)
-                    .map_err(store_err)?;
-                Ok(FrameOutcome::DeltaApplied(header.sequence))
+            CheckedPayload::Delta(delta) => {
+                self.store.apply_delta(key, delta, now).map_err(store_err)?;
+                Ok(FrameOutcome::DeltaApplied(frame.sequence))
             }
-            PoolPayload::Heartbeat => {
+            CheckedPayload::Heartbeat => {
                 self.store
-                    .heartbeat(key, header.sequence, now)
+                    .heartbeat(key, frame.sequence, now)
                     .map_err(store_err)?;
-                Ok(FrameOutcome::Heartbeat(header.sequence))
+                Ok(FrameOutcome::Heartbeat(frame.sequence))
             }
         }
     }

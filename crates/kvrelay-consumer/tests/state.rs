@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{ExactIndex, PrefixQuery};
 use kvrelay_consumer::{
-    CatalogError, ConsumerConfig, ConsumerState, FrameOutcome, PoolKey, RelayConfig, ReplicaStatus,
-    ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
+    CatalogError, CheckedPoolFrame, ConsumerConfig, ConsumerState, FrameOutcome, PoolKey,
+    RelayConfig, ReplicaStatus, ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
@@ -283,6 +283,53 @@ fn frame_of_another_producer_generation_is_refused() {
     let err = state
         .apply_pool_frame(key, &frames[0], Instant::now())
         .unwrap_err();
+    assert_eq!(err.reason, ResubscribeReason::ProducerChanged);
+}
+
+#[test]
+fn frames_checked_outside_the_state_apply_like_frames_applied_whole() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "mistral"), "dc-0", relay, 1);
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a, &b]))
+        .unwrap();
+    let (key_a, producer_a) = change.added[0];
+    let (key_b, _) = change.added[1];
+    let now = Instant::now();
+    state.begin_subscription(key_a).unwrap();
+    state.begin_subscription(key_b).unwrap();
+    for frame in &a.snapshot_frames() {
+        let checked = CheckedPoolFrame::check(frame, &producer_a).unwrap();
+        state.apply_checked_frame(key_a, &checked, now).unwrap();
+    }
+    let (_, delta) = a.store(1, &(0..16).collect::<Vec<_>>(), HashSalt::default());
+    let checked = CheckedPoolFrame::check(&delta.unwrap(), &producer_a).unwrap();
+    assert_eq!(checked.sequence(), a.filter.sequence());
+    assert_eq!(
+        state.apply_checked_frame(key_a, &checked, now).unwrap(),
+        FrameOutcome::DeltaApplied(a.filter.sequence())
+    );
+    let status = |state: &ConsumerState, key: PoolKey| {
+        state
+            .pools(now)
+            .into_iter()
+            .find(|status| status.key == key)
+            .unwrap()
+    };
+    assert_eq!(status(&state, key_a).replica, ReplicaStatus::Current);
+    assert_eq!(status(&state, key_a).sequence, Some(a.filter.sequence()));
+    // A frame checked for one generation is refused under another's key, and that
+    // replica is left unusable rather than half-written.
+    let err = state.apply_checked_frame(key_b, &checked, now).unwrap_err();
+    assert_eq!(err.reason, ResubscribeReason::ProducerChanged);
+    assert_eq!(status(&state, key_b).replica, ReplicaStatus::Missing);
+    assert_eq!(status(&state, key_a).replica, ReplicaStatus::Current);
+    // A frame of another producer fails the check itself.
+    let frames = a.snapshot_frames();
+    let producer_b = change.added[1].1;
+    let err = CheckedPoolFrame::check(&frames[0], &producer_b).unwrap_err();
     assert_eq!(err.reason, ResubscribeReason::ProducerChanged);
 }
 
