@@ -53,6 +53,9 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default subscribers of one publisher.
 pub const DEFAULT_MAX_SUBSCRIBERS: usize = 64;
+/// Default table versions snapshots in flight may hold besides the mirror (2): each is
+/// one whole table (`bucket_count × 8` bytes).
+pub const DEFAULT_MAX_PINNED_SNAPSHOTS: usize = 2;
 
 /// The bytes a delta is charged in backlogs and the retained window.
 pub fn delta_wire_bytes(delta: &Delta) -> u64 {
@@ -107,6 +110,13 @@ pub struct StreamLimits {
     pub snapshot_progress_timeout: Duration,
     /// Buckets per snapshot chunk ([`SNAPSHOT_CHUNK_BUCKETS`]).
     pub chunk_buckets: NonZeroU32,
+    /// Table versions that snapshots in flight may pin ([`DEFAULT_MAX_PINNED_SNAPSHOTS`]).
+    /// A snapshot pins the mirror as it was when it started; once a delta arrives, that
+    /// version is a copy of the whole table until its last snapshot is sent. At the
+    /// bound, a new subscriber starts on the newest pinned version and gets the deltas
+    /// since from the resume window; if the window no longer reaches it, it is refused
+    /// ([`SubscribeRefused::SnapshotLimit`]) and retries later.
+    pub max_pinned_snapshots: usize,
 }
 
 impl Default for StreamLimits {
@@ -118,6 +128,7 @@ impl Default for StreamLimits {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             snapshot_progress_timeout: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
             chunk_buckets: NonZeroU32::MIN.saturating_add(SNAPSHOT_CHUNK_BUCKETS - 1),
+            max_pinned_snapshots: DEFAULT_MAX_PINNED_SNAPSHOTS,
         }
     }
 }
@@ -139,6 +150,11 @@ impl StreamLimits {
         if self.max_subscribers == 0 {
             return Err(StreamLimitsError::Zero {
                 field: "max_subscribers",
+            });
+        }
+        if self.max_pinned_snapshots == 0 {
+            return Err(StreamLimitsError::Zero {
+                field: "max_pinned_snapshots",
             });
         }
         if self.max_backlog_bytes == Some(0) {
@@ -216,6 +232,13 @@ pub enum SubscribeRefused {
     #[error("publisher already has {limit} subscribers")]
     SubscriberLimit {
         /// The limit.
+        limit: usize,
+    },
+    /// Snapshots in flight already pin the maximum of table versions, and the resume
+    /// window no longer reaches the newest of them.
+    #[error("snapshots in flight already pin {limit} table versions")]
+    SnapshotLimit {
+        /// The limit ([`StreamLimits::max_pinned_snapshots`]).
         limit: usize,
     },
 }
@@ -334,6 +357,16 @@ pub struct StreamStats {
     pub cut_offs_backlog: u64,
     /// Subscribers cut off for a stalled snapshot.
     pub cut_offs_snapshot_stalled: u64,
+    /// Snapshots started on an older pinned version (the pin bound was reached).
+    pub snapshots_shared: u64,
+    /// Subscriptions refused because the pin bound was reached and the window did not
+    /// reach the newest pinned version.
+    pub snapshot_refusals: u64,
+    /// Gauge: table versions pinned by snapshots in flight that are copies (no longer
+    /// the mirror).
+    pub pinned_copies: u64,
+    /// Gauge: bytes of those copies.
+    pub pinned_copy_bytes: u64,
     /// Gauge: deltas in the resume window.
     pub retained_deltas: u64,
     /// Gauge: bytes in the resume window.
@@ -426,7 +459,29 @@ impl<T: Clone> Publisher<T> {
         stats.retained_deltas = self.window.len() as u64;
         stats.retained_bytes = self.window_bytes;
         stats.pending_bytes = self.cursors.values().map(|c| c.pending_bytes).sum();
+        let copies = self
+            .pinned_versions()
+            .into_iter()
+            .filter(|(words, _)| !Arc::ptr_eq(words, &self.mirror))
+            .count() as u64;
+        stats.pinned_copies = copies;
+        stats.pinned_copy_bytes = copies.saturating_mul(self.mirror.len() as u64 * 8);
         stats
+    }
+
+    /// The distinct table versions held by snapshots in flight, with their sequences
+    /// (the mirror included when a snapshot shares it).
+    fn pinned_versions(&self) -> Vec<(&Arc<Vec<u64>>, u64)> {
+        let mut versions: Vec<(&Arc<Vec<u64>>, u64)> = Vec::new();
+        for snapshot in self.cursors.values().filter_map(|c| c.snapshot.as_ref()) {
+            if !versions
+                .iter()
+                .any(|(words, _)| Arc::ptr_eq(words, &snapshot.words))
+            {
+                versions.push((&snapshot.words, snapshot.sequence));
+            }
+        }
+        versions
     }
 
     /// Subscribers (cut-off ones included, until unsubscribed).
@@ -582,29 +637,70 @@ impl<T: Clone> Publisher<T> {
                 Start::Resume { from }
             }
             None => {
+                let sequence = self.start_snapshot(&mut cursor, now)?;
                 if resume_from.is_some() {
                     self.stats.resume_misses += 1;
                 }
                 self.stats.snapshots += 1;
-                let chunk_len = self.limits.chunk_buckets.get() as usize;
-                cursor.pending.clear();
-                cursor.pending_bytes = 0;
-                cursor.sent_sequence = self.sequence;
-                cursor.last_sent = Some(now);
-                cursor.snapshot = Some(SnapshotCursor {
-                    words: self.mirror.clone(),
-                    sequence: self.sequence,
-                    next_chunk: 0,
-                    // Bucket counts are at most 2^24, so chunk counts fit in u32.
-                    chunk_count: self.mirror.len().div_ceil(chunk_len).max(1) as u32,
-                });
-                Start::Snapshot {
-                    sequence: self.sequence,
-                }
+                Start::Snapshot { sequence }
             }
         };
         self.cursors.insert(id, cursor);
         Ok((id, start))
+    }
+
+    /// Points `cursor` at a snapshot: the mirror as it is now, unless that would pin one
+    /// table version more than the bound allows; then the newest pinned version and the
+    /// deltas since it from the window. Returns the snapshot's sequence.
+    fn start_snapshot(
+        &mut self,
+        cursor: &mut Cursor<T>,
+        now: Instant,
+    ) -> Result<u64, SubscribeRefused> {
+        let chunk_len = self.limits.chunk_buckets.get() as usize;
+        // Bucket counts are at most 2^24, so chunk counts fit in u32.
+        let chunk_count = self.mirror.len().div_ceil(chunk_len).max(1) as u32;
+        let versions = self.pinned_versions();
+        let mirror_pinned = versions
+            .iter()
+            .any(|(words, _)| Arc::ptr_eq(words, &self.mirror));
+        let (words, sequence) =
+            if mirror_pinned || versions.len() < self.limits.max_pinned_snapshots {
+                cursor.pending.clear();
+                cursor.pending_bytes = 0;
+                (self.mirror.clone(), self.sequence)
+            } else {
+                // At the bound, and every pinned version is an older copy: share the newest.
+                let newest = versions
+                    .iter()
+                    .max_by_key(|(_, sequence)| *sequence)
+                    .map(|(words, sequence)| (Arc::clone(words), *sequence));
+                let shared = newest.and_then(|(words, sequence)| {
+                    self.queue_window_after(cursor, sequence)
+                        .map(|()| (words, sequence))
+                });
+                match shared {
+                    Some(shared) => {
+                        self.stats.snapshots_shared += 1;
+                        shared
+                    }
+                    None => {
+                        self.stats.snapshot_refusals += 1;
+                        return Err(SubscribeRefused::SnapshotLimit {
+                            limit: self.limits.max_pinned_snapshots,
+                        });
+                    }
+                }
+            };
+        cursor.sent_sequence = sequence;
+        cursor.last_sent = Some(now);
+        cursor.snapshot = Some(SnapshotCursor {
+            words,
+            sequence,
+            next_chunk: 0,
+            chunk_count,
+        });
+        Ok(sequence)
     }
 
     /// Fills `cursor` with what a subscriber at `from` misses; `None` when the window
@@ -616,6 +712,16 @@ impl<T: Clone> Publisher<T> {
             cursor.sent_sequence = from;
             return Some(from);
         }
+        self.queue_window_after(cursor, from)?;
+        Some(from)
+    }
+
+    /// Queues on `cursor` the retained deltas after `from` (which must be older than the
+    /// mirror); `None`, with `cursor`'s queue emptied, when the window does not reach back
+    /// to `from` or they exceed the backlog bound.
+    fn queue_window_after(&self, cursor: &mut Cursor<T>, from: u64) -> Option<()> {
+        cursor.pending.clear();
+        cursor.pending_bytes = 0;
         let start = self
             .window
             .iter()
@@ -630,8 +736,12 @@ impl<T: Clone> Publisher<T> {
             });
             cursor.pending_bytes = cursor.pending_bytes.saturating_add(pending.bytes);
         }
-        cursor.fit_backlog(self.backlog_bound).ok()?;
-        Some(from)
+        if cursor.fit_backlog(self.backlog_bound).is_err() {
+            cursor.pending.clear();
+            cursor.pending_bytes = 0;
+            return None;
+        }
+        Some(())
     }
 
     /// Forgets a subscriber.

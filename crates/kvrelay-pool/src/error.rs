@@ -339,6 +339,15 @@ pub enum SubscribeError {
         /// The limit.
         limit: usize,
     },
+    /// Snapshots in flight pin the maximum of table versions and the resume window no
+    /// longer reaches the newest; retry shortly.
+    #[error("pool {pool} has {limit} snapshot versions in flight (max_pinned_snapshots)")]
+    SnapshotLimit {
+        /// The pool.
+        pool: PoolId,
+        /// The limit.
+        limit: usize,
+    },
     /// Every hub slot is taken by a hub with subscribers.
     #[error("initialized publication hubs reached max_initialized_hubs {limit}")]
     InitializedHubLimit {

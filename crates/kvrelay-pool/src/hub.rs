@@ -191,6 +191,10 @@ impl HubHandle {
                     limit,
                 })
             }
+            Err(SubscribeRefused::SnapshotLimit { limit }) => Err(SubscribeError::SnapshotLimit {
+                pool: *self.shared.identity.pool_id(),
+                limit,
+            }),
         }
     }
 
@@ -314,6 +318,8 @@ impl HubTask {
             current.cut_offs_snapshot_stalled,
             before.cut_offs_snapshot_stalled,
         );
+        totals.snapshots_shared += gained(current.snapshots_shared, before.snapshots_shared);
+        totals.snapshot_refusals += gained(current.snapshot_refusals, before.snapshot_refusals);
         drop(totals);
         self.reported = current;
     }

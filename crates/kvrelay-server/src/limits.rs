@@ -107,6 +107,9 @@ pub struct Limits {
     pub subscriber_backlog_bytes: Option<u64>,
     /// Bytes of recent deltas each pool keeps for resuming consumers (0: never resume).
     pub resume_window_bytes: u64,
+    /// Table versions one pool's snapshots in flight may pin, each a whole copy of the
+    /// table once a delta arrives (the ckf publisher's default).
+    pub max_pinned_snapshots_per_pool: u32,
     /// Publication window, in ms ([`DEFAULT_PUBLICATION_WINDOW_MS`]).
     pub publication_window_ms: u64,
     /// Changed buckets that end a publication window early ([`DEFAULT_MAX_DELTA_BUCKETS`]).
@@ -143,6 +146,8 @@ impl Default for Limits {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             subscriber_backlog_bytes: None,
             resume_window_bytes: DEFAULT_RESUME_WINDOW_BYTES,
+            max_pinned_snapshots_per_pool: kvrelay_pool::StreamLimits::default()
+                .max_pinned_snapshots as u32,
             publication_window_ms: DEFAULT_PUBLICATION_WINDOW_MS,
             max_delta_buckets: DEFAULT_MAX_DELTA_BUCKETS,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
@@ -188,6 +193,10 @@ impl Limits {
                 self.subscriber_backlog_bytes.unwrap_or(1),
             ),
             ("max_delta_buckets", u64::from(self.max_delta_buckets)),
+            (
+                "max_pinned_snapshots_per_pool",
+                u64::from(self.max_pinned_snapshots_per_pool),
+            ),
             (
                 "max_connections_per_peer",
                 u64::from(self.max_connections_per_peer),
@@ -283,6 +292,7 @@ impl Limits {
                 max_subscribers: self.max_subscribers_per_pool as usize,
                 max_backlog_bytes: self.subscriber_backlog_bytes,
                 resume_window_bytes: self.resume_window_bytes,
+                max_pinned_snapshots: self.max_pinned_snapshots_per_pool as usize,
                 heartbeat_interval: self.heartbeat_interval(),
                 snapshot_progress_timeout: self.snapshot_progress_timeout(),
                 ..defaults.stream.clone()

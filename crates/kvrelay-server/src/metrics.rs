@@ -135,6 +135,8 @@ pub(crate) struct StreamMetrics {
     delta_frames: Counter,
     coalesced_frames: Counter,
     coalesced_deltas: Counter,
+    snapshots_shared: Counter,
+    snapshot_refusals: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -173,6 +175,16 @@ impl StreamMetrics {
             "stream_coalesced_frames",
             "Delta frames that merged two or more deltas for a subscriber that fell behind",
             self.coalesced_frames.clone(),
+        );
+        registry.register(
+            "stream_snapshots_shared",
+            "Snapshots started on an older pinned table version because max_pinned_snapshots_per_pool was reached (the deltas since follow)",
+            self.snapshots_shared.clone(),
+        );
+        registry.register(
+            "stream_snapshot_refusals",
+            "Pool subscriptions refused (resource_limit) because max_pinned_snapshots_per_pool was reached and the resume window no longer reached the newest pinned version",
+            self.snapshot_refusals.clone(),
         );
         registry.register(
             "stream_coalesced_deltas",
@@ -222,6 +234,10 @@ impl StreamMetrics {
             .inc_by(gained(now.coalesced_frames, seen.coalesced_frames));
         self.coalesced_deltas
             .inc_by(gained(now.coalesced_deltas, seen.coalesced_deltas));
+        self.snapshots_shared
+            .inc_by(gained(now.snapshots_shared, seen.snapshots_shared));
+        self.snapshot_refusals
+            .inc_by(gained(now.snapshot_refusals, seen.snapshot_refusals));
         *seen = now;
     }
 }

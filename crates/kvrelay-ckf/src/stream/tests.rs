@@ -343,6 +343,55 @@ fn no_encoding_without_a_live_subscriber() {
     assert_eq!(publisher.words()[1], 1);
 }
 
+#[test]
+fn snapshots_at_the_pin_bound_share_the_newest_version_or_are_refused() {
+    let now = Instant::now();
+    let bound = |window| StreamLimits {
+        max_pinned_snapshots: 1,
+        resume_window_bytes: window,
+        ..limits(4)
+    };
+    for window in [DEFAULT_RESUME_WINDOW_BYTES, 0] {
+        let mut publisher: Publisher<u64> = Publisher::new(0, vec![0; 8], bound(window)).unwrap();
+        let mut producer = vec![0u64; 8];
+        // A starts a snapshot at 0 and reads nothing; a delta makes version 0 a copy.
+        let (a, _) = publisher.handle_subscribe(None, true, now).unwrap();
+        publisher
+            .handle_delta(delta(0, &[(3, 7)]), now, |d| d.sequence)
+            .unwrap();
+        producer[3] = 7;
+        assert_eq!(publisher.stats().pinned_copies, 1);
+        assert_eq!(publisher.stats().pinned_copy_bytes, 64);
+        let b = publisher.handle_subscribe(None, true, now);
+        if window == 0 {
+            // The window cannot bring version 0 forward: refused, nothing pinned more.
+            assert_eq!(b, Err(SubscribeRefused::SnapshotLimit { limit: 1 }));
+            assert_eq!(publisher.stats().snapshot_refusals, 1);
+            assert_eq!(publisher.stats().pinned_copies, 1);
+            // Once A's snapshot is through, the pin is gone and B gets the mirror.
+            while let Poll::Transmit(Transmit::SnapshotChunk { .. }) =
+                publisher.poll_transmit(a, now)
+            {}
+            assert_eq!(publisher.stats().pinned_copies, 0);
+            let (_, start) = publisher.handle_subscribe(None, true, now).unwrap();
+            assert_eq!(start, Start::Snapshot { sequence: 1 });
+            continue;
+        }
+        // B shares version 0 (no second copy) and gets the delta since from the window.
+        let (b, start) = b.unwrap();
+        assert_eq!(start, Start::Snapshot { sequence: 0 });
+        assert_eq!(publisher.stats().snapshots_shared, 1);
+        assert_eq!(publisher.stats().pinned_copies, 1);
+        let mut replica = ModelReplica::new(8);
+        let mut at = None;
+        while let Poll::Transmit(transmit) = publisher.poll_transmit(b, now) {
+            at = replica.apply(&transmit, 4, true);
+        }
+        assert_eq!(at, Some(1));
+        assert_eq!(replica.words, producer);
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// Publish a delta writing these buckets.
@@ -378,6 +427,7 @@ proptest! {
         backlog in prop_oneof![Just(None), (1u64..8).prop_map(|n| Some(n * (DELTA_FRAME_OVERHEAD + IMAGE_WIRE_BYTES)))],
         window in prop_oneof![Just(0u64), Just(2_000), Just(1 << 20)],
         coalescing in proptest::collection::vec(proptest::bool::ANY, 3),
+        pins in prop_oneof![Just(1usize), Just(2), Just(8)],
     ) {
         let bucket_count = 32usize;
         let stream_limits = StreamLimits {
@@ -385,6 +435,7 @@ proptest! {
             resume_window_bytes: window,
             heartbeat_interval: Duration::from_secs(10),
             snapshot_progress_timeout: Duration::from_secs(60),
+            max_pinned_snapshots: pins,
             ..limits(chunk_buckets)
         };
         let t0 = Instant::now();
@@ -393,10 +444,12 @@ proptest! {
         let mut history: BTreeMap<u64, Vec<u64>> = BTreeMap::from([(0, producer.clone())]);
         let mut publisher: Publisher<u64> = Publisher::new(0, producer.clone(), stream_limits).unwrap();
         let mut replicas: Vec<ModelReplica> = (0..3).map(|_| ModelReplica::new(bucket_count)).collect();
-        let mut ids: Vec<SubscriberId> = coalescing
+        // `None`: refused at the pin bound, retried at its next read.
+        let mut ids: Vec<Option<SubscriberId>> = coalescing
             .iter()
-            .map(|&c| publisher.handle_subscribe(None, c, now).unwrap().0)
+            .map(|&c| publisher.handle_subscribe(None, c, now).ok().map(|(id, _)| id))
             .collect();
+        let refused = |err: SubscribeRefused| matches!(err, SubscribeRefused::SnapshotLimit { .. });
         let mut sequence = 0u64;
         for op in ops {
             match op {
@@ -419,8 +472,16 @@ proptest! {
                     prop_assert_eq!(publisher.words(), &producer[..]);
                 }
                 Op::Read(n, k) => {
+                    if ids[n].is_none() {
+                        let resume = replicas[n].ready.filter(|_| coalescing[n]);
+                        match publisher.handle_subscribe(resume, coalescing[n], now) {
+                            Ok((id, _)) => ids[n] = Some(id),
+                            Err(err) => prop_assert!(refused(err)),
+                        }
+                    }
+                    let Some(id) = ids[n] else { continue };
                     for _ in 0..k {
-                        match publisher.poll_transmit(ids[n], now) {
+                        match publisher.poll_transmit(id, now) {
                             Poll::Transmit(transmit) => {
                                 if let Some(at) = replicas[n].apply(&transmit, chunk_buckets as usize, coalescing[n]) {
                                     prop_assert_eq!(&replicas[n].words, &history[&at], "replica differs at {}", at);
@@ -428,9 +489,15 @@ proptest! {
                             }
                             Poll::Idle => break,
                             Poll::CutOff(_) => {
-                                publisher.handle_unsubscribe(ids[n]);
+                                publisher.handle_unsubscribe(id);
                                 let resume = replicas[n].ready.filter(|_| coalescing[n]);
-                                ids[n] = publisher.handle_subscribe(resume, coalescing[n], now).unwrap().0;
+                                ids[n] = match publisher.handle_subscribe(resume, coalescing[n], now) {
+                                    Ok((id, _)) => Some(id),
+                                    Err(err) => {
+                                        prop_assert!(refused(err));
+                                        None
+                                    }
+                                };
                                 break;
                             }
                             Poll::Unknown => prop_assert!(false, "subscriber vanished"),
@@ -438,36 +505,62 @@ proptest! {
                     }
                 }
                 Op::Reconnect(n) => {
-                    publisher.handle_unsubscribe(ids[n]);
-                    let resume = replicas[n].ready.filter(|_| coalescing[n]);
-                    let (id, start) = publisher.handle_subscribe(resume, coalescing[n], now).unwrap();
-                    if let Start::Resume { from } = start {
-                        prop_assert_eq!(Some(from), replicas[n].ready);
+                    if let Some(id) = ids[n] {
+                        publisher.handle_unsubscribe(id);
                     }
-                    ids[n] = id;
+                    let resume = replicas[n].ready.filter(|_| coalescing[n]);
+                    ids[n] = match publisher.handle_subscribe(resume, coalescing[n], now) {
+                        Ok((id, start)) => {
+                            if let Start::Resume { from } = start {
+                                prop_assert_eq!(Some(from), replicas[n].ready);
+                            }
+                            Some(id)
+                        }
+                        Err(err) => {
+                            prop_assert!(refused(err));
+                            None
+                        }
+                    };
                 }
                 Op::Wait(ms) => {
                     now += Duration::from_millis(ms);
                     publisher.handle_timeout(now);
                 }
             }
+            prop_assert!(publisher.stats().pinned_copies <= pins as u64, "more pinned copies than the bound");
         }
-        // Drained at rest, every subscriber converges to the producer.
-        for n in 0..3 {
-            for _ in 0..64 {
-                match publisher.poll_transmit(ids[n], now) {
-                    Poll::Transmit(transmit) => {
-                        replicas[n].apply(&transmit, chunk_buckets as usize, coalescing[n]);
+        // Drained at rest, every subscriber converges to the producer. Two passes: a
+        // subscriber refused at the pin bound gets in once the others' snapshots are
+        // through.
+        for _pass in 0..2 {
+            for n in 0..3 {
+                if ids[n].is_none() {
+                    match publisher.handle_subscribe(None, coalescing[n], now) {
+                        Ok((id, _)) => ids[n] = Some(id),
+                        Err(err) => {
+                            prop_assert!(refused(err));
+                            continue;
+                        }
                     }
-                    Poll::CutOff(_) => {
-                        publisher.handle_unsubscribe(ids[n]);
-                        ids[n] = publisher.handle_subscribe(None, coalescing[n], now).unwrap().0;
+                }
+                for _ in 0..64 {
+                    let Some(id) = ids[n] else { break };
+                    match publisher.poll_transmit(id, now) {
+                        Poll::Transmit(transmit) => {
+                            replicas[n].apply(&transmit, chunk_buckets as usize, coalescing[n]);
+                        }
+                        Poll::CutOff(_) => {
+                            publisher.handle_unsubscribe(id);
+                            ids[n] = publisher.handle_subscribe(None, coalescing[n], now).ok().map(|(id, _)| id);
+                        }
+                        Poll::Idle | Poll::Unknown => break,
                     }
-                    Poll::Idle | Poll::Unknown => break,
                 }
             }
-            prop_assert_eq!(replicas[n].ready, Some(sequence));
-            prop_assert_eq!(&replicas[n].words, &producer);
+        }
+        for replica in &replicas {
+            prop_assert_eq!(replica.ready, Some(sequence));
+            prop_assert_eq!(&replica.words, &producer);
         }
     }
 }

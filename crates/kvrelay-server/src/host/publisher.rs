@@ -63,9 +63,9 @@ fn subscribe_failure(err: SubscribeError) -> StreamFailure {
     let reason = match &err {
         SubscribeError::UnknownPool { .. } => ErrorReason::PoolNotFound,
         SubscribeError::ProducerMismatch { .. } => ErrorReason::ProducerChanged,
-        SubscribeError::SubscriberLimit { .. } | SubscribeError::InitializedHubLimit { .. } => {
-            ErrorReason::ResourceLimit
-        }
+        SubscribeError::SubscriberLimit { .. }
+        | SubscribeError::SnapshotLimit { .. }
+        | SubscribeError::InitializedHubLimit { .. } => ErrorReason::ResourceLimit,
         _ => ErrorReason::PublicationUnavailable,
     };
     StreamFailure::new(reason, err.to_string())
