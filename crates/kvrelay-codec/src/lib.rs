@@ -1,8 +1,9 @@
 //! The publication wire codec and the WAN protocol messages.
 //!
 //! Owns the bytes between a relay and its consumers: the outer [`frame`] (magic, protocol
-//! version, message kind, length), the [`cbi1`] bucket-image payload of pool frames, the
-//! [`assembler`] that turns snapshot chunks into a table, and the [`v1`] messages.
+//! version, message kind, length), the [`cbi1`] bucket-image payload of pool frames (whose
+//! views convert into ckf's `SnapshotChunk` and `Delta` for a `Replica`, the one owner of
+//! the snapshot and sequence rules), and the [`v1`] messages.
 //!
 //! # Invariants
 //!
