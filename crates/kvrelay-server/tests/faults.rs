@@ -76,6 +76,11 @@ async fn unknown_parents_are_counted_and_valid_blocks_still_land() {
     let mut config = single_worker(dir.path(), "dc-faults", "prod");
     config.admin.enabled = true;
     config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    // The test's pure-Rust publisher does not answer ZMTP heartbeats the way libzmq
+    // engines do; on a loaded machine the quiet phase after the sends can outlast the
+    // default 1 s + 3 s and the source would redial mid-test. Liveness is not under test
+    // here (a closed publisher is still seen at once through the TCP close).
+    config.ingest.heartbeat_interval_ms = 600_000;
     config.sources = vec![SourceConfig {
         endpoint: "prod.backend.generate".to_owned(),
         worker_id: 0x11,
