@@ -554,22 +554,16 @@ impl ConsumerState {
         frame: &PoolFrame,
         now: Instant,
     ) -> Result<FrameOutcome, FrameError> {
-        let result = self.apply_pool_frame_inner(key, frame, now);
-        if result.is_err() {
-            self.store.invalidate(key);
+        let checked = self
+            .subscribed(key)
+            .and_then(|(_, producer)| CheckedPoolFrame::check(frame, &producer));
+        match checked {
+            Ok(checked) => self.apply_checked_frame(key, &checked, now),
+            Err(err) => {
+                self.store.invalidate(key);
+                Err(err)
+            }
         }
-        result
-    }
-
-    fn apply_pool_frame_inner(
-        &mut self,
-        key: PoolKey,
-        frame: &PoolFrame,
-        now: Instant,
-    ) -> Result<FrameOutcome, FrameError> {
-        let producer = self.subscribed_producer(key)?;
-        let checked = CheckedPoolFrame::check(frame, &producer)?;
-        self.apply_checked_inner(key, &checked, now)
     }
 
     /// Applies a frame already checked by [`CheckedPoolFrame::check`] (outside any lock):
@@ -588,15 +582,12 @@ impl ConsumerState {
         result
     }
 
-    /// The producer `key` stands for in the catalog.
-    fn subscribed_producer(&self, key: PoolKey) -> Result<ProducerIdentity, FrameError> {
-        self.producers
-            .get(&key)
-            .map(|&(_, producer)| producer)
-            .ok_or_else(|| FrameError {
-                reason: ResubscribeReason::ProducerChanged,
-                detail: format!("pool key {} is no longer in the catalog", key.0),
-            })
+    /// The relay and producer `key` stands for in the catalog.
+    fn subscribed(&self, key: PoolKey) -> Result<(usize, ProducerIdentity), FrameError> {
+        self.producers.get(&key).copied().ok_or_else(|| FrameError {
+            reason: ResubscribeReason::ProducerChanged,
+            detail: format!("pool key {} is no longer in the catalog", key.0),
+        })
     }
 
     fn apply_checked_inner(
@@ -605,12 +596,7 @@ impl ConsumerState {
         frame: &CheckedPoolFrame,
         now: Instant,
     ) -> Result<FrameOutcome, FrameError> {
-        let Some(&(relay, producer)) = self.producers.get(&key) else {
-            return Err(FrameError {
-                reason: ResubscribeReason::ProducerChanged,
-                detail: format!("pool key {} is no longer in the catalog", key.0),
-            });
-        };
+        let (relay, producer) = self.subscribed(key)?;
         if producer != frame.producer {
             return Err(FrameError {
                 reason: ResubscribeReason::ProducerChanged,
