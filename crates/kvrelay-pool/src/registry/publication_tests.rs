@@ -139,6 +139,18 @@ fn removed(source: SourceId, event_id: u64, ids: Vec<u64>) -> RouterEvent {
     }
 }
 
+/// Takes every encoding permit: a hub with a live subscriber then stalls on its next
+/// delta until the returned permits are dropped.
+async fn hold_encoding_permits(registry: &PoolRegistry) -> tokio::sync::OwnedSemaphorePermit {
+    registry
+        .inner
+        .encoding
+        .clone()
+        .acquire_many_owned(registry.limits().encoding_permits as u32)
+        .await
+        .unwrap()
+}
+
 /// Reads `subscription` until it ends (within 5 s) and returns why.
 pub(super) async fn next_end(subscription: &mut PoolSubscription) -> SubscriptionEnd {
     tokio::time::timeout(Duration::from_secs(5), async {
@@ -427,13 +439,7 @@ async fn a_full_hub_feed_defers_publication_and_loses_nothing() {
     let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
     // Hold every encoding permit: the hub stalls on its first delta while the actor
     // has more to publish than the feed holds.
-    let held = registry
-        .inner
-        .encoding
-        .clone()
-        .acquire_many_owned(registry.limits().encoding_permits as u32)
-        .await
-        .unwrap();
+    let held = hold_encoding_permits(&registry).await;
     for id in 1..=6 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
     }
@@ -470,13 +476,7 @@ async fn settle_returns_once_the_hub_holds_every_applied_change() {
     let attachment = attach_llama(&registry, 1, "a.b.c").await;
     // A live subscriber makes the hub encode each delta, under the encoding permits.
     let mut live = registry.subscribe(attachment.identity()).await.unwrap();
-    let held = registry
-        .inner
-        .encoding
-        .clone()
-        .acquire_many_owned(registry.limits().encoding_permits as u32)
-        .await
-        .unwrap();
+    let held = hold_encoding_permits(&registry).await;
     for id in 1..=3 {
         attachment.actor.submit(stored_event(id)).await.unwrap();
     }
