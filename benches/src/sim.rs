@@ -15,8 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kvrelay_ingest::{
-    BlockRemoved, BlockStored, EngineBlockHash, EngineEvent, HashRepr, RequestRecord, TokenIds,
-    block_tokens,
+    BlockRemoved, BlockStored, EngineBlockHash, EngineEvent, RequestRecord, TokenIds, block_tokens,
 };
 
 use crate::{BLOCK_SIZE, TOKEN_SEED, TRACE_BLOCK_TOKENS};
@@ -233,16 +232,9 @@ fn engine_block_hash(worker_id: u64, key: u64) -> u64 {
     (z ^ (z >> 31)) >> 1
 }
 
-fn hash(value: u64) -> EngineBlockHash {
-    EngineBlockHash {
-        value,
-        repr: HashRepr::Unsigned,
-    }
-}
-
 fn removed_event(engine_hash: u64) -> EngineEvent {
     EngineEvent::BlockRemoved(BlockRemoved {
-        block_hashes: vec![hash(engine_hash)],
+        block_hashes: vec![EngineBlockHash::unsigned(engine_hash)],
         medium: Some("GPU".to_owned()),
         group_idx: None,
     })
@@ -254,19 +246,16 @@ fn stored_event(engine_hashes: Vec<u64>, keys: Vec<u64>, parent: Option<u64>) ->
         .flat_map(|key| block_tokens(*key, BLOCK_SIZE, TOKEN_SEED))
         .collect();
     EngineEvent::BlockStored(BlockStored {
-        block_hashes: engine_hashes.into_iter().map(hash).collect(),
-        parent_block_hash: parent.map(hash),
-        token_ids: TokenIds::Flat(tokens),
-        block_size: BLOCK_SIZE,
-        lora_id: None,
         medium: Some("GPU".to_owned()),
-        lora_name: None,
-        extra_keys: Vec::new(),
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        cache_salt: None,
-        lookahead_token_ids: Vec::new(),
+        ..BlockStored::new(
+            engine_hashes
+                .into_iter()
+                .map(EngineBlockHash::unsigned)
+                .collect(),
+            parent.map(EngineBlockHash::unsigned),
+            TokenIds::Flat(tokens),
+            BLOCK_SIZE,
+        )
     })
 }
 
@@ -351,7 +340,7 @@ mod tests {
         };
         assert_eq!(
             stored.parent_block_hash,
-            Some(hash(engine_block_hash(1, 2)))
+            Some(EngineBlockHash::unsigned(engine_block_hash(1, 2)))
         );
         assert_eq!(stored.token_ids.len(), BLOCK_SIZE as usize);
     }

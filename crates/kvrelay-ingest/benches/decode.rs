@@ -8,7 +8,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, 
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
-    EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, TokenIds, decode_engine_batch,
+    EngineEvent, EngineKind, EngineLayout, Limits, TokenIds, decode_engine_batch,
     encode_engine_batch,
 };
 
@@ -28,10 +28,7 @@ fn batch(seed: u64) -> EngineBatch {
     let events = (0..EVENTS_PER_BATCH)
         .map(|event_idx| {
             let hashes: Vec<EngineBlockHash> = (0..BLOCKS_PER_EVENT)
-                .map(|_| EngineBlockHash {
-                    value: next(),
-                    repr: HashRepr::Unsigned,
-                })
+                .map(|_| EngineBlockHash::unsigned(next()))
                 .collect();
             if event_idx % 4 == 3 {
                 return EngineEvent::BlockRemoved(BlockRemoved {
@@ -44,22 +41,13 @@ fn batch(seed: u64) -> EngineBatch {
                 .map(|_| (next() % 128_000) as u32)
                 .collect();
             EngineEvent::BlockStored(BlockStored {
-                block_hashes: hashes,
-                parent_block_hash: Some(EngineBlockHash {
-                    value: next(),
-                    repr: HashRepr::Unsigned,
-                }),
-                token_ids: TokenIds::Flat(tokens),
-                block_size: BLOCK_SIZE,
-                lora_id: None,
                 medium: Some("GPU".to_owned()),
-                lora_name: None,
-                extra_keys: Vec::new(),
-                group_idx: None,
-                kv_cache_spec_kind: None,
-                kv_cache_spec_sliding_window: None,
-                cache_salt: None,
-                lookahead_token_ids: Vec::new(),
+                ..BlockStored::new(
+                    hashes,
+                    Some(EngineBlockHash::unsigned(next())),
+                    TokenIds::Flat(tokens),
+                    BLOCK_SIZE,
+                )
             })
         })
         .collect();

@@ -53,6 +53,16 @@ pub struct EngineBlockHash {
     pub repr: HashRepr,
 }
 
+impl EngineBlockHash {
+    /// A block id published as an unsigned integer (the common wire form).
+    pub fn unsigned(value: u64) -> Self {
+        Self {
+            value,
+            repr: HashRepr::Unsigned,
+        }
+    }
+}
+
 /// The tokens of a stored event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenIds {
@@ -120,6 +130,35 @@ pub struct BlockStored {
     pub cache_salt: Option<String>,
     /// Per-block lookahead tokens (vLLM ≥ 0.33); empty when absent.
     pub lookahead_token_ids: Vec<Vec<u32>>,
+}
+
+impl BlockStored {
+    /// A store of `block_hashes` (chained under `parent_block_hash`) with `token_ids` of
+    /// `block_size`-token blocks and every optional field absent: no LoRA, medium, extra
+    /// keys, group, cache spec, salt or lookahead. Set those on the result
+    /// (`BlockStored { medium: .., ..BlockStored::new(..) }`).
+    pub fn new(
+        block_hashes: Vec<EngineBlockHash>,
+        parent_block_hash: Option<EngineBlockHash>,
+        token_ids: TokenIds,
+        block_size: u32,
+    ) -> Self {
+        Self {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: None,
+            lora_name: None,
+            extra_keys: Vec::new(),
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
+            cache_salt: None,
+            lookahead_token_ids: Vec::new(),
+        }
+    }
 }
 
 /// `BlockRemoved`: blocks were evicted.

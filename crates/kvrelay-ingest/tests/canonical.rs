@@ -9,8 +9,7 @@ use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hashes, block_hashes_with_mm};
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, CanonicalizeError, Canonicalizer, EngineBatch,
-    EngineBlockHash, EngineEvent, EngineKind, ExtraKey, HashRepr, Limits, TokenIds,
-    decode_engine_batch,
+    EngineBlockHash, EngineEvent, EngineKind, ExtraKey, Limits, TokenIds, decode_engine_batch,
 };
 
 const STANDARD: KvQueryHashFormat = KvQueryHashFormat::DynamoStandardV1;
@@ -44,29 +43,15 @@ fn token_hashes(event: &RouterEvent) -> Vec<u64> {
     }
 }
 
-fn hash(value: u64) -> EngineBlockHash {
-    EngineBlockHash {
-        value,
-        repr: HashRepr::Unsigned,
-    }
-}
-
 fn stored(n_blocks: usize, block_size: u32) -> BlockStored {
-    BlockStored {
-        block_hashes: (0..n_blocks as u64).map(hash).collect(),
-        parent_block_hash: None,
-        token_ids: TokenIds::Flat((0..n_blocks as u32 * block_size).collect()),
+    BlockStored::new(
+        (0..n_blocks as u64)
+            .map(EngineBlockHash::unsigned)
+            .collect(),
+        None,
+        TokenIds::Flat((0..n_blocks as u32 * block_size).collect()),
         block_size,
-        lora_id: None,
-        medium: None,
-        lora_name: None,
-        extra_keys: Vec::new(),
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        cache_salt: None,
-        lookahead_token_ids: Vec::new(),
-    }
+    )
 }
 
 fn one(event: EngineEvent) -> EngineBatch {
@@ -277,7 +262,7 @@ fn non_gpu_media_are_filtered() {
         let mut event = stored(1, 4);
         event.medium = Some(medium.to_owned());
         let removal = BlockRemoved {
-            block_hashes: vec![hash(0)],
+            block_hashes: vec![EngineBlockHash::unsigned(0)],
             medium: Some(medium.to_owned()),
             group_idx: None,
         };
@@ -306,7 +291,7 @@ fn non_full_attention_groups_are_filtered_and_removals_follow_the_learned_group(
     full.kv_cache_spec_kind = Some("full_attention".to_owned());
     let removal = |group| {
         EngineEvent::BlockRemoved(BlockRemoved {
-            block_hashes: vec![hash(0)],
+            block_hashes: vec![EngineBlockHash::unsigned(0)],
             medium: None,
             group_idx: Some(group),
         })
@@ -332,7 +317,7 @@ fn non_full_attention_groups_are_filtered_and_removals_follow_the_learned_group(
 #[test]
 fn removal_from_group_other_than_zero_is_filtered_before_any_group_is_learned() {
     let batch = one(EngineEvent::BlockRemoved(BlockRemoved {
-        block_hashes: vec![hash(1)],
+        block_hashes: vec![EngineBlockHash::unsigned(1)],
         medium: Some("GPU".to_owned()),
         group_idx: Some(2),
     }));

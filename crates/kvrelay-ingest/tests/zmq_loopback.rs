@@ -18,8 +18,8 @@ use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
-    EngineEvent, EngineKind, EngineLayout, HashRepr, Limits, RejectionKind, SourceHandle,
-    SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
+    EngineEvent, EngineKind, EngineLayout, Limits, RejectionKind, SourceHandle, SourceOutput,
+    SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
 };
 
 const BLOCK_SIZE: u32 = 4;
@@ -187,37 +187,24 @@ fn serve_replays(
     }
 }
 
-fn hash(value: u64) -> EngineBlockHash {
-    EngineBlockHash {
-        value,
-        repr: HashRepr::Unsigned,
-    }
-}
-
 fn stored(ids: &[u64], parent: Option<u64>, salt: u32) -> EngineEvent {
     let tokens = (0..ids.len() as u32 * BLOCK_SIZE)
         .map(|t| t + salt * 1000)
         .collect();
     EngineEvent::BlockStored(BlockStored {
-        block_hashes: ids.iter().map(|id| hash(*id)).collect(),
-        parent_block_hash: parent.map(hash),
-        token_ids: TokenIds::Flat(tokens),
-        block_size: BLOCK_SIZE,
-        lora_id: None,
         medium: Some("GPU".to_owned()),
-        lora_name: None,
-        extra_keys: Vec::new(),
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        cache_salt: None,
-        lookahead_token_ids: Vec::new(),
+        ..BlockStored::new(
+            ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
+            parent.map(EngineBlockHash::unsigned),
+            TokenIds::Flat(tokens),
+            BLOCK_SIZE,
+        )
     })
 }
 
 fn removed(ids: &[u64]) -> EngineEvent {
     EngineEvent::BlockRemoved(BlockRemoved {
-        block_hashes: ids.iter().map(|id| hash(*id)).collect(),
+        block_hashes: ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
         medium: Some("GPU".to_owned()),
         group_idx: None,
     })

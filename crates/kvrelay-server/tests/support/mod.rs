@@ -14,8 +14,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use kvrelay_codec::v1::{Message, ProducerIdentity, StreamRequest, StreamRpc};
 use kvrelay_ingest::{
-    BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, EngineLayout, HashRepr,
-    TokenIds, encode_engine_batch,
+    BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, EngineLayout, TokenIds,
+    encode_engine_batch,
 };
 use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WorkloadConfig};
 use tokio::net::TcpStream;
@@ -194,28 +194,18 @@ pub(crate) fn single_worker(dir: &Path, dc_id: &str, namespace: &str) -> RelayCo
 
 /// A vLLM `BlockStored` event for the blocks `ids`, chained under `parent`.
 pub(crate) fn stored(ids: &[u64], parent: Option<u64>) -> EngineEvent {
-    let hash = |value: u64| EngineBlockHash {
-        value,
-        repr: HashRepr::Unsigned,
-    };
     let tokens = ids
         .iter()
         .flat_map(|id| (0..BLOCK_SIZE).map(move |at| (*id as u32) * 100 + at))
         .collect();
     EngineEvent::BlockStored(BlockStored {
-        block_hashes: ids.iter().map(|id| hash(*id)).collect(),
-        parent_block_hash: parent.map(hash),
-        token_ids: TokenIds::Flat(tokens),
-        block_size: BLOCK_SIZE,
-        lora_id: None,
         medium: Some("GPU".to_owned()),
-        lora_name: None,
-        extra_keys: Vec::new(),
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        cache_salt: None,
-        lookahead_token_ids: Vec::new(),
+        ..BlockStored::new(
+            ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
+            parent.map(EngineBlockHash::unsigned),
+            TokenIds::Flat(tokens),
+            BLOCK_SIZE,
+        )
     })
 }
 
