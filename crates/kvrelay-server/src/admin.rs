@@ -137,7 +137,7 @@ async fn pool_stats(State(state): State<AdminState>, Path(pool): Path<String>) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -183,7 +183,8 @@ mod tests {
         fn refresh_metrics(&self) {}
     }
 
-    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    /// One HTTP/1.1 GET against an admin listener: status and body.
+    pub(crate) async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();

@@ -35,20 +35,11 @@ const EXHAUSTED_FOR: Duration = Duration::from_secs(3);
 /// thousands.
 const MAX_FAILED_ACCEPTS: u64 = 300;
 
-/// One admin GET, or `None` if the relay does not answer within a second.
+/// One admin GET's response when it is a 200, or `None` (no answer within a second).
 async fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.ok()?;
-        response.starts_with("HTTP/1.1 200").then_some(response)
-    };
-    tokio::time::timeout(Duration::from_secs(1), exchange)
+    support::http_get(addr, path)
         .await
-        .ok()
-        .flatten()
+        .and_then(|(status, body)| (status == 200).then_some(body))
 }
 
 fn sample(metrics: &str, series: &str) -> u64 {

@@ -1,5 +1,6 @@
-//! A stalled pool actor (test hook) makes `/readyz` name the pool and withholds the pool
-//! from the advertised catalog; once the actor progresses, both recover.
+//! A stalled pool actor (test hook) makes `/readyz` answer 503 naming the pool and
+//! withholds the pool from the advertised catalog; once the actor progresses, both
+//! recover.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
@@ -9,6 +10,7 @@ use kvrelay_ckf::{EventPayload, RouterEvent, StoredBlock, StoredBlocks};
 
 use super::Relay;
 use crate::admin::AdminView;
+use crate::admin::tests::get;
 use crate::config::{RelayConfig, WorkloadConfig};
 use crate::host::admin_view::HostAdminView;
 
@@ -44,7 +46,8 @@ fn config(dir: &std::path::Path) -> RelayConfig {
         ..RelayConfig::default()
     };
     config.wan.listen = "127.0.0.1:0".parse().unwrap();
-    config.admin.enabled = false;
+    config.admin.enabled = true;
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
     config.discovery.dir = Some(cards);
     config.workload = Some(WorkloadConfig {
         trace: Some(trace),
@@ -78,7 +81,10 @@ async fn a_stalled_actor_is_unready_and_withheld_until_it_recovers() {
         state: relay.state.clone(),
         admission: relay.admission.clone(),
     };
+    let admin = relay.admin_addr().unwrap();
     until("ready", || view.readiness().ready).await;
+    let (status, body) = get(admin, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
     let before = relay.catalog();
     assert_eq!(before.pools.len(), 1);
     let (key, status) = relay.state.pools().into_iter().next().unwrap();
@@ -109,6 +115,9 @@ async fn a_stalled_actor_is_unready_and_withheld_until_it_recovers() {
             .any(|reason| reason.contains(&key) && reason.contains("stalled")),
         "{readiness:?}"
     );
+    let (status, body) = get(admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(&key) && body.contains("stalled"), "{body}");
     until("withheld", || relay.catalog().pools.is_empty()).await;
     let withheld = relay.catalog();
     assert!(withheld.revision > before.revision);
@@ -119,6 +128,8 @@ async fn a_stalled_actor_is_unready_and_withheld_until_it_recovers() {
     drop(release);
     until("ready again", || view.readiness().ready).await;
     until("advertised again", || relay.catalog().pools.len() == 1).await;
+    let (status, body) = get(admin, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
     let after = relay.catalog();
     assert!(after.revision > withheld.revision);
     assert_eq!(after.pools[0].producer, before.pools[0].producer);

@@ -115,7 +115,8 @@ pub(crate) fn material(names: &[&str]) -> Material {
     }
 }
 
-/// A `kvrelay relay` process on loopback (free ports, the example cards, no workload)
+/// A `kvrelay relay` process on loopback (free ports, the example cards unless told
+/// otherwise, no workload)
 /// whose stderr is collected; killed on drop.
 pub(crate) struct RelayProcess {
     pub(crate) child: tokio::process::Child,
@@ -135,12 +136,22 @@ impl RelayProcess {
     /// Runs `wrapper... kvrelay relay <defaults> args...` with `envs` and waits (at most
     /// 30 s) for the line naming its addresses. `wrapper` may be empty.
     pub(crate) async fn start(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Self {
-        use tokio::io::AsyncBufReadExt;
-
         let cards = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../examples/deployment/cards"
         );
+        Self::start_with_cards(cards, wrapper, args, envs).await
+    }
+
+    /// [`RelayProcess::start`] with the cards of directory `cards`.
+    pub(crate) async fn start_with_cards(
+        cards: &str,
+        wrapper: &[&str],
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
+        use tokio::io::AsyncBufReadExt;
+
         let binary = env!("CARGO_BIN_EXE_kvrelay");
         let (program, rest) = match wrapper.split_first() {
             Some((program, rest)) => (*program, rest),
@@ -208,4 +219,27 @@ impl RelayProcess {
     pub(crate) fn log(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+}
+
+/// One HTTP/1.1 GET: the status and body, or `None` if nothing answers within a second.
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        let status = response.get(9..12)?.parse().ok()?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default();
+        Some((status, body))
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(1), exchange)
+        .await
+        .ok()
+        .flatten()
 }
