@@ -1,21 +1,21 @@
-//! One simulated vLLM worker's prefix cache: an LRU of 16-token blocks fed by a request
-//! trace, emitting the KV events vLLM would publish.
+//! One simulated vLLM worker: the project's one cache model
+//! ([`kvrelay_ingest::WorkerCache`], an LRU whose running request is never evicted) over
+//! 16-token blocks fed by a request trace, emitting the KV events vLLM would publish.
 //!
-//! Why not `kvrelay_ingest::TraceWorkload`: it emits router events (no token ids, one
-//! removal event per request), while a vLLM engine publishes `BlockStored` with the
-//! blocks' tokens and one `BlockRemoved` per evicted block (vLLM's block pool evicts one
-//! cached block at a time as it allocates). The cache model is the same: blocks of the
-//! running request are never evicted; when nothing else is evictable the request is cut.
+//! What differs from `kvrelay_ingest::TraceWorkload` is only the wire form: it emits
+//! router events (no token ids, one removal event per request), while a vLLM engine
+//! publishes `BlockStored` with the blocks' tokens and one `BlockRemoved` per evicted
+//! block (vLLM's block pool evicts one cached block at a time as it allocates).
 //!
 //! The trace's `hash_ids` name 512-token blocks; each becomes 32 consecutive 16-token
 //! blocks (key `hash_id * 32 + i`), and a request caches its `input_length / 16` full
 //! blocks. Block tokens are synthesized per key with [`kvrelay_ingest::block_tokens`], so a
 //! consumer can rebuild a request's prompt with [`request_tokens`].
 
-use std::collections::{BTreeMap, HashMap};
-
+use kvrelay_ckf::SourceId;
 use kvrelay_ingest::{
-    BlockRemoved, BlockStored, EngineBlockHash, EngineEvent, RequestRecord, TokenIds, block_tokens,
+    BlockRemoved, BlockStored, EngineBlockHash, EngineEvent, RequestRecord, TokenIds, WorkerCache,
+    block_tokens,
 };
 
 use crate::{BLOCK_SIZE, TOKEN_SEED, TRACE_BLOCK_TOKENS};
@@ -73,122 +73,55 @@ pub struct Served {
     pub stored_blocks: usize,
 }
 
-/// One worker's cache.
+/// One vLLM worker's cache, publishing in vLLM's form.
 #[derive(Debug)]
-pub struct WorkerCache {
-    worker_id: u64,
-    capacity: usize,
-    /// key → (engine block hash, last use tick).
-    blocks: HashMap<u64, (u64, u64)>,
-    /// last use tick → key (LRU order).
-    by_tick: BTreeMap<u64, u64>,
-    tick: u64,
+pub struct VllmWorker {
+    cache: WorkerCache,
 }
 
-impl WorkerCache {
-    /// An empty cache of `capacity` blocks for worker `worker_id`.
+impl VllmWorker {
+    /// An empty cache of `capacity` blocks for worker `worker_id` (rank 0).
     pub fn new(worker_id: u64, capacity: usize) -> Self {
         Self {
-            worker_id,
-            capacity: capacity.max(1),
-            blocks: HashMap::new(),
-            by_tick: BTreeMap::new(),
-            tick: 0,
+            cache: WorkerCache::new(
+                SourceId::new(worker_id, 0),
+                capacity,
+                BLOCK_SIZE,
+                TOKEN_SEED,
+            ),
         }
     }
 
     /// Blocks cached now.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.cache.resident()
     }
 
     /// The keys cached now, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        self.blocks.keys().copied()
+        self.cache.keys()
     }
 
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.len() == 0
     }
 
     /// Serves a request whose prefix blocks are `keys`.
     pub fn serve(&mut self, keys: &[u64]) -> Served {
-        let request_start = self.tick;
-        let mut events = Vec::new();
-        let mut stores: Vec<EngineEvent> = Vec::new();
-        let mut run: Vec<u64> = Vec::new();
-        let mut run_keys: Vec<u64> = Vec::new();
-        let mut run_parent: Option<u64> = None;
-        let mut previous: Option<u64> = None;
-        let mut resident = 0usize;
-        let mut stored = 0usize;
-        for &key in keys {
-            if let Some(engine_hash) = self.touch(key) {
-                if !run.is_empty() {
-                    stores.push(stored_event(
-                        std::mem::take(&mut run),
-                        std::mem::take(&mut run_keys),
-                        run_parent,
-                    ));
-                }
-                previous = Some(engine_hash);
-                resident += 1;
-                continue;
-            }
-            if self.blocks.len() >= self.capacity {
-                match self.evict_before(request_start) {
-                    Some(evicted) => events.push(removed_event(evicted)),
-                    None => break,
-                }
-            }
-            let engine_hash = engine_block_hash(self.worker_id, key);
-            self.insert(key, engine_hash);
-            if run.is_empty() {
-                run_parent = previous;
-            }
-            run.push(engine_hash);
-            run_keys.push(key);
-            previous = Some(engine_hash);
-            resident += 1;
-            stored += 1;
-        }
-        if !run.is_empty() {
-            stores.push(stored_event(run, run_keys, run_parent));
-        }
-        events.extend(stores);
+        let change = self.cache.apply(keys);
+        let stored_blocks = change.stored_blocks();
+        let mut events: Vec<EngineEvent> =
+            change.evicted.iter().copied().map(removed_event).collect();
+        events.extend(change.stored.into_iter().map(|run| {
+            let (keys, engine_ids): (Vec<u64>, Vec<u64>) = run.blocks.into_iter().unzip();
+            stored_event(engine_ids, keys, run.parent_engine_id)
+        }));
         Served {
             events,
-            resident_blocks: resident,
-            stored_blocks: stored,
+            resident_blocks: change.resident,
+            stored_blocks,
         }
-    }
-
-    fn touch(&mut self, key: u64) -> Option<u64> {
-        self.tick += 1;
-        let tick = self.tick;
-        let entry = self.blocks.get_mut(&key)?;
-        self.by_tick.remove(&entry.1);
-        entry.1 = tick;
-        self.by_tick.insert(tick, key);
-        Some(entry.0)
-    }
-
-    fn insert(&mut self, key: u64, engine_hash: u64) {
-        self.tick += 1;
-        self.blocks.insert(key, (engine_hash, self.tick));
-        self.by_tick.insert(self.tick, key);
-    }
-
-    /// Evicts the least recently used block last used before `tick` (not one of the
-    /// running request's blocks).
-    fn evict_before(&mut self, tick: u64) -> Option<u64> {
-        let (&oldest, &key) = self.by_tick.iter().next()?;
-        if oldest > tick {
-            return None;
-        }
-        self.by_tick.remove(&oldest);
-        self.blocks.remove(&key).map(|(engine_hash, _)| engine_hash)
     }
 }
 
@@ -203,8 +136,8 @@ pub fn cache_after_batches(
     worker_id: u64,
     capacity: usize,
     batches: u64,
-) -> WorkerCache {
-    let mut cache = WorkerCache::new(worker_id, capacity);
+) -> VllmWorker {
+    let mut cache = VllmWorker::new(worker_id, capacity);
     let mut published = 0u64;
     for (at, request) in requests.iter().enumerate() {
         if published >= batches {
@@ -218,18 +151,6 @@ pub fn cache_after_batches(
         }
     }
     cache
-}
-
-/// A worker's engine block hash for `key` (vLLM's hashes differ per worker: random seed).
-fn engine_block_hash(worker_id: u64, key: u64) -> u64 {
-    // splitmix64 of the pair: distinct, well spread, reproducible.
-    let mut z = key
-        .wrapping_add(worker_id.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        .wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    // vLLM's int hashes are non-negative 64-bit values below 2^63.
-    (z ^ (z >> 31)) >> 1
 }
 
 fn removed_event(engine_hash: u64) -> EngineEvent {
@@ -283,7 +204,7 @@ mod tests {
 
     #[test]
     fn a_full_cache_evicts_one_block_per_event_and_keeps_the_running_request() {
-        let mut cache = WorkerCache::new(1, 4);
+        let mut cache = VllmWorker::new(1, 4);
         let first = cache.serve(&[1, 2, 3]);
         assert_eq!(first.events.len(), 1);
         assert_eq!(first.stored_blocks, 3);
@@ -315,7 +236,7 @@ mod tests {
             request(512, vec![4]),
             request(512, vec![5]),
         ];
-        let keys = |cache: &WorkerCache| {
+        let keys = |cache: &VllmWorker| {
             let mut keys: Vec<u64> = cache.keys().map(|key| key / SUB_BLOCKS).collect();
             keys.dedup();
             keys
@@ -332,15 +253,20 @@ mod tests {
 
     #[test]
     fn stores_are_parented_on_the_cached_prefix() {
-        let mut cache = WorkerCache::new(1, 16);
-        cache.serve(&[1, 2]);
+        let mut cache = VllmWorker::new(1, 16);
+        let first = cache.serve(&[1, 2]);
+        let EngineEvent::BlockStored(root) = &first.events[0] else {
+            panic!("expected a store");
+        };
+        assert_eq!(root.parent_block_hash, None);
         let served = cache.serve(&[1, 2, 3]);
         let EngineEvent::BlockStored(stored) = &served.events[0] else {
             panic!("expected a store");
         };
-        assert_eq!(
-            stored.parent_block_hash,
-            Some(EngineBlockHash::unsigned(engine_block_hash(1, 2)))
+        assert_eq!(stored.parent_block_hash, Some(root.block_hashes[1]));
+        assert!(
+            stored.block_hashes[0].value < 1 << 63,
+            "vLLM's integer hashes are non-negative"
         );
         assert_eq!(stored.token_ids.len(), BLOCK_SIZE as usize);
     }

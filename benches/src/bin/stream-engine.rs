@@ -19,7 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use kvrelay_benches::sim::{WorkerCache, first_block_new, request_keys};
+use kvrelay_benches::sim::{VllmWorker, first_block_new, request_keys};
 use kvrelay_benches::stamps::{Stamp, unix_ns};
 use kvrelay_benches::{Flags, TOPIC};
 use kvrelay_ingest::{EngineBatch, EngineKind, EngineLayout, encode_engine_batch};
@@ -79,7 +79,7 @@ fn main() -> Result<()> {
         map_batch: false,
     };
     let per_engine_rate = rate / workers.max(1) as f64;
-    let mut cache = WorkerCache::new(worker_id, capacity);
+    let mut cache = VllmWorker::new(worker_id, capacity);
     let mut ring: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
     let mut seq = 0u64;
     let mut events_sent = 0u64;

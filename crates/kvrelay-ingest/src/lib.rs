@@ -59,8 +59,9 @@ pub use source::{SourceHandle, SourceOutput, SourceProbe, SourceSignal, SourceSt
 pub use stats::{ReplayOutcome, SourceStats};
 pub use trace_replay::{TraceReplayConfig, spawn_trace_replay};
 pub use workload::{
-    BUILTIN_REQUEST_TRACE, DEFAULT_WORKLOAD_SEED, Routing, TraceWorkload, WorkerCache,
-    WorkloadConfig, block_token_hash, block_tokens, request_tokens, route_by_first_block,
+    BUILTIN_REQUEST_TRACE, CacheChange, DEFAULT_WORKLOAD_SEED, Routing, StoredRun, TraceWorkload,
+    WorkerCache, WorkloadConfig, block_token_hash, block_tokens, request_tokens,
+    route_by_first_block,
 };
 pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
 pub use zmq_source::{FaultInjection, ZmqSourceConfig, spawn_zmq_source};

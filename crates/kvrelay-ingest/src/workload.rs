@@ -225,9 +225,40 @@ fn pick_kv_aware(workers: &[WorkerCache], hash_ids: &[u64]) -> usize {
     best
 }
 
+/// What serving one request changed in a [`WorkerCache`], in the order an engine
+/// publishes it: the evictions, then the stored runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheChange {
+    /// Engine ids of the blocks evicted to make room, least recently used first.
+    pub evicted: Vec<u64>,
+    /// Runs of newly stored blocks, in request order.
+    pub stored: Vec<StoredRun>,
+    /// Leading blocks of the request cached after it (hits plus stores; less than the
+    /// request when it was cut to the capacity or found nothing to evict).
+    pub resident: usize,
+}
+
+impl CacheChange {
+    /// Blocks stored by the request.
+    pub fn stored_blocks(&self) -> usize {
+        self.stored.iter().map(|run| run.blocks.len()).sum()
+    }
+}
+
+/// A run of consecutive blocks a request stored, chained under the block before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRun {
+    /// Engine id of the cached block the run extends (`None`: the request's root).
+    pub parent_engine_id: Option<u64>,
+    /// `(trace block id, engine block id)` of each stored block, in chain order.
+    pub blocks: Vec<(u64, u64)>,
+}
+
 /// One worker's simulated prefix cache: an LRU of trace blocks that turns each request into
-/// the router events the worker would publish. The one cache model of the workload, used
-/// by [`TraceWorkload`] and by the relay's embedded trace replay.
+/// the router events the worker would publish. The project's one cache model: behind
+/// [`TraceWorkload`], the relay's embedded trace replay, the demo's simulated engines and
+/// the benchmarks' vLLM engine publishers (which publish [`WorkerCache::apply`]'s change
+/// in vLLM's wire form).
 ///
 /// A request's blocks the cache holds are touched; each run of missing blocks is stored
 /// (one `stored` event, parented on the block before the run); when the cache is full, the
@@ -283,30 +314,36 @@ impl WorkerCache {
             .count()
     }
 
-    /// Serves one request whose prefix blocks are `hash_ids`; returns its events in order
-    /// (the eviction first, then the stored runs). A full hit returns none.
-    pub fn serve(&mut self, hash_ids: &[u64]) -> Vec<RouterEvent> {
+    /// The trace blocks cached now, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.blocks.keys().copied()
+    }
+
+    /// Serves one request whose prefix blocks are `hash_ids` and returns what changed
+    /// (the cache model itself; [`WorkerCache::serve`] turns it into router events, an
+    /// engine simulator into its own wire events).
+    pub fn apply(&mut self, hash_ids: &[u64]) -> CacheChange {
         let request_start = self.tick;
         let chain = &hash_ids[..hash_ids.len().min(self.capacity)];
-        let mut removed: Vec<u64> = Vec::new();
-        let mut run: Vec<StoredBlock> = Vec::new();
+        let mut change = CacheChange::default();
+        let mut run: Vec<(u64, u64)> = Vec::new();
         let mut run_parent: Option<u64> = None;
-        let mut stored_runs: Vec<StoredBlocks> = Vec::new();
         let mut previous_engine_id: Option<u64> = None;
         for &hash_id in chain {
             if let Some(engine_id) = self.touch(hash_id) {
                 if !run.is_empty() {
-                    stored_runs.push(StoredBlocks {
-                        parent_engine_block_id: run_parent,
+                    change.stored.push(StoredRun {
+                        parent_engine_id: run_parent,
                         blocks: std::mem::take(&mut run),
                     });
                 }
                 previous_engine_id = Some(engine_id);
+                change.resident += 1;
                 continue;
             }
             if self.blocks.len() >= self.capacity {
                 match self.evict_before(request_start) {
-                    Some(engine_id) => removed.push(engine_id),
+                    Some(engine_id) => change.evicted.push(engine_id),
                     None => break,
                 }
             }
@@ -315,26 +352,42 @@ impl WorkerCache {
             if run.is_empty() {
                 run_parent = previous_engine_id;
             }
-            run.push(StoredBlock {
-                engine_block_id: engine_id,
-                token_hash: block_token_hash(hash_id, self.block_size, self.seed),
-            });
+            run.push((hash_id, engine_id));
             previous_engine_id = Some(engine_id);
+            change.resident += 1;
         }
         if !run.is_empty() {
-            stored_runs.push(StoredBlocks {
-                parent_engine_block_id: run_parent,
+            change.stored.push(StoredRun {
+                parent_engine_id: run_parent,
                 blocks: run,
             });
         }
-        let mut events = Vec::with_capacity(stored_runs.len() + 1);
-        if !removed.is_empty() {
+        change
+    }
+
+    /// Serves one request whose prefix blocks are `hash_ids`; returns its events in order
+    /// (the eviction first, then the stored runs). A full hit returns none.
+    pub fn serve(&mut self, hash_ids: &[u64]) -> Vec<RouterEvent> {
+        let change = self.apply(hash_ids);
+        let mut events = Vec::with_capacity(change.stored.len() + 1);
+        if !change.evicted.is_empty() {
             events.push(self.event(EventPayload::Removed(RemovedBlocks {
-                engine_block_ids: removed,
+                engine_block_ids: change.evicted,
             })));
         }
-        for stored in stored_runs {
-            events.push(self.event(EventPayload::Stored(stored)));
+        for run in change.stored {
+            let blocks = run
+                .blocks
+                .iter()
+                .map(|&(hash_id, engine_id)| StoredBlock {
+                    engine_block_id: engine_id,
+                    token_hash: block_token_hash(hash_id, self.block_size, self.seed),
+                })
+                .collect();
+            events.push(self.event(EventPayload::Stored(StoredBlocks {
+                parent_engine_block_id: run.parent_engine_id,
+                blocks,
+            })));
         }
         events
     }
@@ -381,7 +434,9 @@ impl WorkerCache {
     }
 }
 
+/// A worker's engine block id for trace block `hash_id` (vLLM's ids differ per worker),
+/// below 2^63 like vLLM's non-negative integer hashes.
 fn engine_block_id(source: SourceId, hash_id: u64, seed: u64) -> u64 {
     let material = [source.worker_id.to_le_bytes(), hash_id.to_le_bytes()].concat();
-    xxh3_64_with_seed(&material, seed ^ 0x656e_6769_6e65)
+    xxh3_64_with_seed(&material, seed ^ 0x656e_6769_6e65) >> 1
 }

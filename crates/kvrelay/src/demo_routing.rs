@@ -29,11 +29,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_ckf::{RouterEvent, SourceId};
 use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
-use kvrelay_identity::KvQueryHashFormat;
-use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
-use kvrelay_ingest::RequestRecord;
+use kvrelay_ingest::{RequestRecord, WorkerCache};
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
 use kvrelay_server::{AuthConfig, Relay, RelayConfig, TlsConfig, WORKLOAD_TOKEN_SEED};
 use serde::Serialize;
@@ -185,102 +183,31 @@ pub(crate) async fn compare(
     })
 }
 
-/// A simulated engine pool: an LRU prefix cache keyed by sequence hash, publishing its
-/// stores and evictions as one source of its pool.
+/// A simulated engine pool: the workload's LRU prefix cache
+/// ([`kvrelay_ingest::WorkerCache`], the one cache model of the project) publishing its
+/// stores and evictions as one source of its pool, plus the recent prefill work the
+/// `least load` policy reads.
 struct Engine {
     dc: usize,
-    source: SourceId,
-    /// Sequence hash → (engine block id, last use).
-    blocks: HashMap<u64, (u64, u64)>,
-    /// Last use → sequence hash (the eviction order).
-    by_use: BTreeMap<u64, u64>,
-    clock: u64,
-    next_block_id: u64,
-    next_event_id: u64,
+    cache: WorkerCache,
     /// Recent prefill work (tokens computed), decayed per request.
     recent_work: f64,
 }
 
 impl Engine {
-    fn new(dc: usize, source: SourceId) -> Self {
+    fn new(dc: usize, source: SourceId, block_size: u32) -> Self {
         Self {
             dc,
-            source,
-            blocks: HashMap::new(),
-            by_use: BTreeMap::new(),
-            clock: 0,
-            next_block_id: ENGINE_ID_BASE,
-            next_event_id: ENGINE_ID_BASE,
+            cache: WorkerCache::new(source, POOL_CACHE_BLOCKS, block_size, WORKLOAD_TOKEN_SEED),
             recent_work: 0.0,
         }
     }
 
-    fn touch(&mut self, sequence_hash: u64) {
-        self.clock += 1;
-        if let Some((_, used)) = self.blocks.get_mut(&sequence_hash) {
-            self.by_use.remove(used);
-            *used = self.clock;
-            self.by_use.insert(self.clock, sequence_hash);
-        }
-    }
-
-    /// Serves a request of `block_hashes` (their `sequence` hashes): returns the leading
-    /// blocks it already held and the events its cache change publishes.
-    fn serve(&mut self, block_hashes: &[u64], sequence: &[u64]) -> (usize, Vec<RouterEvent>) {
-        let found = sequence
-            .iter()
-            .take_while(|hash| self.blocks.contains_key(hash))
-            .count();
-        for hash in &sequence[..found] {
-            self.touch(*hash);
-        }
-        let mut events = Vec::new();
-        let mut parent = found
-            .checked_sub(1)
-            .and_then(|last| self.blocks.get(&sequence[last]).map(|(id, _)| *id));
-        let mut stored = Vec::new();
-        for (block_hash, sequence_hash) in block_hashes.iter().zip(sequence).skip(found) {
-            let id = self.next_block_id;
-            self.next_block_id += 1;
-            self.clock += 1;
-            self.blocks.insert(*sequence_hash, (id, self.clock));
-            self.by_use.insert(self.clock, *sequence_hash);
-            stored.push(StoredBlock {
-                engine_block_id: id,
-                token_hash: *block_hash,
-            });
-        }
-        if !stored.is_empty() {
-            events.push(self.event(EventPayload::Stored(StoredBlocks {
-                parent_engine_block_id: parent.take(),
-                blocks: stored,
-            })));
-        }
-        let mut evicted = Vec::new();
-        while self.blocks.len() > POOL_CACHE_BLOCKS {
-            let Some((_, hash)) = self.by_use.pop_first() else {
-                break;
-            };
-            if let Some((id, _)) = self.blocks.remove(&hash) {
-                evicted.push(id);
-            }
-        }
-        if !evicted.is_empty() {
-            events.push(self.event(EventPayload::Removed(RemovedBlocks {
-                engine_block_ids: evicted,
-            })));
-        }
-        (found, events)
-    }
-
-    fn event(&mut self, payload: EventPayload) -> RouterEvent {
-        let event_id = self.next_event_id;
-        self.next_event_id += 1;
-        RouterEvent {
-            source: self.source,
-            event_id,
-            payload,
-        }
+    /// Serves a request of trace blocks `hash_ids`: returns how many leading blocks the
+    /// cache already held and the events its cache change publishes.
+    fn serve(&mut self, hash_ids: &[u64]) -> (usize, Vec<RouterEvent>) {
+        let found = self.cache.prefix_depth(hash_ids);
+        (found, self.cache.serve(hash_ids))
     }
 }
 
@@ -289,8 +216,6 @@ impl Engine {
 /// them), then the relay holds only this block, which no compared request shares.
 const SOURCE_TRACE: &str =
     "{\"timestamp\":0,\"input_length\":16,\"output_length\":1,\"hash_ids\":[987654321987]}\n";
-/// Engine block and event ids start here, above the setup trace's.
-const ENGINE_ID_BASE: u64 = 1 << 40;
 
 /// Whether DC `dc` (an index into [`DCS`]) deploys the card file named `name`.
 fn dc_keeps(dc: usize, name: &str) -> bool {
@@ -328,7 +253,12 @@ fn dc_card_dir(cards: &Path, dc: usize, root: &Path) -> Result<std::path::PathBu
     Ok(dir)
 }
 
-async fn start_relays(cards: &Path, secured: Option<&Secured>) -> Result<Vec<Relay>> {
+/// Starts one relay per DC. The returned directory holds their card directories and setup
+/// trace: keep it until the relays are shut down (they watch those directories).
+async fn start_relays(
+    cards: &Path,
+    secured: Option<&Secured>,
+) -> Result<(Vec<Relay>, tempfile::TempDir)> {
     let dir = tempfile::tempdir().context("a temporary directory for the setup trace")?;
     let trace = dir.path().join("setup.jsonl");
     std::fs::write(&trace, SOURCE_TRACE).context("writing the setup trace")?;
@@ -367,7 +297,7 @@ async fn start_relays(cards: &Path, secured: Option<&Secured>) -> Result<Vec<Rel
             .with_context(|| format!("{dc}: the setup trace did not finish"))?;
         relays.push(relay);
     }
-    Ok(relays)
+    Ok((relays, dir))
 }
 
 async fn run_policy(
@@ -376,7 +306,7 @@ async fn run_policy(
     records: &[RequestRecord],
     secured: Option<&Secured>,
 ) -> Result<(String, PolicyLine)> {
-    let relays = start_relays(cards, secured).await?;
+    let (relays, relay_dir) = start_relays(cards, secured).await?;
     let mut config = RouterConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         ..RouterConfig::default()
@@ -402,6 +332,11 @@ async fn run_policy(
         bail!("the router's replicas did not become current");
     }
 
+    let served = kvrelay_consumer::served_base_models(&relays[0].catalog());
+    let model = served
+        .first()
+        .context("the deployment serves no model")?
+        .clone();
     // One engine per pool, fed through one of the pool's sources.
     let mut engines: HashMap<(String, String), Engine> = HashMap::new();
     let sources: Vec<_> = relays.iter().map(Relay::sources_by_producer).collect();
@@ -418,15 +353,10 @@ async fn run_policy(
             .with_context(|| format!("no source feeds pool {} in {}", pool.pool, pool.dc))?;
         engines.insert(
             (pool.dc.clone(), pool.pool.clone()),
-            Engine::new(dc, source),
+            Engine::new(dc, source, model.kv_block_size),
         );
     }
 
-    let served = kvrelay_consumer::served_base_models(&relays[0].catalog());
-    let model = served
-        .first()
-        .context("the deployment serves no model")?
-        .clone();
     let mut line = PolicyLine {
         policy: policy.label(),
         requests: 0,
@@ -495,20 +425,13 @@ async fn run_policy(
         }
         .context("no candidate chosen")?;
 
-        let hashes = block_hashes(
-            &request.tokens,
-            model.kv_block_size,
-            KvQueryHashFormat::DynamoStandardV1,
-            HashSalt::default(),
-        );
-        let sequence = sequence_hashes(&hashes);
         for engine in engines.values_mut() {
             engine.recent_work *= LOAD_DECAY;
         }
         let engine = engines
             .get_mut(&chosen)
             .with_context(|| format!("no engine for {chosen:?}"))?;
-        let (found, events) = engine.serve(&hashes, &sequence);
+        let (found, events) = engine.serve(&record.hash_ids);
         let block = u64::from(model.kv_block_size);
         let prompt = request.tokens.len() as u64;
         let cached = (found as u64 * block).min(prompt);
@@ -533,6 +456,7 @@ async fn run_policy(
     for relay in relays {
         relay.shutdown().await?;
     }
+    drop(relay_dir);
     Ok((model.model, line))
 }
 
@@ -616,38 +540,41 @@ fn escape(text: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
+    use kvrelay_ckf::EventPayload;
+    use kvrelay_identity::KvQueryHashFormat;
+    use kvrelay_identity::hashing::{HashSalt, block_hashes};
+
     use super::*;
 
     #[test]
-    fn an_engine_reports_its_cached_prefix_and_evicts_least_recently_used() {
-        let mut engine = Engine::new(0, SourceId::new(1, 0));
-        let hashes: Vec<u64> = (1..=4).collect();
-        let sequence = sequence_hashes(&hashes);
-        let (found, events) = engine.serve(&hashes, &sequence);
+    fn an_engine_publishes_the_block_hashes_the_router_computes_from_the_prompt() {
+        // The router scores a request by hashing its synthesized prompt tokens; the
+        // engine's stores must name exactly those blocks, or no replica would ever match.
+        let block_size = 16;
+        let mut engine = Engine::new(0, SourceId::new(1, 0), block_size);
+        let hash_ids: Vec<u64> = (1..=4).collect();
+        let tokens = kvrelay_ingest::request_tokens(&hash_ids, block_size, WORKLOAD_TOKEN_SEED);
+        let expected = block_hashes(
+            &tokens,
+            block_size,
+            KvQueryHashFormat::DynamoStandardV1,
+            HashSalt::default(),
+        );
+        let (found, events) = engine.serve(&hash_ids);
         assert_eq!(found, 0);
-        assert_eq!(events.len(), 1, "one stored chain, nothing evicted");
-        let (found, events) = engine.serve(&hashes, &sequence);
-        assert_eq!(found, 4);
+        let published: Vec<u64> = events
+            .iter()
+            .flat_map(|event| match &event.payload {
+                EventPayload::Stored(stored) => {
+                    stored.blocks.iter().map(|b| b.token_hash).collect()
+                }
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(published, expected);
+        let (found, events) = engine.serve(&hash_ids);
+        assert_eq!(found, 4, "the second request finds the whole prefix");
         assert!(events.is_empty());
-        // A longer request reuses the prefix and stores one block, parented on the last.
-        let longer: Vec<u64> = (1..=5).collect();
-        let (found, events) = engine.serve(&longer, &sequence_hashes(&longer));
-        assert_eq!(found, 4);
-        let EventPayload::Stored(stored) = &events[0].payload else {
-            panic!("a stored event");
-        };
-        assert_eq!(stored.blocks.len(), 1);
-        assert!(stored.parent_engine_block_id.is_some());
-        // Filling past the capacity evicts the least recently used blocks.
-        let other: Vec<u64> = (100..100 + POOL_CACHE_BLOCKS as u64).collect();
-        let (_, events) = engine.serve(&other, &sequence_hashes(&other));
-        assert_eq!(engine.blocks.len(), POOL_CACHE_BLOCKS);
-        assert!(matches!(
-            events.last().unwrap().payload,
-            EventPayload::Removed(_)
-        ));
-        let (found, _) = engine.serve(&hashes, &sequence);
-        assert_eq!(found, 0, "the first chain was evicted");
     }
 
     #[test]
