@@ -128,9 +128,8 @@ impl Supervisor {
                     settle(&mut core, &mut shell, settled, &self.state);
                 }
                 () = source_states.changed() => {
-                    let now = Instant::now();
                     for (key, state) in source_states.take() {
-                        core.handle_source_state(&key, state, now);
+                        core.handle_source_state(&key, state);
                     }
                 }
                 _ = health_ticker.tick() => {

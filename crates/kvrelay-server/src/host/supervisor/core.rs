@@ -1,8 +1,9 @@
 //! The supervision core: every decision of the host supervisor, with no runtime.
 //!
 //! Inputs (`handle_*`): a membership view, the configured engine sources, attach / retire /
-//! fence outcomes, source states, pool health, catalog changes and load ticks, each with
-//! the caller's `now` where time matters. Outputs: [`Command`]s from
+//! fence outcomes, source states, pool health (the shell reads each actor's
+//! `stalled_for` at its own `now`), catalog changes and load ticks. The core keeps no
+//! clock and needs no runtime. Outputs: [`Command`]s from
 //! [`SupervisionCore::poll_command`] (attach, retire, update in place, start / stop sources,
 //! publish routes / catalog / topology / load) and the readiness facts of
 //! [`SupervisionCore::facts`]. The async shell (`supervisor.rs`) executes commands,
@@ -26,7 +27,6 @@ use kvrelay_ckf::SourceId;
 use kvrelay_identity::{DcId, EndpointId, KvQuerySemantics, PoolId, WorkerRole};
 use kvrelay_membership::{EndpointMembership, MembershipView, TopologySnapshot, TopologyState};
 use kvrelay_pool::{AttachRequest, PoolCatalog, RetirementMode, WorkerCapacity};
-use tokio::time::Instant;
 
 use crate::config::SourceConfig;
 use crate::host::wire;
@@ -368,12 +368,7 @@ impl SupervisionCore {
     }
 
     /// A source reported `state`. Ignored for sources that are not running.
-    pub(crate) fn handle_source_state(
-        &mut self,
-        key: &SourceKey,
-        state: SourceState,
-        _now: Instant,
-    ) {
+    pub(crate) fn handle_source_state(&mut self, key: &SourceKey, state: SourceState) {
         let mut changed = false;
         for sources in self.running.values_mut() {
             if let Some(current) = sources.get_mut(key)

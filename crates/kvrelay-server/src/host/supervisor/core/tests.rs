@@ -206,12 +206,12 @@ fn a_configured_source_is_not_connected_until_it_says_so() {
     );
 
     let source = SourceKey::Engine(SourceId::new(1, 0));
-    core.handle_source_state(&source, SourceState::Connected, Instant::now());
+    core.handle_source_state(&source, SourceState::Connected);
     assert!(core.facts().unready.is_empty(), "{:?}", core.facts());
     let pool = core.facts().pools.into_values().next().unwrap();
     assert_eq!(pool.sources.get("connected"), Some(&1));
 
-    core.handle_source_state(&source, SourceState::Failed, Instant::now());
+    core.handle_source_state(&source, SourceState::Failed);
     assert!(core.facts().unready[0].contains("1 failed"));
 }
 
@@ -361,7 +361,6 @@ fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
     core.handle_source_state(
         &SourceKey::Engine(SourceId::new(1, 0)),
         SourceState::Connected,
-        Instant::now(),
     );
     drain(&mut core);
     let pool = core.facts().pools.values().next().unwrap().pool;
