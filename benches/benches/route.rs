@@ -2,9 +2,10 @@
 //! against `Consumer::score_top_into` in the same process (the baseline), for a 64-block
 //! request over 16 and 256 pools, ranking every pool and keeping the best 8 (`top_k`). The pools come from the consumer tests' in-process
 //! relay (the WAN protocol over loopback TCP); the router follows it like any relay.
-//! `baseline-http-healthz` is the loopback HTTP floor on the same kind of connection
-//! (`GET /healthz`: no body, no scoring). p50/p99 per request are printed to stderr after
-//! each case.
+//! Two floors on the same kind of connection: `baseline-tcp-bare` (the transport: a task
+//! on the same runtime answering each request head with a fixed empty 200, no HTTP
+//! machinery) and `baseline-http-healthz` (`GET /healthz` through hyper and axum: no
+//! body, no scoring). p50/p99 per request are printed to stderr after each case.
 
 #![allow(
     clippy::unwrap_used,
@@ -24,9 +25,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use kvrelay_consumer::{Ranking, ReplicaStatus, ScoreRequest};
 use kvrelay_identity::hashing::HashSalt;
 use kvrelay_router::{RouterConfig, RouterService};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use support::{FakeRelay, PoolSpec};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 const BLOCK: u32 = 16;
 const REQUEST_BLOCKS: u32 = 64;
@@ -97,7 +98,9 @@ async fn setup(n_pools: usize) -> Setup {
     }
 }
 
-/// One keep-alive HTTP/1.1 client connection.
+/// One keep-alive HTTP/1.1 client connection: blocking std I/O on the benchmark's own
+/// thread, as a client in another process sees the router (a tokio client on the router's
+/// runtime would add a thread hand-off per direction to every request).
 struct Client {
     stream: BufReader<TcpStream>,
     request: Vec<u8>,
@@ -105,8 +108,8 @@ struct Client {
 }
 
 impl Client {
-    async fn connect(setup: &Setup, top_k: Option<usize>) -> Self {
-        let stream = TcpStream::connect(setup.router.local_addr()).await.unwrap();
+    fn connect(setup: &Setup, top_k: Option<usize>) -> Self {
+        let stream = TcpStream::connect(setup.router.local_addr()).unwrap();
         stream.set_nodelay(true).unwrap();
         let mut body = serde_json::json!({ "tokens": setup.request.tokens, "model": "llama" });
         if let Some(top_k) = top_k {
@@ -123,8 +126,8 @@ impl Client {
     }
 
     /// A client sending `GET /healthz`: the loopback HTTP floor (no body, no scoring).
-    async fn health(setup: &Setup) -> Self {
-        let stream = TcpStream::connect(setup.router.local_addr()).await.unwrap();
+    fn health(setup: &Setup) -> Self {
+        let stream = TcpStream::connect(setup.router.local_addr()).unwrap();
         stream.set_nodelay(true).unwrap();
         Self::with_request(
             stream,
@@ -133,6 +136,7 @@ impl Client {
     }
 
     fn with_request(stream: TcpStream, request: Vec<u8>) -> Self {
+        stream.set_nodelay(true).unwrap();
         Self {
             stream: BufReader::new(stream),
             request,
@@ -142,18 +146,14 @@ impl Client {
 
     /// Sends the request and reads the whole answer (which must be `200`); returns its
     /// body length.
-    async fn route(&mut self) -> usize {
-        self.stream
-            .get_mut()
-            .write_all(&self.request)
-            .await
-            .unwrap();
+    fn route(&mut self) -> usize {
+        self.stream.get_mut().write_all(&self.request).unwrap();
         let mut line = String::new();
         let mut length = None;
         let mut status_ok = false;
         loop {
             line.clear();
-            self.stream.read_line(&mut line).await.unwrap();
+            self.stream.read_line(&mut line).unwrap();
             if line.starts_with("HTTP/1.1 ") {
                 status_ok = line.starts_with("HTTP/1.1 200");
             } else if let Some((name, value)) = line.split_once(':')
@@ -167,9 +167,45 @@ impl Client {
         assert!(status_ok, "the router answers 200");
         let length = length.expect("a Content-Length");
         self.body.resize(length, 0);
-        self.stream.read_exact(&mut self.body).await.unwrap();
+        self.stream.read_exact(&mut self.body).unwrap();
         length
     }
+}
+
+/// The transport floor without HTTP machinery: a task on the router's runtime answering
+/// each request head (read up to its blank line) with a fixed empty `200`, as hyper
+/// would but with no parsing, routing or handler. Returns its address.
+async fn bare_responder() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            stream.set_nodelay(true).unwrap();
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 4096];
+                let mut filled = 0;
+                loop {
+                    let Ok(n) = stream.read(&mut buffer[filled..]).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    filled += n;
+                    if buffer[..filled].windows(4).any(|w| w == b"\r\n\r\n") {
+                        filled = 0;
+                        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if stream.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
 }
 
 /// Per-request latencies of the current case.
@@ -177,6 +213,17 @@ static SAMPLES: Mutex<Vec<Duration>> = Mutex::new(Vec::new());
 
 fn record(elapsed: Duration) {
     SAMPLES.lock().unwrap().push(elapsed);
+}
+
+/// Runs `request` `iters` times, recording each; returns the total.
+fn timed(iters: u64, mut request: impl FnMut() -> usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        let started = Instant::now();
+        request();
+        record(started.elapsed());
+    }
+    start.elapsed()
 }
 
 fn report(case: &str) {
@@ -205,22 +252,19 @@ fn bench_route(c: &mut Criterion) {
         let group_name = format!("route-{n_pools}-pools");
         let mut group = c.benchmark_group(&group_name);
 
-        let mut floor = Some(runtime.block_on(Client::health(&setup)));
+        let bare = runtime.block_on(bare_responder());
+        let mut transport = Client::with_request(
+            TcpStream::connect(bare).unwrap(),
+            b"GET / HTTP/1.1\r\nHost: bare\r\n\r\n".to_vec(),
+        );
+        group.bench_function("baseline-tcp-bare", |b| {
+            b.iter_custom(|iters| timed(iters, || transport.route()));
+        });
+        report(&format!("{group_name}/baseline-tcp-bare"));
+
+        let mut floor = Client::health(&setup);
         group.bench_function("baseline-http-healthz", |b| {
-            b.iter_custom(|iters| {
-                let mut owned = floor.take().unwrap();
-                let (owned, elapsed) = runtime.block_on(async move {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let started = Instant::now();
-                        owned.route().await;
-                        record(started.elapsed());
-                    }
-                    (owned, start.elapsed())
-                });
-                floor = Some(owned);
-                elapsed
-            });
+            b.iter_custom(|iters| timed(iters, || floor.route()));
         });
         report(&format!("{group_name}/baseline-http-healthz"));
         for (case, top_k) in [("all", None), ("top-8", Some(8))] {
@@ -229,17 +273,14 @@ fn bench_route(c: &mut Criterion) {
             let baseline = format!("baseline-score-into-{case}");
             group.bench_function(baseline.as_str(), |b| {
                 b.iter_custom(|iters| {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let started = Instant::now();
+                    timed(iters, || {
                         setup
                             .router
                             .consumer()
                             .score_top_into(&setup.request, limit, &mut ranking)
                             .unwrap();
-                        record(started.elapsed());
-                    }
-                    start.elapsed()
+                        ranking.candidates.len()
+                    })
                 });
             });
             // (Empty when a filter on the command line skipped the case.)
@@ -248,23 +289,10 @@ fn bench_route(c: &mut Criterion) {
             );
             report(&format!("{group_name}/{baseline}"));
 
-            let mut client = Some(runtime.block_on(Client::connect(&setup, top_k)));
+            let mut client = Client::connect(&setup, top_k);
             let http = format!("http-route-{case}");
             group.bench_function(http.as_str(), |b| {
-                b.iter_custom(|iters| {
-                    let mut owned = client.take().unwrap();
-                    let (owned, elapsed) = runtime.block_on(async move {
-                        let start = Instant::now();
-                        for _ in 0..iters {
-                            let started = Instant::now();
-                            owned.route().await;
-                            record(started.elapsed());
-                        }
-                        (owned, start.elapsed())
-                    });
-                    client = Some(owned);
-                    elapsed
-                });
+                b.iter_custom(|iters| timed(iters, || client.route()));
             });
             report(&format!("{group_name}/{http}"));
         }
