@@ -398,21 +398,29 @@ impl PoolActorHandle {
         Ok(())
     }
 
-    /// Queues `events` in order, chunk by chunk ([`PoolActorHandle::chunk_events`]);
-    /// returns once all are queued, not once applied.
+    /// Queues `events` in order, chunk by chunk ([`PoolActorHandle::chunk_events`]),
+    /// until all are queued, the actor refuses a chunk or `cancel` fires; returns once all
+    /// are queued, not once applied.
     ///
     /// On error, the returned [`BatchSubmitError`] says how many events were queued before
-    /// it (whole chunks; the rest are not). Not cancel-safe as a whole: dropping the
-    /// future queues the chunks already sent and nothing of the rest. A caller that must
-    /// account for every event under cancellation drives [`PoolActorHandle::submit_chunk`]
-    /// itself.
-    pub async fn submit_batch(&self, events: Vec<RouterEvent>) -> Result<(), BatchSubmitError> {
+    /// it (whole chunks from the front; the rest are not) and why the rest was refused
+    /// ([`ActorError::Cancelled`] when `cancel` fired), so a caller counts every event
+    /// exactly once. Dropping the future instead queues the chunks already sent and
+    /// nothing of the rest, uncounted: cancel through `cancel`.
+    pub async fn submit_batch(
+        &self,
+        events: Vec<RouterEvent>,
+        cancel: &CancellationToken,
+    ) -> Result<(), BatchSubmitError> {
         let mut queued = 0;
         for chunk in self.chunk_events(events) {
             let len = chunk.len();
-            self.submit_chunk(chunk)
-                .await
-                .map_err(|cause| BatchSubmitError { queued, cause })?;
+            let submitted = tokio::select! {
+                biased;
+                () = cancel.cancelled() => Err(ActorError::Cancelled),
+                submitted = self.submit_chunk(chunk) => submitted,
+            };
+            submitted.map_err(|cause| BatchSubmitError { queued, cause })?;
             queued += len;
         }
         Ok(())

@@ -261,6 +261,9 @@ pub enum ActorError {
     /// The actor stopped before answering.
     #[error("pool actor stopped before answering")]
     Stopped,
+    /// The caller cancelled the submission before the actor took it.
+    #[error("submission cancelled before the pool actor took it")]
+    Cancelled,
 }
 
 /// What went wrong inside a pool actor, with the filter's own typed error. Nothing changed

@@ -772,8 +772,16 @@ async fn a_batch_applies_exactly_like_the_same_events_one_by_one() {
         for event in events.clone() {
             single.actor.submit(event).await.unwrap();
         }
-        batch.actor.submit_batch(events.clone()).await.unwrap();
-        batch.actor.submit_batch(Vec::new()).await.unwrap();
+        batch
+            .actor
+            .submit_batch(events.clone(), &never())
+            .await
+            .unwrap();
+        batch
+            .actor
+            .submit_batch(Vec::new(), &never())
+            .await
+            .unwrap();
         single.actor.flush().await.unwrap();
         batch.actor.flush().await.unwrap();
         assert_eq!(
@@ -803,7 +811,7 @@ async fn every_event_of_a_queued_batch_counts_as_pending() {
     let release = attachment.actor.stall().await.unwrap();
     attachment
         .actor
-        .submit_batch((1..=5).map(stored_event).collect())
+        .submit_batch((1..=5).map(stored_event).collect(), &never())
         .await
         .unwrap();
     let health = attachment.actor.health(tokio::time::Instant::now());
@@ -837,7 +845,7 @@ async fn a_batch_cut_short_by_a_stopping_actor_reports_what_it_queued() {
     assert_eq!(attachment.actor.chunk_events(events.clone()).len(), 3);
     let release = attachment.actor.stall().await.unwrap();
     let actor = attachment.actor.clone();
-    let submitting = tokio::spawn(async move { actor.submit_batch(events).await });
+    let submitting = tokio::spawn(async move { actor.submit_batch(events, &never()).await });
     let mut waits = 0;
     while attachment
         .actor
@@ -861,6 +869,56 @@ async fn a_batch_cut_short_by_a_stopping_actor_reports_what_it_queued() {
     assert_eq!(err.cause, ActorError::ShuttingDown);
     drop(release);
     registry.detach(attachment).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_batch_reports_what_it_queued_and_leaves_the_rest() {
+    // As above, but the caller cancels while the second chunk waits for permits.
+    let limits = Limits {
+        actor_pending_blocks: 4,
+        ..test_limits()
+    };
+    let registry = registry_with(limits, Gates::default());
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let source = SourceId::new(1, 0);
+    let events: Vec<_> = (0..3)
+        .map(|i| chain(source, i + 1, None, i * 3..i * 3 + 3))
+        .collect();
+    let release = attachment.actor.stall().await.unwrap();
+    let actor = attachment.actor.clone();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let stop = cancel.clone();
+    let submitting = tokio::spawn(async move { actor.submit_batch(events, &stop).await });
+    let mut waits = 0;
+    while attachment
+        .actor
+        .health(tokio::time::Instant::now())
+        .pending_events
+        < 1
+    {
+        waits += 1;
+        assert!(waits < 10_000, "the first chunk was never queued");
+        tokio::task::yield_now().await;
+    }
+    cancel.cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), submitting)
+        .await
+        .expect("submit_batch to return once cancelled")
+        .unwrap();
+    let err = outcome.expect_err("cancelled mid-batch");
+    assert_eq!((err.queued, err.cause.clone()), (1, ActorError::Cancelled), "{err}");
+    // The queued chunk still applies; the others were never queued.
+    drop(release);
+    attachment.actor.flush().await.unwrap();
+    let stats = attachment.actor.stats().await.unwrap();
+    assert_eq!(stats.events_applied, 1);
+    assert_eq!(attachment.actor.available_block_permits(), 4);
+    registry.detach(attachment).await;
+}
+
+/// A cancellation token that never fires.
+fn never() -> tokio_util::sync::CancellationToken {
+    tokio_util::sync::CancellationToken::new()
 }
 
 #[tokio::test]

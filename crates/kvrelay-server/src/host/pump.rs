@@ -16,7 +16,7 @@ use kvrelay_ingest::{
     CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceSignal, ZmqSourceConfig,
     dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
 };
-use kvrelay_pool::{MAX_EVENTS_PER_BATCH, PoolActorHandle};
+use kvrelay_pool::{ActorError, MAX_EVENTS_PER_BATCH};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
@@ -231,7 +231,10 @@ async fn forward(
                 let total = batch.len();
                 let route = state.routes.borrow().routes.get(&origin).cloned();
                 let (queued, cancelled) = match route {
-                    Some(route) => submit_counted(&route.actor, batch, cancel).await,
+                    Some(route) => match route.actor.submit_batch(batch, cancel).await {
+                        Ok(()) => (total, false),
+                        Err(err) => (err.queued, err.cause == ActorError::Cancelled),
+                    },
                     None => (0, false),
                 };
                 count_events(state, "submitted", queued);
@@ -278,29 +281,6 @@ fn gather_burst(
         }
     }
     (burst, None)
-}
-
-/// Queues `events` on `actor` chunk by chunk until all are queued, the actor refuses one
-/// or `cancel` fires. Returns how many events were queued (whole chunks from the front)
-/// and whether `cancel` fired, so the caller counts every event exactly once.
-async fn submit_counted(
-    actor: &PoolActorHandle,
-    events: Vec<RouterEvent>,
-    cancel: &CancellationToken,
-) -> (usize, bool) {
-    let mut queued = 0;
-    for chunk in actor.chunk_events(events) {
-        let len = chunk.len();
-        tokio::select! {
-            biased;
-            () = cancel.cancelled() => return (queued, true),
-            submitted = actor.submit_chunk(chunk) => if submitted.is_err() {
-                return (queued, false);
-            },
-        }
-        queued += len;
-    }
-    (queued, false)
 }
 
 fn count_events(state: &HostState, disposition: &'static str, events: usize) {
