@@ -906,7 +906,11 @@ async fn a_cancelled_batch_reports_what_it_queued_and_leaves_the_rest() {
         .expect("submit_batch to return once cancelled")
         .unwrap();
     let err = outcome.expect_err("cancelled mid-batch");
-    assert_eq!((err.queued, err.cause.clone()), (1, ActorError::Cancelled), "{err}");
+    assert_eq!(
+        (err.queued, err.cause.clone()),
+        (1, ActorError::Cancelled),
+        "{err}"
+    );
     // The queued chunk still applies; the others were never queued.
     drop(release);
     attachment.actor.flush().await.unwrap();
