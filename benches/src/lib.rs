@@ -164,7 +164,28 @@ pub fn metric_by_label(text: &str, name: &str, key: &str) -> Vec<(String, f64)> 
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
+
+    #[test]
+    fn flags_refuse_unknown_names_and_stray_words() {
+        let parse = |args: &[&str]| Flags::parse(args.iter().map(|arg| (*arg).to_owned()));
+        let flags = parse(&["--runs", "flat", "--quick"]);
+        assert!(flags.ensure_known(&["runs", "quick"]).is_ok());
+        assert!(!flags.wants_help());
+        let err = parse(&["--rnus", "flat"])
+            .ensure_known(&["runs", "quick"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--rnus") && err.contains("--runs"), "{err}");
+        let err = parse(&["flat"])
+            .ensure_known(&["runs"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"flat\""), "{err}");
+        assert!(parse(&["--help"]).wants_help());
+        assert!(parse(&["-h"]).wants_help());
+    }
 
     #[test]
     fn percentiles_pick_nearest_rank() {
@@ -192,12 +213,15 @@ mod tests {
     }
 }
 
-/// `--name value` command-line flags of the benchmark processes (they are started by the
-/// driver, not typed by hand, so a minimal parser is enough).
+/// `--name value` command-line flags of the benchmark processes. A minimal parser, but a
+/// strict one: [`Flags::ensure_known`] refuses a misspelt flag or a stray word instead of
+/// running a long benchmark with a default the user did not ask for.
 #[derive(Debug, Clone, Default)]
 pub struct Flags {
     values: std::collections::BTreeMap<String, String>,
     switches: std::collections::BTreeSet<String>,
+    /// Words that are not flags (or the value of one), in order.
+    strays: Vec<String>,
 }
 
 impl Flags {
@@ -212,6 +236,7 @@ impl Flags {
         let mut args = args.into_iter().peekable();
         while let Some(arg) = args.next() {
             let Some(name) = arg.strip_prefix("--") else {
+                flags.strays.push(arg);
                 continue;
             };
             match args.peek() {
@@ -226,6 +251,29 @@ impl Flags {
             }
         }
         flags
+    }
+
+    /// Whether `--help` or `-h` was given.
+    pub fn wants_help(&self) -> bool {
+        self.switches.contains("help") || self.strays.iter().any(|word| word == "-h")
+    }
+
+    /// An error naming the first flag not in `known` (names without the leading `--`), or
+    /// the first word that is not a flag's value.
+    pub fn ensure_known(&self, known: &[&str]) -> Result<()> {
+        let mut given = self.values.keys().chain(self.switches.iter());
+        if let Some(unknown) = given.find(|name| !known.contains(&name.as_str())) {
+            let mut names: Vec<String> = known.iter().map(|name| format!("--{name}")).collect();
+            names.sort();
+            anyhow::bail!(
+                "unknown flag --{unknown} (known: {}; --help for usage)",
+                names.join(", ")
+            );
+        }
+        if let Some(stray) = self.strays.first() {
+            anyhow::bail!("unexpected argument {stray:?} (flags are --name value)");
+        }
+        Ok(())
     }
 
     /// Whether the bare switch `--name` was given.

@@ -29,6 +29,41 @@ const ENDPOINT: &str = "generate";
 const FIRST_WORKER_ID: u64 = 0x100;
 /// Admin HTTP request timeout.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The stream runs and the opt-in join runs, by name.
+const STREAM_RUNS: [&str; 3] = ["paced", "low", "flat"];
+const JOIN_RUNS: [&str; 5] = [
+    "join-live",
+    "join-live-noreplay",
+    "join-live-ring8",
+    "join-idle",
+    "join-idle-noreplay",
+];
+/// Every flag the driver reads.
+const FLAGS: [&str; 12] = [
+    "quick",
+    "kvrelay",
+    "trace",
+    "out-dir",
+    "workers",
+    "capacity",
+    "relay-limits",
+    "seconds",
+    "paced-rate",
+    "low-rate",
+    "runs",
+    "engine-nice",
+];
+const USAGE: &str = "\
+usage: stream-bench [--runs paced,low,flat] [--quick] [--seconds N]
+                    [--trace FILE] [--out-dir DIR] [--kvrelay BIN]
+                    [--workers N] [--capacity BLOCKS] [--paced-rate EV/S] [--low-rate EV/S]
+                    [--engine-nice N] [--relay-limits key=value,...]
+
+Runs: paced, low, flat (default all three); join-live, join-live-noreplay,
+join-live-ring8, join-idle, join-idle-noreplay (opt-in). --engine-nice (default 19)
+lowers the engine processes' CPU priority, as engines on their own hosts would not take
+the relay's CPU; 0 runs them at the relay's priority. See docs/benchmarks.md.
+";
 
 /// One run's settings.
 #[derive(Debug, Clone)]
@@ -69,6 +104,8 @@ struct Setup {
     out_dir: PathBuf,
     workers: usize,
     capacity: usize,
+    /// Niceness the engines run at (`nice -n`; 0 = the driver's own priority).
+    engine_nice: u8,
     /// Extra `[limits]` lines for the relay (`key = value`), for experiments.
     relay_limits: Vec<String>,
 }
@@ -158,6 +195,11 @@ fn free_port() -> Result<u16> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let flags = Flags::from_env();
+    if flags.wants_help() {
+        print!("{USAGE}");
+        return Ok(());
+    }
+    flags.ensure_known(&FLAGS)?;
     let quick = flags.switch("quick");
     let exe = std::env::current_exe()?;
     let bin_dir = exe
@@ -177,6 +219,7 @@ async fn main() -> Result<()> {
         out_dir: PathBuf::from(flags.raw("out-dir").unwrap_or("target")),
         workers: flags.get_or("workers", 4)?,
         capacity: flags.get_or("capacity", 20_000)?,
+        engine_nice: flags.get_or("engine-nice", 19)?,
         relay_limits: flags
             .raw("relay-limits")
             .map(|text| {
@@ -221,6 +264,12 @@ async fn main() -> Result<()> {
         .split(',')
         .map(str::to_owned)
         .collect();
+    if let Some(unknown) = wanted
+        .iter()
+        .find(|name| !STREAM_RUNS.contains(&name.as_str()) && !JOIN_RUNS.contains(&name.as_str()))
+    {
+        bail!("unknown run {unknown:?} in --runs (known: {STREAM_RUNS:?}, {JOIN_RUNS:?})");
+    }
     // Join runs (opt-in: `--runs join-live,join-live-noreplay,join-live-ring8,join-idle,
     // join-idle-noreplay`):
     // the engines publish at the low rate (at the paced rate their caches turn over within
@@ -297,6 +346,7 @@ async fn main() -> Result<()> {
         "benchmark": "stream",
         "trace": setup.trace.display().to_string(),
         "workers": setup.workers,
+        "engine_nice": setup.engine_nice,
         "capacity_blocks": setup.capacity,
         "relay_limits": setup.relay_limits,
         "quick": quick,
@@ -447,7 +497,17 @@ async fn spawn_engines(
         let stamps = dir.join(format!("stamps-{index}.txt"));
         stamp_paths.push(stamps.display().to_string());
         let log = std::fs::File::create(dir.join(format!("engine-{index}.log")))?;
-        let mut command = Command::new(setup.bin_dir.join("stream-engine"));
+        let engine = setup.bin_dir.join("stream-engine");
+        // `nice` execs the engine, so the child's pid stays the engine's.
+        let mut command = if setup.engine_nice > 0 {
+            let mut nice = Command::new("nice");
+            nice.arg("-n")
+                .arg(setup.engine_nice.to_string())
+                .arg(engine);
+            nice
+        } else {
+            Command::new(engine)
+        };
         command
             .arg("--index")
             .arg(index.to_string())

@@ -29,6 +29,20 @@ const END_SEQ: [u8; 8] = [0xff; 8];
 
 fn main() -> Result<()> {
     let flags = Flags::from_env();
+    flags.ensure_known(&[
+        "index",
+        "workers",
+        "worker-id",
+        "trace",
+        "capacity",
+        "rate",
+        "max-seconds",
+        "publish",
+        "replay",
+        "stamps",
+        "replay-batches",
+        "send-hwm",
+    ])?;
     let index: usize = flags.get("index")?;
     let workers: usize = flags.get_or("workers", 4)?;
     let worker_id: u64 = flags.get("worker-id")?;

@@ -81,6 +81,17 @@ impl Tail {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let flags = Flags::from_env();
+    flags.ensure_known(&[
+        "relay",
+        "trace",
+        "stamps",
+        "sample-ms",
+        "probe-ms",
+        "probe-timeout-s",
+        "install-timeout-s",
+        "final-timeout-s",
+        "idle-scores",
+    ])?;
     let relay: String = flags.get("relay")?;
     let trace: String = flags.get("trace")?;
     let stamp_paths: String = flags.get("stamps")?;
