@@ -1,5 +1,8 @@
 //! A small in-test relay speaking the codec's WAN protocol over loopback TCP, fed by
-//! `kvrelay-ckf` producer filters. Test-only: unbounded channels and a mutex are fine.
+//! `kvrelay-ckf` producer filters. Pool streams are driven by ckf's `Publisher`, the
+//! publication state machine the relay runs (sequencing, snapshots, coalescing, resume,
+//! heartbeats, cut-offs): this fake only moves its frames and injects wire faults.
+//! Test-only: a mutex is fine.
 
 #![allow(
     dead_code,
@@ -12,11 +15,13 @@
     reason = "test support: a broken fixture must fail the test loudly"
 )]
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use kvrelay_ckf::stream::{Poll, Publisher, StreamLimits, SubscriberId, Transmit};
 use kvrelay_ckf::{
     CkfConfig, Delta, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
 };
@@ -34,7 +39,7 @@ use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -66,18 +71,59 @@ impl PoolSpec {
     }
 }
 
-/// One producer: its filter, descriptor and live subscribers.
+/// How often the fake's quiet pool streams heartbeat.
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One producer: its filter, descriptor and the publication state machine its
+/// subscribers are served from.
 struct FakePool {
     spec: PoolSpec,
     descriptor: PoolDescriptor,
     filter: PoolFilter,
-    subscribers: Vec<mpsc::UnboundedSender<Outgoing>>,
+    publisher: Publisher<()>,
+    /// Bumped whenever a subscriber may have something new to send.
+    wake: watch::Sender<u64>,
+    /// Subscribers of the current generation.
+    live: HashSet<SubscriberId>,
+    /// One-shot wire faults per subscriber: skip or corrupt its next delta frame.
+    drop_next: HashSet<SubscriberId>,
+    corrupt_next: HashSet<SubscriberId>,
+    /// Subscribers told to send a heartbeat once they have nothing else to send.
+    heartbeat_now: HashSet<SubscriberId>,
+    /// Subscribers whose connection is to be dropped (no error frame: a broken link).
+    cut_now: HashSet<SubscriberId>,
     next_engine_id: u64,
 }
 
-enum Outgoing {
-    Bytes(BytesMut),
-    Close,
+impl FakePool {
+    fn new(spec: PoolSpec, dc_name: &str, incarnation: u64, generation: u64) -> Self {
+        let filter = PoolFilter::new(CkfConfig::new(spec.expected_blocks)).expect("filter");
+        // Quiet streams heartbeat every second (the relay's default is 10 s), so a
+        // dropped frame shows as a gap within a test's patience even when nothing follows.
+        let limits = StreamLimits {
+            heartbeat_interval: HEARTBEAT_INTERVAL,
+            ..StreamLimits::default()
+        };
+        let publisher = Publisher::new(filter.sequence(), filter.words().to_vec(), limits)
+            .expect("default stream limits");
+        Self {
+            descriptor: descriptor(&spec, dc_name, incarnation, generation, &filter),
+            spec,
+            filter,
+            publisher,
+            wake: watch::channel(0).0,
+            live: HashSet::new(),
+            drop_next: HashSet::new(),
+            corrupt_next: HashSet::new(),
+            heartbeat_now: HashSet::new(),
+            cut_now: HashSet::new(),
+            next_engine_id: 1,
+        }
+    }
+
+    fn wake_all(&self) {
+        self.wake.send_modify(|n| *n += 1);
+    }
 }
 
 /// Knobs that make the fake misbehave once.
@@ -87,9 +133,10 @@ pub(crate) struct Faults {
     pub(crate) cut_after_chunks: Option<u32>,
     /// Cut the next pool subscription off with `subscriber_lagged` after its snapshot.
     pub(crate) lag_next_subscriber: bool,
-    /// Skip the next delta for every current subscriber (a gap).
+    /// Skip the next delta frame of every current subscriber (a gap, seen at its next
+    /// delta or heartbeat).
     pub(crate) drop_next_delta: bool,
-    /// Corrupt one payload byte of the next delta for every current subscriber.
+    /// Corrupt one payload byte of the next delta frame of every current subscriber.
     pub(crate) corrupt_next_delta: bool,
 }
 
@@ -227,30 +274,21 @@ impl Core {
         self.catalog_tx.send_replace(catalog);
     }
 
-    fn publish_delta(&mut self, pool: usize, delta: &Delta) {
-        let faults = &mut self.faults;
-        let drop = std::mem::take(&mut faults.drop_next_delta);
-        let corrupt = std::mem::take(&mut faults.corrupt_next_delta);
-        let pool = &mut self.pools[pool];
-        let header = PoolFrameHeader {
-            relay: self.relay,
-            producer: pool.descriptor.producer,
-            base_sequence: delta.base_sequence,
-            sequence: delta.sequence,
-            kind: PoolFrameKind::Delta,
-            sent_unix_us: 0,
-        };
-        let mut frame = BytesMut::new();
-        encode_delta_frame(&header, &delta.images, &limits(), &mut frame).expect("encode delta");
-        if corrupt {
-            let last = frame.len() - 1;
-            frame[last] ^= 0x5a;
-        }
+    /// Hands the producer's next delta to the pool's publisher and wakes its subscribers.
+    fn publish_delta(&mut self, pool: usize, delta: Delta) {
+        let drop = std::mem::take(&mut self.faults.drop_next_delta);
+        let corrupt = std::mem::take(&mut self.faults.corrupt_next_delta);
+        let fake = &mut self.pools[pool];
+        fake.publisher
+            .handle_delta(delta, Instant::now(), |_| ())
+            .expect("the fake's filter and publisher agree");
         if drop {
-            return;
+            fake.drop_next.extend(fake.live.iter().copied());
         }
-        pool.subscribers
-            .retain(|tx| tx.send(Outgoing::Bytes(frame.clone())).is_ok());
+        if corrupt {
+            fake.corrupt_next.extend(fake.live.iter().copied());
+        }
+        fake.wake_all();
     }
 }
 
@@ -289,16 +327,7 @@ impl FakeRelay {
         };
         let pools: Vec<FakePool> = specs
             .into_iter()
-            .map(|spec| {
-                let filter = PoolFilter::new(CkfConfig::new(spec.expected_blocks)).expect("filter");
-                FakePool {
-                    descriptor: descriptor(&spec, dc_name, incarnation, 1, &filter),
-                    spec,
-                    filter,
-                    subscribers: Vec::new(),
-                    next_engine_id: 1,
-                }
-            })
+            .map(|spec| FakePool::new(spec, dc_name, incarnation, 1))
             .collect();
         let empty_catalog = CatalogUpdate {
             relay,
@@ -399,7 +428,7 @@ impl FakeRelay {
         };
         fake.filter.apply(&event).expect("apply");
         if let Some(delta) = fake.filter.take_delta().expect("delta") {
-            core.publish_delta(pool, &delta);
+            core.publish_delta(pool, delta);
         }
         sequence_hashes(&hashes)
     }
@@ -415,28 +444,25 @@ impl FakeRelay {
         };
         fake.filter.apply(&event).expect("apply");
         if let Some(delta) = fake.filter.take_delta().expect("delta") {
-            core.publish_delta(pool, &delta);
+            core.publish_delta(pool, delta);
         }
     }
 
-    /// Sends a heartbeat at the current sequence to every subscriber of `pool`.
+    /// Has every subscriber of `pool` send a heartbeat once it has sent everything
+    /// published so far (besides the publisher's own heartbeats when a stream is quiet).
     pub(crate) fn heartbeat(&self, pool: usize) {
         let mut core = self.core.lock();
-        let relay = core.relay;
         let fake = &mut core.pools[pool];
-        let sequence = fake.filter.sequence();
-        let header = PoolFrameHeader {
-            relay,
-            producer: fake.descriptor.producer,
-            base_sequence: sequence,
-            sequence,
-            kind: PoolFrameKind::Heartbeat,
-            sent_unix_us: 0,
-        };
-        let mut frame = BytesMut::new();
-        encode_heartbeat_frame(&header, &limits(), &mut frame).expect("heartbeat");
-        fake.subscribers
-            .retain(|tx| tx.send(Outgoing::Bytes(frame.clone())).is_ok());
+        fake.heartbeat_now.extend(fake.live.iter().copied());
+        fake.wake_all();
+    }
+
+    /// Drops the connection of every subscriber of `pool`, as a broken link would.
+    pub(crate) fn cut_pool_streams(&self, pool: usize) {
+        let mut core = self.core.lock();
+        let fake = &mut core.pools[pool];
+        fake.cut_now.extend(fake.live.iter().copied());
+        fake.wake_all();
     }
 
     /// The producer's current sequence and bucket words of `pool`.
@@ -462,20 +488,13 @@ impl FakeRelay {
         let mut core = self.core.lock();
         let incarnation = core.relay.relay_incarnation;
         let dc = core.dc_name;
-        let fake = &mut core.pools[pool];
-        let generation = fake.descriptor.producer.layout_generation + 1;
-        fake.filter = PoolFilter::new(CkfConfig::new(fake.spec.expected_blocks)).expect("filter");
-        fake.descriptor = descriptor(&fake.spec, dc, incarnation, generation, &fake.filter);
-        let mut frame = BytesMut::new();
-        let error = Message::Error(ErrorMessage::new(
-            ErrorReason::ProducerChanged,
-            "generation retired",
-        ));
-        encode_message(&error, &limits(), &mut frame).expect("encode error");
-        for tx in fake.subscribers.drain(..) {
-            let _ = tx.send(Outgoing::Bytes(frame.clone()));
-            let _ = tx.send(Outgoing::Close);
-        }
+        let old = &core.pools[pool];
+        let generation = old.descriptor.producer.layout_generation + 1;
+        let replacement = FakePool::new(old.spec.clone(), dc, incarnation, generation);
+        // The old generation's subscribers see the new producer on their next wake.
+        let old = std::mem::replace(&mut core.pools[pool], replacement);
+        old.wake_all();
+        core.pools[pool].wake = old.wake;
         core.publish_catalog();
     }
 
@@ -665,8 +684,9 @@ async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
             }
         }
         StreamRpc::SubscribePool {
-            expected_producer, ..
-        } => serve_pool(socket, core, expected_producer).await,
+            expected_producer,
+            resume_from_sequence,
+        } => serve_pool(socket, core, expected_producer, resume_from_sequence).await,
         StreamRpc::WatchTopology => {
             let mut rx = core.lock().topology_tx.subscribe();
             loop {
@@ -684,54 +704,106 @@ async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
     }
 }
 
-async fn serve_pool(mut socket: TcpStream, core: Arc<Mutex<Core>>, expected: ProducerIdentity) {
-    // Under the lock: take a barrier snapshot, register the subscriber, encode the chunks.
-    let prepared = prepare_subscription(&core, expected);
-    let (mut rx, chunks, faults) = match prepared {
-        Ok(prepared) => prepared,
+/// What a pool stream does next.
+enum Step {
+    Write(BytesMut),
+    /// Write this, then end the stream.
+    Finish(BytesMut),
+    /// Skip a frame (a wire fault) and poll again.
+    Again,
+    Close,
+    Wait(Option<Instant>),
+}
+
+async fn serve_pool(
+    mut socket: TcpStream,
+    core: Arc<Mutex<Core>>,
+    expected: ProducerIdentity,
+    resume_from: Option<u64>,
+) {
+    let subscribed = subscribe(&core, expected, resume_from);
+    let (pool, id, faults, mut wake) = match subscribed {
+        Ok(subscribed) => subscribed,
         Err(reason) => {
-            write(
-                &mut socket,
-                &Message::Error(ErrorMessage::new(reason, "not current")),
-            )
-            .await;
+            let error = Message::Error(ErrorMessage::new(reason, "not subscribed"));
+            write(&mut socket, &error).await;
             return;
         }
     };
-    for (sent, chunk) in chunks.iter().enumerate() {
-        if faults.cut_after_chunks == Some(sent as u32) {
-            return;
-        }
-        if socket.write_all(chunk).await.is_err() {
-            return;
-        }
-    }
-    if faults.lag_next_subscriber {
-        let error = ErrorMessage::new(ErrorReason::SubscriberLagged, "queue full");
-        write(&mut socket, &Message::Error(error)).await;
-        return;
-    }
-    while let Some(out) = rx.recv().await {
-        match out {
-            Outgoing::Bytes(frame) => {
+    let _unsubscribe = Unsubscribe {
+        core: Arc::clone(&core),
+        pool,
+        producer: expected,
+        id,
+    };
+    let mut chunks_sent = 0u32;
+    loop {
+        wake.borrow_and_update();
+        let step = next_step(&core, pool, expected, id, &faults, &mut chunks_sent);
+        match step {
+            Step::Write(frame) => {
                 if socket.write_all(&frame).await.is_err() {
                     return;
                 }
             }
-            Outgoing::Close => return,
+            Step::Finish(frame) => {
+                let _ = socket.write_all(&frame).await;
+                return;
+            }
+            Step::Again => {}
+            Step::Close => return,
+            Step::Wait(deadline) => {
+                let sleep = async {
+                    match deadline {
+                        Some(at) => {
+                            tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = wake.changed() => if changed.is_err() { return },
+                    () = sleep => {}
+                }
+            }
         }
     }
 }
 
-type Prepared = (mpsc::UnboundedReceiver<Outgoing>, Vec<BytesMut>, Faults);
+/// Takes a subscriber off its publisher when its stream ends.
+struct Unsubscribe {
+    core: Arc<Mutex<Core>>,
+    pool: usize,
+    producer: ProducerIdentity,
+    id: SubscriberId,
+}
 
-fn prepare_subscription(
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        let mut core = self.core.lock();
+        let fake = &mut core.pools[self.pool];
+        // A replaced generation's publisher is gone with its subscribers.
+        if fake.descriptor.producer == self.producer {
+            fake.publisher.handle_unsubscribe(self.id);
+            fake.live.remove(&self.id);
+            fake.drop_next.remove(&self.id);
+            fake.corrupt_next.remove(&self.id);
+            fake.heartbeat_now.remove(&self.id);
+            fake.cut_now.remove(&self.id);
+        }
+    }
+}
+
+type Subscribed = (usize, SubscriberId, Faults, watch::Receiver<u64>);
+
+fn subscribe(
     core: &Mutex<Core>,
     expected: ProducerIdentity,
-) -> Result<Prepared, ErrorReason> {
+    resume_from: Option<u64>,
+) -> Result<Subscribed, ErrorReason> {
     let mut guard = core.lock();
     guard.subscriptions_opened += 1;
-    let Some(idx) = guard
+    let Some(pool) = guard
         .pools
         .iter()
         .position(|p| p.descriptor.producer == expected)
@@ -746,35 +818,105 @@ fn prepare_subscription(
             ErrorReason::PoolNotFound
         });
     };
-    let relay = guard.relay;
-    let snapshot = guard.pools[idx].filter.snapshot().expect("snapshot");
-    if let Some(tail) = &snapshot.tail {
-        guard.publish_delta(idx, tail);
-    }
-    let fake = &mut guard.pools[idx];
-    let sequence = fake.filter.sequence();
-    let table = fake.filter.words().to_vec();
-    let header = PoolFrameHeader {
-        relay,
-        producer: expected,
-        base_sequence: sequence,
-        sequence,
-        kind: PoolFrameKind::SnapshotChunk,
-        sent_unix_us: 0,
-    };
-    let n_chunks = snapshot_chunk_count(table.len() as u64);
-    let mut chunks = Vec::new();
-    for chunk_index in 0..n_chunks {
-        let mut frame = BytesMut::new();
-        encode_chunk_frame(&header, &table, chunk_index, &limits(), &mut frame).expect("chunk");
-        chunks.push(frame);
-    }
-    let (tx, rx) = mpsc::unbounded_channel();
-    fake.subscribers.push(tx);
     let faults = guard.faults;
     guard.faults.cut_after_chunks = None;
     guard.faults.lag_next_subscriber = false;
-    Ok((rx, chunks, faults))
+    let fake = &mut guard.pools[pool];
+    let (id, _start) = fake
+        .publisher
+        .handle_subscribe(resume_from, true, Instant::now())
+        .map_err(|_| ErrorReason::ResourceLimit)?;
+    fake.live.insert(id);
+    Ok((pool, id, faults, fake.wake.subscribe()))
+}
+
+fn error_frame(reason: ErrorReason, message: &str) -> BytesMut {
+    let mut frame = BytesMut::new();
+    let error = Message::Error(ErrorMessage::new(reason, message));
+    encode_message(&error, &limits(), &mut frame).expect("encode error");
+    frame
+}
+
+/// Polls the publisher for `id` and encodes what it hands out, applying this
+/// subscription's faults.
+fn next_step(
+    core: &Mutex<Core>,
+    pool: usize,
+    expected: ProducerIdentity,
+    id: SubscriberId,
+    faults: &Faults,
+    chunks_sent: &mut u32,
+) -> Step {
+    let mut guard = core.lock();
+    let relay = guard.relay;
+    let fake = &mut guard.pools[pool];
+    if fake.descriptor.producer != expected {
+        return Step::Finish(error_frame(
+            ErrorReason::ProducerChanged,
+            "generation retired",
+        ));
+    }
+    let header = |kind, base_sequence, sequence| PoolFrameHeader {
+        relay,
+        producer: expected,
+        base_sequence,
+        sequence,
+        kind,
+        sent_unix_us: 0,
+    };
+    if fake.cut_now.remove(&id) {
+        return Step::Close;
+    }
+    let heartbeat = |sequence| {
+        let mut frame = BytesMut::new();
+        let header = header(PoolFrameKind::Heartbeat, sequence, sequence);
+        encode_heartbeat_frame(&header, &limits(), &mut frame).expect("heartbeat");
+        frame
+    };
+    match fake.publisher.poll_transmit(id, Instant::now()) {
+        Poll::Transmit(Transmit::SnapshotChunk {
+            words,
+            sequence,
+            chunk_index,
+            chunk_count,
+        }) => {
+            if faults.cut_after_chunks == Some(*chunks_sent) {
+                return Step::Close;
+            }
+            *chunks_sent += 1;
+            let mut frame = BytesMut::new();
+            let header = header(PoolFrameKind::SnapshotChunk, sequence, sequence);
+            encode_chunk_frame(&header, &words, chunk_index, &limits(), &mut frame).expect("chunk");
+            if faults.lag_next_subscriber && chunk_index + 1 == chunk_count {
+                frame.extend_from_slice(&error_frame(ErrorReason::SubscriberLagged, "queue full"));
+                return Step::Finish(frame);
+            }
+            Step::Write(frame)
+        }
+        Poll::Transmit(Transmit::Delta { delta, .. }) => {
+            if fake.drop_next.remove(&id) {
+                return Step::Again;
+            }
+            let mut frame = BytesMut::new();
+            let header = header(PoolFrameKind::Delta, delta.base_sequence, delta.sequence);
+            encode_delta_frame(&header, &delta.images, &limits(), &mut frame)
+                .expect("encode delta");
+            if fake.corrupt_next.remove(&id) {
+                let last = frame.len() - 1;
+                frame[last] ^= 0x5a;
+            }
+            Step::Write(frame)
+        }
+        Poll::Transmit(Transmit::Heartbeat { sequence }) => Step::Write(heartbeat(sequence)),
+        Poll::CutOff(cut) => Step::Finish(error_frame(ErrorReason::SubscriberLagged, cut.label())),
+        Poll::Unknown => Step::Close,
+        Poll::Idle => {
+            if fake.heartbeat_now.remove(&id) {
+                return Step::Write(heartbeat(fake.publisher.sequence()));
+            }
+            Step::Wait(fake.publisher.poll_timeout(id))
+        }
+    }
 }
 
 /// Waits with a deadline; panics with `what` on timeout.
