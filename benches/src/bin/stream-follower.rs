@@ -277,7 +277,9 @@ async fn main() -> Result<()> {
         }
     }
 
-    let elapsed = first_install.elapsed().as_secs_f64();
+    // The span the samples cover: `current_time` accrues at each sample, so time after the
+    // last one (up to a sample interval, plus the exit) is in neither total.
+    let elapsed = last_sample.duration_since(first_install).as_secs_f64();
     // The baseline: as many scores as were timed under load (at most the recent
     // requests), now that nothing applies; only once current, so both score replicas.
     let mut score_us_idle: Vec<f64> = Vec::new();
