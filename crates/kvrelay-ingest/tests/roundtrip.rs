@@ -50,19 +50,9 @@ fn stored_strategy(engine: EngineKind) -> impl Strategy<Value = EngineEvent> {
                     TokenIds::Flat((0..n_tokens as u32).map(|t| t * 7 + 3).collect())
                 };
                 let mut stored = BlockStored {
-                    block_hashes: hashes.clone(),
-                    parent_block_hash: parent,
-                    token_ids,
-                    block_size,
                     lora_id,
                     medium: medium.map(str::to_owned),
-                    lora_name: None,
-                    extra_keys: Vec::new(),
-                    group_idx: None,
-                    kv_cache_spec_kind: None,
-                    kv_cache_spec_sliding_window: None,
-                    cache_salt: None,
-                    lookahead_token_ids: Vec::new(),
+                    ..BlockStored::new(hashes.clone(), parent, token_ids, block_size)
                 };
                 match engine {
                     EngineKind::Vllm => {

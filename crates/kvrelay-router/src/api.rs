@@ -246,6 +246,23 @@ pub struct RouteResponse<'a> {
     pub not_ready: usize,
 }
 
+/// `POST /v1/route/batch` body: one answer per request, in order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BatchResponse<'a> {
+    /// A ranking, or that request's error (`{"error": {...}}`).
+    pub answers: Vec<BatchAnswer<'a>>,
+}
+
+/// One answer of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum BatchAnswer<'a> {
+    /// The request was scored.
+    Ranking(RouteResponse<'a>),
+    /// The request could not be scored: the body a single request would have got.
+    Error(&'a serde_json::Value),
+}
+
 /// One ranked candidate.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CandidateView<'a> {

@@ -26,7 +26,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{self, ApiError, BatchRequest, PoolsView, RouteRequest, RouteResponse};
+use crate::api::{
+    self, ApiError, BatchAnswer, BatchRequest, BatchResponse, PoolsView, RouteRequest,
+    RouteResponse,
+};
 use crate::config::{HttpSection, RouterConfig, RouterConfigError};
 use crate::metrics::RouterMetrics;
 use crate::readiness::{self, PoolState};
@@ -208,22 +211,28 @@ async fn route_many(
     let (_permit, bytes) = admit(state, headers, body).await?;
     let batch: BatchRequest = api::parse(&bytes)?;
     let requests = batch.validate(&state.http)?;
-    let mut ranking = Ranking::default();
-    let mut answers = Vec::with_capacity(requests.len());
-    for (request, top_k) in &requests {
-        answers.push(
-            match state.consumer.score_top_into(request, *top_k, &mut ranking) {
-                Ok(()) => serde_json::to_value(RouteResponse::from(&ranking))
-                    .unwrap_or(serde_json::Value::Null),
-                Err(err) => api::score_error(&err).body(),
-            },
-        );
-    }
+    // Every ranking is kept until the answer is written, which borrows them (no copy of
+    // their strings into an intermediate JSON tree).
+    let scored: Vec<Result<Ranking, serde_json::Value>> = requests
+        .iter()
+        .map(|(request, top_k)| {
+            let mut ranking = Ranking::default();
+            state
+                .consumer
+                .score_top_into(request, *top_k, &mut ranking)
+                .map(|()| ranking)
+                .map_err(|err| api::score_error(&err).body())
+        })
+        .collect();
     state.metrics.scored(requests.len() as u64);
-    Ok(json_response(
-        StatusCode::OK,
-        &serde_json::json!({ "answers": answers }),
-    ))
+    let answers = scored
+        .iter()
+        .map(|answer| match answer {
+            Ok(ranking) => BatchAnswer::Ranking(RouteResponse::from(ranking)),
+            Err(body) => BatchAnswer::Error(body),
+        })
+        .collect();
+    Ok(json_response(StatusCode::OK, &BatchResponse { answers }))
 }
 
 async fn pools(State(state): State<Arc<AppState>>) -> Response {
