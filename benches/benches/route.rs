@@ -2,9 +2,9 @@
 //! against `Consumer::score_top_into` in the same process (the baseline), for a 64-block
 //! request over 16 and 256 pools, ranking every pool and keeping the best 8 (`top_k`). The pools come from the consumer tests' in-process
 //! relay (the WAN protocol over loopback TCP); the router follows it like any relay.
-//! Two floors on the same kind of connection: `baseline-tcp-bare` (the transport: a task
-//! on the same runtime answering each request head with a fixed empty 200, no HTTP
-//! machinery) and `baseline-http-healthz` (`GET /healthz` through hyper and axum: no
+//! Floors on the same kind of connection: `baseline-tcp-bare` (the transport: a task on
+//! the same runtime answering each request with a fixed empty 200, no HTTP machinery),
+//! `baseline-tcp-bare-post` (the same, carrying the route request's body) and `baseline-http-healthz` (`GET /healthz` through hyper and axum: no
 //! body, no scoring). p50/p99 per request are printed to stderr after each case.
 
 #![allow(
@@ -109,7 +109,12 @@ struct Client {
 
 impl Client {
     fn connect(setup: &Setup, top_k: Option<usize>) -> Self {
-        let stream = TcpStream::connect(setup.router.local_addr()).unwrap();
+        Self::post_route(setup.router.local_addr(), setup, top_k)
+    }
+
+    /// A client sending the route request of `setup` (as [`Client::connect`]) to `addr`.
+    fn post_route(addr: std::net::SocketAddr, setup: &Setup, top_k: Option<usize>) -> Self {
+        let stream = TcpStream::connect(addr).unwrap();
         stream.set_nodelay(true).unwrap();
         let mut body = serde_json::json!({ "tokens": setup.request.tokens, "model": "llama" });
         if let Some(top_k) = top_k {
@@ -173,8 +178,9 @@ impl Client {
 }
 
 /// The transport floor without HTTP machinery: a task on the router's runtime answering
-/// each request head (read up to its blank line) with a fixed empty `200`, as hyper
-/// would but with no parsing, routing or handler. Returns its address.
+/// each request (its head up to the blank line, then `Content-Length` body bytes) with a
+/// fixed empty `200`, as hyper would but with no parsing beyond that, no routing and no
+/// handler. Returns its address.
 async fn bare_responder() -> std::net::SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -184,28 +190,42 @@ async fn bare_responder() -> std::net::SocketAddr {
         while let Ok((mut stream, _)) = listener.accept().await {
             stream.set_nodelay(true).unwrap();
             tokio::spawn(async move {
-                let mut buffer = vec![0u8; 4096];
-                let mut filled = 0;
+                let mut pending: Vec<u8> = Vec::with_capacity(1 << 16);
+                let mut chunk = vec![0u8; 1 << 16];
                 loop {
-                    let Ok(n) = stream.read(&mut buffer[filled..]).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    filled += n;
-                    if buffer[..filled].windows(4).any(|w| w == b"\r\n\r\n") {
-                        filled = 0;
+                    while let Some(head_end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let total = head_end + 4 + content_length(&pending[..head_end]);
+                        if pending.len() < total {
+                            break;
+                        }
+                        pending.drain(..total);
                         let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
                         if stream.write_all(reply).await.is_err() {
                             return;
                         }
+                    }
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => pending.extend_from_slice(&chunk[..n]),
                     }
                 }
             });
         }
     });
     addr
+}
+
+/// The `Content-Length` of a request head (0 when absent).
+fn content_length(head: &[u8]) -> usize {
+    String::from_utf8_lossy(head)
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+        .unwrap_or(0)
 }
 
 /// Per-request latencies of the current case.
@@ -261,6 +281,13 @@ fn bench_route(c: &mut Criterion) {
             b.iter_custom(|iters| timed(iters, || transport.route()));
         });
         report(&format!("{group_name}/baseline-tcp-bare"));
+        // The same floor carrying the route request's bytes (the 1,024 token ids): what
+        // moving the request costs without HTTP parsing, routing or a handler.
+        let mut transport_post = Client::post_route(bare, &setup, Some(8));
+        group.bench_function("baseline-tcp-bare-post", |b| {
+            b.iter_custom(|iters| timed(iters, || transport_post.route()));
+        });
+        report(&format!("{group_name}/baseline-tcp-bare-post"));
 
         let mut floor = Client::health(&setup);
         group.bench_function("baseline-http-healthz", |b| {
