@@ -428,3 +428,168 @@ async fn a_quiet_catalog_stream_repeats_its_current_revision_as_a_heartbeat() {
     }
     relay.shutdown().await.unwrap();
 }
+
+/// The value of the unlabelled metric `family` in a Prometheus text page.
+fn metric_value(page: &str, family: &str) -> f64 {
+    page.lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(' ')?;
+            (name == family)
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("{family} not in the metrics page"))
+}
+
+/// The metrics page once `ready` holds for it (the stream counters are folded into the
+/// relay's metrics periodically, not on every change).
+async fn metrics_when(relay: &Relay, ready: impl Fn(&str) -> bool) -> String {
+    let admin = relay.admin_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, page) = http_get(admin, "/metrics").await;
+        assert_eq!(status, 200);
+        if ready(&page) {
+            return page;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// One stored block from worker `0x31` (the big pool's), keyed by `id`.
+fn big_pool_store(id: u64) -> kvrelay_ckf::RouterEvent {
+    kvrelay_ckf::RouterEvent {
+        source: kvrelay_ckf::SourceId::new(0x31, 0),
+        event_id: id,
+        payload: kvrelay_ckf::EventPayload::Stored(kvrelay_ckf::StoredBlocks {
+            parent_engine_block_id: None,
+            blocks: vec![kvrelay_ckf::StoredBlock {
+                engine_block_id: id,
+                token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            }],
+        }),
+    }
+}
+
+/// A relay whose big pool (2^20+ buckets, an 8 MiB snapshot) has one subscriber stalled
+/// mid-snapshot on a version a later change pinned: the pin bound (1) is reached. Returns
+/// the relay, the big pool's producer and the stalled stream (kept open by the caller).
+async fn relay_with_a_pinned_snapshot(
+    dir: &std::path::Path,
+    resume_window_bytes: u64,
+) -> (
+    Relay,
+    kvrelay_codec::v1::ProducerIdentity,
+    ProbeStream<tokio::net::TcpStream>,
+) {
+    // The trace workload is the pools' event source (it also routes `submit`).
+    let mut config = deployment(dir, 5);
+    let cards = config.discovery.dir.clone().unwrap();
+    support::write_card(
+        &cards,
+        ("prod", "big", "generate"),
+        0x31,
+        "model-c",
+        "aggregated",
+        3_000_000,
+        1,
+    );
+    config.limits.max_pinned_snapshots_per_pool = 1;
+    config.limits.resume_window_bytes = resume_window_bytes;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
+        .await
+        .unwrap();
+    let big = relay
+        .catalog()
+        .pools
+        .into_iter()
+        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
+        .unwrap()
+        .producer;
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .unwrap();
+    relay.submit(big_pool_store(1)).await.unwrap();
+    relay.flush().await;
+
+    // A subscriber with a tiny receive buffer that never reads: its snapshot stays in
+    // flight, so the next change pins the version it started on.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stalled_io = socket.connect(relay.wan_addr()).await.unwrap();
+    let subscribe = request(StreamRpc::SubscribePool {
+        expected_producer: big,
+        resume_from_sequence: None,
+    });
+    let stalled = ProbeStream::open(stalled_io, &subscribe).await.unwrap();
+    // Started in the publisher (an open connection alone may not have subscribed yet).
+    metrics_when(&relay, |page| {
+        metric_value(
+            page,
+            "kvrelay_stream_subscriptions_total{start=\"snapshot\"}",
+        ) >= 1.0
+    })
+    .await;
+    relay.submit(big_pool_store(2)).await.unwrap();
+    relay.flush().await;
+    (relay, big, stalled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_storm_shares_the_pinned_snapshot_and_every_subscriber_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, big, stalled) = relay_with_a_pinned_snapshot(dir.path(), 16 << 20).await;
+    // Subscribers arriving at the bound share the pinned version and get the changes
+    // since from the resume window: each equals the producer.
+    for _ in 0..4 {
+        let (mirror, table) = support::mirror_at_producer(&relay, big).await;
+        assert_eq!(mirror.words().unwrap(), table.words.as_slice());
+    }
+    let page = metrics_when(&relay, |page| {
+        metric_value(page, "kvrelay_stream_snapshots_shared_total") >= 4.0
+    })
+    .await;
+    assert_eq!(
+        metric_value(&page, "kvrelay_stream_snapshot_refusals_total"),
+        0.0
+    );
+    // A subscriber that never reads would hold shutdown to its timeout.
+    drop(stalled);
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_pin_bound_without_a_resume_window_a_subscriber_is_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, big, stalled) = relay_with_a_pinned_snapshot(dir.path(), 0).await;
+    let mut refused = ProbeStream::connect(
+        relay.wan_addr(),
+        &request(StreamRpc::SubscribePool {
+            expected_producer: big,
+            resume_from_sequence: None,
+        }),
+    )
+    .await
+    .unwrap();
+    let error = tokio::time::timeout(DEADLINE, support::until_error(&mut refused))
+        .await
+        .expect("the subscriber at the bound is refused");
+    assert_eq!(error.reason, ErrorReason::ResourceLimit, "{error:?}");
+    let page = metrics_when(&relay, |page| {
+        metric_value(page, "kvrelay_stream_snapshot_refusals_total") >= 1.0
+    })
+    .await;
+    assert_eq!(
+        metric_value(&page, "kvrelay_stream_snapshot_refusals_total"),
+        1.0
+    );
+    assert_eq!(
+        metric_value(&page, "kvrelay_stream_snapshots_shared_total"),
+        0.0
+    );
+    // A subscriber that never reads would hold shutdown to its timeout.
+    drop(stalled);
+    relay.shutdown().await.unwrap();
+}
