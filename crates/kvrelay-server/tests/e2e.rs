@@ -112,46 +112,25 @@ async fn streams_end_with_publication_unavailable_on_shutdown() {
 async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = deployment(dir.path(), 50);
-    // A filter of 2^20 buckets: its 8 MiB snapshot cannot hide in socket buffers (the
-    // kernel's send buffer grows to 4 MiB at most). Short timeouts cut the stall quickly.
-    let cards = config.discovery.dir.clone().unwrap();
-    support::write_card(
-        &cards,
-        ("prod", "big", "generate"),
-        0x31,
-        "model-c",
-        "aggregated",
-        3_000_000,
-        1,
-    );
+    // Short timeouts cut the stall quickly.
+    add_big_pool(&config);
     config.limits.snapshot_progress_timeout_ms = 2_000;
     config.limits.write_timeout_ms = 2_000;
     let relay = Relay::start(config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
-        .await
-        .unwrap();
-    let big = relay
-        .catalog()
-        .pools
-        .into_iter()
-        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
-        .unwrap();
+    let big = big_pool(&relay).await;
     let subscribe = request(StreamRpc::SubscribePool {
-        expected_producer: big.producer,
+        expected_producer: big,
         resume_from_sequence: None,
     });
 
     // The stalled client: a tiny receive buffer and never a read.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stalled_io = socket.connect(relay.wan_addr()).await.unwrap();
-    let mut stalled = ProbeStream::open(stalled_io, &subscribe).await.unwrap();
+    let mut stalled = stalled_subscriber(&relay, &subscribe).await;
 
     // A healthy client gets the whole snapshot and equals the producer.
     let mut healthy = ProbeStream::connect(relay.wan_addr(), &subscribe)
         .await
         .unwrap();
-    let mut mirror = PoolMirror::new(big.producer).unwrap();
+    let mut mirror = PoolMirror::new(big).unwrap();
     while mirror.words().is_none() {
         let frame = tokio::time::timeout(DEADLINE, healthy.next_frame())
             .await
@@ -169,7 +148,7 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
         .await
         .unwrap();
     relay.flush().await;
-    let table = relay.producer_table(&big.producer).await.unwrap();
+    let table = relay.producer_table(&big).await.unwrap();
     while mirror.sequence() < table.sequence {
         let frame = tokio::time::timeout(DEADLINE, healthy.next_frame())
             .await
@@ -187,7 +166,7 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
     )
     .await
     .expect("the stalled subscriber is cut off");
-    let mut stalled_mirror = PoolMirror::new(big.producer).unwrap();
+    let mut stalled_mirror = PoolMirror::new(big).unwrap();
     while let Ok(Some(frame)) = tokio::time::timeout(DEADLINE, stalled.next_frame())
         .await
         .unwrap()
@@ -485,29 +464,11 @@ async fn relay_with_a_pinned_snapshot(
 ) {
     // The trace workload is the pools' event source (it also routes `submit`).
     let mut config = deployment(dir, 5);
-    let cards = config.discovery.dir.clone().unwrap();
-    support::write_card(
-        &cards,
-        ("prod", "big", "generate"),
-        0x31,
-        "model-c",
-        "aggregated",
-        3_000_000,
-        1,
-    );
+    add_big_pool(&config);
     config.limits.max_pinned_snapshots_per_pool = 1;
     config.limits.resume_window_bytes = resume_window_bytes;
     let relay = Relay::start(config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
-        .await
-        .unwrap();
-    let big = relay
-        .catalog()
-        .pools
-        .into_iter()
-        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
-        .unwrap()
-        .producer;
+    let big = big_pool(&relay).await;
     tokio::time::timeout(DEADLINE, relay.workload_finished())
         .await
         .unwrap();
@@ -516,14 +477,11 @@ async fn relay_with_a_pinned_snapshot(
 
     // A subscriber with a tiny receive buffer that never reads: its snapshot stays in
     // flight, so the next change pins the version it started on.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stalled_io = socket.connect(relay.wan_addr()).await.unwrap();
     let subscribe = request(StreamRpc::SubscribePool {
         expected_producer: big,
         resume_from_sequence: None,
     });
-    let stalled = ProbeStream::open(stalled_io, &subscribe).await.unwrap();
+    let stalled = stalled_subscriber(&relay, &subscribe).await;
     // Started in the publisher (an open connection alone may not have subscribed yet).
     metrics_when(&relay, |page| {
         metric_value(
@@ -592,4 +550,45 @@ async fn at_the_pin_bound_without_a_resume_window_a_subscriber_is_refused_and_co
     // A subscriber that never reads would hold shutdown to its timeout.
     drop(stalled);
     relay.shutdown().await.unwrap();
+}
+
+/// Adds a pool of 3,000,000 expected blocks (worker `0x31`) to `config`'s card directory:
+/// a filter of 2^20+ buckets, whose 8 MiB snapshot cannot hide in socket buffers (the
+/// kernel's send buffer grows to 4 MiB at most).
+fn add_big_pool(config: &kvrelay_server::RelayConfig) {
+    let cards = config.discovery.dir.clone().unwrap();
+    support::write_card(
+        &cards,
+        ("prod", "big", "generate"),
+        0x31,
+        "model-c",
+        "aggregated",
+        3_000_000,
+        1,
+    );
+}
+
+/// Waits for the three pools of a deployment with [`add_big_pool`] and returns the big one.
+async fn big_pool(relay: &Relay) -> kvrelay_codec::v1::ProducerIdentity {
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
+        .await
+        .unwrap();
+    relay
+        .catalog()
+        .pools
+        .into_iter()
+        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
+        .unwrap()
+        .producer
+}
+
+/// A subscriber with a tiny receive buffer that never reads.
+async fn stalled_subscriber(
+    relay: &Relay,
+    subscribe: &kvrelay_codec::v1::StreamRequest,
+) -> ProbeStream<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stalled_io = socket.connect(relay.wan_addr()).await.unwrap();
+    ProbeStream::open(stalled_io, subscribe).await.unwrap()
 }
