@@ -114,11 +114,41 @@ impl ApiError {
     }
 }
 
+/// A request body of the API.
+pub trait RequestBody: for<'de> Deserialize<'de> {
+    /// `body` parsed by a fast parser of the body's common shape, or `None` when the body
+    /// is outside it (then `serde_json` decides). Must agree with `serde_json` on every
+    /// body it accepts.
+    fn parse_common_shape(body: &[u8]) -> Option<Self>;
+}
+
+impl RequestBody for RouteRequest {
+    fn parse_common_shape(body: &[u8]) -> Option<Self> {
+        fast_path::route_request(body)
+    }
+}
+
+impl RequestBody for BatchRequest {
+    fn parse_common_shape(body: &[u8]) -> Option<Self> {
+        fast_path::batch_request(body)
+    }
+}
+
 /// Parses a JSON body into `T`, naming the offending field on failure.
 ///
-/// The body is parsed plainly first; only a body that fails is parsed again with path
-/// tracking to name the field (tracking costs ~40 % more on a 1,024-token request).
-pub fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+/// The common shape of a request goes through `T`'s fast parser (a 1,024-token request
+/// in a fraction of `serde_json`'s time); any other body is parsed by `serde_json`, and
+/// only a body that fails is parsed again with path tracking to name the field (tracking
+/// costs ~40 % more on a 1,024-token request).
+pub fn parse<T: RequestBody>(body: &[u8]) -> Result<T, ApiError> {
+    if let Some(parsed) = T::parse_common_shape(body) {
+        return Ok(parsed);
+    }
+    parse_with_serde(body)
+}
+
+/// [`parse`] without the fast parser: what decides every body outside the common shape.
+pub fn parse_with_serde<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
     match serde_json::from_slice(body) {
         Ok(parsed) => Ok(parsed),
         Err(_) => parse_tracked(body),
@@ -131,8 +161,10 @@ fn parse_tracked<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiErro
     let parsed: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
         let message = err.inner().to_string();
-        // A missing or unknown field is reported at its parent: name the field itself.
-        let named = (message.starts_with("missing field") || message.starts_with("unknown field"))
+        // A missing, unknown or repeated field is reported at its parent: name the field.
+        let named = ["missing field", "unknown field", "duplicate field"]
+            .iter()
+            .any(|kind| message.starts_with(kind))
             .then(|| backticked(&message))
             .flatten();
         let field = match (path.as_str(), named) {
@@ -446,6 +478,11 @@ impl PoolsView {
         }
     }
 }
+
+mod encode;
+mod fast_path;
+
+pub use encode::{write_batch, write_ranking};
 
 #[cfg(test)]
 mod tests;

@@ -26,10 +26,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::{
-    self, ApiError, BatchAnswer, BatchRequest, BatchResponse, PoolsView, RouteRequest,
-    RouteResponse,
-};
+use crate::api::{self, ApiError, BatchRequest, PoolsView, RouteRequest};
 use crate::config::{HttpSection, RouterConfig, RouterConfigError};
 use crate::metrics::RouterMetrics;
 use crate::readiness::{self, PoolState};
@@ -74,21 +71,30 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response {
     match serde_json::to_vec(body) {
-        Ok(bytes) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            bytes,
-        )
-            .into_response(),
-        Err(err) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("could not encode the answer: {err}\n"),
-        )
-            .into_response(),
+        Ok(bytes) => json_bytes(status, bytes),
+        Err(err) => encode_failure(&err),
     }
+}
+
+/// `body`, already JSON, with its content type.
+fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+fn encode_failure(err: &serde_json::Error) -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("could not encode the answer: {err}\n"),
+    )
+        .into_response()
 }
 
 fn error_response(error: &ApiError) -> Response {
@@ -183,10 +189,9 @@ async fn route_one(
         .score_top_into(&request, top_k, &mut ranking)
         .map_err(|err| api::score_error(&err))?;
     state.metrics.scored(1);
-    Ok(json_response(
-        StatusCode::OK,
-        &RouteResponse::from(&ranking),
-    ))
+    let mut body = Vec::new();
+    api::write_ranking(&mut body, &ranking);
+    Ok(json_bytes(StatusCode::OK, body))
 }
 
 async fn route_batch(
@@ -211,8 +216,8 @@ async fn route_many(
     let (_permit, bytes) = admit(state, headers, body).await?;
     let batch: BatchRequest = api::parse(&bytes)?;
     let requests = batch.validate(&state.http)?;
-    // Every ranking is kept until the answer is written, which borrows them (no copy of
-    // their strings into an intermediate JSON tree).
+    // Every ranking is kept until the answer is written from it (no copy of its strings
+    // into an intermediate JSON tree).
     let scored: Vec<Result<Ranking, serde_json::Value>> = requests
         .iter()
         .map(|(request, top_k)| {
@@ -225,14 +230,11 @@ async fn route_many(
         })
         .collect();
     state.metrics.scored(requests.len() as u64);
-    let answers = scored
-        .iter()
-        .map(|answer| match answer {
-            Ok(ranking) => BatchAnswer::Ranking(RouteResponse::from(ranking)),
-            Err(body) => BatchAnswer::Error(body),
-        })
-        .collect();
-    Ok(json_response(StatusCode::OK, &BatchResponse { answers }))
+    let mut body = Vec::new();
+    Ok(match api::write_batch(&mut body, &scored) {
+        Ok(()) => json_bytes(StatusCode::OK, body),
+        Err(err) => encode_failure(&err),
+    })
 }
 
 async fn pools(State(state): State<Arc<AppState>>) -> Response {

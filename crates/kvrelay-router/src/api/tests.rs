@@ -99,3 +99,372 @@ fn score_errors_map_to_statuses() {
         (404, Some("lora"))
     );
 }
+
+/// A route request as JSON: every optional field absent, `null` or set, fields in the
+/// given order, `gap` between every token.
+fn route_json(request: &RouteRequest, nulls: bool, reversed: bool, gap: &str) -> String {
+    let tokens = request
+        .tokens
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(&format!(",{gap}"));
+    let mut fields = vec![
+        format!("{gap}\"tokens\"{gap}:{gap}[{gap}{tokens}{gap}]"),
+        format!(
+            "\"model\":{}",
+            serde_json::to_string(&request.model).unwrap()
+        ),
+    ];
+    let optional = [
+        (
+            "lora",
+            request
+                .lora
+                .as_ref()
+                .map(|s| serde_json::to_string(s).unwrap()),
+        ),
+        (
+            "namespace",
+            request
+                .namespace
+                .as_ref()
+                .map(|s| serde_json::to_string(s).unwrap()),
+        ),
+        ("top_k", request.top_k.map(|k| k.to_string())),
+    ];
+    for (name, value) in optional {
+        match value {
+            Some(value) => fields.push(format!("\"{name}\":{value}")),
+            None if nulls => fields.push(format!("\"{name}\":null")),
+            None => {}
+        }
+    }
+    if reversed {
+        fields.reverse();
+    }
+    format!("{gap}{{{}}}{gap}", fields.join(&format!("{gap},")))
+}
+
+fn serde_parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Option<T> {
+    serde_json::from_slice(body).ok()
+}
+
+mod common_shape {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        // Plain names, and names that need escapes or are not ASCII (serde_json writes
+        // those escaped or raw; the fast parser declines escapes and takes raw UTF-8).
+        prop_oneof!["[a-z0-9/._-]{0,12}", "[a-z\"\\\\\n\u{e9}\u{1F600}]{0,6}",]
+    }
+
+    fn request() -> impl Strategy<Value = RouteRequest> {
+        (
+            prop::collection::vec(
+                prop_oneof![
+                    any::<u32>(),
+                    // Every length of token id, one to nine digits.
+                    (any::<u32>(), 1u32..=9).prop_map(|(id, digits)| id % 10u32.pow(digits)),
+                    Just(u32::MAX),
+                ],
+                0..40,
+            ),
+            text(),
+            prop::option::of(text()),
+            prop::option::of(text()),
+            prop::option::of(prop_oneof![any::<usize>(), 0usize..10]),
+        )
+            .prop_map(|(tokens, model, lora, namespace, top_k)| RouteRequest {
+                tokens,
+                model,
+                lora,
+                namespace,
+                top_k,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever the fast parser accepts, serde_json parses to the same request; the
+        /// shape clients send (no escapes) it accepts.
+        #[test]
+        fn the_fast_parser_agrees_with_serde(
+            request in request(),
+            nulls in any::<bool>(),
+            reversed in any::<bool>(),
+            gap in prop_oneof![Just(""), Just(" "), Just("\n\t ")],
+        ) {
+            let body = route_json(&request, nulls, reversed, gap);
+            let fast = fast_path::route_request(body.as_bytes());
+            let exact = serde_parse::<RouteRequest>(body.as_bytes());
+            prop_assert_eq!(exact.as_ref(), Some(&request));
+            let needs_escape = |s: &str| s.contains(['"', '\\', '\n']);
+            let escaped = needs_escape(&request.model)
+                || request.lora.as_deref().is_some_and(needs_escape)
+                || request.namespace.as_deref().is_some_and(needs_escape);
+            if escaped {
+                prop_assert!(fast.is_none() || fast == exact);
+            } else {
+                prop_assert_eq!(fast, exact);
+            }
+        }
+
+        /// A body damaged anywhere (a byte replaced, inserted or removed): the fast parser
+        /// declines it or agrees with serde_json, never accepting what serde_json refuses.
+        #[test]
+        fn on_damaged_bodies_the_fast_parser_declines_or_agrees(
+            request in request(),
+            nulls in any::<bool>(),
+            at in any::<prop::sample::Index>(),
+            byte in prop_oneof![
+                Just(b'0'), Just(b'9'), Just(b'-'), Just(b'.'), Just(b'e'), Just(b','),
+                Just(b'"'), Just(b'\\'), Just(b'{'), Just(b'}'), Just(b'['), Just(b']'),
+                Just(b':'), Just(b' '), Just(b'n'), Just(0xff), any::<u8>(),
+            ],
+            edit in 0u8..3,
+        ) {
+            let mut body = route_json(&request, nulls, false, "").into_bytes();
+            let at = at.index(body.len());
+            match edit {
+                0 => body[at] = byte,
+                1 => body.insert(at, byte),
+                _ => {
+                    body.remove(at);
+                }
+            }
+            if let Some(fast) = fast_path::route_request(&body) {
+                prop_assert_eq!(Some(fast), serde_parse::<RouteRequest>(&body));
+            }
+            let batch = [b"{\"requests\":[".as_slice(), &body, b"]}"].concat();
+            if let Some(fast) = fast_path::batch_request(&batch) {
+                prop_assert_eq!(Some(fast), serde_parse::<BatchRequest>(&batch));
+            }
+        }
+
+        /// Batches of common-shape requests take the fast path and equal serde_json's parse.
+        #[test]
+        fn batches_take_the_fast_path(
+            requests in prop::collection::vec(request(), 0..5),
+            gap in prop_oneof![Just(""), Just(" \n")],
+        ) {
+            let body = format!(
+                "{{{gap}\"requests\"{gap}:{gap}[{}]{gap}}}",
+                requests
+                    .iter()
+                    .map(|request| route_json(request, false, false, gap))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let exact = serde_parse::<BatchRequest>(body.as_bytes());
+            prop_assert_eq!(exact.as_ref().map(|b| &b.requests), Some(&requests));
+            let fast = fast_path::batch_request(body.as_bytes());
+            prop_assert!(fast.is_none() || fast == exact);
+            let plain = |s: &str| !s.contains(['"', '\\', '\n']);
+            if requests.iter().all(|r| plain(&r.model)
+                && r.lora.as_deref().is_none_or(plain)
+                && r.namespace.as_deref().is_none_or(plain))
+            {
+                prop_assert_eq!(fast, exact);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_fast_parser_declines_what_serde_refuses_and_parse_names_the_field() {
+    for (body, field) in [
+        (r#"{"tokens":[1,01],"model":"m"}"#, "tokens[1]"),
+        (r#"{"tokens":[1,4294967296],"model":"m"}"#, "tokens[1]"),
+        (r#"{"tokens":[1,2.0],"model":"m"}"#, "tokens[1]"),
+        (r#"{"tokens":[1,2e1],"model":"m"}"#, "tokens[1]"),
+        (r#"{"tokens":[-0],"model":"m"}"#, "tokens[0]"),
+        (r#"{"tokens":[1],"model":"m","model":"n"}"#, "model"),
+        (r#"{"tokens":[1],"model":"m","top_k":-1}"#, "top_k"),
+        (r#"{"tokens":[1],"model":null}"#, "model"),
+        (r#"{"tokens":[1,],"model":"m"}"#, "tokens"),
+    ] {
+        assert!(
+            fast_path::route_request(body.as_bytes()).is_none(),
+            "fast path declines {body}"
+        );
+        let err = parse::<RouteRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some(field), "{body}: {err:?}");
+    }
+    // Escapes are outside the fast subset but valid JSON: serde_json decides.
+    let escaped = br#"{"tokens":[7],"model":"m\u0065"}"#;
+    assert!(fast_path::route_request(escaped).is_none());
+    assert_eq!(parse::<RouteRequest>(escaped).unwrap().model, "me");
+}
+
+mod direct_encoding {
+    use std::sync::Arc;
+
+    use kvrelay_consumer::{CandidateShape, Readiness, ReplicaStatus};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        // Every byte class serde_json treats apart: plain, quote, backslash, the short
+        // escapes, other control characters, DEL and non-ASCII.
+        prop_oneof![
+            "[a-z0-9._-]{0,16}",
+            prop::collection::vec(
+                prop_oneof![
+                    Just('"'),
+                    Just('\\'),
+                    Just('\u{8}'),
+                    Just('\t'),
+                    Just('\n'),
+                    Just('\u{c}'),
+                    Just('\r'),
+                    Just('\0'),
+                    Just('\u{1f}'),
+                    Just('\u{7f}'),
+                    Just('é'),
+                    Just('\u{2028}'),
+                    Just('😀'),
+                    Just('a'),
+                ],
+                0..8,
+            )
+            .prop_map(|chars| chars.into_iter().collect()),
+        ]
+    }
+
+    fn float() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            any::<f64>(),
+            0.0f64..1.0,
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+            Just(-0.0),
+            Just(f64::MIN_POSITIVE / 2.0),
+            Just(1e21),
+            Just(1e-7),
+        ]
+    }
+
+    fn leg() -> impl Strategy<Value = ScoredLeg> {
+        (
+            prop::sample::select(vec!["aggregated", "prefill", "decode", "decode_only"]),
+            (text(), text()),
+            any::<u32>(),
+            prop::sample::select(vec![
+                ReplicaStatus::Current,
+                ReplicaStatus::Assembling,
+                ReplicaStatus::Stale,
+                ReplicaStatus::Missing,
+            ]),
+            (
+                prop::option::of(any::<u32>()),
+                prop::option::of(any::<u32>()),
+            ),
+            prop::option::of(float()),
+        )
+            .prop_map(
+                |(role, (pool, endpoint), block_size, replica, (blocks, tokens), load)| ScoredLeg {
+                    role,
+                    pool: Arc::from(pool),
+                    endpoint: Arc::from(endpoint),
+                    block_size,
+                    replica,
+                    prefix_blocks: blocks,
+                    prefix_tokens: tokens,
+                    load,
+                },
+            )
+    }
+
+    fn candidate() -> impl Strategy<Value = ScoredCandidate> {
+        (
+            text(),
+            prop::sample::select(vec![
+                CandidateShape::Aggregated,
+                CandidateShape::Disaggregated,
+                CandidateShape::DecodeOnly,
+            ]),
+            prop::collection::vec(leg(), 0..3),
+            (prop::option::of(float()), prop::option::of(float())),
+            (float(), float()),
+            prop::sample::select(vec![Readiness::Ready, Readiness::Unknown]),
+        )
+            .prop_map(
+                |(dc, shape, legs, (prefix, load), (dc_cost, score), readiness)| ScoredCandidate {
+                    dc: Arc::from(dc),
+                    shape,
+                    legs,
+                    prefix_fraction: prefix,
+                    load_fraction: load,
+                    dc_cost,
+                    readiness,
+                    score,
+                },
+            )
+    }
+
+    fn ranking() -> impl Strategy<Value = Ranking> {
+        (
+            text(),
+            prop::option::of(text()),
+            prop::collection::vec(candidate(), 0..5),
+            any::<usize>(),
+        )
+            .prop_map(|(model, lora, candidates, n_not_ready)| Ranking {
+                model,
+                lora,
+                candidates,
+                n_not_ready,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The direct writer emits serde_json's encoding of `RouteResponse`, byte for byte.
+        #[test]
+        fn the_route_answer_is_serde_jsons_byte_for_byte(ranking in ranking()) {
+            let mut direct = Vec::new();
+            write_ranking(&mut direct, &ranking);
+            let reference = serde_json::to_vec(&RouteResponse::from(&ranking)).unwrap();
+            prop_assert_eq!(
+                String::from_utf8_lossy(&direct),
+                String::from_utf8_lossy(&reference)
+            );
+        }
+
+        /// So does the batch writer, with rankings and error bodies mixed.
+        #[test]
+        fn the_batch_answer_is_serde_jsons_byte_for_byte(
+            answers in prop::collection::vec(
+                prop_oneof![
+                    ranking().prop_map(Ok),
+                    text().prop_map(|message| Err(ApiError::invalid("model", message).body())),
+                ],
+                0..4,
+            ),
+        ) {
+            let mut direct = Vec::new();
+            write_batch(&mut direct, &answers).unwrap();
+            let reference = serde_json::to_vec(&BatchResponse {
+                answers: answers
+                    .iter()
+                    .map(|answer| match answer {
+                        Ok(ranking) => BatchAnswer::Ranking(RouteResponse::from(ranking)),
+                        Err(body) => BatchAnswer::Error(body),
+                    })
+                    .collect(),
+            })
+            .unwrap();
+            prop_assert_eq!(
+                String::from_utf8_lossy(&direct),
+                String::from_utf8_lossy(&reference)
+            );
+        }
+    }
+}
