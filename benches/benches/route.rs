@@ -5,7 +5,9 @@
 //! Floors on the same kind of connection: `baseline-tcp-bare` (the transport: a task on
 //! the same runtime answering each request with a fixed empty 200, no HTTP machinery),
 //! `baseline-tcp-bare-post` (the same, carrying the route request's body) and `baseline-http-healthz` (`GET /healthz` through hyper and axum: no
-//! body, no scoring). p50/p99 per request are printed to stderr after each case.
+//! body, no scoring). p50/p99 per request are printed to stderr after each case, and after
+//! each `http-route-*` case the mean time its handlers spent scoring (the consumer's own
+//! score-latency sum over the case), to set against the back-to-back baseline.
 
 #![allow(
     clippy::unwrap_used,
@@ -22,7 +24,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kvrelay_consumer::{Ranking, ReplicaStatus, ScoreRequest};
+use kvrelay_consumer::{ConsumerMetrics, Ranking, ReplicaStatus, ScoreRequest};
 use kvrelay_identity::hashing::HashSalt;
 use kvrelay_router::{RouterConfig, RouterService};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -261,6 +263,23 @@ fn report(case: &str) {
     );
 }
 
+/// The mean time the consumer spent scoring inside the router's handlers between two
+/// snapshots of its metrics (its own score-latency sum and count): the scoring share of an
+/// HTTP request, measured where it ran rather than back to back in the baseline.
+fn report_handler_scoring(case: &str, before: &ConsumerMetrics, after: &ConsumerMetrics) {
+    let scores = after.scores.saturating_sub(before.scores);
+    if scores == 0 {
+        return;
+    }
+    let spent = after
+        .score_latency_sum
+        .saturating_sub(before.score_latency_sum);
+    eprintln!(
+        "{case}: scoring inside the handler: {scores} scores, mean {:?}",
+        spent / u32::try_from(scores).unwrap_or(u32::MAX)
+    );
+}
+
 fn bench_route(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -318,10 +337,16 @@ fn bench_route(c: &mut Criterion) {
 
             let mut client = Client::connect(&setup, top_k);
             let http = format!("http-route-{case}");
+            let before = setup.router.consumer().metrics();
             group.bench_function(http.as_str(), |b| {
                 b.iter_custom(|iters| timed(iters, || client.route()));
             });
             report(&format!("{group_name}/{http}"));
+            report_handler_scoring(
+                &format!("{group_name}/{http}"),
+                &before,
+                &setup.router.consumer().metrics(),
+            );
         }
         group.finish();
         let Setup { relay, router, .. } = setup;

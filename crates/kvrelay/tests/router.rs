@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
+use kvrelay_router::api::RouteResponse;
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
 use kvrelay_server::{AuthConfig, Relay, TlsConfig, WORKLOAD_TOKEN_SEED};
 use serde_json::{Value, json};
@@ -221,6 +222,11 @@ async fn the_router_answers_what_the_consumer_scores_and_tells_readiness() {
         let expected = router.consumer().score(request).unwrap();
         let (status, answer) = http(addr, "POST", "/v1/route", Some(&request_json(request))).await;
         assert_eq!(status, 200, "{answer}");
+        // The whole answer, field for field, is the ranking's schema view.
+        assert_eq!(
+            answer,
+            serde_json::to_value(RouteResponse::from(&expected)).unwrap()
+        );
         assert_eq!(answer["model"], expected.model.as_str());
         let candidates = answer["candidates"].as_array().unwrap();
         assert_eq!(candidates.len(), expected.candidates.len());
@@ -247,6 +253,15 @@ async fn the_router_answers_what_the_consumer_scores_and_tells_readiness() {
     top["top_k"] = json!(1);
     let (_, answer) = http(addr, "POST", "/v1/route", Some(&top)).await;
     assert_eq!(answer["candidates"].as_array().unwrap().len(), 1);
+    // The runtime threads' kept rankings grow back after a short answer.
+    let full = router.consumer().score(&requests[0]).unwrap();
+    for _ in 0..4 {
+        let (_, answer) = http(addr, "POST", "/v1/route", Some(&request_json(&requests[0]))).await;
+        assert_eq!(
+            answer,
+            serde_json::to_value(RouteResponse::from(&full)).unwrap()
+        );
+    }
     let batch = json!({ "requests": [request_json(&requests[0]), {"tokens": [1], "model": "no-such-model"}] });
     let (status, answers) = http(addr, "POST", "/v1/route/batch", Some(&batch)).await;
     assert_eq!(status, 200);
