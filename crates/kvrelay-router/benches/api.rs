@@ -28,33 +28,33 @@ fn route_body(family: u32) -> serde_json::Value {
     serde_json::json!({ "tokens": tokens, "model": "llama", "top_k": 8 })
 }
 
+/// One parse group over `body`: serde_json alone (the baseline) against [`api::parse`],
+/// after checking that both give the same request.
+fn bench_parse_of<T: api::RequestBody + PartialEq + std::fmt::Debug>(
+    c: &mut Criterion,
+    group_name: &str,
+    body: &[u8],
+) {
+    let fast: T = api::parse(body).unwrap();
+    assert_eq!(Some(fast), api::parse_with_serde(body).ok());
+    let mut group = c.benchmark_group(group_name);
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("baseline-serde-json", |b| {
+        b.iter(|| api::parse_with_serde::<T>(black_box(body)).unwrap());
+    });
+    group.bench_function("common-shape", |b| {
+        b.iter(|| api::parse::<T>(black_box(body)).unwrap());
+    });
+    group.finish();
+}
+
 fn bench_parse(c: &mut Criterion) {
     let single = route_body(1).to_string().into_bytes();
     let batch = serde_json::json!({ "requests": (1..=16).map(route_body).collect::<Vec<_>>() })
         .to_string()
         .into_bytes();
-    let fast: RouteRequest = api::parse(&single).unwrap();
-    assert_eq!(Some(fast), api::parse_with_serde(&single).ok());
-
-    let mut group = c.benchmark_group("parse-route-1024-tokens");
-    group.throughput(Throughput::Bytes(single.len() as u64));
-    group.bench_function("baseline-serde-json", |b| {
-        b.iter(|| api::parse_with_serde::<RouteRequest>(black_box(&single)).unwrap());
-    });
-    group.bench_function("common-shape", |b| {
-        b.iter(|| api::parse::<RouteRequest>(black_box(&single)).unwrap());
-    });
-    group.finish();
-
-    let mut group = c.benchmark_group("parse-batch-16x1024-tokens");
-    group.throughput(Throughput::Bytes(batch.len() as u64));
-    group.bench_function("baseline-serde-json", |b| {
-        b.iter(|| api::parse_with_serde::<BatchRequest>(black_box(&batch)).unwrap());
-    });
-    group.bench_function("common-shape", |b| {
-        b.iter(|| api::parse::<BatchRequest>(black_box(&batch)).unwrap());
-    });
-    group.finish();
+    bench_parse_of::<RouteRequest>(c, "parse-route-1024-tokens", &single);
+    bench_parse_of::<BatchRequest>(c, "parse-batch-16x1024-tokens", &batch);
 }
 
 /// A ranking of `n` aggregated candidates shaped like the route benchmark's.

@@ -18,14 +18,9 @@ pub fn write_ranking(out: &mut Vec<u8>, ranking: &Ranking) {
     out.extend_from_slice(b"{\"model\":");
     string(out, &ranking.model);
     out.extend_from_slice(b",\"lora\":");
-    optional_string(out, ranking.lora.as_deref());
+    or_null(out, ranking.lora.as_deref(), string);
     out.extend_from_slice(b",\"candidates\":[");
-    for (index, candidate) in ranking.candidates.iter().enumerate() {
-        if index > 0 {
-            out.push(b',');
-        }
-        write_candidate(out, candidate);
-    }
+    comma_separated(out, &ranking.candidates, write_candidate);
     out.extend_from_slice(b"],\"not_ready\":");
     integer(out, ranking.n_not_ready);
     out.push(b'}');
@@ -59,20 +54,15 @@ fn write_candidate(out: &mut Vec<u8>, candidate: &ScoredCandidate) {
     out.extend_from_slice(b",\"score\":");
     float(out, candidate.score);
     out.extend_from_slice(b",\"prefix_fraction\":");
-    optional_float(out, candidate.prefix_fraction);
+    or_null(out, candidate.prefix_fraction, float);
     out.extend_from_slice(b",\"load_fraction\":");
-    optional_float(out, candidate.load_fraction);
+    or_null(out, candidate.load_fraction, float);
     out.extend_from_slice(b",\"dc_cost\":");
     float(out, candidate.dc_cost);
     out.extend_from_slice(b",\"readiness\":");
     string(out, candidate.readiness.as_str());
     out.extend_from_slice(b",\"legs\":[");
-    for (index, leg) in candidate.legs.iter().enumerate() {
-        if index > 0 {
-            out.push(b',');
-        }
-        write_leg(out, leg);
-    }
+    comma_separated(out, &candidate.legs, write_leg);
     out.extend_from_slice(b"]}");
 }
 
@@ -88,23 +78,16 @@ fn write_leg(out: &mut Vec<u8>, leg: &ScoredLeg) {
     out.extend_from_slice(b",\"replica\":");
     string(out, leg.replica.as_str());
     out.extend_from_slice(b",\"prefix_blocks\":");
-    optional_integer(out, leg.prefix_blocks);
+    or_null(out, leg.prefix_blocks, integer);
     out.extend_from_slice(b",\"prefix_tokens\":");
-    optional_integer(out, leg.prefix_tokens);
+    or_null(out, leg.prefix_tokens, integer);
     out.extend_from_slice(b",\"load\":");
-    optional_float(out, leg.load);
+    or_null(out, leg.load, float);
     out.push(b'}');
 }
 
 fn integer(out: &mut Vec<u8>, value: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
-}
-
-fn optional_integer(out: &mut Vec<u8>, value: Option<impl itoa::Integer>) {
-    match value {
-        Some(value) => integer(out, value),
-        None => out.extend_from_slice(b"null"),
-    }
 }
 
 /// As serde_json writes an `f64`: shortest round-trip text, `null` when not finite.
@@ -116,17 +99,21 @@ fn float(out: &mut Vec<u8>, value: f64) {
     }
 }
 
-fn optional_float(out: &mut Vec<u8>, value: Option<f64>) {
+/// `value` written by `write`, or `null` (serde's encoding of `None`).
+fn or_null<T>(out: &mut Vec<u8>, value: Option<T>, write: impl FnOnce(&mut Vec<u8>, T)) {
     match value {
-        Some(value) => float(out, value),
+        Some(value) => write(out, value),
         None => out.extend_from_slice(b"null"),
     }
 }
 
-fn optional_string(out: &mut Vec<u8>, value: Option<&str>) {
-    match value {
-        Some(value) => string(out, value),
-        None => out.extend_from_slice(b"null"),
+/// Each of `items` written by `write`, with commas between.
+fn comma_separated<T>(out: &mut Vec<u8>, items: &[T], mut write: impl FnMut(&mut Vec<u8>, &T)) {
+    for (index, item) in items.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write(out, item);
     }
 }
 

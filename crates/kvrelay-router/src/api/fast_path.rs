@@ -198,12 +198,8 @@ impl<'a> Cursor<'a> {
         }
         loop {
             tokens.push(self.token()?);
-            // The byte after the digits: `,` or `]` (whitespace is rarer: the slow way).
-            let mut next = self.peek()?;
-            if matches!(next, b' ' | b'\n' | b'\r' | b'\t') {
-                self.skip_ws();
-                next = self.peek()?;
-            }
+            self.skip_ws();
+            let next = self.peek()?;
             self.at += 1;
             match next {
                 b',' => self.skip_ws(),
