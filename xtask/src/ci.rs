@@ -6,8 +6,11 @@ use anyhow::Result;
 
 use crate::command::{self, cargo, cargo_bin};
 
-/// Runs the checks in order, cheapest first, stopping at the first failure.
+/// Runs the checks in order, cheapest first, stopping at the first failure. The test
+/// servers are found (or installed) first, so a missing one stops the run in seconds.
 pub(crate) fn run() -> Result<()> {
+    eprintln!("==> test services");
+    crate::services::run()?;
     cargo(&["fmt", "--all", "--", "--check"])?;
     crate::tidy::run()?;
     cargo(&[

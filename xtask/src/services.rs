@@ -1,35 +1,184 @@
-//! `cargo xtask services`: reports which external servers and tools the integration tests
-//! need.
+//! `cargo xtask services`: the external servers and tools the integration tests start, in
+//! one list, found on `PATH` or installed.
+//!
+//! `cargo xtask ci` runs this first. A missing program is installed when it can be (root
+//! with `apt-get`: `apt-get update`, then one `apt-get install` of every missing package),
+//! and the run says so; otherwise it stops at once and prints the exact command. No test
+//! is ever skipped because a program is missing.
 
-use anyhow::{Result, bail};
+use std::process::Command;
 
-/// The servers integration tests start on loopback, and the tools they run, with the
-/// Debian package providing each (`prlimit` starts the relay under a descriptor limit).
-const SERVICES: &[(&str, &str, &str)] = &[
-    ("etcd", "--version", "etcd-server"),
-    ("nats-server", "--version", "nats-server"),
-    ("prlimit", "--version", "util-linux"),
+use anyhow::{Context, Result, bail};
+
+/// A program the tests run, and the Debian package that provides it.
+struct Requirement {
+    binary: &'static str,
+    version_arg: &'static str,
+    package: &'static str,
+    used_by: &'static str,
+}
+
+/// The one list of programs the test suite needs beyond the Rust toolchain.
+const REQUIREMENTS: &[Requirement] = &[
+    Requirement {
+        binary: "etcd",
+        version_arg: "--version",
+        package: "etcd-server",
+        used_by: "etcd discovery tests (a real etcd on loopback)",
+    },
+    Requirement {
+        binary: "nats-server",
+        version_arg: "--version",
+        package: "nats-server",
+        used_by: "Dynamo NATS ingest tests (a real NATS server on loopback)",
+    },
+    Requirement {
+        binary: "prlimit",
+        version_arg: "--version",
+        package: "util-linux",
+        used_by: "the descriptor-limit test (starts the relay under a limit)",
+    },
 ];
 
-/// Prints a table of required servers and fails if any is missing.
+/// Finds every required program, installing the missing ones when this user can.
 pub(crate) fn run() -> Result<()> {
-    let mut missing = Vec::new();
-    println!("{:<14} {:<10} debian package", "server", "status");
-    for (binary, version_arg, package) in SERVICES {
-        let found = crate::command::available(binary, version_arg);
-        println!(
-            "{binary:<14} {:<10} {package}",
-            if found { "found" } else { "MISSING" }
-        );
-        if !found {
-            missing.push(*package);
-        }
+    let missing = report();
+    if missing.is_empty() {
+        return Ok(());
     }
-    if !missing.is_empty() {
+    let packages: Vec<&str> = missing.iter().map(|r| r.package).collect();
+    let binaries: Vec<&str> = missing.iter().map(|r| r.binary).collect();
+    let install = match plan(
+        &binaries,
+        &packages,
+        is_root(),
+        crate::command::available("apt-get", "--version"),
+    ) {
+        Plan::Nothing => return Ok(()),
+        Plan::Stop(message) => bail!(message),
+        Plan::Install(command) => command,
+    };
+    eprintln!(
+        "==> installing {} (running as root): {install}",
+        packages.join(" ")
+    );
+    crate::command::run(
+        Command::new("apt-get")
+            .args(["update", "-qq"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        "apt-get update",
+    )?;
+    crate::command::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        &format!("apt-get install {}", packages.join(" ")),
+    )?;
+    let still_missing = report();
+    if !still_missing.is_empty() {
         bail!(
-            "missing servers; install with: apt-get install -y {}",
-            missing.join(" ")
+            "still missing after installing: {}",
+            still_missing
+                .iter()
+                .map(|r| r.binary)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(())
+}
+
+/// What to do about missing programs.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    Nothing,
+    /// Install them with this command (root with apt-get).
+    Install(String),
+    /// Stop with this message, which holds the exact command.
+    Stop(String),
+}
+
+fn plan(binaries: &[&str], packages: &[&str], is_root: bool, has_apt: bool) -> Plan {
+    if packages.is_empty() {
+        return Plan::Nothing;
+    }
+    let install = format!(
+        "apt-get update && apt-get install -y --no-install-recommends {}",
+        packages.join(" ")
+    );
+    if is_root && has_apt {
+        return Plan::Install(install);
+    }
+    let why = if has_apt { "not root" } else { "no apt-get" };
+    Plan::Stop(format!(
+        "missing {} ({why}, so not installing); install as root with:\n    sudo sh -c '{install}'",
+        binaries.join(", ")
+    ))
+}
+
+/// Prints one line per program and returns the missing ones.
+fn report() -> Vec<&'static Requirement> {
+    let mut missing = Vec::new();
+    for requirement in REQUIREMENTS {
+        let found = crate::command::available(requirement.binary, requirement.version_arg);
+        eprintln!(
+            "    {:<12} {:<8} (debian package {}; {})",
+            requirement.binary,
+            if found { "found" } else { "MISSING" },
+            requirement.package,
+            requirement.used_by
+        );
+        if !found {
+            missing.push(requirement);
+        }
+    }
+    missing
+}
+
+/// Whether this process runs as root (`id -u` prints 0).
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .context("running id -u")
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_with_apt_installs_every_missing_package_in_one_command() {
+        assert_eq!(
+            plan(&["etcd", "nats-server"], &["etcd-server", "nats-server"], true, true),
+            Plan::Install(
+                "apt-get update && apt-get install -y --no-install-recommends etcd-server nats-server"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_user_who_cannot_install_is_stopped_with_the_exact_command() {
+        let Plan::Stop(message) = plan(&["nats-server"], &["nats-server"], false, true) else {
+            panic!("a non-root user must be stopped");
+        };
+        assert!(message.contains("missing nats-server"), "{message}");
+        assert!(
+            message.contains("sudo sh -c 'apt-get update && apt-get install -y --no-install-recommends nats-server'"),
+            "{message}"
+        );
+        assert!(matches!(
+            plan(&["etcd"], &["etcd-server"], true, false),
+            Plan::Stop(_)
+        ));
+    }
+
+    #[test]
+    fn nothing_missing_needs_nothing() {
+        assert_eq!(plan(&[], &[], false, false), Plan::Nothing);
+    }
 }

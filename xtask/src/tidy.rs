@@ -63,7 +63,113 @@ fn check_all(root: &Path) -> Result<Vec<Finding>> {
     check_purity(root, &crates, &mut findings)?;
     check_sources(root, &crates, &allow, &mut findings)?;
     check_manifests(root, &crates, &mut findings)?;
+    check_generated(root, &mut findings)?;
+    check_no_protoc_build(root, &mut findings)?;
     Ok(findings)
+}
+
+/// Checked-in generated code must be what `cargo xtask codegen` writes now.
+fn check_generated(root: &Path, findings: &mut Vec<Finding>) -> Result<()> {
+    for output in crate::codegen::stale_outputs(root)? {
+        findings.push(Finding {
+            path: output.to_owned(),
+            line: 1,
+            rule: 29,
+            message: "generated code is stale: run `cargo xtask codegen` and commit the result"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// No crate the workspace builds (xtask aside) may depend, at any depth and of any kind,
+/// on a crate whose build script compiles protobuf definitions: a fresh machine has no
+/// `protoc`, and the generated code is checked in instead.
+fn check_no_protoc_build(root: &Path, findings: &mut Vec<Finding>) -> Result<()> {
+    let output = Command::new(cargo_bin())
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .current_dir(root)
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
+    for (member, offender) in protoc_build_paths(&metadata) {
+        findings.push(Finding {
+            path: "Cargo.lock".into(),
+            line: 1,
+            rule: 29,
+            message: format!(
+                "{member} depends on {offender}, whose build script compiles protobuf with protoc; \
+                 check generated code in through `cargo xtask codegen` instead"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// (workspace member, protoc-running crate it reaches) pairs in a `cargo metadata` graph.
+fn protoc_build_paths(metadata: &serde_json::Value) -> Vec<(String, String)> {
+    use std::collections::{BTreeSet, HashMap};
+    let name_of = |id: &str| -> String {
+        metadata["packages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["id"] == id)
+            .and_then(|p| p["name"].as_str())
+            .unwrap_or(id)
+            .to_owned()
+    };
+    let mut edges: HashMap<&str, Vec<&str>> = HashMap::new();
+    for node in metadata["resolve"]["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Some(id) = node["id"].as_str() else {
+            continue;
+        };
+        let deps = node["deps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["pkg"].as_str())
+            .collect();
+        edges.insert(id, deps);
+    }
+    let mut found = BTreeSet::new();
+    for member in metadata["workspace_members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Some(member) = member.as_str() else {
+            continue;
+        };
+        let member_name = name_of(member);
+        if member_name == "xtask" {
+            continue;
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![member];
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            let name = name_of(id);
+            if crate::codegen::PROTOC_BUILD_CRATES.contains(&name.as_str()) {
+                found.insert((member_name.clone(), name));
+            }
+            stack.extend(edges.get(id).into_iter().flatten().copied());
+        }
+    }
+    found.into_iter().collect()
 }
 
 fn relative(root: &Path, path: &Path) -> String {
@@ -572,6 +678,27 @@ mod tests {
             findings.is_empty(),
             "tidy findings:\n{}",
             listing.join("\n")
+        );
+    }
+
+    #[test]
+    fn protoc_build_crates_are_found_at_any_depth_except_under_xtask() {
+        let metadata = serde_json::json!({
+            "packages": [
+                {"id": "a", "name": "kvrelay-a"}, {"id": "b", "name": "middle"},
+                {"id": "p", "name": "prost-build"}, {"id": "x", "name": "xtask"},
+                {"id": "t", "name": "tonic-prost-build"}
+            ],
+            "workspace_members": ["a", "x"],
+            "resolve": {"nodes": [
+                {"id": "a", "deps": [{"pkg": "b"}]}, {"id": "b", "deps": [{"pkg": "p"}]},
+                {"id": "p", "deps": []}, {"id": "x", "deps": [{"pkg": "t"}]},
+                {"id": "t", "deps": [{"pkg": "p"}]}
+            ]}
+        });
+        assert_eq!(
+            protoc_build_paths(&metadata),
+            vec![("kvrelay-a".to_owned(), "prost-build".to_owned())]
         );
     }
 

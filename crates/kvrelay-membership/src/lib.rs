@@ -41,7 +41,10 @@ pub use diagnostic::{Diagnostic, ProjectionStats};
 #[cfg(feature = "watch")]
 pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};
 #[cfg(feature = "watch")]
-pub use etcd::{DEFAULT_ETCD_TIMEOUT, ETCD_CARD_PREFIX, EtcdDiscovery, card_key};
+pub use etcd::{
+    DEFAULT_ETCD_PAGE_KEYS, DEFAULT_ETCD_TIMEOUT, ETCD_CARD_PREFIX, EtcdChange, EtcdClient,
+    EtcdClientLimits, EtcdDiscovery, EtcdError, EtcdListing, EtcdRecord, EtcdWatch, card_key,
+};
 #[cfg(feature = "watch")]
 pub use file::{
     CardDirListing, CardFileError, CardFileSkips, DEFAULT_FILE_POLL_INTERVAL, FileDiscovery,

@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use kvrelay_identity::EndpointId;
 use kvrelay_membership::{
-    Discovery, DiscoveryConfig, DiscoveryEvent, DiscoveryQuery, DiscoveryWatch, EtcdDiscovery,
-    MembershipSubscription, MembershipView, MembershipWatch, ModelCardInstance,
-    ModelCardInstanceId, WatchConfig,
+    Discovery, DiscoveryConfig, DiscoveryEvent, DiscoveryQuery, DiscoveryWatch, EtcdClientLimits,
+    EtcdDiscovery, EtcdError, MembershipSubscription, MembershipView, MembershipWatch,
+    ModelCardInstance, ModelCardInstanceId, WatchConfig,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -216,15 +216,13 @@ async fn reference_key_layout_is_used() {
     let etcd = connect(&server).await;
     let instance = card("prod", "generate", 0x9e1f_5065_d819_3fef);
     etcd.put_card(&instance).await.unwrap();
-    let mut raw = etcd_client::Client::connect([server.url()], None)
+    let listing = etcd
+        .client()
+        .list_prefix(b"v1/mdc/prod/backend/generate/9e1f5065d8193fef")
         .await
         .unwrap();
-    let response = raw
-        .get("v1/mdc/prod/backend/generate/9e1f5065d8193fef", None)
-        .await
-        .unwrap();
-    assert_eq!(response.kvs().len(), 1);
-    let stored = ModelCardInstance::from_record_json(response.kvs()[0].value()).unwrap();
+    assert_eq!(listing.records.len(), 1);
+    let stored = ModelCardInstance::from_record_json(&listing.records[0].value).unwrap();
     assert_eq!(stored, instance);
 }
 
@@ -301,4 +299,108 @@ async fn membership_watch_rebinds_and_reconciles_across_server_restarts() {
     .await;
     assert!(!has(&view, "x"));
     watch.shutdown().await;
+}
+
+/// More than tonic's default 4 MiB receive limit under `v1/mdc/` (a scale ceiling of
+/// about 3,500 real cards with one unpaginated read): the listing pages, every card
+/// arrives, a junk record is skipped and counted, a record over the record limit is
+/// stepped over and counted.
+#[tokio::test]
+async fn listing_pages_past_four_mebibytes_and_counts_junk() {
+    let data = tempfile::tempdir().unwrap();
+    let server = EtcdServer::start(data.path(), 0);
+    let limits = EtcdClientLimits {
+        max_record_bytes: 200 * 1024,
+        page_keys: 64,
+        timeout: Duration::from_secs(5),
+    };
+    let etcd = EtcdDiscovery::connect_with_limits(&[server.url()], limits)
+        .await
+        .unwrap();
+    // 5 MiB of cards: each carries 40 KiB of padding in its card JSON.
+    let padding = "p".repeat(40 * 1024);
+    let mut written = Vec::new();
+    for n in 0..128 {
+        let mut instance = card("prod", &format!("e{}", n % 7), n);
+        instance.card_json["padding"] = serde_json::Value::String(padding.clone());
+        etcd.put_card(&instance).await.unwrap();
+        written.push(instance);
+    }
+    let client = etcd.client();
+    client
+        .put(
+            b"v1/mdc/prod/backend/junk/00000000000000ff",
+            b"{not json",
+            0,
+        )
+        .await
+        .unwrap();
+    client
+        .put(
+            b"v1/mdc/prod/backend/huge/00000000000000fe",
+            &vec![b'x'; 300 * 1024],
+            0,
+        )
+        .await
+        .unwrap();
+
+    let mut listed = etcd.list(&DiscoveryQuery::AllModels).await.unwrap();
+    listed.sort_by(|a, b| a.id.cmp(&b.id));
+    written.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(listed.len(), written.len());
+    assert_eq!(listed, written);
+    let skips = etcd.skips();
+    assert_eq!(skips.malformed, 1, "the junk record is counted");
+    assert_eq!(skips.too_large, 1, "the oversized record is counted");
+}
+
+/// A watch whose start revision was compacted away ends with `WatchCancelled`; a watch
+/// over leased records sees them go when the lease is revoked.
+#[tokio::test]
+async fn compacted_watch_is_cancelled_and_lease_end_removes_cards() {
+    let data = tempfile::tempdir().unwrap();
+    let server = EtcdServer::start(data.path(), 0);
+    let etcd = connect(&server).await;
+    let client = etcd.client();
+    for n in 0..5 {
+        etcd.put_card(&card("prod", "c", n)).await.unwrap();
+    }
+    let listing = client.list_prefix(b"v1/mdc/").await.unwrap();
+    client.compact(listing.revision).await.unwrap();
+    // etcd creates the watch, then cancels it with the compaction revision.
+    let error = match client.watch_prefix(b"v1/mdc/", 2).await {
+        Ok(mut watch) => tokio::time::timeout(EVENT_DEADLINE, watch.next())
+            .await
+            .expect("no cancellation within the deadline")
+            .unwrap_err(),
+        Err(error) => error,
+    };
+    assert!(
+        matches!(error, EtcdError::WatchCancelled { compact_revision, .. } if compact_revision > 0),
+        "{error}"
+    );
+
+    let (_, mut watch) = etcd
+        .list_and_watch(&DiscoveryQuery::AllModels)
+        .await
+        .unwrap();
+    let lease = client.grant_lease(60).await.unwrap();
+    let leased = card("prod", "leased", 0xabc);
+    client
+        .put(
+            kvrelay_membership::card_key(&leased.id).as_bytes(),
+            leased.to_record_json().as_bytes(),
+            lease,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        next_event(&mut watch).await,
+        DiscoveryEvent::Added(leased.clone())
+    );
+    client.revoke_lease(lease).await.unwrap();
+    assert_eq!(
+        next_event(&mut watch).await,
+        DiscoveryEvent::Removed(leased.id)
+    );
 }

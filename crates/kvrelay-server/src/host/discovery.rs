@@ -1,13 +1,15 @@
 //! Discovery for the host: the membership crate's list/watch/reconcile loop over the
 //! configured backend (a card directory or etcd), forwarded as membership views. Skipped
-//! card files and skipped cards are counted in `kvrelay_discovery_skipped_total{reason}`.
+//! card files, skipped etcd records (`malformed`, `too_large`) and skipped cards are
+//! counted in `kvrelay_discovery_skipped_total{reason}`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvrelay_membership::{
-    DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryConfig as MembershipScope, EtcdDiscovery,
-    FileDiscovery, MembershipLimits, MembershipView, MembershipWatch, ProjectionStats, WatchConfig,
+    DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryConfig as MembershipScope, EtcdClientLimits,
+    EtcdDiscovery, FileDiscovery, MembershipLimits, MembershipView, MembershipWatch,
+    ProjectionStats, WatchConfig,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -16,11 +18,11 @@ use tracing::info;
 use crate::config::{DiscoveryBackend, DiscoveryConfig};
 use crate::metrics::{ReasonLabel, RelayMetrics};
 
-/// A started membership watch and, for the file backend, the discovery whose skip
-/// counters feed the metrics.
+/// A started membership watch and the backend whose skip counters feed the metrics.
 pub(crate) struct Discovering {
     watch: MembershipWatch,
     files: Option<FileDiscovery>,
+    etcd: Option<EtcdDiscovery>,
 }
 
 /// How often the card directory is rescanned.
@@ -33,6 +35,7 @@ pub(crate) async fn start(
     cancel: &CancellationToken,
 ) -> Result<Discovering, String> {
     let mut files = None;
+    let mut etcd = None;
     let backend: Arc<dyn Discovery> = match config.backend {
         DiscoveryBackend::File => {
             let dir = config.dir.clone().unwrap_or_default();
@@ -45,16 +48,24 @@ pub(crate) async fn start(
             files = Some(discovery.clone());
             Arc::new(discovery)
         }
-        DiscoveryBackend::Etcd => Arc::new(
-            EtcdDiscovery::connect(&config.etcd_endpoints, DEFAULT_ETCD_TIMEOUT)
+        DiscoveryBackend::Etcd => {
+            // A record is bounded like a card file; listings are paged under it.
+            let limits = EtcdClientLimits {
+                max_record_bytes: config.max_card_file_bytes,
+                timeout: DEFAULT_ETCD_TIMEOUT,
+                ..EtcdClientLimits::default()
+            };
+            let discovery = EtcdDiscovery::connect_with_limits(&config.etcd_endpoints, limits)
                 .await
-                .map_err(|err| format!("connecting to etcd {:?}: {err}", config.etcd_endpoints))?,
-        ),
+                .map_err(|err| format!("connecting to etcd {:?}: {err}", config.etcd_endpoints))?;
+            etcd = Some(discovery.clone());
+            Arc::new(discovery)
+        }
     };
     let watch = MembershipWatch::start(backend, scope, WatchConfig::default(), cancel)
         .await
         .map_err(|err| err.to_string())?;
-    Ok(Discovering { watch, files })
+    Ok(Discovering { watch, files, etcd })
 }
 
 /// Forwards every view of `watch` to `views` until `cancel` fires, then stops the watch.
@@ -64,13 +75,13 @@ pub(crate) async fn forward(
     metrics: Arc<RelayMetrics>,
     cancel: CancellationToken,
 ) {
-    let Discovering { watch, files } = discovering;
+    let Discovering { watch, files, etcd } = discovering;
     let mut subscription = watch.subscribe();
     let first = subscription.current();
     info!(endpoints = first.len(), "discovery listed");
     views.send_replace(Some(first));
     let mut skips = SkipCounts::default();
-    skips.sync(&metrics, files.as_ref(), watch.stats());
+    skips.sync(&metrics, files.as_ref(), etcd.as_ref(), watch.stats());
     let mut tick = tokio::time::interval(FILE_RESCAN_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -80,11 +91,11 @@ pub(crate) async fn forward(
             view = subscription.changed() => match view {
                 Some(view) => {
                     views.send_replace(Some(view));
-                    skips.sync(&metrics, files.as_ref(), watch.stats());
+                    skips.sync(&metrics, files.as_ref(), etcd.as_ref(), watch.stats());
                 }
                 None => break,
             },
-            _ = tick.tick() => skips.sync(&metrics, files.as_ref(), watch.stats()),
+            _ = tick.tick() => skips.sync(&metrics, files.as_ref(), etcd.as_ref(), watch.stats()),
         }
     }
     watch.shutdown().await;
@@ -102,9 +113,13 @@ impl SkipCounts {
         &mut self,
         metrics: &RelayMetrics,
         files: Option<&FileDiscovery>,
+        etcd: Option<&EtcdDiscovery>,
         stats: ProjectionStats,
     ) {
-        let file_skips = files.map(FileDiscovery::skips).unwrap_or_default();
+        let file_skips = files
+            .map(FileDiscovery::skips)
+            .or_else(|| etcd.map(EtcdDiscovery::skips))
+            .unwrap_or_default();
         let reads = files.map_or(0, FileDiscovery::reads);
         if reads > self.reads {
             metrics.discovery_card_reads.inc_by(reads - self.reads);
