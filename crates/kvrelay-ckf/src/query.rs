@@ -261,7 +261,10 @@ impl QueryTable {
     }
 
     fn grow(&mut self) -> Result<(), ConfigError> {
-        let new_stride = (self.stride * 2).max(4);
+        // From one lane up, doubling: a table of one pool holds exactly that pool's
+        // words (a first stride of 4 made one 2^24-bucket pool take 512 MiB, four times
+        // what a consumer's replica budget counts for it).
+        let new_stride = (self.stride * 2).max(1);
         let bucket_count = self.format.bucket_count() as usize;
         let n_words = bucket_count * new_stride + ROW_ALIGN_WORDS - 1;
         let mut words = Vec::new();

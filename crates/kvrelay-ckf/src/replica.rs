@@ -47,7 +47,7 @@ pub enum ReplicaError {
         /// The chunk's bucket count.
         got: u64,
     },
-    /// `chunk_count` is 0 or `chunk_index >= chunk_count`.
+    /// `chunk_count` is 0, exceeds the bucket count, or `chunk_index >= chunk_count`.
     #[error("snapshot chunk index {chunk_index} is invalid for chunk count {chunk_count}")]
     InvalidChunkIndex {
         /// The chunk's index.
@@ -344,7 +344,13 @@ impl Sequencer {
                 got: chunk.bucket_count,
             });
         }
-        if chunk.chunk_count == 0 || chunk.chunk_index >= chunk.chunk_count {
+        // Every chunk carries at least one bucket, so a snapshot of more chunks than
+        // buckets can never complete: refuse it at its first chunk instead of assembling
+        // forever.
+        if chunk.chunk_count == 0
+            || chunk.chunk_index >= chunk.chunk_count
+            || u64::from(chunk.chunk_count) > self.bucket_count
+        {
             return Err(ReplicaError::InvalidChunkIndex {
                 chunk_index: chunk.chunk_index,
                 chunk_count: chunk.chunk_count,

@@ -419,19 +419,23 @@ async fn relay_epoch(
     let epoch_cancel = cancel.child_token();
     let subscriptions = TaskTracker::new();
     let mut tokens: HashMap<PoolKey, CancellationToken> = HashMap::new();
+    // Re-armed by catalog frames only: frames of the load and topology streams, or a
+    // catalog that trickles in a byte at a time, must not keep a silent catalog alive.
+    let mut catalog_deadline = tokio::time::Instant::now() + limits.catalog_staleness_bound;
 
     let result = loop {
         tokio::select! {
             biased;
             () = cancel.cancelled() => break Ok(()),
             // `WireStream::next` is cancel safe (its buffer lives in the stream).
-            message = tokio::time::timeout(limits.catalog_staleness_bound, catalog.next()) => {
+            message = tokio::time::timeout_at(catalog_deadline, catalog.next()) => {
                 let message = match message {
                     Err(_) => break Err(EpochError::CatalogStale { addr: addr.clone(), timeout: limits.catalog_staleness_bound }),
                     Ok(Err(err)) => break Err(err.into()),
                     Ok(Ok(None)) => break Err(EpochError::Closed { addr: addr.clone(), stream: "catalog" }),
                     Ok(Ok(Some(message))) => message,
                 };
+                catalog_deadline = tokio::time::Instant::now() + limits.catalog_staleness_bound;
                 let update = match message {
                     Message::CatalogUpdate(update) => update,
                     other => break Err(unexpected(&addr, &other, "catalog")),
@@ -614,8 +618,7 @@ async fn run_subscription(
     let mut backoff = Backoff::new(shared.config.backoff);
     loop {
         let started = Instant::now();
-        let (reason, reached_current) =
-            subscription_attempt(&shared, relay, key, identity, &cancel).await;
+        let reason = subscription_frames(&shared, relay, key, identity, &cancel).await;
         {
             let mut state = shared.state.write();
             // A stream that broke in transit leaves an intact replica: keep it for resuming.
@@ -637,10 +640,9 @@ async fn run_subscription(
             return;
         }
         shared.metrics.resubscribe(reason);
-        if reached_current {
-            // The stream worked: a cut-off starts the backoff over from its base delay.
-            backoff = Backoff::new(shared.config.backoff);
-        }
+        // No reset for reaching current: a relay that breaks every stream right after its
+        // snapshot must not get a snapshot download per base delay. The backoff resets
+        // itself once an attempt stayed up for `healthy_reset`.
         let delay = backoff.on_failure(started.elapsed(), rand::random::<f64>());
         tokio::select! {
             biased;
@@ -650,29 +652,14 @@ async fn run_subscription(
     }
 }
 
-/// One subscription attempt and whether its replica was current at some point; a
-/// `None` reason means stop for good (cancelled, or the generation left the catalog),
-/// `Some(reason)` means resubscribe after backoff.
-async fn subscription_attempt(
-    shared: &Shared,
-    relay: usize,
-    key: PoolKey,
-    identity: RelayIdentity,
-    cancel: &CancellationToken,
-) -> (Option<ResubscribeReason>, bool) {
-    let mut reached_current = false;
-    let reason =
-        subscription_frames(shared, relay, key, identity, cancel, &mut reached_current).await;
-    (reason, reached_current)
-}
-
+/// One subscription attempt: a `None` reason means stop for good (cancelled, or the
+/// generation left the catalog), `Some(reason)` means resubscribe after backoff.
 async fn subscription_frames(
     shared: &Shared,
     relay: usize,
     key: PoolKey,
     identity: RelayIdentity,
     cancel: &CancellationToken,
-    reached_current: &mut bool,
 ) -> Option<ResubscribeReason> {
     let dc = &shared.config.relays[relay].dc;
     let begun = shared.state.write().begin_subscription(key);
@@ -705,6 +692,9 @@ async fn subscription_frames(
         }
     };
     let staleness = shared.config.limits.staleness_bound;
+    let assembly_timeout = shared.config.limits.snapshot_assembly_timeout;
+    // When the snapshot being assembled got its first chunk.
+    let mut assembling_since: Option<Instant> = None;
     loop {
         let message = tokio::select! {
             biased;
@@ -750,8 +740,14 @@ async fn subscription_frames(
         };
         match outcome {
             Ok(outcome) => {
-                if !matches!(outcome, FrameOutcome::ChunkStored) {
-                    *reached_current = true;
+                if matches!(outcome, FrameOutcome::ChunkStored) {
+                    let since = *assembling_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > assembly_timeout {
+                        warn!(dc = %dc, pool = key.as_u64(), timeout = ?assembly_timeout, "snapshot did not complete in time; resubscribing");
+                        return Some(ResubscribeReason::Stale);
+                    }
+                } else {
+                    assembling_since = None;
                 }
                 let counter = match outcome {
                     FrameOutcome::ChunkStored => None,

@@ -126,8 +126,13 @@ pub struct Limits {
     /// Replicas older than this (time since the last snapshot, delta or heartbeat) are not
     /// used for scoring; their subscription is dropped and renewed.
     pub staleness_bound: Duration,
-    /// Catalog streams older than this without a frame fail the relay's epoch.
+    /// Catalog streams older than this without a frame fail the relay's epoch. Only a
+    /// catalog frame re-arms it (frames of other streams do not).
     pub catalog_staleness_bound: Duration,
+    /// Longest time a snapshot may take to assemble, from its first chunk; a relay whose
+    /// snapshot never completes (chunks restarted, or never sent) has the subscription
+    /// renewed after backoff (counted as `stale`).
+    pub snapshot_assembly_timeout: Duration,
     /// How long a relay's catalog and replicas are kept (suspended, not scored) after its
     /// connection broke, so a reconnect to the same incarnation resumes every pool
     /// without a snapshot; after this they are dropped when the relay comes back.
@@ -148,8 +153,28 @@ impl Limits {
     pub const DEFAULT_STALENESS_BOUND: Duration = Duration::from_secs(30);
     /// Default [`Limits::catalog_staleness_bound`]: 45 s.
     pub const DEFAULT_CATALOG_STALENESS_BOUND: Duration = Duration::from_secs(45);
+    /// Default [`Limits::snapshot_assembly_timeout`]: 120 s (a 2^24-bucket snapshot is
+    /// 128 MiB: about 10 s at 100 Mbit/s).
+    pub const DEFAULT_SNAPSHOT_ASSEMBLY_TIMEOUT: Duration = Duration::from_secs(120);
     /// Default [`Limits::resume_hold`]: 60 s.
     pub const DEFAULT_RESUME_HOLD: Duration = Duration::from_secs(60);
+}
+
+impl Limits {
+    /// Every timeout must be positive: a zero connect timeout fails every connection and a
+    /// zero staleness bound every stream.
+    fn validate_durations(&self) -> Result<(), ConfigError> {
+        let durations = [
+            ("connect_timeout", self.connect_timeout),
+            ("staleness_bound", self.staleness_bound),
+            ("catalog_staleness_bound", self.catalog_staleness_bound),
+            ("snapshot_assembly_timeout", self.snapshot_assembly_timeout),
+        ];
+        match durations.into_iter().find(|(_, value)| value.is_zero()) {
+            Some((field, _)) => Err(ConfigError::ZeroDuration { field }),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Default for Limits {
@@ -161,6 +186,7 @@ impl Default for Limits {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             staleness_bound: Self::DEFAULT_STALENESS_BOUND,
             catalog_staleness_bound: Self::DEFAULT_CATALOG_STALENESS_BOUND,
+            snapshot_assembly_timeout: Self::DEFAULT_SNAPSHOT_ASSEMBLY_TIMEOUT,
             resume_hold: Self::DEFAULT_RESUME_HOLD,
         }
     }
@@ -217,6 +243,7 @@ impl ConsumerConfig {
         if self.limits.max_replica_bytes_per_relay == 0 {
             return Err(ConfigError::ZeroReplicaBudget);
         }
+        self.limits.validate_durations()?;
         // The stream suffix ("/catalog", "/pool") must still fit the 128-byte id limit.
         if self.subscriber_id.is_empty()
             || self.subscriber_id.len() > 112
@@ -234,6 +261,12 @@ impl ConsumerConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// A timeout is zero.
+    #[error("consumer limit {field} must be greater than zero")]
+    ZeroDuration {
+        /// The limit.
+        field: &'static str,
+    },
     /// `ADDR` is empty or has surrounding whitespace.
     #[error("relay {text:?}: address must be non-empty host:port")]
     RelayAddress {
@@ -356,6 +389,34 @@ mod tests {
         let mut config = ConsumerConfig::new(vec![RelayConfig::new("a:1", "x")]);
         config.limits.max_replica_bytes_per_relay = 0;
         assert_eq!(config.validate(), Err(ConfigError::ZeroReplicaBudget));
+    }
+
+    #[test]
+    fn zero_timeouts_are_rejected_naming_the_limit() {
+        let base = ConsumerConfig::new(vec![RelayConfig::new("a:1", "x")]);
+        let zeroed = |field: &str| {
+            let mut config = base.clone();
+            let limits = &mut config.limits;
+            match field {
+                "connect_timeout" => limits.connect_timeout = Duration::ZERO,
+                "staleness_bound" => limits.staleness_bound = Duration::ZERO,
+                "catalog_staleness_bound" => limits.catalog_staleness_bound = Duration::ZERO,
+                _ => limits.snapshot_assembly_timeout = Duration::ZERO,
+            }
+            config
+        };
+        for field in [
+            "connect_timeout",
+            "staleness_bound",
+            "catalog_staleness_bound",
+            "snapshot_assembly_timeout",
+        ] {
+            assert_eq!(
+                zeroed(field).validate(),
+                Err(ConfigError::ZeroDuration { field })
+            );
+        }
+        assert_eq!(base.validate(), Ok(()));
     }
 
     #[test]

@@ -607,3 +607,38 @@ async fn unavailable_serving_entries_are_excluded_and_unknown_ones_marked() {
     assert_eq!(ranking.n_not_ready, 1);
     consumer.shutdown().await;
 }
+
+/// A catalog that goes silent fails the relay's epoch at the catalog bound even while the
+/// load stream keeps talking (each load window used to re-arm the catalog timeout, so a
+/// wedged catalog was kept, and its replicas scored, forever).
+#[tokio::test]
+async fn a_silent_catalog_fails_the_epoch_even_while_load_windows_flow() {
+    let relay = FakeRelay::start("dc-a", 32, vec![PoolSpec::aggregated("alpha", "llama")]).await;
+    relay.store(0, 1, &tokens(16, 8), HashSalt::default());
+    let mut config = config(&[&relay]);
+    config.limits.catalog_staleness_bound = Duration::from_millis(600);
+    let consumer = Consumer::start(config).unwrap();
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    // The fake sends its catalog once per stream and never again; the load stream gets a
+    // window every 100 ms for 2.5 s, four per catalog bound.
+    let mut interval = tokio::time::interval(Duration::from_millis(100));
+    for n in 0..25u64 {
+        interval.tick().await;
+        relay.publish_load(&[(n, 100)]);
+    }
+    let metrics = consumer.metrics();
+    assert!(
+        metrics.relay_connects >= 2,
+        "the silent catalog ended the epoch ({} connects)",
+        metrics.relay_connects
+    );
+    let errors = consumer.relay_errors();
+    assert!(
+        errors.iter().any(|(_, error)| error
+            .as_deref()
+            .is_some_and(|e| e.contains("sent no catalog"))),
+        "{errors:?}"
+    );
+    consumer.shutdown().await;
+    relay.stop().await;
+}

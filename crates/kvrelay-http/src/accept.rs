@@ -46,17 +46,21 @@ pub enum ConnectionOutcome {
     Accepted,
     /// Closed at accept: the connection cap was reached.
     RejectedLimit,
+    /// Closed at accept: the peer address already holds its share of connections.
+    RejectedPeerLimit,
     /// Closed because a request head did not arrive within the header-read timeout
     /// (a slow head or an idle keep-alive).
     HeaderTimeout,
 }
 
 impl ConnectionOutcome {
-    /// The metric label: `accepted`, `rejected_limit` or `header_timeout`.
+    /// The metric label: `accepted`, `rejected_limit`, `rejected_peer_limit` or
+    /// `header_timeout`.
     pub fn label(self) -> &'static str {
         match self {
             Self::Accepted => "accepted",
             Self::RejectedLimit => "rejected_limit",
+            Self::RejectedPeerLimit => "rejected_peer_limit",
             Self::HeaderTimeout => "header_timeout",
         }
     }

@@ -3,8 +3,11 @@
 //! `axum::serve` sets no timer, so a peer could hold a connection open forever by sending
 //! half a request head or by idling on keep-alive. This loop runs its own accept loop
 //! (HTTP/1.1 only) instead:
-//! - at most [`HttpBounds::max_connections`] connections; extra sockets are closed at
-//!   accept (counted, logged at warn at most once per interval);
+//! - at most [`HttpBounds::max_connections`] connections, and at most
+//!   [`HttpBounds::max_connections_per_peer`] from one peer address, so one host holding
+//!   idle connections cannot shut out everyone else (orchestrator probes included);
+//!   extra sockets are closed at accept (counted, logged at warn at most once per
+//!   interval);
 //! - hyper's header-read timer ([`HttpBounds::header_read_timeout`]) runs from the moment
 //!   a request head is awaited, so it bounds both a slow head and an idle keep-alive;
 //! - a connection lives at most [`HttpBounds::connection_timeout`];
@@ -13,7 +16,9 @@
 //! Routes, authentication and request limits are the caller's business (axum layers on the
 //! router it passes); this module only carries requests to them.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -37,6 +42,8 @@ pub struct HttpBounds {
     pub connection_timeout: Duration,
     /// Concurrent connections.
     pub max_connections: u32,
+    /// Concurrent connections from one peer IP address.
+    pub max_connections_per_peer: u32,
 }
 
 impl HttpBounds {
@@ -46,6 +53,13 @@ impl HttpBounds {
     pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
     /// Default [`HttpBounds::max_connections`].
     pub const DEFAULT_MAX_CONNECTIONS: u32 = 16;
+
+    /// The per-peer cap a listener uses when its operator sets none: a quarter of the
+    /// connection cap (at least one), so three quarters of the slots stay for other hosts.
+    pub const fn default_per_peer(max_connections: u32) -> u32 {
+        let quarter = max_connections / 4;
+        if quarter == 0 { 1 } else { quarter }
+    }
 }
 
 impl Default for HttpBounds {
@@ -54,6 +68,7 @@ impl Default for HttpBounds {
             header_read_timeout: Self::DEFAULT_HEADER_READ_TIMEOUT,
             connection_timeout: Self::DEFAULT_CONNECTION_TIMEOUT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: Self::default_per_peer(Self::DEFAULT_MAX_CONNECTIONS),
         }
     }
 }
@@ -72,6 +87,7 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(
         usize::try_from(bounds.max_connections).unwrap_or(Semaphore::MAX_PERMITS),
     ));
+    let peers = Arc::new(PeerCounts::default());
     let tracker = TaskTracker::new();
     let mut backoff = AcceptBackoff::new(name);
     let refusals = LogThrottle::default();
@@ -96,6 +112,14 @@ pub async fn serve(
             }
         };
         backoff.accepted();
+        let Some(peer_slot) = peers.try_admit(peer.ip(), bounds.max_connections_per_peer) else {
+            events.connection(ConnectionOutcome::RejectedPeerLimit);
+            if let Some(suppressed) = refusals.admit(Instant::now()) {
+                warn!(listener = name, %peer, limit = bounds.max_connections_per_peer, suppressed, "HTTP per-peer connection limit reached; closing");
+            }
+            drop(tcp);
+            continue;
+        };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             events.connection(ConnectionOutcome::RejectedLimit);
             if let Some(suppressed) = refusals.admit(Instant::now()) {
@@ -144,9 +168,52 @@ pub async fn serve(
                 debug!(listener = name, %peer, error = %err, "HTTP connection ended with an error");
             }
             drop(permit);
+            drop(peer_slot);
         });
     }
     tracker.close();
     tracker.wait().await;
     Ok(())
+}
+
+/// Open connections per peer address; an entry exists only while its count is positive,
+/// so the map holds at most `max_connections` entries.
+#[derive(Debug, Default)]
+struct PeerCounts(Mutex<HashMap<IpAddr, u32>>);
+
+impl PeerCounts {
+    /// Counts one more connection from `ip` unless it already has `cap`.
+    fn try_admit(self: &Arc<Self>, ip: IpAddr, cap: u32) -> Option<PeerSlot> {
+        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry(ip).or_insert(0);
+        if *count >= cap {
+            if *count == 0 {
+                counts.remove(&ip);
+            }
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            counts: Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+/// One admitted connection of a peer; dropping it frees the slot.
+struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    ip: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = counts.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
 }

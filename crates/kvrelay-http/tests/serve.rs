@@ -57,6 +57,7 @@ async fn the_cap_refuses_extra_sockets_and_a_slow_head_is_cut() {
         header_read_timeout: Duration::from_millis(300),
         connection_timeout: Duration::from_secs(30),
         max_connections: 1,
+        max_connections_per_peer: 1,
     };
     let router = Router::new().route("/", get(|| async { "hello" }));
     let serving = tokio::spawn(kvrelay_http::serve(
@@ -104,6 +105,86 @@ async fn the_cap_refuses_extra_sockets_and_a_slow_head_is_cut() {
     assert!(answer.ends_with("hello"), "{answer}");
 
     cancel.cancel();
+    tokio::time::timeout(DEADLINE, serving)
+        .await
+        .expect("the loop stops when cancelled")
+        .unwrap()
+        .unwrap();
+}
+
+/// One host holding its share of idle connections is refused more, while another host
+/// (127.0.0.2, still loopback) is served: a flood from one address cannot shut out the
+/// orchestrator's probes.
+#[tokio::test]
+async fn one_peer_is_capped_and_another_peer_is_still_served() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let events = Arc::new(Recorded::default());
+    let cancel = CancellationToken::new();
+    let bounds = HttpBounds {
+        header_read_timeout: Duration::from_secs(30),
+        connection_timeout: Duration::from_secs(30),
+        max_connections: 8,
+        max_connections_per_peer: 2,
+    };
+    let router = Router::new().route("/healthz", get(|| async { "ok" }));
+    let serving = tokio::spawn(kvrelay_http::serve(
+        listener,
+        router,
+        bounds,
+        "test",
+        events.clone(),
+        cancel.clone(),
+    ));
+
+    // Two idle connections from 127.0.0.1 take that host's share.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::timeout(DEADLINE, async {
+        while events.count(ConnectionOutcome::Accepted) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("both idle connections are accepted");
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    assert!(read_to_close(&mut third).await.is_empty());
+    assert_eq!(events.count(ConnectionOutcome::RejectedPeerLimit), 1);
+    assert_eq!(events.count(ConnectionOutcome::RejectedLimit), 0);
+
+    // Another address is served while the first still holds its connections.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut probe = socket.connect(addr).await.unwrap();
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = String::from_utf8(read_to_close(&mut probe).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // Closing one idle connection frees a slot for its host again.
+    drop(idle.pop());
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let mut again = TcpStream::connect(addr).await.unwrap();
+            again
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            if !read_to_close(&mut again).await.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the freed slot is usable");
+
+    cancel.cancel();
+    drop(idle);
     tokio::time::timeout(DEADLINE, serving)
         .await
         .expect("the loop stops when cancelled")

@@ -90,9 +90,20 @@ impl ModelCardInstanceId {
     }
 }
 
+/// The key path with control characters escaped (`\n` as `\u{a}`): ids come from
+/// peers (etcd keys, file names, record fields), and one holding a newline must not forge
+/// a log line. Keys are built with [`ModelCardInstanceId::to_path`], never with this.
 impl fmt::Display for ModelCardInstanceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_path())
+        use fmt::Write as _;
+        for c in self.to_path().chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_unicode())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -251,6 +262,21 @@ mod record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn display_escapes_control_characters_so_ids_cannot_forge_log_lines() {
+        let id = ModelCardInstanceId {
+            namespace: "prod\nWARN forged".into(),
+            component: "backend".into(),
+            endpoint: "generate\r".into(),
+            instance_id: 1,
+            model_suffix: None,
+        };
+        let shown = id.to_string();
+        assert!(!shown.contains('\n') && !shown.contains('\r'), "{shown}");
+        assert!(shown.contains("prod\\u{a}WARN forged"), "{shown}");
+        assert!(id.to_path().contains('\n'), "keys keep the raw text");
+    }
 
     fn id(suffix: Option<&str>) -> ModelCardInstanceId {
         ModelCardInstanceId {

@@ -22,6 +22,7 @@ use kvrelay_consumer::{
     CandidateShape, Ranking, Readiness, ReplicaStatus, ScoredCandidate, ScoredLeg,
 };
 use kvrelay_router::api::{self, BatchRequest, RouteRequest, RouteResponse};
+use kvrelay_router::config::HttpSection;
 
 fn route_body(family: u32) -> serde_json::Value {
     let tokens: Vec<u32> = (0..1024).map(|i| family * 1_000_000 + i).collect();
@@ -35,7 +36,8 @@ fn bench_parse_of<T: api::RequestBody + PartialEq + std::fmt::Debug>(
     group_name: &str,
     body: &[u8],
 ) {
-    let fast: T = api::parse(body).unwrap();
+    let limits = HttpSection::default();
+    let fast: T = api::parse(body, &limits).unwrap();
     assert_eq!(Some(fast), api::parse_with_serde(body).ok());
     let mut group = c.benchmark_group(group_name);
     group.throughput(Throughput::Bytes(body.len() as u64));
@@ -43,7 +45,7 @@ fn bench_parse_of<T: api::RequestBody + PartialEq + std::fmt::Debug>(
         b.iter(|| api::parse_with_serde::<T>(black_box(body)).unwrap());
     });
     group.bench_function("common-shape", |b| {
-        b.iter(|| api::parse::<T>(black_box(body)).unwrap());
+        b.iter(|| api::parse::<T>(black_box(body), &limits).unwrap());
     });
     group.finish();
 }

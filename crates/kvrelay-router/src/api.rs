@@ -74,6 +74,40 @@ impl ApiError {
         }
     }
 
+    /// `503`: the model (or adapter) is not in view while relays are out of view: it may
+    /// be served behind them, so the answer is retryable rather than `404`.
+    pub fn relays_unavailable(dcs: &[String]) -> Self {
+        Self {
+            status: 503,
+            code: "relays_unavailable",
+            field: None,
+            message: format!(
+                "model not found while the relays of {} are out of view; retry",
+                dcs.join(", ")
+            ),
+        }
+    }
+
+    /// `408`: the body did not arrive within `body_timeout_ms`.
+    pub fn body_timeout(timeout_ms: u64) -> Self {
+        Self {
+            status: 408,
+            code: "body_timeout",
+            field: None,
+            message: format!("request body not received within body_timeout_ms ({timeout_ms} ms)"),
+        }
+    }
+
+    /// `400`: the client closed or broke the connection before its body ended.
+    pub fn body_aborted() -> Self {
+        Self {
+            status: 400,
+            code: "body_aborted",
+            field: None,
+            message: "request body ended early".to_owned(),
+        }
+    }
+
     /// `503`: `max_concurrent_requests` are being scored.
     pub fn overloaded(limit: u32) -> Self {
         Self {
@@ -118,19 +152,20 @@ impl ApiError {
 pub trait RequestBody: for<'de> Deserialize<'de> {
     /// `body` parsed by a fast parser of the body's common shape, or `None` when the body
     /// is outside it (then `serde_json` decides). Must agree with `serde_json` on every
-    /// body it accepts.
-    fn parse_common_shape(body: &[u8]) -> Option<Self>;
+    /// body it accepts, except that a batch stops after `max_batch + 1` requests (both are
+    /// refused by validation for exceeding `max_batch`).
+    fn parse_common_shape(body: &[u8], limits: &HttpSection) -> Option<Self>;
 }
 
 impl RequestBody for RouteRequest {
-    fn parse_common_shape(body: &[u8]) -> Option<Self> {
+    fn parse_common_shape(body: &[u8], _limits: &HttpSection) -> Option<Self> {
         fast_path::route_request(body)
     }
 }
 
 impl RequestBody for BatchRequest {
-    fn parse_common_shape(body: &[u8]) -> Option<Self> {
-        fast_path::batch_request(body)
+    fn parse_common_shape(body: &[u8], limits: &HttpSection) -> Option<Self> {
+        fast_path::batch_request(body, limits.max_batch)
     }
 }
 
@@ -140,8 +175,8 @@ impl RequestBody for BatchRequest {
 /// in a fraction of `serde_json`'s time); any other body is parsed by `serde_json`, and
 /// only a body that fails is parsed again with path tracking to name the field (tracking
 /// costs ~40 % more on a 1,024-token request).
-pub fn parse<T: RequestBody>(body: &[u8]) -> Result<T, ApiError> {
-    if let Some(parsed) = T::parse_common_shape(body) {
+pub fn parse<T: RequestBody>(body: &[u8], limits: &HttpSection) -> Result<T, ApiError> {
+    if let Some(parsed) = T::parse_common_shape(body, limits) {
         return Ok(parsed);
     }
     parse_with_serde(body)

@@ -113,10 +113,18 @@ pub struct HttpSection {
     pub max_top_k: usize,
     /// Concurrent connections. Default 256.
     pub max_connections: u32,
+    /// Concurrent connections from one peer IP address, so one host cannot hold every
+    /// slot (and shut out health probes). Default 64.
+    pub max_connections_per_peer: u32,
     /// Time to send a request head; also the keep-alive idle bound, ms. Default 5,000.
     pub header_read_timeout_ms: u64,
     /// Longest life of one connection, ms. Default 300,000.
     pub connection_timeout_ms: u64,
+    /// Time to receive a whole request body once its head has arrived, ms (`408` after).
+    /// With `max_body_bytes` it sets the slowest rate a full-size body may arrive at
+    /// (4 MiB in 10 s: about 410 KiB/s). A request holds no scoring permit while its body
+    /// arrives. Default 10,000.
+    pub body_timeout_ms: u64,
 }
 
 impl HttpSection {
@@ -132,10 +140,15 @@ impl HttpSection {
     pub const DEFAULT_MAX_TOP_K: usize = 1024;
     /// Default [`HttpSection::max_connections`].
     pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+    /// Default [`HttpSection::max_connections_per_peer`].
+    pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 =
+        HttpBounds::default_per_peer(Self::DEFAULT_MAX_CONNECTIONS);
     /// Default [`HttpSection::header_read_timeout_ms`].
     pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
     /// Default [`HttpSection::connection_timeout_ms`].
     pub const DEFAULT_CONNECTION_TIMEOUT_MS: u64 = 300_000;
+    /// Default [`HttpSection::body_timeout_ms`].
+    pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 10_000;
 
     /// The listener bounds.
     pub fn bounds(&self) -> HttpBounds {
@@ -143,6 +156,7 @@ impl HttpSection {
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
             connection_timeout: Duration::from_millis(self.connection_timeout_ms),
             max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
         }
     }
 }
@@ -156,8 +170,10 @@ impl Default for HttpSection {
             max_tokens: Self::DEFAULT_MAX_TOKENS,
             max_top_k: Self::DEFAULT_MAX_TOP_K,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: Self::DEFAULT_MAX_CONNECTIONS_PER_PEER,
             header_read_timeout_ms: Self::DEFAULT_HEADER_READ_TIMEOUT_MS,
             connection_timeout_ms: Self::DEFAULT_CONNECTION_TIMEOUT_MS,
+            body_timeout_ms: Self::DEFAULT_BODY_TIMEOUT_MS,
         }
     }
 }
@@ -178,6 +194,12 @@ pub struct ConsumerSection {
     pub catalog_staleness_bound_ms: u64,
     /// How long a broken relay's view is kept for resuming, ms.
     pub resume_hold_ms: u64,
+    /// Longest time a snapshot may take to assemble, ms.
+    pub snapshot_assembly_timeout_ms: u64,
+    /// Replica memory one relay's catalog may claim, bytes (entries over it are
+    /// quarantined). Lower it to bound what a hostile or misconfigured relay can make
+    /// this process allocate.
+    pub max_replica_bytes_per_relay: u64,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -194,6 +216,8 @@ impl Default for ConsumerSection {
             staleness_bound_ms: millis(limits.staleness_bound),
             catalog_staleness_bound_ms: millis(limits.catalog_staleness_bound),
             resume_hold_ms: millis(limits.resume_hold),
+            snapshot_assembly_timeout_ms: millis(limits.snapshot_assembly_timeout),
+            max_replica_bytes_per_relay: limits.max_replica_bytes_per_relay,
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -218,6 +242,8 @@ impl ConsumerSection {
         limits.staleness_bound = Duration::from_millis(self.staleness_bound_ms);
         limits.catalog_staleness_bound = Duration::from_millis(self.catalog_staleness_bound_ms);
         limits.resume_hold = Duration::from_millis(self.resume_hold_ms);
+        limits.snapshot_assembly_timeout = Duration::from_millis(self.snapshot_assembly_timeout_ms);
+        limits.max_replica_bytes_per_relay = self.max_replica_bytes_per_relay;
         limits
     }
 }
@@ -371,6 +397,10 @@ impl RouterConfig {
             ("max_top_k", self.http.max_top_k == 0),
             ("max_connections", self.http.max_connections == 0),
             (
+                "max_connections_per_peer",
+                self.http.max_connections_per_peer == 0,
+            ),
+            (
                 "header_read_timeout_ms",
                 self.http.header_read_timeout_ms == 0,
             ),
@@ -378,6 +408,7 @@ impl RouterConfig {
                 "connection_timeout_ms",
                 self.http.connection_timeout_ms == 0,
             ),
+            ("body_timeout_ms", self.http.body_timeout_ms == 0),
         ];
         if let Some((field, _)) = zero.into_iter().find(|(_, is_zero)| *is_zero) {
             return Err(RouterConfigError::ZeroBound { field });

@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -20,7 +20,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use kvrelay_consumer::{Consumer, Ranking};
+use http_body_util::BodyExt as _;
+use kvrelay_consumer::{Consumer, Ranking, ScoreError};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -122,20 +123,23 @@ fn answered(
     response
 }
 
-/// Admits one route request: takes a scoring permit without waiting (held by the caller
-/// while it scores), then reads its JSON body within `max_body_bytes`.
+/// Admits one route request: reads its JSON body within `max_body_bytes` and
+/// `body_timeout_ms`, then takes a scoring permit without waiting (held by the caller
+/// while it parses and scores). A slow body holds no permit, so slow clients cannot shut
+/// out the fast ones.
 async fn admit<'a>(
     state: &'a AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(tokio::sync::SemaphorePermit<'a>, axum::body::Bytes), ApiError> {
+    let bytes = read_json_body(state, headers, body).await?;
     let Ok(permit) = state.permits.try_acquire() else {
         return Err(ApiError::overloaded(state.http.max_concurrent_requests));
     };
-    Ok((permit, read_json_body(state, headers, body).await?))
+    Ok((permit, bytes))
 }
 
-/// Reads a JSON body within `max_body_bytes`.
+/// Reads a JSON body within `max_body_bytes` and `body_timeout_ms`.
 async fn read_json_body(
     state: &AppState,
     headers: &HeaderMap,
@@ -161,11 +165,44 @@ async fn read_json_body(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    // A chunked body over the limit fails here; so does a body cut short, which gets no
-    // answer anyway.
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::too_large(limit))
+    let timeout_ms = state.http.body_timeout_ms;
+    let read = tokio::time::timeout(
+        Duration::from_millis(timeout_ms),
+        http_body_util::Limited::new(body, limit).collect(),
+    );
+    match read.await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        // A chunked body over the limit.
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::too_large(limit))
+        }
+        // The client closed or broke the connection mid-body.
+        Ok(Err(_)) => Err(ApiError::body_aborted()),
+        Err(_) => Err(ApiError::body_timeout(timeout_ms)),
+    }
+}
+
+/// A scoring failure as an API error. An unknown model or adapter while some relay is out
+/// of view (connection broken, or no catalog yet) is `503 relays_unavailable` with
+/// `Retry-After`: the model may be served behind that relay, and a client that trusts a
+/// `404` would drop a request a retry serves. With every relay in view, `404` is the truth.
+fn scoring_error(state: &AppState, err: &ScoreError) -> ApiError {
+    if matches!(
+        err,
+        ScoreError::UnknownModel { .. } | ScoreError::UnknownAdapter { .. }
+    ) {
+        let out_of_view: Vec<String> = state
+            .consumer
+            .relays()
+            .into_iter()
+            .filter(|relay| relay.suspended || relay.catalog_revision.is_none())
+            .map(|relay| relay.dc)
+            .collect();
+        if !out_of_view.is_empty() {
+            return ApiError::relays_unavailable(&out_of_view);
+        }
+    }
+    api::score_error(err)
 }
 
 // The handlers take the whole request (not the `HeaderMap` extractor, which copies every
@@ -185,13 +222,13 @@ async fn route_one(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (_permit, bytes) = admit(state, headers, body).await?;
-    let request: RouteRequest = api::parse(&bytes)?;
+    let request: RouteRequest = api::parse(&bytes, &state.http)?;
     let (request, top_k) = request.validate(&state.http)?;
     KEPT_RANKING.with_borrow_mut(|ranking| {
         state
             .consumer
             .score_top_into(&request, top_k, ranking)
-            .map_err(|err| api::score_error(&err))?;
+            .map_err(|err| scoring_error(state, &err))?;
         state.metrics.scored(1);
         let mut body = Vec::new();
         api::write_ranking(&mut body, ranking);
@@ -226,7 +263,7 @@ async fn route_many(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (_permit, bytes) = admit(state, headers, body).await?;
-    let batch: BatchRequest = api::parse(&bytes)?;
+    let batch: BatchRequest = api::parse(&bytes, &state.http)?;
     let requests = batch.validate(&state.http)?;
     // Every ranking is kept until the answer is written from it (no copy of its strings
     // into an intermediate JSON tree).
@@ -238,7 +275,7 @@ async fn route_many(
                 .consumer
                 .score_top_into(request, *top_k, &mut ranking)
                 .map(|()| ranking)
-                .map_err(|err| api::score_error(&err).body())
+                .map_err(|err| scoring_error(state, &err).body())
         })
         .collect();
     state.metrics.scored(requests.len() as u64);

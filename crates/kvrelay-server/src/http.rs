@@ -86,6 +86,9 @@ pub(crate) async fn serve(
             header_read_timeout: bounds.header_read_timeout,
             connection_timeout: bounds.connection_timeout,
             max_connections: bounds.max_connections,
+            max_connections_per_peer: kvrelay_http::HttpBounds::default_per_peer(
+                bounds.max_connections,
+            ),
         },
         "admin",
         events,

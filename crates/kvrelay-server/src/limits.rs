@@ -12,8 +12,11 @@ use crate::config::ConfigError;
 
 /// Default concurrent `WatchCatalog` streams (whole relay).
 pub const DEFAULT_MAX_CATALOG_STREAMS: u32 = 64;
-/// Default concurrent `SubscribePool` streams across all pools.
-pub const DEFAULT_MAX_POOL_STREAMS_TOTAL: u32 = 64;
+/// Default concurrent `SubscribePool` streams across all pools: every router (or other
+/// consumer) holds one stream per pool it follows, so a relay needs at least
+/// `routers × pools`; 1,024 covers, say, 8 routers on 128 pools (64 used to leave a
+/// second router on a 40-pool relay refused forever).
+pub const DEFAULT_MAX_POOL_STREAMS_TOTAL: u32 = 1024;
 /// Default concurrent subscribers of one pool (the stream's own default).
 pub const DEFAULT_MAX_SUBSCRIBERS_PER_POOL: u32 =
     kvrelay_ckf::stream::DEFAULT_MAX_SUBSCRIBERS as u32;

@@ -108,7 +108,8 @@ pub(crate) struct RelayMetrics {
     pub(crate) catalog_revision: Gauge,
     /// Failed `accept` calls by listener and kind.
     pub(crate) accept_errors: Family<AcceptErrorLabels, Counter>,
-    /// Admin HTTP connections by outcome (accepted, rejected_limit, header_timeout).
+    /// Admin HTTP connections by outcome (accepted, rejected_limit, rejected_peer_limit,
+    /// header_timeout).
     pub(crate) admin_connections: Family<OutcomeLabel, Counter>,
     /// Admin HTTP requests refused for a missing or wrong bearer token.
     pub(crate) admin_unauthorized: Counter,

@@ -141,9 +141,12 @@ fn chunk_assembly_checks_refuse_and_invalidate() {
             bucket_count: 16,
             ..chunk(1, 0, 1, 0, vec![0; 8])
         }],
-        // Index not below count; zero count.
+        // Index not below count; zero count; more chunks than buckets (each chunk holds
+        // at least one bucket, so such a snapshot could only assemble forever).
         vec![chunk(1, 1, 1, 0, vec![0; 8])],
         vec![chunk(1, 0, 0, 0, vec![0; 8])],
+        vec![chunk(1, 0, 9, 0, vec![0; 1])],
+        vec![chunk(1, 0, u32::MAX, 0, vec![0; 1])],
         // Empty chunk, chunk past the end.
         vec![chunk(1, 0, 2, 0, vec![])],
         vec![chunk(1, 0, 1, 4, vec![0; 8])],

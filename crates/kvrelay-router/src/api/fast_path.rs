@@ -19,8 +19,10 @@ pub(super) fn route_request(body: &[u8]) -> Option<RouteRequest> {
     Some(request)
 }
 
-/// `BatchRequest` if `body` is in the fast subset.
-pub(super) fn batch_request(body: &[u8]) -> Option<BatchRequest> {
+/// `BatchRequest` if `body` is in the fast subset. Parsing stops after `max_batch + 1`
+/// requests (enough for validation to refuse the batch), so a body of many tiny requests
+/// never builds more of them than the limit allows.
+pub(super) fn batch_request(body: &[u8], max_batch: usize) -> Option<BatchRequest> {
     let mut cursor = Cursor { body, at: 0 };
     cursor.skip_ws();
     cursor.eat(b'{')?;
@@ -35,6 +37,9 @@ pub(super) fn batch_request(body: &[u8]) -> Option<BatchRequest> {
     if !cursor.eat_if(b']') {
         loop {
             requests.push(cursor.route_object()?);
+            if requests.len() > max_batch {
+                return Some(BatchRequest { requests });
+            }
             cursor.skip_ws();
             if cursor.eat_if(b']') {
                 break;
@@ -189,13 +194,18 @@ impl<'a> Cursor<'a> {
     fn tokens(&mut self) -> Option<Vec<u32>> {
         self.eat(b'[')?;
         self.skip_ws();
-        // Every token takes at least two bytes (a digit and a separator); the reservation
-        // is capped so that each request of a batch does not reserve for the whole body.
-        let room = (self.body.len() - self.at) / 2;
-        let mut tokens = Vec::with_capacity(room.min(MAX_TOKEN_RESERVATION));
         if self.eat_if(b']') {
-            return Some(tokens);
+            return Some(Vec::new());
         }
+        // Reserve for this array only: every token takes at least two bytes (a digit and
+        // a separator) up to its closing bracket, so the reservations of all the requests
+        // of a batch add up to at most twice the body's size, and an empty array reserves
+        // nothing. Capped; the array grows past the cap as needed.
+        let array_end = self.body[self.at..]
+            .iter()
+            .position(|&byte| byte == b']')
+            .unwrap_or(self.body.len() - self.at);
+        let mut tokens = Vec::with_capacity((array_end / 2 + 1).min(MAX_TOKEN_RESERVATION));
         loop {
             tokens.push(self.token()?);
             self.skip_ws();

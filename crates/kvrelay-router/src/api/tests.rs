@@ -15,29 +15,40 @@ fn limits() -> HttpSection {
 
 #[test]
 fn a_valid_request_becomes_a_score_request() {
-    let request: RouteRequest =
-        parse(br#"{"tokens":[1,2,3],"model":"m","lora":"l","namespace":"t","top_k":2}"#).unwrap();
+    let request: RouteRequest = parse(
+        br#"{"tokens":[1,2,3],"model":"m","lora":"l","namespace":"t","top_k":2}"#,
+        &HttpSection::default(),
+    )
+    .unwrap();
     let (score, top_k) = request.validate(&limits()).unwrap();
     assert_eq!(score.tokens, [1, 2, 3]);
     assert_eq!(score.model, "m");
     assert_eq!(score.lora.as_deref(), Some("l"));
     assert_eq!(score.cache_namespace.as_deref(), Some("t"));
     assert_eq!(top_k, 2);
-    let request: RouteRequest = parse(br#"{"tokens":[],"model":"m"}"#).unwrap();
+    let request: RouteRequest =
+        parse(br#"{"tokens":[],"model":"m"}"#, &HttpSection::default()).unwrap();
     assert_eq!(request.validate(&limits()).unwrap().1, usize::MAX);
 }
 
 #[test]
 fn errors_name_the_field() {
-    let err = parse::<RouteRequest>(br#"{"tokens":[1,-2],"model":"m"}"#).unwrap_err();
+    let err = parse::<RouteRequest>(br#"{"tokens":[1,-2],"model":"m"}"#, &HttpSection::default())
+        .unwrap_err();
     assert_eq!((err.status, err.field.as_deref()), (400, Some("tokens[1]")));
-    let err = parse::<RouteRequest>(br#"{"tokens":[1]}"#).unwrap_err();
+    let err = parse::<RouteRequest>(br#"{"tokens":[1]}"#, &HttpSection::default()).unwrap_err();
     assert_eq!(err.field.as_deref(), Some("model"), "{err:?}");
-    let err = parse::<RouteRequest>(br#"{"tokens":[1],"model":"m","temperature":1}"#).unwrap_err();
+    let err = parse::<RouteRequest>(
+        br#"{"tokens":[1],"model":"m","temperature":1}"#,
+        &HttpSection::default(),
+    )
+    .unwrap_err();
     assert_eq!(err.field.as_deref(), Some("temperature"), "{err:?}");
-    let err = parse::<RouteRequest>(br#"{"tokens":"abc","model":"m"}"#).unwrap_err();
+    let err = parse::<RouteRequest>(br#"{"tokens":"abc","model":"m"}"#, &HttpSection::default())
+        .unwrap_err();
     assert_eq!(err.field.as_deref(), Some("tokens"), "{err:?}");
-    let err = parse::<RouteRequest>(br#"{"tokens":[1],"model":"m"} {}"#).unwrap_err();
+    let err = parse::<RouteRequest>(br#"{"tokens":[1],"model":"m"} {}"#, &HttpSection::default())
+        .unwrap_err();
     assert!(err.message.contains("trailing"), "{err:?}");
     let body = err.body();
     assert_eq!(body["error"]["code"], "invalid_request");
@@ -45,18 +56,26 @@ fn errors_name_the_field() {
 
 #[test]
 fn limits_are_enforced_with_the_limit_named() {
-    let many: RouteRequest = parse(br#"{"tokens":[1,2,3,4,5,6,7,8,9],"model":"m"}"#).unwrap();
+    let many: RouteRequest = parse(
+        br#"{"tokens":[1,2,3,4,5,6,7,8,9],"model":"m"}"#,
+        &HttpSection::default(),
+    )
+    .unwrap();
     let err = many.validate(&limits()).unwrap_err();
     assert_eq!(err.field.as_deref(), Some("tokens"));
     assert!(err.message.contains("max_tokens"), "{err:?}");
     for (top_k, needle) in [("0", "at least 1"), ("5", "max_top_k")] {
-        let request: RouteRequest =
-            parse(format!(r#"{{"tokens":[1],"model":"m","top_k":{top_k}}}"#).as_bytes()).unwrap();
+        let request: RouteRequest = parse(
+            format!(r#"{{"tokens":[1],"model":"m","top_k":{top_k}}}"#).as_bytes(),
+            &HttpSection::default(),
+        )
+        .unwrap();
         let err = request.validate(&limits()).unwrap_err();
         assert_eq!(err.field.as_deref(), Some("top_k"));
         assert!(err.message.contains(needle), "{err:?}");
     }
-    let blank: RouteRequest = parse(br#"{"tokens":[1],"model":"  "}"#).unwrap();
+    let blank: RouteRequest =
+        parse(br#"{"tokens":[1],"model":"  "}"#, &HttpSection::default()).unwrap();
     assert_eq!(
         blank.validate(&limits()).unwrap_err().field.as_deref(),
         Some("model")
@@ -65,15 +84,19 @@ fn limits_are_enforced_with_the_limit_named() {
 
 #[test]
 fn batch_errors_name_the_request_and_field() {
-    let batch: BatchRequest =
-        parse(br#"{"requests":[{"tokens":[1],"model":"m"},{"tokens":[1],"model":"m","top_k":9}]}"#)
-            .unwrap();
+    let batch: BatchRequest = parse(
+        br#"{"requests":[{"tokens":[1],"model":"m"},{"tokens":[1],"model":"m","top_k":9}]}"#,
+        &HttpSection::default(),
+    )
+    .unwrap();
     let err = batch.validate(&limits()).unwrap_err();
     assert_eq!(err.field.as_deref(), Some("requests[1].top_k"));
-    let err = parse::<BatchRequest>(br#"{"requests":[{"tokens":[1]}]}"#).unwrap_err();
+    let err = parse::<BatchRequest>(br#"{"requests":[{"tokens":[1]}]}"#, &HttpSection::default())
+        .unwrap_err();
     assert_eq!(err.field.as_deref(), Some("requests[0].model"), "{err:?}");
     let too_many: BatchRequest = parse(
         br#"{"requests":[{"tokens":[1],"model":"m"},{"tokens":[1],"model":"m"},{"tokens":[1],"model":"m"}]}"#,
+        &HttpSection::default(),
     )
     .unwrap();
     let err = too_many.validate(&limits()).unwrap_err();
@@ -240,7 +263,7 @@ mod common_shape {
                 prop_assert_eq!(Some(fast), serde_parse::<RouteRequest>(&body));
             }
             let batch = [b"{\"requests\":[".as_slice(), &body, b"]}"].concat();
-            if let Some(fast) = fast_path::batch_request(&batch) {
+            if let Some(fast) = fast_path::batch_request(&batch, usize::MAX) {
                 prop_assert_eq!(Some(fast), serde_parse::<BatchRequest>(&batch));
             }
         }
@@ -261,7 +284,7 @@ mod common_shape {
             );
             let exact = serde_parse::<BatchRequest>(body.as_bytes());
             prop_assert_eq!(exact.as_ref().map(|b| &b.requests), Some(&requests));
-            let fast = fast_path::batch_request(body.as_bytes());
+            let fast = fast_path::batch_request(body.as_bytes(), usize::MAX);
             prop_assert!(fast.is_none() || fast == exact);
             let plain = |s: &str| !s.contains(['"', '\\', '\n']);
             if requests.iter().all(|r| plain(&r.model)
@@ -291,13 +314,18 @@ fn the_fast_parser_declines_what_serde_refuses_and_parse_names_the_field() {
             fast_path::route_request(body.as_bytes()).is_none(),
             "fast path declines {body}"
         );
-        let err = parse::<RouteRequest>(body.as_bytes()).unwrap_err();
+        let err = parse::<RouteRequest>(body.as_bytes(), &HttpSection::default()).unwrap_err();
         assert_eq!(err.field.as_deref(), Some(field), "{body}: {err:?}");
     }
     // Escapes are outside the fast subset but valid JSON: serde_json decides.
     let escaped = br#"{"tokens":[7],"model":"m\u0065"}"#;
     assert!(fast_path::route_request(escaped).is_none());
-    assert_eq!(parse::<RouteRequest>(escaped).unwrap().model, "me");
+    assert_eq!(
+        parse::<RouteRequest>(escaped, &HttpSection::default())
+            .unwrap()
+            .model,
+        "me"
+    );
 }
 
 mod direct_encoding {
@@ -467,4 +495,48 @@ mod direct_encoding {
             );
         }
     }
+}
+
+/// A 4 MiB body of tiny requests: the fast parser stops after `max_batch + 1` of them
+/// (validation refuses the batch) and an empty token array reserves nothing, so a body
+/// cannot make the router allocate per request (16 KiB each used to be reserved).
+#[test]
+fn a_batch_body_of_tiny_requests_parses_at_most_max_batch_plus_one() {
+    let one = r#"{"tokens":[],"model":"m"}"#;
+    let n = (4 << 20) / (one.len() + 1);
+    let body = format!(r#"{{"requests":[{}]}}"#, vec![one; n].join(","));
+    let parsed = fast_path::batch_request(body.as_bytes(), 256).unwrap();
+    assert_eq!(parsed.requests.len(), 257);
+    assert!(parsed.requests.iter().all(|r| r.tokens.capacity() == 0));
+    let limits = HttpSection {
+        max_batch: 256,
+        ..HttpSection::default()
+    };
+    let error = parse::<BatchRequest>(body.as_bytes(), &limits)
+        .unwrap()
+        .validate(&limits)
+        .unwrap_err();
+    assert!(
+        error.message.contains("max_batch (256)"),
+        "{}",
+        error.message
+    );
+}
+
+/// Token reservations are bounded by each request's own array: over a batch they add up
+/// to at most one token per two bytes of body.
+#[test]
+fn token_reservations_add_up_to_at_most_half_the_body() {
+    let body = format!(
+        r#"{{"requests":[{}]}}"#,
+        vec![r#"{"tokens":[7],"model":"m"}"#; 1000].join(",")
+    );
+    let parsed = fast_path::batch_request(body.as_bytes(), usize::MAX).unwrap();
+    let reserved: usize = parsed.requests.iter().map(|r| r.tokens.capacity()).sum();
+    assert!(
+        reserved <= body.len() / 2,
+        "{reserved} tokens reserved for {} bytes",
+        body.len()
+    );
+    assert!(parsed.requests.iter().all(|r| r.tokens == [7]));
 }

@@ -26,6 +26,8 @@ max_concurrent_requests = 8
 
 [consumer]
 staleness_bound_ms = 12000
+max_replica_bytes_per_relay = 268435456
+snapshot_assembly_timeout_ms = 30000
 
 [weights]
 dc_cost = 0.02
@@ -51,6 +53,12 @@ fn a_full_file_sets_every_section_and_leaves_the_rest_at_defaults() {
     assert!(consumer.relays[0].token.is_none());
     assert!(consumer.relays[1].token.is_some());
     assert_eq!(consumer.limits.staleness_bound, Duration::from_secs(12));
+    // Every consumer bound has a key; these two were missing.
+    assert_eq!(consumer.limits.max_replica_bytes_per_relay, 256 << 20);
+    assert_eq!(
+        consumer.limits.snapshot_assembly_timeout,
+        Duration::from_secs(30)
+    );
     assert_eq!(
         consumer.limits.connect_timeout,
         Limits::default().connect_timeout

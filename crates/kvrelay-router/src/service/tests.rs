@@ -11,6 +11,7 @@
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
+use futures::StreamExt as _;
 use kvrelay_consumer::{ConsumerConfig, RelayConfig};
 use tower::ServiceExt;
 
@@ -72,17 +73,84 @@ async fn health_is_ok_and_readiness_names_the_relay_without_catalog() {
     );
 }
 
+/// While a relay is out of view, a model nobody in view serves may be served behind it:
+/// the answer is a retryable 503 naming the DC, never a 404 a client would trust. (With
+/// every relay in view, an unknown model is 404: `crates/kvrelay/tests/router.rs`.)
 #[tokio::test]
-async fn a_model_no_catalog_serves_is_404_naming_the_field() {
+async fn an_unknown_model_while_a_relay_is_out_of_view_is_503_with_retry_after() {
     let state = state(HttpSection::default());
-    let (status, _, body) = call(
+    let (status, headers, body) = call(
         &state,
         post_json("/v1/route", r#"{"tokens":[1,2],"model":"llama"}"#),
     )
     .await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(body["error"]["code"], "unknown_model");
-    assert_eq!(body["error"]["field"], "model");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "1");
+    assert_eq!(body["error"]["code"], "relays_unavailable");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("dc-gone"),
+        "{body}"
+    );
+}
+
+/// A body that trickles in holds no scoring permit: with one permit and a slow body in
+/// flight, a whole request is still admitted; the slow one ends with 408 at its deadline.
+#[tokio::test]
+async fn a_slow_body_holds_no_permit_and_times_out_with_408() {
+    let state = state(HttpSection {
+        max_concurrent_requests: 1,
+        body_timeout_ms: 300,
+        ..HttpSection::default()
+    });
+    let first: Vec<Result<String, std::io::Error>> = vec![Ok(r#"{"tokens":[1"#.to_owned())];
+    let never_ends = futures::stream::iter(first).chain(futures::stream::pending());
+    let slow = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/route")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, "100000")
+        .body(Body::from_stream(never_ends))
+        .unwrap();
+    let slow_state = state.clone();
+    let slow_call = tokio::spawn(async move { call(&slow_state, slow).await });
+    // While the slow body is pending, whole requests keep getting answers (not 503
+    // `overloaded`: the permit is free).
+    for _ in 0..3 {
+        let (_, _, body) = call(
+            &state,
+            post_json("/v1/route", r#"{"tokens":[1],"model":"m"}"#),
+        )
+        .await;
+        assert_ne!(body["error"]["code"], "overloaded", "{body}");
+    }
+    let (status, _, body) = slow_call.await.unwrap();
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{body}");
+    assert_eq!(body["error"]["code"], "body_timeout");
+}
+
+/// A body whose stream breaks mid-way is counted as aborted (400), not as too large.
+#[tokio::test]
+async fn a_body_cut_short_is_400_body_aborted() {
+    let state = state(HttpSection::default());
+    let chunks: Vec<Result<String, std::io::Error>> = vec![
+        Ok(r#"{"tokens":[1"#.to_owned()),
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "peer reset",
+        )),
+    ];
+    let cut = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/route")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(futures::stream::iter(chunks)))
+        .unwrap();
+    let (status, _, body) = call(&state, cut).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "body_aborted");
 }
 
 #[tokio::test]
@@ -145,15 +213,15 @@ async fn requests_beyond_the_concurrency_limit_are_shed_with_retry_after() {
     assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "1");
     assert_eq!(body["error"]["code"], "overloaded");
     drop(held);
-    let (status, _, _) = call(
+    let (status, _, body) = call(
         &state,
         post_json("/v1/route", r#"{"tokens":[1],"model":"m"}"#),
     )
     .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
-        status,
-        StatusCode::NOT_FOUND,
-        "a free permit lets the request through"
+        body["error"]["code"], "relays_unavailable",
+        "a free permit lets the request through to scoring"
     );
 }
 
@@ -171,13 +239,7 @@ async fn a_batch_answers_each_request_in_order() {
     assert_eq!(status, StatusCode::OK);
     let answers = body["answers"].as_array().unwrap();
     assert_eq!(answers.len(), 2);
-    assert!(
-        answers[1]["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("\"b\""),
-        "{body}"
-    );
+    assert_eq!(answers[1]["error"]["code"], "relays_unavailable", "{body}");
     let (status, _, body) = call(
         &state,
         post_json(
