@@ -86,19 +86,7 @@ fn check_generated(root: &Path, findings: &mut Vec<Finding>) -> Result<()> {
 /// on a crate whose build script compiles protobuf definitions: a fresh machine has no
 /// `protoc`, and the generated code is checked in instead.
 fn check_no_protoc_build(root: &Path, findings: &mut Vec<Finding>) -> Result<()> {
-    let output = Command::new(cargo_bin())
-        .args(["metadata", "--format-version", "1", "--locked"])
-        .current_dir(root)
-        .output()
-        .context("running cargo metadata")?;
-    if !output.status.success() {
-        bail!(
-            "cargo metadata failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
+    let metadata = cargo_metadata(root, "--locked")?;
     for (member, offender) in protoc_build_paths(&metadata) {
         findings.push(Finding {
             path: "Cargo.lock".into(),
@@ -179,9 +167,10 @@ fn relative(root: &Path, path: &Path) -> String {
         .to_string()
 }
 
-fn load_crates(root: &Path) -> Result<Vec<CrateInfo>> {
+/// `cargo metadata --format-version 1 FLAG`, parsed.
+fn cargo_metadata(root: &Path, flag: &str) -> Result<serde_json::Value> {
     let output = Command::new(cargo_bin())
-        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .args(["metadata", "--format-version", "1", flag])
         .current_dir(root)
         .output()
         .context("running cargo metadata")?;
@@ -191,8 +180,11 @@ fn load_crates(root: &Path) -> Result<Vec<CrateInfo>> {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).context("parsing cargo metadata output")?;
+    serde_json::from_slice(&output.stdout).context("parsing cargo metadata output")
+}
+
+fn load_crates(root: &Path) -> Result<Vec<CrateInfo>> {
+    let metadata = cargo_metadata(root, "--no-deps")?;
     let mut crates = Vec::new();
     for package in metadata["packages"]
         .as_array()

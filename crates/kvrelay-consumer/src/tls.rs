@@ -85,6 +85,12 @@ impl BearerToken {
         })
     }
 
+    /// The token's text, to send it or to compare a presented token against it (in
+    /// constant time); never log it.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }

@@ -10,6 +10,7 @@
 mod accept;
 mod serve;
 mod throttle;
+mod token;
 
 pub use accept::{
     ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN, AcceptBackoff, AcceptErrorKind, ConnectionOutcome,
@@ -17,6 +18,7 @@ pub use accept::{
 };
 pub use serve::{HttpBounds, serve};
 pub use throttle::{DEFAULT_LOG_INTERVAL, LogThrottle};
+pub use token::{bearer_of, token_matches};
 
 /// Waits for SIGINT or SIGTERM (SIGINT only where SIGTERM does not exist, or when its
 /// handler cannot be installed): the cue for a service's graceful shutdown.

@@ -47,19 +47,19 @@ async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
     out
 }
 
-#[tokio::test]
-async fn the_cap_refuses_extra_sockets_and_a_slow_head_is_cut() {
+/// A running loop on a loopback port.
+struct Serving {
+    addr: std::net::SocketAddr,
+    events: Arc<Recorded>,
+    cancel: CancellationToken,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn start(bounds: HttpBounds, router: Router) -> Serving {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let events = Arc::new(Recorded::default());
     let cancel = CancellationToken::new();
-    let bounds = HttpBounds {
-        header_read_timeout: Duration::from_millis(300),
-        connection_timeout: Duration::from_secs(30),
-        max_connections: 1,
-        max_connections_per_peer: 1,
-    };
-    let router = Router::new().route("/", get(|| async { "hello" }));
     let serving = tokio::spawn(kvrelay_http::serve(
         listener,
         router,
@@ -68,6 +68,30 @@ async fn the_cap_refuses_extra_sockets_and_a_slow_head_is_cut() {
         events.clone(),
         cancel.clone(),
     ));
+    Serving {
+        addr,
+        events,
+        cancel,
+        serving,
+    }
+}
+
+#[tokio::test]
+async fn the_cap_refuses_extra_sockets_and_a_slow_head_is_cut() {
+    let bounds = HttpBounds {
+        header_read_timeout: Duration::from_millis(300),
+        connection_timeout: Duration::from_secs(30),
+        max_connections: 1,
+        // Above the global cap, so the global cap is what refuses here.
+        max_connections_per_peer: 2,
+    };
+    let router = Router::new().route("/", get(|| async { "hello" }));
+    let Serving {
+        addr,
+        events,
+        cancel,
+        serving,
+    } = start(bounds, router).await;
 
     // The first connection sends half a head and holds the only slot.
     let mut slow = TcpStream::connect(addr).await.unwrap();
@@ -117,10 +141,6 @@ async fn the_cap_refuses_extra_sockets_and_a_slow_head_is_cut() {
 /// orchestrator's probes.
 #[tokio::test]
 async fn one_peer_is_capped_and_another_peer_is_still_served() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let events = Arc::new(Recorded::default());
-    let cancel = CancellationToken::new();
     let bounds = HttpBounds {
         header_read_timeout: Duration::from_secs(30),
         connection_timeout: Duration::from_secs(30),
@@ -128,14 +148,12 @@ async fn one_peer_is_capped_and_another_peer_is_still_served() {
         max_connections_per_peer: 2,
     };
     let router = Router::new().route("/healthz", get(|| async { "ok" }));
-    let serving = tokio::spawn(kvrelay_http::serve(
-        listener,
-        router,
-        bounds,
-        "test",
-        events.clone(),
-        cancel.clone(),
-    ));
+    let Serving {
+        addr,
+        events,
+        cancel,
+        serving,
+    } = start(bounds, router).await;
 
     // Two idle connections from 127.0.0.1 take that host's share.
     let mut idle = Vec::new();

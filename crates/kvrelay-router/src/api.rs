@@ -88,6 +88,16 @@ impl ApiError {
         }
     }
 
+    /// `401`: the request did not carry the configured bearer token.
+    pub fn unauthorized() -> Self {
+        Self {
+            status: 401,
+            code: "unauthorized",
+            field: None,
+            message: "missing or wrong bearer token (Authorization: Bearer <token>)".to_owned(),
+        }
+    }
+
     /// `408`: the body did not arrive within `body_timeout_ms`.
     pub fn body_timeout(timeout_ms: u64) -> Self {
         Self {

@@ -34,6 +34,20 @@ pub struct RouterConfig {
     pub consumer: ConsumerSection,
     /// Ranking weights (see `kvrelay_consumer::weights`).
     pub weights: WeightsSection,
+    /// Authentication of the router's own API.
+    pub auth: AuthSection,
+}
+
+/// `[auth]`: an optional bearer token every API request must present
+/// (`Authorization: Bearer <token>`), except `/healthz` and `/readyz`. Off by default: turn
+/// it on whenever the listener is reachable from beyond the hosts that should route.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// File holding the token (trimmed).
+    pub token_file: Option<PathBuf>,
+    /// Environment variable holding the token (used when `token_file` is unset).
+    pub token_env: Option<String>,
 }
 
 impl Default for RouterConfig {
@@ -44,6 +58,7 @@ impl Default for RouterConfig {
             http: HttpSection::default(),
             consumer: ConsumerSection::default(),
             weights: WeightsSection::default(),
+            auth: AuthSection::default(),
         }
     }
 }
@@ -324,6 +339,19 @@ pub enum RouterConfigError {
         #[source]
         source: TokenError,
     },
+    /// The API token (`[auth]`) could not be loaded.
+    #[error("[auth] bearer token: {source}")]
+    ApiToken {
+        /// Why.
+        #[source]
+        source: TokenError,
+    },
+    /// `[auth] token_env` names a variable that is not set.
+    #[error("[auth] token_env {name:?} is not set")]
+    ApiTokenEnvMissing {
+        /// The variable.
+        name: String,
+    },
     /// `token_env` names a variable that is not set.
     #[error("relay {dc:?}: token_env {name:?} is not set")]
     TokenEnvMissing {
@@ -442,6 +470,27 @@ impl RouterConfig {
         config.subscriber_id = "kvrelay-router".to_owned();
         config.validate()?;
         Ok(config)
+    }
+}
+
+impl RouterConfig {
+    /// The API token of `[auth]`, if one is configured (`env` resolves `token_env`). The
+    /// token follows the same rules as relay tokens: trimmed, non-empty, at most 4,096
+    /// bytes, no control characters.
+    pub fn api_token(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<BearerToken>, RouterConfigError> {
+        let token_error = |source| RouterConfigError::ApiToken { source };
+        match (&self.auth.token_file, &self.auth.token_env) {
+            (Some(path), _) => Ok(Some(BearerToken::from_file(path).map_err(token_error)?)),
+            (None, Some(name)) => {
+                let text = env(name)
+                    .ok_or_else(|| RouterConfigError::ApiTokenEnvMissing { name: name.clone() })?;
+                Ok(Some(BearerToken::new(&text).map_err(token_error)?))
+            }
+            (None, None) => Ok(None),
+        }
     }
 }
 

@@ -46,6 +46,7 @@ pub struct RouterMetrics {
     connections: Family<OutcomeLabel, Counter>,
     accept_errors: Family<KindLabel, Counter>,
     scored: Counter,
+    unauthorized: Counter,
 }
 
 /// Latency buckets: 10 µs doubling to ~1.3 s.
@@ -87,14 +88,26 @@ impl RouterMetrics {
             "Route requests scored (a batch counts each of its requests)",
             scored.clone(),
         );
+        let unauthorized = Counter::default();
+        registry.register(
+            "http_unauthorized",
+            "API requests refused for a missing or wrong bearer token ([auth])",
+            unauthorized.clone(),
+        );
         Self {
             registry,
+            unauthorized,
             requests,
             latency,
             connections,
             accept_errors,
             scored,
         }
+    }
+
+    /// Counts one request refused for its bearer token.
+    pub fn unauthorized(&self) {
+        self.unauthorized.inc();
     }
 
     /// Counts one answered request on `route` with `status`, taking `elapsed`.

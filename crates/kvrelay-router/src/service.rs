@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::BodyExt as _;
-use kvrelay_consumer::{Consumer, Ranking, ScoreError};
+use kvrelay_consumer::{BearerToken, Consumer, Ranking, ScoreError};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -40,6 +40,8 @@ pub struct AppState {
     metrics: Arc<RouterMetrics>,
     http: HttpSection,
     permits: Semaphore,
+    /// Required on every path but the probes, when set.
+    token: Option<BearerToken>,
 }
 
 impl AppState {
@@ -53,8 +55,50 @@ impl AppState {
             metrics,
             http,
             permits: Semaphore::new(permits),
+            token: None,
         }
     }
+
+    /// Requires `token` (`Authorization: Bearer <token>`) on every path except `/healthz`
+    /// and `/readyz`.
+    #[must_use]
+    pub fn with_token(mut self, token: Option<BearerToken>) -> Self {
+        self.token = token;
+        self
+    }
+}
+
+/// Paths answered without a token: the orchestrator's probes.
+const OPEN_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
+/// Refuses a request without the configured token (401, counted), before any handler or
+/// body read runs.
+async fn require_token(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(request).await;
+    };
+    if OPEN_PATHS.contains(&request.uri().path()) {
+        return next.run(request).await;
+    }
+    let presented = kvrelay_http::bearer_of(
+        request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    );
+    if kvrelay_http::token_matches(token.secret().as_bytes(), presented) {
+        return next.run(request).await;
+    }
+    state.metrics.unauthorized();
+    let mut response = error_response(&ApiError::unauthorized());
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 /// The router's HTTP routes over `state`.
@@ -68,6 +112,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ))
         .with_state(state)
 }
 
@@ -407,7 +455,8 @@ impl RouterService {
         config: &RouterConfig,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, RouterError> {
-        let consumer_config = config.consumer_config(env)?;
+        let consumer_config = config.consumer_config(&env)?;
+        let token = config.api_token(&env)?;
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -419,19 +468,17 @@ impl RouterService {
             addr: config.listen,
             source,
         })?;
-        if !addr.ip().is_loopback() {
-            warn!(%addr, "the router API has no authentication and listens beyond loopback; keep it behind your network policy");
+        if !addr.ip().is_loopback() && token.is_none() {
+            warn!(%addr, "the router API has no authentication ([auth] token_file/token_env) and listens beyond loopback; keep it behind your network policy");
         }
         let consumer = Arc::new(
             Consumer::start(consumer_config)
                 .map_err(|err| RouterError::Config(RouterConfigError::Consumer(err)))?,
         );
         let metrics = Arc::new(RouterMetrics::new());
-        let state = Arc::new(AppState::new(
-            consumer.clone(),
-            metrics.clone(),
-            config.http,
-        ));
+        let state = Arc::new(
+            AppState::new(consumer.clone(), metrics.clone(), config.http).with_token(token),
+        );
         let cancel = CancellationToken::new();
         let serving = tokio::spawn(kvrelay_http::serve(
             listener,

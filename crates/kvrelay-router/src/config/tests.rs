@@ -182,3 +182,32 @@ fn the_backoff_must_be_positive_and_ordered() {
     let err = config.consumer_config(no_env).unwrap_err();
     assert!(matches!(err, RouterConfigError::Backoff { .. }), "{err}");
 }
+
+#[test]
+fn the_api_token_comes_from_a_file_or_the_environment_and_follows_the_token_rules() {
+    let config = RouterConfig::from_toml("[auth]\ntoken_env = \"ROUTER_TOKEN\"\n").unwrap();
+    let token = config
+        .api_token(|name| (name == "ROUTER_TOKEN").then(|| " s3cret\n".to_owned()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(token.secret(), "s3cret");
+    let err = config.api_token(no_env).unwrap_err();
+    assert!(
+        matches!(err, RouterConfigError::ApiTokenEnvMissing { .. }),
+        "{err}"
+    );
+    let err = config
+        .api_token(|_| Some("bad\u{7}token".to_owned()))
+        .unwrap_err();
+    assert!(err.to_string().contains("[auth]"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("token");
+    std::fs::write(&path, "from-file\n").unwrap();
+    let mut config = RouterConfig::default();
+    config.auth.token_file = Some(path);
+    assert_eq!(
+        config.api_token(no_env).unwrap().unwrap().secret(),
+        "from-file"
+    );
+    assert_eq!(RouterConfig::default().api_token(no_env).unwrap(), None);
+}

@@ -12,7 +12,7 @@
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use futures::StreamExt as _;
-use kvrelay_consumer::{ConsumerConfig, RelayConfig};
+use kvrelay_consumer::{BearerToken, ConsumerConfig, RelayConfig};
 use tower::ServiceExt;
 
 use super::*;
@@ -292,4 +292,62 @@ async fn pools_lists_every_relay_and_metrics_hold_both_registries() {
     assert!(text.contains("kvrelay_consumer_"), "{text}");
     assert_eq!(text.matches("# EOF").count(), 1, "{text}");
     assert!(text.trim_end().ends_with("# EOF"));
+}
+
+/// With `[auth]` set, every path but the probes needs the token: none or a wrong one is
+/// 401 with `WWW-Authenticate: Bearer` (counted) before the body is read; the right one
+/// reaches the handler.
+#[tokio::test]
+async fn the_api_token_guards_every_path_but_the_probes() {
+    let config = ConsumerConfig::new(vec![RelayConfig::new("127.0.0.1:1", "dc-gone")]);
+    let consumer = Arc::new(Consumer::start(config).unwrap());
+    let metrics = Arc::new(RouterMetrics::new());
+    let token = BearerToken::new("s3cret").unwrap();
+    let state = Arc::new(
+        AppState::new(consumer, metrics.clone(), HttpSection::default()).with_token(Some(token)),
+    );
+    let route = |authorization: Option<&str>| {
+        let mut builder = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/route")
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(value) = authorization {
+            builder = builder.header(header::AUTHORIZATION, value);
+        }
+        builder
+            .body(Body::from(r#"{"tokens":[1],"model":"m"}"#))
+            .unwrap()
+    };
+    for refused in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer s3cret "),
+        Some("s3cret"),
+    ] {
+        let (status, headers, body) = call(&state, route(refused)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{refused:?}");
+        assert_eq!(headers.get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+        assert_eq!(body["error"]["code"], "unauthorized");
+    }
+    let (status, _, body) = call(&state, route(Some("Bearer s3cret"))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "relays_unavailable");
+    for path in ["/v1/pools", "/metrics"] {
+        let (status, _, _) = call(&state, get(path)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let (status, _, _) = call(&state, get("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = call(&state, get("/readyz")).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "readiness answers without a token"
+    );
+    let mut exposition = String::new();
+    metrics.encode_without_eof(&mut exposition).unwrap();
+    assert!(
+        exposition.contains("kvrelay_router_http_unauthorized_total 6"),
+        "{exposition}"
+    );
 }

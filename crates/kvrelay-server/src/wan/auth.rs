@@ -42,15 +42,7 @@ impl BearerToken {
 
     /// Whether `presented` equals the token, in time independent of where they differ.
     pub(crate) fn matches(&self, presented: Option<&str>) -> bool {
-        let Some(presented) = presented else {
-            return false;
-        };
-        let presented = presented.as_bytes();
-        let mut diff = u8::from(presented.len() != self.token.len());
-        for (at, expected) in self.token.iter().enumerate() {
-            diff |= expected ^ presented.get(at).copied().unwrap_or(0);
-        }
-        diff == 0
+        kvrelay_http::token_matches(&self.token, presented.map(str::as_bytes))
     }
 }
 
