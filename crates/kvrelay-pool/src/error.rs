@@ -158,6 +158,20 @@ pub enum AttachError {
         /// The configured `max_pools`.
         limit: usize,
     },
+    /// The pool's filter would take the registry past `max_filter_bytes_total`.
+    #[error(
+        "filter memory limit {limit} bytes reached ({in_use} in use); pool {pool} needs {bytes} and is not attached"
+    )]
+    FilterMemoryLimit {
+        /// The pool that asked.
+        pool: PoolId,
+        /// Its filter table's bytes.
+        bytes: u64,
+        /// Bytes held by attached and attaching pools.
+        in_use: u64,
+        /// The configured `max_filter_bytes_total`.
+        limit: u64,
+    },
     /// Layout generations are exhausted (`u64::MAX` attaches).
     #[error("layout generation space exhausted")]
     GenerationsExhausted,
@@ -204,6 +218,7 @@ impl AttachError {
             AttachError::PoolAlreadyOwned { .. } => "pool_already_owned",
             AttachError::EndpointAlreadyAssigned { .. } => "endpoint_already_assigned",
             AttachError::PoolLimit { .. } => "pool_limit",
+            AttachError::FilterMemoryLimit { .. } => "filter_memory_limit",
             AttachError::GenerationsExhausted => "generations_exhausted",
             AttachError::Filter { .. } => "filter",
             AttachError::FilterTask { .. } => "filter_task",

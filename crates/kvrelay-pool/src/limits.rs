@@ -35,6 +35,13 @@ pub const DEFAULT_ENCODING_PERMITS: usize = 2;
 /// refused with `AttachError::PoolLimit`.
 pub const DEFAULT_MAX_POOLS: usize = 1024;
 
+/// Filter table bytes (`bucket_count × 8`, summed over attached and attaching pools) the
+/// registry holds at once: 4 GiB, 32 of the largest filters (2^24 buckets). One more
+/// attach that would pass it is refused with `AttachError::FilterMemoryLimit`. A pool's
+/// resident memory is a small multiple of its table (its publication hub's mirror, pinned
+/// snapshots, the exact ownership index), so budget the process at about three times this.
+pub const DEFAULT_MAX_FILTER_BYTES_TOTAL: u64 = 4 << 30;
+
 /// Every bound of the pool registry, its actors and its hubs.
 ///
 /// Plain data: build it with struct-update syntax from [`Limits::default`].
@@ -65,6 +72,10 @@ pub struct Limits {
     pub codec: kvrelay_codec::Limits,
     /// Pools held at once, attaching ones included ([`DEFAULT_MAX_POOLS`]).
     pub max_pools: usize,
+    /// Filter table bytes held at once, attaching pools included
+    /// ([`DEFAULT_MAX_FILTER_BYTES_TOTAL`]): a count of pools does not bound memory when
+    /// cards may each declare a large cache.
+    pub max_filter_bytes_total: u64,
 }
 
 impl Default for Limits {
@@ -81,6 +92,7 @@ impl Default for Limits {
             stream: StreamLimits::default(),
             codec: kvrelay_codec::Limits::default(),
             max_pools: DEFAULT_MAX_POOLS,
+            max_filter_bytes_total: DEFAULT_MAX_FILTER_BYTES_TOTAL,
         }
     }
 }
@@ -97,6 +109,10 @@ impl Limits {
             ("max_initialized_hubs", self.max_initialized_hubs),
             ("encoding_permits", self.encoding_permits),
             ("max_pools", self.max_pools),
+            (
+                "max_filter_bytes_total",
+                usize::try_from(self.max_filter_bytes_total).unwrap_or(usize::MAX),
+            ),
         ];
         for (field, value) in counts {
             if value == 0 {

@@ -68,6 +68,9 @@ pub const DEFAULT_MAX_REQUEST_LEN: u32 = 64 * 1024;
 pub const DEFAULT_MAX_POOLS: u32 = 1024;
 /// Default concurrent TCP connections from one peer IP address.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 128;
+/// Default filter table bytes the relay holds across pools (the pool crate's own
+/// default, 4 GiB).
+pub const DEFAULT_MAX_FILTER_BYTES_TOTAL: u64 = kvrelay_pool::DEFAULT_MAX_FILTER_BYTES_TOTAL;
 /// Default time a pool actor may hold pending events without finishing a command before
 /// the pool counts as stalled (`/readyz` 503, withheld from the catalog), in ms.
 pub const DEFAULT_POOL_STALL_TIMEOUT_MS: u64 = 10_000;
@@ -125,6 +128,8 @@ pub struct Limits {
     pub max_connections_per_peer: u32,
     /// Pools held at once.
     pub max_pools: u32,
+    /// Filter table bytes held at once across pools ([`DEFAULT_MAX_FILTER_BYTES_TOTAL`]).
+    pub max_filter_bytes_total: u64,
     /// Pending events without progress before a pool counts as stalled
     /// ([`DEFAULT_POOL_STALL_TIMEOUT_MS`]).
     pub pool_stall_timeout_ms: u64,
@@ -157,6 +162,7 @@ impl Default for Limits {
             max_request_len: DEFAULT_MAX_REQUEST_LEN,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_pools: DEFAULT_MAX_POOLS,
+            max_filter_bytes_total: DEFAULT_MAX_FILTER_BYTES_TOTAL,
             pool_stall_timeout_ms: DEFAULT_POOL_STALL_TIMEOUT_MS,
         }
     }
@@ -205,6 +211,7 @@ impl Limits {
                 u64::from(self.max_connections_per_peer),
             ),
             ("max_pools", u64::from(self.max_pools)),
+            ("max_filter_bytes_total", self.max_filter_bytes_total),
         ];
         for (name, value) in counts {
             if value == 0 {
@@ -289,6 +296,7 @@ impl Limits {
         kvrelay_pool::Limits {
             max_initialized_hubs: self.max_initialized_hubs as usize,
             max_pools: self.max_pools as usize,
+            max_filter_bytes_total: self.max_filter_bytes_total,
             publication_window: Duration::from_millis(self.publication_window_ms),
             max_delta_buckets: self.max_delta_buckets,
             stream: kvrelay_pool::StreamLimits {

@@ -110,6 +110,8 @@ struct PoolEntry<A> {
     cancel: CancellationToken,
     state: EntryState,
     load: Option<PoolLoadState>,
+    /// Its filter table's bytes, counted against `max_filter_bytes`.
+    filter_bytes: u64,
 }
 
 impl<A> PoolEntry<A> {
@@ -127,6 +129,7 @@ impl<A> PoolEntry<A> {
 struct Reservation {
     endpoint: EndpointId,
     generation: u64,
+    filter_bytes: u64,
 }
 
 /// The registry's state; see the module docs.
@@ -144,6 +147,8 @@ pub(crate) struct RegistryCore<A, H> {
     outbox: std::collections::VecDeque<Publication>,
     /// Pools (entries plus reservations) held at once.
     max_pools: usize,
+    /// Filter table bytes (entries plus reservations) held at once.
+    max_filter_bytes: u64,
 }
 
 impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
@@ -162,7 +167,23 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             evictions: 0,
             outbox: std::collections::VecDeque::new(),
             max_pools: crate::limits::DEFAULT_MAX_POOLS,
+            max_filter_bytes: crate::limits::DEFAULT_MAX_FILTER_BYTES_TOTAL,
         }
+    }
+
+    /// The same registry holding at most `max_filter_bytes` of filter tables.
+    pub(crate) fn with_max_filter_bytes(self, max_filter_bytes: u64) -> Self {
+        Self {
+            max_filter_bytes,
+            ..self
+        }
+    }
+
+    /// Filter table bytes of every attached and attaching pool.
+    pub(crate) fn filter_bytes_in_use(&self) -> u64 {
+        let attached = self.pools.values().map(|entry| entry.filter_bytes);
+        let attaching = self.reservations.values().map(|r| r.filter_bytes);
+        attached.chain(attaching).fold(0, u64::saturating_add)
     }
 
     /// The same registry holding at most `max_pools` pools (entries plus reservations).
@@ -180,11 +201,13 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         self.outbox.pop_front()
     }
 
-    /// Reserves `pool` for `endpoint` and allocates its layout generation.
+    /// Reserves `pool` for `endpoint`, with a filter table of `filter_bytes`, and
+    /// allocates its layout generation.
     pub(crate) fn reserve(
         &mut self,
         pool: PoolId,
         endpoint: &EndpointId,
+        filter_bytes: u64,
     ) -> Result<Reserved, AttachError> {
         if !self.accepting {
             return Err(AttachError::ShuttingDown);
@@ -209,6 +232,15 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
                 limit: self.max_pools,
             });
         }
+        let in_use = self.filter_bytes_in_use();
+        if in_use.saturating_add(filter_bytes) > self.max_filter_bytes {
+            return Err(AttachError::FilterMemoryLimit {
+                pool,
+                bytes: filter_bytes,
+                in_use,
+                limit: self.max_filter_bytes,
+            });
+        }
         let generation = self.next_generation;
         self.next_generation = generation
             .checked_add(1)
@@ -218,6 +250,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             Reservation {
                 endpoint: endpoint.clone(),
                 generation,
+                filter_bytes,
             },
         );
         Ok(Reserved { pool, generation })
@@ -252,7 +285,10 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
                 generation: reserved.generation,
             });
         }
-        self.reservations.remove(&reserved.pool);
+        let filter_bytes = self
+            .reservations
+            .remove(&reserved.pool)
+            .map_or(0, |reservation| reservation.filter_bytes);
         let entry = PoolEntry {
             endpoint: commit.endpoint,
             actor: commit.actor,
@@ -264,6 +300,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             cancel: commit.cancel,
             state: EntryState::Active,
             load: commit.load,
+            filter_bytes,
         };
         let descriptor = entry.descriptor();
         self.pools.insert(reserved.pool, entry);

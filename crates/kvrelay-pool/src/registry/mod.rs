@@ -200,7 +200,8 @@ impl PoolRegistry {
         let inner = Arc::new(RegistryInner {
             core: Mutex::new(
                 RegistryCore::new(config.relay, limits.max_initialized_hubs)
-                    .with_max_pools(limits.max_pools),
+                    .with_max_pools(limits.max_pools)
+                    .with_max_filter_bytes(limits.max_filter_bytes_total),
             ),
             catalog: watch::Sender::new(PoolCatalog::new(config.relay)),
             load: watch::Sender::new(Vec::new()),
@@ -273,11 +274,19 @@ impl PoolRegistry {
                 PoolLoadState::default()
             })
         });
-        let reserved = self
-            .inner
-            .core
-            .lock()
-            .reserve(request.pool, &request.endpoint)?;
+        // The table's size is known before anything is allocated: refuse a pool that would
+        // pass the memory budget here, not after building it.
+        let filter_bytes = kvrelay_ckf::format::bucket_count_for(request.expected_unique_blocks)
+            .map_err(|error| AttachError::Filter {
+                pool: request.pool,
+                error,
+            })?
+            .saturating_mul(8);
+        let reserved =
+            self.inner
+                .core
+                .lock()
+                .reserve(request.pool, &request.endpoint, filter_bytes)?;
         let mut guard = ReservationGuard {
             inner: &self.inner,
             reserved,

@@ -37,7 +37,7 @@ fn endpoint(name: &str) -> EndpointId {
 
 fn attach(core: &mut Core, seed: u8) -> ProducerIdentity {
     let reserved = core
-        .reserve(pool(seed), &endpoint(&seed.to_string()))
+        .reserve(pool(seed), &endpoint(&seed.to_string()), 0)
         .unwrap();
     let identity = ProducerIdentity::new(
         pool(seed),
@@ -80,22 +80,22 @@ fn step(core: &mut Core, admission: &Admission<()>, attempted: bool) -> &'static
 #[test]
 fn layout_generations_start_at_one_and_never_repeat() {
     let mut core = Core::new(DcRelayIdentity::new(1, 2), 4);
-    let first = core.reserve(pool(1), &endpoint("a")).unwrap();
+    let first = core.reserve(pool(1), &endpoint("a"), 0).unwrap();
     core.rollback(first);
-    let second = core.reserve(pool(1), &endpoint("a")).unwrap();
+    let second = core.reserve(pool(1), &endpoint("a"), 0).unwrap();
     assert_eq!((first.generation, second.generation), (1, 2));
 }
 
 #[test]
 fn a_reservation_blocks_its_pool_and_its_endpoint() {
     let mut core = Core::new(DcRelayIdentity::new(1, 2), 4);
-    core.reserve(pool(1), &endpoint("a")).unwrap();
+    core.reserve(pool(1), &endpoint("a"), 0).unwrap();
     assert!(matches!(
-        core.reserve(pool(1), &endpoint("b")),
+        core.reserve(pool(1), &endpoint("b"), 0),
         Err(AttachError::PoolAlreadyOwned { .. })
     ));
     assert!(matches!(
-        core.reserve(pool(2), &endpoint("a")),
+        core.reserve(pool(2), &endpoint("a"), 0),
         Err(AttachError::EndpointAlreadyAssigned { .. })
     ));
 }
@@ -222,12 +222,37 @@ fn a_failed_start_fences_only_an_active_generation() {
 #[test]
 fn attaches_past_the_pool_limit_are_refused_until_one_is_removed() {
     let mut core = Core::new(DcRelayIdentity::new(1, 2), 4).with_max_pools(2);
-    let first = core.reserve(pool(1), &endpoint("a")).unwrap();
-    core.reserve(pool(2), &endpoint("b")).unwrap();
+    let first = core.reserve(pool(1), &endpoint("a"), 0).unwrap();
+    core.reserve(pool(2), &endpoint("b"), 0).unwrap();
     assert!(matches!(
-        core.reserve(pool(3), &endpoint("c")),
+        core.reserve(pool(3), &endpoint("c"), 0),
         Err(AttachError::PoolLimit { limit: 2, .. })
     ));
     core.rollback(first);
-    assert!(core.reserve(pool(3), &endpoint("c")).is_ok());
+    assert!(core.reserve(pool(3), &endpoint("c"), 0).is_ok());
+}
+
+#[test]
+fn filter_memory_is_budgeted_across_attached_and_attaching_pools() {
+    let mut core = Core::new(DcRelayIdentity::new(1, 2), 4).with_max_filter_bytes(1000);
+    let first = core.reserve(pool(1), &endpoint("a"), 600).unwrap();
+    assert_eq!(core.filter_bytes_in_use(), 600);
+    // A reservation counts before its filter exists.
+    assert!(matches!(
+        core.reserve(pool(2), &endpoint("b"), 500),
+        Err(AttachError::FilterMemoryLimit {
+            bytes: 500,
+            in_use: 600,
+            limit: 1000,
+            ..
+        })
+    ));
+    assert_eq!(core.reservation_count(), 1, "a refusal reserves nothing");
+    core.reserve(pool(3), &endpoint("c"), 400).unwrap();
+    assert_eq!(core.filter_bytes_in_use(), 1000);
+    // Releasing a reservation returns its bytes.
+    core.rollback(first);
+    assert_eq!(core.filter_bytes_in_use(), 400);
+    core.reserve(pool(2), &endpoint("b"), 500).unwrap();
+    assert_eq!(core.filter_bytes_in_use(), 900);
 }
