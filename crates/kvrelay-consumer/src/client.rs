@@ -70,6 +70,12 @@ struct Shared {
     last_errors: Mutex<Vec<Option<String>>>,
     /// Bumped after every state change, so waiters re-check their condition.
     changed: watch::Sender<u64>,
+    /// Per relay: open pool streams allowed ([`crate::Limits::max_pool_streams_per_relay`]);
+    /// each pool stream is a connection, so a relay advertising thousands of pools cannot
+    /// take every descriptor of the process.
+    pool_streams: Vec<Arc<tokio::sync::Semaphore>>,
+    /// Per relay: whether waiting for a pool stream slot was logged this process.
+    pool_streams_warned: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl Shared {
@@ -96,7 +102,23 @@ impl Consumer {
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         let (changed, _) = watch::channel(0);
+        let n_relays = config.relays.len();
+        let pool_streams = (0..n_relays)
+            .map(|_| {
+                Arc::new(tokio::sync::Semaphore::new(
+                    config
+                        .limits
+                        .max_pool_streams_per_relay
+                        .min(tokio::sync::Semaphore::MAX_PERMITS),
+                ))
+            })
+            .collect();
+        let pool_streams_warned = (0..n_relays)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect();
         let shared = Arc::new(Shared {
+            pool_streams,
+            pool_streams_warned,
             config,
             last_errors: Mutex::new(vec![None; endpoints.len()]),
             endpoints,
@@ -678,6 +700,24 @@ async fn subscription_frames(
     let rpc = StreamRpc::SubscribePool {
         expected_producer: producer,
         resume_from_sequence,
+    };
+    // One slot of the relay's pool streams, held while the stream is open.
+    let slots = Arc::clone(&shared.pool_streams[relay]);
+    let _slot = match slots.clone().try_acquire_owned() {
+        Ok(slot) => slot,
+        Err(_) => {
+            if !shared.pool_streams_warned[relay].swap(true, std::sync::atomic::Ordering::Relaxed) {
+                warn!(dc = %dc, limit = shared.config.limits.max_pool_streams_per_relay, "relay advertises more pools than max_pool_streams_per_relay; the rest wait for a free stream (logged once)");
+            }
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return None,
+                slot = slots.acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => return None,
+                },
+            }
+        }
     };
     let stream = tokio::select! {
         biased;

@@ -115,6 +115,10 @@ pub struct Limits {
     pub max_frame_len: u32,
     /// Catalog entries accepted per relay; a larger catalog fails that relay's epoch.
     pub max_pools_per_relay: usize,
+    /// Pool streams open at once to one relay (each is a TCP connection); pools past it
+    /// wait (not current) until a stream ends. Keep `relays × this` well under the
+    /// process's descriptor limit. Must be > 0.
+    pub max_pool_streams_per_relay: usize,
     /// Replica memory one relay's catalog may claim, bytes: the sum over that relay's
     /// admitted entries of `bucket_count × 8` (one 64-bit word per bucket). An entry that
     /// would take its relay past this is quarantined instead of admitted (entries kept
@@ -144,6 +148,9 @@ impl Limits {
     pub const DEFAULT_MAX_FRAME_LEN: u32 = 8 << 20;
     /// Default [`Limits::max_pools_per_relay`].
     pub const DEFAULT_MAX_POOLS_PER_RELAY: usize = 4096;
+    /// Default [`Limits::max_pool_streams_per_relay`]: 256 (four relays fit a
+    /// 1,024-descriptor limit with room for the API).
+    pub const DEFAULT_MAX_POOL_STREAMS_PER_RELAY: usize = 256;
     /// Default [`Limits::max_replica_bytes_per_relay`]: 4 GiB (32 pools of the largest
     /// filter, 2^24 buckets, or 4,096 pools of 2^17 buckets).
     pub const DEFAULT_MAX_REPLICA_BYTES_PER_RELAY: u64 = 4 << 30;
@@ -183,6 +190,7 @@ impl Default for Limits {
             max_frame_len: Self::DEFAULT_MAX_FRAME_LEN,
             max_pools_per_relay: Self::DEFAULT_MAX_POOLS_PER_RELAY,
             max_replica_bytes_per_relay: Self::DEFAULT_MAX_REPLICA_BYTES_PER_RELAY,
+            max_pool_streams_per_relay: Self::DEFAULT_MAX_POOL_STREAMS_PER_RELAY,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             staleness_bound: Self::DEFAULT_STALENESS_BOUND,
             catalog_staleness_bound: Self::DEFAULT_CATALOG_STALENESS_BOUND,
@@ -244,6 +252,9 @@ impl ConsumerConfig {
             return Err(ConfigError::ZeroReplicaBudget);
         }
         self.limits.validate_durations()?;
+        if self.limits.max_pool_streams_per_relay == 0 {
+            return Err(ConfigError::ZeroPoolStreams);
+        }
         // The stream suffix ("/catalog", "/pool") must still fit the 128-byte id limit.
         if self.subscriber_id.is_empty()
             || self.subscriber_id.len() > 112
@@ -261,6 +272,9 @@ impl ConsumerConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// `max_pool_streams_per_relay` is zero (no pool could ever be followed).
+    #[error("consumer limit max_pool_streams_per_relay must be greater than zero")]
+    ZeroPoolStreams,
     /// A timeout is zero.
     #[error("consumer limit {field} must be greater than zero")]
     ZeroDuration {

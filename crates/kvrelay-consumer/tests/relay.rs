@@ -642,3 +642,77 @@ async fn a_silent_catalog_fails_the_epoch_even_while_load_windows_flow() {
     consumer.shutdown().await;
     relay.stop().await;
 }
+
+/// A snapshot whose first chunk arrives again and again never completes, though frames
+/// keep flowing (so the staleness bound never fires): the assembly deadline abandons it
+/// and resubscribes (counted as `stale`), and the next subscription converges.
+#[tokio::test]
+async fn a_snapshot_that_never_completes_is_abandoned_at_the_assembly_deadline() {
+    // Two million expected blocks size the filter at 2^20 buckets: a two-chunk snapshot.
+    let mut spec = PoolSpec::aggregated("big", "llama");
+    spec.expected_blocks = 2_000_000;
+    let relay = FakeRelay::start("dc-a", 12, vec![spec]).await;
+    relay.store(0, 1, &tokens(17, 32), HashSalt::default());
+    relay.arm(Faults {
+        repeat_first_chunk: true,
+        ..Faults::default()
+    });
+    let mut config = config(&[&relay]);
+    config.limits.snapshot_assembly_timeout = Duration::from_millis(500);
+    let consumer = Consumer::start(config).unwrap();
+    assert!(
+        consumer
+            .wait_for_metrics(WAIT, |m| m.resubscribes_for(ResubscribeReason::Stale) >= 1)
+            .await,
+        "the endless snapshot was abandoned"
+    );
+    assert!(consumer.wait_until(WAIT, converged(&relay, 1)).await);
+    assert!(relay.subscriptions_opened() >= 2);
+    consumer.shutdown().await;
+    relay.stop().await;
+}
+
+/// A relay advertising more pools than `max_pool_streams_per_relay` gets at most that many
+/// streams (connections) at once; the rest wait, so a relay with thousands of pools cannot
+/// take every descriptor of the process (until issue 33's multiplexed relay link).
+#[tokio::test]
+async fn pool_streams_per_relay_are_bounded() {
+    let specs: Vec<PoolSpec> = ["p0", "p1", "p2", "p3", "p4", "p5"]
+        .into_iter()
+        .map(|name| PoolSpec::aggregated(name, "llama"))
+        .collect();
+    let relay = FakeRelay::start("dc-a", 32, specs).await;
+    let mut config = config(&[&relay]);
+    config.limits.max_pool_streams_per_relay = 2;
+    let consumer = Consumer::start(config).unwrap();
+    assert!(
+        consumer
+            .wait_until(WAIT, |state, now| {
+                state
+                    .pools(now)
+                    .iter()
+                    .filter(|pool| pool.replica == ReplicaStatus::Current)
+                    .count()
+                    == 2
+            })
+            .await,
+        "two pools are followed"
+    );
+    assert_eq!(
+        relay.pool_streams_peak(),
+        2,
+        "never more than the bound at once"
+    );
+    let current = consumer
+        .pools()
+        .iter()
+        .filter(|p| p.replica == ReplicaStatus::Current)
+        .count();
+    assert_eq!(current, 2, "the others wait for a free stream");
+    consumer.shutdown().await;
+    relay.stop().await;
+
+    let mut zero = ConsumerConfig::new(vec!["127.0.0.1:1=dc-z".parse().unwrap()]);
+    zero.limits.max_pool_streams_per_relay = 0;
+    assert!(Consumer::start(zero).is_err());
+}

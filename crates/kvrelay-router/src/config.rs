@@ -211,6 +211,8 @@ pub struct ConsumerSection {
     pub resume_hold_ms: u64,
     /// Longest time a snapshot may take to assemble, ms.
     pub snapshot_assembly_timeout_ms: u64,
+    /// Pool streams (connections) open at once to one relay.
+    pub max_pool_streams_per_relay: usize,
     /// Replica memory one relay's catalog may claim, bytes (entries over it are
     /// quarantined). Lower it to bound what a hostile or misconfigured relay can make
     /// this process allocate.
@@ -232,6 +234,7 @@ impl Default for ConsumerSection {
             catalog_staleness_bound_ms: millis(limits.catalog_staleness_bound),
             resume_hold_ms: millis(limits.resume_hold),
             snapshot_assembly_timeout_ms: millis(limits.snapshot_assembly_timeout),
+            max_pool_streams_per_relay: limits.max_pool_streams_per_relay,
             max_replica_bytes_per_relay: limits.max_replica_bytes_per_relay,
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
@@ -259,6 +262,7 @@ impl ConsumerSection {
         limits.resume_hold = Duration::from_millis(self.resume_hold_ms);
         limits.snapshot_assembly_timeout = Duration::from_millis(self.snapshot_assembly_timeout_ms);
         limits.max_replica_bytes_per_relay = self.max_replica_bytes_per_relay;
+        limits.max_pool_streams_per_relay = self.max_pool_streams_per_relay;
         limits
     }
 }

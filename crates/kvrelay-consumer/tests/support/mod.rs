@@ -138,6 +138,9 @@ pub(crate) struct Faults {
     pub(crate) drop_next_delta: bool,
     /// Corrupt one payload byte of the next delta frame of every current subscriber.
     pub(crate) corrupt_next_delta: bool,
+    /// The next pool subscription sends its first snapshot chunk again and again (every
+    /// 50 ms) and never the rest: a snapshot that never completes though frames flow.
+    pub(crate) repeat_first_chunk: bool,
 }
 
 struct Core {
@@ -158,6 +161,9 @@ struct Core {
     window_sequence: u64,
     subscriptions_opened: u64,
     load_streams_opened: u64,
+    /// Pool streams open now, and the most ever open at once.
+    pool_streams_open: u64,
+    pool_streams_peak: u64,
 }
 
 /// The fake relay: a loopback listener and its state.
@@ -357,6 +363,8 @@ impl FakeRelay {
             window_sequence: 0,
             subscriptions_opened: 0,
             load_streams_opened: 0,
+            pool_streams_open: 0,
+            pool_streams_peak: 0,
         };
         core.publish_catalog();
         let core = Arc::new(Mutex::new(core));
@@ -597,6 +605,29 @@ impl FakeRelay {
     pub(crate) fn subscriptions_opened(&self) -> u64 {
         self.core.lock().subscriptions_opened
     }
+
+    /// The most pool streams ever open at once.
+    pub(crate) fn pool_streams_peak(&self) -> u64 {
+        self.core.lock().pool_streams_peak
+    }
+}
+
+/// Counts one open pool stream while it lives.
+struct OpenPoolStream(Arc<Mutex<Core>>);
+
+impl OpenPoolStream {
+    fn new(core: &Arc<Mutex<Core>>) -> Self {
+        let mut guard = core.lock();
+        guard.pool_streams_open += 1;
+        guard.pool_streams_peak = guard.pool_streams_peak.max(guard.pool_streams_open);
+        Self(Arc::clone(core))
+    }
+}
+
+impl Drop for OpenPoolStream {
+    fn drop(&mut self) {
+        self.0.lock().pool_streams_open -= 1;
+    }
 }
 
 async fn accept_loop(
@@ -721,6 +752,7 @@ async fn serve_pool(
     expected: ProducerIdentity,
     resume_from: Option<u64>,
 ) {
+    let _open = OpenPoolStream::new(&core);
     let subscribed = subscribe(&core, expected, resume_from);
     let (pool, id, faults, mut wake) = match subscribed {
         Ok(subscribed) => subscribed,
@@ -744,6 +776,16 @@ async fn serve_pool(
             Step::Write(frame) => {
                 if socket.write_all(&frame).await.is_err() {
                     return;
+                }
+                if faults.repeat_first_chunk && chunks_sent == 1 {
+                    // Until the consumer gives up and closes.
+                    let mut again = tokio::time::interval(Duration::from_millis(50));
+                    loop {
+                        again.tick().await;
+                        if socket.write_all(&frame).await.is_err() {
+                            return;
+                        }
+                    }
                 }
             }
             Step::Finish(frame) => {
@@ -821,6 +863,7 @@ fn subscribe(
     let faults = guard.faults;
     guard.faults.cut_after_chunks = None;
     guard.faults.lag_next_subscriber = false;
+    guard.faults.repeat_first_chunk = false;
     let fake = &mut guard.pools[pool];
     let (id, _start) = fake
         .publisher
