@@ -19,7 +19,14 @@
 //!   source and starts over as for a first batch (replaying the new incarnation from 0
 //!   when the batch is not sequence 0);
 //! - a replay that skips sequences, fails, or overflows the live buffer cannot close the
-//!   gap: the source **resets** and continues from the first batch it still has.
+//!   gap: the source **resets** and continues from the first batch it still has;
+//! - after a replay, the replay socket may have been ahead of the live one: live copies of
+//!   batches the replay already delivered can still arrive. Until the live stream reaches
+//!   the next new sequence, such a **late copy** (a sequence the replay delivered, above 0,
+//!   each later than the previous late copy, at most `max_buffered` behind) is dropped and
+//!   reported, not taken for a publisher restart (which would clear the source and replay
+//!   its whole history again). A restarted publisher starts again at 0, which is never a
+//!   late copy.
 //!
 //! A reset tells the owner to clear everything the source reported before it. Replies of
 //! an abandoned replay are ignored by epoch.
@@ -115,6 +122,11 @@ pub enum SequenceAction<P> {
     },
     /// Clear everything this source reported; then apply what follows.
     Reset(ResetReason),
+    /// A live copy of a batch a replay already delivered arrived late and was dropped.
+    LateCopy {
+        /// Its sequence.
+        seq: u64,
+    },
 }
 
 /// Bounds of the tracker.
@@ -130,14 +142,40 @@ pub struct SequenceConfig {
 enum State<P> {
     /// Nothing seen yet.
     Fresh,
-    /// In order; `next` is the sequence expected.
-    Live { next: u64 },
-    /// A replay runs; `next` is the next sequence the replay must deliver.
+    /// In order; `next` is the sequence expected; `late` while live copies of what a
+    /// replay delivered may still arrive.
+    Live { next: u64, late: Option<LateCopies> },
+    /// A replay runs; `next` is the next sequence the replay must deliver; `delivered`
+    /// the first sequence it delivered, once it has.
     Replaying {
         next: u64,
         epoch: u64,
         buffered: VecDeque<(u64, P)>,
+        delivered: Option<u64>,
     },
+}
+
+/// The sequences a late live copy may carry after a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LateCopies {
+    /// The lowest one (at least 1: a publisher restart starts at 0).
+    floor: u64,
+    /// The last late copy seen: they arrive in order.
+    last: Option<u64>,
+}
+
+impl LateCopies {
+    /// The window after a replay that delivered `delivered..next`, `max_behind` deep.
+    fn after_replay(delivered: Option<u64>, next: u64, max_behind: usize) -> Option<Self> {
+        let delivered = delivered?;
+        let behind = u64::try_from(max_behind).unwrap_or(u64::MAX);
+        let floor = delivered.max(next.saturating_sub(behind)).max(1);
+        (floor < next).then_some(Self { floor, last: None })
+    }
+
+    fn admits(&self, seq: u64, next: u64) -> bool {
+        seq >= self.floor && seq < next && self.last.is_none_or(|last| seq > last)
+    }
 }
 
 /// The sequence state machine of one ZMQ publisher; `P` is the payload type.
@@ -174,7 +212,7 @@ impl<P> SequenceTracker<P> {
     pub fn next_seq(&self) -> Option<u64> {
         match self.state {
             State::Fresh => None,
-            State::Live { next } | State::Replaying { next, .. } => Some(next),
+            State::Live { next, .. } | State::Replaying { next, .. } => Some(next),
         }
     }
 
@@ -184,8 +222,8 @@ impl<P> SequenceTracker<P> {
         self.state = match state {
             State::Fresh if seq == 0 || !self.config.replay_available => self.apply(seq, payload),
             State::Fresh => self.start_replay(0, seq, payload),
-            State::Live { next } if seq == next => self.apply(seq, payload),
-            State::Live { next } if seq > next => {
+            State::Live { next, .. } if seq == next => self.apply(seq, payload),
+            State::Live { next, .. } if seq > next => {
                 self.actions.push_back(SequenceAction::Gap {
                     expected: next,
                     got: seq,
@@ -200,7 +238,18 @@ impl<P> SequenceTracker<P> {
                     self.apply(seq, payload)
                 }
             }
-            State::Live { next } => {
+            State::Live {
+                next,
+                late: Some(mut late),
+            } if late.admits(seq, next) => {
+                late.last = Some(seq);
+                self.actions.push_back(SequenceAction::LateCopy { seq });
+                State::Live {
+                    next,
+                    late: Some(late),
+                }
+            }
+            State::Live { next, .. } => {
                 self.reset(ResetReason::SequenceWentBack {
                     expected: next,
                     got: seq,
@@ -211,6 +260,7 @@ impl<P> SequenceTracker<P> {
                 next,
                 epoch,
                 mut buffered,
+                delivered,
             } => {
                 let last = buffered.back().map(|(s, _)| *s);
                 if last.is_some_and(|last| seq <= last) {
@@ -235,6 +285,7 @@ impl<P> SequenceTracker<P> {
                         next,
                         epoch,
                         buffered,
+                        delivered,
                     }
                 }
             }
@@ -247,6 +298,7 @@ impl<P> SequenceTracker<P> {
             next,
             epoch: current,
             buffered,
+            delivered,
         } = &mut self.state
         else {
             return;
@@ -266,6 +318,7 @@ impl<P> SequenceTracker<P> {
             buffered.pop_front();
         }
         *next = seq + 1;
+        delivered.get_or_insert(seq);
         self.actions
             .push_back(SequenceAction::Apply { seq, payload });
     }
@@ -278,7 +331,7 @@ impl<P> SequenceTracker<P> {
         if !self.config.replay_available {
             return false;
         }
-        let State::Live { next } = self.state else {
+        let State::Live { next, .. } = self.state else {
             return false;
         };
         self.epoch += 1;
@@ -290,6 +343,7 @@ impl<P> SequenceTracker<P> {
             next,
             epoch: self.epoch,
             buffered: VecDeque::new(),
+            delivered: None,
         };
         true
     }
@@ -312,6 +366,7 @@ impl<P> SequenceTracker<P> {
             next: 0,
             epoch: self.epoch,
             buffered: VecDeque::new(),
+            delivered: None,
         };
         true
     }
@@ -323,11 +378,15 @@ impl<P> SequenceTracker<P> {
         }
         let state = std::mem::replace(&mut self.state, State::Fresh);
         let State::Replaying {
-            mut next, buffered, ..
+            mut next,
+            buffered,
+            delivered,
+            ..
         } = state
         else {
             return;
         };
+        let mut delivered = delivered;
         for (seq, payload) in buffered {
             if seq < next {
                 continue;
@@ -340,9 +399,11 @@ impl<P> SequenceTracker<P> {
             }
             self.actions
                 .push_back(SequenceAction::Apply { seq, payload });
+            delivered.get_or_insert(seq);
             next = seq + 1;
         }
-        self.state = State::Live { next };
+        let late = LateCopies::after_replay(delivered, next, self.config.max_buffered);
+        self.state = State::Live { next, late };
     }
 
     /// Replay `epoch` failed or timed out: reset and continue from the buffered batches.
@@ -361,7 +422,7 @@ impl<P> SequenceTracker<P> {
                 .push_back(SequenceAction::Apply { seq, payload });
             next = seq + 1;
         }
-        self.state = State::Live { next };
+        self.state = State::Live { next, late: None };
     }
 
     /// After a restart: recover the new incarnation from its start when possible.
@@ -385,6 +446,7 @@ impl<P> SequenceTracker<P> {
             next: from_seq,
             epoch: self.epoch,
             buffered,
+            delivered: None,
         }
     }
 
@@ -393,6 +455,7 @@ impl<P> SequenceTracker<P> {
             .push_back(SequenceAction::Apply { seq, payload });
         State::Live {
             next: seq.wrapping_add(1),
+            late: None,
         }
     }
 
@@ -692,5 +755,124 @@ mod tests {
             "a source with batches probes its tail instead"
         );
         assert_eq!(drain(&mut live), vec![]);
+    }
+
+    /// The race seen in a relay restart: the replay socket delivered the newest batch
+    /// before the live socket did; the late live copies are dropped, not taken for a
+    /// publisher restart, and the stream goes on.
+    #[test]
+    fn late_live_copies_after_a_replay_are_dropped_not_a_restart() {
+        let mut t = tracker(true);
+        // Joining a running engine: the first live batch is 5, so replay from 0.
+        t.handle_live(5, "f");
+        let epoch = match drain(&mut t).as_slice() {
+            [SequenceAction::RequestReplay { from_seq: 0, epoch }] => *epoch,
+            other => panic!("{other:?}"),
+        };
+        for (seq, payload) in [
+            (0, "a"),
+            (1, "b"),
+            (2, "c"),
+            (3, "d"),
+            (4, "e"),
+            (5, "f"),
+            (6, "g"),
+        ] {
+            t.handle_replay(epoch, seq, payload);
+        }
+        t.handle_replay_end(epoch);
+        drain(&mut t);
+        // Live copies of 5 and 6 arrive after the replay delivered them.
+        t.handle_live(5, "f");
+        t.handle_live(6, "g");
+        t.handle_live(7, "h");
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                SequenceAction::LateCopy { seq: 5 },
+                SequenceAction::LateCopy { seq: 6 },
+                apply(7, "h")
+            ]
+        );
+        // Once the live stream has caught up, going back is a restart again.
+        t.handle_live(6, "g");
+        assert!(matches!(
+            drain(&mut t).first(),
+            Some(SequenceAction::Reset(ResetReason::SequenceWentBack { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_restart_at_zero_right_after_a_replay_is_still_a_restart() {
+        let mut t = tracker(true);
+        t.handle_live(3, "d");
+        let epoch = match drain(&mut t).as_slice() {
+            [SequenceAction::RequestReplay { from_seq: 0, epoch }] => *epoch,
+            other => panic!("{other:?}"),
+        };
+        for (seq, payload) in [(0, "a"), (1, "b"), (2, "c"), (3, "d")] {
+            t.handle_replay(epoch, seq, payload);
+        }
+        t.handle_replay_end(epoch);
+        drain(&mut t);
+        t.handle_live(0, "new");
+        assert_eq!(
+            drain(&mut t),
+            vec![
+                SequenceAction::Reset(ResetReason::SequenceWentBack {
+                    expected: 4,
+                    got: 0
+                }),
+                apply(0, "new")
+            ]
+        );
+    }
+
+    #[test]
+    fn late_copies_must_increase_and_stay_within_what_the_replay_delivered() {
+        let mut t = tracker(true);
+        t.handle_live(0, "a");
+        t.handle_live(1, "b");
+        t.handle_live(4, "e");
+        let epoch = drain(&mut t)
+            .into_iter()
+            .find_map(|action| match action {
+                SequenceAction::RequestReplay { epoch, .. } => Some(epoch),
+                _ => None,
+            })
+            .unwrap();
+        t.handle_replay(epoch, 2, "c");
+        t.handle_replay(epoch, 3, "d");
+        t.handle_replay_end(epoch);
+        drain(&mut t);
+        // 1 was applied live, not by the replay: a batch going back there is a restart.
+        t.handle_live(1, "b");
+        assert!(matches!(
+            drain(&mut t).first(),
+            Some(SequenceAction::Reset(ResetReason::SequenceWentBack { .. }))
+        ));
+        let mut t = tracker(true);
+        t.handle_live(2, "c");
+        let epoch = drain(&mut t)
+            .into_iter()
+            .find_map(|action| match action {
+                SequenceAction::RequestReplay { epoch, .. } => Some(epoch),
+                _ => None,
+            })
+            .unwrap();
+        for (seq, payload) in [(0, "a"), (1, "b"), (2, "c"), (3, "d")] {
+            t.handle_replay(epoch, seq, payload);
+        }
+        t.handle_replay_end(epoch);
+        drain(&mut t);
+        t.handle_live(3, "d");
+        // A copy that goes back relative to the last late copy is not one.
+        t.handle_live(2, "c");
+        let actions = drain(&mut t);
+        assert_eq!(actions[0], SequenceAction::LateCopy { seq: 3 });
+        assert!(matches!(
+            actions[1],
+            SequenceAction::Reset(ResetReason::SequenceWentBack { .. })
+        ));
     }
 }

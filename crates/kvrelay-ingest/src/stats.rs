@@ -62,6 +62,9 @@ pub struct SourceStats {
     pub n_filtered: u64,
     /// Sequence gaps detected.
     pub n_gaps: u64,
+    /// Live copies of batches a replay had already delivered, dropped (the replay socket
+    /// was ahead of the live one; not a publisher restart).
+    pub n_late_copies: u64,
     /// Replays requested (gap, late join and tail probes).
     pub n_replays: u64,
     /// Source resets (the source's state was cleared).
@@ -112,6 +115,7 @@ pub(crate) struct Counters {
     events: AtomicU64,
     filtered: AtomicU64,
     gaps: AtomicU64,
+    late_copies: AtomicU64,
     replays: AtomicU64,
     resets: AtomicU64,
     restarts: AtomicU64,
@@ -150,6 +154,10 @@ impl Counters {
 
     pub(crate) fn gap(&self) {
         bump(&self.gaps, 1);
+    }
+
+    pub(crate) fn late_copy(&self) {
+        bump(&self.late_copies, 1);
     }
 
     pub(crate) fn replay(&self) {
@@ -212,6 +220,7 @@ impl Counters {
             n_events: load(&self.events),
             n_filtered: load(&self.filtered),
             n_gaps: load(&self.gaps),
+            n_late_copies: load(&self.late_copies),
             n_replays: load(&self.replays),
             n_resets: load(&self.resets),
             n_restarts: load(&self.restarts),

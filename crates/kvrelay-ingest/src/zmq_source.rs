@@ -393,6 +393,11 @@ impl Driver {
                 true
             }
             SequenceAction::Reset(reason) => self.reset(reason).await,
+            SequenceAction::LateCopy { seq } => {
+                self.counters.late_copy();
+                tracing::debug!(seq, "zmq late live copy of a replayed batch dropped");
+                true
+            }
         }
     }
 

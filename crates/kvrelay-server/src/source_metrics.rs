@@ -42,6 +42,7 @@ struct Totals {
     restarts: u64,
     disconnects: u64,
     unverified_tails: u64,
+    late_copies: u64,
 }
 
 impl Totals {
@@ -58,6 +59,7 @@ impl Totals {
         self.restarts += stats.n_restarts;
         self.disconnects += stats.n_disconnects;
         self.unverified_tails += stats.n_unverified_tails;
+        self.late_copies += stats.n_late_copies;
     }
 }
 
@@ -81,6 +83,7 @@ impl Totals {
             .collect();
         serde_json::json!({
             "unverified_tails": self.unverified_tails,
+            "late_copies": self.late_copies,
             "disconnects": self.disconnects,
             "restarts": self.restarts,
             "replays": replays,
@@ -118,6 +121,7 @@ pub(crate) struct SourceMetrics {
     restarts: Counter,
     disconnects: Counter,
     unverified_tails: Counter,
+    late_copies: Counter,
 }
 
 /// Keeps a source in [`SourceMetrics`]; dropping it retires the source (its final counts
@@ -157,6 +161,7 @@ impl SourceMetrics {
             restarts: Counter::default(),
             disconnects: Counter::default(),
             unverified_tails: Counter::default(),
+            late_copies: Counter::default(),
         };
         registry.register(
             "ingest_rejected",
@@ -187,6 +192,11 @@ impl SourceMetrics {
             "ingest_unverified_tails",
             "Publisher disconnects after batches with no replay endpoint to check for a lost tail",
             metrics.unverified_tails.clone(),
+        );
+        registry.register(
+            "ingest_late_copies",
+            "Live copies of batches a replay had already delivered, dropped (not a publisher restart)",
+            metrics.late_copies.clone(),
         );
         // Every label of the closed sets is exported from the start, at zero.
         for state in SourceState::ALL {
@@ -290,6 +300,7 @@ impl SourceMetrics {
             totals.unverified_tails,
             before.unverified_tails,
         );
+        delta(&self.late_copies, totals.late_copies, before.late_copies);
         inner.exported = totals;
     }
 }
