@@ -94,6 +94,8 @@ pub(crate) struct RelayMetrics {
     pub(crate) pool_contradiction_resets: Counter,
     /// Pools withheld from the catalog as stalled.
     pub(crate) pools_stalled: Gauge,
+    /// Pools whose recent events were mostly unroutable (history lost).
+    pub(crate) pools_degraded: Gauge,
     /// Deepest actor mailbox across pools, in commands.
     pub(crate) pool_mailbox_depth_max: Gauge,
     /// Age of the oldest pending event across pools, in seconds.
@@ -324,6 +326,12 @@ impl RelayMetrics {
             "Pools withheld from the catalog because their actor made no progress",
             pools_stalled.clone(),
         );
+        let pools_degraded = Gauge::default();
+        registry.register(
+            "pools_degraded",
+            "Pools whose events over the last 30 s were mostly unroutable (the engine's history is lost; the filter misses what it caches)",
+            pools_degraded.clone(),
+        );
         let pool_mailbox_depth_max = Gauge::default();
         registry.register(
             "pool_mailbox_depth_max",
@@ -415,6 +423,7 @@ impl RelayMetrics {
             pool_unroutable_blocks,
             pool_contradiction_resets,
             pools_stalled,
+            pools_degraded,
             pool_mailbox_depth_max,
             pool_oldest_pending_seconds_max,
             events,

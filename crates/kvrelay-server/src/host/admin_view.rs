@@ -63,6 +63,7 @@ impl AdminView for HostAdminView {
                     "endpoint": status.endpoint,
                     "generation": status.generation,
                     "stalled": pool_facts.is_some_and(|facts| facts.stalled),
+                    "degraded": pool_facts.is_some_and(|facts| facts.degraded.is_some()),
                     "advertised": pool_facts.is_none_or(|facts| !facts.stalled),
                     "links": {"stats": format!("/v1/pools/{key}/stats")},
                 })
@@ -84,6 +85,10 @@ impl AdminView for HostAdminView {
             "routed_sources": status.routed_sources,
             "sources": pool_facts.map(|facts| facts.sources.clone()).unwrap_or_default(),
             "stalled": pool_facts.is_some_and(|facts| facts.stalled),
+            "degraded": pool_facts.and_then(|facts| facts.degraded).map(|degraded| json!({
+                "unroutable_events": degraded.unroutable_events,
+                "events": degraded.events,
+            })),
             "stall_timeout_ms": self.state.limits.pool_stall_timeout_ms,
             "health": health_json(&health),
             "stats": stats_json(&health),

@@ -190,6 +190,7 @@ impl Relay {
                 workload_sources: trace.is_some(),
                 nats: config.nats.is_some(),
                 stall_bound: limits.pool_stall_timeout(),
+                degraded_readings: degraded_readings(&limits),
             },
             configured_sources,
             source_updates,
@@ -424,6 +425,7 @@ impl Relay {
                             + facts.sources.get("replaying").copied().unwrap_or(0)
                     }),
                     stalled: pool_facts.is_some_and(|facts| facts.stalled),
+                    degraded: pool_facts.is_some_and(|facts| facts.degraded.is_some()),
                     sequence: stats.sequence,
                     resident_blocks: stats.filter.resident_blocks,
                     bucket_count: stats.filter.bucket_count,
@@ -601,4 +603,15 @@ fn read_trace(path: &std::path::Path) -> Result<Vec<kvrelay_ingest::RequestRecor
     };
     let text = std::fs::read_to_string(path).map_err(|err| trace_error(err.to_string()))?;
     kvrelay_ingest::parse_request_trace(&text).map_err(|err| trace_error(err.to_string()))
+}
+
+/// Pool health readings over which a pool's unroutable share is judged: about 30 s.
+fn degraded_readings(limits: &crate::limits::Limits) -> usize {
+    const DEGRADED_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+    let every = limits
+        .pool_health_interval()
+        .max(std::time::Duration::from_millis(1));
+    usize::try_from(DEGRADED_WINDOW.as_millis() / every.as_millis())
+        .unwrap_or(usize::MAX)
+        .max(1)
 }

@@ -130,6 +130,8 @@ pub struct PoolReport {
     pub connected_sources: usize,
     /// Whether the pool is stalled (withheld from the catalog).
     pub stalled: bool,
+    /// Whether most of its recent events were unroutable (history lost).
+    pub degraded: bool,
     /// Published sequence.
     pub sequence: u64,
     /// Resident blocks (exact).

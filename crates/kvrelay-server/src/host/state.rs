@@ -159,6 +159,14 @@ impl HostState {
         self.metrics
             .pools_stalled
             .set(i64::try_from(stalled).unwrap_or(i64::MAX));
+        let degraded = facts
+            .pools
+            .values()
+            .filter(|pool| pool.degraded.is_some())
+            .count();
+        self.metrics
+            .pools_degraded
+            .set(i64::try_from(degraded).unwrap_or(i64::MAX));
         *self.facts.lock().unwrap_or_else(PoisonError::into_inner) = facts;
     }
 

@@ -312,6 +312,8 @@ impl Supervisor {
                 HealthFact {
                     pending_events: health.pending_events,
                     stalled_for: health.stalled_for,
+                    events_applied: health.stats.events_applied,
+                    unroutable_events: health.stats.unroutable_events,
                 },
             ));
             healths.push((

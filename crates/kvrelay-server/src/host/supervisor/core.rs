@@ -16,6 +16,11 @@
 //! - at most one attach or retirement is in flight per endpoint; endpoints never wait for
 //!   each other;
 //! - a source is not connected until its state says so (`Connecting` when started);
+//! - a pool whose incoming events were mostly unroutable over the last
+//!   `degraded_readings` health readings (stored blocks whose parent chain was never
+//!   seen: the engine's history is lost, so the filter misses what it caches) is
+//!   *degraded*: named by readiness with the share, counted, still advertised (what it
+//!   holds is right, only incomplete), until a window passes with less than half;
 //! - a pool whose actor holds pending events without progress for `stall_bound` is
 //!   *stalled*: withheld from the advertised catalog and named by readiness until it
 //!   makes progress again.
@@ -48,6 +53,8 @@ pub(crate) struct CoreConfig {
     pub(crate) nats: bool,
     /// Pending events without progress for this long make a pool stalled.
     pub(crate) stall_bound: Duration,
+    /// Health readings a pool's unroutable share is judged over (at least 1).
+    pub(crate) degraded_readings: usize,
 }
 
 /// Identifies one event source.
@@ -147,10 +154,21 @@ pub(crate) struct RoutePlan {
 }
 
 /// One pool's health as the shell read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct HealthFact {
     pub(crate) pending_events: usize,
     pub(crate) stalled_for: Duration,
+    /// Events applied since the generation started (cumulative).
+    pub(crate) events_applied: u64,
+    /// Stored events dropped as unroutable since the generation started (cumulative).
+    pub(crate) unroutable_events: u64,
+}
+
+/// Over the last window of readings: events dropped as unroutable, and all events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Degraded {
+    pub(crate) unroutable_events: u64,
+    pub(crate) events: u64,
 }
 
 /// Readiness and per-pool facts, for admin and metrics.
@@ -176,6 +194,8 @@ pub(crate) struct PoolFacts {
     pub(crate) sources: BTreeMap<&'static str, usize>,
     /// Whether the pool is withheld from the catalog as stalled.
     pub(crate) stalled: bool,
+    /// Set while most of its recent events were unroutable.
+    pub(crate) degraded: Option<Degraded>,
 }
 
 /// What makes a generation: a change here builds a new generation.
@@ -217,6 +237,9 @@ pub(crate) struct SupervisionCore {
     /// Sources started per endpoint, with their last state.
     running: BTreeMap<EndpointId, BTreeMap<SourceKey, SourceState>>,
     stalled: BTreeSet<PoolId>,
+    /// Per attached pool and generation: its last `degraded_readings + 1` cumulative
+    /// (applied, unroutable) event counts, oldest first.
+    event_history: BTreeMap<(PoolId, u64), VecDeque<(u64, u64)>>,
     /// Times the withheld set changed: added to the registry revision so the advertised
     /// catalog's revision moves whenever its content does.
     withheld_changes: u64,
@@ -240,6 +263,7 @@ impl SupervisionCore {
             slots: BTreeMap::new(),
             running: BTreeMap::new(),
             stalled: BTreeSet::new(),
+            event_history: BTreeMap::new(),
             withheld_changes: 0,
             catalog: None,
             topology: None,
@@ -406,6 +430,14 @@ impl SupervisionCore {
             if current != generation {
                 continue;
             }
+            let history = self
+                .event_history
+                .entry((binding.pool, *generation))
+                .or_default();
+            history.push_back((fact.events_applied, fact.unroutable_events));
+            while history.len() > self.config.degraded_readings.max(1) + 1 {
+                history.pop_front();
+            }
             if fact.pending_events > 0 && fact.stalled_for >= self.config.stall_bound {
                 next.insert(binding.pool);
             } else {
@@ -484,6 +516,7 @@ impl SupervisionCore {
             let key = wire::pool_key(&binding.pool);
             let sources = self.pool_source_states(endpoint, membership);
             let stalled = self.stalled.contains(&binding.pool);
+            let degraded = self.degraded(binding.pool, *generation);
             let connected = sources.get("connected").copied().unwrap_or(0)
                 + sources.get("replaying").copied().unwrap_or(0);
             if connected == 0 {
@@ -508,6 +541,14 @@ impl SupervisionCore {
                     self.config.stall_bound.as_millis()
                 ));
             }
+            if let Some(degraded) = degraded {
+                facts.unready.push(format!(
+                    "pool {key} ({}) is degraded: {} of its last {} events were unroutable (stored blocks whose parents were never seen: the engine's history is lost and the filter misses what it caches)",
+                    endpoint.dotted(),
+                    degraded.unroutable_events,
+                    degraded.events,
+                ));
+            }
             facts.pools.insert(
                 key,
                 PoolFacts {
@@ -516,6 +557,7 @@ impl SupervisionCore {
                     generation: *generation,
                     sources,
                     stalled,
+                    degraded,
                 },
             );
         }
@@ -664,11 +706,26 @@ impl SupervisionCore {
             });
         }
         self.publish_routes();
-        // A retired pool is no longer stalled.
+        // A retired pool is no longer stalled, and its event history goes with it.
         let live: BTreeSet<PoolId> = self.attached_pools().collect();
+        self.event_history
+            .retain(|(pool, _), _| live.contains(pool));
         let next: BTreeSet<PoolId> = self.stalled.intersection(&live).copied().collect();
         self.replace_stalled(next);
         self.update_topology();
+    }
+
+    /// Whether `pool`'s generation had mostly unroutable events over its reading window:
+    /// at least one unroutable event and no more applied than unroutable ones.
+    fn degraded(&self, pool: PoolId, generation: u64) -> Option<Degraded> {
+        let history = self.event_history.get(&(pool, generation))?;
+        let (first, last) = (history.front()?, history.back()?);
+        let applied = last.0.saturating_sub(first.0);
+        let unroutable = last.1.saturating_sub(first.1);
+        (unroutable > 0 && unroutable >= applied).then_some(Degraded {
+            unroutable_events: unroutable,
+            events: applied.saturating_add(unroutable),
+        })
     }
 
     fn attached_pools(&self) -> impl Iterator<Item = PoolId> + '_ {

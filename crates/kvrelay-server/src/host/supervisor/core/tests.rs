@@ -78,6 +78,7 @@ fn config() -> CoreConfig {
         workload_sources: false,
         nats: false,
         stall_bound: Duration::from_secs(10),
+        degraded_readings: 3,
     }
 }
 
@@ -368,6 +369,7 @@ fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
     let busy = HealthFact {
         pending_events: 3,
         stalled_for: Duration::from_secs(9),
+        ..HealthFact::default()
     };
     core.handle_pool_health(&[(endpoint(A), 1, busy)]);
     assert!(last_catalog(&drain(&mut core)).is_none(), "below the bound");
@@ -396,6 +398,7 @@ fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
         HealthFact {
             pending_events: 0,
             stalled_for: Duration::ZERO,
+            ..HealthFact::default()
         },
     )]);
     assert!(last_catalog(&drain(&mut core)).is_none());
@@ -406,6 +409,7 @@ fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
         HealthFact {
             pending_events: 0,
             stalled_for: Duration::ZERO,
+            ..HealthFact::default()
         },
     )]);
     let (withheld, revision) = last_catalog(&drain(&mut core)).unwrap();
@@ -486,5 +490,71 @@ fn capacities_name_each_worker_rank_range() {
             data_parallel_size: 3,
             total_kv_blocks: Some(64)
         }]
+    );
+}
+
+/// A pool whose events are mostly unroutable (its engine's history was lost) is named by
+/// readiness as degraded with the share, and recovers once a window passes with fewer.
+#[test]
+fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
+    let mut core = core_with_engines(&[A]);
+    core.handle_catalog(PoolCatalog::new(kvrelay_identity::DcRelayIdentity::new(
+        1, 2,
+    )));
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
+    drain(&mut core);
+    core.handle_attached(&endpoint(A), 1);
+    core.handle_source_state(
+        &SourceKey::Engine(SourceId::new(1, 0)),
+        SourceState::Connected,
+    );
+    drain(&mut core);
+    let reading = |applied, unroutable| {
+        [(
+            endpoint(A),
+            1,
+            HealthFact {
+                events_applied: applied,
+                unroutable_events: unroutable,
+                ..HealthFact::default()
+            },
+        )]
+    };
+    // Healthy traffic: never degraded.
+    core.handle_pool_health(&reading(100, 0));
+    core.handle_pool_health(&reading(200, 1));
+    assert!(core.facts().unready.is_empty());
+    assert!(
+        core.facts()
+            .pools
+            .values()
+            .all(|pool| pool.degraded.is_none())
+    );
+    // History lost: every new store is unroutable.
+    core.handle_pool_health(&reading(205, 60));
+    core.handle_pool_health(&reading(210, 120));
+    let facts = core.facts();
+    let pool = facts.pools.values().next().unwrap();
+    // The window (3 intervals, 4 readings) spans 100/0 .. 210/120: 110 applied, 120
+    // unroutable.
+    assert_eq!(
+        pool.degraded,
+        Some(Degraded {
+            unroutable_events: 120,
+            events: 230
+        })
+    );
+    assert_eq!(facts.unready.len(), 1, "{facts:?}");
+    assert!(facts.unready[0].contains("degraded"), "{facts:?}");
+    // Recovered (e.g. a full replay): a window of applied events clears it.
+    for n in 1..=3 {
+        core.handle_pool_health(&reading(210 + 100 * n, 120));
+    }
+    assert!(core.facts().unready.is_empty());
+    assert!(
+        core.facts()
+            .pools
+            .values()
+            .all(|pool| pool.degraded.is_none())
     );
 }
