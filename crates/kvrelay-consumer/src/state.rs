@@ -19,7 +19,7 @@ use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry};
 use crate::config::{ConfigError, ConsumerConfig, RelayConfig};
 use crate::load::LoadSample;
 use crate::metrics::{ConsumerMetrics, ResubscribeReason};
-use crate::projection::{self, AdmittedPool};
+use crate::projection::{self, AdmittedPool, ProjectedCatalog};
 use crate::readiness::TopologyView;
 use crate::scoring::{
     self, Ranking, ReplicaStatus, ScoreError, ScoreInputs, ScoreRequest, ScratchPool,
@@ -241,6 +241,9 @@ pub struct ConsumerState {
     max_pools_per_relay: usize,
     max_replica_bytes_per_relay: u64,
     relay_views: Vec<RelayView>,
+    /// Per relay: the DC id its pools carry, pinned by the first catalog that admitted
+    /// one (kept across reconnects and restarts: a relay address serves one DC).
+    relay_dc_ids: Vec<Option<u64>>,
     /// Every admitted entry of every relay, rebuilt when a catalog changes.
     entries: Vec<PoolEntry>,
     loads: hashbrown::HashMap<PoolKey, LoadSample>,
@@ -272,6 +275,7 @@ impl ConsumerState {
             max_pools_per_relay: config.limits.max_pools_per_relay,
             max_replica_bytes_per_relay: config.limits.max_replica_bytes_per_relay,
             relay_views: config.relays.iter().map(|_| RelayView::default()).collect(),
+            relay_dc_ids: vec![None; config.relays.len()],
             entries: Vec::new(),
             loads: hashbrown::HashMap::new(),
             announced: HashMap::new(),
@@ -292,6 +296,62 @@ impl ConsumerState {
     /// The revision of relay `relay`'s last applied catalog, if any this epoch.
     pub fn catalog_revision(&self, relay: usize) -> Option<u64> {
         self.relay_views.get(relay)?.revision
+    }
+
+    /// The DC id of relay `relay`'s pools, moving to quarantine every admitted entry of
+    /// another DC: one whose DC id differs from the one the relay's pools carry (pinned by
+    /// its first admitting catalog, else the first admitted entry's), or that another
+    /// relay already serves. A relay presenting another DC's pools would otherwise have
+    /// them labelled with its configured DC, and a DC followed through two relays would be
+    /// counted twice. Returns the DC id to pin (nothing is pinned here: the caller pins
+    /// it once the catalog is accepted).
+    fn quarantine_foreign_dcs(
+        &self,
+        relay: usize,
+        projected: &mut ProjectedCatalog,
+    ) -> Option<u64> {
+        let served_elsewhere = |dc_id: u64| {
+            self.relay_dc_ids
+                .iter()
+                .enumerate()
+                .find(|(other, pinned)| *other != relay && **pinned == Some(dc_id))
+                .map(|(other, _)| other)
+        };
+        let own = self.relay_dc_ids[relay].or_else(|| {
+            projected
+                .admitted
+                .iter()
+                .map(|pool| pool.producer.pool_id.dc_id)
+                .find(|dc_id| served_elsewhere(*dc_id).is_none())
+        });
+        let dc = &self.relays[relay].dc;
+        let (kept, foreign): (Vec<AdmittedPool>, Vec<AdmittedPool>) =
+            std::mem::take(&mut projected.admitted)
+                .into_iter()
+                .partition(|pool| {
+                    let dc_id = pool.producer.pool_id.dc_id;
+                    own == Some(dc_id) && served_elsewhere(dc_id).is_none()
+                });
+        projected.admitted = kept;
+        for pool in foreign {
+            let dc_id = pool.producer.pool_id.dc_id;
+            let reason = match served_elsewhere(dc_id) {
+                Some(other) => format!(
+                    "foreign dc: pool of DC id {dc_id:016x}, which relay {} already serves (a DC is never counted twice)",
+                    self.relays[other].dc
+                ),
+                None => format!(
+                    "foreign dc: pool of DC id {dc_id:016x}, but this relay's pools are of DC id {}",
+                    own.map_or_else(|| "unknown".to_owned(), |own| format!("{own:016x}"))
+                ),
+            };
+            projected.quarantined.push(QuarantinedEntry {
+                dc: dc.clone(),
+                entry: pool.producer.pool_id.to_string(),
+                reason,
+            });
+        }
+        own
     }
 
     /// Applies a complete catalog from relay `relay`.
@@ -321,6 +381,7 @@ impl ConsumerState {
         }
         let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
+        let dc_id = self.quarantine_foreign_dcs(relay, &mut projected);
         let view = &self.relay_views[relay];
         let n_over_budget = budget::admit_within(
             &mut projected,
@@ -388,6 +449,9 @@ impl ConsumerState {
         for gone in previous.into_values() {
             self.forget(gone.key);
             change.removed.push(gone.key);
+        }
+        if !next.is_empty() {
+            self.relay_dc_ids[relay] = dc_id;
         }
         let view = &mut self.relay_views[relay];
         view.identity = Some(update.relay);

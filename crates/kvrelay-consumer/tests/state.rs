@@ -704,3 +704,48 @@ fn replica_budget_is_per_relay() {
         );
     }
 }
+
+/// A relay's pools must be of one DC, and no DC is followed through two relays: a relay
+/// presenting another DC's pools gets them quarantined, not labelled with its own DC.
+#[test]
+fn pools_of_another_dc_are_quarantined_never_counted_twice() {
+    let mut state = state(2);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-1", relay, 1);
+    let a_again = Producer::new(&PoolSpec::aggregated("gamma", "llama"), "dc-0", relay, 1);
+    // Relay 0 serves dc-0 (pinned by its first catalog); a dc-1 pool in it is foreign.
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a, &b]))
+        .unwrap();
+    assert_eq!(change.added.len(), 1, "{change:?}");
+    assert_eq!(change.added[0].1, a.descriptor.producer);
+    let quarantined = state.quarantined();
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    assert!(
+        quarantined[0].reason.starts_with("foreign dc"),
+        "{quarantined:?}"
+    );
+    // Relay 1 presents dc-0's pools (another relay already serves dc-0): quarantined.
+    let change = state
+        .apply_catalog(1, &catalog_of(relay, 1, &[&a_again]))
+        .unwrap();
+    assert!(change.added.is_empty(), "{change:?}");
+    assert!(
+        state
+            .quarantined()
+            .iter()
+            .any(|entry| entry.dc == "dc-1" && entry.reason.contains("already serves")),
+        "{:?}",
+        state.quarantined()
+    );
+    // Relay 1 serving its own DC is admitted.
+    let change = state
+        .apply_catalog(1, &catalog_of(relay, 2, &[&b]))
+        .unwrap();
+    assert_eq!(change.added.len(), 1, "{change:?}");
+    let ranking = state.score(&request(vec![1; 8]), Instant::now()).unwrap();
+    let mut dcs: Vec<&str> = ranking.candidates.iter().map(|c| c.dc.as_ref()).collect();
+    dcs.sort_unstable();
+    assert_eq!(dcs, ["dc-0", "dc-1"], "each DC once");
+}
