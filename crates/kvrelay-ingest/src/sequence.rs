@@ -757,6 +757,23 @@ mod tests {
         assert_eq!(drain(&mut live), vec![]);
     }
 
+    /// Answers the replay `t` just requested with `batches`, ends it and drops the
+    /// actions so far (the setup of the late-copy tests).
+    fn answer_replay(t: &mut SequenceTracker<&'static str>, batches: &[(u64, &'static str)]) {
+        let epoch = drain(t)
+            .into_iter()
+            .find_map(|action| match action {
+                SequenceAction::RequestReplay { epoch, .. } => Some(epoch),
+                _ => None,
+            })
+            .unwrap();
+        for &(seq, payload) in batches {
+            t.handle_replay(epoch, seq, payload);
+        }
+        t.handle_replay_end(epoch);
+        drain(t);
+    }
+
     /// The race seen in a relay restart: the replay socket delivered the newest batch
     /// before the live socket did; the late live copies are dropped, not taken for a
     /// publisher restart, and the stream goes on.
@@ -765,11 +782,7 @@ mod tests {
         let mut t = tracker(true);
         // Joining a running engine: the first live batch is 5, so replay from 0.
         t.handle_live(5, "f");
-        let epoch = match drain(&mut t).as_slice() {
-            [SequenceAction::RequestReplay { from_seq: 0, epoch }] => *epoch,
-            other => panic!("{other:?}"),
-        };
-        for (seq, payload) in [
+        let batches = [
             (0, "a"),
             (1, "b"),
             (2, "c"),
@@ -777,11 +790,8 @@ mod tests {
             (4, "e"),
             (5, "f"),
             (6, "g"),
-        ] {
-            t.handle_replay(epoch, seq, payload);
-        }
-        t.handle_replay_end(epoch);
-        drain(&mut t);
+        ];
+        answer_replay(&mut t, &batches);
         // Live copies of 5 and 6 arrive after the replay delivered them.
         t.handle_live(5, "f");
         t.handle_live(6, "g");
@@ -806,15 +816,7 @@ mod tests {
     fn a_restart_at_zero_right_after_a_replay_is_still_a_restart() {
         let mut t = tracker(true);
         t.handle_live(3, "d");
-        let epoch = match drain(&mut t).as_slice() {
-            [SequenceAction::RequestReplay { from_seq: 0, epoch }] => *epoch,
-            other => panic!("{other:?}"),
-        };
-        for (seq, payload) in [(0, "a"), (1, "b"), (2, "c"), (3, "d")] {
-            t.handle_replay(epoch, seq, payload);
-        }
-        t.handle_replay_end(epoch);
-        drain(&mut t);
+        answer_replay(&mut t, &[(0, "a"), (1, "b"), (2, "c"), (3, "d")]);
         t.handle_live(0, "new");
         assert_eq!(
             drain(&mut t),
@@ -834,17 +836,7 @@ mod tests {
         t.handle_live(0, "a");
         t.handle_live(1, "b");
         t.handle_live(4, "e");
-        let epoch = drain(&mut t)
-            .into_iter()
-            .find_map(|action| match action {
-                SequenceAction::RequestReplay { epoch, .. } => Some(epoch),
-                _ => None,
-            })
-            .unwrap();
-        t.handle_replay(epoch, 2, "c");
-        t.handle_replay(epoch, 3, "d");
-        t.handle_replay_end(epoch);
-        drain(&mut t);
+        answer_replay(&mut t, &[(2, "c"), (3, "d")]);
         // 1 was applied live, not by the replay: a batch going back there is a restart.
         t.handle_live(1, "b");
         assert!(matches!(
@@ -853,18 +845,7 @@ mod tests {
         ));
         let mut t = tracker(true);
         t.handle_live(2, "c");
-        let epoch = drain(&mut t)
-            .into_iter()
-            .find_map(|action| match action {
-                SequenceAction::RequestReplay { epoch, .. } => Some(epoch),
-                _ => None,
-            })
-            .unwrap();
-        for (seq, payload) in [(0, "a"), (1, "b"), (2, "c"), (3, "d")] {
-            t.handle_replay(epoch, seq, payload);
-        }
-        t.handle_replay_end(epoch);
-        drain(&mut t);
+        answer_replay(&mut t, &[(0, "a"), (1, "b"), (2, "c"), (3, "d")]);
         t.handle_live(3, "d");
         // A copy that goes back relative to the last late copy is not one.
         t.handle_live(2, "c");

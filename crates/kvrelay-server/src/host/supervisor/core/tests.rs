@@ -350,8 +350,8 @@ fn a_fenced_generation_is_retired_fenced_and_rebuilt() {
     assert_eq!(attaches(&drain(&mut core)), vec![endpoint(A)]);
 }
 
-#[test]
-fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
+/// A core with endpoint A attached at generation 1 and its one source connected.
+fn one_attached_connected_pool() -> SupervisionCore {
     let mut core = core_with_engines(&[A]);
     core.handle_catalog(PoolCatalog::new(kvrelay_identity::DcRelayIdentity::new(
         1, 2,
@@ -364,6 +364,12 @@ fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
         SourceState::Connected,
     );
     drain(&mut core);
+    core
+}
+
+#[test]
+fn a_stalled_pool_is_withheld_and_named_until_it_progresses() {
+    let mut core = one_attached_connected_pool();
     let pool = core.facts().pools.values().next().unwrap().pool;
 
     let busy = HealthFact {
@@ -497,18 +503,7 @@ fn capacities_name_each_worker_rank_range() {
 /// readiness as degraded with the share, and recovers once a window passes with fewer.
 #[test]
 fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
-    let mut core = core_with_engines(&[A]);
-    core.handle_catalog(PoolCatalog::new(kvrelay_identity::DcRelayIdentity::new(
-        1, 2,
-    )));
-    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
-    drain(&mut core);
-    core.handle_attached(&endpoint(A), 1);
-    core.handle_source_state(
-        &SourceKey::Engine(SourceId::new(1, 0)),
-        SourceState::Connected,
-    );
-    drain(&mut core);
+    let mut core = one_attached_connected_pool();
     let reading = |applied, unroutable| {
         [(
             endpoint(A),
