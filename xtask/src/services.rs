@@ -1,10 +1,10 @@
 //! `cargo xtask services`: the external servers and tools the integration tests start, in
 //! one list, found on `PATH` or installed.
 //!
-//! `cargo xtask ci` runs this first. A missing program is installed when it can be (root
-//! with `apt-get`: `apt-get update`, then one `apt-get install` of every missing package),
-//! and the run says so; otherwise it stops at once and prints the exact command. No test
-//! is ever skipped because a program is missing.
+//! `cargo xtask ci` runs this first. A missing program is installed when it can be (root,
+//! or passwordless `sudo -n`, with `apt-get`: `apt-get update`, then one `apt-get install`
+//! of every missing package), and the run says so; otherwise it stops at once and prints
+//! the exact command. No test is ever skipped because a program is missing.
 
 use std::process::Command;
 
@@ -48,10 +48,13 @@ pub(crate) fn run() -> Result<()> {
     }
     let packages: Vec<&str> = missing.iter().map(|r| r.package).collect();
     let binaries: Vec<&str> = missing.iter().map(|r| r.binary).collect();
+    let root = is_root();
+    // A user with passwordless sudo can install too (CI runners often are one).
+    let sudo = !root && passwordless_sudo();
     let install = match plan(
         &binaries,
         &packages,
-        is_root(),
+        root || sudo,
         crate::command::available("apt-get", "--version"),
     ) {
         Plan::Nothing => return Ok(()),
@@ -59,20 +62,30 @@ pub(crate) fn run() -> Result<()> {
         Plan::Install(command) => command,
     };
     eprintln!(
-        "==> installing {} (running as root): {install}",
-        packages.join(" ")
+        "==> installing {} ({}): {install}",
+        packages.join(" "),
+        if root {
+            "running as root"
+        } else {
+            "with sudo -n"
+        }
     );
+    let apt = |args: &[&str]| {
+        let mut command = if root {
+            Command::new("apt-get")
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.args(["-n", "env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]);
+            sudo
+        };
+        command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        command
+    };
+    crate::command::run(&mut apt(&["update", "-qq"]), "apt-get update")?;
+    let mut install_args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install_args.extend(&packages);
     crate::command::run(
-        Command::new("apt-get")
-            .args(["update", "-qq"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-        "apt-get update",
-    )?;
-    crate::command::run(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&packages)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
+        &mut apt(&install_args),
         &format!("apt-get install {}", packages.join(" ")),
     )?;
     let still_missing = report();
@@ -99,7 +112,7 @@ enum Plan {
     Stop(String),
 }
 
-fn plan(binaries: &[&str], packages: &[&str], is_root: bool, has_apt: bool) -> Plan {
+fn plan(binaries: &[&str], packages: &[&str], can_install: bool, has_apt: bool) -> Plan {
     if packages.is_empty() {
         return Plan::Nothing;
     }
@@ -107,10 +120,14 @@ fn plan(binaries: &[&str], packages: &[&str], is_root: bool, has_apt: bool) -> P
         "apt-get update && apt-get install -y --no-install-recommends {}",
         packages.join(" ")
     );
-    if is_root && has_apt {
+    if can_install && has_apt {
         return Plan::Install(install);
     }
-    let why = if has_apt { "not root" } else { "no apt-get" };
+    let why = if has_apt {
+        "not root and no passwordless sudo"
+    } else {
+        "no apt-get"
+    };
     Plan::Stop(format!(
         "missing {} ({why}, so not installing); install as root with:\n    sudo sh -c '{install}'",
         binaries.join(", ")
@@ -134,6 +151,17 @@ fn report() -> Vec<&'static Requirement> {
         }
     }
     missing
+}
+
+/// Whether `sudo -n true` succeeds (sudo without a password prompt).
+fn passwordless_sudo() -> bool {
+    Command::new("sudo")
+        .args(["-n", "true"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 /// Whether this process runs as root (`id -u` prints 0).
