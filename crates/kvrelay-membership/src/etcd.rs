@@ -10,8 +10,9 @@
 //! The client is ours (`etcd/client.rs`) over code generated from our own subset of etcd's
 //! API (`proto/etcd/rpc.proto`, `cargo xtask codegen`), so building needs no `protoc`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 mod client;
@@ -47,11 +48,36 @@ pub struct EtcdDiscovery {
     skips: Arc<SkipCounters>,
 }
 
-/// Records skipped so far, by reason.
+/// Records skipped so far, by reason, each counted and logged once per content.
 #[derive(Debug, Default)]
 struct SkipCounters {
     too_large: AtomicU64,
     malformed: AtomicU64,
+    /// Skipped keys with a hash of what was skipped, so relisting (reconcile, rebind)
+    /// does not count or log the same record again; at most [`MAX_REMEMBERED_SKIPS`].
+    seen: Mutex<HashMap<Vec<u8>, u64>>,
+}
+
+/// Skipped records remembered for counting once; past it, every sighting counts.
+const MAX_REMEMBERED_SKIPS: usize = 4096;
+
+impl SkipCounters {
+    /// Whether this is the first sighting of `key` holding `value` (or, with `None`, a
+    /// value too large to read).
+    fn first_sighting(&self, key: &[u8], value: Option<&[u8]>) -> bool {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        value.hash(&mut hasher);
+        let digest = hasher.finish();
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.get(key) == Some(&digest) {
+            return false;
+        }
+        if seen.len() < MAX_REMEMBERED_SKIPS || seen.contains_key(key) {
+            seen.insert(key.to_vec(), digest);
+        }
+        true
+    }
 }
 
 impl std::fmt::Debug for EtcdDiscovery {
@@ -106,7 +132,8 @@ impl EtcdDiscovery {
     }
 
     /// Records skipped so far: `malformed` (not a card record) and `too_large` (over the
-    /// record limit); the other counters stay zero for etcd.
+    /// record limit), each record once per content however often it is listed again; the
+    /// other counters stay zero for etcd.
     pub fn skips(&self) -> CardFileSkips {
         CardFileSkips {
             too_large: self.skips.too_large.load(Ordering::Relaxed),
@@ -164,6 +191,9 @@ impl EtcdDiscovery {
             .await
             .map_err(|error| self.error(&error))?;
         for key in &listing.too_large {
+            if !self.skips.first_sighting(key, None) {
+                continue;
+            }
             self.skips.too_large.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 key = %String::from_utf8_lossy(key).escape_debug(),
@@ -182,6 +212,9 @@ impl EtcdDiscovery {
     fn decode_record(&self, key: &[u8], value: &[u8]) -> Option<ModelCardInstance> {
         let limit = self.client.limits().max_record_bytes;
         if u64::try_from(value.len()).unwrap_or(u64::MAX) > limit {
+            if !self.skips.first_sighting(key, Some(value)) {
+                return None;
+            }
             self.skips.too_large.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 key = %String::from_utf8_lossy(key).escape_debug(),
@@ -194,6 +227,9 @@ impl EtcdDiscovery {
         match ModelCardInstance::from_record_json(value) {
             Ok(instance) => Some(instance),
             Err(error) => {
+                if !self.skips.first_sighting(key, Some(value)) {
+                    return None;
+                }
                 self.skips.malformed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     key = %String::from_utf8_lossy(key).escape_debug(),

@@ -352,6 +352,9 @@ async fn listing_pages_past_four_mebibytes_and_counts_junk() {
     let skips = etcd.skips();
     assert_eq!(skips.malformed, 1, "the junk record is counted");
     assert_eq!(skips.too_large, 1, "the oversized record is counted");
+    // A relisting (reconcile, rebind) does not count the same records again.
+    etcd.list(&DiscoveryQuery::AllModels).await.unwrap();
+    assert_eq!(etcd.skips(), skips);
 }
 
 /// A watch whose start revision was compacted away ends with `WatchCancelled`; a watch

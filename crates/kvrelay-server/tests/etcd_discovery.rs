@@ -144,3 +144,95 @@ async fn cards_in_etcd_become_pools_and_deleting_them_withdraws_the_pool() {
     }
     relay.shutdown().await.unwrap();
 }
+
+/// A GET of `path` on the admin listener; the body.
+async fn admin_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut out))
+        .await
+        .expect("the admin answer within the deadline")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// More than tonic's default 4 MiB receive limit of card records under `v1/mdc/` (one
+/// unpaginated range read used to stop the relay from starting: about 3,500 real cards),
+/// plus a junk record: the relay starts, attaches all 40 pools and counts the junk. Then two
+/// routers' worth of pool streams (one per pool each, 80 in all: more than the old
+/// default of 64 `max_pool_streams_total`) are all served under the default limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_mebibytes_of_cards_start_and_two_routers_of_forty_pools_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(&dir.path().join("etcd"));
+    let store = EtcdDiscovery::connect(std::slice::from_ref(&etcd.url), DEFAULT_ETCD_TIMEOUT)
+        .await
+        .unwrap();
+    let padding = "p".repeat(130 * 1024);
+    const POOLS: u64 = 40;
+    for n in 0..POOLS {
+        let mut instance = card(0x100 + n);
+        instance.id.endpoint = format!("generate{n}");
+        instance.card_json["padding"] = serde_json::Value::String(padding.clone());
+        store.put_card(&instance).await.unwrap();
+    }
+    store
+        .client()
+        .put(b"v1/mdc/prod/backend/junk/ff", b"{not a record", 0)
+        .await
+        .unwrap();
+    let listed = store.client().list_prefix(b"v1/mdc/").await.unwrap();
+    let bytes: usize = listed.records.iter().map(|r| r.value.len()).sum();
+    assert!(bytes > 5 << 20, "{bytes} bytes of records");
+
+    let trace = dir.path().join("empty.jsonl");
+    std::fs::write(&trace, "").unwrap();
+    let mut config = RelayConfig {
+        dc_id: "dc-etcd".to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.discovery.backend = DiscoveryBackend::Etcd;
+    config.discovery.etcd_endpoints = vec![etcd.url.clone()];
+    config.workload = Some(WorkloadConfig {
+        trace: Some(trace),
+        speed: 0.0,
+        loops: 1,
+    });
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(POOLS as usize))
+        .await
+        .expect("every card becomes a pool");
+    let catalog = relay.catalog();
+    assert_eq!(catalog.pools.len(), POOLS as usize);
+
+    let metrics = admin_get(relay.admin_addr().unwrap(), "/metrics").await;
+    assert!(
+        metrics.contains("kvrelay_discovery_skipped_total{reason=\"malformed\"} 1"),
+        "{metrics}"
+    );
+
+    let mut open = Vec::new();
+    for router in 0..2 {
+        for pool in &catalog.pools {
+            let rpc = StreamRpc::SubscribePool {
+                expected_producer: pool.producer,
+                resume_from_sequence: None,
+            };
+            let (stream, first) = first_message(relay.wan_addr(), &request(rpc)).await;
+            assert!(
+                matches!(first, Message::PoolFrame(_)),
+                "router {router}, pool {:?}: {first:?}",
+                pool.serving_endpoint
+            );
+            open.push(stream);
+        }
+    }
+    assert_eq!(open.len(), 2 * POOLS as usize);
+    drop(open);
+    relay.shutdown().await.unwrap();
+}
