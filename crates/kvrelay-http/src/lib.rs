@@ -8,6 +8,7 @@
 //! [`ListenerEvents`].
 
 mod accept;
+mod admission;
 mod serve;
 mod throttle;
 mod token;
@@ -16,6 +17,7 @@ pub use accept::{
     ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN, AcceptBackoff, AcceptErrorKind, ConnectionOutcome,
     ListenerEvents, classify,
 };
+pub use admission::{ConnectionAdmission, ConnectionPermit, ConnectionRefusal};
 pub use serve::{HttpBounds, serve};
 pub use throttle::{DEFAULT_LOG_INTERVAL, LogThrottle};
 pub use token::{bearer_of, token_matches};

@@ -16,21 +16,19 @@
 //! Routes, authentication and request limits are the caller's business (axum layers on the
 //! router it passes); this module only carries requests to them.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use crate::accept::{AcceptBackoff, ConnectionOutcome, ListenerEvents};
+use crate::admission::ConnectionAdmission;
 use crate::throttle::LogThrottle;
 
 /// The connection bounds of one HTTP listener.
@@ -84,10 +82,8 @@ pub async fn serve(
     events: Arc<dyn ListenerEvents>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let permits = Arc::new(Semaphore::new(
-        usize::try_from(bounds.max_connections).unwrap_or(Semaphore::MAX_PERMITS),
-    ));
-    let peers = Arc::new(PeerCounts::default());
+    let connections =
+        ConnectionAdmission::new(bounds.max_connections, bounds.max_connections_per_peer);
     let tracker = TaskTracker::new();
     let mut backoff = AcceptBackoff::new(name);
     let refusals = LogThrottle::default();
@@ -112,21 +108,16 @@ pub async fn serve(
             }
         };
         backoff.accepted();
-        let Some(peer_slot) = peers.try_admit(peer.ip(), bounds.max_connections_per_peer) else {
-            events.connection(ConnectionOutcome::RejectedPeerLimit);
-            if let Some(suppressed) = refusals.admit(Instant::now()) {
-                warn!(listener = name, %peer, limit = bounds.max_connections_per_peer, suppressed, "HTTP per-peer connection limit reached; closing");
+        let permit = match connections.admit(peer.ip()) {
+            Ok(permit) => permit,
+            Err(refusal) => {
+                events.connection(refusal.outcome());
+                if let Some(suppressed) = refusals.admit(Instant::now()) {
+                    warn!(listener = name, %peer, %refusal, suppressed, "HTTP connection refused; closing");
+                }
+                drop(tcp);
+                continue;
             }
-            drop(tcp);
-            continue;
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            events.connection(ConnectionOutcome::RejectedLimit);
-            if let Some(suppressed) = refusals.admit(Instant::now()) {
-                warn!(listener = name, %peer, limit = bounds.max_connections, suppressed, "HTTP connection limit reached; closing");
-            }
-            drop(tcp);
-            continue;
         };
         events.connection(ConnectionOutcome::Accepted);
         // Request/response traffic: an answer must not wait for the peer's delayed ACK.
@@ -168,52 +159,9 @@ pub async fn serve(
                 debug!(listener = name, %peer, error = %err, "HTTP connection ended with an error");
             }
             drop(permit);
-            drop(peer_slot);
         });
     }
     tracker.close();
     tracker.wait().await;
     Ok(())
-}
-
-/// Open connections per peer address; an entry exists only while its count is positive,
-/// so the map holds at most `max_connections` entries.
-#[derive(Debug, Default)]
-struct PeerCounts(Mutex<HashMap<IpAddr, u32>>);
-
-impl PeerCounts {
-    /// Counts one more connection from `ip` unless it already has `cap`.
-    fn try_admit(self: &Arc<Self>, ip: IpAddr, cap: u32) -> Option<PeerSlot> {
-        let mut counts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = counts.entry(ip).or_insert(0);
-        if *count >= cap {
-            if *count == 0 {
-                counts.remove(&ip);
-            }
-            return None;
-        }
-        *count += 1;
-        Some(PeerSlot {
-            counts: Arc::clone(self),
-            ip,
-        })
-    }
-}
-
-/// One admitted connection of a peer; dropping it frees the slot.
-struct PeerSlot {
-    counts: Arc<PeerCounts>,
-    ip: IpAddr,
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut counts = self.counts.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = counts.get_mut(&self.ip) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                counts.remove(&self.ip);
-            }
-        }
-    }
 }

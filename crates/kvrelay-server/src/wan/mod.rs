@@ -22,10 +22,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info_span, warn};
 
-use crate::admission::ConnectionAdmission;
 use crate::metrics::OutcomeLabel;
 use connection::ConnectionContext;
 use kvrelay_http::AcceptBackoff;
+use kvrelay_http::ConnectionAdmission;
 use kvrelay_http::LogThrottle;
 
 /// A bound WAN listener, not yet accepting.
@@ -50,7 +50,10 @@ impl WanServer {
     /// Accepts until `ctx.cancel` fires; connection tasks join `tracker`.
     pub(crate) async fn run(self, tracker: TaskTracker) {
         let cancel: CancellationToken = self.ctx.cancel.clone();
-        let connections = ConnectionAdmission::new(&self.ctx.limits);
+        let connections = ConnectionAdmission::new(
+            self.ctx.limits.max_connections,
+            self.ctx.limits.max_connections_per_peer,
+        );
         let mut backoff = AcceptBackoff::new("wan");
         let accept_errors = crate::http::ListenerMetrics {
             listener: "wan",
@@ -85,7 +88,7 @@ impl WanServer {
                         .metrics
                         .connections
                         .get_or_create(&OutcomeLabel {
-                            outcome: refusal.outcome(),
+                            outcome: refusal.outcome().label(),
                         })
                         .inc();
                     if let Some(suppressed) = refusals.admit(Instant::now()) {
