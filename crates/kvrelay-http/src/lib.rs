@@ -20,7 +20,7 @@ pub use accept::{
 pub use admission::{ConnectionAdmission, ConnectionPermit, ConnectionRefusal};
 pub use serve::{HttpBounds, serve};
 pub use throttle::{DEFAULT_LOG_INTERVAL, LogThrottle};
-pub use token::{bearer_of, token_matches};
+pub use token::{bearer_matches, bearer_of, token_matches};
 
 /// Waits for SIGINT or SIGTERM (SIGINT only where SIGTERM does not exist, or when its
 /// handler cannot be installed): the cue for a service's graceful shutdown.

@@ -20,6 +20,15 @@ pub fn bearer_of(authorization: Option<&[u8]>) -> Option<&[u8]> {
     authorization?.strip_prefix(b"Bearer ")
 }
 
+/// Whether `headers` carry `Authorization: Bearer <expected>` (compared in constant
+/// time): the check of every token-guarded HTTP listener (relay admin, router API).
+pub fn bearer_matches(expected: &[u8], headers: &axum::http::HeaderMap) -> bool {
+    let authorization = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(axum::http::HeaderValue::as_bytes);
+    token_matches(expected, bearer_of(authorization))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,5 +48,17 @@ mod tests {
         assert_eq!(bearer_of(Some(b"bearer abc")), None);
         assert_eq!(bearer_of(Some(b"Basic abc")), None);
         assert_eq!(bearer_of(None), None);
+    }
+
+    #[test]
+    fn headers_match_only_with_the_exact_bearer_token() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert!(!bearer_matches(b"s3cret", &headers));
+        headers.insert(
+            axum::http::header::AUTHORIZATION,
+            axum::http::HeaderValue::from_static("Bearer s3cret"),
+        );
+        assert!(bearer_matches(b"s3cret", &headers));
+        assert!(!bearer_matches(b"other", &headers));
     }
 }

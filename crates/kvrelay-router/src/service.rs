@@ -84,13 +84,7 @@ async fn require_token(
     if OPEN_PATHS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
-    let presented = kvrelay_http::bearer_of(
-        request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes),
-    );
-    if kvrelay_http::token_matches(token.secret().as_bytes(), presented) {
+    if kvrelay_http::bearer_matches(token.secret().as_bytes(), request.headers()) {
         return next.run(request).await;
     }
     state.metrics.unauthorized();

@@ -133,12 +133,7 @@ async fn require_token(State(gate): State<Gate>, request: Request, next: Next) -
     if OPEN_PATHS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    if gate.token.matches(presented) {
+    if gate.token.matches_headers(request.headers()) {
         next.run(request).await
     } else {
         gate.metrics.admin_unauthorized.inc();

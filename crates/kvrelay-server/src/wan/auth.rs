@@ -44,6 +44,11 @@ impl BearerToken {
     pub(crate) fn matches(&self, presented: Option<&str>) -> bool {
         kvrelay_http::token_matches(&self.token, presented.map(str::as_bytes))
     }
+
+    /// Whether HTTP `headers` carry `Authorization: Bearer <token>` (constant time).
+    pub(crate) fn matches_headers(&self, headers: &axum::http::HeaderMap) -> bool {
+        kvrelay_http::bearer_matches(&self.token, headers)
+    }
 }
 
 #[cfg(test)]
