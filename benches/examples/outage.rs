@@ -219,7 +219,7 @@ async fn run(resume_window_bytes: Option<u64>) -> Outcome {
     };
 
     let proxy = Proxy::start(relay.wan_addr()).await;
-    let mut consumer_config = ConsumerConfig::new(vec![kvrelay_consumer::RelayConfig::new(
+    let mut consumer_config = ConsumerConfig::new(vec![kvrelay_consumer::RelayEndpoint::new(
         &proxy.addr.to_string(),
         "dc-bench",
     )]);

@@ -62,6 +62,8 @@ fn check_all(root: &Path) -> Result<Vec<Finding>> {
     check_layering(root, &crates, &mut findings)?;
     check_purity(root, &crates, &mut findings)?;
     check_sources(root, &crates, &allow, &mut findings)?;
+    check_file_lengths(root, &crates, &allow, &mut findings)?;
+    check_public_names(root, &crates, &allow, &mut findings)?;
     check_manifests(root, &crates, &mut findings)?;
     check_generated(root, &mut findings)?;
     check_no_protoc_build(root, &mut findings)?;
@@ -515,6 +517,153 @@ fn check_sources(
     Ok(())
 }
 
+/// Longest file, in code lines before its test module, without an allow-list entry.
+const MAX_CODE_LINES: usize = 600;
+
+/// Whether `rel` is generated code (checked against its generator, not read by people).
+fn is_generated(rel: &str) -> bool {
+    rel.ends_with("/generated.rs") || rel.contains("/generated/")
+}
+
+/// Non-blank, non-comment lines before the file's test module: what a reader must read.
+fn code_lines_before_tests(text: &str) -> usize {
+    code_lines(text)
+        .take_while(|(_, line)| !starts_test_module(line))
+        .filter(|(_, line)| !line.trim().is_empty())
+        .count()
+}
+
+/// Rule 30: a source file over [`MAX_CODE_LINES`] lines of code before its tests needs an
+/// allow-list entry (`path long-file # reason`): split it by job instead, where possible.
+fn check_file_lengths(
+    root: &Path,
+    crates: &[CrateInfo],
+    allow: &[(String, String)],
+    findings: &mut Vec<Finding>,
+) -> Result<()> {
+    for info in crates {
+        let Some(crate_dir) = info.manifest.parent() else {
+            continue;
+        };
+        for file in rust_files(&crate_dir.join("src"))? {
+            let rel = relative(root, &file);
+            let test_file = rel.ends_with("/tests.rs") || rel.ends_with("_tests.rs");
+            if is_generated(&rel)
+                || test_file
+                || allow.iter().any(|(f, p)| *f == rel && p == "long-file")
+            {
+                continue;
+            }
+            let n_lines = code_lines_before_tests(&read(&file)?);
+            if n_lines > MAX_CODE_LINES {
+                findings.push(Finding {
+                    path: rel,
+                    line: 1,
+                    rule: 30,
+                    message: format!(
+                        "{n_lines} lines of code before the tests (at most {MAX_CODE_LINES}): \
+                         split it by job, or add `long-file` with a reason to xtask/tidy-allow.txt"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The name a line declares as a public type (`pub struct|enum|trait Name`), if any.
+fn public_type_name(line: &str) -> Option<&str> {
+    let rest = line.trim_start().strip_prefix("pub ")?;
+    let rest = ["struct ", "enum ", "trait "]
+        .iter()
+        .find_map(|keyword| rest.strip_prefix(keyword))?;
+    let end = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    (end > 0).then(|| &rest[..end])
+}
+
+/// Names every crate may declare for its own: its TOML table and its configuration errors
+/// (read as `kvrelay_ingest::Limits`, `kvrelay_pool::Limits`: one concept per crate).
+const CRATE_SCOPED_NAMES: &[&str] = &["Limits", "LimitsError", "ConfigError"];
+
+/// The codec's wire messages: each mirrors the domain type it carries under the same name
+/// on purpose (`v1::PoolId` is the wire form of `kvrelay_identity::PoolId`), converted at
+/// one seam.
+const WIRE_MIRRORS: &str = "crates/kvrelay-codec/src/v1/";
+
+/// Rule 31: one name per concept. A public type name declared by two crates needs an
+/// allow-list entry `path pub-name:Name # reason` for every declaring file but one.
+fn check_public_names(
+    root: &Path,
+    crates: &[CrateInfo],
+    allow: &[(String, String)],
+    findings: &mut Vec<Finding>,
+) -> Result<()> {
+    // name → (crate, file, line) of every declaration outside tests and generated code.
+    let mut declared: std::collections::BTreeMap<String, Vec<(String, String, usize)>> =
+        std::collections::BTreeMap::new();
+    for info in crates.iter().filter(|c| c.layer != "bin") {
+        let Some(crate_dir) = info.manifest.parent() else {
+            continue;
+        };
+        for file in rust_files(&crate_dir.join("src"))? {
+            let rel = relative(root, &file);
+            if is_generated(&rel) || rel.starts_with(WIRE_MIRRORS) {
+                continue;
+            }
+            let text = read(&file)?;
+            if text.contains("#![cfg(test") {
+                continue;
+            }
+            for (idx, line) in code_lines(&text).take_while(|(_, line)| !starts_test_module(line)) {
+                if let Some(name) = public_type_name(line)
+                    && !CRATE_SCOPED_NAMES.contains(&name)
+                {
+                    declared.entry(name.to_owned()).or_default().push((
+                        info.name.clone(),
+                        rel.clone(),
+                        idx + 1,
+                    ));
+                }
+            }
+        }
+    }
+    for (name, places) in declared {
+        let mut crates_declaring: Vec<&str> = places.iter().map(|(c, _, _)| c.as_str()).collect();
+        crates_declaring.dedup();
+        if crates_declaring.len() < 2 {
+            continue;
+        }
+        let pattern = format!("pub-name:{name}");
+        let unexcused: Vec<_> = places
+            .iter()
+            .filter(|(_, rel, _)| !allow.iter().any(|(f, p)| f == rel && *p == pattern))
+            .collect();
+        if unexcused.len() < 2 {
+            continue;
+        }
+        for (krate, rel, line) in unexcused {
+            findings.push(Finding {
+                path: rel.clone(),
+                line: *line,
+                rule: 31,
+                message: format!(
+                    "public type `{name}` is also declared by another crate ({}): one name per \
+                     concept (rename one, or add `{pattern}` with a reason to xtask/tidy-allow.txt)",
+                    crates_declaring
+                        .iter()
+                        .filter(|other| *other != krate)
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// `TODO`/`FIXME`/`XXX` need an issue reference like `(#12)`.
 fn check_markers(rel: &str, text: &str, findings: &mut Vec<Finding>) {
     for (idx, line) in text.lines().enumerate() {
@@ -661,6 +810,35 @@ fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_type_names_are_read_from_declarations_only() {
+        assert_eq!(
+            public_type_name("pub struct Readiness {"),
+            Some("Readiness")
+        );
+        assert_eq!(
+            public_type_name("    pub enum SourceState {"),
+            Some("SourceState")
+        );
+        assert_eq!(
+            public_type_name("pub trait Discovery: Send"),
+            Some("Discovery")
+        );
+        assert_eq!(public_type_name("pub struct Pair<T>(T);"), Some("Pair"));
+        assert_eq!(public_type_name("pub(crate) struct Hidden;"), None);
+        assert_eq!(public_type_name("struct Private;"), None);
+        assert_eq!(public_type_name("pub fn struct_like() {}"), None);
+    }
+
+    #[test]
+    fn file_length_counts_code_before_the_tests_only() {
+        let text = "//! docs\n\nfn a() {}\n// comment\nfn b() {}\n#[cfg(test)]\nmod tests {\nfn t() {}\n}\n";
+        // `fn a`, `fn b` and the `#[cfg(test)]` attribute; comments, blanks and tests not.
+        assert_eq!(code_lines_before_tests(text), 3);
+        assert!(is_generated("crates/x/src/etcd/generated.rs"));
+        assert!(!is_generated("crates/x/src/etcd/client.rs"));
+    }
 
     #[test]
     fn workspace_passes_tidy() {

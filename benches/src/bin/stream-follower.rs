@@ -39,7 +39,8 @@ use kvrelay_benches::sim::{request_keys, request_tokens};
 use kvrelay_benches::stamps::{Stamp, unix_ns};
 use kvrelay_benches::{Flags, MODEL, percentile};
 use kvrelay_consumer::{
-    Consumer, ConsumerConfig, Ranking, RelayConfig, ReplicaStatus, ResubscribeReason, ScoreRequest,
+    Consumer, ConsumerConfig, Ranking, RelayEndpoint, ReplicaStatus, ResubscribeReason,
+    ScoreRequest,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -112,7 +113,7 @@ async fn main() -> Result<()> {
         })
         .collect();
 
-    let mut config = ConsumerConfig::new(vec![RelayConfig::new(&relay, "dc-bench")]);
+    let mut config = ConsumerConfig::new(vec![RelayEndpoint::new(&relay, "dc-bench")]);
     config.subscriber_id = "stream-follower".to_owned();
     let consumer = Arc::new(Consumer::start(config)?);
     let installed = consumer

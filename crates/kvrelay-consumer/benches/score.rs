@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvrelay_ckf::{ExactIndex, PrefixDepths, PrefixQuery, QueryConfig, QueryTable};
-use kvrelay_consumer::{ConsumerConfig, ConsumerState, RelayConfig, ScoreRequest};
+use kvrelay_consumer::{ConsumerConfig, ConsumerState, RelayEndpoint, ScoreRequest};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
@@ -54,7 +54,7 @@ struct Setup {
 
 fn setup(n_pools: usize) -> Setup {
     let relay = relay_identity(1);
-    let config = ConsumerConfig::new(vec![RelayConfig::new("127.0.0.1:7400", "dc-a")]);
+    let config = ConsumerConfig::new(vec![RelayEndpoint::new("127.0.0.1:7400", "dc-a")]);
     let mut state = ConsumerState::new(&config).unwrap();
     let mut producers: Vec<Producer> = (0..n_pools)
         .map(|i| {

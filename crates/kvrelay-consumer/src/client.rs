@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use crate::backoff::Backoff;
 use crate::catalog::{PoolKey, QuarantinedEntry};
 use crate::config::{ConfigError, ConsumerConfig};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
@@ -32,6 +31,7 @@ use crate::scoring::{Ranking, ScoreError, ScoreRequest};
 use crate::state::{CheckedPoolFrame, ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
 use crate::store::StoreError;
 use crate::wire::{Endpoint, WireError, WireStream};
+use kvrelay_pacing::Backoff;
 
 /// How long [`Consumer::shutdown`] waits for its tasks.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);

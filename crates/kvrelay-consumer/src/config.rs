@@ -3,17 +3,17 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::backoff::BackoffConfig;
-use crate::tls::{BearerToken, RelayConnector, RelayTls, TlsError};
 use crate::weights::{ScoreWeights, WeightError};
+use kvrelay_pacing::{BackoffConfig, BackoffConfigError};
+use kvrelay_tls::{BearerToken, RelayConnector, RelayTls, TlsError};
 
 /// One relay to watch: its address, the DC name it serves and a per-DC cost.
 ///
 /// Parsed from `ADDR[=DC[:COST]]`, e.g. `10.0.0.7:7400=us-east:12.5`. Without `=DC` the
 /// address doubles as the DC name; without `:COST` the cost is 0. TLS and the bearer
-/// token are off unless set (see [`RelayConfig::with_tls`], [`RelayConfig::with_token`]).
+/// token are off unless set (see [`RelayEndpoint::with_tls`], [`RelayEndpoint::with_token`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RelayConfig {
+pub struct RelayEndpoint {
     /// `host:port` of the relay's WAN listener.
     pub addr: String,
     /// The DC label reported with scores.
@@ -26,7 +26,7 @@ pub struct RelayConfig {
     pub token: Option<BearerToken>,
 }
 
-impl RelayConfig {
+impl RelayEndpoint {
     /// A relay at `addr` named `dc` with cost 0.
     pub fn new(addr: &str, dc: &str) -> Self {
         Self {
@@ -66,7 +66,7 @@ impl RelayConfig {
     }
 }
 
-impl FromStr for RelayConfig {
+impl FromStr for RelayEndpoint {
     type Err = ConfigError;
 
     fn from_str(text: &str) -> Result<Self, ConfigError> {
@@ -204,7 +204,7 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsumerConfig {
     /// The relays to watch, one per DC; any number.
-    pub relays: Vec<RelayConfig>,
+    pub relays: Vec<RelayEndpoint>,
     /// Ranking weights.
     pub weights: ScoreWeights,
     /// Reconnect and resubscribe backoff.
@@ -217,7 +217,7 @@ pub struct ConsumerConfig {
 
 impl ConsumerConfig {
     /// A configuration with defaults for everything but the relays.
-    pub fn new(relays: Vec<RelayConfig>) -> Self {
+    pub fn new(relays: Vec<RelayEndpoint>) -> Self {
         Self {
             relays,
             weights: ScoreWeights::default(),
@@ -248,6 +248,7 @@ impl ConsumerConfig {
             relay.connector()?;
         }
         self.weights.validate()?;
+        self.backoff.validate()?;
         if self.limits.max_replica_bytes_per_relay == 0 {
             return Err(ConfigError::ZeroReplicaBudget);
         }
@@ -331,6 +332,9 @@ pub enum ConfigError {
     /// A ranking weight is invalid.
     #[error(transparent)]
     Weight(#[from] WeightError),
+    /// The reconnect backoff cannot work.
+    #[error("consumer backoff: {0}")]
+    Backoff(#[from] BackoffConfigError),
 }
 
 #[cfg(test)]
@@ -338,12 +342,12 @@ mod tests {
     use super::*;
 
     fn check(text: &str, addr: &str, dc: &str, cost: f64) {
-        let relay: RelayConfig = text.parse().unwrap();
+        let relay: RelayEndpoint = text.parse().unwrap();
         assert_eq!(
             relay,
-            RelayConfig {
+            RelayEndpoint {
                 cost,
-                ..RelayConfig::new(addr, dc)
+                ..RelayEndpoint::new(addr, dc)
             },
             "{text}"
         );
@@ -362,7 +366,7 @@ mod tests {
         for text in ["a:1=dc:-1", "a:1=dc:nan", "a:1=dc:fast", "a:1=dc:inf"] {
             assert!(
                 matches!(
-                    text.parse::<RelayConfig>(),
+                    text.parse::<RelayEndpoint>(),
                     Err(ConfigError::RelayCost { .. })
                 ),
                 "{text}"
@@ -373,15 +377,15 @@ mod tests {
     #[test]
     fn relay_argument_with_empty_parts_is_rejected() {
         assert!(matches!(
-            "=dc".parse::<RelayConfig>(),
+            "=dc".parse::<RelayEndpoint>(),
             Err(ConfigError::RelayAddress { .. })
         ));
         assert!(matches!(
-            "a:1=".parse::<RelayConfig>(),
+            "a:1=".parse::<RelayEndpoint>(),
             Err(ConfigError::RelayDc { .. })
         ));
         assert!(matches!(
-            "a:1=:3".parse::<RelayConfig>(),
+            "a:1=:3".parse::<RelayEndpoint>(),
             Err(ConfigError::RelayDc { .. })
         ));
     }
@@ -389,8 +393,8 @@ mod tests {
     #[test]
     fn duplicate_dc_names_are_rejected() {
         let config = ConsumerConfig::new(vec![
-            RelayConfig::new("a:1", "x"),
-            RelayConfig::new("b:1", "x"),
+            RelayEndpoint::new("a:1", "x"),
+            RelayEndpoint::new("b:1", "x"),
         ]);
         assert_eq!(
             config.validate(),
@@ -400,14 +404,14 @@ mod tests {
 
     #[test]
     fn zero_replica_budget_is_rejected() {
-        let mut config = ConsumerConfig::new(vec![RelayConfig::new("a:1", "x")]);
+        let mut config = ConsumerConfig::new(vec![RelayEndpoint::new("a:1", "x")]);
         config.limits.max_replica_bytes_per_relay = 0;
         assert_eq!(config.validate(), Err(ConfigError::ZeroReplicaBudget));
     }
 
     #[test]
     fn zero_timeouts_are_rejected_naming_the_limit() {
-        let base = ConsumerConfig::new(vec![RelayConfig::new("a:1", "x")]);
+        let base = ConsumerConfig::new(vec![RelayEndpoint::new("a:1", "x")]);
         let zeroed = |field: &str| {
             let mut config = base.clone();
             let limits = &mut config.limits;

@@ -26,8 +26,8 @@
 //! [`encode_prometheus`] exports the metrics.
 //!
 //! ```
-//! use kvrelay_consumer::{ConsumerConfig, ConsumerState, RelayConfig, ScoreRequest};
-//! let config = ConsumerConfig::new(vec!["127.0.0.1:7400=dc-a:5".parse::<RelayConfig>()?]);
+//! use kvrelay_consumer::{ConsumerConfig, ConsumerState, RelayEndpoint, ScoreRequest};
+//! let config = ConsumerConfig::new(vec!["127.0.0.1:7400=dc-a:5".parse::<RelayEndpoint>()?]);
 //! let state = ConsumerState::new(&config)?;
 //! let request = ScoreRequest { tokens: vec![1, 2, 3, 4], model: "llama".into(), ..Default::default() };
 //! // No catalog yet: the model is unknown, never guessed.
@@ -35,7 +35,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod backoff;
 mod budget;
 mod candidate;
 mod catalog;
@@ -51,29 +50,35 @@ pub mod scoring;
 mod served;
 mod state;
 mod store;
-pub mod tls;
 pub mod weights;
 mod wire;
 
-pub use backoff::{Backoff, BackoffConfig};
 pub use candidate::CandidateShape;
 pub use catalog::{PoolKey, QuarantinedEntry};
 pub use client::Consumer;
-pub use config::{ConfigError, ConsumerConfig, Limits, RelayConfig};
+pub use config::{ConfigError, ConsumerConfig, Limits, RelayEndpoint};
+
+/// The old name of [`RelayEndpoint`], kept for one release.
+#[deprecated(
+    note = "renamed `RelayEndpoint` (one name per concept: the relay's own \
+                     configuration is `kvrelay_server::RelayConfig`)"
+)]
+pub type RelayConfig = RelayEndpoint;
 pub use exposition::{METRIC_PREFIX, encode_prometheus};
+pub use kvrelay_pacing::{Backoff, BackoffConfig, BackoffConfigError};
+pub use kvrelay_tls::{BearerToken, RelayTls, TlsError, TokenError};
 pub use load::LoadSample;
 pub use metrics::{ConsumerMetrics, ResubscribeReason};
 pub use oneshot::{RouteError, RouteReport, route_once};
-pub use readiness::Readiness;
+pub use readiness::CandidateReadiness;
 pub use scoring::{
     DepthSource, Ranking, ReplicaDepth, ReplicaStatus, ScoreError, ScoreRequest, ScoredCandidate,
     ScoredLeg,
 };
 pub use served::{ServedModel, served_base_models};
 pub use state::{
-    CatalogChange, CatalogError, CheckedPoolFrame, ConsumerState, FrameError, FrameOutcome,
+    CatalogChange, CatalogError, CheckedPoolFrame, ConsumerState, FrameOutcome, PoolFrameRefused,
     PoolStatus, RelayStatus,
 };
 pub use store::StoreError;
-pub use tls::{BearerToken, RelayTls, TlsError, TokenError};
 pub use weights::{ScoreWeights, WeightError};

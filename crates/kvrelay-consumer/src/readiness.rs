@@ -4,10 +4,10 @@
 //! The rule, per candidate (both legs of a pair share a relay and a namespace):
 //! - the relay's topology entry for (pool namespace, base model) is `unavailable`, or
 //!   the adapter's entry under it is: the candidate is **excluded**;
-//! - both are `ready`: the candidate is [`Readiness::Ready`];
+//! - both are `ready`: the candidate is [`CandidateReadiness::Ready`];
 //! - anything else (no topology from that relay yet or any more, no entry for the key,
 //!   an entry or adapter in state `unknown`, an entry that failed validation): the
-//!   candidate is kept and marked [`Readiness::Unknown`]. Topology and catalog arrive on
+//!   candidate is kept and marked [`CandidateReadiness::Unknown`]. Topology and catalog arrive on
 //!   separate streams, so a missing entry is treated as not known, never as not ready.
 
 use hashbrown::HashMap;
@@ -15,7 +15,7 @@ use kvrelay_codec::v1::{ReadinessState, TopologyUpdate};
 
 /// Whether a ranked candidate's serving entry is known to be ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Readiness {
+pub enum CandidateReadiness {
     /// The relay's topology says the entry (and adapter, if any) is ready.
     Ready,
     /// Not known: no topology yet, no entry, or an entry in state unknown.
@@ -23,7 +23,7 @@ pub enum Readiness {
     Unknown,
 }
 
-impl Readiness {
+impl CandidateReadiness {
     /// The snake_case name used in JSON output.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -37,7 +37,7 @@ impl Readiness {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// Keep, marked with this readiness.
-    Keep(Readiness),
+    Keep(CandidateReadiness),
     /// Exclude: the topology says it cannot serve.
     Exclude,
 }
@@ -106,7 +106,7 @@ impl TopologyView {
             .get(namespace)
             .and_then(|models| models.get(base_model))
         else {
-            return Verdict::Keep(Readiness::Unknown);
+            return Verdict::Keep(CandidateReadiness::Unknown);
         };
         let adapter_state = match adapter {
             None => Some(ReadinessState::Ready),
@@ -129,7 +129,7 @@ pub(crate) fn verdict_of(
 ) -> Verdict {
     match view {
         Some(view) => view.verdict(namespace, base_model, adapter),
-        None => Verdict::Keep(Readiness::Unknown),
+        None => Verdict::Keep(CandidateReadiness::Unknown),
     }
 }
 
@@ -139,9 +139,9 @@ fn combine(base: ReadinessState, adapter: Option<ReadinessState>) -> Verdict {
         return Verdict::Exclude;
     }
     if base == ReadinessState::Ready && adapter == Some(ReadinessState::Ready) {
-        Verdict::Keep(Readiness::Ready)
+        Verdict::Keep(CandidateReadiness::Ready)
     } else {
-        Verdict::Keep(Readiness::Unknown)
+        Verdict::Keep(CandidateReadiness::Unknown)
     }
 }
 
@@ -169,19 +169,19 @@ mod tests {
     fn ready_needs_both_ready_else_unknown() {
         assert_eq!(
             combine(ReadinessState::Ready, Some(ReadinessState::Ready)),
-            Verdict::Keep(Readiness::Ready)
+            Verdict::Keep(CandidateReadiness::Ready)
         );
         assert_eq!(
             combine(ReadinessState::Unknown, Some(ReadinessState::Ready)),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
         assert_eq!(
             combine(ReadinessState::Ready, Some(ReadinessState::Unknown)),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
         assert_eq!(
             combine(ReadinessState::Ready, None),
-            Verdict::Keep(Readiness::Unknown),
+            Verdict::Keep(CandidateReadiness::Unknown),
             "an unlisted adapter is unknown"
         );
     }
@@ -190,12 +190,12 @@ mod tests {
     fn no_topology_or_no_entry_is_unknown() {
         assert_eq!(
             verdict_of(None, "ns", "m", None),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
         let view = TopologyView::default();
         assert_eq!(
             view.verdict("ns", "m", None),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
     }
 
@@ -250,20 +250,20 @@ mod tests {
         assert_eq!(n_invalid, 0);
         assert_eq!(
             view.verdict("prod", "m", None),
-            Verdict::Keep(Readiness::Ready)
+            Verdict::Keep(CandidateReadiness::Ready)
         );
         assert_eq!(
             view.verdict("prod", "m", Some("m-sql")),
-            Verdict::Keep(Readiness::Ready)
+            Verdict::Keep(CandidateReadiness::Ready)
         );
         assert_eq!(view.verdict("prod", "m", Some("m-law")), Verdict::Exclude);
         assert_eq!(
             view.verdict("prod", "m", Some("m-x")),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
         assert_eq!(
             view.verdict("other", "m", None),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
     }
 
@@ -279,11 +279,11 @@ mod tests {
         assert_eq!(n_invalid, 1);
         assert_eq!(
             view.verdict("bad", "m", None),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
         assert_eq!(
             view.verdict("twice", "m", None),
-            Verdict::Keep(Readiness::Unknown)
+            Verdict::Keep(CandidateReadiness::Unknown)
         );
     }
 }

@@ -15,9 +15,9 @@ use parking_lot::Mutex;
 
 use crate::candidate::{self, Candidate, CandidateShape, Resolved, Wanted};
 use crate::catalog::{PoolEntry, PoolKey};
-use crate::config::RelayConfig;
+use crate::config::RelayEndpoint;
 use crate::load::LoadSample;
-use crate::readiness::{self, Readiness, TopologyView, Verdict};
+use crate::readiness::{self, CandidateReadiness, TopologyView, Verdict};
 use crate::store::ProbeScratch;
 use crate::weights::{ScoreTerms, ScoreWeights};
 
@@ -119,7 +119,7 @@ pub struct ScoredCandidate {
     pub dc_cost: f64,
     /// Whether the relay's topology says the serving entry is ready (candidates whose
     /// entry is unavailable are excluded; see [`crate::readiness`]).
-    pub readiness: Readiness,
+    pub readiness: CandidateReadiness,
     /// The combined score; candidates are sorted by it, highest first.
     pub score: f64,
 }
@@ -177,7 +177,7 @@ pub enum ScoreError {
 /// Everything the pure scoring function reads.
 pub(crate) struct ScoreInputs<'a> {
     pub(crate) entries: &'a [PoolEntry],
-    pub(crate) relays: &'a [RelayConfig],
+    pub(crate) relays: &'a [RelayEndpoint],
     /// The relays' DC names, shared into results.
     pub(crate) dcs: &'a [Arc<str>],
     pub(crate) loads: &'a HashMap<PoolKey, LoadSample>,
@@ -255,7 +255,7 @@ const MAX_POOLED_SCRATCHES: usize = 8;
 pub(crate) struct ScoreScratch {
     candidates: Vec<Candidate>,
     /// Per kept candidate, its readiness.
-    readiness: Vec<Readiness>,
+    readiness: Vec<CandidateReadiness>,
     serving: Vec<usize>,
     /// Per entry: whether some candidate uses it as a leg.
     needed: Vec<bool>,
@@ -297,7 +297,7 @@ impl ScratchPool {
 #[derive(Debug, Clone, Copy)]
 struct CandidateTerms {
     candidate: Candidate,
-    readiness: Readiness,
+    readiness: CandidateReadiness,
     prefix_fraction: Option<f64>,
     /// Per leg (first, decode): its load fraction.
     loads: [Option<f64>; 2],
@@ -453,7 +453,7 @@ fn candidate_verdict(
     let entry = &inputs.entries[cand.first];
     let view = inputs.topologies.get(entry.relay).and_then(Option::as_ref);
     if view.is_none() {
-        return Verdict::Keep(Readiness::Unknown);
+        return Verdict::Keep(CandidateReadiness::Unknown);
     }
     // The adapter's canonical model id, as this pool registers it.
     let adapter = match resolved.target {
@@ -465,7 +465,7 @@ fn candidate_verdict(
             .map(|reg| reg.model.as_str()),
     };
     if matches!(resolved.target, Wanted::Lora { .. }) && adapter.is_none() {
-        return Verdict::Keep(Readiness::Unknown);
+        return Verdict::Keep(CandidateReadiness::Unknown);
     }
     readiness::verdict_of(view, &entry.namespace, resolved.base_model, adapter)
 }
@@ -473,7 +473,7 @@ fn candidate_verdict(
 fn candidate_terms(
     inputs: &ScoreInputs<'_>,
     cand: &Candidate,
-    readiness: Readiness,
+    readiness: CandidateReadiness,
     depth_of: &[ReplicaDepth],
     n_tokens: usize,
 ) -> CandidateTerms {
@@ -739,12 +739,12 @@ mod tests {
         }
     }
 
-    fn relays() -> Vec<RelayConfig> {
+    fn relays() -> Vec<RelayEndpoint> {
         vec![
-            RelayConfig::new("a:1", "dc-a"),
-            RelayConfig {
+            RelayEndpoint::new("a:1", "dc-a"),
+            RelayEndpoint {
                 cost: 20.0,
-                ..RelayConfig::new("b:1", "dc-b")
+                ..RelayEndpoint::new("b:1", "dc-b")
             },
         ]
     }

@@ -16,7 +16,7 @@ use kvrelay_codec::v1::{
 
 use crate::budget;
 use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry};
-use crate::config::{ConfigError, ConsumerConfig, RelayConfig};
+use crate::config::{ConfigError, ConsumerConfig, RelayEndpoint};
 use crate::load::LoadSample;
 use crate::metrics::{ConsumerMetrics, ResubscribeReason};
 use crate::projection::{self, AdmittedPool, ProjectedCatalog};
@@ -94,7 +94,7 @@ pub enum CatalogError {
 /// A pool frame that was refused; the subscription must be dropped and renewed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("pool frame refused ({}): {detail}", reason.as_str())]
-pub struct FrameError {
+pub struct PoolFrameRefused {
     /// The resubscribe reason it maps to.
     pub reason: ResubscribeReason,
     /// What was wrong, with values.
@@ -124,7 +124,7 @@ enum CheckedPayload {
 impl CheckedPoolFrame {
     /// Checks `frame` against `producer` (the generation it was subscribed for) and
     /// copies its payload out; a refusal names the resubscribe reason.
-    pub fn check(frame: &PoolFrame, producer: &ProducerIdentity) -> Result<Self, FrameError> {
+    pub fn check(frame: &PoolFrame, producer: &ProducerIdentity) -> Result<Self, PoolFrameRefused> {
         let payload = frame.check(producer).map_err(|err| {
             use kvrelay_codec::cbi1::Cbi1Error;
             use kvrelay_codec::v1::PoolFrameError;
@@ -135,7 +135,7 @@ impl CheckedPoolFrame {
                 }
                 _ => ResubscribeReason::Validation,
             };
-            FrameError {
+            PoolFrameRefused {
                 reason,
                 detail: err.to_string(),
             }
@@ -235,7 +235,7 @@ struct RelayView {
 /// The consumer's state: catalogs, loads and replicas of every configured relay.
 #[derive(Debug)]
 pub struct ConsumerState {
-    relays: Vec<RelayConfig>,
+    relays: Vec<RelayEndpoint>,
     dcs: Vec<Arc<str>>,
     weights: ScoreWeights,
     max_pools_per_relay: usize,
@@ -289,7 +289,7 @@ impl ConsumerState {
     }
 
     /// The configured relays, by index.
-    pub fn relays(&self) -> &[RelayConfig] {
+    pub fn relays(&self) -> &[RelayEndpoint] {
         &self.relays
     }
 
@@ -617,7 +617,7 @@ impl ConsumerState {
         key: PoolKey,
         frame: &PoolFrame,
         now: Instant,
-    ) -> Result<FrameOutcome, FrameError> {
+    ) -> Result<FrameOutcome, PoolFrameRefused> {
         let checked = self
             .subscribed(key)
             .and_then(|(_, producer)| CheckedPoolFrame::check(frame, &producer));
@@ -638,7 +638,7 @@ impl ConsumerState {
         key: PoolKey,
         frame: &CheckedPoolFrame,
         now: Instant,
-    ) -> Result<FrameOutcome, FrameError> {
+    ) -> Result<FrameOutcome, PoolFrameRefused> {
         let result = self.apply_checked_inner(key, frame, now);
         if result.is_err() {
             self.store.invalidate(key);
@@ -647,11 +647,14 @@ impl ConsumerState {
     }
 
     /// The relay and producer `key` stands for in the catalog.
-    fn subscribed(&self, key: PoolKey) -> Result<(usize, ProducerIdentity), FrameError> {
-        self.producers.get(&key).copied().ok_or_else(|| FrameError {
-            reason: ResubscribeReason::ProducerChanged,
-            detail: format!("pool key {} is no longer in the catalog", key.0),
-        })
+    fn subscribed(&self, key: PoolKey) -> Result<(usize, ProducerIdentity), PoolFrameRefused> {
+        self.producers
+            .get(&key)
+            .copied()
+            .ok_or_else(|| PoolFrameRefused {
+                reason: ResubscribeReason::ProducerChanged,
+                detail: format!("pool key {} is no longer in the catalog", key.0),
+            })
     }
 
     fn apply_checked_inner(
@@ -659,10 +662,10 @@ impl ConsumerState {
         key: PoolKey,
         frame: &CheckedPoolFrame,
         now: Instant,
-    ) -> Result<FrameOutcome, FrameError> {
+    ) -> Result<FrameOutcome, PoolFrameRefused> {
         let (relay, producer) = self.subscribed(key)?;
         if producer != frame.producer {
-            return Err(FrameError {
+            return Err(PoolFrameRefused {
                 reason: ResubscribeReason::ProducerChanged,
                 detail: format!(
                     "frame checked for {:?}, catalog holds {:?} under key {}",
@@ -673,7 +676,7 @@ impl ConsumerState {
         if let Some(identity) = self.relay_views[relay].identity
             && identity != frame.relay
         {
-            return Err(FrameError {
+            return Err(PoolFrameRefused {
                 reason: ResubscribeReason::RelayRestart,
                 detail: format!(
                     "frame from relay {:?}, catalog from {:?}",
@@ -691,7 +694,7 @@ impl ConsumerState {
                 | StoreError::HeartbeatMismatch { .. } => ResubscribeReason::Gap,
                 _ => ResubscribeReason::Validation,
             };
-            FrameError {
+            PoolFrameRefused {
                 reason,
                 detail: err.to_string(),
             }

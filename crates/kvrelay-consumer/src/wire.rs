@@ -11,7 +11,7 @@ use kvrelay_codec::v1::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::tls::{BearerToken, RelayConnector};
+use kvrelay_tls::{BearerToken, RelayConnector};
 
 /// How to reach one relay: its address, TLS connector and token, loaded once at start.
 #[derive(Debug, Clone)]
@@ -89,14 +89,10 @@ async fn connect(endpoint: &Endpoint) -> Result<Box<dyn Socket>, WireError> {
     match &endpoint.tls {
         None => Ok(Box::new(socket)),
         Some(tls) => {
-            let stream = tls
-                .connector
-                .connect(tls.server_name.clone(), socket)
-                .await
-                .map_err(|source| WireError::Tls {
-                    addr: addr.clone(),
-                    source,
-                })?;
+            let stream = tls.connect(socket).await.map_err(|source| WireError::Tls {
+                addr: addr.clone(),
+                source,
+            })?;
             Ok(Box::new(stream))
         }
     }
@@ -126,7 +122,7 @@ impl WireStream {
             auth_token: endpoint
                 .token
                 .as_ref()
-                .map(|token| token.as_str().to_owned()),
+                .map(|token| token.secret().to_owned()),
         });
         let mut out = BytesMut::new();
         encode_message(&request, &limits, &mut out).map_err(|err| WireError::Encode {

@@ -549,7 +549,7 @@ async fn lost_load_stream_makes_loads_unknown_and_keeps_replicas() {
 #[tokio::test]
 async fn unavailable_serving_entries_are_excluded_and_unknown_ones_marked() {
     use kvrelay_codec::v1::ReadinessState;
-    use kvrelay_consumer::Readiness;
+    use kvrelay_consumer::CandidateReadiness;
     let mut unknown = PoolSpec::aggregated("gamma", "llama");
     unknown.namespace = "staging";
     let mut down = PoolSpec::aggregated("beta", "llama");
@@ -572,7 +572,7 @@ async fn unavailable_serving_entries_are_excluded_and_unknown_ones_marked() {
         ranking
             .candidates
             .iter()
-            .all(|c| c.readiness == Readiness::Unknown)
+            .all(|c| c.readiness == CandidateReadiness::Unknown)
     );
 
     relay.publish_topology(&[
@@ -594,7 +594,10 @@ async fn unavailable_serving_entries_are_excluded_and_unknown_ones_marked() {
             .find(|c| &*c.legs[0].endpoint == name)
             .map(|c| c.readiness)
     };
-    assert_eq!(by_endpoint("prod.alpha.generate"), Some(Readiness::Ready));
+    assert_eq!(
+        by_endpoint("prod.alpha.generate"),
+        Some(CandidateReadiness::Ready)
+    );
     assert_eq!(
         by_endpoint("canary.beta.generate"),
         None,
@@ -602,7 +605,7 @@ async fn unavailable_serving_entries_are_excluded_and_unknown_ones_marked() {
     );
     assert_eq!(
         by_endpoint("staging.gamma.generate"),
-        Some(Readiness::Unknown)
+        Some(CandidateReadiness::Unknown)
     );
     assert_eq!(ranking.n_not_ready, 1);
     consumer.shutdown().await;

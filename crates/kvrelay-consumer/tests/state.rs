@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use kvrelay_ckf::{ExactIndex, PrefixQuery};
 use kvrelay_consumer::{
     CatalogError, CheckedPoolFrame, ConsumerConfig, ConsumerState, FrameOutcome, PoolKey,
-    RelayConfig, ReplicaStatus, ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
+    RelayEndpoint, ReplicaStatus, ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
 
 fn state(n_relays: usize) -> ConsumerState {
     let relays = (0..n_relays)
-        .map(|i| RelayConfig::new(&format!("127.0.0.1:{}", 7400 + i), &format!("dc-{i}")))
+        .map(|i| RelayEndpoint::new(&format!("127.0.0.1:{}", 7400 + i), &format!("dc-{i}")))
         .collect();
     ConsumerState::new(&ConsumerConfig::new(relays)).unwrap()
 }
@@ -494,7 +494,7 @@ fn topology(
 #[test]
 fn lost_topology_makes_excluded_candidates_unknown_again() {
     use kvrelay_codec::v1::ReadinessState;
-    use kvrelay_consumer::Readiness;
+    use kvrelay_consumer::CandidateReadiness;
     let mut state = state(1);
     let relay = relay_identity(1);
     let producer = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
@@ -512,14 +512,14 @@ fn lost_topology_makes_excluded_candidates_unknown_again() {
 
     state.clear_topology(0);
     let ranking = state.score(&request(vec![1; 8]), now).unwrap();
-    assert_eq!(ranking.candidates[0].readiness, Readiness::Unknown);
+    assert_eq!(ranking.candidates[0].readiness, CandidateReadiness::Unknown);
     assert_eq!(ranking.n_not_ready, 0);
 }
 
 #[test]
 fn topology_from_another_relay_incarnation_is_ignored() {
     use kvrelay_codec::v1::ReadinessState;
-    use kvrelay_consumer::Readiness;
+    use kvrelay_consumer::CandidateReadiness;
     let mut state = state(1);
     let relay = relay_identity(1);
     let producer = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
@@ -528,7 +528,7 @@ fn topology_from_another_relay_incarnation_is_ignored() {
         .unwrap();
     state.apply_topology(0, &topology(relay_identity(2), ReadinessState::Unavailable));
     let ranking = state.score(&request(vec![1; 8]), Instant::now()).unwrap();
-    assert_eq!(ranking.candidates[0].readiness, Readiness::Unknown);
+    assert_eq!(ranking.candidates[0].readiness, CandidateReadiness::Unknown);
 }
 
 #[test]
@@ -568,7 +568,7 @@ fn served_base_models_lists_each_base_model_and_block_size_once_without_adapters
 /// A state whose relays may each hold `budget` bytes of replicas.
 fn state_with_budget(n_relays: usize, budget: u64) -> ConsumerState {
     let relays = (0..n_relays)
-        .map(|i| RelayConfig::new(&format!("127.0.0.1:{}", 7400 + i), &format!("dc-{i}")))
+        .map(|i| RelayEndpoint::new(&format!("127.0.0.1:{}", 7400 + i), &format!("dc-{i}")))
         .collect();
     let mut config = ConsumerConfig::new(relays);
     config.limits.max_replica_bytes_per_relay = budget;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use crate::throttle::LogThrottle;
+use kvrelay_pacing::{Backoff, BackoffConfig, LogBudget, NO_JITTER};
 
 /// First sleep after a resource-exhaustion accept error.
 pub const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -92,8 +92,8 @@ pub fn classify(err: &io::Error) -> AcceptErrorKind {
 #[derive(Debug)]
 pub struct AcceptBackoff {
     listener: &'static str,
-    next: Duration,
-    throttle: LogThrottle,
+    backoff: Backoff,
+    log_budget: LogBudget,
 }
 
 impl AcceptBackoff {
@@ -101,14 +101,19 @@ impl AcceptBackoff {
     pub fn new(listener: &'static str) -> Self {
         Self {
             listener,
-            next: ACCEPT_BACKOFF_MIN,
-            throttle: LogThrottle::default(),
+            backoff: Backoff::new(BackoffConfig {
+                initial: ACCEPT_BACKOFF_MIN,
+                max: ACCEPT_BACKOFF_MAX,
+                // Only an accepted socket resets the backoff (see `accepted`).
+                healthy_reset: Duration::MAX,
+            }),
+            log_budget: LogBudget::default(),
         }
     }
 
     /// A socket was accepted: the next exhaustion starts from the shortest sleep again.
     pub fn accepted(&mut self) {
-        self.next = ACCEPT_BACKOFF_MIN;
+        self.backoff.reset();
     }
 
     /// Reports `err` to `events` and logs it; returns how long to sleep before accepting
@@ -122,9 +127,9 @@ impl AcceptBackoff {
                 Duration::ZERO
             }
             AcceptErrorKind::ResourceExhausted => {
-                let sleep = self.next;
-                self.next = (self.next * 2).min(ACCEPT_BACKOFF_MAX);
-                if let Some(suppressed) = self.throttle.admit(Instant::now()) {
+                // Exact doubling: the sleep only paces one local loop, nothing to spread.
+                let sleep = self.backoff.on_failure(Duration::ZERO, NO_JITTER);
+                if let Some(suppressed) = self.log_budget.admit(Instant::now()) {
                     warn!(
                         listener = self.listener,
                         error = %err,

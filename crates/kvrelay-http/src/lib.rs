@@ -1,5 +1,5 @@
 //! Hardened HTTP/1.1 serving shared by kvrelay's HTTP listeners (the relay's admin API and
-//! the router's API), plus the accept-loop backoff and log throttle every listener uses.
+//! the router's API), plus the accept-loop backoff every listener uses.
 //!
 //! One place for the rules every listener must keep: bounded connections, a request-head
 //! deadline that also bounds idle keep-alives, a lifetime per connection, accept errors
@@ -10,8 +10,6 @@
 mod accept;
 mod admission;
 mod serve;
-mod throttle;
-mod token;
 
 pub use accept::{
     ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN, AcceptBackoff, AcceptErrorKind, ConnectionOutcome,
@@ -19,8 +17,6 @@ pub use accept::{
 };
 pub use admission::{ConnectionAdmission, ConnectionPermit, ConnectionRefusal};
 pub use serve::{HttpBounds, serve};
-pub use throttle::{DEFAULT_LOG_INTERVAL, LogThrottle};
-pub use token::{bearer_matches, bearer_of, token_matches};
 
 /// Waits for SIGINT or SIGTERM (SIGINT only where SIGTERM does not exist, or when its
 /// handler cannot be installed): the cue for a service's graceful shutdown.

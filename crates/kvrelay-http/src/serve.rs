@@ -29,7 +29,7 @@ use tracing::{debug, warn};
 
 use crate::accept::{AcceptBackoff, ConnectionOutcome, ListenerEvents};
 use crate::admission::ConnectionAdmission;
-use crate::throttle::LogThrottle;
+use kvrelay_pacing::LogBudget;
 
 /// The connection bounds of one HTTP listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub async fn serve(
         ConnectionAdmission::new(bounds.max_connections, bounds.max_connections_per_peer);
     let tracker = TaskTracker::new();
     let mut backoff = AcceptBackoff::new(name);
-    let refusals = LogThrottle::default();
+    let mut refusals = LogBudget::default();
     loop {
         let accepted = tokio::select! {
             biased;

@@ -63,5 +63,5 @@ pub use workload::{
     WorkerCache, WorkloadConfig, block_token_hash, block_tokens, request_tokens,
     route_by_first_block,
 };
-pub use zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
+pub use zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
 pub use zmq_source::{FaultInjection, ZmqSourceConfig, spawn_zmq_source};

@@ -4,6 +4,9 @@
 //! optional, falling back to the const beside it) and checks it with [`Limits::validate`]
 //! before any source starts.
 
+use std::time::Duration;
+
+use kvrelay_pacing::BackoffConfig;
 use serde::{Deserialize, Serialize};
 
 /// Default [`Limits::max_events_per_batch`].
@@ -147,6 +150,15 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The backoff every engine-source reconnect loop runs under (ZMQ reader restarts,
+    /// the NATS subscription): doubling from `restart_backoff_initial_ms` to
+    /// `restart_backoff_max_ms`; a source that stayed up longer than the ceiling starts over.
+    pub fn restart_backoff(&self) -> BackoffConfig {
+        let initial = Duration::from_millis(self.restart_backoff_initial_ms.max(1));
+        let max = Duration::from_millis(self.restart_backoff_max_ms).max(initial);
+        BackoffConfig::doubling(initial, max)
+    }
+
     /// Checks every bound: counts nonzero and within their caps (a zero
     /// `receive_high_water_mark` would mean *unbounded* to libzmq), durations within
     /// `1 ms..=1 day`, and each backoff's ceiling at least its first delay.

@@ -1,45 +1,32 @@
-//! Rate-limited rejection logging, pure: one line per reason and interval, carrying the
-//! count since the previous line, so a flood of bad input costs a counter bump per
-//! message and a few log lines, never one line per message.
+//! Rate-limited rejection logging: one [`LogBudget`] per reason, so a flood of bad input
+//! costs a counter bump per message and a few log lines, never one line per message, and
+//! one noisy reason never hides another.
 
 use std::time::{Duration, Instant};
+
+use kvrelay_pacing::LogBudget;
 
 use crate::error::RejectionKind;
 
 /// Per-reason log budget of one source.
 #[derive(Debug)]
 pub(crate) struct RejectionLog {
-    interval: Duration,
-    entries: [Entry; RejectionKind::ALL.len()],
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Entry {
-    last_line: Option<Instant>,
-    suppressed: u64,
+    budgets: [LogBudget; RejectionKind::ALL.len()],
 }
 
 impl RejectionLog {
     pub(crate) fn new(interval: Duration) -> Self {
         Self {
-            interval,
-            entries: [Entry::default(); RejectionKind::ALL.len()],
+            budgets: [LogBudget::new(interval); RejectionKind::ALL.len()],
         }
     }
 
     /// Notes one rejection of `kind` at `now`; returns the count to log (this one plus
-    /// those suppressed since the previous line) when a line is due, else `None`.
+    /// those held back since the previous line) when a line is due, else `None`.
     pub(crate) fn note(&mut self, kind: RejectionKind, now: Instant) -> Option<u64> {
-        let entry = &mut self.entries[kind.index()];
-        entry.suppressed += 1;
-        let due = entry
-            .last_line
-            .is_none_or(|last| now.saturating_duration_since(last) >= self.interval);
-        if !due {
-            return None;
-        }
-        entry.last_line = Some(now);
-        Some(std::mem::take(&mut entry.suppressed))
+        self.budgets[kind.index()]
+            .admit(now)
+            .map(|held_back| held_back + 1)
     }
 }
 

@@ -5,7 +5,7 @@ use bytes::Bytes;
 /// A ZMQ message whose frames are not a known engine layout.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum FrameError {
+pub enum ZmqFrameError {
     /// Wrong number of frames.
     #[error("message has {n_frames} frames, expected {expected}")]
     FrameCount {
@@ -45,11 +45,14 @@ pub enum ReplayReply {
 }
 
 /// Parses a live message `[topic, seq, payload]` (or `[seq, payload]`).
-pub fn parse_live(frames: &[Bytes], max_payload_bytes: usize) -> Result<(u64, Bytes), FrameError> {
+pub fn parse_live(
+    frames: &[Bytes],
+    max_payload_bytes: usize,
+) -> Result<(u64, Bytes), ZmqFrameError> {
     let (seq, payload) = match frames {
         [_, seq, payload] | [seq, payload] => (seq, payload),
         _ => {
-            return Err(FrameError::FrameCount {
+            return Err(ZmqFrameError::FrameCount {
                 n_frames: frames.len(),
                 expected: "2 or 3",
             });
@@ -61,7 +64,10 @@ pub fn parse_live(frames: &[Bytes], max_payload_bytes: usize) -> Result<(u64, By
 
 /// Parses a replay reply as a DEALER receives it: an optional empty delimiter, then
 /// `[seq, payload]` (older engines) or `[topic, seq, payload]` (vLLM ≥ 0.26, SGLang ≥ 0.5.22).
-pub fn parse_replay(frames: &[Bytes], max_payload_bytes: usize) -> Result<ReplayReply, FrameError> {
+pub fn parse_replay(
+    frames: &[Bytes],
+    max_payload_bytes: usize,
+) -> Result<ReplayReply, ZmqFrameError> {
     let rest = match frames {
         [first, rest @ ..] if first.is_empty() && rest.len() >= 2 => rest,
         all => all,
@@ -69,7 +75,7 @@ pub fn parse_replay(frames: &[Bytes], max_payload_bytes: usize) -> Result<Replay
     let (seq, payload) = match rest {
         [_, seq, payload] | [seq, payload] => (seq, payload),
         _ => {
-            return Err(FrameError::FrameCount {
+            return Err(ZmqFrameError::FrameCount {
                 n_frames: frames.len(),
                 expected: "2 to 4",
             });
@@ -94,17 +100,17 @@ pub fn replay_request(start_seq: u64) -> [Bytes; 2] {
     ]
 }
 
-fn parse_seq(frame: &[u8]) -> Result<u64, FrameError> {
+fn parse_seq(frame: &[u8]) -> Result<u64, ZmqFrameError> {
     seq_array(frame).map(u64::from_be_bytes)
 }
 
-fn seq_array(frame: &[u8]) -> Result<[u8; 8], FrameError> {
-    <[u8; 8]>::try_from(frame).map_err(|_| FrameError::SeqWidth { len: frame.len() })
+fn seq_array(frame: &[u8]) -> Result<[u8; 8], ZmqFrameError> {
+    <[u8; 8]>::try_from(frame).map_err(|_| ZmqFrameError::SeqWidth { len: frame.len() })
 }
 
-fn check_payload(payload: &[u8], max: usize) -> Result<(), FrameError> {
+fn check_payload(payload: &[u8], max: usize) -> Result<(), ZmqFrameError> {
     if payload.len() > max {
-        return Err(FrameError::PayloadTooLarge {
+        return Err(ZmqFrameError::PayloadTooLarge {
             len: payload.len(),
             max,
         });

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvrelay_ckf::SourceId;
+use kvrelay_pacing::{Backoff, NO_JITTER};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -160,9 +161,7 @@ async fn supervise_reader(
     counters: Arc<Counters>,
     cancel: CancellationToken,
 ) {
-    let initial = Duration::from_millis(params.limits.restart_backoff_initial_ms.max(1));
-    let max = Duration::from_millis(params.limits.restart_backoff_max_ms).max(initial);
-    let mut backoff = initial;
+    let mut backoff = Backoff::new(params.limits.restart_backoff());
     loop {
         let started = Instant::now();
         let run = {
@@ -189,20 +188,17 @@ async fn supervise_reader(
         }
         counters.restart();
         state.set_transport(SourceState::Failed);
-        // A reader that ran for a while before failing starts the backoff over.
-        if started.elapsed() > max {
-            backoff = initial;
-        }
-        warn!(peer = %params.endpoint, error = %failure, backoff_ms = backoff.as_millis() as u64, "zmq reader failed; restarting");
+        // A reader that ran for longer than the longest sleep starts the backoff over.
+        let delay = backoff.on_failure(started.elapsed(), NO_JITTER);
+        warn!(peer = %params.endpoint, error = %failure, backoff_ms = delay.as_millis() as u64, "zmq reader failed; restarting");
         if live.send(ReaderEvent::Disconnected).await.is_err() {
             return;
         }
         tokio::select! {
             biased;
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(delay) => {}
         }
-        backoff = (backoff * 2).min(max);
     }
 }
 

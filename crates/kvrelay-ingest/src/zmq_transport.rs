@@ -30,7 +30,7 @@ use crate::limits::Limits;
 use crate::log_limit::RejectionLog;
 use crate::source::{SourceState, StateCell};
 use crate::stats::Counters;
-use crate::zmq_frames::{FrameError, ReplayReply, parse_live, parse_replay, replay_request};
+use crate::zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
 use crate::zmq_source::FaultInjection;
 
 /// How long one poll waits before cancellation is checked again.
@@ -259,7 +259,7 @@ fn read(
             };
             let parsed = match frames {
                 Ok(frames) => parse_live(&frames, limits.max_payload_bytes),
-                Err(n_frames) => Err(FrameError::FrameCount {
+                Err(n_frames) => Err(ZmqFrameError::FrameCount {
                     n_frames,
                     expected: "2 or 3",
                 }),
@@ -352,7 +352,7 @@ pub(crate) fn run_replay(
         while let Some(frames) = recv_frames(&dealer, MAX_REPLAY_FRAMES)? {
             let parsed = match frames {
                 Ok(frames) => parse_replay(&frames, limits.max_payload_bytes),
-                Err(n_frames) => Err(FrameError::FrameCount {
+                Err(n_frames) => Err(ZmqFrameError::FrameCount {
                     n_frames,
                     expected: "2 to 4",
                 }),

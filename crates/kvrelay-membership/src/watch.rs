@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::SelectAll;
+use kvrelay_pacing::{Backoff, BackoffConfig, NO_JITTER};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -213,7 +214,12 @@ struct WatchTask {
 
 impl WatchTask {
     async fn run(mut self, initial: SelectAll<DiscoveryWatch>) {
-        let mut backoff = self.config.backoff_initial;
+        let mut backoff = Backoff::new(BackoffConfig {
+            initial: self.config.backoff_initial,
+            max: self.config.backoff_max,
+            // Progress (an event, a clean reconcile) resets it, not time.
+            healthy_reset: Duration::MAX,
+        });
         let mut n_failures = 0u64;
         let mut watches = Some(initial);
         loop {
@@ -261,7 +267,7 @@ impl WatchTask {
     async fn follow(
         &mut self,
         mut stream: SelectAll<DiscoveryWatch>,
-        backoff: &mut Duration,
+        backoff: &mut Backoff,
         n_failures: &mut u64,
     ) -> Followed {
         let start = tokio::time::Instant::now() + self.config.reconcile_interval;
@@ -275,7 +281,7 @@ impl WatchTask {
                 event = stream.next() => match event {
                     Some(Ok(event)) => {
                         *n_failures = 0;
-                        *backoff = self.config.backoff_initial;
+                        backoff.reset();
                         if self.projection.handle_event(event) {
                             self.publish();
                         } else {
@@ -302,7 +308,7 @@ impl WatchTask {
                     };
                     match listed {
                         Ok(listing) => {
-                            *backoff = self.config.backoff_initial;
+                            backoff.reset();
                             if self.projection.replace_all(listing) {
                                 tracing::info!("membership reconcile found missed changes");
                                 self.publish();
@@ -320,9 +326,8 @@ impl WatchTask {
     }
 
     /// Sleeps the current backoff, then doubles it; false if cancelled meanwhile.
-    async fn wait_backoff(&self, backoff: &mut Duration) -> bool {
-        let delay = *backoff;
-        *backoff = (*backoff * 2).min(self.config.backoff_max);
+    async fn wait_backoff(&self, backoff: &mut Backoff) -> bool {
+        let delay = backoff.on_failure(Duration::ZERO, NO_JITTER);
         tokio::select! {
             biased;
             () = self.cancel.cancelled() => false,

@@ -19,7 +19,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::sync::Arc;
 
 use kvrelay_consumer::{
-    CandidateShape, Ranking, Readiness, ReplicaStatus, ScoredCandidate, ScoredLeg,
+    CandidateReadiness, CandidateShape, Ranking, ReplicaStatus, ScoredCandidate, ScoredLeg,
 };
 use kvrelay_router::api::{self, BatchRequest, RouteRequest, RouteResponse};
 use kvrelay_router::config::HttpSection;
@@ -83,7 +83,7 @@ fn ranking(n: usize) -> Ranking {
                 prefix_fraction: Some(f64::from(i as u32 % 65) / 64.0),
                 load_fraction: Some(0.1 + i as f64 / 1_000.0),
                 dc_cost: 0.0,
-                readiness: Readiness::Ready,
+                readiness: CandidateReadiness::Ready,
                 score: 1.0 - i as f64 / 300.0,
             })
             .collect(),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvrelay_consumer::{
-    BackoffConfig, BearerToken, ConfigError, ConsumerConfig, Limits, RelayConfig, RelayTls,
+    BackoffConfig, BearerToken, ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayTls,
     ScoreWeights, TokenError,
 };
 use kvrelay_http::HttpBounds;
@@ -370,14 +370,6 @@ pub enum RouterConfigError {
         /// The key.
         field: &'static str,
     },
-    /// The reconnect backoff is zero or its maximum is below its first delay.
-    #[error("[consumer] backoff_initial_ms ({initial}) must be > 0 and <= backoff_max_ms ({max})")]
-    Backoff {
-        /// `backoff_initial_ms`.
-        initial: u64,
-        /// `backoff_max_ms`.
-        max: u64,
-    },
     /// The consumer rejected the resulting configuration (relays, weights, bounds, TLS).
     #[error(transparent)]
     Consumer(#[from] ConfigError),
@@ -404,7 +396,7 @@ impl RouterConfig {
     /// Parses `ADDR=DC[:COST]` (as `kvrelay route --relay`) into a plaintext relay.
     pub fn parse_relay(text: &str) -> Result<RelaySection, RouterConfigError> {
         let relay =
-            text.parse::<RelayConfig>()
+            text.parse::<RelayEndpoint>()
                 .map_err(|source| RouterConfigError::RelayArgument {
                     text: text.to_owned(),
                     source,
@@ -444,13 +436,6 @@ impl RouterConfig {
         ];
         if let Some((field, _)) = zero.into_iter().find(|(_, is_zero)| *is_zero) {
             return Err(RouterConfigError::ZeroBound { field });
-        }
-        let (initial, max) = (
-            self.consumer.backoff_initial_ms,
-            self.consumer.backoff_max_ms,
-        );
-        if initial == 0 || max < initial {
-            return Err(RouterConfigError::Backoff { initial, max });
         }
         let relays = self
             .relays
@@ -501,7 +486,7 @@ impl RouterConfig {
 fn relay_config(
     relay: &RelaySection,
     env: &impl Fn(&str) -> Option<String>,
-) -> Result<RelayConfig, RouterConfigError> {
+) -> Result<RelayEndpoint, RouterConfigError> {
     let tls_error = |message| RouterConfigError::RelayTls {
         dc: relay.dc.clone(),
         message,
@@ -538,7 +523,7 @@ fn relay_config(
         }
         (None, None) => None,
     };
-    Ok(RelayConfig {
+    Ok(RelayEndpoint {
         addr: relay.address.clone(),
         dc: relay.dc.clone(),
         cost: relay.cost,

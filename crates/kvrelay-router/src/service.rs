@@ -84,7 +84,11 @@ async fn require_token(
     if OPEN_PATHS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
-    if kvrelay_http::bearer_matches(token.secret().as_bytes(), request.headers()) {
+    let authorization = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .map(axum::http::HeaderValue::as_bytes);
+    if token.matches_authorization(authorization) {
         return next.run(request).await;
     }
     state.metrics.unauthorized();

@@ -69,6 +69,16 @@ pub enum ConfigError {
         /// What the ingest crate refused.
         error: kvrelay_ingest::LimitError,
     },
+    /// A configured bearer token cannot be used (empty, over 4,096 bytes, a control
+    /// character, an unreadable file). Never quotes the token.
+    #[error("config field {field}: {source}")]
+    Token {
+        /// Dotted path of the field (`wan.auth.token`, `admin.auth.token_file`, ...).
+        field: &'static str,
+        /// What is wrong.
+        #[source]
+        source: kvrelay_tls::TokenError,
+    },
     /// A field is invalid.
     #[error("config field {field} = {value:?}: {reason}")]
     InvalidField {
@@ -156,6 +166,17 @@ pub struct TlsConfig {
     pub client_ca: Option<PathBuf>,
 }
 
+impl TlsConfig {
+    /// The files, as the TLS crate takes them.
+    pub fn files(&self) -> kvrelay_tls::WanTlsFiles<'_> {
+        kvrelay_tls::WanTlsFiles {
+            cert: &self.cert,
+            key: &self.key,
+            client_ca: self.client_ca.as_deref(),
+        }
+    }
+}
+
 /// The `[wan.auth]` table: exactly one of `token` or `token_file`. `Debug` never shows
 /// the token, so a config logged or printed in an error does not leak it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +186,64 @@ pub struct AuthConfig {
     pub token: Option<String>,
     /// A file whose trimmed contents are the bearer token.
     pub token_file: Option<PathBuf>,
+}
+
+/// Which listener an [`AuthConfig`] guards, to name its fields in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthTable {
+    /// `[wan.auth]`.
+    Wan,
+    /// `[admin.auth]`.
+    Admin,
+}
+
+impl AuthTable {
+    pub(crate) fn table(self) -> &'static str {
+        match self {
+            Self::Wan => "wan.auth",
+            Self::Admin => "admin.auth",
+        }
+    }
+
+    pub(crate) fn token_field(self) -> &'static str {
+        match self {
+            Self::Wan => "wan.auth.token",
+            Self::Admin => "admin.auth.token",
+        }
+    }
+
+    pub(crate) fn token_file_field(self) -> &'static str {
+        match self {
+            Self::Wan => "wan.auth.token_file",
+            Self::Admin => "admin.auth.token_file",
+        }
+    }
+}
+
+impl AuthConfig {
+    /// The token this table configures (inline, or read from its file now), or the field
+    /// that cannot be used.
+    pub(crate) fn load(&self, table: AuthTable) -> Result<kvrelay_tls::BearerToken, ConfigError> {
+        match (&self.token, &self.token_file) {
+            (Some(token), None) => {
+                kvrelay_tls::BearerToken::new(token).map_err(|source| ConfigError::Token {
+                    field: table.token_field(),
+                    source,
+                })
+            }
+            (None, Some(path)) => {
+                kvrelay_tls::BearerToken::from_file(path).map_err(|source| ConfigError::Token {
+                    field: table.token_file_field(),
+                    source,
+                })
+            }
+            (Some(_), Some(_)) | (None, None) => Err(ConfigError::InvalidField {
+                field: table.table(),
+                value: String::new(),
+                reason: "set exactly one of token or token_file",
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for AuthConfig {
@@ -723,10 +802,14 @@ impl RelayConfig {
             });
         }
         if let Some(auth) = &self.wan.auth {
-            validate_auth(auth, "wan.auth", "wan.auth.token")?;
+            validate_auth(auth, AuthTable::Wan.table(), AuthTable::Wan.token_field())?;
         }
         if let Some(auth) = &self.admin.auth {
-            validate_auth(auth, "admin.auth", "admin.auth.token")?;
+            validate_auth(
+                auth,
+                AuthTable::Admin.table(),
+                AuthTable::Admin.token_field(),
+            )?;
         }
         let admin_bounds = [
             (
@@ -801,19 +884,21 @@ impl RelayConfig {
 /// Largest accepted admin bound: one year in ms (counts are far below it).
 const MAX_ADMIN_BOUND: u64 = 365 * 24 * 3600 * 1000;
 
-/// Exactly one of an inline token and a token file; an inline token is not blank.
+/// Exactly one of an inline token and a token file; an inline token follows the token
+/// rules (the file's contents are checked when the relay starts and reads it).
 fn validate_auth(
     auth: &AuthConfig,
     table: &'static str,
     token_field: &'static str,
 ) -> Result<(), ConfigError> {
     match (&auth.token, &auth.token_file) {
-        (Some(token), None) if token.trim().is_empty() => Err(ConfigError::InvalidField {
-            field: token_field,
-            value: String::new(),
-            reason: "token must not be empty",
-        }),
-        (Some(_), None) | (None, Some(_)) => Ok(()),
+        (Some(token), None) => kvrelay_tls::BearerToken::new(token)
+            .map(drop)
+            .map_err(|source| ConfigError::Token {
+                field: token_field,
+                source,
+            }),
+        (None, Some(_)) => Ok(()),
         (Some(_), Some(_)) | (None, None) => Err(ConfigError::InvalidField {
             field: table,
             value: String::new(),
@@ -989,6 +1074,60 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn tokens_no_client_could_send_are_refused_naming_the_field() {
+        let mut config = parse("[discovery]\ndir = \"c\"\n").unwrap();
+        config.wan.auth = Some(AuthConfig {
+            token: Some("line\u{1b}break".into()),
+            token_file: None,
+        });
+        let err = config.validate().unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ConfigError::Token {
+                    field: "wan.auth.token",
+                    source: kvrelay_tls::TokenError::ControlCharacter
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            !err.to_string().contains("line"),
+            "the token is never quoted: {err}"
+        );
+        config.wan.auth = None;
+        config.admin.auth = Some(AuthConfig {
+            token: Some("x".repeat(4097)),
+            token_file: None,
+        });
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Token {
+                field: "admin.auth.token",
+                source: kvrelay_tls::TokenError::TooLong { len: 4097, .. }
+            })
+        ));
+        // A token file is read at start; its errors name the file's field and listener.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "\n").unwrap();
+        let auth = AuthConfig {
+            token: None,
+            token_file: Some(file),
+        };
+        assert!(matches!(
+            auth.load(AuthTable::Admin),
+            Err(ConfigError::Token {
+                field: "admin.auth.token_file",
+                source: kvrelay_tls::TokenError::File { .. }
+            })
+        ));
+        std::fs::write(dir.path().join("token"), "s3cret\n").unwrap();
+        let token = auth.load(AuthTable::Wan).unwrap();
+        assert!(token.matches(Some(b"s3cret")));
     }
 
     #[test]

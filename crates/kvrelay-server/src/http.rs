@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{AcceptErrorLabels, OutcomeLabel, RelayMetrics};
-use crate::wan::auth::BearerToken;
+use kvrelay_tls::BearerToken;
 
 /// Paths served without a token, so orchestrator probes need no secret.
 const OPEN_PATHS: [&str; 2] = ["/healthz", "/readyz"];
@@ -133,7 +133,11 @@ async fn require_token(State(gate): State<Gate>, request: Request, next: Next) -
     if OPEN_PATHS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
-    if gate.token.matches_headers(request.headers()) {
+    let authorization = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .map(axum::http::HeaderValue::as_bytes);
+    if gate.token.matches_authorization(authorization) {
         next.run(request).await
     } else {
         gate.metrics.admin_unauthorized.inc();

@@ -25,7 +25,6 @@ mod metrics;
 mod mirror;
 mod probe;
 mod source_metrics;
-mod tls;
 mod wan;
 
 pub use admission::{AdmissionError, StreamKind};
@@ -37,7 +36,7 @@ pub use config::{
     WanConfig, WorkloadConfig,
 };
 pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress, WORKLOAD_TOKEN_SEED};
+pub use kvrelay_tls::{TlsError, TokenError, WanTls};
 pub use limits::*;
 pub use mirror::{MirrorError, MirrorProgress, PoolMirror};
 pub use probe::{ProbeError, ProbeStream};
-pub use tls::{TlsError, WanTls};

@@ -1,5 +1,5 @@
 //! TLS (server certificate, optional client certificates) and bearer-token authentication
-//! on the WAN listener, with certificates generated per test by rcgen.
+//! on the WAN listener, with certificates generated per test by the TLS crate's test CA.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,51 +16,15 @@ use std::time::Duration;
 
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRequest, StreamRpc};
 use kvrelay_server::{AuthConfig, ProbeStream, Relay, RelayConfig, TlsConfig};
-use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use kvrelay_tls::test_ca::{Issued, Purpose, TestAuthority};
+use rustls::pki_types::ServerName;
 use support::{DEADLINE, deployment, first_message, next, request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-struct Authority {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-impl Authority {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Self { cert, key }
-    }
-
-    fn issue(
-        &self,
-        names: &[&str],
-        purpose: ExtendedKeyUsagePurpose,
-    ) -> (rcgen::Certificate, KeyPair) {
-        let mut params = CertificateParams::new(
-            names
-                .iter()
-                .map(|name| (*name).to_owned())
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-        params.extended_key_usages = vec![purpose];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert, key)
-    }
-}
-
 struct Material {
     _dir: tempfile::TempDir,
-    ca: Authority,
+    ca: TestAuthority,
     server_cert: PathBuf,
     server_key: PathBuf,
     ca_pem: PathBuf,
@@ -68,14 +32,14 @@ struct Material {
 
 fn material() -> Material {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Authority::new("kvrelay test ca");
-    let (cert, key) = ca.issue(&["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    let ca = TestAuthority::new("kvrelay test ca").unwrap();
+    let server = ca.issue(&["localhost"], Purpose::Server).unwrap();
     let server_cert = dir.path().join("server.pem");
     let server_key = dir.path().join("server.key");
     let ca_pem = dir.path().join("ca.pem");
-    std::fs::write(&server_cert, cert.pem()).unwrap();
-    std::fs::write(&server_key, key.serialize_pem()).unwrap();
-    std::fs::write(&ca_pem, ca.cert.pem()).unwrap();
+    std::fs::write(&server_cert, &server.cert_pem).unwrap();
+    std::fs::write(&server_key, &server.key_pem).unwrap();
+    std::fs::write(&ca_pem, ca.cert_pem()).unwrap();
     Material {
         _dir: dir,
         ca,
@@ -106,12 +70,9 @@ async fn tls_relay_with(
     (dir, relay)
 }
 
-fn client_config(
-    ca: &Authority,
-    identity: Option<(rcgen::Certificate, KeyPair)>,
-) -> rustls::ClientConfig {
+fn client_config(ca: &TestAuthority, identity: Option<Issued>) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.cert.der().clone()).unwrap();
+    roots.add(ca.cert_der()).unwrap();
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -120,11 +81,9 @@ fn client_config(
     .with_root_certificates(roots);
     match identity {
         None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let chain = vec![CertificateDer::from(cert.der().to_vec())];
-            let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-            builder.with_client_auth_cert(chain, key).unwrap()
-        }
+        Some(issued) => builder
+            .with_client_auth_cert(vec![issued.cert_der], issued.key_der)
+            .unwrap(),
     }
 }
 
@@ -202,17 +161,15 @@ async fn client_certificates_are_required_and_checked_when_configured() {
         "a client without a certificate must be refused, got {without:?}"
     );
 
-    let stranger = Authority::new("another ca");
-    let foreign = stranger.issue(&["client"], ExtendedKeyUsagePurpose::ClientAuth);
+    let stranger = TestAuthority::new("another ca").unwrap();
+    let foreign = stranger.issue(&["client"], Purpose::Client).unwrap();
     let refused = tls_first_message(addr, client_config(&material.ca, Some(foreign)), &info).await;
     assert!(
         refused.is_none(),
         "a certificate from another CA must be refused, got {refused:?}"
     );
 
-    let trusted = material
-        .ca
-        .issue(&["client"], ExtendedKeyUsagePurpose::ClientAuth);
+    let trusted = material.ca.issue(&["client"], Purpose::Client).unwrap();
     let served = tls_first_message(addr, client_config(&material.ca, Some(trusted)), &info).await;
     assert!(matches!(served, Some(Message::RelayInfo(_))), "{served:?}");
     relay.shutdown().await.unwrap();

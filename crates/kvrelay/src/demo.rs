@@ -17,7 +17,8 @@ use anyhow::{Context, Result, bail};
 use kvrelay_codec::v1::{Message, ProducerIdentity, StreamRequest, StreamRpc};
 use kvrelay_consumer::{Consumer, ConsumerConfig, ReplicaStatus, ScoreRequest};
 use kvrelay_server::{
-    PoolMirror, ProbeStream, Relay, RelayConfig, RelayProgress, WORKLOAD_TOKEN_SEED, WorkloadConfig,
+    PoolMirror, ProbeStream, Relay, RelayConfig, RelayProgress, WORKLOAD_TOKEN_SEED,
+    WorkloadConfig,
 };
 use serde::Serialize;
 use tokio::sync::watch;
@@ -164,7 +165,7 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
     );
 
     let consumer = Consumer::start(ConsumerConfig::new(vec![
-        kvrelay_consumer::RelayConfig::new(&addr.to_string(), "dc-demo"),
+        kvrelay_consumer::RelayEndpoint::new(&addr.to_string(), "dc-demo"),
     ]))
     .context("starting the consumer")?;
 

@@ -105,20 +105,10 @@ impl Secured {
     fn generate() -> Result<Self> {
         use std::hash::{BuildHasher, Hasher};
 
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        use kvrelay_tls::test_ca::{Purpose, TestAuthority};
 
         let dir = tempfile::tempdir().context("a temporary directory for the demo's TLS")?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "kvrelay demo CA");
-        let ca_key = KeyPair::generate()?;
-        let ca_cert = ca_params.self_signed(&ca_key)?;
-        let mut relay_params = CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
-        relay_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        let relay_key = KeyPair::generate()?;
-        let relay_cert = relay_params.signed_by(&relay_key, &ca_cert, &ca_key)?;
+        let ca = TestAuthority::new("kvrelay demo CA")?;
         // 128 random bits from std's per-process hash keys: enough for a loopback demo.
         let random = || {
             std::collections::hash_map::RandomState::new()
@@ -127,9 +117,8 @@ impl Secured {
         };
         let token = format!("{:016x}{:016x}", random(), random());
         let path = |name: &str| dir.path().join(name);
-        std::fs::write(path("ca.pem"), ca_cert.pem())?;
-        std::fs::write(path("relay.pem"), relay_cert.pem())?;
-        std::fs::write(path("relay.key"), relay_key.serialize_pem())?;
+        ca.write(dir.path(), "ca")?;
+        ca.issue_to(dir.path(), "relay", &["127.0.0.1"], Purpose::Server)?;
         std::fs::write(path("token"), token)?;
         Ok(Self {
             ca: path("ca.pem"),

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kvrelay_consumer::{
-    BearerToken, ConsumerConfig, RelayConfig, RelayTls, RouteReport, ScoreRequest, ScoredCandidate,
-    route_once,
+    BearerToken, ConsumerConfig, RelayEndpoint, RelayTls, RouteReport, ScoreRequest,
+    ScoredCandidate, route_once,
 };
 use serde_json::{Value, json};
 
@@ -112,9 +112,9 @@ pub(crate) fn run(args: RouteArgs) -> Result<()> {
         .iter()
         .map(|text| {
             let relay = text
-                .parse::<RelayConfig>()
+                .parse::<RelayEndpoint>()
                 .map_err(|err| usage(err.to_string()))?;
-            Ok(RelayConfig {
+            Ok(RelayEndpoint {
                 tls: tls.clone(),
                 token: token.clone(),
                 ..relay

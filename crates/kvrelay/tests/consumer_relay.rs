@@ -36,7 +36,7 @@ const EXAMPLE_POOLS: usize = 4;
 
 /// A consumer of the relay at `addr` that reconnects quickly.
 fn start_consumer(addr: SocketAddr) -> Consumer {
-    let mut config = ConsumerConfig::new(vec![kvrelay_consumer::RelayConfig::new(
+    let mut config = ConsumerConfig::new(vec![kvrelay_consumer::RelayEndpoint::new(
         &addr.to_string(),
         "dc-test",
     )]);

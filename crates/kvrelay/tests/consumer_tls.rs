@@ -1,5 +1,5 @@
 //! The consumer against a real relay secured with TLS and a bearer token, over loopback,
-//! with certificates generated per test by rcgen: the right CA and token reach current
+//! with certificates generated per test by the TLS crate's test CA: the right CA and token reach current
 //! replicas; a wrong CA, a wrong server name, a missing or foreign client certificate and
 //! a missing or wrong token are refused, counted and explained, never a panic; and
 //! `kvrelay route` does the same from the command line.
@@ -20,7 +20,7 @@ use kvrelay_consumer::{
     ScoreRequest,
 };
 use kvrelay_server::{AuthConfig, Relay, TlsConfig};
-use rcgen::ExtendedKeyUsagePurpose;
+use kvrelay_tls::test_ca::Purpose;
 use support::{Authority, Material, example_config, material};
 
 mod support;
@@ -60,7 +60,7 @@ async fn start_relay(tls: Option<TlsConfig>) -> Relay {
 
 /// A consumer of the relay at `addr` with `tls` and `token`, reconnecting quickly.
 fn start_consumer(addr: SocketAddr, tls: RelayTls, token: Option<&str>) -> Consumer {
-    let mut relay = kvrelay_consumer::RelayConfig::new(&addr.to_string(), "dc-tls").with_tls(tls);
+    let mut relay = kvrelay_consumer::RelayEndpoint::new(&addr.to_string(), "dc-tls").with_tls(tls);
     relay.token = token.map(|token| BearerToken::new(token).unwrap());
     let mut config = ConsumerConfig::new(vec![relay]);
     config.backoff = BackoffConfig {
@@ -210,13 +210,10 @@ async fn mutual_tls_admits_a_trusted_client_certificate_only() {
     let without = start_consumer(addr, RelayTls::new(&material.ca_pem), Some(TOKEN));
     assert_refused(without, tls_failures, "TLS handshake failed").await;
 
-    let stranger = Authority::new("client stranger ca");
-    let (foreign_cert, foreign_key) = stranger.issue(
-        dir,
-        "foreign",
-        &["client"],
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
+    let stranger = Authority::new("client stranger ca").unwrap();
+    let (foreign_cert, foreign_key) = stranger
+        .issue_to(dir, "foreign", &["client"], Purpose::Client)
+        .unwrap();
     let foreign = start_consumer(
         addr,
         RelayTls {
@@ -228,12 +225,10 @@ async fn mutual_tls_admits_a_trusted_client_certificate_only() {
     );
     assert_refused(foreign, tls_failures, "TLS handshake failed").await;
 
-    let (cert, key) = material.ca.issue(
-        dir,
-        "client",
-        &["client"],
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
+    let (cert, key) = material
+        .ca
+        .issue_to(dir, "client", &["client"], Purpose::Client)
+        .unwrap();
     let trusted = start_consumer(
         addr,
         RelayTls {
@@ -262,7 +257,7 @@ async fn tls_and_plaintext_mismatches_fail_cleanly() {
 
     let relay = secured_relay(&material, false).await;
     let mut config = ConsumerConfig::new(vec![
-        kvrelay_consumer::RelayConfig::new(&relay.wan_addr().to_string(), "dc-tls")
+        kvrelay_consumer::RelayEndpoint::new(&relay.wan_addr().to_string(), "dc-tls")
             .with_token(BearerToken::new(TOKEN).unwrap()),
     ]);
     config.backoff = BackoffConfig {
@@ -281,7 +276,7 @@ fn unreadable_tls_material_fails_at_start_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing-ca.pem");
     let relay =
-        kvrelay_consumer::RelayConfig::new("127.0.0.1:1", "dc").with_tls(RelayTls::new(&missing));
+        kvrelay_consumer::RelayEndpoint::new("127.0.0.1:1", "dc").with_tls(RelayTls::new(&missing));
     let config = ConsumerConfig::new(vec![relay]);
     let err = config.validate().unwrap_err();
     assert!(

@@ -370,12 +370,15 @@ async fn a_router_with_a_client_certificate_reaches_a_mutual_tls_relay() {
     );
     wait_ready(&anonymous, 503).await;
 
-    let (cert, key) = material.ca.issue(
-        dir,
-        "router",
-        &["router.kvrelay.test"],
-        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-    );
+    let (cert, key) = material
+        .ca
+        .issue_to(
+            dir,
+            "router",
+            &["router.kvrelay.test"],
+            kvrelay_tls::test_ca::Purpose::Client,
+        )
+        .unwrap();
     let mut section = secured_section(&relay, dir, &material.ca_pem, TOKEN);
     section.tls_cert = Some(cert);
     section.tls_key = Some(key);

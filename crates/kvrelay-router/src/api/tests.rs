@@ -331,7 +331,7 @@ fn the_fast_parser_declines_what_serde_refuses_and_parse_names_the_field() {
 mod direct_encoding {
     use std::sync::Arc;
 
-    use kvrelay_consumer::{CandidateShape, Readiness, ReplicaStatus};
+    use kvrelay_consumer::{CandidateReadiness, CandidateShape, ReplicaStatus};
     use proptest::prelude::*;
 
     use super::*;
@@ -420,7 +420,7 @@ mod direct_encoding {
             prop::collection::vec(leg(), 0..3),
             (prop::option::of(float()), prop::option::of(float())),
             (float(), float()),
-            prop::sample::select(vec![Readiness::Ready, Readiness::Unknown]),
+            prop::sample::select(vec![CandidateReadiness::Ready, CandidateReadiness::Unknown]),
         )
             .prop_map(
                 |(dc, shape, legs, (prefix, load), (dc_cost, score), readiness)| ScoredCandidate {

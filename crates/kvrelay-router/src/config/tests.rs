@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use kvrelay_consumer::BackoffConfigError;
+
 use super::*;
 
 const FULL: &str = r#"
@@ -180,7 +182,24 @@ fn the_backoff_must_be_positive_and_ordered() {
     assert_eq!(consumer.backoff.max, Duration::from_millis(200));
     config.consumer.backoff_max_ms = 10;
     let err = config.consumer_config(no_env).unwrap_err();
-    assert!(matches!(err, RouterConfigError::Backoff { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            RouterConfigError::Consumer(ConfigError::Backoff(
+                BackoffConfigError::MaxBelowInitial { .. }
+            ))
+        ),
+        "{err}"
+    );
+    config.consumer.backoff_initial_ms = 0;
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RouterConfigError::Consumer(ConfigError::Backoff(BackoffConfigError::ZeroInitial))
+        ),
+        "{err}"
+    );
 }
 
 #[test]

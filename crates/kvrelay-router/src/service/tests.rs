@@ -12,14 +12,14 @@
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use futures::StreamExt as _;
-use kvrelay_consumer::{BearerToken, ConsumerConfig, RelayConfig};
+use kvrelay_consumer::{BearerToken, ConsumerConfig, RelayEndpoint};
 use tower::ServiceExt;
 
 use super::*;
 
 /// A state whose consumer follows a relay that refuses connections (port 1 on loopback).
 fn state(http: HttpSection) -> Arc<AppState> {
-    let config = ConsumerConfig::new(vec![RelayConfig::new("127.0.0.1:1", "dc-gone")]);
+    let config = ConsumerConfig::new(vec![RelayEndpoint::new("127.0.0.1:1", "dc-gone")]);
     let consumer = Arc::new(Consumer::start(config).unwrap());
     Arc::new(AppState::new(
         consumer,
@@ -299,7 +299,7 @@ async fn pools_lists_every_relay_and_metrics_hold_both_registries() {
 /// reaches the handler.
 #[tokio::test]
 async fn the_api_token_guards_every_path_but_the_probes() {
-    let config = ConsumerConfig::new(vec![RelayConfig::new("127.0.0.1:1", "dc-gone")]);
+    let config = ConsumerConfig::new(vec![RelayEndpoint::new("127.0.0.1:1", "dc-gone")]);
     let consumer = Arc::new(Consumer::start(config).unwrap());
     let metrics = Arc::new(RouterMetrics::new());
     let token = BearerToken::new("s3cret").unwrap();

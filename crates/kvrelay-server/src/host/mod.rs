@@ -40,14 +40,13 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::admission::{Admission, StreamKind};
-use crate::config::RelayConfig;
+use crate::config::{AuthTable, RelayConfig};
 use crate::metrics::RelayMetrics;
 use crate::mirror::{MirrorError, MirrorProgress, PoolMirror};
-use crate::tls::WanTls;
 use crate::wan::WanServer;
-use crate::wan::auth::BearerToken;
 use crate::wan::connection::ConnectionContext;
 use crate::wan::source::PublicationViews;
+use kvrelay_tls::WanTls;
 pub use report::{PoolReport, ProducerTable, RelayError, RelayProgress};
 use state::HostState;
 
@@ -89,18 +88,23 @@ impl Relay {
     /// random relay incarnation.
     pub async fn start(config: RelayConfig) -> Result<Self, RelayError> {
         config.validate()?;
-        let tls = config.wan.tls.as_ref().map(WanTls::load).transpose()?;
+        let tls = config
+            .wan
+            .tls
+            .as_ref()
+            .map(|tls| WanTls::load(tls.files()))
+            .transpose()?;
         let token = config
             .wan
             .auth
             .as_ref()
-            .map(BearerToken::load)
+            .map(|auth| auth.load(AuthTable::Wan))
             .transpose()?;
         let admin_token = config
             .admin
             .auth
             .as_ref()
-            .map(BearerToken::load)
+            .map(|auth| auth.load(AuthTable::Admin))
             .transpose()?;
         for warning in config.exposure_warnings() {
             warn!(%warning, "listener exposed without protection");
@@ -242,7 +246,7 @@ impl Relay {
             tls,
             token,
             cancel: wan_cancel.clone(),
-            refusal_log: kvrelay_http::LogThrottle::default(),
+            refusal_log: kvrelay_pacing::SharedLogBudget::default(),
         };
         let server = match WanServer::bind(config.wan.listen, ctx).await {
             Ok(server) => server,

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::Instant;
 
 use kvrelay_ckf::{RouterEvent, SourceId};
 use tokio::sync::Notify;
@@ -16,6 +16,7 @@ use kvrelay_ingest::{
     CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceSignal, ZmqSourceConfig,
     dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
 };
+use kvrelay_pacing::{Backoff, NO_JITTER};
 use kvrelay_pool::{ActorError, MAX_EVENTS_PER_BATCH};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -75,11 +76,6 @@ fn state_after(signal: &SourceSignal) -> SourceState {
     }
 }
 
-/// First delay before reconnecting a NATS source.
-const NATS_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
-/// Longest delay before reconnecting a NATS source.
-const NATS_BACKOFF_MAX: Duration = Duration::from_secs(5);
-
 /// Starts the ZMQ source of `config`, hashing with `semantics`, until `cancel` fires.
 pub(crate) fn spawn_zmq(
     tracker: &TaskTracker,
@@ -129,8 +125,8 @@ pub(crate) fn spawn_zmq(
     );
 }
 
-/// Subscribes to `endpoint`'s Dynamo KV-event subject on `server` (reconnecting with
-/// backoff) until `cancel` fires.
+/// Subscribes to `endpoint`'s Dynamo KV-event subject on `server` (reconnecting under the
+/// `[ingest] restart_backoff_*` backoff, like every engine source) until `cancel` fires.
 pub(crate) fn spawn_nats(
     tracker: &TaskTracker,
     nats: &crate::config::NatsConfig,
@@ -141,6 +137,7 @@ pub(crate) fn spawn_nats(
     cancel: CancellationToken,
 ) {
     let key = SourceKey::Nats(endpoint.clone());
+    let mut backoff = Backoff::new(limits.restart_backoff());
     let pool_endpoint = endpoint.dotted();
     let config = NatsSourceConfig {
         server: nats.server.clone(),
@@ -157,8 +154,8 @@ pub(crate) fn spawn_nats(
     let span = info_span!("nats_source", endpoint = %endpoint.dotted());
     tracker.spawn(
         async move {
-            let mut backoff = NATS_BACKOFF_INITIAL;
             loop {
+                let started = Instant::now();
                 let connected = tokio::select! {
                     biased;
                     () = cancel.cancelled() => return,
@@ -166,7 +163,6 @@ pub(crate) fn spawn_nats(
                 };
                 match connected {
                     Ok(source) => {
-                        backoff = NATS_BACKOFF_INITIAL;
                         states.report(key.clone(), SourceState::Connected);
                         forward(
                             source,
@@ -187,9 +183,9 @@ pub(crate) fn spawn_nats(
                 tokio::select! {
                     biased;
                     () = cancel.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                    // A subscription that outlived the longest sleep starts the backoff over.
+                    () = tokio::time::sleep(backoff.on_failure(started.elapsed(), NO_JITTER)) => {}
                 }
-                backoff = (backoff * 2).min(NATS_BACKOFF_MAX);
             }
         }
         .instrument(span),

@@ -8,7 +8,7 @@ use kvrelay_ckf::SourceId;
 use kvrelay_codec::v1;
 use serde::Serialize;
 
-use crate::tls::TlsError;
+use kvrelay_tls::TlsError;
 
 /// A relay that failed to start or stop.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

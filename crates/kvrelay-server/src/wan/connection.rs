@@ -26,11 +26,11 @@ use tracing::{debug, warn};
 use crate::admission::{Admission, AdmissionError, StreamKind};
 use crate::limits::Limits;
 use crate::metrics::{OutcomeLabel, ReasonLabel, RejectionLabels, RelayMetrics};
-use crate::tls::WanTls;
-use crate::wan::auth::BearerToken;
 use crate::wan::request::read_stream_request;
 use crate::wan::source::{PublicationViews, StreamFailure};
-use kvrelay_http::LogThrottle;
+use kvrelay_pacing::SharedLogBudget;
+use kvrelay_tls::BearerToken;
+use kvrelay_tls::WanTls;
 
 /// Shared by every connection of one WAN server.
 pub(crate) struct ConnectionContext {
@@ -43,7 +43,7 @@ pub(crate) struct ConnectionContext {
     pub(crate) token: Option<BearerToken>,
     pub(crate) cancel: CancellationToken,
     /// Rate-limits the warnings for refused (unauthenticated) requests.
-    pub(crate) refusal_log: LogThrottle,
+    pub(crate) refusal_log: SharedLogBudget,
 }
 
 trait WanIo: AsyncRead + AsyncWrite + Send + Unpin {}

@@ -8,7 +8,6 @@
 //! the token (every stream sends `publication_unavailable` and closes) and waits for the
 //! tracker.
 
-pub(crate) mod auth;
 pub(crate) mod connection;
 pub(crate) mod request;
 pub(crate) mod source;
@@ -26,7 +25,7 @@ use crate::metrics::OutcomeLabel;
 use connection::ConnectionContext;
 use kvrelay_http::AcceptBackoff;
 use kvrelay_http::ConnectionAdmission;
-use kvrelay_http::LogThrottle;
+use kvrelay_pacing::LogBudget;
 
 /// A bound WAN listener, not yet accepting.
 pub(crate) struct WanServer {
@@ -59,7 +58,7 @@ impl WanServer {
             listener: "wan",
             metrics: self.ctx.metrics.clone(),
         };
-        let refusals = LogThrottle::default();
+        let mut refusals = LogBudget::default();
         loop {
             let accepted = tokio::select! {
                 biased;

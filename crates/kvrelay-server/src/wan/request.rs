@@ -13,8 +13,8 @@ use kvrelay_codec::v1::{ErrorReason, StreamRequest};
 use kvrelay_codec::{MessageKind, decode_frame};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::wan::auth::BearerToken;
 use crate::wan::source::StreamFailure;
+use kvrelay_tls::BearerToken;
 
 /// Initial read buffer; a typical request fits, larger ones grow it up to the limit.
 const INITIAL_REQUEST_BUFFER: usize = 512;
@@ -31,7 +31,8 @@ pub(crate) struct ReceivedRequest {
 impl ReceivedRequest {
     /// Whether the presented token satisfies `expected` (always, when auth is off).
     pub(crate) fn authenticated(&self, expected: Option<&BearerToken>) -> bool {
-        expected.is_none_or(|token| token.matches(self.presented_token.as_deref()))
+        expected
+            .is_none_or(|token| token.matches(self.presented_token.as_deref().map(str::as_bytes)))
     }
 }
 
@@ -169,9 +170,9 @@ mod tests {
             .unwrap();
         assert_eq!(received.request.auth_token, None);
         assert!(!format!("{:?}", received.request).contains("s3cret"));
-        let expected = BearerToken::for_tests("s3cret");
+        let expected = BearerToken::new("s3cret").unwrap();
         assert!(received.authenticated(Some(&expected)));
-        assert!(!received.authenticated(Some(&BearerToken::for_tests("other"))));
+        assert!(!received.authenticated(Some(&BearerToken::new("other").unwrap())));
         assert!(received.authenticated(None));
     }
 
@@ -182,6 +183,6 @@ mod tests {
             .await
             .ok()
             .unwrap();
-        assert!(!received.authenticated(Some(&BearerToken::for_tests("s3cret"))));
+        assert!(!received.authenticated(Some(&BearerToken::new("s3cret").unwrap())));
     }
 }
