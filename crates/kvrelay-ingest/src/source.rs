@@ -86,6 +86,12 @@ impl SourceState {
     pub fn is_current(self) -> bool {
         self == SourceState::Connected
     }
+
+    /// Whether events flow (a replaying source is connected and catching up): what a
+    /// pool's readiness asks of its sources.
+    pub fn delivers(self) -> bool {
+        matches!(self, SourceState::Connected | SourceState::Replaying)
+    }
 }
 
 /// Which transport a source uses (the `transport` metric label).

@@ -13,7 +13,8 @@ use tokio::sync::Notify;
 
 use kvrelay_identity::{EndpointId, KvQuerySemantics};
 use kvrelay_ingest::{
-    CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceSignal, ZmqSourceConfig,
+    CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceProbe, SourceSignal,
+    SourceState, ZmqSourceConfig,
     dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
 };
 use kvrelay_pacing::{Backoff, NO_JITTER};
@@ -24,7 +25,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::{EngineKind, SourceConfig};
 use crate::host::state::HostState;
-use crate::host::supervisor::{SourceKey, SourceState};
+use crate::host::supervisor::SourceKey;
 use crate::metrics::DispositionLabel;
 
 /// The latest state each source reported and the supervisor has not taken yet: bounded by
@@ -38,7 +39,27 @@ pub(crate) struct SourceStates {
 #[derive(Debug, Default)]
 struct SourceStatesShared {
     latest: Mutex<BTreeMap<SourceKey, SourceState>>,
+    /// The probe of every running source: its own state, read again on every health tick,
+    /// so readiness and `kvrelay_sources{state}` read the same truth (a replay that ends
+    /// without a signal shows as connected in both).
+    probes: Mutex<BTreeMap<SourceKey, SourceProbe>>,
     notify: Notify,
+}
+
+/// Keeps a source's probe in [`SourceStates`] while its pump runs.
+pub(crate) struct WatchedProbe {
+    shared: Arc<SourceStatesShared>,
+    key: SourceKey,
+}
+
+impl Drop for WatchedProbe {
+    fn drop(&mut self) {
+        self.shared
+            .probes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+    }
 }
 
 impl SourceStates {
@@ -49,6 +70,30 @@ impl SourceStates {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(key, state);
         self.shared.notify.notify_one();
+    }
+
+    /// Reads `probe` on every [`SourceStates::observe`] until the guard drops.
+    pub(crate) fn watch(&self, key: SourceKey, probe: SourceProbe) -> WatchedProbe {
+        self.shared
+            .probes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone(), probe);
+        WatchedProbe {
+            shared: self.shared.clone(),
+            key,
+        }
+    }
+
+    /// The state every running source's probe holds now.
+    pub(crate) fn observe(&self) -> Vec<(SourceKey, SourceState)> {
+        self.shared
+            .probes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(key, probe)| (key.clone(), probe.state()))
+            .collect()
     }
 
     /// Resolves once a state was reported since the last `take`.
@@ -64,15 +109,6 @@ impl SourceStates {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         )
-    }
-}
-
-/// The state a lifecycle signal puts its source in.
-fn state_after(signal: &SourceSignal) -> SourceState {
-    match signal {
-        SourceSignal::Connected { .. } | SourceSignal::Reset { .. } => SourceState::Connected,
-        SourceSignal::Gap { .. } => SourceState::Replaying,
-        SourceSignal::Lost { .. } => SourceState::Connecting,
     }
 }
 
@@ -203,6 +239,7 @@ async fn forward(
     cancel: &CancellationToken,
 ) {
     let _registration = state.metrics.ingest.register(source.probe(), pool_endpoint);
+    let _watched = states.watch(key.clone(), source.probe());
     // An output taken from the queue while gathering a batch that did not belong to it.
     let mut carried = None;
     loop {
@@ -240,7 +277,9 @@ async fn forward(
                 }
             }
             Some(SourceOutput::Signal(signal)) => {
-                states.report(key.clone(), state_after(&signal));
+                // The source's own state (what its metrics show), not one derived from
+                // the signal: the two can never disagree.
+                states.report(key.clone(), source.state());
                 match signal {
                     SourceSignal::Connected { endpoint } => info!(%endpoint, "source connected"),
                     SourceSignal::Lost { endpoint } => {
@@ -296,6 +335,26 @@ mod tests {
     use kvrelay_ckf::EventPayload;
 
     use super::*;
+
+    /// Readiness reads each running source's own probe (what `kvrelay_sources{state}`
+    /// shows) on every observation, and forgets it when its pump ends.
+    #[tokio::test]
+    async fn observed_states_are_the_sources_own_while_they_run() {
+        let source = kvrelay_ingest::spawn_trace_replay(
+            Vec::new(),
+            kvrelay_ingest::TraceReplayConfig {
+                speedup: 0.0,
+                limits: kvrelay_ingest::Limits::default(),
+            },
+        );
+        let states = SourceStates::default();
+        let key = SourceKey::Engine(SourceId::new(7, 0));
+        let watched = states.watch(key.clone(), source.probe());
+        assert_eq!(states.observe(), vec![(key.clone(), source.state())]);
+        drop(watched);
+        assert_eq!(states.observe(), Vec::new());
+        assert!(source.shutdown().await);
+    }
 
     fn event(worker: u64, dp_rank: u32, event_id: u64) -> RouterEvent {
         RouterEvent {

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use self::core::{Command, HealthFact, SupervisionCore};
-pub(crate) use self::core::{CoreConfig, HostFacts, SourceKey, SourceState};
+pub(crate) use self::core::{CoreConfig, HostFacts, SourceKey};
 use crate::config::SourceConfig;
 use crate::host::pump::{self, SourceStates};
 use crate::host::scrape;
@@ -133,6 +133,9 @@ impl Supervisor {
                     }
                 }
                 _ = health_ticker.tick() => {
+                    for (key, state) in source_states.observe() {
+                        core.handle_source_state(&key, state);
+                    }
                     let readings = self.read_health(&shell.attachments);
                     core.handle_pool_health(&readings);
                 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use kvrelay_ckf::SourceId;
 use kvrelay_identity::{DcId, EndpointId, KvQuerySemantics, PoolId, WorkerRole};
+use kvrelay_ingest::SourceState;
 use kvrelay_membership::{EndpointMembership, MembershipView, TopologySnapshot, TopologyState};
 use kvrelay_pool::{AttachRequest, PoolCatalog, RetirementMode, WorkerCapacity};
 
@@ -64,36 +65,6 @@ pub(crate) enum SourceKey {
     Engine(SourceId),
     /// The Dynamo NATS subscription of one endpoint.
     Nats(EndpointId),
-}
-
-/// What a source is doing, as it reported last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum SourceState {
-    /// Started or lost; (re)connecting.
-    Connecting,
-    /// Connected and delivering events.
-    Connected,
-    /// Connected, filling a sequence gap (replay or reset).
-    Replaying,
-    /// Stopped on its own; will not deliver events until restarted.
-    Failed,
-}
-
-impl SourceState {
-    /// The label of `/v1/pools/{pool}/stats` and `kvrelay_sources{state}`.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Connecting => "connecting",
-            Self::Connected => "connected",
-            Self::Replaying => "replaying",
-            Self::Failed => "failed",
-        }
-    }
-
-    /// Whether events flow (a replaying source is connected and catching up).
-    fn delivers(self) -> bool {
-        matches!(self, Self::Connected | Self::Replaying)
-    }
 }
 
 /// What the core asks the shell to do.
@@ -501,7 +472,7 @@ impl SupervisionCore {
         }
         for sources in self.running.values() {
             for state in sources.values() {
-                *facts.sources.entry(state.label()).or_default() += 1;
+                *facts.sources.entry(state.as_str()).or_default() += 1;
             }
         }
         for (endpoint, slot) in &self.slots {
@@ -573,7 +544,7 @@ impl SupervisionCore {
         if self.config.workload_sources {
             let n = sources_of(membership, None).len();
             if n > 0 {
-                states.insert(SourceState::Connected.label(), n);
+                states.insert(SourceState::Connected.as_str(), n);
             }
         }
         for state in self
@@ -582,7 +553,7 @@ impl SupervisionCore {
             .into_iter()
             .flat_map(|s| s.values())
         {
-            *states.entry(state.label()).or_default() += 1;
+            *states.entry(state.as_str()).or_default() += 1;
         }
         states
     }
