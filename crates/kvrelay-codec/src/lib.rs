@@ -21,6 +21,7 @@
 pub mod cbi1;
 pub mod frame;
 pub mod limits;
+pub mod session;
 
 pub use frame::{
     FrameError, MessageKind, PROTOCOL_MAJOR, PROTOCOL_MINOR, RawFrame, decode_frame, encode_frame,

@@ -17,8 +17,7 @@ use anyhow::{Context, Result, bail};
 use kvrelay_codec::v1::{Message, ProducerIdentity, StreamRequest, StreamRpc};
 use kvrelay_consumer::{Consumer, ConsumerConfig, ReplicaStatus, ScoreRequest};
 use kvrelay_server::{
-    PoolMirror, ProbeStream, Relay, RelayConfig, RelayProgress, WORKLOAD_TOKEN_SEED,
-    WorkloadConfig,
+    PoolMirror, ProbeStream, Relay, RelayConfig, RelayProgress, WORKLOAD_TOKEN_SEED, WorkloadConfig,
 };
 use serde::Serialize;
 use tokio::sync::watch;

@@ -27,6 +27,7 @@ use kvrelay_ckf::{
 };
 use kvrelay_codec::Limits;
 use kvrelay_codec::cbi1::snapshot_chunk_count;
+use kvrelay_codec::session::{WatchSession, Watched};
 use kvrelay_codec::v1::{
     CatalogUpdate, CkfFormat, DigestId, EndpointId, ErrorMessage, ErrorReason, HashFormat,
     IdentitySource, LoadWindow, Message, ModelRegistration, PoolDescriptor, PoolFrameHeader,
@@ -684,35 +685,17 @@ async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
             write(&mut socket, &info).await;
         }
         StreamRpc::WatchCatalog => {
-            let mut rx = core.lock().catalog_tx.subscribe();
-            loop {
-                let catalog = rx.borrow_and_update().clone();
-                if !write(&mut socket, &Message::CatalogUpdate(catalog)).await {
-                    return;
-                }
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
+            let rx = core.lock().catalog_tx.subscribe();
+            serve_watch(&mut socket, rx, None).await;
         }
         StreamRpc::WatchLoad => {
-            let (mut rx, mut kill) = {
+            let (rx, mut kill) = {
                 let mut guard = core.lock();
                 guard.load_streams_opened += 1;
                 (guard.load_tx.subscribe(), guard.load_kill.subscribe())
             };
             kill.borrow_and_update();
-            loop {
-                let window = rx.borrow_and_update().clone();
-                if !write(&mut socket, &Message::LoadWindow(window)).await {
-                    return;
-                }
-                tokio::select! {
-                    biased;
-                    _ = kill.changed() => return,
-                    changed = rx.changed() => if changed.is_err() { return },
-                }
-            }
+            serve_watch(&mut socket, rx, Some(kill)).await;
         }
         StreamRpc::SubscribePool {
             expected_producer,
@@ -731,6 +714,52 @@ async fn serve(mut socket: TcpStream, core: Arc<Mutex<Core>>) {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Serves a watched stream by the relay's own rules (the codec's `WatchSession`: current
+/// value first, then each superseding one, catalog re-sent when quiet, load windows only
+/// when newer); this fake only moves the bytes. Ends when `kill` changes.
+async fn serve_watch<T: Watched + Clone>(
+    socket: &mut TcpStream,
+    mut rx: watch::Receiver<T>,
+    mut kill: Option<watch::Receiver<u64>>,
+) {
+    let now = || tokio::time::Instant::now().into_std();
+    let current = Arc::new(rx.borrow_and_update().clone());
+    let mut session = WatchSession::new(current, HEARTBEAT_INTERVAL, now());
+    loop {
+        while let Some(transmit) = session.poll_transmit() {
+            if !write(socket, &transmit.value.to_message()).await {
+                return;
+            }
+        }
+        let heartbeat = session.poll_timeout().map(tokio::time::Instant::from_std);
+        let killed = async {
+            match kill.as_mut() {
+                Some(kill) => {
+                    let _ = kill.changed().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = killed => return,
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let next = Arc::new(rx.borrow_and_update().clone());
+                session.handle_value(next, now());
+            }
+            () = async {
+                match heartbeat {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            } => session.handle_timeout(now()),
         }
     }
 }

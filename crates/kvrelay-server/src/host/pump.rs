@@ -14,8 +14,7 @@ use tokio::sync::Notify;
 use kvrelay_identity::{EndpointId, KvQuerySemantics};
 use kvrelay_ingest::{
     CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceProbe, SourceSignal,
-    SourceState, ZmqSourceConfig,
-    dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
+    SourceState, ZmqSourceConfig, dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
 };
 use kvrelay_pacing::{Backoff, NO_JITTER};
 use kvrelay_pool::{ActorError, MAX_EVENTS_PER_BATCH};

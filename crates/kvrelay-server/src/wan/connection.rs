@@ -12,14 +12,12 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use kvrelay_codec::v1::{
-    CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, StreamRpc, TopologyUpdate,
-    encode_message,
-};
+use kvrelay_codec::session::{WatchSession, Watched, WriteBound, accepts_coalesced_deltas};
+use kvrelay_codec::v1::{ErrorMessage, ErrorReason, Message, StreamRpc, encode_message};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::{Instant, MissedTickBehavior, timeout, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -125,10 +123,9 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
             expected_producer,
             resume_from_sequence,
         } => {
-            // Minor 1 clients accept coalesced deltas (several sequences in one).
             let options = kvrelay_pool::SubscribeOptions {
                 resume_from: resume_from_sequence,
-                coalesce: minor >= 1,
+                coalesce: accepts_coalesced_deltas(minor),
             };
             conn.serve_pool(expected_producer, request.subscriber_id, options)
                 .await
@@ -141,24 +138,6 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
         }
         Err(failure) => conn.fail(failure).await,
     }
-}
-
-/// Whether a watched stream re-sends its current value after a quiet heartbeat interval
-/// (catalog and topology do, so consumers can tell a quiet relay from a dead one; load
-/// windows carry their own sequence and do not).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Heartbeat {
-    ResendCurrent,
-    Off,
-}
-
-/// Which bound one frame write gets: a snapshot chunk may take up to
-/// `snapshot_progress_timeout_ms` (a cut-off is `snapshot_progress_timeout`); every other
-/// frame `write_timeout_ms` (`subscriber_lagged`), as docs/operations.md says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WriteBound {
-    Frame,
-    SnapshotChunk,
 }
 
 /// How a stream ended without an error to report.
@@ -231,57 +210,38 @@ impl Conn {
     async fn serve_catalog(&mut self) -> Result<End, StreamFailure> {
         let _permit = self.admit(StreamKind::Catalog)?;
         let rx = self.ctx.views.catalog.clone();
-        self.serve_watch(
-            rx,
-            |update: &CatalogUpdate| Message::CatalogUpdate(update.clone()),
-            |_, _| true,
-            Heartbeat::ResendCurrent,
-        )
-        .await
+        self.serve_watch(rx).await
     }
 
     async fn serve_topology(&mut self) -> Result<End, StreamFailure> {
         let _permit = self.admit(StreamKind::Topology)?;
         let rx = self.ctx.views.topology.clone();
-        self.serve_watch(
-            rx,
-            |update: &TopologyUpdate| Message::TopologyUpdate(update.clone()),
-            |_, _| true,
-            Heartbeat::ResendCurrent,
-        )
-        .await
+        self.serve_watch(rx).await
     }
 
     async fn serve_load(&mut self) -> Result<End, StreamFailure> {
         let _permit = self.admit(StreamKind::Load)?;
         let rx = self.ctx.views.load.clone();
-        self.serve_watch(
-            rx,
-            |window: &LoadWindow| Message::LoadWindow(window.clone()),
-            |sent: &LoadWindow, next: &LoadWindow| next.window_sequence > sent.window_sequence,
-            Heartbeat::Off,
-        )
-        .await
+        self.serve_watch(rx).await
     }
 
-    /// Sends the current value, then every newer value; with [`Heartbeat::ResendCurrent`],
-    /// re-sends the current value after a heartbeat interval without changes.
-    async fn serve_watch<T>(
+    /// Drives a [`WatchSession`] (what to send and when lives there): writes what it
+    /// emits, feeds it the publication's values and its heartbeat deadlines.
+    async fn serve_watch<T: Watched>(
         &mut self,
         mut rx: watch::Receiver<Arc<T>>,
-        message: fn(&T) -> Message,
-        newer: fn(&T, &T) -> bool,
-        heartbeat: Heartbeat,
     ) -> Result<End, StreamFailure> {
-        let mut sent = rx.borrow_and_update().clone();
-        let frame = self.encode(&message(&sent))?;
-        self.send(&frame, false).await?;
-        let interval = self.ctx.limits.heartbeat_interval();
-        let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let now = || Instant::now().into_std();
+        let current = rx.borrow_and_update().clone();
+        let mut session = WatchSession::new(current, self.ctx.limits.heartbeat_interval(), now());
         let cancel = self.ctx.cancel.clone();
         let mut scratch = [0u8; 64];
         loop {
+            while let Some(transmit) = session.poll_transmit() {
+                let frame = self.encode(&transmit.value.to_message())?;
+                self.send(&frame, transmit.heartbeat).await?;
+            }
+            let heartbeat = session.poll_timeout().map(Instant::from_std);
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => {
@@ -293,17 +253,9 @@ impl Conn {
                         return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "publication stopped"));
                     }
                     let next = rx.borrow_and_update().clone();
-                    if newer(&sent, &next) {
-                        sent = next;
-                        let frame = self.encode(&message(&sent))?;
-                        self.send(&frame, false).await?;
-                        ticker.reset();
-                    }
+                    session.handle_value(next, now());
                 }
-                _ = ticker.tick(), if heartbeat == Heartbeat::ResendCurrent => {
-                    let frame = self.encode(&message(&sent))?;
-                    self.send(&frame, true).await?;
-                }
+                () = sleep_until_some(heartbeat) => session.handle_timeout(now()),
             }
         }
     }
@@ -372,7 +324,7 @@ impl Conn {
                     // A snapshot frame the client does not take within the progress
                     // timeout ends the stream without touching the pool; the write timeout
                     // does not apply to it (it would cut the client off first).
-                    let bound = if frame.snapshot { WriteBound::SnapshotChunk } else { WriteBound::Frame };
+                    let bound = WriteBound::of_pool_frame(frame.snapshot);
                     self.send_within(&frame.frame, frame.heartbeat, bound).await?;
                 }
             }
@@ -396,17 +348,9 @@ impl Conn {
         heartbeat: bool,
         bound: WriteBound,
     ) -> Result<(), StreamFailure> {
-        let (limit, reason, message) = match bound {
-            WriteBound::Frame => (
-                self.ctx.limits.write_timeout(),
-                ErrorReason::SubscriberLagged,
-                "frame not accepted within write_timeout_ms",
-            ),
-            WriteBound::SnapshotChunk => (
-                self.ctx.limits.snapshot_progress_timeout(),
-                ErrorReason::SnapshotProgressTimeout,
-                "snapshot frame not accepted within snapshot_progress_timeout_ms",
-            ),
+        let limit = match bound {
+            WriteBound::Frame => self.ctx.limits.write_timeout(),
+            WriteBound::SnapshotChunk => self.ctx.limits.snapshot_progress_timeout(),
         };
         // Until the write completes the connection counts as torn: a timeout (here or in a
         // caller's) abandons the frame midway.
@@ -423,7 +367,10 @@ impl Conn {
                     format!("writing to {}: {err}", self.peer),
                 ));
             }
-            Err(_) => return Err(StreamFailure::new(reason, message)),
+            Err(_) => {
+                let (reason, message) = bound.exceeded();
+                return Err(StreamFailure::new(reason, message));
+            }
         }
         if let Some(kind) = self.kind {
             let label = RelayMetrics::stream(kind);
@@ -477,6 +424,14 @@ impl Conn {
             };
             let _ = timeout(self.ctx.limits.write_timeout(), write).await;
         }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
