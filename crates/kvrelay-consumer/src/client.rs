@@ -33,6 +33,11 @@ use crate::store::StoreError;
 use crate::wire::{Endpoint, WireError, WireStream};
 use kvrelay_pacing::Backoff;
 
+use crate::link::{
+    EpochEnd, RelayLink, ReplicaAfterStream, SideStream, SnapshotAssembly, ViewAfterEpoch,
+    replica_after_stream, resubscribe_reason,
+};
+
 /// How long [`Consumer::shutdown`] waits for its tasks.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -319,35 +324,32 @@ enum EpochError {
 }
 
 async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken) {
-    let mut backoff = Backoff::new(shared.config.backoff);
+    let mut link = RelayLink::new(shared.config.backoff, shared.config.limits.resume_hold);
     let addr = shared.config.relays[relay].addr.clone();
     let dc = shared.config.relays[relay].dc.clone();
-    let mut suspended_since: Option<Instant> = None;
     loop {
-        if suspended_since.is_some_and(|since| since.elapsed() > shared.config.limits.resume_hold) {
+        if link.handle_epoch_start(Instant::now()) == Some(ViewAfterEpoch::StartOver) {
             // Held too long to be worth resuming: start this relay over.
             shared.state.write().reset_relay(relay);
-            suspended_since = None;
         }
         let started = Instant::now();
         let result = relay_epoch(&shared, relay, &cancel).await;
-        // A relay that restarted (or whose catalog broke the rules) starts over; one whose
-        // connection merely broke keeps its catalog and suspended replicas for resuming.
-        let start_over = matches!(
-            result,
-            Err(EpochError::RelayRestart { .. }
-                | EpochError::Catalog(_)
-                | EpochError::ContractMismatch { .. })
+        let end = match &result {
+            Err(err) if err.invalidates_view() => EpochEnd::Invalidated,
+            _ => EpochEnd::Broken,
+        };
+        let (view, delay) = link.handle_epoch_end(
+            Instant::now(),
+            end,
+            started.elapsed(),
+            rand::random::<f64>(),
         );
-        let dropped = if start_over {
-            suspended_since = None;
-            shared.state.write().reset_relay(relay)
-        } else {
-            if suspended_since.is_none() {
-                suspended_since = Some(Instant::now());
+        let dropped = match view {
+            ViewAfterEpoch::StartOver => shared.state.write().reset_relay(relay),
+            ViewAfterEpoch::Suspend => {
+                shared.state.write().suspend_relay(relay);
+                Vec::new()
             }
-            shared.state.write().suspend_relay(relay);
-            Vec::new()
         };
         shared.bump();
         if cancel.is_cancelled() {
@@ -374,12 +376,23 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             Ok(()) => warn!(dc = %dc, peer = %addr, "relay epoch ended"),
             Err(err) => warn!(dc = %dc, peer = %addr, error = %err, "relay epoch failed"),
         }
-        let delay = backoff.on_failure(started.elapsed(), rand::random::<f64>());
         tokio::select! {
             biased;
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
         }
+    }
+}
+
+impl EpochError {
+    /// A relay that restarted, whose catalog broke the rules or that speaks another major
+    /// version starts over; one whose connection merely broke keeps its catalog and
+    /// suspended replicas for resuming.
+    fn invalidates_view(&self) -> bool {
+        matches!(
+            self,
+            Self::RelayRestart { .. } | Self::Catalog(_) | Self::ContractMismatch { .. }
+        )
     }
 }
 
@@ -429,15 +442,12 @@ async fn relay_epoch(
     // The load stream is independent: losing it clears this relay's load samples and
     // reopens it after backoff, without touching catalogs or replicas.
     let mut load = Some(open(shared, relay, "load", StreamRpc::WatchLoad).await?);
-    let mut load_backoff = Backoff::new(shared.config.backoff);
-    let mut load_opened = Instant::now();
-    let mut load_retry = tokio::time::Instant::now();
+    let mut load_link = SideStream::new(shared.config.backoff, Instant::now());
+    load_link.handle_opened(Instant::now());
     // The topology stream likewise: losing it (or never getting it) only makes
     // readiness unknown; it opens on the first loop turn and reopens with backoff.
     let mut topology: Option<WireStream> = None;
-    let mut topology_backoff = Backoff::new(shared.config.backoff);
-    let mut topology_opened = Instant::now();
-    let mut topology_retry = tokio::time::Instant::now();
+    let mut topology_link = SideStream::new(shared.config.backoff, Instant::now());
     let epoch_cancel = cancel.child_token();
     let subscriptions = TaskTracker::new();
     let mut tokens: HashMap<PoolKey, CancellationToken> = HashMap::new();
@@ -513,8 +523,7 @@ async fn relay_epoch(
                     load = None;
                     shared.state.write().clear_loads(relay);
                     shared.bump();
-                    let delay = load_backoff.on_failure(load_opened.elapsed(), rand::random::<f64>());
-                    load_retry = tokio::time::Instant::now() + delay;
+                    load_link.handle_lost(Instant::now(), rand::random::<f64>());
                 }
             }
             message = next_or_pending(&mut topology) => {
@@ -537,33 +546,30 @@ async fn relay_epoch(
                     topology = None;
                     shared.state.write().clear_topology(relay);
                     shared.bump();
-                    let delay = topology_backoff.on_failure(topology_opened.elapsed(), rand::random::<f64>());
-                    topology_retry = tokio::time::Instant::now() + delay;
+                    topology_link.handle_lost(Instant::now(), rand::random::<f64>());
                 }
             }
-            () = tokio::time::sleep_until(topology_retry), if topology.is_none() => {
+            () = sleep_until_std(topology_link.poll_timeout()), if topology.is_none() => {
                 match open(shared, relay, "topology", StreamRpc::WatchTopology).await {
                     Ok(stream) => {
                         topology = Some(stream);
-                        topology_opened = Instant::now();
+                        topology_link.handle_opened(Instant::now());
                     }
                     Err(err) => {
                         debug!(peer = %addr, error = %err, "topology stream open failed");
-                        let delay = topology_backoff.on_failure(Duration::ZERO, rand::random::<f64>());
-                        topology_retry = tokio::time::Instant::now() + delay;
+                        topology_link.handle_open_failed(Instant::now(), rand::random::<f64>());
                     }
                 }
             }
-            () = tokio::time::sleep_until(load_retry), if load.is_none() => {
+            () = sleep_until_std(load_link.poll_timeout()), if load.is_none() => {
                 match open(shared, relay, "load", StreamRpc::WatchLoad).await {
                     Ok(stream) => {
                         load = Some(stream);
-                        load_opened = Instant::now();
+                        load_link.handle_opened(Instant::now());
                     }
                     Err(err) => {
                         debug!(peer = %addr, error = %err, "load stream reopen failed");
-                        let delay = load_backoff.on_failure(Duration::ZERO, rand::random::<f64>());
-                        load_retry = tokio::time::Instant::now() + delay;
+                        load_link.handle_open_failed(Instant::now(), rand::random::<f64>());
                     }
                 }
             }
@@ -573,6 +579,14 @@ async fn relay_epoch(
     subscriptions.close();
     subscriptions.wait().await;
     result
+}
+
+/// Sleeps until `deadline` (a std instant of the same clock), or forever without one.
+async fn sleep_until_std(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The next message of `stream`, or pending forever when there is no stream.
@@ -643,17 +657,9 @@ async fn run_subscription(
         let reason = subscription_frames(&shared, relay, key, identity, &cancel).await;
         {
             let mut state = shared.state.write();
-            // A stream that broke in transit leaves an intact replica: keep it for resuming.
-            // Anything else (a refused frame, a new producer or relay) starts over.
-            match reason {
-                Some(
-                    ResubscribeReason::Disconnected
-                    | ResubscribeReason::Lagged
-                    | ResubscribeReason::Stale,
-                ) => state.suspend(key),
-                // The relay's epoch ended: its next epoch may resume this pool.
-                None if cancel.is_cancelled() => state.suspend(key),
-                _ => state.invalidate(key),
+            match replica_after_stream(reason, cancel.is_cancelled()) {
+                ReplicaAfterStream::Suspend => state.suspend(key),
+                ReplicaAfterStream::Invalidate => state.invalidate(key),
             }
         }
         shared.bump();
@@ -733,8 +739,7 @@ async fn subscription_frames(
     };
     let staleness = shared.config.limits.staleness_bound;
     let assembly_timeout = shared.config.limits.snapshot_assembly_timeout;
-    // When the snapshot being assembled got its first chunk.
-    let mut assembling_since: Option<Instant> = None;
+    let mut assembly = SnapshotAssembly::new(assembly_timeout);
     loop {
         let message = tokio::select! {
             biased;
@@ -750,14 +755,7 @@ async fn subscription_frames(
             Ok(Ok(None)) => return Some(ResubscribeReason::Disconnected),
             Ok(Ok(Some(Message::PoolFrame(frame)))) => frame,
             Ok(Ok(Some(Message::Error(err)))) => {
-                let reason = match err.effective_reason() {
-                    ErrorReason::SubscriberLagged => ResubscribeReason::Lagged,
-                    ErrorReason::ProducerChanged | ErrorReason::PoolNotFound => {
-                        ResubscribeReason::ProducerChanged
-                    }
-                    ErrorReason::InvalidPublication => ResubscribeReason::Validation,
-                    _ => ResubscribeReason::Disconnected,
-                };
+                let reason = resubscribe_reason(err.effective_reason());
                 warn!(dc = %dc, pool = key.as_u64(), reason = %err.effective_reason(), message = ?err.message, "relay ended pool stream");
                 return Some(reason);
             }
@@ -780,14 +778,10 @@ async fn subscription_frames(
         };
         match outcome {
             Ok(outcome) => {
-                if matches!(outcome, FrameOutcome::ChunkStored) {
-                    let since = *assembling_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > assembly_timeout {
-                        warn!(dc = %dc, pool = key.as_u64(), timeout = ?assembly_timeout, "snapshot did not complete in time; resubscribing");
-                        return Some(ResubscribeReason::Stale);
-                    }
-                } else {
-                    assembling_since = None;
+                let chunk_stored = matches!(outcome, FrameOutcome::ChunkStored);
+                if assembly.handle_frame(Instant::now(), chunk_stored) {
+                    warn!(dc = %dc, pool = key.as_u64(), timeout = ?assembly_timeout, "snapshot did not complete in time; resubscribing");
+                    return Some(ResubscribeReason::Stale);
                 }
                 let counter = match outcome {
                     FrameOutcome::ChunkStored => None,

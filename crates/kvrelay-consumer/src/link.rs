@@ -1,0 +1,380 @@
+//! The consumer side of the WAN link, sans-IO: what to do when a relay's connection epoch
+//! ends, when a pool stream ends, when a side stream (load, topology) is lost, and how
+//! long to wait before trying again. The tokio client (`client.rs`) only moves bytes and
+//! runs these decisions with its clock's `now` and a jitter sample, so every rule here is
+//! tested on a simulated clock.
+//!
+//! - A relay whose connection merely broke keeps its catalog and suspended replicas for
+//!   [`Limits::resume_hold`](crate::Limits::resume_hold), so its next epoch can resume
+//!   them; a relay that restarted, broke the catalog rules or speaks another major version
+//!   starts over at once, and so does one held past the resume hold.
+//! - A pool stream that broke in transit (disconnected, cut off for lag, stale) leaves an
+//!   intact replica: it is suspended for resuming; anything else invalidates it.
+//! - Every retry waits on a [`Backoff`] that resets only after an attempt stayed healthy,
+//!   never for reaching current (a relay that breaks every stream after its snapshot must
+//!   not get a snapshot per base delay).
+
+use std::time::{Duration, Instant};
+
+use kvrelay_codec::v1::ErrorReason;
+use kvrelay_pacing::{Backoff, BackoffConfig};
+
+use crate::metrics::ResubscribeReason;
+
+/// What becomes of a relay's view (catalog, replicas) when its epoch ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ViewAfterEpoch {
+    /// Drop everything kept from this relay: the next epoch starts from scratch.
+    StartOver,
+    /// Keep the view, suspended (not scored), for the next epoch to resume.
+    Suspend,
+}
+
+/// How a relay's connection epoch ended, as far as the view is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EpochEnd {
+    /// The relay restarted, broke the catalog rules or speaks another major version:
+    /// nothing kept is valid any more.
+    Invalidated,
+    /// The connection broke (or the relay went quiet): what is kept may still resume.
+    Broken,
+}
+
+/// One relay's link: its reconnect backoff and how long its view has been suspended.
+#[derive(Debug, Clone)]
+pub(crate) struct RelayLink {
+    backoff: Backoff,
+    resume_hold: Duration,
+    suspended_since: Option<Instant>,
+}
+
+impl RelayLink {
+    pub(crate) fn new(backoff: BackoffConfig, resume_hold: Duration) -> Self {
+        Self {
+            backoff: Backoff::new(backoff),
+            resume_hold,
+            suspended_since: None,
+        }
+    }
+
+    /// Before an epoch opens at `now`: whether the suspended view was held past the
+    /// resume hold and must start over.
+    pub(crate) fn handle_epoch_start(&mut self, now: Instant) -> Option<ViewAfterEpoch> {
+        let expired = self
+            .suspended_since
+            .is_some_and(|since| now.saturating_duration_since(since) > self.resume_hold);
+        if expired {
+            self.suspended_since = None;
+            return Some(ViewAfterEpoch::StartOver);
+        }
+        None
+    }
+
+    /// An epoch that started `healthy_for` before `now` ended as `end`: what becomes of
+    /// the view, and how long to wait before the next epoch (`jitter` in `[0, 1]`).
+    pub(crate) fn handle_epoch_end(
+        &mut self,
+        now: Instant,
+        end: EpochEnd,
+        healthy_for: Duration,
+        jitter: f64,
+    ) -> (ViewAfterEpoch, Duration) {
+        let view = match end {
+            EpochEnd::Invalidated => {
+                self.suspended_since = None;
+                ViewAfterEpoch::StartOver
+            }
+            EpochEnd::Broken => {
+                // The hold runs from the first break, not from each failed reconnect.
+                self.suspended_since.get_or_insert(now);
+                ViewAfterEpoch::Suspend
+            }
+        };
+        (view, self.backoff.on_failure(healthy_for, jitter))
+    }
+}
+
+/// What becomes of a replica when its pool stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplicaAfterStream {
+    /// Kept intact and not scored; the next subscription names its sequence to resume.
+    Suspend,
+    /// Dropped: the next subscription starts from a snapshot.
+    Invalidate,
+}
+
+/// A pool stream ended with `reason` (`None`: stopped without a fault), its relay's epoch
+/// being over (`epoch_ended`) or not.
+pub(crate) fn replica_after_stream(
+    reason: Option<ResubscribeReason>,
+    epoch_ended: bool,
+) -> ReplicaAfterStream {
+    match reason {
+        // Broken in transit: the replica is intact.
+        Some(
+            ResubscribeReason::Disconnected | ResubscribeReason::Lagged | ResubscribeReason::Stale,
+        ) => ReplicaAfterStream::Suspend,
+        // The relay's epoch ended: its next epoch may resume this pool.
+        None if epoch_ended => ReplicaAfterStream::Suspend,
+        _ => ReplicaAfterStream::Invalidate,
+    }
+}
+
+/// The resubscribe reason of an error frame that ended a pool stream: the one map from
+/// the relay's reasons to the consumer's.
+pub(crate) fn resubscribe_reason(reason: ErrorReason) -> ResubscribeReason {
+    match reason {
+        ErrorReason::SubscriberLagged => ResubscribeReason::Lagged,
+        ErrorReason::ProducerChanged | ErrorReason::PoolNotFound => {
+            ResubscribeReason::ProducerChanged
+        }
+        ErrorReason::InvalidPublication => ResubscribeReason::Validation,
+        _ => ResubscribeReason::Disconnected,
+    }
+}
+
+/// A stream that may come and go without ending the epoch (load, topology): while it is
+/// down, its data is unknown and it reopens after backoff.
+#[derive(Debug, Clone)]
+pub(crate) struct SideStream {
+    backoff: Backoff,
+    opened_at: Instant,
+    retry_at: Option<Instant>,
+}
+
+impl SideStream {
+    /// A stream to open at once.
+    pub(crate) fn new(backoff: BackoffConfig, now: Instant) -> Self {
+        Self {
+            backoff: Backoff::new(backoff),
+            opened_at: now,
+            retry_at: Some(now),
+        }
+    }
+
+    /// It opened at `now`.
+    pub(crate) fn handle_opened(&mut self, now: Instant) {
+        self.opened_at = now;
+        self.retry_at = None;
+    }
+
+    /// It was lost at `now` after running since it opened: reopen at the returned time.
+    pub(crate) fn handle_lost(&mut self, now: Instant, jitter: f64) -> Instant {
+        let healthy_for = now.saturating_duration_since(self.opened_at);
+        self.retry_later(now, healthy_for, jitter)
+    }
+
+    /// Opening it failed at `now`: try again at the returned time.
+    pub(crate) fn handle_open_failed(&mut self, now: Instant, jitter: f64) -> Instant {
+        self.retry_later(now, Duration::ZERO, jitter)
+    }
+
+    /// When to (re)open it; `None` while it is open.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.retry_at
+    }
+
+    fn retry_later(&mut self, now: Instant, healthy_for: Duration, jitter: f64) -> Instant {
+        let at = now + self.backoff.on_failure(healthy_for, jitter);
+        self.retry_at = Some(at);
+        at
+    }
+}
+
+/// When a snapshot being assembled got its first chunk, to bound its assembly.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SnapshotAssembly {
+    timeout: Duration,
+    since: Option<Instant>,
+}
+
+impl SnapshotAssembly {
+    pub(crate) fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            since: None,
+        }
+    }
+
+    /// A frame was applied at `now`; `chunk_stored` when it was a snapshot chunk that did
+    /// not complete the snapshot. True when the snapshot has been assembling for longer
+    /// than the timeout: the stream must be renewed (`Stale`).
+    pub(crate) fn handle_frame(&mut self, now: Instant, chunk_stored: bool) -> bool {
+        if !chunk_stored {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert(now);
+        now.saturating_duration_since(since) > self.timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOLD: Duration = Duration::from_secs(60);
+
+    fn config() -> BackoffConfig {
+        BackoffConfig {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+            healthy_reset: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn a_broken_epoch_suspends_until_the_resume_hold_then_starts_over() {
+        let start = Instant::now();
+        let mut link = RelayLink::new(config(), HOLD);
+        assert_eq!(link.handle_epoch_start(start), None);
+        let (view, delay) = link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, 1.0);
+        assert_eq!(view, ViewAfterEpoch::Suspend);
+        assert_eq!(delay, Duration::from_millis(500));
+        // Reconnects keep failing: the hold runs from the first break.
+        let later = start + Duration::from_secs(40);
+        assert_eq!(link.handle_epoch_start(later), None);
+        link.handle_epoch_end(later, EpochEnd::Broken, Duration::ZERO, 1.0);
+        assert_eq!(
+            link.handle_epoch_start(start + HOLD),
+            None,
+            "at the hold: still kept"
+        );
+        assert_eq!(
+            link.handle_epoch_start(start + HOLD + Duration::from_millis(1)),
+            Some(ViewAfterEpoch::StartOver)
+        );
+        // Once started over, the next break holds from its own time.
+        let next_break = start + HOLD * 2;
+        link.handle_epoch_end(next_break, EpochEnd::Broken, Duration::ZERO, 1.0);
+        assert_eq!(link.handle_epoch_start(next_break + HOLD), None);
+    }
+
+    #[test]
+    fn an_invalidated_epoch_starts_over_at_once_and_clears_the_hold() {
+        let start = Instant::now();
+        let mut link = RelayLink::new(config(), HOLD);
+        link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, 1.0);
+        let (view, _) = link.handle_epoch_end(start, EpochEnd::Invalidated, Duration::ZERO, 1.0);
+        assert_eq!(view, ViewAfterEpoch::StartOver);
+        assert_eq!(link.handle_epoch_start(start + HOLD * 3), None);
+    }
+
+    #[test]
+    fn reconnect_delays_grow_until_an_epoch_stays_healthy() {
+        let start = Instant::now();
+        let mut link = RelayLink::new(config(), HOLD);
+        let delays: Vec<Duration> = (0..3)
+            .map(|_| {
+                link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(1), 1.0)
+                    .1
+            })
+            .collect();
+        assert_eq!(
+            delays,
+            [500, 1000, 2000].map(Duration::from_millis).to_vec()
+        );
+        let (_, delay) =
+            link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(30), 1.0);
+        assert_eq!(delay, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn streams_broken_in_transit_keep_their_replica() {
+        for reason in [
+            ResubscribeReason::Disconnected,
+            ResubscribeReason::Lagged,
+            ResubscribeReason::Stale,
+        ] {
+            assert_eq!(
+                replica_after_stream(Some(reason), false),
+                ReplicaAfterStream::Suspend
+            );
+        }
+        for reason in [
+            ResubscribeReason::Gap,
+            ResubscribeReason::ProducerChanged,
+            ResubscribeReason::Checksum,
+            ResubscribeReason::Validation,
+            ResubscribeReason::RelayRestart,
+            ResubscribeReason::Allocation,
+        ] {
+            assert_eq!(
+                replica_after_stream(Some(reason), true),
+                ReplicaAfterStream::Invalidate,
+                "{reason:?}"
+            );
+        }
+        assert_eq!(
+            replica_after_stream(None, true),
+            ReplicaAfterStream::Suspend
+        );
+        assert_eq!(
+            replica_after_stream(None, false),
+            ReplicaAfterStream::Invalidate,
+            "the generation left the catalog"
+        );
+    }
+
+    #[test]
+    fn relay_reasons_map_to_resubscribe_reasons() {
+        assert_eq!(
+            resubscribe_reason(ErrorReason::SubscriberLagged),
+            ResubscribeReason::Lagged
+        );
+        assert_eq!(
+            resubscribe_reason(ErrorReason::PoolNotFound),
+            ResubscribeReason::ProducerChanged
+        );
+        assert_eq!(
+            resubscribe_reason(ErrorReason::ProducerChanged),
+            ResubscribeReason::ProducerChanged
+        );
+        assert_eq!(
+            resubscribe_reason(ErrorReason::InvalidPublication),
+            ResubscribeReason::Validation
+        );
+        assert_eq!(
+            resubscribe_reason(ErrorReason::SnapshotProgressTimeout),
+            ResubscribeReason::Disconnected
+        );
+    }
+
+    #[test]
+    fn a_lost_side_stream_reopens_after_backoff_and_resets_when_it_held() {
+        let start = Instant::now();
+        let mut side = SideStream::new(config(), start);
+        assert_eq!(side.poll_timeout(), Some(start), "opens at once");
+        side.handle_opened(start);
+        assert_eq!(side.poll_timeout(), None);
+        let lost = start + Duration::from_secs(1);
+        assert_eq!(
+            side.handle_lost(lost, 1.0),
+            lost + Duration::from_millis(500)
+        );
+        let failed = lost + Duration::from_millis(500);
+        assert_eq!(
+            side.handle_open_failed(failed, 1.0),
+            failed + Duration::from_secs(1)
+        );
+        side.handle_opened(failed);
+        // It held for the healthy period: the next loss starts from the first delay.
+        let much_later = failed + Duration::from_secs(30);
+        assert_eq!(
+            side.handle_lost(much_later, 1.0),
+            much_later + Duration::from_millis(500)
+        );
+    }
+
+    #[test]
+    fn a_snapshot_assembling_too_long_is_renewed() {
+        let start = Instant::now();
+        let mut assembly = SnapshotAssembly::new(Duration::from_secs(120));
+        assert!(!assembly.handle_frame(start, true));
+        assert!(!assembly.handle_frame(start + Duration::from_secs(120), true));
+        assert!(assembly.handle_frame(start + Duration::from_secs(121), true));
+        // A completed snapshot (or any other frame) restarts the clock.
+        assert!(!assembly.handle_frame(start + Duration::from_secs(122), false));
+        assert!(!assembly.handle_frame(start + Duration::from_secs(300), true));
+    }
+}
