@@ -51,17 +51,21 @@ pub enum ConnectionOutcome {
     /// Closed because a request head did not arrive within the header-read timeout
     /// (a slow head or an idle keep-alive).
     HeaderTimeout,
+    /// Closed because the TLS handshake failed or did not finish within the header-read
+    /// timeout.
+    HandshakeFailed,
 }
 
 impl ConnectionOutcome {
-    /// The metric label: `accepted`, `rejected_limit`, `rejected_peer_limit` or
-    /// `header_timeout`.
+    /// The metric label: `accepted`, `rejected_limit`, `rejected_peer_limit`,
+    /// `header_timeout` or `handshake_failed`.
     pub fn label(self) -> &'static str {
         match self {
             Self::Accepted => "accepted",
             Self::RejectedLimit => "rejected_limit",
             Self::RejectedPeerLimit => "rejected_peer_limit",
             Self::HeaderTimeout => "header_timeout",
+            Self::HandshakeFailed => "handshake_failed",
         }
     }
 }

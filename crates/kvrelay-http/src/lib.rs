@@ -16,7 +16,7 @@ pub use accept::{
     ListenerEvents, classify,
 };
 pub use admission::{ConnectionAdmission, ConnectionPermit, ConnectionRefusal};
-pub use serve::{HttpBounds, serve};
+pub use serve::{Handshake, HttpBounds, Plaintext, serve, serve_with};
 
 /// Waits for SIGINT or SIGTERM (SIGINT only where SIGTERM does not exist, or when its
 /// handler cannot be installed): the cue for a service's graceful shutdown.

@@ -11,7 +11,10 @@
 //! - hyper's header-read timer ([`HttpBounds::header_read_timeout`]) runs from the moment
 //!   a request head is awaited, so it bounds both a slow head and an idle keep-alive;
 //! - a connection lives at most [`HttpBounds::connection_timeout`];
-//! - accept errors back off ([`crate::AcceptBackoff`]).
+//! - accept errors back off ([`crate::AcceptBackoff`]);
+//! - with a [`Handshake`] (TLS, say), the handshake runs in the connection's task and must
+//!   finish within the header-read timeout (`handshake_failed` otherwise), so a peer that
+//!   opens a socket and never speaks TLS holds one connection slot at most that long.
 //!
 //! Routes, authentication and request limits are the caller's business (axum layers on the
 //! router it passes); this module only carries requests to them.
@@ -22,7 +25,8 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
@@ -71,6 +75,30 @@ impl Default for HttpBounds {
     }
 }
 
+/// Turns an accepted socket into the stream HTTP is served over: TLS, or nothing.
+pub trait Handshake: Send + Sync + 'static {
+    /// The stream after the handshake.
+    type Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static;
+
+    /// Runs the handshake on `tcp` (the caller bounds it in time).
+    fn handshake(
+        &self,
+        tcp: TcpStream,
+    ) -> impl std::future::Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+/// No handshake: HTTP over the plain TCP socket.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Plaintext;
+
+impl Handshake for Plaintext {
+    type Stream = TcpStream;
+
+    async fn handshake(&self, tcp: TcpStream) -> std::io::Result<TcpStream> {
+        Ok(tcp)
+    }
+}
+
 /// Serves `router` on `listener` under `bounds` until `cancel` fires; then stops accepting,
 /// lets in-flight requests finish (each connection is bounded anyway) and returns.
 /// `name` labels the listener in logs; `events` counts what happened.
@@ -81,6 +109,28 @@ pub async fn serve(
     name: &'static str,
     events: Arc<dyn ListenerEvents>,
     cancel: CancellationToken,
+) -> std::io::Result<()> {
+    serve_with(
+        listener,
+        router,
+        bounds,
+        name,
+        events,
+        cancel,
+        Arc::new(Plaintext),
+    )
+    .await
+}
+
+/// [`serve`] with a [`Handshake`] on every accepted socket (TLS).
+pub async fn serve_with<H: Handshake>(
+    listener: TcpListener,
+    router: Router,
+    bounds: HttpBounds,
+    name: &'static str,
+    events: Arc<dyn ListenerEvents>,
+    cancel: CancellationToken,
+    handshake: Arc<H>,
 ) -> std::io::Result<()> {
     let connections =
         ConnectionAdmission::new(bounds.max_connections, bounds.max_connections_per_peer);
@@ -127,13 +177,32 @@ pub async fn serve(
         let service = TowerToHyperService::new(router.clone());
         let events = events.clone();
         let cancel = cancel.clone();
+        let handshake = handshake.clone();
         tracker.spawn(async move {
+            let stream = match tokio::time::timeout(
+                bounds.header_read_timeout,
+                handshake.handshake(tcp),
+            )
+            .await
+            {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => {
+                    events.connection(ConnectionOutcome::HandshakeFailed);
+                    debug!(listener = name, %peer, error = %err, "handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    events.connection(ConnectionOutcome::HandshakeFailed);
+                    debug!(listener = name, %peer, "handshake timed out");
+                    return;
+                }
+            };
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(bounds.header_read_timeout)
                 .keep_alive(true);
-            let connection = builder.serve_connection(TokioIo::new(tcp), service);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);
             let life = tokio::time::sleep(bounds.connection_timeout);
             let mut life = std::pin::pin!(life);

@@ -19,6 +19,6 @@ pub mod metrics;
 pub mod readiness;
 pub mod service;
 
-pub use config::{RelaySection, RouterConfig, RouterConfigError};
+pub use config::{RelaySection, RouterConfig, RouterConfigError, TlsSection};
 pub use readiness::RouterReadiness;
 pub use service::{RouterError, RouterService};

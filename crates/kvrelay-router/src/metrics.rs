@@ -73,7 +73,7 @@ impl RouterMetrics {
         let connections = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "http_connections",
-            "HTTP connections: accepted, rejected_limit (max_connections), rejected_peer_limit (max_connections_per_peer), header_timeout",
+            "HTTP connections: accepted, rejected_limit (max_connections), rejected_peer_limit (max_connections_per_peer), header_timeout, handshake_failed ([tls])",
             connections.clone(),
         );
         let accept_errors = Family::<KindLabel, Counter>::default();

@@ -426,6 +426,9 @@ pub enum RouterError {
     /// The configuration is unusable.
     #[error(transparent)]
     Config(#[from] RouterConfigError),
+    /// The listener's TLS material cannot be used.
+    #[error("[tls]: {0}")]
+    Tls(#[from] kvrelay_tls::TlsError),
     /// The listen address could not be bound.
     #[error("binding the router listener on {addr}: {source}")]
     Bind {
@@ -435,6 +438,17 @@ pub enum RouterError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// TLS on the router's listener, as the shared HTTP loop runs it.
+struct TlsHandshake(kvrelay_tls::ServerTls);
+
+impl kvrelay_http::Handshake for TlsHandshake {
+    type Stream = kvrelay_tls::ServerTlsStream;
+
+    async fn handshake(&self, tcp: tokio::net::TcpStream) -> std::io::Result<Self::Stream> {
+        self.0.accept(tcp).await
+    }
 }
 
 /// A running router: the consumer following every relay and the HTTP listener.
@@ -455,6 +469,11 @@ impl RouterService {
     ) -> Result<Self, RouterError> {
         let consumer_config = config.consumer_config(&env)?;
         let token = config.api_token(&env)?;
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|tls| kvrelay_tls::ServerTls::load(tls.files()))
+            .transpose()?;
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -469,6 +488,9 @@ impl RouterService {
         if !addr.ip().is_loopback() && token.is_none() {
             warn!(%addr, "the router API has no authentication ([auth] token_file/token_env) and listens beyond loopback; keep it behind your network policy");
         }
+        if !addr.ip().is_loopback() && token.is_some() && tls.is_none() {
+            warn!(%addr, "the router API token travels in plaintext beyond loopback: set [tls]");
+        }
         let consumer = Arc::new(
             Consumer::start(consumer_config)
                 .map_err(|err| RouterError::Config(RouterConfigError::Consumer(err)))?,
@@ -478,14 +500,25 @@ impl RouterService {
             AppState::new(consumer.clone(), metrics.clone(), config.http).with_token(token),
         );
         let cancel = CancellationToken::new();
-        let serving = tokio::spawn(kvrelay_http::serve(
-            listener,
-            app(state),
-            config.http.bounds(),
-            "router",
-            metrics,
-            cancel.clone(),
-        ));
+        let serving = match tls {
+            None => tokio::spawn(kvrelay_http::serve(
+                listener,
+                app(state),
+                config.http.bounds(),
+                "router",
+                metrics,
+                cancel.clone(),
+            )),
+            Some(tls) => tokio::spawn(kvrelay_http::serve_with(
+                listener,
+                app(state),
+                config.http.bounds(),
+                "router",
+                metrics,
+                cancel.clone(),
+                Arc::new(TlsHandshake(tls)),
+            )),
+        };
         info!(%addr, relays = config.relays.len(), "router serving");
         Ok(Self {
             addr,

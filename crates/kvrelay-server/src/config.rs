@@ -168,8 +168,8 @@ pub struct TlsConfig {
 
 impl TlsConfig {
     /// The files, as the TLS crate takes them.
-    pub fn files(&self) -> kvrelay_tls::WanTlsFiles<'_> {
-        kvrelay_tls::WanTlsFiles {
+    pub fn files(&self) -> kvrelay_tls::ServerTlsFiles<'_> {
+        kvrelay_tls::ServerTlsFiles {
             cert: &self.cert,
             key: &self.key,
             client_ca: self.client_ca.as_deref(),

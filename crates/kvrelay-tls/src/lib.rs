@@ -1,5 +1,5 @@
 //! TLS and bearer tokens for every kvrelay connection, in one place: PEM loading, the WAN
-//! listener's acceptor ([`WanTls`]), the consumer's connector towards a relay
+//! listener's acceptor ([`ServerTls`]), the consumer's connector towards a relay
 //! ([`RelayTls`] → [`RelayConnector`]), and the one [`BearerToken`] with its rules
 //! (trimmed, non-empty, at most the protocol's 4,096 bytes, no control characters,
 //! compared in constant time, never printed). The relay's WAN and admin listeners, the
@@ -17,7 +17,7 @@ pub mod test_ca;
 mod token;
 
 pub use client::{RelayConnector, RelayTls};
-pub use server::{WanTls, WanTlsFiles};
+pub use server::{ServerTls, ServerTlsFiles, ServerTlsStream};
 pub use token::{BearerToken, TokenError, bearer_of};
 
 use std::path::PathBuf;

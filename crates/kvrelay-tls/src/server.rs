@@ -14,9 +14,12 @@ use tokio_rustls::server::TlsStream;
 use crate::TlsError;
 use crate::pem::{provider, read_certs, read_key, read_roots};
 
+/// A TLS stream accepted by a [`ServerTls`].
+pub type ServerTlsStream = TlsStream<TcpStream>;
+
 /// The files of a TLS listener.
 #[derive(Debug, Clone, Copy)]
-pub struct WanTlsFiles<'a> {
+pub struct ServerTlsFiles<'a> {
     /// Certificate chain (PEM).
     pub cert: &'a Path,
     /// Private key (PEM) of `cert`.
@@ -27,22 +30,22 @@ pub struct WanTlsFiles<'a> {
 
 /// A ready TLS acceptor for the WAN listener.
 #[derive(Clone)]
-pub struct WanTls {
+pub struct ServerTls {
     acceptor: TlsAcceptor,
     client_auth: bool,
 }
 
-impl std::fmt::Debug for WanTls {
+impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WanTls")
+        f.debug_struct("ServerTls")
             .field("client_auth", &self.client_auth)
             .finish_non_exhaustive()
     }
 }
 
-impl WanTls {
+impl ServerTls {
     /// Loads the certificate, key and optional client CA named by `files`.
-    pub fn load(files: WanTlsFiles<'_>) -> Result<Self, TlsError> {
+    pub fn load(files: ServerTlsFiles<'_>) -> Result<Self, TlsError> {
         let build_error = |err: rustls::Error| TlsError::Build {
             side: "server",
             message: err.to_string(),
@@ -93,8 +96,8 @@ mod tests {
 
     use super::*;
 
-    fn files<'a>(cert: &'a Path, key: &'a Path) -> WanTlsFiles<'a> {
-        WanTlsFiles {
+    fn files<'a>(cert: &'a Path, key: &'a Path) -> ServerTlsFiles<'a> {
+        ServerTlsFiles {
             cert,
             key,
             client_ca: None,
@@ -105,7 +108,7 @@ mod tests {
     fn missing_certificate_file_names_the_path() {
         let cert = PathBuf::from("/nonexistent/server.pem");
         let key = PathBuf::from("/nonexistent/server.key");
-        let err = WanTls::load(files(&cert, &key)).unwrap_err();
+        let err = ServerTls::load(files(&cert, &key)).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("reading certificate /nonexistent/server.pem"),
@@ -119,7 +122,7 @@ mod tests {
         let cert = dir.path().join("empty.pem");
         std::fs::write(&cert, "not a pem").unwrap();
         assert!(matches!(
-            WanTls::load(files(&cert, &cert)),
+            ServerTls::load(files(&cert, &cert)),
             Err(TlsError::Read {
                 what: "certificate",
                 ..
@@ -140,11 +143,11 @@ mod tests {
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, "garbage").unwrap();
         assert!(matches!(
-            WanTls::load(files(&cert_path, &key_path)),
+            ServerTls::load(files(&cert_path, &key_path)),
             Err(TlsError::Read { what: "private key", path, .. }) if path == key_path
         ));
         std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
-        let tls = WanTls::load(files(&cert_path, &key_path)).unwrap();
+        let tls = ServerTls::load(files(&cert_path, &key_path)).unwrap();
         assert!(!tls.requires_client_certificate());
     }
 }

@@ -46,7 +46,7 @@ use crate::mirror::{MirrorError, MirrorProgress, PoolMirror};
 use crate::wan::WanServer;
 use crate::wan::connection::ConnectionContext;
 use crate::wan::source::PublicationViews;
-use kvrelay_tls::WanTls;
+use kvrelay_tls::ServerTls;
 pub use report::{PoolReport, ProducerTable, RelayError, RelayProgress};
 use state::HostState;
 
@@ -92,7 +92,7 @@ impl Relay {
             .wan
             .tls
             .as_ref()
-            .map(|tls| WanTls::load(tls.files()))
+            .map(|tls| ServerTls::load(tls.files()))
             .transpose()?;
         let token = config
             .wan

@@ -28,7 +28,7 @@ use crate::wan::request::read_stream_request;
 use crate::wan::source::{PublicationViews, StreamFailure};
 use kvrelay_pacing::SharedLogBudget;
 use kvrelay_tls::BearerToken;
-use kvrelay_tls::WanTls;
+use kvrelay_tls::ServerTls;
 
 /// Shared by every connection of one WAN server.
 pub(crate) struct ConnectionContext {
@@ -37,7 +37,7 @@ pub(crate) struct ConnectionContext {
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) limits: Limits,
     pub(crate) codec_limits: kvrelay_codec::Limits,
-    pub(crate) tls: Option<WanTls>,
+    pub(crate) tls: Option<ServerTls>,
     pub(crate) token: Option<BearerToken>,
     pub(crate) cancel: CancellationToken,
     /// Rate-limits the warnings for refused (unauthenticated) requests.
