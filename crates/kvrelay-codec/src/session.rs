@@ -69,7 +69,7 @@ impl Watched for LoadWindow {
 
 /// One value to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transmit<T> {
+pub struct WatchTransmit<T> {
     /// The value.
     pub value: Arc<T>,
     /// Whether it is a heartbeat re-send (counted apart).
@@ -80,7 +80,7 @@ pub struct Transmit<T> {
 #[derive(Debug)]
 pub struct WatchSession<T> {
     sent: Arc<T>,
-    pending: Option<Transmit<T>>,
+    pending: Option<WatchTransmit<T>>,
     heartbeat_interval: Duration,
     next_heartbeat: Option<Instant>,
 }
@@ -89,7 +89,7 @@ impl<T: Watched> WatchSession<T> {
     /// A stream opened at `now` whose current value is `current` (sent first).
     pub fn new(current: Arc<T>, heartbeat_interval: Duration, now: Instant) -> Self {
         Self {
-            pending: Some(Transmit {
+            pending: Some(WatchTransmit {
                 value: current.clone(),
                 heartbeat: false,
             }),
@@ -106,7 +106,7 @@ impl<T: Watched> WatchSession<T> {
         }
         self.sent = next.clone();
         // Only the newest value matters: one not yet written is replaced.
-        self.pending = Some(Transmit {
+        self.pending = Some(WatchTransmit {
             value: next,
             heartbeat: false,
         });
@@ -124,7 +124,7 @@ impl<T: Watched> WatchSession<T> {
             return;
         }
         if self.pending.is_none() {
-            self.pending = Some(Transmit {
+            self.pending = Some(WatchTransmit {
                 value: self.sent.clone(),
                 heartbeat: true,
             });
@@ -133,7 +133,7 @@ impl<T: Watched> WatchSession<T> {
     }
 
     /// The next value to write, if any.
-    pub fn poll_transmit(&mut self) -> Option<Transmit<T>> {
+    pub fn poll_transmit(&mut self) -> Option<WatchTransmit<T>> {
         self.pending.take()
     }
 
@@ -208,7 +208,7 @@ mod tests {
         }
     }
 
-    fn drain<T>(session: &mut WatchSession<T>) -> Vec<Transmit<T>>
+    fn drain<T>(session: &mut WatchSession<T>) -> Vec<WatchTransmit<T>>
     where
         T: Watched,
     {
@@ -221,7 +221,7 @@ mod tests {
         let mut session = WatchSession::new(Arc::new(Versioned::<true>(1)), HEARTBEAT, start);
         assert_eq!(
             drain(&mut session),
-            vec![Transmit {
+            vec![WatchTransmit {
                 value: Arc::new(Versioned(1)),
                 heartbeat: false
             }]
@@ -245,7 +245,7 @@ mod tests {
         session.handle_timeout(start + HEARTBEAT);
         assert_eq!(
             drain(&mut session),
-            vec![Transmit {
+            vec![WatchTransmit {
                 value: Arc::new(Versioned(4)),
                 heartbeat: true
             }]

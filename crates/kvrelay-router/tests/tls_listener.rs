@@ -139,7 +139,9 @@ async fn an_unusable_key_file_stops_the_start_naming_it() {
         key: bad_key.clone(),
         ..secured.tls.clone()
     };
-    let err = RouterService::start(&config(tls), no_env).await.unwrap_err();
+    let err = RouterService::start(&config(tls), no_env)
+        .await
+        .unwrap_err();
     assert!(matches!(err, RouterError::Tls(_)), "{err}");
     assert!(err.to_string().contains("bad.key"), "{err}");
 }

@@ -36,7 +36,7 @@ pub use config::{
     WanConfig, WorkloadConfig,
 };
 pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress, WORKLOAD_TOKEN_SEED};
-pub use kvrelay_tls::{TlsError, TokenError, ServerTls};
+pub use kvrelay_tls::{ServerTls, TlsError, TokenError};
 pub use limits::*;
 pub use mirror::{MirrorError, MirrorProgress, PoolMirror};
 pub use probe::{ProbeError, ProbeStream};
