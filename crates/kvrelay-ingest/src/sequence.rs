@@ -61,16 +61,21 @@ pub enum ResetReason {
     ReplayFailed,
     /// Live batches buffered during a replay overflowed the bound.
     ReplayBufferOverflow,
+    /// The publisher reconnected and there is no replay endpoint to check that it is the
+    /// same engine: what the previous connection reported is not trusted (an engine that
+    /// restarted and stays idle would otherwise keep its predecessor's blocks counted).
+    ReconnectedUnverified,
 }
 
 impl ResetReason {
     /// Every cause name, in [`ResetReason::cause_index`] order (the metric's label set).
-    pub const CAUSES: [&'static str; 5] = [
+    pub const CAUSES: [&'static str; 6] = [
         "sequence_went_back",
         "gap_without_replay",
         "replay_incomplete",
         "replay_failed",
         "replay_buffer_overflow",
+        "reconnected_unverified",
     ];
 
     /// This reason's position in [`ResetReason::CAUSES`].
@@ -81,6 +86,7 @@ impl ResetReason {
             ResetReason::ReplayIncomplete { .. } => 2,
             ResetReason::ReplayFailed => 3,
             ResetReason::ReplayBufferOverflow => 4,
+            ResetReason::ReconnectedUnverified => 5,
         }
     }
 
@@ -92,6 +98,7 @@ impl ResetReason {
             ResetReason::ReplayIncomplete { .. } => "replay_incomplete",
             ResetReason::ReplayFailed => "replay_failed",
             ResetReason::ReplayBufferOverflow => "replay_buffer_overflow",
+            ResetReason::ReconnectedUnverified => "reconnected_unverified",
         }
     }
 }
@@ -348,6 +355,21 @@ impl<P> SequenceTracker<P> {
         true
     }
 
+    /// The publisher reconnected after a disconnect. Without a replay endpoint nothing can
+    /// tell a network blip from an engine that restarted (and may stay idle, publishing
+    /// nothing that would reveal it): the source is reset and starts fresh, so a restarted
+    /// engine never keeps its predecessor's blocks. With a replay endpoint the disconnect
+    /// already probed the tail, and a restarted engine's first batch (at or below the last
+    /// applied sequence) resets the source. Returns whether a reset was queued.
+    pub fn handle_reconnected(&mut self) -> bool {
+        if self.config.replay_available || !matches!(self.state, State::Live { .. }) {
+            return false;
+        }
+        self.reset(ResetReason::ReconnectedUnverified);
+        self.state = State::Fresh;
+        true
+    }
+
     /// The source connected and no batch has arrived since (the owner's timer): with a
     /// replay endpoint and nothing seen yet, ask for everything the engine still buffers,
     /// from 0, as a first batch past 0 would. An engine that published only before the
@@ -467,6 +489,48 @@ impl<P> SequenceTracker<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reconnect_without_replay_resets_and_starts_fresh() {
+        let mut tracker = tracker(false);
+        tracker.handle_live(0, "a");
+        tracker.handle_live(1, "b");
+        while tracker.poll_action().is_some() {}
+        assert!(tracker.handle_reconnected());
+        assert_eq!(
+            tracker.poll_action(),
+            Some(SequenceAction::Reset(ResetReason::ReconnectedUnverified))
+        );
+        assert_eq!(tracker.next_seq(), None);
+        // The restarted engine's first batch applies as a fresh start: no second reset.
+        tracker.handle_live(0, "c");
+        assert_eq!(
+            tracker.poll_action(),
+            Some(SequenceAction::Apply {
+                seq: 0,
+                payload: "c"
+            })
+        );
+        assert_eq!(tracker.poll_action(), None);
+        // Before any batch there is nothing to distrust.
+        let mut fresh = tracker_without_batches(false);
+        assert!(!fresh.handle_reconnected());
+        assert_eq!(fresh.poll_action(), None);
+    }
+
+    #[test]
+    fn a_reconnect_with_replay_is_left_to_the_replay() {
+        let mut tracker = tracker(true);
+        tracker.handle_live(0, "a");
+        while tracker.poll_action().is_some() {}
+        assert!(!tracker.handle_reconnected());
+        assert_eq!(tracker.poll_action(), None);
+        assert_eq!(tracker.next_seq(), Some(1));
+    }
+
+    fn tracker_without_batches(replay_available: bool) -> SequenceTracker<&'static str> {
+        tracker(replay_available)
+    }
 
     fn tracker(replay_available: bool) -> SequenceTracker<&'static str> {
         SequenceTracker::new(SequenceConfig {

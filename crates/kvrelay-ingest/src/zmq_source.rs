@@ -240,6 +240,8 @@ impl Driver {
         // Armed by each live batch (a tail probe) and by a connect before any batch (a join
         // probe); fires after `probe_idle` of silence.
         let mut probe_at: Option<tokio::time::Instant> = None;
+        // Whether the publisher disconnected since it last connected.
+        let mut lost = false;
         loop {
             let probe_sleep = async {
                 match probe_at {
@@ -271,6 +273,9 @@ impl Driver {
                     None => return,
                     Some(ReaderEvent::Connected) => {
                         self.applied_since_connect = false;
+                        if std::mem::take(&mut lost) {
+                            sequence.handle_reconnected();
+                        }
                         if self.config.replay_endpoint.is_some() && sequence.next_seq().is_none() {
                             probe_at = Some(tokio::time::Instant::now() + probe_idle);
                         }
@@ -281,6 +286,7 @@ impl Driver {
                     }
                     Some(ReaderEvent::Disconnected) => {
                         probe_at = None;
+                        lost = true;
                         // The publisher may have closed with batches still queued on its
                         // side: probe its replay socket now, or count the unknown tail.
                         if !sequence.handle_idle() && self.applied_since_connect {

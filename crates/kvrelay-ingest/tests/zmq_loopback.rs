@@ -18,8 +18,8 @@ use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
-    EngineEvent, EngineKind, EngineLayout, Limits, RejectionKind, SourceHandle, SourceOutput,
-    SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
+    EngineEvent, EngineKind, EngineLayout, Limits, RejectionKind, ResetReason, SourceHandle,
+    SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
 };
 
 const BLOCK_SIZE: u32 = 4;
@@ -497,6 +497,76 @@ async fn without_a_replay_endpoint_a_publisher_gone_after_batches_counts_an_unve
     assert_eq!(stats.n_unverified_tails, 1, "{stats:?}");
     assert!(stats.n_disconnects >= 1, "{stats:?}");
     assert!(source.shutdown().await);
+}
+
+/// An engine that restarts on the same port and stays idle publishes nothing that would
+/// reveal the restart: without a replay endpoint the reconnect itself resets the source,
+/// so the new engine is never credited with its predecessor's blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_restarted_engine_without_replay_is_not_credited_with_old_blocks() {
+    let (mut engine, pub_endpoint, _replay_endpoint) =
+        FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
+    let mut source = spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint.clone(),
+        replay_endpoint: None,
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits: Limits::default(),
+        declared_ranks: 0..1,
+        fault: Default::default(),
+    });
+    let mut signals = Vec::new();
+    for batch_idx in 0..200u64 {
+        engine
+            .publish(vec![stored(&[batch_idx + 1], None, 0)], false)
+            .await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        while let Some(output) = source.try_next() {
+            if let SourceOutput::Signal(signal) = output {
+                signals.push(signal);
+            }
+        }
+        if source.stats().n_events > 0 {
+            break;
+        }
+    }
+    assert!(source.stats().n_events > 0);
+    assert_eq!(source.stats().resets("reconnected_unverified"), 0);
+
+    // The engine restarts on the same port and publishes nothing.
+    engine.stop().await;
+    let (restarted, _, _) = FakeEngine::start(&pub_endpoint, "tcp://127.0.0.1:*").await;
+    for _ in 0..400 {
+        while let Some(output) = source.try_next() {
+            if let SourceOutput::Signal(signal) = output {
+                signals.push(signal);
+            }
+        }
+        if source.stats().resets("reconnected_unverified") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let stats = source.stats();
+    assert_eq!(stats.resets("reconnected_unverified"), 1, "{stats:?}");
+    while let Some(output) = source.try_next() {
+        if let SourceOutput::Signal(signal) = output {
+            signals.push(signal);
+        }
+    }
+    assert!(
+        signals.iter().any(|signal| matches!(
+            signal,
+            SourceSignal::Reset { sources, reason: ResetReason::ReconnectedUnverified }
+                if !sources.is_empty()
+        )),
+        "{signals:?}"
+    );
+    assert!(source.shutdown().await);
+    restarted.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
