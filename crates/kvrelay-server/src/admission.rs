@@ -1,13 +1,14 @@
-//! Admission control: independent fail-fast limits per stream type, a global pool-stream
-//! limit and a per-pool subscriber limit. (The connection limits at accept, total and per
-//! peer address, are `kvrelay_http::ConnectionAdmission`, shared with the HTTP listeners.)
+//! Admission control: independent fail-fast limits per stream type, the pool streams
+//! included (the per-pool subscriber limit is the publication stream's own,
+//! `max_subscribers_per_pool`, refused by the pool's hub). (The connection limits at accept,
+//! total and per peer address, are `kvrelay_http::ConnectionAdmission`, shared with the
+//! HTTP listeners.)
 //!
 //! Admission never waits: a request over a limit is rejected at once with a resource-limit
 //! error, so a flood of clients cannot queue behind each other. A [`StreamPermit`] holds its
 //! slots until it is dropped, which is when the connection ends.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 
@@ -62,20 +63,14 @@ pub enum AdmissionError {
         /// The configured limit.
         limit: u32,
     },
-    /// The pool already has its maximum number of subscribers.
-    #[error("pool subscriber limit {limit} reached")]
-    PoolSubscriberLimit {
-        /// The configured limit.
-        limit: u32,
-    },
 }
 
 impl AdmissionError {
-    /// The metrics `scope` label: `total` or `per_pool`.
+    /// The metrics `scope` label: `total` (`per_pool` is counted when the pool's hub
+    /// refuses a subscriber).
     pub fn scope(&self) -> &'static str {
         match self {
             Self::StreamLimit { .. } => "total",
-            Self::PoolSubscriberLimit { .. } => "per_pool",
         }
     }
 }
@@ -94,9 +89,6 @@ struct AdmissionInner {
     load: Arc<Semaphore>,
     topology: Arc<Semaphore>,
     limits: Limits,
-    // Keyed by pools that passed catalog lookup, so bounded by the catalog's size; the lock is
-    // never held across an await.
-    per_pool: Mutex<HashMap<Vec<u8>, u32>>,
     /// Bumped after every released permit, for waiters on stream counts.
     released: watch::Sender<u64>,
 }
@@ -105,7 +97,6 @@ struct AdmissionInner {
 #[derive(Debug)]
 pub(crate) struct StreamPermit {
     _permit: OwnedSemaphorePermit,
-    _pool_slot: Option<PoolSlot>,
     // Declared last: dropped after the slots above are returned.
     _release: ReleaseSignal,
 }
@@ -120,28 +111,6 @@ impl Drop for ReleaseSignal {
         self.admission
             .released
             .send_modify(|count| *count = count.wrapping_add(1));
-    }
-}
-
-#[derive(Debug)]
-struct PoolSlot {
-    admission: Arc<AdmissionInner>,
-    pool_key: Vec<u8>,
-}
-
-impl Drop for PoolSlot {
-    fn drop(&mut self) {
-        let mut map = self
-            .admission
-            .per_pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = map.get_mut(&self.pool_key) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                map.remove(&self.pool_key);
-            }
-        }
     }
 }
 
@@ -161,45 +130,16 @@ impl Admission {
                 load: permits(limits.max_load_streams),
                 topology: permits(limits.max_topology_streams),
                 limits: limits.clone(),
-                per_pool: Mutex::new(HashMap::new()),
                 released: watch::Sender::new(0),
             }),
         }
     }
 
-    /// Admits one stream of `kind` that is not a pool subscription, or refuses it at once.
+    /// Admits one stream of `kind`, or refuses it at once.
     pub(crate) fn admit(&self, kind: StreamKind) -> Result<StreamPermit, AdmissionError> {
         let permit = self.take(kind)?;
         Ok(StreamPermit {
             _permit: permit,
-            _pool_slot: None,
-            _release: self.release_signal(),
-        })
-    }
-
-    /// Admits one subscription to the pool named by `pool_key` (any stable byte encoding of
-    /// its id): first the total pool-stream limit, then the per-pool limit.
-    pub(crate) fn admit_pool(&self, pool_key: &[u8]) -> Result<StreamPermit, AdmissionError> {
-        let permit = self.take(StreamKind::Pool)?;
-        let limit = self.inner.limits.max_subscribers_per_pool;
-        {
-            let mut map = self
-                .inner
-                .per_pool
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let count = map.entry(pool_key.to_vec()).or_insert(0);
-            if *count >= limit {
-                return Err(AdmissionError::PoolSubscriberLimit { limit });
-            }
-            *count += 1;
-        }
-        Ok(StreamPermit {
-            _permit: permit,
-            _pool_slot: Some(PoolSlot {
-                admission: self.inner.clone(),
-                pool_key: pool_key.to_vec(),
-            }),
             _release: self.release_signal(),
         })
     }
@@ -292,6 +232,23 @@ mod tests {
     }
 
     #[test]
+    fn pool_streams_are_bounded_in_total() {
+        let admission = admission(Limits {
+            max_pool_streams_total: 2,
+            ..Limits::default()
+        });
+        let _a = admission.admit(StreamKind::Pool).unwrap();
+        let _b = admission.admit(StreamKind::Pool).unwrap();
+        assert_eq!(
+            admission.admit(StreamKind::Pool).unwrap_err(),
+            AdmissionError::StreamLimit {
+                kind: StreamKind::Pool,
+                limit: 2
+            }
+        );
+    }
+
+    #[test]
     fn dropping_a_permit_frees_its_slot() {
         let admission = admission(Limits {
             max_load_streams: 1,
@@ -302,39 +259,5 @@ mod tests {
         drop(held);
         assert_eq!(admission.active(StreamKind::Load), 0);
         assert!(admission.admit(StreamKind::Load).is_ok());
-    }
-
-    #[test]
-    fn per_pool_limit_is_independent_per_pool() {
-        let admission = admission(Limits {
-            max_subscribers_per_pool: 1,
-            ..Limits::default()
-        });
-        let _a = admission.admit_pool(b"a").unwrap();
-        assert_eq!(
-            admission.admit_pool(b"a").unwrap_err(),
-            AdmissionError::PoolSubscriberLimit { limit: 1 }
-        );
-        assert!(admission.admit_pool(b"b").is_ok());
-    }
-
-    #[test]
-    fn refused_pool_subscription_does_not_hold_a_total_slot() {
-        let admission = admission(Limits {
-            max_subscribers_per_pool: 1,
-            max_pool_streams_total: 2,
-            ..Limits::default()
-        });
-        let _a = admission.admit_pool(b"a").unwrap();
-        assert!(admission.admit_pool(b"a").is_err());
-        assert_eq!(admission.active(StreamKind::Pool), 1);
-        let _b = admission.admit_pool(b"b").unwrap();
-        assert_eq!(
-            admission.admit_pool(b"c").unwrap_err(),
-            AdmissionError::StreamLimit {
-                kind: StreamKind::Pool,
-                limit: 2
-            }
-        );
     }
 }

@@ -592,3 +592,58 @@ async fn stalled_subscriber(
     let stalled_io = socket.connect(relay.wan_addr()).await.unwrap();
     ProbeStream::open(stalled_io, subscribe).await.unwrap()
 }
+
+/// The per-pool subscriber limit is the publication stream's own (one rule, one place):
+/// a second subscriber of a pool limited to one is refused with `resource_limit` and
+/// counted as a `per_pool` admission refusal, while another pool still admits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_pool_subscriber_limit_refuses_and_counts_the_extra_subscriber() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 5);
+    config.limits.max_subscribers_per_pool = 1;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    let pools = relay.catalog().pools;
+    let subscribe = |producer| {
+        request(StreamRpc::SubscribePool {
+            expected_producer: producer,
+            resume_from_sequence: None,
+        })
+    };
+    let first = pools[0].producer;
+    let mut held = ProbeStream::connect(relay.wan_addr(), &subscribe(first))
+        .await
+        .unwrap();
+    // The first subscriber is in (its snapshot starts) before the second asks.
+    let opened = tokio::time::timeout(DEADLINE, held.next_message())
+        .await
+        .unwrap();
+    assert!(matches!(opened, Ok(Some(_))), "{opened:?}");
+    let mut refused = ProbeStream::connect(relay.wan_addr(), &subscribe(first))
+        .await
+        .unwrap();
+    let error = tokio::time::timeout(DEADLINE, support::until_error(&mut refused))
+        .await
+        .expect("the second subscriber of the pool is refused");
+    assert_eq!(error.reason, ErrorReason::ResourceLimit, "{error:?}");
+    let page = metrics_when(&relay, |page| {
+        metric_value(
+            page,
+            "kvrelay_admission_rejected_total{stream=\"pool\",scope=\"per_pool\"}",
+        ) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        metric_value(
+            &page,
+            "kvrelay_admission_rejected_total{stream=\"pool\",scope=\"per_pool\"}"
+        ),
+        1.0
+    );
+    let (mirror, table) = support::mirror_at_producer(&relay, pools[1].producer).await;
+    assert_eq!(mirror.words().unwrap(), table.words.as_slice());
+    drop(held);
+    relay.shutdown().await.unwrap();
+}

@@ -68,7 +68,13 @@ fn subscribe_failure(err: SubscribeError) -> StreamFailure {
         | SubscribeError::InitializedHubLimit { .. } => ErrorReason::ResourceLimit,
         _ => ErrorReason::PublicationUnavailable,
     };
-    StreamFailure::new(reason, err.to_string())
+    let failure = StreamFailure::new(reason, err.to_string());
+    // The one per-pool subscriber limit is the publication stream's; counted like the
+    // WAN's own admission refusals.
+    match err {
+        SubscribeError::SubscriberLimit { .. } => failure.admission("per_pool"),
+        _ => failure,
+    }
 }
 
 fn end_failure(end: SubscriptionEnd) -> StreamFailure {

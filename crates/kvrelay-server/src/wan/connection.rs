@@ -166,7 +166,7 @@ impl ConnectionContext {
 }
 
 impl Conn {
-    /// Admits a non-pool stream of `kind` (pool streams go through `admit_pool`).
+    /// Admits a stream of `kind` under its type's limit.
     fn admit(&mut self, kind: StreamKind) -> Result<crate::admission::StreamPermit, StreamFailure> {
         let result = self.ctx.admission.admit(kind);
         self.admitted(kind, result)
@@ -293,9 +293,7 @@ impl Conn {
                 ));
             }
         }
-        let pool_key = format!("{}", expected.pool_id);
-        let admitted = self.ctx.admission.admit_pool(pool_key.as_bytes());
-        let _permit = self.admitted(StreamKind::Pool, admitted)?;
+        let _permit = self.admit(StreamKind::Pool)?;
         let cancel = self.ctx.cancel.clone();
         let subscribe = self
             .ctx
@@ -306,7 +304,19 @@ impl Conn {
             () = cancel.cancelled() => {
                 return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "relay is shutting down"));
             }
-            stream = subscribe => stream?,
+            stream = subscribe => match stream {
+                Ok(stream) => stream,
+                Err(failure) => {
+                    if let Some(scope) = failure.admission_scope {
+                        self.ctx
+                            .metrics
+                            .admission_rejected
+                            .get_or_create(&RejectionLabels { stream: StreamKind::Pool.label(), scope })
+                            .inc();
+                    }
+                    return Err(failure);
+                }
+            },
         };
         let mut scratch = [0u8; 64];
         loop {

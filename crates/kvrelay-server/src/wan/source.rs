@@ -19,6 +19,9 @@ use tokio::sync::watch;
 pub(crate) struct StreamFailure {
     pub(crate) reason: ErrorReason,
     pub(crate) message: String,
+    /// For an admission refusal made below the WAN layer (the pool hub's subscriber
+    /// limit), the `scope` label it is counted under.
+    pub(crate) admission_scope: Option<&'static str>,
 }
 
 impl StreamFailure {
@@ -26,7 +29,14 @@ impl StreamFailure {
         Self {
             reason,
             message: message.into(),
+            admission_scope: None,
         }
+    }
+
+    /// Marks this failure as an admission refusal counted under `scope`.
+    pub(crate) fn admission(mut self, scope: &'static str) -> Self {
+        self.admission_scope = Some(scope);
+        self
     }
 }
 
