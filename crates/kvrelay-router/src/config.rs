@@ -327,6 +327,12 @@ impl Default for WeightsSection {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RouterConfigError {
+    /// TOML text (not from a file) is not a valid configuration.
+    #[error("router config: {message}")]
+    Syntax {
+        /// The parser's message (line, key, expected type).
+        message: String,
+    },
     /// The TOML file could not be read.
     #[error("reading router config {path}: {source}")]
     Read {
@@ -409,15 +415,21 @@ impl RouterConfig {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_toml(&text).map_err(|message| RouterConfigError::Parse {
-            path: path.to_owned(),
-            message,
+        Self::from_toml(&text).map_err(|err| match err {
+            RouterConfigError::Syntax { message } => RouterConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
         })
     }
 
-    /// Parses TOML text; the error is the parser's message.
-    pub fn from_toml(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|err| err.to_string().trim_end().to_owned())
+    /// Parses TOML text ([`RouterConfigError::Syntax`] with the parser's message, which
+    /// names the line and the key).
+    pub fn from_toml(text: &str) -> Result<Self, RouterConfigError> {
+        toml::from_str(text).map_err(|err| RouterConfigError::Syntax {
+            message: err.to_string().trim_end().to_owned(),
+        })
     }
 
     /// Parses `ADDR=DC[:COST]` (as `kvrelay route --relay`) into a plaintext relay.

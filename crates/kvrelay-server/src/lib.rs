@@ -35,7 +35,10 @@ pub use config::{
     EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, TlsConfig,
     WanConfig, WorkloadConfig,
 };
-pub use host::{PoolReport, ProducerTable, Relay, RelayError, RelayProgress, WORKLOAD_TOKEN_SEED};
+pub use host::{
+    DiscoveryStartError, PoolReport, ProducerTable, Relay, RelayError, RelayProgress,
+    WORKLOAD_TOKEN_SEED,
+};
 pub use kvrelay_tls::{ServerTls, TlsError, TokenError};
 pub use limits::*;
 pub use mirror::{MirrorError, MirrorProgress, PoolMirror};

@@ -236,3 +236,34 @@ async fn five_mebibytes_of_cards_start_and_two_routers_of_forty_pools_are_served
     drop(open);
     relay.shutdown().await.unwrap();
 }
+
+/// An etcd nobody answers stops the start with a typed error naming the endpoints (no
+/// string flattening between the membership crate and the relay's caller).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_etcd_stops_the_start_with_a_typed_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let mut config = RelayConfig {
+        dc_id: "dc-etcd".to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.enabled = false;
+    config.discovery.backend = DiscoveryBackend::Etcd;
+    config.discovery.etcd_endpoints = vec![url.clone()];
+    let err = tokio::time::timeout(DEADLINE, Relay::start(config))
+        .await
+        .expect("the start fails within the deadline")
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            kvrelay_server::RelayError::Discovery(kvrelay_server::DiscoveryStartError::Etcd {
+                endpoints,
+                ..
+            }) if *endpoints == vec![url.clone()]
+        ),
+        "{err:?}"
+    );
+}

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::{DiscoveryBackend, DiscoveryConfig};
+use crate::host::DiscoveryStartError;
 use crate::metrics::{ReasonLabel, RelayMetrics};
 
 /// A started membership watch and the backend whose skip counters feed the metrics.
@@ -33,7 +34,7 @@ pub(crate) async fn start(
     config: &DiscoveryConfig,
     scope: &MembershipScope,
     cancel: &CancellationToken,
-) -> Result<Discovering, String> {
+) -> Result<Discovering, DiscoveryStartError> {
     let mut files = None;
     let mut etcd = None;
     let backend: Arc<dyn Discovery> = match config.backend {
@@ -57,14 +58,15 @@ pub(crate) async fn start(
             };
             let discovery = EtcdDiscovery::connect_with_limits(&config.etcd_endpoints, limits)
                 .await
-                .map_err(|err| format!("connecting to etcd {:?}: {err}", config.etcd_endpoints))?;
+                .map_err(|source| DiscoveryStartError::Etcd {
+                    endpoints: config.etcd_endpoints.clone(),
+                    source,
+                })?;
             etcd = Some(discovery.clone());
             Arc::new(discovery)
         }
     };
-    let watch = MembershipWatch::start(backend, scope, WatchConfig::default(), cancel)
-        .await
-        .map_err(|err| err.to_string())?;
+    let watch = MembershipWatch::start(backend, scope, WatchConfig::default(), cancel).await?;
     Ok(Discovering { watch, files, etcd })
 }
 

@@ -47,7 +47,7 @@ use crate::wan::WanServer;
 use crate::wan::connection::ConnectionContext;
 use crate::wan::source::PublicationViews;
 use kvrelay_tls::ServerTls;
-pub use report::{PoolReport, ProducerTable, RelayError, RelayProgress};
+pub use report::{DiscoveryStartError, PoolReport, ProducerTable, RelayError, RelayProgress};
 use state::HostState;
 
 /// Seed of the embedded workload's synthesized block tokens (the ingest workload's
@@ -125,18 +125,13 @@ impl Relay {
             endpoint_prefixes: config.discovery.endpoint_prefixes.clone(),
             watch_all: config.discovery.watch_all,
         };
-        scope.validate().map_err(|err| RelayError::Discovery {
-            message: err.to_string(),
-        })?;
+        scope.validate().map_err(DiscoveryStartError::from)?;
         let dc_id = DcId::from_dc_name(&config.dc_id);
         let identity = DcRelayIdentity::new(dc_id.as_u64(), rand::random::<u64>());
         let limits = config.limits.clone();
         let registry = PoolRegistry::new(RegistryConfig {
             relay: identity,
             limits: limits.pool(),
-        })
-        .map_err(|err| RelayError::Registry {
-            message: err.to_string(),
         })?;
         let metrics = Arc::new(RelayMetrics::new());
         metrics.stream.follow(registry.stream_stats_reader());
@@ -159,9 +154,9 @@ impl Relay {
 
         let membership = match discovery::start(&config.discovery, &scope, &host_cancel).await {
             Ok(membership) => membership,
-            Err(message) => {
+            Err(err) => {
                 root.cancel();
-                return Err(RelayError::Discovery { message });
+                return Err(err.into());
             }
         };
         let (views_tx, views_rx) = watch::channel::<Option<MembershipView>>(None);

@@ -10,6 +10,27 @@ use serde::Serialize;
 
 use kvrelay_tls::TlsError;
 
+/// Why discovery could not start (each source keeps its own typed error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiscoveryStartError {
+    /// The scope (namespaces, prefixes, `watch_all`) breaks its rules.
+    #[error("scope: {0}")]
+    Scope(#[from] kvrelay_membership::DiscoveryConfigError),
+    /// etcd could not be reached.
+    #[error("connecting to etcd {endpoints:?}: {source}")]
+    Etcd {
+        /// The configured endpoints.
+        endpoints: Vec<String>,
+        /// Why.
+        #[source]
+        source: kvrelay_membership::DiscoveryError,
+    },
+    /// The first listing or the watch failed.
+    #[error(transparent)]
+    Watch(#[from] kvrelay_membership::MembershipWatchError),
+}
+
 /// A relay that failed to start or stop.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -30,12 +51,10 @@ pub enum RelayError {
         /// The OS error.
         message: String,
     },
-    /// The pool registry rejected its limits.
-    #[error("pool registry: {message}")]
-    Registry {
-        /// The registry's message.
-        message: String,
-    },
+    /// The pool registry rejected its limits (the pool crate's own error, field and value
+    /// kept).
+    #[error("pool registry: {0}")]
+    Registry(#[from] kvrelay_pool::LimitsError),
     /// The workload trace could not be read.
     #[error("reading trace {path}: {message}")]
     Trace {
@@ -45,11 +64,8 @@ pub enum RelayError {
         message: String,
     },
     /// The discovery scope or backend is not usable.
-    #[error("discovery: {message}")]
-    Discovery {
-        /// What went wrong.
-        message: String,
-    },
+    #[error("discovery: {0}")]
+    Discovery(#[from] DiscoveryStartError),
     /// Shutdown did not finish within its bound.
     #[error("shutdown did not finish within shutdown_timeout_ms {timeout_ms}")]
     ShutdownTimedOut {
