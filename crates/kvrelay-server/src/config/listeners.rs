@@ -1,0 +1,213 @@
+//! The listener tables: `[wan]` (with `[wan.tls]` and `[wan.auth]`) and `[admin]`, their
+//! defaults, and the exposure warnings a listener beyond loopback without protection gets.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, redacted};
+
+/// Default WAN listen address: loopback only, so an unconfigured relay is never exposed.
+pub const DEFAULT_WAN_LISTEN: &str = "127.0.0.1:7400";
+/// Default admin HTTP listen address.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7401";
+/// Default time an admin HTTP connection has to send a complete request head, in ms; it
+/// also bounds how long an idle keep-alive connection stays open.
+pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
+/// Default longest life of one admin HTTP connection, in ms (a slow reader of a large
+/// `/metrics` answer is closed then).
+pub const DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS: u64 = 60_000;
+/// Default concurrent admin HTTP connections; extra ones are closed at accept.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: u32 = 64;
+
+/// The `[wan]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WanConfig {
+    /// Listen address of the WAN protocol.
+    pub listen: SocketAddr,
+    /// Optional TLS on the WAN listener.
+    pub tls: Option<TlsConfig>,
+    /// Optional bearer-token authentication.
+    pub auth: Option<AuthConfig>,
+}
+
+impl Default for WanConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_socket(DEFAULT_WAN_LISTEN, 7400),
+            tls: None,
+            auth: None,
+        }
+    }
+}
+
+/// The `[wan.tls]` table: PEM files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Server private key (PEM, PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs (PEM).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// The files, as the TLS crate takes them.
+    pub fn files(&self) -> kvrelay_tls::ServerTlsFiles<'_> {
+        kvrelay_tls::ServerTlsFiles {
+            cert: &self.cert,
+            key: &self.key,
+            client_ca: self.client_ca.as_deref(),
+        }
+    }
+}
+
+/// The `[wan.auth]` table: exactly one of `token` or `token_file`. `Debug` never shows
+/// the token, so a config logged or printed in an error does not leak it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The bearer token inline (prefer `token_file` or the environment).
+    pub token: Option<String>,
+    /// A file whose trimmed contents are the bearer token.
+    pub token_file: Option<PathBuf>,
+}
+
+/// Which listener an [`AuthConfig`] guards, to name its fields in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthTable {
+    /// `[wan.auth]`.
+    Wan,
+    /// `[admin.auth]`.
+    Admin,
+}
+
+impl AuthTable {
+    pub(crate) fn table(self) -> &'static str {
+        match self {
+            Self::Wan => "wan.auth",
+            Self::Admin => "admin.auth",
+        }
+    }
+
+    pub(crate) fn token_field(self) -> &'static str {
+        match self {
+            Self::Wan => "wan.auth.token",
+            Self::Admin => "admin.auth.token",
+        }
+    }
+
+    pub(crate) fn token_file_field(self) -> &'static str {
+        match self {
+            Self::Wan => "wan.auth.token_file",
+            Self::Admin => "admin.auth.token_file",
+        }
+    }
+}
+
+impl AuthConfig {
+    /// The token this table configures (inline, or read from its file now), or the field
+    /// that cannot be used.
+    pub(crate) fn load(&self, table: AuthTable) -> Result<kvrelay_tls::BearerToken, ConfigError> {
+        match (&self.token, &self.token_file) {
+            (Some(token), None) => {
+                kvrelay_tls::BearerToken::new(token).map_err(|source| ConfigError::Token {
+                    field: table.token_field(),
+                    source,
+                })
+            }
+            (None, Some(path)) => {
+                kvrelay_tls::BearerToken::from_file(path).map_err(|source| ConfigError::Token {
+                    field: table.token_file_field(),
+                    source,
+                })
+            }
+            (Some(_), Some(_)) | (None, None) => Err(ConfigError::InvalidField {
+                field: table.table(),
+                value: String::new(),
+                reason: "set exactly one of token or token_file",
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("token", &redacted(self.token.as_ref()))
+            .field("token_file", &self.token_file)
+            .finish()
+    }
+}
+
+/// The `[admin]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Listen address of the admin HTTP server; `enabled = false` turns it off.
+    pub listen: SocketAddr,
+    /// Whether the admin HTTP server runs.
+    pub enabled: bool,
+    /// Time to send a complete request head (also the keep-alive idle bound), in ms.
+    pub header_read_timeout_ms: u64,
+    /// Longest life of one connection, in ms.
+    pub connection_timeout_ms: u64,
+    /// Concurrent connections; extra ones are closed at accept.
+    pub max_connections: u32,
+    /// Optional bearer token (`Authorization: Bearer ..`) required on every path except
+    /// `/healthz` and `/readyz`.
+    pub auth: Option<AuthConfig>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_socket(DEFAULT_ADMIN_LISTEN, 7401),
+            enabled: true,
+            header_read_timeout_ms: DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS,
+            connection_timeout_ms: DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            auth: None,
+        }
+    }
+}
+
+/// A listener reachable beyond loopback without protection; logged at warn on start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExposureWarning {
+    /// The WAN listener is not on loopback and has neither TLS nor a bearer token.
+    #[error(
+        "WAN listener {listen} is reachable beyond loopback without TLS or a bearer token: anyone who can reach it can read every pool"
+    )]
+    WanUnprotected {
+        /// The listen address.
+        listen: SocketAddr,
+    },
+    /// The WAN listener has a bearer token but no TLS: the token crosses the network in
+    /// clear text.
+    #[error(
+        "WAN listener {listen} checks a bearer token without TLS: the token travels in clear text"
+    )]
+    WanTokenWithoutTls {
+        /// The listen address.
+        listen: SocketAddr,
+    },
+    /// Admin HTTP is not on loopback and has no bearer token.
+    #[error(
+        "admin HTTP {listen} is reachable beyond loopback without a bearer token: set admin.auth or listen on loopback"
+    )]
+    AdminUnprotected {
+        /// The listen address.
+        listen: SocketAddr,
+    },
+}
+
+fn default_socket(text: &str, port: u16) -> SocketAddr {
+    text.parse()
+        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], port)))
+}
