@@ -251,6 +251,22 @@ async fn drive_until_truth(
 }
 
 /// A source with a replay endpoint that probes after 200 ms of silence.
+/// A vLLM source of worker 1 on `pub_endpoint` with no replay endpoint.
+fn source_without_replay(pub_endpoint: String) -> SourceHandle {
+    spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        engine: EngineKind::Vllm,
+        endpoint: pub_endpoint,
+        replay_endpoint: None,
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits: Limits::default(),
+        declared_ranks: 0..1,
+        fault: Default::default(),
+    })
+}
+
 fn probing_source(pub_endpoint: String, replay_endpoint: String) -> SourceHandle {
     spawn_zmq_source(ZmqSourceConfig {
         worker_id: 1,
@@ -461,18 +477,7 @@ async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
 async fn without_a_replay_endpoint_a_publisher_gone_after_batches_counts_an_unverified_tail() {
     let (mut engine, pub_endpoint, _replay_endpoint) =
         FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
-    let mut source = spawn_zmq_source(ZmqSourceConfig {
-        worker_id: 1,
-        dp_rank: 0,
-        engine: EngineKind::Vllm,
-        endpoint: pub_endpoint,
-        replay_endpoint: None,
-        topic: TOPIC.to_owned(),
-        canonical: canonical(),
-        limits: Limits::default(),
-        declared_ranks: 0..1,
-        fault: Default::default(),
-    });
+    let mut source = source_without_replay(pub_endpoint);
     // Publish until the source has applied something (a slow subscription misses the
     // first batches, which nothing can recover without a replay endpoint).
     for batch_idx in 0..200u64 {
@@ -506,18 +511,7 @@ async fn without_a_replay_endpoint_a_publisher_gone_after_batches_counts_an_unve
 async fn an_idle_restarted_engine_without_replay_is_not_credited_with_old_blocks() {
     let (mut engine, pub_endpoint, _replay_endpoint) =
         FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
-    let mut source = spawn_zmq_source(ZmqSourceConfig {
-        worker_id: 1,
-        dp_rank: 0,
-        engine: EngineKind::Vllm,
-        endpoint: pub_endpoint.clone(),
-        replay_endpoint: None,
-        topic: TOPIC.to_owned(),
-        canonical: canonical(),
-        limits: Limits::default(),
-        declared_ranks: 0..1,
-        fault: Default::default(),
-    });
+    let mut source = source_without_replay(pub_endpoint.clone());
     let mut signals = Vec::new();
     for batch_idx in 0..200u64 {
         engine

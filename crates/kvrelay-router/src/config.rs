@@ -186,7 +186,8 @@ impl HttpSection {
     pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 =
         HttpBounds::default_per_peer(Self::DEFAULT_MAX_CONNECTIONS);
     /// Default [`HttpSection::header_read_timeout_ms`].
-    pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
+    pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 =
+        HttpBounds::DEFAULT_HEADER_READ_TIMEOUT.as_millis() as u64;
     /// Default [`HttpSection::connection_timeout_ms`].
     pub const DEFAULT_CONNECTION_TIMEOUT_MS: u64 = 300_000;
     /// Default [`HttpSection::body_timeout_ms`].

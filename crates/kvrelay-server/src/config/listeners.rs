@@ -13,11 +13,14 @@ pub const DEFAULT_WAN_LISTEN: &str = "127.0.0.1:7400";
 /// Default admin HTTP listen address.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7401";
 /// Default time an admin HTTP connection has to send a complete request head, in ms; it
-/// also bounds how long an idle keep-alive connection stays open.
-pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
+/// also bounds how long an idle keep-alive connection stays open (every HTTP listener's
+/// default, 5 s).
+pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS: u64 =
+    kvrelay_http::HttpBounds::DEFAULT_HEADER_READ_TIMEOUT.as_millis() as u64;
 /// Default longest life of one admin HTTP connection, in ms (a slow reader of a large
-/// `/metrics` answer is closed then).
-pub const DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS: u64 = 60_000;
+/// `/metrics` answer is closed then; every HTTP listener's default, 60 s).
+pub const DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS: u64 =
+    kvrelay_http::HttpBounds::DEFAULT_CONNECTION_TIMEOUT.as_millis() as u64;
 /// Default concurrent admin HTTP connections; extra ones are closed at accept.
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: u32 = 64;
 
