@@ -36,32 +36,9 @@ pub struct RouterConfig {
     pub weights: WeightsSection,
     /// Authentication of the router's own API.
     pub auth: AuthSection,
-    /// TLS on the router's own listener; plaintext without it.
-    pub tls: Option<TlsSection>,
-}
-
-/// `[tls]`: TLS on the router's API listener (PEM files, read at start). With `client_ca`,
-/// every client must present a certificate chaining to it (mutual TLS).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsSection {
-    /// Server certificate chain (PEM).
-    pub cert: PathBuf,
-    /// Private key of `cert` (PEM).
-    pub key: PathBuf,
-    /// CA bundle (PEM) client certificates must chain to; unset: no client certificate.
-    pub client_ca: Option<PathBuf>,
-}
-
-impl TlsSection {
-    /// The files, as the TLS crate takes them.
-    pub fn files(&self) -> kvrelay_tls::ServerTlsFiles<'_> {
-        kvrelay_tls::ServerTlsFiles {
-            cert: &self.cert,
-            key: &self.key,
-            client_ca: self.client_ca.as_deref(),
-        }
-    }
+    /// `[tls]`: TLS on the router's own listener (PEM files read at start; with
+    /// `client_ca`, mutual TLS); plaintext without it.
+    pub tls: Option<kvrelay_tls::ListenerTls>,
 }
 
 /// `[auth]`: an optional bearer token every API request must present

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod readiness;
 pub mod service;
 
-pub use config::{RelaySection, RouterConfig, RouterConfigError, TlsSection};
+pub use config::{RelaySection, RouterConfig, RouterConfigError};
+pub use kvrelay_tls::ListenerTls;
 pub use readiness::RouterReadiness;
 pub use service::{RouterError, RouterService};

@@ -472,7 +472,7 @@ impl RouterService {
         let tls = config
             .tls
             .as_ref()
-            .map(|tls| kvrelay_tls::ServerTls::load(tls.files()))
+            .map(kvrelay_tls::ServerTls::load)
             .transpose()?;
         let listener =
             TcpListener::bind(config.listen)

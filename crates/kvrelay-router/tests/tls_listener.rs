@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvrelay_router::{RelaySection, RouterConfig, RouterError, RouterService, TlsSection};
+use kvrelay_router::{ListenerTls, RelaySection, RouterConfig, RouterError, RouterService};
 use kvrelay_tls::test_ca::{Purpose, TestAuthority};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,7 +29,7 @@ fn no_env(_: &str) -> Option<String> {
 struct Secured {
     _dir: tempfile::TempDir,
     ca: TestAuthority,
-    tls: TlsSection,
+    tls: ListenerTls,
 }
 
 fn secured() -> Secured {
@@ -41,7 +41,7 @@ fn secured() -> Secured {
     Secured {
         _dir: dir,
         ca,
-        tls: TlsSection {
+        tls: ListenerTls {
             cert,
             key,
             client_ca: None,
@@ -49,7 +49,7 @@ fn secured() -> Secured {
     }
 }
 
-fn config(tls: TlsSection) -> RouterConfig {
+fn config(tls: ListenerTls) -> RouterConfig {
     let mut config = RouterConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         tls: Some(tls),
@@ -135,7 +135,7 @@ async fn an_unusable_key_file_stops_the_start_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let bad_key = dir.path().join("bad.key");
     std::fs::write(&bad_key, "not a key").unwrap();
-    let tls = TlsSection {
+    let tls = ListenerTls {
         key: bad_key.clone(),
         ..secured.tls.clone()
     };

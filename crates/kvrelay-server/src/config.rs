@@ -19,7 +19,7 @@ pub(crate) use listeners::AuthTable;
 pub use listeners::{
     AdminConfig, AuthConfig, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
-    DEFAULT_WAN_LISTEN, ExposureWarning, TlsConfig, WanConfig,
+    DEFAULT_WAN_LISTEN, ExposureWarning, WanConfig,
 };
 pub use overrides::RelayOverrides;
 use sources::MAX_CARD_FILE_BYTES_CEILING;
@@ -191,7 +191,7 @@ impl RelayConfig {
             workload.speed = speed;
         }
         if overrides.tls_cert.is_some() || overrides.tls_key.is_some() {
-            let tls = self.wan.tls.get_or_insert(TlsConfig {
+            let tls = self.wan.tls.get_or_insert(kvrelay_tls::ListenerTls {
                 cert: PathBuf::new(),
                 key: PathBuf::new(),
                 client_ca: None,

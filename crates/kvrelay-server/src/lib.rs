@@ -32,14 +32,18 @@ pub use config::{
     AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_DC_ID, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig,
-    EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, TlsConfig,
-    WanConfig, WorkloadConfig,
+    EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, WanConfig,
+    WorkloadConfig,
 };
 pub use host::{
     DiscoveryStartError, PoolReport, ProducerTable, Relay, RelayError, RelayProgress,
     WORKLOAD_TOKEN_SEED,
 };
-pub use kvrelay_tls::{ServerTls, TlsError, TokenError};
+pub use kvrelay_tls::{ListenerTls, ServerTls, TlsError, TokenError};
+
+/// The old name of the `[wan.tls]` table, kept for one release.
+#[deprecated(note = "renamed `ListenerTls` (the router's `[tls]` is the same table)")]
+pub type TlsConfig = ListenerTls;
 pub use limits::*;
 pub use mirror::{MirrorError, MirrorProgress, PoolMirror};
 pub use probe::{ProbeError, ProbeStream};

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRequest, StreamRpc};
-use kvrelay_server::{AuthConfig, ProbeStream, Relay, RelayConfig, TlsConfig};
+use kvrelay_server::{AuthConfig, ListenerTls, ProbeStream, Relay, RelayConfig};
 use kvrelay_tls::test_ca::{Issued, Purpose, TestAuthority};
 use rustls::pki_types::ServerName;
 use support::{DEADLINE, deployment, first_message, next, request};
@@ -60,7 +60,7 @@ async fn tls_relay_with(
 ) -> (tempfile::TempDir, Relay) {
     let dir = tempfile::tempdir().unwrap();
     let mut config: RelayConfig = deployment(dir.path(), 5);
-    config.wan.tls = Some(TlsConfig {
+    config.wan.tls = Some(ListenerTls {
         cert: material.server_cert.clone(),
         key: material.server_key.clone(),
         client_ca: client_ca.map(Path::to_path_buf),

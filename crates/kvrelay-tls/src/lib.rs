@@ -17,7 +17,7 @@ pub mod test_ca;
 mod token;
 
 pub use client::{RelayConnector, RelayTls};
-pub use server::{ServerTls, ServerTlsFiles, ServerTlsStream};
+pub use server::{ListenerTls, ServerTls, ServerTlsStream};
 pub use token::{BearerToken, TokenError, bearer_of};
 
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 //! (mutual TLS); without it, any client may connect and the bearer token (if configured)
 //! authenticates it.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
@@ -17,15 +17,18 @@ use crate::pem::{provider, read_certs, read_key, read_roots};
 /// A TLS stream accepted by a [`ServerTls`].
 pub type ServerTlsStream = TlsStream<TcpStream>;
 
-/// The files of a TLS listener.
-#[derive(Debug, Clone, Copy)]
-pub struct ServerTlsFiles<'a> {
+/// A TLS listener's files: the `[wan.tls]` table of the relay and the `[tls]` table of the
+/// router (one table, one rule).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
     /// Certificate chain (PEM).
-    pub cert: &'a Path,
-    /// Private key (PEM) of `cert`.
-    pub key: &'a Path,
-    /// CA bundle (PEM) client certificates must chain to; `None`: no client certificate.
-    pub client_ca: Option<&'a Path>,
+    pub cert: PathBuf,
+    /// Private key (PEM, PKCS#8, PKCS#1 or SEC1) of `cert`.
+    pub key: PathBuf,
+    /// When set, clients must present a certificate chaining to one of these CAs (PEM):
+    /// mutual TLS.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// A ready TLS acceptor for the WAN listener.
@@ -45,18 +48,18 @@ impl std::fmt::Debug for ServerTls {
 
 impl ServerTls {
     /// Loads the certificate, key and optional client CA named by `files`.
-    pub fn load(files: ServerTlsFiles<'_>) -> Result<Self, TlsError> {
+    pub fn load(files: &ListenerTls) -> Result<Self, TlsError> {
         let build_error = |err: rustls::Error| TlsError::Build {
             side: "server",
             message: err.to_string(),
         };
-        let certs = read_certs("certificate", files.cert)?;
-        let key = read_key("private key", files.key)?;
+        let certs = read_certs("certificate", &files.cert)?;
+        let key = read_key("private key", &files.key)?;
         let provider = provider();
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(build_error)?;
-        let builder = match files.client_ca {
+        let builder = match &files.client_ca {
             None => builder.with_no_client_auth(),
             Some(ca_path) => {
                 let roots = read_roots("client CA", ca_path)?;
@@ -92,14 +95,14 @@ impl ServerTls {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
+    use std::path::Path;
 
     use super::*;
 
-    fn files<'a>(cert: &'a Path, key: &'a Path) -> ServerTlsFiles<'a> {
-        ServerTlsFiles {
-            cert,
-            key,
+    fn files(cert: &Path, key: &Path) -> ListenerTls {
+        ListenerTls {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
             client_ca: None,
         }
     }
@@ -108,7 +111,7 @@ mod tests {
     fn missing_certificate_file_names_the_path() {
         let cert = PathBuf::from("/nonexistent/server.pem");
         let key = PathBuf::from("/nonexistent/server.key");
-        let err = ServerTls::load(files(&cert, &key)).unwrap_err();
+        let err = ServerTls::load(&files(&cert, &key)).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("reading certificate /nonexistent/server.pem"),
@@ -122,7 +125,7 @@ mod tests {
         let cert = dir.path().join("empty.pem");
         std::fs::write(&cert, "not a pem").unwrap();
         assert!(matches!(
-            ServerTls::load(files(&cert, &cert)),
+            ServerTls::load(&files(&cert, &cert)),
             Err(TlsError::Read {
                 what: "certificate",
                 ..
@@ -143,11 +146,11 @@ mod tests {
         std::fs::write(&cert_path, cert.pem()).unwrap();
         std::fs::write(&key_path, "garbage").unwrap();
         assert!(matches!(
-            ServerTls::load(files(&cert_path, &key_path)),
+            ServerTls::load(&files(&cert_path, &key_path)),
             Err(TlsError::Read { what: "private key", path, .. }) if path == key_path
         ));
         std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
-        let tls = ServerTls::load(files(&cert_path, &key_path)).unwrap();
+        let tls = ServerTls::load(&files(&cert_path, &key_path)).unwrap();
         assert!(!tls.requires_client_certificate());
     }
 }

@@ -33,7 +33,7 @@ use kvrelay_ckf::{RouterEvent, SourceId};
 use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
 use kvrelay_ingest::{RequestRecord, WorkerCache};
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
-use kvrelay_server::{AuthConfig, Relay, RelayConfig, TlsConfig, WORKLOAD_TOKEN_SEED};
+use kvrelay_server::{AuthConfig, ListenerTls, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 use serde::Serialize;
 
 /// The simulated DCs: name and per-DC cost.
@@ -261,7 +261,7 @@ async fn start_relays(
         config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.admin.enabled = false;
         if let Some(secured) = secured {
-            config.wan.tls = Some(TlsConfig {
+            config.wan.tls = Some(ListenerTls {
                 cert: secured.cert.clone(),
                 key: secured.key.clone(),
                 client_ca: None,

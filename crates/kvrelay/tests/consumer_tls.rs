@@ -19,7 +19,7 @@ use kvrelay_consumer::{
     BackoffConfig, BearerToken, Consumer, ConsumerConfig, ConsumerMetrics, RelayTls, ReplicaStatus,
     ScoreRequest,
 };
-use kvrelay_server::{AuthConfig, Relay, TlsConfig};
+use kvrelay_server::{AuthConfig, ListenerTls, Relay};
 use kvrelay_tls::test_ca::Purpose;
 use support::{Authority, Material, example_config, material};
 
@@ -35,7 +35,7 @@ const TOKEN: &str = "s3cret-relay-token";
 /// The example deployment with TLS (client certificates required when `mutual`) and
 /// the bearer token on its WAN listener, replayed once as fast as possible.
 async fn secured_relay(material: &Material, mutual: bool) -> Relay {
-    start_relay(Some(TlsConfig {
+    start_relay(Some(ListenerTls {
         cert: material.server_cert.clone(),
         key: material.server_key.clone(),
         client_ca: mutual.then(|| material.ca_pem.clone()),
@@ -44,7 +44,7 @@ async fn secured_relay(material: &Material, mutual: bool) -> Relay {
 }
 
 /// The example deployment with the token and `tls` (none: plaintext) on its WAN listener.
-async fn start_relay(tls: Option<TlsConfig>) -> Relay {
+async fn start_relay(tls: Option<ListenerTls>) -> Relay {
     let mut config = example_config("dc-tls");
     config.wan.tls = tls;
     config.wan.auth = Some(AuthConfig {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
 use kvrelay_router::api::RouteResponse;
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
-use kvrelay_server::{AuthConfig, Relay, TlsConfig, WORKLOAD_TOKEN_SEED};
+use kvrelay_server::{AuthConfig, ListenerTls, Relay, WORKLOAD_TOKEN_SEED};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -115,7 +115,7 @@ const TOKEN: &str = "router-test-token";
 /// bearer token on its WAN listener.
 async fn secured_relay(material: &support::Material, mutual: bool) -> Relay {
     let mut config = support::example_config("dc-test");
-    config.wan.tls = Some(TlsConfig {
+    config.wan.tls = Some(ListenerTls {
         cert: material.server_cert.clone(),
         key: material.server_key.clone(),
         client_ca: mutual.then(|| material.ca_pem.clone()),

@@ -31,7 +31,7 @@ pub struct WanConfig {
     /// Listen address of the WAN protocol.
     pub listen: SocketAddr,
     /// Optional TLS on the WAN listener.
-    pub tls: Option<TlsConfig>,
+    pub tls: Option<kvrelay_tls::ListenerTls>,
     /// Optional bearer-token authentication.
     pub auth: Option<AuthConfig>,
 }
@@ -42,29 +42,6 @@ impl Default for WanConfig {
             listen: default_socket(DEFAULT_WAN_LISTEN, 7400),
             tls: None,
             auth: None,
-        }
-    }
-}
-
-/// The `[wan.tls]` table: PEM files.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// Server certificate chain (PEM).
-    pub cert: PathBuf,
-    /// Server private key (PEM, PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
-    /// When set, clients must present a certificate signed by one of these CAs (PEM).
-    pub client_ca: Option<PathBuf>,
-}
-
-impl TlsConfig {
-    /// The files, as the TLS crate takes them.
-    pub fn files(&self) -> kvrelay_tls::ServerTlsFiles<'_> {
-        kvrelay_tls::ServerTlsFiles {
-            cert: &self.cert,
-            key: &self.key,
-            client_ca: self.client_ca.as_deref(),
         }
     }
 }

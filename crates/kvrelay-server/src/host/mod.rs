@@ -88,12 +88,7 @@ impl Relay {
     /// random relay incarnation.
     pub async fn start(config: RelayConfig) -> Result<Self, RelayError> {
         config.validate()?;
-        let tls = config
-            .wan
-            .tls
-            .as_ref()
-            .map(|tls| ServerTls::load(tls.files()))
-            .transpose()?;
+        let tls = config.wan.tls.as_ref().map(ServerTls::load).transpose()?;
         let token = config
             .wan
             .auth
