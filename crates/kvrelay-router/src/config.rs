@@ -257,18 +257,20 @@ impl ConsumerSection {
         clippy::field_reassign_with_default,
         reason = "limits added to the consumer later keep their default here"
     )]
-    fn limits(&self) -> Limits {
-        let mut limits = Limits::default();
-        limits.max_frame_len = self.max_frame_len;
-        limits.max_pools_per_relay = self.max_pools_per_relay;
-        limits.connect_timeout = Duration::from_millis(self.connect_timeout_ms);
-        limits.staleness_bound = Duration::from_millis(self.staleness_bound_ms);
-        limits.catalog_staleness_bound = Duration::from_millis(self.catalog_staleness_bound_ms);
-        limits.resume_hold = Duration::from_millis(self.resume_hold_ms);
-        limits.snapshot_assembly_timeout = Duration::from_millis(self.snapshot_assembly_timeout_ms);
-        limits.max_replica_bytes_per_relay = self.max_replica_bytes_per_relay;
-        limits.max_pool_streams_per_relay = self.max_pool_streams_per_relay;
-        limits
+    /// The consumer's bounds. Built field by field with no `..Default::default()`, so a
+    /// bound added to the consumer does not compile here until the router has its key.
+    pub(crate) fn limits(&self) -> Limits {
+        Limits {
+            max_frame_len: self.max_frame_len,
+            max_pools_per_relay: self.max_pools_per_relay,
+            max_replica_bytes_per_relay: self.max_replica_bytes_per_relay,
+            max_pool_streams_per_relay: self.max_pool_streams_per_relay,
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            staleness_bound: Duration::from_millis(self.staleness_bound_ms),
+            catalog_staleness_bound: Duration::from_millis(self.catalog_staleness_bound_ms),
+            snapshot_assembly_timeout: Duration::from_millis(self.snapshot_assembly_timeout_ms),
+            resume_hold: Duration::from_millis(self.resume_hold_ms),
+        }
     }
 }
 

@@ -236,3 +236,36 @@ fn the_api_token_comes_from_a_file_or_the_environment_and_follows_the_token_rule
     );
     assert_eq!(RouterConfig::default().api_token(no_env).unwrap(), None);
 }
+
+#[test]
+fn the_router_keeps_every_consumer_bound_and_its_default() {
+    // Defaults are the consumer's own, not copies that could drift.
+    assert_eq!(ConsumerSection::default().limits(), Limits::default());
+    let config = RouterConfig::from_toml(
+        "[consumer]\n\
+         max_frame_len = 1048577\n\
+         max_pools_per_relay = 17\n\
+         max_replica_bytes_per_relay = 123456789\n\
+         max_pool_streams_per_relay = 19\n\
+         connect_timeout_ms = 1111\n\
+         staleness_bound_ms = 2222\n\
+         catalog_staleness_bound_ms = 3333\n\
+         snapshot_assembly_timeout_ms = 4444\n\
+         resume_hold_ms = 5555\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.consumer.limits(),
+        Limits {
+            max_frame_len: 1_048_577,
+            max_pools_per_relay: 17,
+            max_replica_bytes_per_relay: 123_456_789,
+            max_pool_streams_per_relay: 19,
+            connect_timeout: Duration::from_millis(1111),
+            staleness_bound: Duration::from_millis(2222),
+            catalog_staleness_bound: Duration::from_millis(3333),
+            snapshot_assembly_timeout: Duration::from_millis(4444),
+            resume_hold: Duration::from_millis(5555),
+        }
+    );
+}
