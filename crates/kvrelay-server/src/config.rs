@@ -304,14 +304,10 @@ impl RelayConfig {
             });
         }
         if let Some(auth) = &self.wan.auth {
-            validate_auth(auth, AuthTable::Wan.table(), AuthTable::Wan.token_field())?;
+            auth.validate(AuthTable::Wan)?;
         }
         if let Some(auth) = &self.admin.auth {
-            validate_auth(
-                auth,
-                AuthTable::Admin.table(),
-                AuthTable::Admin.token_field(),
-            )?;
+            auth.validate(AuthTable::Admin)?;
         }
         let admin_bounds = [
             (
@@ -391,27 +387,6 @@ const MAX_ADMIN_BOUND: u64 = 365 * 24 * 3600 * 1000;
 /// What `Debug` shows for a secret: whether it is set, never its value.
 fn redacted<T>(secret: Option<&T>) -> Option<&'static str> {
     secret.map(|_| "<redacted>")
-}
-
-fn validate_auth(
-    auth: &AuthConfig,
-    table: &'static str,
-    token_field: &'static str,
-) -> Result<(), ConfigError> {
-    match (&auth.token, &auth.token_file) {
-        (Some(token), None) => kvrelay_tls::BearerToken::new(token)
-            .map(drop)
-            .map_err(|source| ConfigError::Token {
-                field: token_field,
-                source,
-            }),
-        (None, Some(_)) => Ok(()),
-        (Some(_), Some(_)) | (None, None) => Err(ConfigError::InvalidField {
-            field: table,
-            value: String::new(),
-            reason: "set exactly one of token or token_file",
-        }),
-    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! defaults, and the exposure warnings a listener beyond loopback without protection gets.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -89,23 +89,42 @@ impl AuthTable {
     }
 }
 
+/// Where a token comes from, once the table has exactly one source.
+enum TokenSource<'a> {
+    Inline(&'a str),
+    File(&'a Path),
+}
+
 impl AuthConfig {
+    /// Checks the table without touching the file system: exactly one of `token` and
+    /// `token_file`, and an inline token that follows the token rules (a file's contents
+    /// are checked by [`AuthConfig::load`] when the relay starts).
+    pub(crate) fn validate(&self, table: AuthTable) -> Result<(), ConfigError> {
+        match self.source(table)? {
+            TokenSource::Inline(token) => inline_token(token, table).map(drop),
+            TokenSource::File(_) => Ok(()),
+        }
+    }
+
     /// The token this table configures (inline, or read from its file now), or the field
     /// that cannot be used.
     pub(crate) fn load(&self, table: AuthTable) -> Result<kvrelay_tls::BearerToken, ConfigError> {
-        match (&self.token, &self.token_file) {
-            (Some(token), None) => {
-                kvrelay_tls::BearerToken::new(token).map_err(|source| ConfigError::Token {
-                    field: table.token_field(),
-                    source,
-                })
-            }
-            (None, Some(path)) => {
+        match self.source(table)? {
+            TokenSource::Inline(token) => inline_token(token, table),
+            TokenSource::File(path) => {
                 kvrelay_tls::BearerToken::from_file(path).map_err(|source| ConfigError::Token {
                     field: table.token_file_field(),
                     source,
                 })
             }
+        }
+    }
+
+    /// The one "exactly one of token or token_file" check.
+    fn source(&self, table: AuthTable) -> Result<TokenSource<'_>, ConfigError> {
+        match (&self.token, &self.token_file) {
+            (Some(token), None) => Ok(TokenSource::Inline(token)),
+            (None, Some(path)) => Ok(TokenSource::File(path)),
             (Some(_), Some(_)) | (None, None) => Err(ConfigError::InvalidField {
                 field: table.table(),
                 value: String::new(),
@@ -113,6 +132,14 @@ impl AuthConfig {
             }),
         }
     }
+}
+
+/// An inline token under the token rules; errors name the table's `token` field.
+fn inline_token(token: &str, table: AuthTable) -> Result<kvrelay_tls::BearerToken, ConfigError> {
+    kvrelay_tls::BearerToken::new(token).map_err(|source| ConfigError::Token {
+        field: table.token_field(),
+        source,
+    })
 }
 
 impl std::fmt::Debug for AuthConfig {
