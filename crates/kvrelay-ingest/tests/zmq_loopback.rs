@@ -251,6 +251,15 @@ async fn drive_until_truth(
 }
 
 /// A source with a replay endpoint that probes after 200 ms of silence.
+/// Takes every output `source` has ready, keeping its signals in `signals`.
+fn collect_signals(source: &mut SourceHandle, signals: &mut Vec<SourceSignal>) {
+    while let Some(output) = source.try_next() {
+        if let SourceOutput::Signal(signal) = output {
+            signals.push(signal);
+        }
+    }
+}
+
 /// A vLLM source of worker 1 on `pub_endpoint` with no replay endpoint.
 fn source_without_replay(pub_endpoint: String) -> SourceHandle {
     spawn_zmq_source(ZmqSourceConfig {
@@ -518,11 +527,7 @@ async fn an_idle_restarted_engine_without_replay_is_not_credited_with_old_blocks
             .publish(vec![stored(&[batch_idx + 1], None, 0)], false)
             .await;
         tokio::time::sleep(Duration::from_millis(10)).await;
-        while let Some(output) = source.try_next() {
-            if let SourceOutput::Signal(signal) = output {
-                signals.push(signal);
-            }
-        }
+        collect_signals(&mut source, &mut signals);
         if source.stats().n_events > 0 {
             break;
         }
@@ -534,11 +539,7 @@ async fn an_idle_restarted_engine_without_replay_is_not_credited_with_old_blocks
     engine.stop().await;
     let (restarted, _, _) = FakeEngine::start(&pub_endpoint, "tcp://127.0.0.1:*").await;
     for _ in 0..400 {
-        while let Some(output) = source.try_next() {
-            if let SourceOutput::Signal(signal) = output {
-                signals.push(signal);
-            }
-        }
+        collect_signals(&mut source, &mut signals);
         if source.stats().resets("reconnected_unverified") > 0 {
             break;
         }
@@ -546,11 +547,7 @@ async fn an_idle_restarted_engine_without_replay_is_not_credited_with_old_blocks
     }
     let stats = source.stats();
     assert_eq!(stats.resets("reconnected_unverified"), 1, "{stats:?}");
-    while let Some(output) = source.try_next() {
-        if let SourceOutput::Signal(signal) = output {
-            signals.push(signal);
-        }
-    }
+    collect_signals(&mut source, &mut signals);
     assert!(
         signals.iter().any(|signal| matches!(
             signal,

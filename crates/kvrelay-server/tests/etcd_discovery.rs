@@ -103,6 +103,29 @@ fn card(worker: u64) -> ModelCardInstance {
     }
 }
 
+/// A relay of DC `dc-etcd` on loopback (free ports) discovering from the etcd at `url`;
+/// with `trace_dir`, an empty trace there connects every discovered worker as a source.
+fn etcd_relay_config(url: &str, trace_dir: Option<&Path>) -> RelayConfig {
+    let mut config = RelayConfig {
+        dc_id: "dc-etcd".to_owned(),
+        ..RelayConfig::default()
+    };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.discovery.backend = DiscoveryBackend::Etcd;
+    config.discovery.etcd_endpoints = vec![url.to_owned()];
+    config.workload = trace_dir.map(|dir| {
+        let trace = dir.join("empty.jsonl");
+        std::fs::write(&trace, "").unwrap();
+        WorkloadConfig {
+            trace: Some(trace),
+            speed: 0.0,
+            loops: 1,
+        }
+    });
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cards_in_etcd_become_pools_and_deleting_them_withdraws_the_pool() {
     let dir = tempfile::tempdir().unwrap();
@@ -112,22 +135,8 @@ async fn cards_in_etcd_become_pools_and_deleting_them_withdraws_the_pool() {
         .unwrap();
     store.put_card(&card(0x51)).await.unwrap();
 
-    let trace = dir.path().join("empty.jsonl");
-    std::fs::write(&trace, "").unwrap();
-    let mut config = RelayConfig {
-        dc_id: "dc-etcd".to_owned(),
-        ..RelayConfig::default()
-    };
-    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = etcd_relay_config(&etcd.url, Some(dir.path()));
     config.admin.enabled = false;
-    config.discovery.backend = DiscoveryBackend::Etcd;
-    config.discovery.etcd_endpoints = vec![etcd.url.clone()];
-    // An empty trace connects every discovered worker as a source.
-    config.workload = Some(WorkloadConfig {
-        trace: Some(trace),
-        speed: 0.0,
-        loops: 1,
-    });
     let relay = Relay::start(config).await.unwrap();
     tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
         .await
@@ -188,21 +197,7 @@ async fn five_mebibytes_of_cards_start_and_two_routers_of_forty_pools_are_served
     let bytes: usize = listed.records.iter().map(|r| r.value.len()).sum();
     assert!(bytes > 5 << 20, "{bytes} bytes of records");
 
-    let trace = dir.path().join("empty.jsonl");
-    std::fs::write(&trace, "").unwrap();
-    let mut config = RelayConfig {
-        dc_id: "dc-etcd".to_owned(),
-        ..RelayConfig::default()
-    };
-    config.wan.listen = "127.0.0.1:0".parse().unwrap();
-    config.admin.listen = "127.0.0.1:0".parse().unwrap();
-    config.discovery.backend = DiscoveryBackend::Etcd;
-    config.discovery.etcd_endpoints = vec![etcd.url.clone()];
-    config.workload = Some(WorkloadConfig {
-        trace: Some(trace),
-        speed: 0.0,
-        loops: 1,
-    });
+    let config = etcd_relay_config(&etcd.url, Some(dir.path()));
     let relay = Relay::start(config).await.unwrap();
     tokio::time::timeout(DEADLINE, relay.wait_for_pools(POOLS as usize))
         .await
@@ -244,14 +239,8 @@ async fn an_unreachable_etcd_stops_the_start_with_a_typed_error() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let mut config = RelayConfig {
-        dc_id: "dc-etcd".to_owned(),
-        ..RelayConfig::default()
-    };
-    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    let mut config = etcd_relay_config(&url, None);
     config.admin.enabled = false;
-    config.discovery.backend = DiscoveryBackend::Etcd;
-    config.discovery.etcd_endpoints = vec![url.clone()];
     let err = tokio::time::timeout(DEADLINE, Relay::start(config))
         .await
         .expect("the start fails within the deadline")
