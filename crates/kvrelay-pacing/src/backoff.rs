@@ -131,11 +131,6 @@ impl Backoff {
         self.n_failures
     }
 
-    /// The knobs this backoff runs with.
-    pub fn config(&self) -> &BackoffConfig {
-        &self.config
-    }
-
     /// The delay before jitter for the next failure.
     fn base_delay(&self) -> Duration {
         let factor = 1u32
