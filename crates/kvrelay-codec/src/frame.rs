@@ -244,6 +244,27 @@ pub fn decode_frame_exact(bytes: &[u8], limits: &Limits) -> Result<RawFrame, Exa
     }
 }
 
+/// Decodes a shared buffer that must hold exactly one frame, without copying it: the
+/// body is a slice of `bytes` (a frame fanned out to several subscribers, re-read by a
+/// second front door).
+pub fn decode_frame_shared(bytes: &Bytes, limits: &Limits) -> Result<RawFrame, ExactFrameError> {
+    let Some(header) = peek_header(bytes, limits)? else {
+        return Err(ExactFrameError::Truncated { len: bytes.len() });
+    };
+    let frame_len = FRAME_HEADER_LEN + header.body_len as usize;
+    match bytes.len().cmp(&frame_len) {
+        std::cmp::Ordering::Less => Err(ExactFrameError::Truncated { len: bytes.len() }),
+        std::cmp::Ordering::Greater => Err(ExactFrameError::TrailingBytes {
+            extra: bytes.len() - frame_len,
+        }),
+        std::cmp::Ordering::Equal => Ok(RawFrame {
+            minor: header.minor,
+            kind_code: header.kind_code,
+            body: bytes.slice(FRAME_HEADER_LEN..),
+        }),
+    }
+}
+
 /// Why a buffer is not exactly one frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -336,6 +357,31 @@ mod tests {
         assert_eq!(frame.minor, PROTOCOL_MINOR);
         assert_eq!(&frame.body[..], b"hello");
         assert!(src.is_empty());
+    }
+
+    #[test]
+    fn a_shared_frame_decodes_in_place_and_must_be_whole() {
+        let whole = frame_bytes(MessageKind::PoolFrame, b"payload").freeze();
+        let frame = decode_frame_shared(&whole, &Limits::default()).unwrap();
+        assert_eq!(frame.kind(), Some(MessageKind::PoolFrame));
+        assert_eq!(&frame.body[..], b"payload");
+        // The body points into the shared buffer: no copy was made.
+        assert_eq!(frame.body.as_ptr(), whole[FRAME_HEADER_LEN..].as_ptr());
+        for cut in 0..whole.len() {
+            assert!(
+                matches!(
+                    decode_frame_shared(&whole.slice(..cut), &Limits::default()),
+                    Err(ExactFrameError::Truncated { .. }) | Err(ExactFrameError::Frame(_))
+                ),
+                "cut {cut}"
+            );
+        }
+        let mut longer = BytesMut::from(&whole[..]);
+        longer.extend_from_slice(b"x");
+        assert_eq!(
+            decode_frame_shared(&longer.freeze(), &Limits::default()),
+            Err(ExactFrameError::TrailingBytes { extra: 1 })
+        );
     }
 
     #[test]

@@ -240,6 +240,30 @@ fn subscribe_pool_checks_the_expected_producer() {
 }
 
 #[test]
+fn a_refused_request_names_unsupported_values_apart_from_malformed_ones() {
+    assert_eq!(request("router-a").check(), Ok(()));
+    let malformed = request("").check().unwrap_err();
+    assert_eq!(malformed.reason, v1::ErrorReason::InvalidRequest);
+    let mut expected_producer = producer(1);
+    expected_producer.ckf_format.fingerprint_bits = 8;
+    let newer_format = StreamRequest {
+        subscriber_id: "router-a".into(),
+        rpc: StreamRpc::SubscribePool {
+            expected_producer,
+            resume_from_sequence: None,
+        },
+        auth_token: None,
+    };
+    let unsupported = newer_format.check().unwrap_err();
+    assert_eq!(unsupported.reason, v1::ErrorReason::UnsupportedFeature);
+    assert!(
+        unsupported.message.contains("fingerprint"),
+        "{}",
+        unsupported.message
+    );
+}
+
+#[test]
 fn a_request_never_shows_its_token_in_debug_output() {
     let request = StreamRequest {
         subscriber_id: "router-a".into(),

@@ -106,11 +106,12 @@ impl PoolMirror {
     /// default limits.
     pub fn handle_bytes(&mut self, bytes: &Bytes) -> Result<MirrorProgress, MirrorError> {
         let limits = kvrelay_codec::Limits::default();
-        let raw = kvrelay_codec::frame::decode_frame_exact(bytes, &limits)?;
+        let raw = kvrelay_codec::frame::decode_frame_shared(bytes, &limits)?;
         self.handle_frame(&raw)
     }
 
-    fn handle_pool_frame(&mut self, frame: &PoolFrame) -> Result<MirrorProgress, MirrorError> {
+    /// Applies one pool frame already decoded (from any transport).
+    pub fn handle_pool_frame(&mut self, frame: &PoolFrame) -> Result<MirrorProgress, MirrorError> {
         match frame.check(&self.expected)? {
             PoolPayload::SnapshotChunk(chunk) => {
                 if self.replica.install_chunk(&chunk.to_snapshot_chunk())? {

@@ -4,7 +4,9 @@ use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
 use super::body::{DecodeError, EncodeError, decode_body, decode_prefix, encode_body};
+use super::code::ErrorReason;
 use super::identity::ProducerIdentity;
+use super::info::ErrorMessage;
 use super::validation::{ValidationError, check_label};
 use crate::frame::MessageKind;
 use crate::limits::{MAX_AUTH_TOKEN_LEN, MAX_SUBSCRIBER_ID_LEN};
@@ -84,6 +86,20 @@ impl StreamRequest {
             expected_producer.validate()?;
         }
         Ok(())
+    }
+
+    /// [`StreamRequest::validate`], as the relay refuses a request (whichever door it came
+    /// through): a value a newer protocol may send is `unsupported_feature`, anything else
+    /// `invalid_request`.
+    pub fn check(&self) -> Result<(), ErrorMessage> {
+        self.validate().map_err(|err| {
+            let reason = if err.is_unsupported() {
+                ErrorReason::UnsupportedFeature
+            } else {
+                ErrorReason::InvalidRequest
+            };
+            ErrorMessage::new(reason, &err.to_string())
+        })
     }
 
     /// Appends the body to `dst`.

@@ -102,14 +102,9 @@ pub(crate) async fn read_stream_request<R: AsyncRead + Unpin>(
             ),
         ));
     }
-    request.validate().map_err(|err| {
-        let reason = if err.is_unsupported() {
-            ErrorReason::UnsupportedFeature
-        } else {
-            ErrorReason::InvalidRequest
-        };
-        StreamFailure::new(reason, err.to_string())
-    })?;
+    request
+        .check()
+        .map_err(|refusal| StreamFailure::new(refusal.reason, refusal.message))?;
     Ok(ReceivedRequest {
         request,
         minor: frame.minor,
