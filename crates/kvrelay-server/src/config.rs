@@ -19,7 +19,7 @@ pub(crate) use listeners::AuthTable;
 pub use listeners::{
     AdminConfig, AuthConfig, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
-    DEFAULT_WAN_LISTEN, ExposureWarning, WanConfig,
+    DEFAULT_DYNAMO_LISTEN, DEFAULT_WAN_LISTEN, DynamoConfig, ExposureWarning, WanConfig,
 };
 pub use overrides::RelayOverrides;
 use sources::MAX_CARD_FILE_BYTES_CEILING;
@@ -103,6 +103,8 @@ pub struct RelayConfig {
     pub wan: WanConfig,
     /// The admin HTTP listener.
     pub admin: AdminConfig,
+    /// The Dynamo-contract door (gRPC), when present.
+    pub dynamo: Option<DynamoConfig>,
     /// Where model cards come from.
     pub discovery: DiscoveryConfig,
     /// Statically configured engine event sources, in addition to discovered ones.
@@ -124,6 +126,7 @@ impl Default for RelayConfig {
             dc_id: DEFAULT_DC_ID.to_owned(),
             wan: WanConfig::default(),
             admin: AdminConfig::default(),
+            dynamo: None,
             discovery: DiscoveryConfig::default(),
             sources: Vec::new(),
             workload: None,
@@ -231,6 +234,15 @@ impl RelayConfig {
                 (Some(_), _) => {}
             }
         }
+        if let Some(dynamo) = &self.dynamo
+            && !dynamo.listen.ip().is_loopback()
+            && dynamo.tls.is_none()
+            && dynamo.auth.is_none()
+        {
+            warnings.push(ExposureWarning::DynamoUnprotected {
+                listen: dynamo.listen,
+            });
+        }
         let admin = self.admin.listen;
         if self.admin.enabled && !admin.ip().is_loopback() && self.admin.auth.is_none() {
             warnings.push(ExposureWarning::AdminUnprotected { listen: admin });
@@ -308,6 +320,9 @@ impl RelayConfig {
         }
         if let Some(auth) = &self.admin.auth {
             auth.validate(AuthTable::Admin)?;
+        }
+        if let Some(dynamo) = &self.dynamo {
+            dynamo.validate()?;
         }
         let admin_bounds = [
             (

@@ -2,7 +2,9 @@
 //!
 //! Owns the running relay process: [`Relay::start`] turns a [`RelayConfig`] into listeners
 //! and tasks, enforces every bound in [`Limits`], serves the WAN protocol over TCP
-//! (optionally TLS and a bearer token), serves admin HTTP (health, readiness, Prometheus
+//! (optionally TLS and a bearer token), serves Dynamo's relay contract over gRPC on its own
+//! port when `[dynamo]` is set (`dynamo.rs`, a thin driver of the same streams), serves
+//! admin HTTP (health, readiness, Prometheus
 //! metrics, JSON views), and [`Relay::shutdown`] stops everything in order.
 //!
 //! Invariants: every bound comes from [`Limits`]; every spawned task belongs to a
@@ -17,6 +19,7 @@
 mod admin;
 mod admission;
 mod config;
+mod dynamo;
 mod event_advert;
 mod host;
 mod http;
@@ -31,9 +34,9 @@ pub use admission::{AdmissionError, StreamKind};
 pub use config::{
     AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
-    DEFAULT_DC_ID, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig,
-    EngineKind, ExposureWarning, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, WanConfig,
-    WorkloadConfig,
+    DEFAULT_DC_ID, DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN,
+    DiscoveryBackend, DiscoveryConfig, DynamoConfig, EngineKind, ExposureWarning, NatsConfig,
+    RelayConfig, RelayOverrides, SourceConfig, WanConfig, WorkloadConfig,
 };
 pub use host::{
     DiscoveryStartError, PoolReport, ProducerTable, Relay, RelayError, RelayProgress,

@@ -58,6 +58,18 @@ pub(crate) struct StateLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RpcLabel {
+    /// The contract's method name.
+    pub(crate) rpc: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RpcReasonLabels {
+    pub(crate) rpc: &'static str,
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct CategoryLabel {
     pub(crate) category: &'static str,
 }
@@ -113,6 +125,19 @@ pub(crate) struct RelayMetrics {
     /// Admin HTTP connections by outcome (accepted, rejected_limit, rejected_peer_limit,
     /// header_timeout).
     pub(crate) admin_connections: Family<OutcomeLabel, Counter>,
+    /// Dynamo-contract door connections by outcome (served, tls_failed, rejected_limit,
+    /// rejected_peer_limit).
+    pub(crate) dynamo_connections: Family<OutcomeLabel, Counter>,
+    /// Dynamo-contract calls refused for a missing or wrong bearer token.
+    pub(crate) dynamo_unauthorized: Counter,
+    /// Messages the Dynamo-contract door queued for clients, by RPC.
+    pub(crate) dynamo_messages_sent: Family<RpcLabel, Counter>,
+    /// Encoded bytes of those messages, by RPC.
+    pub(crate) dynamo_bytes_sent: Family<RpcLabel, Counter>,
+    /// Dynamo-contract heartbeats (pool heartbeats, catalog and readiness re-sends), by RPC.
+    pub(crate) dynamo_heartbeats: Family<RpcLabel, Counter>,
+    /// Dynamo-contract refusals and stream failures, by RPC and reason.
+    pub(crate) dynamo_errors: Family<RpcReasonLabels, Counter>,
     /// Admin HTTP requests refused for a missing or wrong bearer token.
     pub(crate) admin_unauthorized: Counter,
     /// Discovery inputs skipped, by reason (`kvrelay_discovery_skipped_total`).
@@ -376,6 +401,42 @@ impl RelayMetrics {
             "Admin HTTP connections by outcome",
             admin_connections.clone(),
         );
+        let dynamo_connections = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "dynamo_connections",
+            "Dynamo-contract door connections by outcome",
+            dynamo_connections.clone(),
+        );
+        let dynamo_unauthorized = Counter::default();
+        registry.register(
+            "dynamo_unauthorized",
+            "Dynamo-contract calls refused for a missing or wrong bearer token",
+            dynamo_unauthorized.clone(),
+        );
+        let dynamo_messages_sent = Family::<RpcLabel, Counter>::default();
+        registry.register(
+            "dynamo_messages_sent",
+            "Messages the Dynamo-contract door sent, by RPC",
+            dynamo_messages_sent.clone(),
+        );
+        let dynamo_bytes_sent = Family::<RpcLabel, Counter>::default();
+        registry.register(
+            "dynamo_bytes_sent",
+            "Encoded bytes the Dynamo-contract door sent, by RPC",
+            dynamo_bytes_sent.clone(),
+        );
+        let dynamo_heartbeats = Family::<RpcLabel, Counter>::default();
+        registry.register(
+            "dynamo_heartbeats",
+            "Heartbeats the Dynamo-contract door sent, by RPC",
+            dynamo_heartbeats.clone(),
+        );
+        let dynamo_errors = Family::<RpcReasonLabels, Counter>::default();
+        registry.register(
+            "dynamo_errors",
+            "Dynamo-contract refusals and stream failures, by RPC and reason",
+            dynamo_errors.clone(),
+        );
         let admin_unauthorized = Counter::default();
         registry.register(
             "admin_unauthorized",
@@ -432,6 +493,12 @@ impl RelayMetrics {
             catalog_revision,
             accept_errors,
             admin_connections,
+            dynamo_connections,
+            dynamo_unauthorized,
+            dynamo_messages_sent,
+            dynamo_bytes_sent,
+            dynamo_heartbeats,
+            dynamo_errors,
             admin_unauthorized,
             discovery_skipped,
             discovery_card_reads,

@@ -112,6 +112,7 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
         .context("building the tokio runtime")?;
     runtime.block_on(async move {
         let relay = Relay::start(config).await?;
+        // Scripts parse this first line; the Dynamo door gets a line of its own.
         eprintln!(
             "kvrelay relay: WAN {} admin {}",
             relay.wan_addr(),
@@ -119,6 +120,9 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
                 .admin_addr()
                 .map_or_else(|| "off".to_owned(), |addr| addr.to_string())
         );
+        if let Some(addr) = relay.dynamo_addr() {
+            eprintln!("kvrelay relay: Dynamo gRPC {addr}");
+        }
         relay.run_until_signal().await?;
         Ok(())
     })

@@ -10,6 +10,8 @@ use super::{ConfigError, redacted};
 
 /// Default WAN listen address: loopback only, so an unconfigured relay is never exposed.
 pub const DEFAULT_WAN_LISTEN: &str = "127.0.0.1:7400";
+/// Default listen address of the Dynamo-contract door (`[dynamo]`), loopback only.
+pub const DEFAULT_DYNAMO_LISTEN: &str = "127.0.0.1:7402";
 /// Default admin HTTP listen address.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:7401";
 /// Default time an admin HTTP connection has to send a complete request head, in ms; it
@@ -46,6 +48,71 @@ impl Default for WanConfig {
     }
 }
 
+/// The `[dynamo]` table: Dynamo's relay contract (`dynamo.kvrelay.v1` over gRPC) on its
+/// own port, beside the WAN port, publishing the same pools. Off unless the table is
+/// present. It needs `[dynamo.tls]`, or `plaintext = true` to serve without TLS (Dynamo's
+/// own relay serves plaintext only; ours never does so by default).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DynamoConfig {
+    /// Listen address of the gRPC door.
+    pub listen: SocketAddr,
+    /// TLS on the door (the same table as `[wan.tls]`).
+    pub tls: Option<kvrelay_tls::ListenerTls>,
+    /// An optional bearer token every `KvEventRelay` call must present
+    /// (`authorization: Bearer ..` metadata); gRPC health and reflection stay open.
+    pub auth: Option<AuthConfig>,
+    /// Serve without TLS; must be said explicitly when `tls` is absent.
+    pub plaintext: bool,
+}
+
+impl Default for DynamoConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_socket(DEFAULT_DYNAMO_LISTEN, 7402),
+            tls: None,
+            auth: None,
+            plaintext: false,
+        }
+    }
+}
+
+impl DynamoConfig {
+    /// Exactly one of TLS or an explicit `plaintext = true`; a valid token table.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.tls, self.plaintext) {
+            (None, false) => {
+                return Err(ConfigError::InvalidField {
+                    field: "dynamo.plaintext",
+                    value: "false".to_owned(),
+                    reason: "the Dynamo door needs [dynamo.tls], or plaintext = true to serve without TLS",
+                });
+            }
+            (Some(_), true) => {
+                return Err(ConfigError::InvalidField {
+                    field: "dynamo.plaintext",
+                    value: "true".to_owned(),
+                    reason: "set either [dynamo.tls] or plaintext = true, not both",
+                });
+            }
+            (Some(tls), false)
+                if tls.cert.as_os_str().is_empty() || tls.key.as_os_str().is_empty() =>
+            {
+                return Err(ConfigError::InvalidField {
+                    field: "dynamo.tls",
+                    value: format!("cert={} key={}", tls.cert.display(), tls.key.display()),
+                    reason: "TLS needs both a certificate and a key",
+                });
+            }
+            _ => {}
+        }
+        match &self.auth {
+            Some(auth) => auth.validate(AuthTable::Dynamo),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The `[wan.auth]` table: exactly one of `token` or `token_file`. `Debug` never shows
 /// the token, so a config logged or printed in an error does not leak it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +131,8 @@ pub(crate) enum AuthTable {
     Wan,
     /// `[admin.auth]`.
     Admin,
+    /// `[dynamo.auth]`.
+    Dynamo,
 }
 
 impl AuthTable {
@@ -71,6 +140,7 @@ impl AuthTable {
         match self {
             Self::Wan => "wan.auth",
             Self::Admin => "admin.auth",
+            Self::Dynamo => "dynamo.auth",
         }
     }
 
@@ -78,6 +148,7 @@ impl AuthTable {
         match self {
             Self::Wan => "wan.auth.token",
             Self::Admin => "admin.auth.token",
+            Self::Dynamo => "dynamo.auth.token",
         }
     }
 
@@ -85,6 +156,7 @@ impl AuthTable {
         match self {
             Self::Wan => "wan.auth.token_file",
             Self::Admin => "admin.auth.token_file",
+            Self::Dynamo => "dynamo.auth.token_file",
         }
     }
 }
@@ -201,6 +273,14 @@ pub enum ExposureWarning {
         "WAN listener {listen} checks a bearer token without TLS: the token travels in clear text"
     )]
     WanTokenWithoutTls {
+        /// The listen address.
+        listen: SocketAddr,
+    },
+    /// The Dynamo-contract door is not on loopback and serves plaintext without a token.
+    #[error(
+        "Dynamo-contract door {listen} is reachable beyond loopback in plaintext without a bearer token: anyone who can reach it can read every pool"
+    )]
+    DynamoUnprotected {
         /// The listen address.
         listen: SocketAddr,
     },

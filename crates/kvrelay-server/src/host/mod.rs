@@ -45,6 +45,7 @@ use crate::metrics::RelayMetrics;
 use crate::mirror::{MirrorError, MirrorProgress, PoolMirror};
 use crate::wan::WanServer;
 use crate::wan::connection::ConnectionContext;
+use crate::wan::open::StreamOpener;
 use crate::wan::source::PublicationViews;
 use kvrelay_tls::ServerTls;
 pub use report::{DiscoveryStartError, PoolReport, ProducerTable, RelayError, RelayProgress};
@@ -60,6 +61,7 @@ pub const WORKLOAD_TOKEN_SEED: u64 = kvrelay_ingest::DEFAULT_WORKLOAD_SEED;
 pub struct Relay {
     identity: DcRelayIdentity,
     wan_addr: SocketAddr,
+    dynamo_addr: Option<SocketAddr>,
     admin_addr: Option<SocketAddr>,
     root: CancellationToken,
     wan_cancel: CancellationToken,
@@ -227,9 +229,13 @@ impl Relay {
                 registry: registry.clone(),
             }),
         };
-        let ctx = ConnectionContext {
+        let opener = StreamOpener {
             views,
             admission: admission.clone(),
+            metrics: metrics.clone(),
+        };
+        let ctx = ConnectionContext {
+            opener: opener.clone(),
             metrics: metrics.clone(),
             limits: limits.clone(),
             codec_limits,
@@ -259,6 +265,56 @@ impl Relay {
                 .run(wan_tracker.clone())
                 .instrument(info_span!("wan", addr = %wan_addr)),
         );
+
+        let dynamo_addr = match &config.dynamo {
+            None => None,
+            Some(door) => {
+                let bind_failed = |err: &dyn std::fmt::Display| RelayError::Bind {
+                    what: "dynamo",
+                    addr: door.listen,
+                    message: err.to_string(),
+                };
+                let tls = match door.tls.as_ref().map(ServerTls::load).transpose() {
+                    Ok(tls) => tls,
+                    Err(err) => {
+                        root.cancel();
+                        return Err(err.into());
+                    }
+                };
+                let token = match door
+                    .auth
+                    .as_ref()
+                    .map(|auth| auth.load(AuthTable::Dynamo))
+                    .transpose()
+                {
+                    Ok(token) => token,
+                    Err(err) => {
+                        root.cancel();
+                        return Err(err.into());
+                    }
+                };
+                let bound = crate::dynamo::DynamoDoor {
+                    opener,
+                    metrics: metrics.clone(),
+                    limits: limits.clone(),
+                    tls,
+                    token,
+                    cancel: wan_cancel.clone(),
+                }
+                .bind(door.listen, wan_tracker.clone())
+                .await;
+                match bound {
+                    Ok((addr, serve)) => {
+                        wan_tracker.spawn(serve.instrument(info_span!("dynamo", %addr)));
+                        Some(addr)
+                    }
+                    Err(err) => {
+                        root.cancel();
+                        return Err(bind_failed(&err));
+                    }
+                }
+            }
+        };
 
         let admin_addr = if config.admin.enabled {
             let view = Arc::new(admin_view::HostAdminView {
@@ -303,10 +359,11 @@ impl Relay {
         } else {
             None
         };
-        info!(%wan_addr, admin = ?admin_addr, dc = %config.dc_id, incarnation = identity.relay_incarnation(), "relay started");
+        info!(%wan_addr, dynamo = ?dynamo_addr, admin = ?admin_addr, dc = %config.dc_id, incarnation = identity.relay_incarnation(), "relay started");
         Ok(Self {
             identity,
             wan_addr,
+            dynamo_addr,
             admin_addr,
             root,
             wan_cancel,
@@ -325,6 +382,11 @@ impl Relay {
     /// The bound WAN address.
     pub fn wan_addr(&self) -> SocketAddr {
         self.wan_addr
+    }
+
+    /// The bound Dynamo-contract (gRPC) address, when `[dynamo]` is set.
+    pub fn dynamo_addr(&self) -> Option<SocketAddr> {
+        self.dynamo_addr
     }
 
     /// The bound admin HTTP address, when enabled.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use kvrelay_codec::session::{WatchSession, Watched, WriteBound, accepts_coalesced_deltas};
-use kvrelay_codec::v1::{ErrorMessage, ErrorReason, Message, StreamRpc, encode_message};
+use kvrelay_codec::v1::{ErrorMessage, ErrorReason, Message, encode_message};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -21,19 +21,19 @@ use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::admission::{Admission, AdmissionError, StreamKind};
+use crate::admission::StreamKind;
 use crate::limits::Limits;
-use crate::metrics::{OutcomeLabel, ReasonLabel, RejectionLabels, RelayMetrics};
+use crate::metrics::{OutcomeLabel, ReasonLabel, RelayMetrics};
+use crate::wan::open::{OpenedStream, StreamFeed, StreamOpener};
 use crate::wan::request::read_stream_request;
-use crate::wan::source::{PublicationViews, StreamFailure};
+use crate::wan::source::{PoolFrameStream, StreamFailure};
 use kvrelay_pacing::SharedLogBudget;
 use kvrelay_tls::BearerToken;
 use kvrelay_tls::ServerTls;
 
 /// Shared by every connection of one WAN server.
 pub(crate) struct ConnectionContext {
-    pub(crate) views: PublicationViews,
-    pub(crate) admission: Admission,
+    pub(crate) opener: StreamOpener,
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) limits: Limits,
     pub(crate) codec_limits: kvrelay_codec::Limits,
@@ -114,22 +114,17 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
     let minor = received.minor;
     let request = received.request;
     ctx.outcome("served");
-    let result = match request.rpc {
-        StreamRpc::RelayInfo => conn.serve_info().await,
-        StreamRpc::WatchCatalog => conn.serve_catalog().await,
-        StreamRpc::WatchLoad => conn.serve_load().await,
-        StreamRpc::WatchTopology => conn.serve_topology().await,
-        StreamRpc::SubscribePool {
-            expected_producer,
-            resume_from_sequence,
-        } => {
-            let options = kvrelay_pool::SubscribeOptions {
-                resume_from: resume_from_sequence,
-                coalesce: accepts_coalesced_deltas(minor),
-            };
-            conn.serve_pool(expected_producer, request.subscriber_id, options)
-                .await
+    let kind = StreamKind::of(&request.rpc);
+    let opened = ctx
+        .opener
+        .open(request, accepts_coalesced_deltas(minor), &ctx.cancel)
+        .await;
+    let result = match opened {
+        Ok(opened) => {
+            conn.kind = Some(kind);
+            conn.serve_opened(opened).await
         }
+        Err(failure) => Err(failure),
     };
     match result {
         Ok(End::PeerClosed) => debug!(%peer, "peer closed the stream"),
@@ -166,63 +161,20 @@ impl ConnectionContext {
 }
 
 impl Conn {
-    /// Admits a stream of `kind` under its type's limit.
-    fn admit(&mut self, kind: StreamKind) -> Result<crate::admission::StreamPermit, StreamFailure> {
-        let result = self.ctx.admission.admit(kind);
-        self.admitted(kind, result)
-    }
-
-    fn admitted(
-        &mut self,
-        kind: StreamKind,
-        result: Result<crate::admission::StreamPermit, AdmissionError>,
-    ) -> Result<crate::admission::StreamPermit, StreamFailure> {
-        match result {
-            Ok(permit) => {
-                self.kind = Some(kind);
-                Ok(permit)
+    /// Streams an admitted feed until the client leaves, the stream fails or the relay stops.
+    async fn serve_opened(&mut self, opened: OpenedStream) -> Result<End, StreamFailure> {
+        let _permit = opened.permit;
+        match opened.feed {
+            StreamFeed::Info(info) => {
+                let frame = self.encode(&Message::RelayInfo(info))?;
+                self.send(&frame, false).await?;
+                Ok(End::Finished)
             }
-            Err(err) => {
-                self.ctx
-                    .metrics
-                    .admission_rejected
-                    .get_or_create(&RejectionLabels {
-                        stream: kind.label(),
-                        scope: err.scope(),
-                    })
-                    .inc();
-                Err(StreamFailure::new(
-                    ErrorReason::ResourceLimit,
-                    err.to_string(),
-                ))
-            }
+            StreamFeed::Catalog(rx) => self.serve_watch(rx).await,
+            StreamFeed::Topology(rx) => self.serve_watch(rx).await,
+            StreamFeed::Load(rx) => self.serve_watch(rx).await,
+            StreamFeed::Pool(stream) => self.serve_pool(stream).await,
         }
-    }
-
-    async fn serve_info(&mut self) -> Result<End, StreamFailure> {
-        let _permit = self.admit(StreamKind::Info)?;
-        let info = self.ctx.views.info;
-        let frame = self.encode(&Message::RelayInfo(info))?;
-        self.send(&frame, false).await?;
-        Ok(End::Finished)
-    }
-
-    async fn serve_catalog(&mut self) -> Result<End, StreamFailure> {
-        let _permit = self.admit(StreamKind::Catalog)?;
-        let rx = self.ctx.views.catalog.clone();
-        self.serve_watch(rx).await
-    }
-
-    async fn serve_topology(&mut self) -> Result<End, StreamFailure> {
-        let _permit = self.admit(StreamKind::Topology)?;
-        let rx = self.ctx.views.topology.clone();
-        self.serve_watch(rx).await
-    }
-
-    async fn serve_load(&mut self) -> Result<End, StreamFailure> {
-        let _permit = self.admit(StreamKind::Load)?;
-        let rx = self.ctx.views.load.clone();
-        self.serve_watch(rx).await
     }
 
     /// Drives a [`WatchSession`] (what to send and when lives there): writes what it
@@ -260,64 +212,8 @@ impl Conn {
         }
     }
 
-    async fn serve_pool(
-        &mut self,
-        expected: kvrelay_codec::v1::ProducerIdentity,
-        subscriber: String,
-        options: kvrelay_pool::SubscribeOptions,
-    ) -> Result<End, StreamFailure> {
-        // Cheap identity checks first, before any slot is taken: stale requests never queue.
-        {
-            let catalog = self.ctx.views.catalog.borrow().clone();
-            let Some(current) = catalog
-                .pools
-                .iter()
-                .find(|pool| pool.producer.pool_id == expected.pool_id)
-            else {
-                return Err(StreamFailure::new(
-                    ErrorReason::PoolNotFound,
-                    format!("pool {} is not in the catalog", expected.pool_id),
-                ));
-            };
-            if current.producer != expected {
-                return Err(StreamFailure::new(
-                    ErrorReason::ProducerChanged,
-                    format!(
-                        "pool {}: expected producer generation {} incarnation {}, current is generation {} incarnation {}",
-                        expected.pool_id,
-                        expected.layout_generation,
-                        expected.producer_incarnation,
-                        current.producer.layout_generation,
-                        current.producer.producer_incarnation
-                    ),
-                ));
-            }
-        }
-        let _permit = self.admit(StreamKind::Pool)?;
+    async fn serve_pool(&mut self, mut stream: PoolFrameStream) -> Result<End, StreamFailure> {
         let cancel = self.ctx.cancel.clone();
-        let subscribe = self
-            .ctx
-            .views
-            .pools
-            .subscribe(expected, subscriber, options);
-        let mut stream = tokio::select! {
-            () = cancel.cancelled() => {
-                return Err(StreamFailure::new(ErrorReason::PublicationUnavailable, "relay is shutting down"));
-            }
-            stream = subscribe => match stream {
-                Ok(stream) => stream,
-                Err(failure) => {
-                    if let Some(scope) = failure.admission_scope {
-                        self.ctx
-                            .metrics
-                            .admission_rejected
-                            .get_or_create(&RejectionLabels { stream: StreamKind::Pool.label(), scope })
-                            .inc();
-                    }
-                    return Err(failure);
-                }
-            },
-        };
         let mut scratch = [0u8; 64];
         loop {
             tokio::select! {

@@ -9,6 +9,7 @@
 //! tracker.
 
 pub(crate) mod connection;
+pub(crate) mod open;
 pub(crate) mod request;
 pub(crate) mod source;
 
@@ -16,12 +17,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::net::TcpListener;
+use kvrelay_http::ConnectionPermit;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info_span, warn};
 
-use crate::metrics::OutcomeLabel;
+use crate::metrics::{OutcomeLabel, RelayMetrics};
 use connection::ConnectionContext;
 use kvrelay_http::AcceptBackoff;
 use kvrelay_http::ConnectionAdmission;
@@ -48,21 +52,64 @@ impl WanServer {
 
     /// Accepts until `ctx.cancel` fires; connection tasks join `tracker`.
     pub(crate) async fn run(self, tracker: TaskTracker) {
-        let cancel: CancellationToken = self.ctx.cancel.clone();
-        let connections = ConnectionAdmission::new(
-            self.ctx.limits.max_connections,
-            self.ctx.limits.max_connections_per_peer,
-        );
-        let mut backoff = AcceptBackoff::new("wan");
+        let ctx = self.ctx;
+        let accept = AcceptLoop {
+            listener: self.listener,
+            label: "wan",
+            max_connections: ctx.limits.max_connections,
+            max_connections_per_peer: ctx.limits.max_connections_per_peer,
+            refused: ctx.metrics.connections.clone(),
+            metrics: ctx.metrics.clone(),
+            cancel: ctx.cancel.clone(),
+        };
+        accept
+            .run(|tcp, peer, permit| {
+                let ctx = ctx.clone();
+                tracker.spawn(
+                    async move {
+                        connection::serve(ctx, tcp, peer).await;
+                        drop(permit);
+                    }
+                    .instrument(info_span!("wan_connection", %peer)),
+                );
+            })
+            .await;
+    }
+}
+
+/// One listener's accept loop: caps in total and per peer address (extra sockets closed at
+/// once, counted under `refused` and logged rate-limited), backoff while the process is
+/// out of descriptors, stop on `cancel`. Every stream listener of the relay runs this one.
+pub(crate) struct AcceptLoop {
+    pub(crate) listener: TcpListener,
+    /// `wan` or `dynamo`, for accept-error metrics and logs.
+    pub(crate) label: &'static str,
+    pub(crate) max_connections: u32,
+    pub(crate) max_connections_per_peer: u32,
+    /// Where refusals are counted, by outcome.
+    pub(crate) refused: Family<OutcomeLabel, Counter>,
+    pub(crate) metrics: Arc<RelayMetrics>,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl AcceptLoop {
+    /// Hands every admitted socket, with the permit that holds its slot, to `admitted`.
+    pub(crate) async fn run(
+        self,
+        mut admitted: impl FnMut(TcpStream, SocketAddr, ConnectionPermit),
+    ) {
+        let connections =
+            ConnectionAdmission::new(self.max_connections, self.max_connections_per_peer);
+        let mut backoff = AcceptBackoff::new(self.label);
         let accept_errors = crate::http::ListenerMetrics {
-            listener: "wan",
-            metrics: self.ctx.metrics.clone(),
+            listener: self.label,
+            metrics: self.metrics.clone(),
         };
         let mut refusals = LogBudget::default();
         loop {
             let accepted = tokio::select! {
                 biased;
-                () = cancel.cancelled() => break,
+                () = self.cancel.cancelled() => break,
                 accepted = self.listener.accept() => accepted,
             };
             let (tcp, peer) = match accepted {
@@ -72,7 +119,7 @@ impl WanServer {
                     if !sleep.is_zero() {
                         tokio::select! {
                             biased;
-                            () = cancel.cancelled() => break,
+                            () = self.cancel.cancelled() => break,
                             () = tokio::time::sleep(sleep) => {}
                         }
                     }
@@ -80,31 +127,20 @@ impl WanServer {
                 }
             };
             backoff.accepted();
-            let permit = match connections.admit(peer.ip()) {
-                Ok(permit) => permit,
+            match connections.admit(peer.ip()) {
+                Ok(permit) => admitted(tcp, peer, permit),
                 Err(refusal) => {
-                    self.ctx
-                        .metrics
-                        .connections
+                    self.refused
                         .get_or_create(&OutcomeLabel {
                             outcome: refusal.outcome().label(),
                         })
                         .inc();
                     if let Some(suppressed) = refusals.admit(Instant::now()) {
-                        warn!(%peer, %refusal, suppressed, "connection refused; closing");
+                        warn!(listener = self.label, %peer, %refusal, suppressed, "connection refused; closing");
                     }
                     drop(tcp);
-                    continue;
                 }
-            };
-            let ctx = self.ctx.clone();
-            tracker.spawn(
-                async move {
-                    connection::serve(ctx, tcp, peer).await;
-                    drop(permit);
-                }
-                .instrument(info_span!("wan_connection", %peer)),
-            );
+            }
         }
     }
 }
