@@ -11,7 +11,9 @@
 //! - `cargo xtask fuzz [SECONDS]`: every cargo-fuzz target for SECONDS each (nightly).
 //! - `cargo xtask demo`: the one-command demo (`kvrelay demo`) in release mode.
 //! - `cargo xtask services`: finds the external servers the tests start, installing them
-//!   when it can (root with apt-get), else naming the command; `ci` runs it first.
+//!   when it can (root with apt-get), else naming the command, then creates the Python venv
+//!   of the Dynamo-interop tests (`target/interop/venv`, pinned wheels from PyPI); `ci`
+//!   runs it first.
 
 use std::process::ExitCode;
 
@@ -20,6 +22,7 @@ mod ci;
 mod codegen;
 mod command;
 mod fuzz;
+mod interop;
 mod services;
 mod tidy;
 

@@ -40,8 +40,15 @@ const REQUIREMENTS: &[Requirement] = &[
     },
 ];
 
-/// Finds every required program, installing the missing ones when this user can.
+/// Finds every required program (installing the missing ones when this user can), then
+/// the Python environment of the Dynamo-interop tests (`crate::interop`).
 pub(crate) fn run() -> Result<()> {
+    programs()?;
+    crate::interop::ensure()
+}
+
+/// Finds every required program, installing the missing ones when this user can.
+fn programs() -> Result<()> {
     let missing = report();
     if missing.is_empty() {
         return Ok(());

@@ -103,6 +103,8 @@ impl Consumer {
                     addr: relay.addr.clone(),
                     tls: relay.connector()?,
                     token: relay.token.clone(),
+                    protocol: relay.protocol,
+                    channel: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;

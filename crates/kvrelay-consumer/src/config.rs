@@ -9,7 +9,8 @@ use kvrelay_tls::{BearerToken, RelayConnector, RelayTls, TlsError};
 
 /// One relay to watch: its address, the DC name it serves and a per-DC cost.
 ///
-/// Parsed from `ADDR[=DC[:COST]]`, e.g. `10.0.0.7:7400=us-east:12.5`. Without `=DC` the
+/// Parsed from `[PROTOCOL://]ADDR[=DC[:COST]]`, e.g. `10.0.0.7:7400=us-east:12.5` or
+/// `dynamo-grpc://10.0.0.8:5561=eu-west:40` (a Dynamo relay). Without `=DC` the
 /// address doubles as the DC name; without `:COST` the cost is 0. TLS and the bearer
 /// token are off unless set (see [`RelayEndpoint::with_tls`], [`RelayEndpoint::with_token`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +25,44 @@ pub struct RelayEndpoint {
     pub tls: Option<RelayTls>,
     /// Bearer token sent in every stream request to this relay.
     pub token: Option<BearerToken>,
+    /// The protocol this relay speaks: kvrelay's WAN protocol, or Dynamo's relay contract.
+    pub protocol: RelayProtocol,
+}
+
+/// The protocol a relay is followed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RelayProtocol {
+    /// kvrelay's own WAN protocol (framed TCP; resume and coalesced deltas).
+    #[default]
+    Kvrelay,
+    /// Dynamo's relay contract, gRPC `dynamo.kvrelay.v1`: a Dynamo KV DC Relay / Pool
+    /// Relay, or a kvrelay relay's `[dynamo]` door. One HTTP/2 connection carries every
+    /// stream to the relay; every pool stream starts with a snapshot.
+    DynamoGrpc,
+}
+
+impl RelayProtocol {
+    /// The name used in addresses (`dynamo-grpc://host:port`) and configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kvrelay => "kvrelay",
+            Self::DynamoGrpc => "dynamo-grpc",
+        }
+    }
+}
+
+impl FromStr for RelayProtocol {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        match text {
+            "kvrelay" => Ok(Self::Kvrelay),
+            "dynamo-grpc" => Ok(Self::DynamoGrpc),
+            _ => Err(ConfigError::RelayProtocol {
+                text: text.to_owned(),
+            }),
+        }
+    }
 }
 
 impl RelayEndpoint {
@@ -35,7 +74,15 @@ impl RelayEndpoint {
             cost: 0.0,
             tls: None,
             token: None,
+            protocol: RelayProtocol::Kvrelay,
         }
+    }
+
+    /// This relay followed with `protocol`.
+    #[must_use]
+    pub fn with_protocol(mut self, protocol: RelayProtocol) -> Self {
+        self.protocol = protocol;
+        self
     }
 
     /// This relay reached over TLS.
@@ -70,9 +117,13 @@ impl FromStr for RelayEndpoint {
     type Err = ConfigError;
 
     fn from_str(text: &str) -> Result<Self, ConfigError> {
-        let (addr, rest) = match text.split_once('=') {
+        let (protocol, address) = match text.split_once("://") {
+            Some((scheme, address)) => (scheme.parse::<RelayProtocol>()?, address),
+            None => (RelayProtocol::Kvrelay, text),
+        };
+        let (addr, rest) = match address.split_once('=') {
             Some((addr, rest)) => (addr, Some(rest)),
-            None => (text, None),
+            None => (address, None),
         };
         if addr.is_empty() || addr.trim() != addr {
             return Err(ConfigError::RelayAddress {
@@ -103,6 +154,7 @@ impl FromStr for RelayEndpoint {
         }
         Ok(Self {
             cost,
+            protocol,
             ..Self::new(addr, dc)
         })
     }
@@ -273,6 +325,12 @@ impl ConsumerConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// A relay address names a protocol other than `kvrelay` or `dynamo-grpc`.
+    #[error("unknown relay protocol {text:?} (expected kvrelay or dynamo-grpc)")]
+    RelayProtocol {
+        /// The protocol as written.
+        text: String,
+    },
     /// `max_pool_streams_per_relay` is zero (no pool could ever be followed).
     #[error("consumer limit max_pool_streams_per_relay must be greater than zero")]
     ZeroPoolStreams,
@@ -372,6 +430,27 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn relay_argument_names_its_protocol_with_a_scheme() {
+        let relay: RelayEndpoint = "dynamo-grpc://10.0.0.8:5561=eu-west:40".parse().unwrap();
+        assert_eq!(
+            relay,
+            RelayEndpoint {
+                cost: 40.0,
+                ..RelayEndpoint::new("10.0.0.8:5561", "eu-west")
+                    .with_protocol(RelayProtocol::DynamoGrpc)
+            }
+        );
+        let plain: RelayEndpoint = "kvrelay://10.0.0.7:7400".parse().unwrap();
+        assert_eq!(plain, RelayEndpoint::new("10.0.0.7:7400", "10.0.0.7:7400"));
+        assert_eq!(
+            "grpc://a:1".parse::<RelayEndpoint>(),
+            Err(ConfigError::RelayProtocol {
+                text: "grpc".into()
+            })
+        );
     }
 
     #[test]

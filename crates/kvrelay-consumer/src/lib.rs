@@ -57,7 +57,7 @@ mod wire;
 pub use candidate::CandidateShape;
 pub use catalog::{PoolKey, QuarantinedEntry};
 pub use client::Consumer;
-pub use config::{ConfigError, ConsumerConfig, Limits, RelayEndpoint};
+pub use config::{ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayProtocol};
 
 /// The old name of [`RelayEndpoint`], kept for one release.
 #[deprecated(

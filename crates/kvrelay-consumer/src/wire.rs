@@ -1,6 +1,10 @@
-//! One WAN stream: a TCP (or TLS over TCP) connection carrying one stream request, then
-//! server frames.
+//! One WAN stream: a stream request, then the relay's messages. On kvrelay's protocol a
+//! stream is a TCP (or TLS over TCP) connection carrying one request, then frames; on
+//! Dynamo's relay contract it is one gRPC call on the relay's shared HTTP/2 connection,
+//! opened and read back as the same v1 messages by `kvrelay_dynamo::client`. Everything
+//! above this module is the same for both.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -12,13 +16,56 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use kvrelay_tls::{BearerToken, RelayConnector};
+use tonic::transport::Channel;
 
-/// How to reach one relay: its address, TLS connector and token, loaded once at start.
+use crate::config::RelayProtocol;
+
+/// How to reach one relay: its address, TLS connector, token and protocol, loaded once at
+/// start.
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoint {
     pub(crate) addr: String,
     pub(crate) tls: Option<RelayConnector>,
     pub(crate) token: Option<BearerToken>,
+    pub(crate) protocol: RelayProtocol,
+    /// The relay's one HTTP/2 connection (Dynamo's contract), made on first use and shared
+    /// by every stream to the relay.
+    pub(crate) channel: Arc<OnceLock<Channel>>,
+}
+
+impl Endpoint {
+    /// The relay's gRPC channel (connected lazily; reconnects by itself).
+    fn channel(&self, connect_timeout: Duration) -> Result<Channel, WireError> {
+        if let Some(channel) = self.channel.get() {
+            return Ok(channel.clone());
+        }
+        let addr = self.addr.clone();
+        let uri = format!("http://{addr}");
+        let builder = tonic::transport::Endpoint::from_shared(uri)
+            .map_err(|err| WireError::Encode {
+                addr: addr.clone(),
+                detail: err.to_string(),
+            })?
+            .connect_timeout(connect_timeout);
+        let channel = match &self.tls {
+            None => builder.connect_lazy(),
+            Some(tls) => {
+                let tls = tls.clone();
+                builder.connect_with_connector_lazy(tower::service_fn(
+                    move |_: tonic::transport::Uri| {
+                        let (tls, addr) = (tls.clone(), addr.clone());
+                        async move {
+                            let socket = TcpStream::connect(&addr).await?;
+                            let _ = socket.set_nodelay(true);
+                            let stream = tls.connect(socket).await?;
+                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                        }
+                    },
+                ))
+            }
+        };
+        Ok(self.channel.get_or_init(|| channel).clone())
+    }
 }
 
 /// A plaintext or TLS socket.
@@ -57,22 +104,97 @@ pub(crate) enum WireError {
         #[source]
         source: DecodeError,
     },
+    /// A Dynamo-contract call failed in transport, or answered what kvrelay cannot take.
+    #[error("relay {addr}: {source}")]
+    Contract {
+        addr: String,
+        #[source]
+        source: kvrelay_dynamo::ClientError,
+    },
 }
 
-/// An open stream and its receive buffer (kept across reads, so `next` is cancel safe).
-pub(crate) struct WireStream {
+/// An open stream, on either protocol.
+#[derive(Debug)]
+pub(crate) enum WireStream {
+    /// kvrelay's framed protocol.
+    Framed(FramedStream),
+    /// Dynamo's relay contract.
+    Contract {
+        addr: String,
+        stream: kvrelay_dynamo::ContractStream,
+    },
+}
+
+/// An open framed stream and its receive buffer (kept across reads, so `next` is cancel
+/// safe).
+pub(crate) struct FramedStream {
     addr: String,
     socket: Box<dyn Socket>,
     buf: BytesMut,
     limits: CodecLimits,
 }
 
-impl std::fmt::Debug for WireStream {
+impl std::fmt::Debug for FramedStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WireStream")
+        f.debug_struct("FramedStream")
             .field("addr", &self.addr)
             .field("buffered", &self.buf.len())
             .finish_non_exhaustive()
+    }
+}
+
+impl WireStream {
+    /// Opens a stream for `rpc` on the relay's protocol (with the endpoint's token, if any).
+    pub(crate) async fn open(
+        endpoint: &Endpoint,
+        subscriber_id: &str,
+        rpc: StreamRpc,
+        max_frame_len: u32,
+        connect_timeout: Duration,
+    ) -> Result<Self, WireError> {
+        match endpoint.protocol {
+            RelayProtocol::Kvrelay => Ok(Self::Framed(
+                FramedStream::open(endpoint, subscriber_id, rpc, max_frame_len, connect_timeout)
+                    .await?,
+            )),
+            RelayProtocol::DynamoGrpc => {
+                let addr = endpoint.addr.clone();
+                let channel = endpoint.channel(connect_timeout)?;
+                let request = StreamRequest {
+                    subscriber_id: subscriber_id.to_owned(),
+                    rpc,
+                    auth_token: None,
+                };
+                let token = endpoint.token.as_ref().map(BearerToken::secret);
+                // The connect timeout bounds the call's opening (connection included).
+                let opened = tokio::time::timeout(
+                    connect_timeout,
+                    kvrelay_dynamo::client::open(channel, token, request),
+                )
+                .await
+                .map_err(|_| WireError::ConnectTimeout {
+                    addr: addr.clone(),
+                    timeout: connect_timeout,
+                })?;
+                match opened {
+                    Ok(stream) => Ok(Self::Contract { addr, stream }),
+                    Err(source) => Err(WireError::Contract { addr, source }),
+                }
+            }
+        }
+    }
+
+    /// The next message, or `None` at a clean end of stream. Cancel safe.
+    pub(crate) async fn next(&mut self) -> Result<Option<Message>, WireError> {
+        match self {
+            Self::Framed(stream) => stream.next().await,
+            Self::Contract { addr, stream } => {
+                stream.next().await.map_err(|source| WireError::Contract {
+                    addr: addr.clone(),
+                    source,
+                })
+            }
+        }
     }
 }
 
@@ -98,10 +220,10 @@ async fn connect(endpoint: &Endpoint) -> Result<Box<dyn Socket>, WireError> {
     }
 }
 
-impl WireStream {
+impl FramedStream {
     /// Connects to `endpoint` and sends the stream request for `rpc` (with the
     /// endpoint's token, if any).
-    pub(crate) async fn open(
+    async fn open(
         endpoint: &Endpoint,
         subscriber_id: &str,
         rpc: StreamRpc,
@@ -151,7 +273,7 @@ impl WireStream {
 
     /// The next message, or `None` at a clean end of stream. Cancel safe: bytes read
     /// before a cancellation stay buffered for the next call.
-    pub(crate) async fn next(&mut self) -> Result<Option<Message>, WireError> {
+    async fn next(&mut self) -> Result<Option<Message>, WireError> {
         loop {
             match decode_message(&mut self.buf, &self.limits) {
                 Ok(Some(message)) => return Ok(Some(message)),

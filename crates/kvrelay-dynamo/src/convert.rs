@@ -528,6 +528,24 @@ impl From<&v1::TopologyUpdate> for proto::ServingReadinessUpdate {
     }
 }
 
+impl TryFrom<proto::ServingReadinessUpdate> for v1::TopologyUpdate {
+    type Error = ContractError;
+
+    fn try_from(update: proto::ServingReadinessUpdate) -> Result<Self, ContractError> {
+        Ok(Self {
+            relay: relay_in(update.relay)?,
+            revision: update.revision,
+            // An entry this side cannot take is left out, never the whole update (as our
+            // own consumer quarantines an unsupported entry).
+            entries: update
+                .entries
+                .into_iter()
+                .filter_map(|entry| entry.try_into().ok())
+                .collect(),
+        })
+    }
+}
+
 // ---- load --------------------------------------------------------------------------------
 
 impl From<&v1::PoolLoad> for proto::KvPoolLoadEntry {
@@ -560,6 +578,25 @@ impl From<&v1::LoadWindow> for proto::KvPoolLoadUpdate {
             pools: window.pools.iter().map(Into::into).collect(),
             contract_marker: CONTRACT_MARKER,
         }
+    }
+}
+
+impl TryFrom<proto::KvPoolLoadUpdate> for v1::LoadWindow {
+    type Error = ContractError;
+
+    fn try_from(update: proto::KvPoolLoadUpdate) -> Result<Self, ContractError> {
+        Ok(Self {
+            relay: relay_in(update.relay)?,
+            window_sequence: update.window_sequence,
+            observed_unix_ms: update.observed_ms,
+            window_ms: update.window_ms,
+            // As for readiness: an entry this side cannot take is left out.
+            pools: update
+                .pools
+                .into_iter()
+                .filter_map(|entry| entry.try_into().ok())
+                .collect(),
+        })
     }
 }
 

@@ -7,9 +7,12 @@
 //! - [`service`]: the `KvEventRelay` service, a thin driver of the relay's own cores
 //!   through the [`Publication`] trait the relay implements.
 //! - [`door`]: the gRPC server with health, reflection, bounds and the token check.
+//! - [`client`]: the other way round, a kvrelay stream request opened over the contract
+//!   and read back as kvrelay messages, so the consumer follows a Dynamo relay unchanged.
 //!
 //! What maps to what, and what is left out, is in docs/interop.md.
 
+pub mod client;
 pub mod contract;
 pub mod convert;
 pub mod door;
@@ -29,6 +32,7 @@ pub mod proto {
     pub use crate::generated::*;
 }
 
+pub use client::{ClientError, ContractStream};
 pub use contract::{CONTRACT_MARKER, ERROR_REASON_KEY, PROTOCOL_VERSION};
 pub use convert::{ContractError, ReceivedCatalog};
 pub use door::{DoorError, DoorIo, serve};

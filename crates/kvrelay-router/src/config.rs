@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvrelay_consumer::{
-    BackoffConfig, BearerToken, ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayTls,
-    ScoreWeights, TokenError,
+    BackoffConfig, BearerToken, ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayProtocol,
+    RelayTls, ScoreWeights, TokenError,
 };
 use kvrelay_http::HttpBounds;
 use serde::Deserialize;
@@ -96,6 +96,10 @@ pub struct RelaySection {
     /// Environment variable holding the bearer token (used when `token_file` is unset).
     #[serde(default)]
     pub token_env: Option<String>,
+    /// `kvrelay` (default: our WAN protocol) or `dynamo-grpc` (Dynamo's relay contract:
+    /// a Dynamo relay, or a kvrelay relay's `[dynamo]` port).
+    #[serde(default)]
+    pub protocol: Option<String>,
 }
 
 impl RelaySection {
@@ -111,6 +115,7 @@ impl RelaySection {
             tls_server_name: None,
             token_file: None,
             token_env: None,
+            protocol: None,
         }
     }
 }
@@ -307,6 +312,15 @@ impl Default for WeightsSection {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RouterConfigError {
+    /// A relay's `protocol` is not one the consumer speaks.
+    #[error("relay {dc}: {source}")]
+    RelayProtocol {
+        /// The relay's DC.
+        dc: String,
+        /// What is wrong.
+        #[source]
+        source: kvrelay_consumer::ConfigError,
+    },
     /// TOML text (not from a file) is not a valid configuration.
     #[error("router config: {message}")]
     Syntax {
@@ -412,7 +426,8 @@ impl RouterConfig {
         })
     }
 
-    /// Parses `ADDR=DC[:COST]` (as `kvrelay route --relay`) into a plaintext relay.
+    /// Parses `[PROTOCOL://]ADDR=DC[:COST]` (as `kvrelay route --relay`) into a plaintext
+    /// relay (`dynamo-grpc://` follows it over Dynamo's relay contract).
     pub fn parse_relay(text: &str) -> Result<RelaySection, RouterConfigError> {
         let relay =
             text.parse::<RelayEndpoint>()
@@ -420,7 +435,11 @@ impl RouterConfig {
                     text: text.to_owned(),
                     source,
                 })?;
-        Ok(RelaySection::new(&relay.addr, &relay.dc, relay.cost))
+        Ok(RelaySection {
+            protocol: (relay.protocol != RelayProtocol::default())
+                .then(|| relay.protocol.name().to_owned()),
+            ..RelaySection::new(&relay.addr, &relay.dc, relay.cost)
+        })
     }
 
     /// Checks the HTTP bounds and builds the consumer configuration, loading every token
@@ -542,12 +561,23 @@ fn relay_config(
         }
         (None, None) => None,
     };
+    let protocol = match &relay.protocol {
+        None => RelayProtocol::default(),
+        Some(text) => {
+            text.parse::<RelayProtocol>()
+                .map_err(|source| RouterConfigError::RelayProtocol {
+                    dc: relay.dc.clone(),
+                    source,
+                })?
+        }
+    };
     Ok(RelayEndpoint {
         addr: relay.address.clone(),
         dc: relay.dc.clone(),
         cost: relay.cost,
         tls,
         token,
+        protocol,
     })
 }
 

@@ -176,6 +176,48 @@ fn relay_arguments_parse_like_kvrelay_route() {
 }
 
 #[test]
+fn a_relay_can_be_followed_over_dynamos_contract() {
+    let relay = RouterConfig::parse_relay("dynamo-grpc://127.0.0.1:5561=us-west:3").unwrap();
+    assert_eq!(relay.address, "127.0.0.1:5561");
+    assert_eq!(relay.protocol.as_deref(), Some("dynamo-grpc"));
+    assert_eq!(
+        RouterConfig::parse_relay("127.0.0.1:7400=a")
+            .unwrap()
+            .protocol,
+        None
+    );
+    assert!(RouterConfig::parse_relay("grpc://127.0.0.1:5561=a").is_err());
+
+    let text = r#"
+        [[relays]]
+        address = "127.0.0.1:5561"
+        dc = "us-west"
+        protocol = "dynamo-grpc"
+
+        [[relays]]
+        address = "127.0.0.1:7400"
+        dc = "us-east"
+    "#;
+    let consumer = RouterConfig::from_toml(text)
+        .unwrap()
+        .consumer_config(no_env)
+        .unwrap();
+    let protocols: Vec<_> = consumer.relays.iter().map(|relay| relay.protocol).collect();
+    assert_eq!(
+        protocols,
+        [RelayProtocol::DynamoGrpc, RelayProtocol::Kvrelay]
+    );
+
+    let mut config = RouterConfig::from_toml(text).unwrap();
+    config.relays[1].protocol = Some("carrier-pigeon".to_owned());
+    let err = config.consumer_config(no_env).unwrap_err();
+    assert!(
+        matches!(&err, RouterConfigError::RelayProtocol { dc, .. } if dc == "us-east"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_backoff_must_be_positive_and_ordered() {
     let mut config = RouterConfig::default();
     config
