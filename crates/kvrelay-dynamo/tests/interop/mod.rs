@@ -1,6 +1,6 @@
-//! The Python side of the interop tests: Dynamo's own relay (and, later, workers) from the
+//! The Python side of the interop tests: Dynamo's own relay and workers from the
 //! `ai-dynamo-runtime` wheel, run as separate processes on loopback from the venv that
-//! `cargo xtask services` creates.
+//! `cargo xtask services` creates. (The `kvrelay` crate's tests include this file too.)
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 
 /// How long a Python process may take to start (imports of a 75 MB wheel included).
 const START_DEADLINE: Duration = Duration::from_secs(60);
@@ -29,11 +29,109 @@ pub(crate) fn python() -> PathBuf {
     path
 }
 
-/// A script of ours next to this file.
+/// A script of ours next to this file (found from either crate that includes it).
 pub(crate) fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/interop")
+        .join("../kvrelay-dynamo/tests/interop")
         .join(name)
+}
+
+/// Every address a Dynamo process binds or advertises is loopback.
+fn loopback(command: &mut Command) -> &mut Command {
+    for name in [
+        "DYN_EVENT_PLANE_HOST",
+        "DYN_TCP_RPC_HOST",
+        "DYN_TCP_RESPONSE_STREAM_HOST",
+        "DYN_SYSTEM_HOST",
+    ] {
+        command.env(name, "127.0.0.1");
+    }
+    command.env("DYN_SELF_HOST_METADATA", "0")
+}
+
+/// Reads lines until one starts with `prefix`; returns the rest.
+async fn expect_line(lines: &mut Lines<BufReader<ChildStdout>>, prefix: &str) -> String {
+    tokio::time::timeout(START_DEADLINE, async {
+        while let Some(line) = lines
+            .next_line()
+            .await
+            .expect("reading the script's stdout")
+        {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.trim().to_owned();
+            }
+        }
+        panic!("the Dynamo process exited before it printed {prefix:?}")
+    })
+    .await
+    .expect("the Dynamo process answers within the deadline")
+}
+
+/// Dynamo's relay and one Dynamo worker (`dynamo_fleet.py`) in one process: the worker
+/// registers `model-a` (aggregated, 16-token blocks) and publishes what the test asks.
+pub(crate) struct DynamoFleet {
+    /// `host:port` of the relay's gRPC door.
+    pub(crate) addr: String,
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+    _model_dir: tempfile::TempDir,
+}
+
+impl DynamoFleet {
+    pub(crate) async fn start() -> Self {
+        let model_dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            model_dir.path().join("config.json"),
+            r#"{"model_type":"llama","max_position_embeddings":4096}"#,
+        )
+        .unwrap();
+        let mut child = loopback(&mut Command::new(python()))
+            .arg(script("dynamo_fleet.py"))
+            .arg(model_dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the interop python starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let addr = expect_line(&mut lines, "bound ").await;
+        Self {
+            addr,
+            child,
+            lines,
+            _model_dir: model_dir,
+        }
+    }
+
+    async fn command(&mut self, line: &str, answer: &str) {
+        let stdin = self.child.stdin.as_mut().expect("stdin is open");
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        stdin.flush().await.unwrap();
+        expect_line(&mut self.lines, answer).await;
+    }
+
+    /// The worker stores `blocks` chained blocks of tokens `first, first + 1, ...`.
+    pub(crate) async fn store(&mut self, first: u32, blocks: u32) {
+        self.command(&format!("store {first} {blocks}"), "stored")
+            .await;
+    }
+
+    /// The worker evicts the blocks of the sequence stored from `first`.
+    pub(crate) async fn remove(&mut self, first: u32, blocks: u32) {
+        self.command(&format!("remove {first} {blocks}"), "removed")
+            .await;
+    }
+}
+
+impl Drop for DynamoFleet {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.start_kill();
+    }
 }
 
 /// Dynamo's relay (`KvDcRelay`, in-memory discovery, ZMQ event plane) serving its gRPC door
@@ -46,7 +144,7 @@ pub(crate) struct DynamoRelay {
 
 impl DynamoRelay {
     pub(crate) async fn start() -> Self {
-        let mut child = Command::new(python())
+        let mut child = loopback(&mut Command::new(python()))
             .arg(script("dynamo_relay.py"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -54,18 +152,8 @@ impl DynamoRelay {
             .kill_on_drop(true)
             .spawn()
             .expect("the interop python starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = tokio::time::timeout(START_DEADLINE, async {
-            while let Some(line) = lines.next_line().await.expect("reading the relay's stdout") {
-                if let Some(addr) = line.strip_prefix("bound ") {
-                    return addr.trim().to_owned();
-                }
-            }
-            panic!("Dynamo's relay exited before it listened")
-        })
-        .await
-        .expect("Dynamo's relay listens within the deadline");
+        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let addr = expect_line(&mut lines, "bound ").await;
         Self { addr, child }
     }
 }
