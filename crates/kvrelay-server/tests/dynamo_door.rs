@@ -11,6 +11,9 @@
 
 mod support;
 
+#[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
+mod interop;
+
 use std::sync::Arc;
 
 use kvrelay_codec::v1::{Message, PoolFrame, StreamRpc};
@@ -471,4 +474,80 @@ async fn relay_metrics(relay: &Relay) -> String {
     let mut page = String::new();
     tcp.read_to_string(&mut page).await.unwrap();
     page
+}
+
+/// A Python client generated from our `.proto` by grpcio-tools (no code of ours on that
+/// side) follows the relay: relay info, catalog, every pool's snapshot rebuilt from the
+/// CBI1 payloads equal to the producer's table, readiness, load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_client_built_from_our_proto_rebuilds_every_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = Relay::start(with_door(deployment(dir.path(), 400)))
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .expect("pools within the deadline");
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .expect("workload within the deadline");
+    relay.flush().await;
+
+    let out = dir.path().join("seen.json");
+    let include =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kvrelay-dynamo/proto");
+    let status = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        tokio::process::Command::new(interop::python())
+            .arg(interop::script("contract_client.py"))
+            .arg(relay.dynamo_addr().unwrap().to_string())
+            .arg(include)
+            .arg(&out)
+            .kill_on_drop(true)
+            .status(),
+    )
+    .await
+    .expect("the python client finishes")
+    .unwrap();
+    assert!(status.success(), "the python client failed: {status}");
+    let seen: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+
+    let catalog = relay.catalog();
+    assert_eq!(seen["revision"], catalog.revision);
+    assert_eq!(seen["relay_incarnation"], catalog.relay.relay_incarnation);
+    let pools = seen["pools"].as_array().unwrap();
+    assert_eq!(pools.len(), catalog.pools.len());
+    for pool in &catalog.pools {
+        let endpoint = pool.serving_endpoint.to_string();
+        let rebuilt = pools
+            .iter()
+            .find(|seen| seen["endpoint"] == endpoint.as_str())
+            .unwrap_or_else(|| panic!("the python client did not see {endpoint}"));
+        let table = relay.producer_table(&pool.producer).await.unwrap();
+        assert_eq!(rebuilt["sequence"], table.sequence, "{endpoint}");
+        assert_eq!(rebuilt["dc_id"], pool.producer.pool_id.dc_id, "{endpoint}");
+        let words: Vec<String> = table
+            .words
+            .iter()
+            .map(|word| format!("{word:016x}"))
+            .collect();
+        assert_eq!(
+            rebuilt["words"],
+            serde_json::json!(words),
+            "{endpoint}: filter differs"
+        );
+        assert!(
+            table.words.iter().any(|word| *word != 0),
+            "{endpoint} is empty"
+        );
+    }
+    let ready: Vec<&str> = seen["ready_models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .collect();
+    assert!(ready.contains(&"model-a"), "{ready:?}");
+    assert_eq!(seen["load_pools"], catalog.pools.len());
+    relay.shutdown().await.unwrap();
 }
