@@ -1,6 +1,7 @@
 //! A relay discovering its endpoints from a real etcd (Debian package `etcd-server`) on a
 //! loopback port: a card put into etcd becomes a published pool, and deleting it withdraws
-//! the pool.
+//! the pool; KV event sources advertised in etcd the way Dynamo's workers advertise them
+//! attach, and detach when their lease ends.
 
 #![allow(
     clippy::unwrap_used,
@@ -21,7 +22,8 @@ use kvrelay_membership::{
     DEFAULT_ETCD_TIMEOUT, EtcdDiscovery, ModelCardInstance, ModelCardInstanceId,
 };
 use kvrelay_server::{DiscoveryBackend, Relay, RelayConfig, WorkloadConfig};
-use support::{DEADLINE, first_message, next, request};
+use support::{DEADLINE, first_message, next, publish_until_resident, request};
+use zeromq::{PubSocket, Socket};
 
 /// The log line etcd prints once it serves clients.
 const READY_LINE: &str = "ready to serve client requests";
@@ -255,4 +257,91 @@ async fn an_unreachable_etcd_stops_the_start_with_a_typed_error() {
         ),
         "{err:?}"
     );
+}
+
+/// The advert pair a Dynamo worker writes under its lease for one KV event publisher
+/// (`v1/event_sources/...` and `v1/event_channels/...`, JSON tagged by `type`).
+async fn advertise_in_etcd(
+    store: &EtcdDiscovery,
+    worker: u64,
+    publisher: u64,
+    zmq: &str,
+    lease: i64,
+) {
+    let scope = serde_json::json!({"kind": "endpoint", "endpoint": {"namespace": "prod", "component": "backend", "name": "generate"}});
+    let source = serde_json::json!({
+        "type": "EventSource", "scope": scope, "topic": "kv-events", "publisher_id": publisher,
+        "metadata": {
+            "kv_state_endpoint": scope["endpoint"],
+            "worker": {"worker_id": worker, "dp_rank": 0},
+            "publisher_id": publisher
+        }
+    });
+    let channel = serde_json::json!({
+        "type": "EventChannel", "scope": scope, "topic": "kv-events", "instance_id": publisher,
+        "transport": {"kind": "Zmq", "config": {"endpoint": zmq}}
+    });
+    let tail =
+        format!("namespace/prod/component/backend/endpoint/generate/topic/kv-events/{publisher:x}");
+    for (bucket, record) in [("v1/event_channels", channel), ("v1/event_sources", source)] {
+        let key = format!("{bucket}/{tail}");
+        store
+            .client()
+            .put(key.as_bytes(), record.to_string().as_bytes(), lease)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_sources_advertised_in_etcd_attach_and_leave_with_their_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(&dir.path().join("etcd"));
+    let store = EtcdDiscovery::connect(std::slice::from_ref(&etcd.url), DEFAULT_ETCD_TIMEOUT)
+        .await
+        .unwrap();
+    store.put_card(&card(0x51)).await.unwrap();
+    // A junk advert is skipped, never fatal.
+    store
+        .client()
+        .put(b"v1/event_sources/namespace/prod/junk/1", b"{not json", 0)
+        .await
+        .unwrap();
+    let mut publisher = PubSocket::new();
+    let zmq = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+
+    let mut config = etcd_relay_config(&etcd.url, None);
+    config.admin.enabled = false;
+    let relay = Relay::start(config).await.unwrap();
+    assert!(relay.catalog().pools.is_empty(), "no source yet, no pool");
+
+    let lease = store.client().grant_lease(60).await.unwrap();
+    advertise_in_etcd(&store, 0x51, 0x1092, &zmq, lease).await;
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
+        .await
+        .expect("the advertised source attaches its pool");
+    publish_until_resident(
+        &relay,
+        &mut publisher,
+        "no advertised engine event reached the pool",
+    )
+    .await;
+    assert_eq!(relay.sources().len(), 1);
+
+    // The worker's lease ends: its adverts go, the source detaches and the pool retires.
+    store.client().revoke_lease(lease).await.unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !relay.catalog().pools.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pool not withdrawn after the adverts' lease ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(relay.sources().is_empty());
+    relay.shutdown().await.unwrap();
 }

@@ -21,6 +21,11 @@ pub struct DiscoveryConfig {
     pub event_sources_dir: Option<PathBuf>,
     /// etcd endpoints (`backend = "etcd"`), e.g. `http://127.0.0.1:2379`.
     pub etcd_endpoints: Vec<String>,
+    /// With `backend = "etcd"` (and no `event_sources_dir`): read the reference runtime's
+    /// KV event adverts from the same etcd (`v1/event_sources/`, `v1/event_channels/`,
+    /// relisted every 500 ms; gone with their lease), as bare-metal Dynamo deployments
+    /// keep them. Default on.
+    pub etcd_event_adverts: bool,
     /// Namespaces to watch (empty with `watch_all` = every namespace).
     pub namespaces: Vec<String>,
     /// Endpoint prefixes (`namespace.component[.endpoint]`) to watch.
@@ -45,6 +50,7 @@ impl Default for DiscoveryConfig {
             dir: None,
             event_sources_dir: None,
             etcd_endpoints: Vec::new(),
+            etcd_event_adverts: true,
             namespaces: Vec::new(),
             endpoint_prefixes: Vec::new(),
             watch_all: true,

@@ -26,6 +26,13 @@ pub(crate) struct Discovering {
     etcd: Option<EtcdDiscovery>,
 }
 
+impl Discovering {
+    /// The etcd client of the etcd backend (shared by the event-advert scan).
+    pub(crate) fn etcd_client(&self) -> Option<kvrelay_membership::EtcdClient> {
+        self.etcd.as_ref().map(|etcd| etcd.client().clone())
+    }
+}
+
 /// How often the card directory is rescanned.
 pub(crate) const FILE_RESCAN_INTERVAL: Duration = Duration::from_millis(500);
 

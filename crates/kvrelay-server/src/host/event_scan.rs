@@ -1,16 +1,21 @@
-//! Discovered event sources: rescans a file store's `event_sources/` and `event_channels/`
-//! records, joins them into engine sources, merges them with `[[sources]]` (configuration
-//! wins) and publishes the per-endpoint source map the supervisor attaches pumps from.
+//! Discovered event sources: rescans the reference runtime's `event_sources/` and
+//! `event_channels/` records (a file store's `v1` directory, or etcd's `v1/...` prefixes),
+//! joins them into engine sources, merges them with `[[sources]]` (configuration wins) and
+//! publishes the per-endpoint source map the supervisor attaches pumps from.
 //!
-//! A record that does not parse is skipped and logged once per (file, error); a conflict
+//! A record that does not parse is skipped and logged once per (record, error); a conflict
 //! with a configured source is logged once per `(worker, rank)`. A missing bucket directory
-//! counts as empty (the runtime creates it on its first registration).
+//! counts as empty (the runtime creates it on its first registration). An etcd listing that
+//! fails keeps the last map (an etcd outage never detaches every source) and is logged
+//! rate-limited; a record gone with its lease is gone on the next listing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use kvrelay_identity::EndpointId;
+use kvrelay_membership::{EtcdClient, EtcdError};
+use kvrelay_pacing::LogBudget;
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -49,9 +54,17 @@ pub(crate) fn group(sources: &[SourceConfig]) -> Result<SourceMap, ConfigError> 
     Ok(grouped)
 }
 
-/// The rescan task of one store directory.
+/// Where the advert records live.
+pub(crate) enum AdvertStore {
+    /// A file store's `v1` directory.
+    Dir(PathBuf),
+    /// etcd, under `v1/event_sources/` and `v1/event_channels/`.
+    Etcd(Box<EtcdClient>),
+}
+
+/// The rescan task of one store.
 pub(crate) struct EventScan {
-    pub(crate) dir: PathBuf,
+    pub(crate) store: AdvertStore,
     pub(crate) configured: Vec<SourceConfig>,
     pub(crate) sources: watch::Sender<SourceMap>,
     pub(crate) cancel: CancellationToken,
@@ -61,22 +74,37 @@ impl EventScan {
     pub(crate) async fn run(self) {
         let mut ticker = tokio::time::interval(FILE_RESCAN_INTERVAL);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut warned: BTreeSet<(PathBuf, String)> = BTreeSet::new();
+        let mut warned: BTreeSet<(String, String)> = BTreeSet::new();
         let mut conflicted: BTreeSet<(u64, u32)> = BTreeSet::new();
+        let mut failures = LogBudget::default();
         loop {
             tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => break,
                 _ = ticker.tick() => {}
             }
-            let dir = self.dir.clone();
-            let Ok(scan) = tokio::task::spawn_blocking(move || read_store(&dir)).await else {
-                continue;
+            let scan = match &self.store {
+                AdvertStore::Dir(dir) => {
+                    let dir = dir.clone();
+                    match tokio::task::spawn_blocking(move || read_store(&dir)).await {
+                        Ok(scan) => scan,
+                        Err(_) => continue,
+                    }
+                }
+                AdvertStore::Etcd(client) => match read_etcd(client).await {
+                    Ok(scan) => scan,
+                    Err(err) => {
+                        if let Some(suppressed) = failures.admit(std::time::Instant::now()) {
+                            warn!(error = %err, suppressed, "listing event adverts in etcd failed; keeping the last sources");
+                        }
+                        continue;
+                    }
+                },
             };
-            let current: BTreeSet<(PathBuf, String)> = scan.rejected.into_iter().collect();
-            for (path, error) in current.difference(&warned) {
-                // `?` escapes control characters a file name or record may carry.
-                warn!(path = ?path, error = ?error, "ignoring event advert record");
+            let current: BTreeSet<(String, String)> = scan.rejected.into_iter().collect();
+            for (record, error) in current.difference(&warned) {
+                // `?` escapes control characters a file name, key or record may carry.
+                warn!(record = ?record, error = ?error, "ignoring event advert record");
             }
             warned = current;
             let joined = event_advert::join(&scan.sources, &scan.channels);
@@ -111,32 +139,92 @@ impl EventScan {
     }
 }
 
-/// One scan of the store.
+/// One scan of the store; records are named by path or key.
 #[derive(Default)]
 struct StoreScan {
     sources: Vec<SourceAdvert>,
     channels: Vec<ChannelAdvert>,
-    rejected: Vec<(PathBuf, String)>,
+    rejected: Vec<(String, String)>,
+}
+
+impl StoreScan {
+    fn source(&mut self, record: String, text: &str) {
+        match event_advert::parse_source(text) {
+            Ok(advert) => self.sources.push(advert),
+            Err(err) => self.rejected.push((record, err.to_string())),
+        }
+    }
+
+    fn channel(&mut self, record: String, text: &str) {
+        match event_advert::parse_channel(text) {
+            Ok(advert) => self.channels.push(advert),
+            // Channels of other transports or topics are not engine sources.
+            Err(event_advert::AdvertError::UnsupportedTransport { .. })
+            | Err(event_advert::AdvertError::WrongTopic { .. }) => {}
+            Err(err) => self.rejected.push((record, err.to_string())),
+        }
+    }
 }
 
 fn read_store(dir: &Path) -> StoreScan {
     let mut scan = StoreScan::default();
-    for (path, text) in read_bucket(&dir.join("event_sources"), &mut scan.rejected) {
-        match event_advert::parse_source(&text) {
-            Ok(advert) => scan.sources.push(advert),
-            Err(err) => scan.rejected.push((path, err.to_string())),
-        }
+    let mut rejected = Vec::new();
+    for (path, text) in read_bucket(&dir.join("event_sources"), &mut rejected) {
+        scan.source(path.display().to_string(), &text);
     }
-    for (path, text) in read_bucket(&dir.join("event_channels"), &mut scan.rejected) {
-        match event_advert::parse_channel(&text) {
-            Ok(advert) => scan.channels.push(advert),
-            // Channels of other transports or topics are not engine sources.
-            Err(event_advert::AdvertError::UnsupportedTransport { .. })
-            | Err(event_advert::AdvertError::WrongTopic { .. }) => {}
-            Err(err) => scan.rejected.push((path, err.to_string())),
-        }
+    for (path, text) in read_bucket(&dir.join("event_channels"), &mut rejected) {
+        scan.channel(path.display().to_string(), &text);
     }
+    scan.rejected.extend(
+        rejected
+            .into_iter()
+            .map(|(path, why)| (path.display().to_string(), why)),
+    );
     scan
+}
+
+/// The etcd prefixes of the two buckets (the reference runtime's key layout).
+const ETCD_SOURCES: &[u8] = b"v1/event_sources/";
+const ETCD_CHANNELS: &[u8] = b"v1/event_channels/";
+
+/// One listing of both buckets in etcd (paged by the client, bounded in count and size
+/// like a directory scan).
+async fn read_etcd(client: &EtcdClient) -> Result<StoreScan, EtcdError> {
+    let mut scan = StoreScan::default();
+    for prefix in [ETCD_SOURCES, ETCD_CHANNELS] {
+        let listing = client.list_prefix(prefix).await?;
+        let bucket = String::from_utf8_lossy(prefix).into_owned();
+        for key in &listing.too_large {
+            scan.rejected.push((
+                String::from_utf8_lossy(key).into_owned(),
+                "record larger than the etcd receive limit".to_owned(),
+            ));
+        }
+        if listing.records.len() > MAX_RECORDS {
+            scan.rejected.push((
+                bucket.clone(),
+                format!("more than {MAX_RECORDS} records; reading the first"),
+            ));
+        }
+        for record in listing.records.iter().take(MAX_RECORDS) {
+            let key = String::from_utf8_lossy(&record.key).into_owned();
+            if record.value.len() as u64 > MAX_RECORD_BYTES {
+                scan.rejected
+                    .push((key, format!("record larger than {MAX_RECORD_BYTES} bytes")));
+                continue;
+            }
+            let Ok(text) = std::str::from_utf8(&record.value) else {
+                scan.rejected.push((key, "record is not UTF-8".to_owned()));
+                continue;
+            };
+            if prefix == ETCD_SOURCES {
+                scan.source(key, text);
+            } else {
+                scan.channel(key, text);
+            }
+        }
+    }
+    Ok(scan)
 }
 
 /// The records of one bucket directory, in name order (bounded in count and size).

@@ -156,6 +156,7 @@ impl Relay {
                 return Err(err.into());
             }
         };
+        let etcd_client = membership.etcd_client();
         let (views_tx, views_rx) = watch::channel::<Option<MembershipView>>(None);
         host_tracker.spawn(
             discovery::forward(membership, views_tx, metrics.clone(), host_cancel.clone())
@@ -169,9 +170,17 @@ impl Relay {
             }
         };
         let (sources_tx, source_updates) = watch::channel(configured_sources.clone());
-        if let Some(dir) = &config.discovery.event_sources_dir {
+        // Adverts from the file store when one is named, else from the etcd backend.
+        let advert_store = match (&config.discovery.event_sources_dir, etcd_client) {
+            (Some(dir), _) => Some(event_scan::AdvertStore::Dir(dir.clone())),
+            (None, Some(client)) if config.discovery.etcd_event_adverts => {
+                Some(event_scan::AdvertStore::Etcd(Box::new(client)))
+            }
+            (None, _) => None,
+        };
+        if let Some(store) = advert_store {
             let scan = event_scan::EventScan {
-                dir: dir.clone(),
+                store,
                 configured: config.sources.clone(),
                 sources: sources_tx,
                 cancel: host_cancel.clone(),
