@@ -162,7 +162,7 @@ async fn theirs(addr: &str) -> BTreeMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_schema_equals_the_one_dynamos_relay_serves() {
-    let relay = interop::DynamoRelay::start().await;
+    let relay = interop::DynamoFleet::start().await;
     let theirs = theirs(&relay.addr).await;
     let mut ours = ours();
     let extra: BTreeSet<&str> = ours

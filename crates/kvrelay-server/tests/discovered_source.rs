@@ -15,7 +15,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvrelay_server::Relay;
-use support::{DEADLINE, mirror_at_producer, publish_until_resident, single_worker};
+use support::{
+    DEADLINE, advert_records, mirror_at_producer, publish_until_resident, single_worker,
+};
 use zeromq::{PubSocket, Socket};
 
 const WORKER: u64 = 0x11;
@@ -25,19 +27,7 @@ const RECORD: &str =
 
 /// Writes the advert pair the reference runtime registers for one publisher.
 fn advertise(store: &Path, zmq: &str) {
-    let scope = serde_json::json!({"kind": "endpoint", "endpoint": {"namespace": "prod", "component": "backend", "name": "generate"}});
-    let source = serde_json::json!({
-        "type": "EventSource", "scope": scope, "topic": "kv-events", "publisher_id": PUBLISHER,
-        "metadata": {
-            "kv_state_endpoint": scope["endpoint"],
-            "worker": {"worker_id": WORKER, "dp_rank": 0},
-            "publisher_id": PUBLISHER
-        }
-    });
-    let channel = serde_json::json!({
-        "type": "EventChannel", "scope": scope, "topic": "kv-events", "instance_id": PUBLISHER,
-        "transport": {"kind": "Zmq", "config": {"endpoint": zmq}}
-    });
+    let (source, channel) = advert_records(WORKER, PUBLISHER, zmq);
     for (bucket, record) in [("event_channels", channel), ("event_sources", source)] {
         std::fs::create_dir_all(store.join(bucket)).unwrap();
         std::fs::write(store.join(bucket).join(RECORD), record.to_string()).unwrap();

@@ -34,6 +34,18 @@ fn with_door(mut config: RelayConfig) -> RelayConfig {
     config
 }
 
+/// A relay of the two-pool deployment (`n_requests` replayed) with the door on, once both
+/// pools are published.
+async fn relay_with_door(dir: &std::path::Path, n_requests: u64) -> Relay {
+    let relay = Relay::start(with_door(deployment(dir, n_requests)))
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .expect("pools within the deadline");
+    relay
+}
+
 async fn client(relay: &Relay) -> KvEventRelayClient<Channel> {
     let addr = relay.dynamo_addr().expect("the door is on");
     let channel = Channel::from_shared(format!("http://{addr}"))
@@ -56,12 +68,7 @@ fn reason(status: &tonic::Status) -> &str {
 #[tokio::test]
 async fn a_contract_client_follows_the_same_pools_as_the_wan_door() {
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(with_door(deployment(dir.path(), 400)))
-        .await
-        .unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
-        .await
-        .expect("pools within the deadline");
+    let relay = relay_with_door(dir.path(), 400).await;
     let mut grpc = client(&relay).await;
 
     let info = grpc
@@ -211,12 +218,7 @@ async fn a_contract_client_follows_the_same_pools_as_the_wan_door() {
 #[tokio::test]
 async fn refusals_carry_the_contract_status_and_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(with_door(deployment(dir.path(), 20)))
-        .await
-        .unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
-        .await
-        .expect("pools within the deadline");
+    let relay = relay_with_door(dir.path(), 20).await;
     let mut grpc = client(&relay).await;
 
     let status = grpc
@@ -482,12 +484,7 @@ async fn relay_metrics(relay: &Relay) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_client_built_from_our_proto_rebuilds_every_pool() {
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(with_door(deployment(dir.path(), 400)))
-        .await
-        .unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
-        .await
-        .expect("pools within the deadline");
+    let relay = relay_with_door(dir.path(), 400).await;
     tokio::time::timeout(DEADLINE, relay.workload_finished())
         .await
         .expect("workload within the deadline");

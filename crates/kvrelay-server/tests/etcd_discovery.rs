@@ -22,7 +22,7 @@ use kvrelay_membership::{
     DEFAULT_ETCD_TIMEOUT, EtcdDiscovery, ModelCardInstance, ModelCardInstanceId,
 };
 use kvrelay_server::{DiscoveryBackend, Relay, RelayConfig, WorkloadConfig};
-use support::{DEADLINE, first_message, next, publish_until_resident, request};
+use support::{DEADLINE, advert_records, first_message, next, publish_until_resident, request};
 use zeromq::{PubSocket, Socket};
 
 /// The log line etcd prints once it serves clients.
@@ -268,19 +268,7 @@ async fn advertise_in_etcd(
     zmq: &str,
     lease: i64,
 ) {
-    let scope = serde_json::json!({"kind": "endpoint", "endpoint": {"namespace": "prod", "component": "backend", "name": "generate"}});
-    let source = serde_json::json!({
-        "type": "EventSource", "scope": scope, "topic": "kv-events", "publisher_id": publisher,
-        "metadata": {
-            "kv_state_endpoint": scope["endpoint"],
-            "worker": {"worker_id": worker, "dp_rank": 0},
-            "publisher_id": publisher
-        }
-    });
-    let channel = serde_json::json!({
-        "type": "EventChannel", "scope": scope, "topic": "kv-events", "instance_id": publisher,
-        "transport": {"kind": "Zmq", "config": {"endpoint": zmq}}
-    });
+    let (source, channel) = advert_records(worker, publisher, zmq);
     let tail =
         format!("namespace/prod/component/backend/endpoint/generate/topic/kv-events/{publisher:x}");
     for (bucket, record) in [("v1/event_channels", channel), ("v1/event_sources", source)] {

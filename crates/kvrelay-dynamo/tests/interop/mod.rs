@@ -67,8 +67,10 @@ async fn expect_line(lines: &mut Lines<BufReader<ChildStdout>>, prefix: &str) ->
     .expect("the Dynamo process answers within the deadline")
 }
 
-/// Dynamo's relay and one Dynamo worker (`dynamo_fleet.py`) in one process: the worker
+/// Dynamo's relay (`KvDcRelay`, in-memory discovery, ZMQ event plane, its gRPC door on a
+/// free loopback port) and one Dynamo worker in one process (`dynamo_fleet.py`): the worker
 /// registers `model-a` (aggregated, 16-token blocks) and publishes what the test asks.
+/// Closing stdin shuts it down; it is killed when dropped anyway.
 pub(crate) struct DynamoFleet {
     /// `host:port` of the relay's gRPC door.
     pub(crate) addr: String,
@@ -129,38 +131,6 @@ impl DynamoFleet {
 
 impl Drop for DynamoFleet {
     fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.start_kill();
-    }
-}
-
-/// Dynamo's relay (`KvDcRelay`, in-memory discovery, ZMQ event plane) serving its gRPC door
-/// on a free loopback port; killed when dropped.
-pub(crate) struct DynamoRelay {
-    /// `host:port` of its gRPC door.
-    pub(crate) addr: String,
-    child: Child,
-}
-
-impl DynamoRelay {
-    pub(crate) async fn start() -> Self {
-        let mut child = loopback(&mut Command::new(python()))
-            .arg(script("dynamo_relay.py"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the interop python starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-        let addr = expect_line(&mut lines, "bound ").await;
-        Self { addr, child }
-    }
-}
-
-impl Drop for DynamoRelay {
-    fn drop(&mut self) {
-        // Closing stdin asks the script to shut the relay down; kill_on_drop ends it anyway.
         drop(self.child.stdin.take());
         let _ = self.child.start_kill();
     }

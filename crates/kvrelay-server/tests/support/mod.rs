@@ -344,3 +344,27 @@ pub(crate) fn cpu_time() -> Duration {
 pub(crate) fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
+
+/// The `EventSource` and `EventChannel` records the reference runtime writes for one KV
+/// event publisher of `prod/backend/generate` (worker `worker`, rank 0) on ZMQ `zmq`; a
+/// file store keeps them one per file, etcd one per key.
+pub(crate) fn advert_records(
+    worker: u64,
+    publisher: u64,
+    zmq: &str,
+) -> (serde_json::Value, serde_json::Value) {
+    let scope = serde_json::json!({"kind": "endpoint", "endpoint": {"namespace": "prod", "component": "backend", "name": "generate"}});
+    let source = serde_json::json!({
+        "type": "EventSource", "scope": scope, "topic": "kv-events", "publisher_id": publisher,
+        "metadata": {
+            "kv_state_endpoint": scope["endpoint"],
+            "worker": {"worker_id": worker, "dp_rank": 0},
+            "publisher_id": publisher
+        }
+    });
+    let channel = serde_json::json!({
+        "type": "EventChannel", "scope": scope, "topic": "kv-events", "instance_id": publisher,
+        "transport": {"kind": "Zmq", "config": {"endpoint": zmq}}
+    });
+    (source, channel)
+}
