@@ -125,6 +125,40 @@ pub(crate) enum WireStream {
     },
 }
 
+/// A contract call's failure as a wire error: a TLS failure inside the gRPC transport is a
+/// [`WireError::Tls`], as on our own protocol (counted as a TLS failure, named so).
+fn contract_error(addr: String, source: kvrelay_dynamo::ClientError) -> WireError {
+    match &source {
+        kvrelay_dynamo::ClientError::Transport(status) if is_tls_failure(&**status) => {
+            WireError::Tls {
+                addr,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    status.message().to_owned(),
+                ),
+            }
+        }
+        _ => WireError::Contract { addr, source },
+    }
+}
+
+/// Whether a rustls error is anywhere in `error`'s source chain (directly, or inside an
+/// I/O error, as the TLS connector reports it).
+fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        let inside_io = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+        if inside_io || error.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        next = error.source();
+    }
+    false
+}
+
 /// An open framed stream and its receive buffer (kept across reads, so `next` is cancel
 /// safe).
 pub(crate) struct FramedStream {
@@ -178,7 +212,7 @@ impl WireStream {
                 })?;
                 match opened {
                     Ok(stream) => Ok(Self::Contract { addr, stream }),
-                    Err(source) => Err(WireError::Contract { addr, source }),
+                    Err(source) => Err(contract_error(addr, source)),
                 }
             }
         }
@@ -188,12 +222,10 @@ impl WireStream {
     pub(crate) async fn next(&mut self) -> Result<Option<Message>, WireError> {
         match self {
             Self::Framed(stream) => stream.next().await,
-            Self::Contract { addr, stream } => {
-                stream.next().await.map_err(|source| WireError::Contract {
-                    addr: addr.clone(),
-                    source,
-                })
-            }
+            Self::Contract { addr, stream } => stream
+                .next()
+                .await
+                .map_err(|source| contract_error(addr.clone(), source)),
         }
     }
 }

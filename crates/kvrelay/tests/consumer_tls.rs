@@ -98,7 +98,11 @@ async fn assert_refused(consumer: Consumer, counter: fn(&ConsumerMetrics) -> u64
         .wait_for_metrics(DEADLINE, |metrics| counter(metrics) >= 2)
         .await;
     let metrics = consumer.metrics();
-    assert!(counted, "failure not counted: {metrics:?}");
+    assert!(
+        counted,
+        "failure not counted: {metrics:?}; errors {:?}",
+        consumer.relay_errors()
+    );
     assert_eq!(metrics.relay_connects, 0, "{metrics:?}");
     assert!(metrics.relay_epoch_failures >= 2, "{metrics:?}");
     assert!(consumer.pools().is_empty());
@@ -186,6 +190,61 @@ async fn server_name_is_checked_and_can_be_overridden() {
     );
     assert_all_current(&overridden).await;
     overridden.shutdown().await;
+    relay.shutdown().await.unwrap();
+}
+
+/// The example deployment with TLS and the token on its Dynamo-contract door (`[dynamo]`).
+async fn secured_door(material: &Material) -> Relay {
+    let mut config = example_config("dc-tls");
+    config.dynamo = Some(kvrelay_server::DynamoConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        tls: Some(ListenerTls {
+            cert: material.server_cert.clone(),
+            key: material.server_key.clone(),
+            client_ca: None,
+        }),
+        auth: Some(AuthConfig {
+            token: Some(TOKEN.to_owned()),
+            token_file: None,
+        }),
+        plaintext: false,
+    });
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(EXAMPLE_POOLS))
+        .await
+        .expect("every example pool is published");
+    relay
+}
+
+/// A consumer of the relay's Dynamo-contract door with `tls` and `token`.
+fn start_grpc_consumer(relay: &Relay, tls: RelayTls, token: Option<&str>) -> Consumer {
+    let addr = relay.dynamo_addr().expect("the door is on");
+    let mut endpoint = kvrelay_consumer::RelayEndpoint::new(&addr.to_string(), "dc-tls")
+        .with_tls(tls)
+        .with_protocol(kvrelay_consumer::RelayProtocol::DynamoGrpc);
+    endpoint.token = token.map(|token| BearerToken::new(token).unwrap());
+    let mut config = ConsumerConfig::new(vec![endpoint]);
+    config.backoff = BackoffConfig {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..BackoffConfig::default()
+    };
+    Consumer::start(config).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_dynamo_contract_tls_and_the_token_guard_the_door_too() {
+    let material = material(&["127.0.0.1"]);
+    let relay = secured_door(&material).await;
+    let trusted = start_grpc_consumer(&relay, RelayTls::new(&material.ca_pem), Some(TOKEN));
+    assert_all_current(&trusted).await;
+    trusted.shutdown().await;
+    for token in [None, Some("wrong-token")] {
+        let refused = start_grpc_consumer(&relay, RelayTls::new(&material.ca_pem), token);
+        assert_refused(refused, refusals, "missing or wrong bearer token").await;
+    }
+    let stranger = start_grpc_consumer(&relay, RelayTls::new(&material.stranger_pem), Some(TOKEN));
+    assert_refused(stranger, tls_failures, "TLS handshake failed").await;
     relay.shutdown().await.unwrap();
 }
 
