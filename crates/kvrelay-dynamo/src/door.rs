@@ -129,6 +129,7 @@ pub async fn serve<I>(
 where
     I: Stream<Item = Result<DoorIo, io::Error>> + Send + 'static,
 {
+    let max_streams = service.settings().max_streams_per_connection.max(1);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(SERVICE_NAME, ServingStatus::Serving)
@@ -156,6 +157,7 @@ where
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(max_streams)
         .add_service(health)
         .add_service(reflection)
         .add_service(relay)

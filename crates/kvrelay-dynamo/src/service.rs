@@ -154,6 +154,9 @@ pub struct DoorSettings {
     pub queue_messages: usize,
     /// The relay's frame bound, for re-reading its pool frames.
     pub codec_limits: kvrelay_codec::Limits,
+    /// Concurrent calls one HTTP/2 connection may carry (at least the streams the relay
+    /// admits in all, so one router's connection can follow every pool).
+    pub max_streams_per_connection: u32,
 }
 
 /// The `KvEventRelay` service.
@@ -164,6 +167,11 @@ pub struct RelayService {
 }
 
 impl RelayService {
+    /// The settings the service runs with.
+    pub fn settings(&self) -> &DoorSettings {
+        &self.settings
+    }
+
     /// A service over `publication`; every stream ends with `PUBLICATION_UNAVAILABLE` once
     /// `cancel` fires.
     pub fn new(

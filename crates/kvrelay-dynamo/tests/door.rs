@@ -122,6 +122,7 @@ async fn door(publication: Arc<Endless>, cancel: CancellationToken) -> KvEventRe
         snapshot_progress_timeout: Duration::from_secs(5),
         queue_messages: 2,
         codec_limits: kvrelay_codec::Limits::default(),
+        max_streams_per_connection: 16,
     };
     let service = RelayService::new(publication, settings, cancel.clone());
     tokio::spawn(kvrelay_dynamo::serve(incoming, service, None, cancel));

@@ -198,6 +198,7 @@ impl DynamoDoor {
             snapshot_progress_timeout: self.limits.snapshot_progress_timeout(),
             queue_messages: 2,
             codec_limits: self.limits.codec(),
+            max_streams_per_connection: self.limits.max_streams_admitted(),
         };
         let service = kvrelay_dynamo::RelayService::new(publication, settings, self.cancel.clone());
         let authorize = self.token.map(|token| {

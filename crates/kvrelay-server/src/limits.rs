@@ -324,6 +324,20 @@ impl Limits {
         Duration::from_millis((self.pool_stall_timeout_ms / 4).clamp(10, 1_000))
     }
 
+    /// Every stream the relay admits at once, all types together (the bound on calls one
+    /// Dynamo-contract connection may carry).
+    pub fn max_streams_admitted(&self) -> u32 {
+        [
+            self.max_info_streams,
+            self.max_catalog_streams,
+            self.max_pool_streams_total,
+            self.max_load_streams,
+            self.max_topology_streams,
+        ]
+        .into_iter()
+        .fold(0u32, u32::saturating_add)
+    }
+
     /// The request timeout as a `Duration`.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
