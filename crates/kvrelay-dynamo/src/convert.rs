@@ -825,6 +825,30 @@ mod tests {
             prop_assert_eq!(back, frame);
         }
 
+        /// Whatever bytes a hostile relay sends, decoding and converting them returns an
+        /// answer or an error, never a panic.
+        #[test]
+        fn hostile_answers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            use prost::Message as _;
+            if let Ok(update) = proto::KvPoolCatalogUpdate::decode(bytes.as_slice()) {
+                let _ = ReceivedCatalog::try_from(update);
+            }
+            if let Ok(update) = proto::FilterUpdate::decode(bytes.as_slice()) {
+                let _ = v1::PoolFrame::try_from(update);
+            }
+            if let Ok(update) = proto::ServingReadinessUpdate::decode(bytes.as_slice()) {
+                let _ = v1::TopologyUpdate::try_from(update);
+            }
+            if let Ok(update) = proto::KvPoolLoadUpdate::decode(bytes.as_slice()) {
+                let _ = v1::LoadWindow::try_from(update);
+            }
+            if let Ok(request) = proto::SubscribeKvPoolRequest::decode(bytes.as_slice())
+                && let Some(producer) = request.expected_producer
+            {
+                let _ = v1::ProducerIdentity::try_from(producer);
+            }
+        }
+
         /// A load entry never reads as more complete than kvrelay knows it is.
         #[test]
         fn load_entries_are_never_more_complete_than_known(
