@@ -3,7 +3,8 @@
 //! loopback) over the contract: Dynamo's catalog, snapshot, deltas and readiness become
 //! current replicas, and every prefix the worker stored is found at exactly its depth
 //! (Dynamo's block hashing, CBI1 images and filter layout read by our code), while
-//! sequences it never stored, or evicted, are not.
+//! sequences it never stored, or evicted, are not; and a restart of Dynamo's relay (a new
+//! incarnation on the same address) drops the old replica and converges on the new one.
 
 #![allow(
     clippy::unwrap_used,
@@ -97,5 +98,25 @@ async fn the_consumer_follows_dynamos_relay_and_finds_what_its_worker_cached() {
     let pools = consumer.pools();
     assert_eq!(pools.len(), 1, "{pools:?}");
     assert_eq!(pools[0].replica, ReplicaStatus::Current);
+
+    // Dynamo's relay restarts on the same address, with a worker that cached something
+    // else: the old replica is dropped (never scored), the new incarnation's is used.
+    let port = fleet
+        .addr
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .expect("host:port");
+    let old_producer = pools[0].producer;
+    fleet.stop().await;
+    let mut restarted = interop::DynamoFleet::start_on(port).await;
+    restarted.store(30_000, 4).await;
+    wait_depth(&consumer, &request(30_000, 4), 4).await;
+    assert_eq!(depth(&consumer, &request(20_000, 3)), Some(0));
+    let pools = consumer.pools();
+    assert_eq!(pools.len(), 1, "{pools:?}");
+    assert_ne!(
+        pools[0].producer, old_producer,
+        "a new incarnation is a new producer"
+    );
     consumer.shutdown().await;
 }

@@ -2,7 +2,8 @@
 
 The worker registers `model-a` (aggregated, 16-token blocks, 1024 KV blocks) and publishes
 KV events through Dynamo's own `KvEventPublisher`; the relay (`KvDcRelay`) serves them on
-its gRPC door. Protocol with the test, one line each way:
+its gRPC door. Arguments: the model directory, then the gRPC door's loopback port (0: any free port).
+Protocol with the test, one line each way:
 - out `bound <host:port>` once the relay listens;
 - in `store <first> <blocks>`: the worker stores `<blocks>` blocks whose tokens are
   `first, first + 1, ...` (16 per block) as one chained sequence; out `stored <first>`;
@@ -40,7 +41,7 @@ async def main() -> None:
         "dc-dynamo",
         namespaces=["interop"],
         expected_unique_blocks=4096,
-        bind="127.0.0.1:0",
+        bind=f"127.0.0.1:{sys.argv[2] if len(sys.argv) > 2 else 0}",
     )
     await relay.start()
     endpoint = runtime.endpoint("interop.backend.generate")

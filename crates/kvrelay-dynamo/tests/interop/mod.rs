@@ -81,6 +81,11 @@ pub(crate) struct DynamoFleet {
 
 impl DynamoFleet {
     pub(crate) async fn start() -> Self {
+        Self::start_on(0).await
+    }
+
+    /// [`DynamoFleet::start`] with the relay's gRPC door on loopback port `port` (0: any).
+    pub(crate) async fn start_on(port: u16) -> Self {
         let model_dir = tempfile::tempdir().unwrap();
         std::fs::write(
             model_dir.path().join("config.json"),
@@ -90,6 +95,7 @@ impl DynamoFleet {
         let mut child = loopback(&mut Command::new(python()))
             .arg(script("dynamo_fleet.py"))
             .arg(model_dir.path())
+            .arg(port.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -114,6 +120,18 @@ impl DynamoFleet {
             .unwrap();
         stdin.flush().await.unwrap();
         expect_line(&mut self.lines, answer).await;
+    }
+
+    /// Shuts the relay down (stdin closed) and waits until the process has exited, so its
+    /// port is free again; killed if it takes longer than the start deadline.
+    pub(crate) async fn stop(mut self) {
+        drop(self.child.stdin.take());
+        if tokio::time::timeout(START_DEADLINE, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
     }
 
     /// The worker stores `blocks` chained blocks of tokens `first, first + 1, ...`.
