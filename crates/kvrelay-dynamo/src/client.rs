@@ -9,8 +9,10 @@
 //!   [`ClientError::Transport`], as a socket error is on our protocol.
 //! - The contract has no resume: a `resume_from_sequence` is not sent, and the stream
 //!   starts with a snapshot (a resume miss, which every consumer handles).
-//! - A catalog pool, readiness entry or load entry this side cannot take is left out (the
-//!   rest is kept); a pool frame that does not convert ends the stream.
+//! - A catalog pool the v1 model can represent is passed on for the consumer's own catalog
+//!   validation (which quarantines and counts unsupported ones); one it cannot represent,
+//!   and a readiness or load entry this side cannot take, is left out (the rest is kept);
+//!   a pool frame that does not convert ends the stream.
 
 use kvrelay_codec::v1::{
     ErrorMessage, ErrorReason, LoadWindow, Message, PoolFrame, RelayInfo, StreamRequest, StreamRpc,

@@ -12,6 +12,9 @@
 //! Outbound (`From`) never fails: it is only ever given values the relay validated.
 //! Inbound (`TryFrom`) fails with a [`ContractError`] naming the field, then runs the v1
 //! type's own `validate`, so a value is judged by the same rules whichever door it came in.
+//! A catalog ([`ReceivedCatalog`]) is the exception that proves it: its pools are only
+//! converted, and the follower's own catalog validation judges them (quarantining and
+//! counting unsupported entries), exactly as for a catalog from our own protocol.
 
 use kvrelay_codec::v1;
 
@@ -67,10 +70,9 @@ fn code(value: u32) -> i32 {
 }
 
 fn known_code(field: &'static str, value: i32) -> Result<u32, ContractError> {
-    u32::try_from(value)
-        .ok()
-        .filter(|code| *code != 0)
-        .ok_or(ContractError::UnknownValue { field, value })
+    // 0 (unspecified) and codes this side does not know become v1 codes, judged by the v1
+    // type's own `validate` (malformed, or unsupported and quarantined).
+    u32::try_from(value).map_err(|_| ContractError::UnknownValue { field, value })
 }
 
 fn required<T>(field: &'static str, value: Option<T>) -> Result<T, ContractError> {
@@ -137,20 +139,25 @@ impl From<v1::PoolId> for proto::KvPoolId {
     }
 }
 
+/// A pool id as sent, not yet judged.
+fn pool_id_in(pool: proto::KvPoolId) -> Result<v1::PoolId, ContractError> {
+    let domain = required("pool_id.indexer_domain", pool.indexer_domain)?;
+    Ok(v1::PoolId {
+        identity_version: pool.identity_version,
+        cache_semantics: digest_in(
+            "pool_id.indexer_domain.cache_semantics",
+            domain.cache_semantics,
+        )?,
+        routing_scope: digest_in("pool_id.indexer_domain.routing_scope", domain.routing_scope)?,
+        dc_id: pool.dc_id,
+    })
+}
+
 impl TryFrom<proto::KvPoolId> for v1::PoolId {
     type Error = ContractError;
 
     fn try_from(pool: proto::KvPoolId) -> Result<Self, ContractError> {
-        let domain = required("pool_id.indexer_domain", pool.indexer_domain)?;
-        let pool = Self {
-            identity_version: pool.identity_version,
-            cache_semantics: digest_in(
-                "pool_id.indexer_domain.cache_semantics",
-                domain.cache_semantics,
-            )?,
-            routing_scope: digest_in("pool_id.indexer_domain.routing_scope", domain.routing_scope)?,
-            dc_id: pool.dc_id,
-        };
+        let pool = pool_id_in(pool)?;
         pool.validate()?;
         Ok(pool)
     }
@@ -179,23 +186,30 @@ impl From<v1::ProducerIdentity> for proto::ProducerIdentity {
     }
 }
 
+/// A producer identity as sent, not yet judged.
+fn producer_structure(
+    producer: proto::ProducerIdentity,
+) -> Result<v1::ProducerIdentity, ContractError> {
+    let format = required("producer.ckf_format", producer.ckf_format)?;
+    Ok(v1::ProducerIdentity {
+        pool_id: pool_id_in(required("producer.pool_id", producer.pool_id)?)?,
+        producer_incarnation: producer.producer_incarnation,
+        layout_generation: producer.layout_generation,
+        ckf_format: v1::CkfFormat {
+            format_version: format.format_version,
+            seed: format.seed,
+            bucket_count: format.bucket_count,
+            fingerprint_bits: format.fingerprint_bits,
+            slots_per_bucket: format.slots_per_bucket,
+        },
+    })
+}
+
 impl TryFrom<proto::ProducerIdentity> for v1::ProducerIdentity {
     type Error = ContractError;
 
     fn try_from(producer: proto::ProducerIdentity) -> Result<Self, ContractError> {
-        let format = required("producer.ckf_format", producer.ckf_format)?;
-        let producer = Self {
-            pool_id: required("producer.pool_id", producer.pool_id)?.try_into()?,
-            producer_incarnation: producer.producer_incarnation,
-            layout_generation: producer.layout_generation,
-            ckf_format: v1::CkfFormat {
-                format_version: format.format_version,
-                seed: format.seed,
-                bucket_count: format.bucket_count,
-                fingerprint_bits: format.fingerprint_bits,
-                slots_per_bucket: format.slots_per_bucket,
-            },
-        };
+        let producer = producer_structure(producer)?;
         producer.validate()?;
         Ok(producer)
     }
@@ -304,28 +318,35 @@ impl From<&v1::PoolDescriptor> for proto::KvPoolDescriptor {
     }
 }
 
+/// A pool descriptor as sent, not yet judged (a catalog leaves judging to its reader).
+fn descriptor_structure(
+    pool: proto::KvPoolDescriptor,
+) -> Result<v1::PoolDescriptor, ContractError> {
+    let semantics = required("query_semantics", pool.query_semantics)?;
+    Ok(v1::PoolDescriptor {
+        producer: producer_structure(required("producer", pool.producer)?)?,
+        serving_endpoint: endpoint_in("serving_endpoint", pool.serving_endpoint)?,
+        registrations: pool
+            .registrations
+            .into_iter()
+            .map(TryInto::try_into)
+            .collect::<Result<_, _>>()?,
+        query_semantics: v1::QuerySemantics {
+            kv_block_size: semantics.kv_block_size,
+            hash_format: v1::HashFormat::from_code(known_code(
+                "query_semantics.hash_format",
+                semantics.hash_format,
+            )?),
+        },
+        pool_roles: roles_in("pool_roles", &pool.pool_roles)?,
+    })
+}
+
 impl TryFrom<proto::KvPoolDescriptor> for v1::PoolDescriptor {
     type Error = ContractError;
 
     fn try_from(pool: proto::KvPoolDescriptor) -> Result<Self, ContractError> {
-        let semantics = required("query_semantics", pool.query_semantics)?;
-        let pool = Self {
-            producer: producer_in("producer", pool.producer)?,
-            serving_endpoint: endpoint_in("serving_endpoint", pool.serving_endpoint)?,
-            registrations: pool
-                .registrations
-                .into_iter()
-                .map(TryInto::try_into)
-                .collect::<Result<_, _>>()?,
-            query_semantics: v1::QuerySemantics {
-                kv_block_size: semantics.kv_block_size,
-                hash_format: v1::HashFormat::from_code(known_code(
-                    "query_semantics.hash_format",
-                    semantics.hash_format,
-                )?),
-            },
-            pool_roles: roles_in("pool_roles", &pool.pool_roles)?,
-        };
+        let pool = descriptor_structure(pool)?;
         pool.validate()?;
         Ok(pool)
     }
@@ -345,13 +366,15 @@ impl From<&v1::CatalogUpdate> for proto::KvPoolCatalogUpdate {
     }
 }
 
-/// A catalog as a follower keeps it: the pools it can use, and how many it could not.
+/// A catalog as a follower receives it: every pool the v1 model can represent (not yet
+/// judged: the follower's own catalog validation quarantines unsupported entries and counts
+/// them, as it does on our protocol), and the pools that could not even be represented.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceivedCatalog {
-    /// The relay, revision and every pool that converted and validated.
+    /// The relay, revision and every representable pool.
     pub catalog: v1::CatalogUpdate,
-    /// Pools left out, each with why (an unknown role, target or format is the pool's
-    /// problem, never the whole catalog's).
+    /// Pools left out, each with why (a missing field, a digest of the wrong length, an
+    /// unset model target: the pool's problem, never the whole catalog's).
     pub unsupported: Vec<ContractError>,
 }
 
@@ -364,7 +387,7 @@ impl TryFrom<proto::KvPoolCatalogUpdate> for ReceivedCatalog {
         let mut pools = Vec::with_capacity(snapshot.pools.len());
         let mut unsupported = Vec::new();
         for pool in snapshot.pools {
-            match v1::PoolDescriptor::try_from(pool) {
+            match descriptor_structure(pool) {
                 Ok(pool) => pools.push(pool),
                 Err(err) => unsupported.push(err),
             }
@@ -976,6 +999,14 @@ mod tests {
         });
         let mut unknown_role = good.clone();
         unknown_role.pool_roles = vec![42];
+        // Another pool of the same relay (catalog entries are unique by pool id).
+        if let Some(id) = unknown_role
+            .producer
+            .as_mut()
+            .and_then(|p| p.pool_id.as_mut())
+        {
+            id.dc_id += 1;
+        }
         let mut short_digest = good.clone();
         if let Some(id) = short_digest
             .producer
@@ -1003,28 +1034,30 @@ mod tests {
             contract_marker: CONTRACT_MARKER,
         };
         let received = ReceivedCatalog::try_from(update).unwrap();
-        assert_eq!(received.catalog.pools.len(), 1);
+        // A pool the v1 model cannot even represent is set aside here...
         assert_eq!(
             received.unsupported,
-            vec![
-                // An unknown role is judged by kvrelay's own rule: unsupported.
-                ContractError::Invalid(v1::ValidationError::UnsupportedCode {
-                    field: "pool_roles",
-                    code: 42
-                }),
-                ContractError::DigestLength {
-                    field: "pool_id.indexer_domain.routing_scope",
-                    len: 3
-                },
-            ]
+            vec![ContractError::DigestLength {
+                field: "pool_id.indexer_domain.routing_scope",
+                len: 3
+            }]
         );
         assert_eq!(
             received.unsupported[0].reason(),
-            v1::ErrorReason::UnsupportedFeature
-        );
-        assert_eq!(
-            received.unsupported[1].reason(),
             v1::ErrorReason::InvalidRequest
+        );
+        // ...one it can represent is kept for the reader's own validation, which
+        // quarantines the unknown role (and counts it), exactly as on our protocol.
+        assert_eq!(received.catalog.pools.len(), 2);
+        let check = received.catalog.validate().unwrap();
+        assert_eq!(check.accepted, vec![1]);
+        assert_eq!(check.quarantined.len(), 1);
+        assert_eq!(
+            check.quarantined[0].error,
+            v1::ValidationError::UnsupportedCode {
+                field: "pool_roles",
+                code: 42
+            }
         );
     }
 }
