@@ -60,7 +60,20 @@ async fn start_relay(tls: Option<ListenerTls>) -> Relay {
 
 /// A consumer of the relay at `addr` with `tls` and `token`, reconnecting quickly.
 fn start_consumer(addr: SocketAddr, tls: RelayTls, token: Option<&str>) -> Consumer {
-    let mut relay = kvrelay_consumer::RelayEndpoint::new(&addr.to_string(), "dc-tls").with_tls(tls);
+    consumer_of(
+        kvrelay_consumer::RelayEndpoint::new(&addr.to_string(), "dc-tls"),
+        tls,
+        token,
+    )
+}
+
+/// A consumer of `relay` with `tls` and `token`, reconnecting quickly.
+fn consumer_of(
+    relay: kvrelay_consumer::RelayEndpoint,
+    tls: RelayTls,
+    token: Option<&str>,
+) -> Consumer {
+    let mut relay = relay.with_tls(tls);
     relay.token = token.map(|token| BearerToken::new(token).unwrap());
     let mut config = ConsumerConfig::new(vec![relay]);
     config.backoff = BackoffConfig {
@@ -219,17 +232,9 @@ async fn secured_door(material: &Material) -> Relay {
 /// A consumer of the relay's Dynamo-contract door with `tls` and `token`.
 fn start_grpc_consumer(relay: &Relay, tls: RelayTls, token: Option<&str>) -> Consumer {
     let addr = relay.dynamo_addr().expect("the door is on");
-    let mut endpoint = kvrelay_consumer::RelayEndpoint::new(&addr.to_string(), "dc-tls")
-        .with_tls(tls)
+    let endpoint = kvrelay_consumer::RelayEndpoint::new(&addr.to_string(), "dc-tls")
         .with_protocol(kvrelay_consumer::RelayProtocol::DynamoGrpc);
-    endpoint.token = token.map(|token| BearerToken::new(token).unwrap());
-    let mut config = ConsumerConfig::new(vec![endpoint]);
-    config.backoff = BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..BackoffConfig::default()
-    };
-    Consumer::start(config).unwrap()
+    consumer_of(endpoint, tls, token)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
