@@ -16,6 +16,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::v1::{CatalogUpdate, ErrorReason, LoadWindow, Message, TopologyUpdate};
 
 /// A value a watched stream carries.
@@ -64,6 +66,25 @@ impl Watched for LoadWindow {
 
     fn to_message(&self) -> Message {
         Message::LoadWindow(self.clone())
+    }
+}
+
+/// One pool frame as the relay fans it out to every door: the complete encoded v1 frame
+/// (header included, shared between subscribers) and what its write is bound by.
+#[derive(Debug, Clone)]
+pub struct EncodedPoolFrame {
+    /// The frame, header included.
+    pub frame: Bytes,
+    /// Whether it is a snapshot chunk (written under [`WriteBound::SnapshotChunk`]).
+    pub snapshot: bool,
+    /// Whether it is a heartbeat (for metrics).
+    pub heartbeat: bool,
+}
+
+impl EncodedPoolFrame {
+    /// The bound its write gets.
+    pub fn write_bound(&self) -> WriteBound {
+        WriteBound::of_pool_frame(self.snapshot)
     }
 }
 

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, Stream, StreamExt};
+pub use kvrelay_codec::session::EncodedPoolFrame;
 use kvrelay_codec::session::{WatchSession, Watched, WriteBound};
 use kvrelay_codec::v1::{
     CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, RelayInfo, StreamRequest,
@@ -35,17 +36,6 @@ use crate::proto::kv_event_relay_server::KvEventRelay;
 
 /// Held for as long as a stream is open (an admission slot, a subscriber count).
 pub type StreamPermit = Box<dyn Send + Sync>;
-
-/// One pool frame as the relay fans it out: the complete encoded v1 frame.
-#[derive(Debug, Clone)]
-pub struct EncodedPoolFrame {
-    /// The frame, header included, shared between subscribers.
-    pub frame: Bytes,
-    /// Whether it is a snapshot chunk (written under the snapshot progress bound).
-    pub snapshot: bool,
-    /// Whether it is a heartbeat (for metrics).
-    pub heartbeat: bool,
-}
 
 /// A pool subscription's frames; ends with an error, or `None` when the publication stops.
 pub type PoolFeed = BoxStream<'static, Result<EncodedPoolFrame, ErrorMessage>>;
@@ -349,8 +339,10 @@ async fn pump_pool(
     while let Some(next) = feed.next().await {
         let frame = next?;
         let update = filter_update(&frame.frame, &limits)?;
-        let bound = WriteBound::of_pool_frame(frame.snapshot);
-        if !outbox.send(update, bound, frame.heartbeat).await? {
+        if !outbox
+            .send(update, frame.write_bound(), frame.heartbeat)
+            .await?
+        {
             return Ok(());
         }
     }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use kvrelay_codec::v1::{ErrorMessage, StreamRequest};
-use kvrelay_dynamo::{DoorEvent, DoorIo, DoorSettings, EncodedPoolFrame, Feed, Opened, Rpc};
+use kvrelay_dynamo::{DoorEvent, DoorIo, DoorSettings, Feed, Opened, Rpc};
 use kvrelay_tls::{BearerToken, ServerTls};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -58,18 +58,9 @@ impl kvrelay_dynamo::Publication for DoorPublication {
                 StreamFeed::Catalog(rx) => Feed::Catalog(rx),
                 StreamFeed::Topology(rx) => Feed::Readiness(rx),
                 StreamFeed::Load(rx) => Feed::Load(rx),
-                StreamFeed::Pool(frames) => Feed::Pool(
-                    frames
-                        .map(|next| {
-                            next.map(|frame| EncodedPoolFrame {
-                                frame: frame.frame,
-                                snapshot: frame.snapshot,
-                                heartbeat: frame.heartbeat,
-                            })
-                            .map_err(refusal)
-                        })
-                        .boxed(),
-                ),
+                StreamFeed::Pool(frames) => {
+                    Feed::Pool(frames.map(|next| next.map_err(refusal)).boxed())
+                }
             };
             Ok(Opened {
                 feed,

@@ -5,7 +5,9 @@ use futures::stream;
 use kvrelay_codec::v1::{self, ErrorReason};
 use kvrelay_pool::{PoolFrameKind, PoolRegistry, SubscribeError, SubscriptionEnd};
 
-use crate::wan::source::{OutgoingPoolFrame, PoolFrameStream, PoolPublisher, StreamFailure};
+use kvrelay_codec::session::EncodedPoolFrame;
+
+use crate::wan::source::{PoolFrameStream, PoolPublisher, StreamFailure};
 
 pub(crate) struct RegistryPublisher {
     pub(crate) registry: PoolRegistry,
@@ -43,7 +45,7 @@ impl PoolPublisher for RegistryPublisher {
                 let mut subscription = state?;
                 match subscription.next_frame().await {
                     Ok(frame) => {
-                        let out = OutgoingPoolFrame {
+                        let out = EncodedPoolFrame {
                             snapshot: frame.kind == PoolFrameKind::SnapshotChunk,
                             heartbeat: frame.kind == PoolFrameKind::Heartbeat,
                             frame: frame.bytes,

@@ -230,8 +230,7 @@ impl Conn {
                     // A snapshot frame the client does not take within the progress
                     // timeout ends the stream without touching the pool; the write timeout
                     // does not apply to it (it would cut the client off first).
-                    let bound = WriteBound::of_pool_frame(frame.snapshot);
-                    self.send_within(&frame.frame, frame.heartbeat, bound).await?;
+                    self.send_within(&frame.frame, frame.heartbeat, frame.write_bound()).await?;
                 }
             }
         }

@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use kvrelay_codec::session::EncodedPoolFrame;
 use kvrelay_codec::v1::{
     CatalogUpdate, ErrorReason, LoadWindow, ProducerIdentity, RelayInfo, TopologyUpdate,
 };
@@ -40,20 +40,9 @@ impl StreamFailure {
     }
 }
 
-/// One pool frame ready for the wire.
-#[derive(Debug, Clone)]
-pub(crate) struct OutgoingPoolFrame {
-    /// The complete encoded frame (header included), shared between subscribers.
-    pub(crate) frame: Bytes,
-    /// Whether this is a snapshot chunk (written under the snapshot progress timeout).
-    pub(crate) snapshot: bool,
-    /// Whether this is a heartbeat (for metrics).
-    pub(crate) heartbeat: bool,
-}
-
 /// A pool subscription: snapshot chunks, then contiguous deltas, with heartbeats in quiet
 /// periods; ends with an error or `None` when the publication stops.
-pub(crate) type PoolFrameStream = BoxStream<'static, Result<OutgoingPoolFrame, StreamFailure>>;
+pub(crate) type PoolFrameStream = BoxStream<'static, Result<EncodedPoolFrame, StreamFailure>>;
 
 /// Opens pool subscriptions for an exact producer identity.
 pub(crate) trait PoolPublisher: Send + Sync + 'static {
