@@ -13,6 +13,7 @@
 //! client as the status after everything already queued, with the contract's reason
 //! metadata, so a subscriber that stops reading sees `SUBSCRIBER_LAGGED` once it reads again.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -123,9 +124,13 @@ pub enum DoorEvent {
 /// The relay as the door sees it. The relay implements it with the same code its own WAN
 /// door uses, so both doors admit, check and subscribe by one set of rules.
 pub trait Publication: Send + Sync + 'static {
-    /// Admits and opens a checked request (the pool's producer is still to be matched
-    /// against the catalog: that is the relay's rule, not the door's).
-    fn open(&self, request: StreamRequest) -> BoxFuture<'static, Result<Opened, ErrorMessage>>;
+    /// Admits and opens a checked request from `peer` (the pool's producer is still to be
+    /// matched against the catalog: that is the relay's rule, not the door's).
+    fn open(
+        &self,
+        request: StreamRequest,
+        peer: IpAddr,
+    ) -> BoxFuture<'static, Result<Opened, ErrorMessage>>;
 
     /// Counts what the door did.
     fn observe(&self, event: DoorEvent);
@@ -179,6 +184,7 @@ impl RelayService {
     /// Checks and opens a request, counting a refusal.
     async fn open(
         &self,
+        peer: IpAddr,
         marker: u32,
         subscriber_id: String,
         stream_rpc: Result<StreamRpc, ErrorMessage>,
@@ -192,7 +198,7 @@ impl RelayService {
                 auth_token: None,
             };
             request.check()?;
-            self.publication.open(request).await
+            self.publication.open(request, peer).await
         };
         opened.await.map_err(|refusal| {
             self.publication.observe(DoorEvent::Failed {
@@ -378,6 +384,16 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
     }
 }
 
+/// The peer address of a call: the door's connections carry it (`DoorIo`). A call
+/// without one (a transport we did not build) is counted under the unspecified address,
+/// so it shares one peer allowance instead of escaping it.
+fn peer_of<T>(request: &Request<T>) -> IpAddr {
+    request
+        .extensions()
+        .get::<SocketAddr>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), SocketAddr::ip)
+}
+
 fn unexpected_feed() -> Status {
     contract::status_of(&ErrorMessage::new(
         ErrorReason::Internal,
@@ -391,10 +407,12 @@ impl KvEventRelay for RelayService {
         &self,
         request: Request<proto::RelayInfoRequest>,
     ) -> Result<Response<proto::RelayInfo>, Status> {
+        let peer = peer_of(&request);
         let marker = request.into_inner().contract_marker;
         // The contract's request has no subscriber id; ours requires one.
         let opened = self
             .open(
+                peer,
                 marker,
                 "grpc-relay-info".to_owned(),
                 Ok(StreamRpc::RelayInfo),
@@ -423,9 +441,11 @@ impl KvEventRelay for RelayService {
         &self,
         request: Request<proto::WatchKvPoolCatalogRequest>,
     ) -> Result<Response<Self::WatchKvPoolCatalogStream>, Status> {
+        let peer = peer_of(&request);
         let request = request.into_inner();
         let opened = self
             .open(
+                peer,
                 request.contract_marker,
                 request.subscriber_id,
                 Ok(StreamRpc::WatchCatalog),
@@ -449,6 +469,7 @@ impl KvEventRelay for RelayService {
         &self,
         request: Request<proto::SubscribeKvPoolRequest>,
     ) -> Result<Response<Self::SubscribeKvPoolStream>, Status> {
+        let peer = peer_of(&request);
         let request = request.into_inner();
         let rpc = request
             .expected_producer
@@ -467,6 +488,7 @@ impl KvEventRelay for RelayService {
             });
         let opened = self
             .open(
+                peer,
                 request.contract_marker,
                 request.subscriber_id,
                 rpc,
@@ -488,9 +510,11 @@ impl KvEventRelay for RelayService {
         &self,
         request: Request<proto::SubscribeServingReadinessRequest>,
     ) -> Result<Response<Self::SubscribeServingReadinessStream>, Status> {
+        let peer = peer_of(&request);
         let request = request.into_inner();
         let opened = self
             .open(
+                peer,
                 request.contract_marker,
                 request.subscriber_id,
                 Ok(StreamRpc::WatchTopology),
@@ -518,9 +542,11 @@ impl KvEventRelay for RelayService {
         &self,
         request: Request<proto::SubscribeKvPoolLoadRequest>,
     ) -> Result<Response<Self::SubscribeKvPoolLoadStream>, Status> {
+        let peer = peer_of(&request);
         let request = request.into_inner();
         let opened = self
             .open(
+                peer,
                 request.contract_marker,
                 request.subscriber_id,
                 Ok(StreamRpc::WatchLoad),

@@ -9,6 +9,7 @@
     reason = "tests fail loudly"
 )]
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,10 +81,17 @@ fn heartbeat(sequence: u64) -> EncodedPoolFrame {
 #[derive(Default)]
 struct Endless {
     events: Mutex<Vec<DoorEvent>>,
+    /// The peer address of every opened call.
+    peers: Mutex<Vec<IpAddr>>,
 }
 
 impl Publication for Endless {
-    fn open(&self, request: StreamRequest) -> BoxFuture<'static, Result<Opened, ErrorMessage>> {
+    fn open(
+        &self,
+        request: StreamRequest,
+        peer: IpAddr,
+    ) -> BoxFuture<'static, Result<Opened, ErrorMessage>> {
+        self.peers.lock().unwrap().push(peer);
         Box::pin(async move {
             match request.rpc {
                 StreamRpc::SubscribePool { .. } => {
@@ -154,6 +162,11 @@ async fn a_subscriber_that_stops_reading_is_ended_as_lagged_after_what_was_queue
         .into_inner();
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!(first.kind(), proto::FilterUpdateKind::Heartbeat);
+    // The relay is told who asked (its per-peer admission counts by address).
+    assert_eq!(
+        *publication.peers.lock().unwrap(),
+        [IpAddr::V4(Ipv4Addr::LOCALHOST)]
+    );
 
     // Stop reading until the write bound (300 ms) has surely passed.
     tokio::time::sleep(Duration::from_millis(1_500)).await;

@@ -1,15 +1,20 @@
 //! Admission control: independent fail-fast limits per stream type, the pool streams
 //! included (the per-pool subscriber limit is the publication stream's own,
-//! `max_subscribers_per_pool`, refused by the pool's hub). (The connection limits at accept,
-//! total and per peer address, are `kvrelay_http::ConnectionAdmission`, shared with the
-//! HTTP listeners.)
+//! `max_subscribers_per_pool`, refused by the pool's hub), and each peer address's share
+//! of every one of them (`max_streams_per_peer`: streams of one type, for pool streams of
+//! one pool), so one host cannot take the slots every honest subscriber needs. (The
+//! connection limits at accept, total and per peer address, are
+//! `kvrelay_http::ConnectionAdmission`, shared with the HTTP listeners.)
 //!
 //! Admission never waits: a request over a limit is rejected at once with a resource-limit
 //! error, so a flood of clients cannot queue behind each other. A [`StreamPermit`] holds its
 //! slots until it is dropped, which is when the connection ends.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use kvrelay_codec::v1::PoolId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 
 use crate::limits::Limits;
@@ -63,14 +68,24 @@ pub enum AdmissionError {
         /// The configured limit.
         limit: u32,
     },
+    /// The peer address already holds `limit` streams of this type (for pool streams: of
+    /// this pool).
+    #[error("{} stream limit per peer address ({limit}) reached", kind.label())]
+    PeerLimit {
+        /// The stream type.
+        kind: StreamKind,
+        /// The configured per-peer limit.
+        limit: u32,
+    },
 }
 
 impl AdmissionError {
-    /// The metrics `scope` label: `total` (`per_pool` is counted when the pool's hub
-    /// refuses a subscriber).
+    /// The metrics `scope` label: `total` or `per_peer` (`per_pool` is counted when the
+    /// pool's hub refuses a subscriber).
     pub fn scope(&self) -> &'static str {
         match self {
             Self::StreamLimit { .. } => "total",
+            Self::PeerLimit { .. } => "per_peer",
         }
     }
 }
@@ -89,14 +104,25 @@ struct AdmissionInner {
     load: Arc<Semaphore>,
     topology: Arc<Semaphore>,
     limits: Limits,
+    /// Streams each peer address holds, per type (and pool); entries at zero are removed.
+    per_peer: Mutex<HashMap<PeerSlot, u32>>,
     /// Bumped after every released permit, for waiters on stream counts.
     released: watch::Sender<u64>,
+}
+
+/// What a peer's share is counted against: a stream type, and for pool streams the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PeerSlot {
+    peer: IpAddr,
+    kind: StreamKind,
+    pool: Option<PoolId>,
 }
 
 /// Slots held by one admitted stream; released on drop.
 #[derive(Debug)]
 pub(crate) struct StreamPermit {
     _permit: OwnedSemaphorePermit,
+    _peer_share: PeerShare,
     // Declared last: dropped after the slots above are returned.
     _release: ReleaseSignal,
 }
@@ -104,6 +130,25 @@ pub(crate) struct StreamPermit {
 #[derive(Debug)]
 struct ReleaseSignal {
     admission: Arc<AdmissionInner>,
+}
+
+/// One slot of a peer's share; returned on drop.
+#[derive(Debug)]
+struct PeerShare {
+    admission: Arc<AdmissionInner>,
+    slot: PeerSlot,
+}
+
+impl Drop for PeerShare {
+    fn drop(&mut self) {
+        let mut shares = self.admission.shares();
+        if let Some(held) = shares.get_mut(&self.slot) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                shares.remove(&self.slot);
+            }
+        }
+    }
 }
 
 impl Drop for ReleaseSignal {
@@ -130,17 +175,51 @@ impl Admission {
                 load: permits(limits.max_load_streams),
                 topology: permits(limits.max_topology_streams),
                 limits: limits.clone(),
+                per_peer: Mutex::new(HashMap::new()),
                 released: watch::Sender::new(0),
             }),
         }
     }
 
-    /// Admits one stream of `kind`, or refuses it at once.
-    pub(crate) fn admit(&self, kind: StreamKind) -> Result<StreamPermit, AdmissionError> {
+    /// Admits one stream of `kind` from `peer` (for a pool stream, of `pool`), or refuses
+    /// it at once. The peer's share is checked first, so a host over its share never takes
+    /// one of the slots everyone shares.
+    pub(crate) fn admit(
+        &self,
+        kind: StreamKind,
+        pool: Option<PoolId>,
+        peer: IpAddr,
+    ) -> Result<StreamPermit, AdmissionError> {
+        let share = self.take_share(PeerSlot { peer, kind, pool })?;
         let permit = self.take(kind)?;
         Ok(StreamPermit {
             _permit: permit,
+            _peer_share: share,
             _release: self.release_signal(),
+        })
+    }
+
+    /// Streams of `kind` (of `pool`) `peer` holds now.
+    #[cfg(test)]
+    fn held_by(&self, kind: StreamKind, pool: Option<PoolId>, peer: IpAddr) -> u32 {
+        let slot = PeerSlot { peer, kind, pool };
+        self.inner.shares().get(&slot).copied().unwrap_or(0)
+    }
+
+    fn take_share(&self, slot: PeerSlot) -> Result<PeerShare, AdmissionError> {
+        let limit = self.inner.limits.max_streams_per_peer;
+        let mut shares = self.inner.shares();
+        let held = shares.entry(slot).or_insert(0);
+        if *held >= limit {
+            return Err(AdmissionError::PeerLimit {
+                kind: slot.kind,
+                limit,
+            });
+        }
+        *held += 1;
+        Ok(PeerShare {
+            admission: self.inner.clone(),
+            slot,
         })
     }
 
@@ -185,6 +264,12 @@ impl Admission {
 }
 
 impl AdmissionInner {
+    /// The share table; a panic elsewhere while it was held leaves counts that are still
+    /// whole numbers, so a poisoned lock is used as is.
+    fn shares(&self) -> std::sync::MutexGuard<'_, HashMap<PeerSlot, u32>> {
+        self.per_peer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn semaphore(&self, kind: StreamKind) -> &Arc<Semaphore> {
         match kind {
             StreamKind::Info => &self.info,
@@ -214,21 +299,112 @@ mod tests {
         Admission::new(&limits)
     }
 
+    const HOST: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const OTHER_HOST: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
+    fn pool(id: u8) -> Option<PoolId> {
+        Some(PoolId {
+            identity_version: kvrelay_codec::v1::POOL_IDENTITY_VERSION,
+            cache_semantics: kvrelay_codec::v1::DigestId {
+                digest: [id; 16],
+                source: kvrelay_codec::v1::IdentitySource::Explicit,
+            },
+            routing_scope: kvrelay_codec::v1::DigestId {
+                digest: [id; 16],
+                source: kvrelay_codec::v1::IdentitySource::Explicit,
+            },
+            dc_id: 1,
+        })
+    }
+
+    #[test]
+    fn a_peer_holds_at_most_its_share_per_type_and_per_pool() {
+        let admission = admission(Limits {
+            max_streams_per_peer: 2,
+            ..Limits::default()
+        });
+        let _a = admission.admit(StreamKind::Pool, pool(1), HOST).unwrap();
+        let _b = admission.admit(StreamKind::Pool, pool(1), HOST).unwrap();
+        assert_eq!(
+            admission
+                .admit(StreamKind::Pool, pool(1), HOST)
+                .unwrap_err(),
+            AdmissionError::PeerLimit {
+                kind: StreamKind::Pool,
+                limit: 2
+            }
+        );
+        // Another pool, another type and another host each have their own share.
+        assert!(admission.admit(StreamKind::Pool, pool(2), HOST).is_ok());
+        assert!(admission.admit(StreamKind::Catalog, None, HOST).is_ok());
+        assert!(
+            admission
+                .admit(StreamKind::Pool, pool(1), OTHER_HOST)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_refusal_by_share_takes_no_shared_slot_and_a_release_returns_the_share() {
+        let admission = admission(Limits {
+            max_streams_per_peer: 1,
+            max_load_streams: 2,
+            ..Limits::default()
+        });
+        let held = admission.admit(StreamKind::Load, None, HOST).unwrap();
+        for _ in 0..10 {
+            assert_eq!(
+                admission
+                    .admit(StreamKind::Load, None, HOST)
+                    .unwrap_err()
+                    .scope(),
+                "per_peer"
+            );
+        }
+        // The refused attempts left the shared slot free for another host.
+        assert_eq!(admission.active(StreamKind::Load), 1);
+        let _other = admission.admit(StreamKind::Load, None, OTHER_HOST).unwrap();
+        drop(held);
+        assert_eq!(admission.held_by(StreamKind::Load, None, HOST), 0);
+        // A refusal by the total limit returns the share it took.
+        let _third = admission.admit(StreamKind::Load, None, HOST).unwrap();
+        let crowded = admission.admit(
+            StreamKind::Load,
+            None,
+            IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3)),
+        );
+        assert_eq!(crowded.unwrap_err().scope(), "total");
+        assert_eq!(
+            admission.held_by(
+                StreamKind::Load,
+                None,
+                IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 3))
+            ),
+            0
+        );
+        assert!(
+            admission.inner.shares().len() == 2,
+            "entries at zero are removed"
+        );
+    }
+
     #[test]
     fn stream_limit_rejects_only_its_own_kind() {
         let admission = admission(Limits {
             max_catalog_streams: 1,
             ..Limits::default()
         });
-        let _held = admission.admit(StreamKind::Catalog).unwrap();
+        let _held = admission.admit(StreamKind::Catalog, None, HOST).unwrap();
         assert_eq!(
-            admission.admit(StreamKind::Catalog).unwrap_err(),
+            admission
+                .admit(StreamKind::Catalog, None, HOST)
+                .unwrap_err(),
             AdmissionError::StreamLimit {
                 kind: StreamKind::Catalog,
                 limit: 1
             }
         );
-        assert!(admission.admit(StreamKind::Load).is_ok());
+        assert!(admission.admit(StreamKind::Load, None, HOST).is_ok());
     }
 
     #[test]
@@ -237,10 +413,12 @@ mod tests {
             max_pool_streams_total: 2,
             ..Limits::default()
         });
-        let _a = admission.admit(StreamKind::Pool).unwrap();
-        let _b = admission.admit(StreamKind::Pool).unwrap();
+        let _a = admission.admit(StreamKind::Pool, pool(1), HOST).unwrap();
+        let _b = admission.admit(StreamKind::Pool, pool(1), HOST).unwrap();
         assert_eq!(
-            admission.admit(StreamKind::Pool).unwrap_err(),
+            admission
+                .admit(StreamKind::Pool, pool(1), HOST)
+                .unwrap_err(),
             AdmissionError::StreamLimit {
                 kind: StreamKind::Pool,
                 limit: 2
@@ -254,10 +432,10 @@ mod tests {
             max_load_streams: 1,
             ..Limits::default()
         });
-        let held = admission.admit(StreamKind::Load).unwrap();
+        let held = admission.admit(StreamKind::Load, None, HOST).unwrap();
         assert_eq!(admission.active(StreamKind::Load), 1);
         drop(held);
         assert_eq!(admission.active(StreamKind::Load), 0);
-        assert!(admission.admit(StreamKind::Load).is_ok());
+        assert!(admission.admit(StreamKind::Load, None, HOST).is_ok());
     }
 }

@@ -9,7 +9,7 @@
 //! one is cut off with `SUBSCRIBER_LAGGED`) and never resume (every stream starts with a
 //! snapshot).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -44,13 +44,17 @@ fn refusal(failure: StreamFailure) -> ErrorMessage {
 }
 
 impl kvrelay_dynamo::Publication for DoorPublication {
-    fn open(&self, request: StreamRequest) -> BoxFuture<'static, Result<Opened, ErrorMessage>> {
+    fn open(
+        &self,
+        request: StreamRequest,
+        peer: IpAddr,
+    ) -> BoxFuture<'static, Result<Opened, ErrorMessage>> {
         let opener = self.opener.clone();
         let cancel = self.cancel.clone();
         Box::pin(async move {
             // The contract has no coalesced deltas: a lagging subscriber is cut off.
             let opened = opener
-                .open(request, false, &cancel)
+                .open(request, peer, false, &cancel)
                 .await
                 .map_err(refusal)?;
             let feed = match opened.feed {

@@ -20,6 +20,11 @@ pub const DEFAULT_MAX_POOL_STREAMS_TOTAL: u32 = 1024;
 /// Default concurrent subscribers of one pool (the stream's own default).
 pub const DEFAULT_MAX_SUBSCRIBERS_PER_POOL: u32 =
     kvrelay_ckf::stream::DEFAULT_MAX_SUBSCRIBERS as u32;
+/// Default streams of one type one peer IP address may hold at once (pool streams: of one
+/// pool). A router holds one of each; 8 leaves room for several routers behind one address
+/// and their reconnect overlap, while one host can take at most an eighth of a pool's
+/// default 64 subscriber slots.
+pub const DEFAULT_MAX_STREAMS_PER_PEER: u32 = 8;
 /// Default concurrent `WatchLoad` streams.
 pub const DEFAULT_MAX_LOAD_STREAMS: u32 = 64;
 /// Default concurrent `WatchTopology` streams.
@@ -85,6 +90,9 @@ pub struct Limits {
     pub max_pool_streams_total: u32,
     /// Concurrent subscribers of one pool.
     pub max_subscribers_per_pool: u32,
+    /// Concurrent streams of one type from one peer IP address (pool streams: of one
+    /// pool), on both doors together.
+    pub max_streams_per_peer: u32,
     /// Concurrent `WatchLoad` streams.
     pub max_load_streams: u32,
     /// Concurrent `WatchTopology` streams.
@@ -141,6 +149,7 @@ impl Default for Limits {
             max_catalog_streams: DEFAULT_MAX_CATALOG_STREAMS,
             max_pool_streams_total: DEFAULT_MAX_POOL_STREAMS_TOTAL,
             max_subscribers_per_pool: DEFAULT_MAX_SUBSCRIBERS_PER_POOL,
+            max_streams_per_peer: DEFAULT_MAX_STREAMS_PER_PEER,
             max_load_streams: DEFAULT_MAX_LOAD_STREAMS,
             max_topology_streams: DEFAULT_MAX_TOPOLOGY_STREAMS,
             max_info_streams: DEFAULT_MAX_INFO_STREAMS,
@@ -192,6 +201,7 @@ impl Limits {
                 "max_subscribers_per_pool",
                 u64::from(self.max_subscribers_per_pool),
             ),
+            ("max_streams_per_peer", u64::from(self.max_streams_per_peer)),
             ("max_load_streams", u64::from(self.max_load_streams)),
             ("max_topology_streams", u64::from(self.max_topology_streams)),
             ("max_info_streams", u64::from(self.max_info_streams)),

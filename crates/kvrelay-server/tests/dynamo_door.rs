@@ -311,6 +311,59 @@ async fn refusals_carry_the_contract_status_and_reason() {
     relay.shutdown().await.unwrap();
 }
 
+/// The door shares the WAN's per-peer admission: one host multiplexing calls on one
+/// HTTP/2 connection holds at most `max_streams_per_peer` subscribers of a pool; the next
+/// is `RESOURCE_EXHAUSTED` (counted as `per_peer`), and catalog streams have their own share.
+#[tokio::test]
+async fn one_connection_holds_at_most_its_peers_share_of_a_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = with_door(deployment(dir.path(), 20));
+    config.limits.max_streams_per_peer = 2;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    let mut grpc = client(&relay).await;
+    let producer = relay.catalog().pools[0].producer;
+    let subscribe = || proto::SubscribeKvPoolRequest {
+        subscriber_id: "greedy".to_owned(),
+        expected_producer: Some(producer.into()),
+        contract_marker: CONTRACT_MARKER,
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = grpc
+            .subscribe_kv_pool(subscribe())
+            .await
+            .unwrap()
+            .into_inner();
+        let first = stream.message().await.unwrap().unwrap();
+        assert_eq!(first.kind(), FilterUpdateKind::SnapshotChunk);
+        held.push(stream);
+    }
+    let status = grpc
+        .subscribe_kv_pool(subscribe())
+        .await
+        .expect_err("the host's third subscriber of the pool is refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(reason(&status), "RELAY_ERROR_REASON_RESOURCE_LIMIT");
+    assert!(status.message().contains("per peer"), "{status:?}");
+    let catalog = grpc
+        .watch_kv_pool_catalog(proto::WatchKvPoolCatalogRequest {
+            subscriber_id: "greedy".to_owned(),
+            contract_marker: CONTRACT_MARKER,
+        })
+        .await;
+    assert!(catalog.is_ok(), "{catalog:?}");
+    let metrics = relay_metrics(&relay).await;
+    assert!(
+        metrics.contains("kvrelay_admission_rejected_total{stream=\"pool\",scope=\"per_peer\"} 1"),
+        "{metrics}"
+    );
+    drop(held);
+    relay.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn health_and_reflection_are_served() {
     let dir = tempfile::tempdir().unwrap();

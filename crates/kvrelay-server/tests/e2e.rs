@@ -593,6 +593,101 @@ async fn stalled_subscriber(
     ProbeStream::open(stalled_io, subscribe).await.unwrap()
 }
 
+/// Opens a WAN stream to the relay from the loopback address `source` (any of
+/// 127.0.0.0/8: a second host, as the relay sees it, without leaving loopback).
+async fn connect_from(
+    relay: &Relay,
+    source: std::net::Ipv4Addr,
+    request: &kvrelay_codec::v1::StreamRequest,
+) -> ProbeStream<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    let io = socket.connect(relay.wan_addr()).await.unwrap();
+    ProbeStream::open(io, request).await.unwrap()
+}
+
+/// One host cannot fill a pool's subscriber slots: past `max_streams_per_peer` streams of
+/// one pool from one address, the next is refused (`resource_limit`, counted as
+/// `per_peer`), the same host may still subscribe another pool, and a subscriber from
+/// another address is served while the first host holds its streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_address_holds_at_most_its_share_of_a_pools_subscribers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = deployment(dir.path(), 5);
+    config.limits.max_streams_per_peer = 3;
+    config.limits.max_subscribers_per_pool = 4;
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(2))
+        .await
+        .unwrap();
+    let pools = relay.catalog().pools;
+    let subscribe = |producer| {
+        request(StreamRpc::SubscribePool {
+            expected_producer: producer,
+            resume_from_sequence: None,
+        })
+    };
+    let attacker = std::net::Ipv4Addr::new(127, 0, 0, 1);
+    let honest = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    let first = pools[0].producer;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut stream = connect_from(&relay, attacker, &subscribe(first)).await;
+        let opened = tokio::time::timeout(DEADLINE, stream.next_message())
+            .await
+            .unwrap();
+        assert!(
+            matches!(opened, Ok(Some(Message::PoolFrame(_)))),
+            "{opened:?}"
+        );
+        held.push(stream);
+    }
+    let mut refused = connect_from(&relay, attacker, &subscribe(first)).await;
+    let error = tokio::time::timeout(DEADLINE, support::until_error(&mut refused))
+        .await
+        .expect("the host's fourth subscriber of the pool is refused");
+    assert_eq!(error.reason, ErrorReason::ResourceLimit, "{error:?}");
+    assert!(error.message.contains("per peer"), "{error:?}");
+    // The pool's own limit (4) is not reached: another host takes the last slot.
+    let mut other_host = connect_from(&relay, honest, &subscribe(first)).await;
+    let opened = tokio::time::timeout(DEADLINE, other_host.next_message())
+        .await
+        .unwrap();
+    assert!(
+        matches!(opened, Ok(Some(Message::PoolFrame(_)))),
+        "{opened:?}"
+    );
+    // The share is per pool: the same host still subscribes the other pool.
+    let mut other_pool = connect_from(&relay, attacker, &subscribe(pools[1].producer)).await;
+    let opened = tokio::time::timeout(DEADLINE, other_pool.next_message())
+        .await
+        .unwrap();
+    assert!(
+        matches!(opened, Ok(Some(Message::PoolFrame(_)))),
+        "{opened:?}"
+    );
+    let per_peer = "kvrelay_admission_rejected_total{stream=\"pool\",scope=\"per_peer\"}";
+    let page = metrics_when(&relay, |page| metric_value(page, per_peer) >= 1.0).await;
+    assert_eq!(metric_value(&page, per_peer), 1.0);
+    // A released stream returns the host's share.
+    held.pop();
+    let readmitted = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let mut stream = connect_from(&relay, attacker, &subscribe(first)).await;
+            if let Ok(Some(Message::PoolFrame(_))) = stream.next_message().await {
+                return stream;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the host is admitted again once one of its streams ends");
+    drop((held, readmitted, other_host, other_pool));
+    relay.shutdown().await.unwrap();
+}
+
 /// The per-pool subscriber limit is the publication stream's own (one rule, one place):
 /// a second subscriber of a pool limited to one is refused with `resource_limit` and
 /// counted as a `per_pool` admission refusal, while another pool still admits.

@@ -117,7 +117,12 @@ pub(crate) async fn serve(ctx: Arc<ConnectionContext>, tcp: TcpStream, peer: Soc
     let kind = StreamKind::of(&request.rpc);
     let opened = ctx
         .opener
-        .open(request, accepts_coalesced_deltas(minor), &ctx.cancel)
+        .open(
+            request,
+            peer.ip(),
+            accepts_coalesced_deltas(minor),
+            &ctx.cancel,
+        )
         .await;
     let result = match opened {
         Ok(opened) => {

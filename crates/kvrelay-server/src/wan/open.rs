@@ -3,9 +3,11 @@
 //!
 //! Order matters and is the same for every door: a pool request is matched against the
 //! advertised catalog first (a stale or unknown producer never takes a slot), then the
-//! stream type's admission limit, then the pool hub's own subscription (with its
-//! per-pool subscriber limit, counted like the WAN's own refusals).
+//! stream type's admission limits (the peer address's share, then the total), then the
+//! pool hub's own subscription (with its per-pool subscriber limit, counted like the
+//! WAN's own refusals).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use kvrelay_codec::v1::{
@@ -61,17 +63,20 @@ impl StreamOpener {
     pub(crate) async fn open(
         &self,
         request: StreamRequest,
+        peer: IpAddr,
         coalesce: bool,
         cancel: &CancellationToken,
     ) -> Result<OpenedStream, StreamFailure> {
         let kind = StreamKind::of(&request.rpc);
+        let mut pool = None;
         if let StreamRpc::SubscribePool {
             expected_producer, ..
         } = &request.rpc
         {
             self.check_producer(expected_producer)?;
+            pool = Some(expected_producer.pool_id);
         }
-        let permit = self.admission.admit(kind).map_err(|err| {
+        let permit = self.admission.admit(kind, pool, peer).map_err(|err| {
             self.count_refusal(kind, err.scope());
             StreamFailure::new(ErrorReason::ResourceLimit, err.to_string())
         })?;
