@@ -142,6 +142,9 @@ pub(crate) struct RelayMetrics {
     pub(crate) admin_unauthorized: Counter,
     /// Discovery inputs skipped, by reason (`kvrelay_discovery_skipped_total`).
     pub(crate) discovery_skipped: Family<ReasonLabel, Counter>,
+    /// Listings of event adverts in etcd that failed (the last sources were kept)
+    /// (`kvrelay_discovery_advert_listing_failures_total`).
+    pub(crate) discovery_advert_listing_failures: Counter,
     /// Card files opened and parsed by the file backend (`kvrelay_discovery_card_reads_total`):
     /// new and changed files only, so it stays flat while the directory does not change.
     pub(crate) discovery_card_reads: Counter,
@@ -449,6 +452,12 @@ impl RelayMetrics {
             "Discovery inputs (card files, cards) skipped, by reason",
             discovery_skipped.clone(),
         );
+        let discovery_advert_listing_failures = Counter::default();
+        registry.register(
+            "discovery_advert_listing_failures",
+            "Listings of event adverts in etcd that failed; the last sources were kept",
+            discovery_advert_listing_failures.clone(),
+        );
         let discovery_card_reads = Counter::default();
         registry.register(
             "discovery_card_reads",
@@ -501,6 +510,7 @@ impl RelayMetrics {
             dynamo_errors,
             admin_unauthorized,
             discovery_skipped,
+            discovery_advert_listing_failures,
             discovery_card_reads,
             stream,
             pool_attach_failures,

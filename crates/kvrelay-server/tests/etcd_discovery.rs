@@ -302,10 +302,43 @@ async fn event_sources_advertised_in_etcd_attach_and_leave_with_their_lease() {
         .unwrap()
         .to_string();
 
-    let mut config = etcd_relay_config(&etcd.url, None);
-    config.admin.enabled = false;
-    let relay = Relay::start(config).await.unwrap();
+    // A channel of a transport the relay does not read (NATS) is skipped and counted.
+    let (_, mut nats_channel) = advert_records(0x52, 0x2000, "tcp://127.0.0.1:1");
+    nats_channel["transport"] = serde_json::json!({"kind": "Nats"});
+    store
+        .client()
+        .put(
+            b"v1/event_channels/namespace/prod/component/backend/endpoint/generate/topic/kv-events/2000",
+            nats_channel.to_string().as_bytes(),
+            0,
+        )
+        .await
+        .unwrap();
+
+    let relay = Relay::start(etcd_relay_config(&etcd.url, None))
+        .await
+        .unwrap();
     assert!(relay.catalog().pools.is_empty(), "no source yet, no pool");
+    let admin = relay.admin_addr().unwrap();
+    // Each skipped record is counted once, however many relistings see it.
+    let skipped =
+        |reason: &str| format!("kvrelay_discovery_skipped_total{{reason=\"{reason}\"}} 1\n");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let page = admin_get(admin, "/metrics").await;
+        if page.contains(&skipped("malformed_advert"))
+            && page.contains(&skipped("unsupported_channel"))
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Two relistings (every 500 ms) later, still once.
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let page = admin_get(admin, "/metrics").await;
+    assert!(page.contains(&skipped("malformed_advert")), "{page}");
+    assert!(page.contains(&skipped("unsupported_channel")), "{page}");
 
     let lease = store.client().grant_lease(60).await.unwrap();
     advertise_in_etcd(&store, 0x51, 0x1092, &zmq, lease).await;
@@ -331,5 +364,46 @@ async fn event_sources_advertised_in_etcd_attach_and_leave_with_their_lease() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(relay.sources().is_empty());
+    relay.shutdown().await.unwrap();
+}
+
+/// An etcd outage is not a departure: the relay keeps the sources it last listed, and
+/// counts the failed listings (`discovery_advert_listing_failures_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_keeps_the_advertised_sources_and_counts_the_failed_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = EtcdServer::start(&dir.path().join("etcd"));
+    let store = EtcdDiscovery::connect(std::slice::from_ref(&etcd.url), DEFAULT_ETCD_TIMEOUT)
+        .await
+        .unwrap();
+    store.put_card(&card(0x51)).await.unwrap();
+    let lease = store.client().grant_lease(60).await.unwrap();
+    advertise_in_etcd(&store, 0x51, 0x1092, "tcp://127.0.0.1:1", lease).await;
+    let relay = Relay::start(etcd_relay_config(&etcd.url, None))
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
+        .await
+        .expect("the advertised source attaches its pool");
+    assert_eq!(relay.sources().len(), 1);
+
+    let _ = etcd.child.kill();
+    let _ = etcd.child.wait();
+    let admin = relay.admin_addr().unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let page = admin_get(admin, "/metrics").await;
+        let failures = page.lines().find_map(|line| {
+            line.strip_prefix("kvrelay_discovery_advert_listing_failures_total ")
+                .and_then(|value| value.trim().parse::<f64>().ok())
+        });
+        if failures.is_some_and(|failures| failures >= 1.0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(relay.sources().len(), 1, "an outage detached the source");
+    assert_eq!(relay.catalog().pools.len(), 1);
     relay.shutdown().await.unwrap();
 }

@@ -3,15 +3,19 @@
 //! joins them into engine sources, merges them with `[[sources]]` (configuration wins) and
 //! publishes the per-endpoint source map the supervisor attaches pumps from.
 //!
-//! A record that does not parse is skipped and logged once per (record, error); a conflict
-//! with a configured source is logged once per `(worker, rank)`. A missing bucket directory
-//! counts as empty (the runtime creates it on its first registration). An etcd listing that
-//! fails keeps the last map (an etcd outage never detaches every source) and is logged
-//! rate-limited; a record gone with its lease is gone on the next listing.
+//! A record that does not parse is skipped, logged and counted once per (record, error)
+//! (`discovery_skipped_total{reason="malformed_advert"}`); a channel of a transport we do
+//! not read (NATS, the ZMQ broker) is skipped and counted once per record
+//! (`reason="unsupported_channel"`); a conflict with a configured source is logged once per
+//! `(worker, rank)`. A missing bucket directory counts as empty (the runtime creates it on
+//! its first registration). An etcd listing that fails keeps the last map (an etcd outage
+//! never detaches every source), is counted (`discovery_advert_listing_failures_total`)
+//! and logged rate-limited; a record gone with its lease is gone on the next listing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kvrelay_identity::EndpointId;
 use kvrelay_membership::{EtcdClient, EtcdError};
@@ -19,11 +23,12 @@ use kvrelay_pacing::LogBudget;
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{ConfigError, SourceConfig};
 use crate::event_advert::{self, ChannelAdvert, SourceAdvert};
 use crate::host::discovery::FILE_RESCAN_INTERVAL;
+use crate::metrics::{ReasonLabel, RelayMetrics};
 
 /// Largest advert record read, in bytes.
 const MAX_RECORD_BYTES: u64 = 64 * 1024;
@@ -67,6 +72,7 @@ pub(crate) struct EventScan {
     pub(crate) store: AdvertStore,
     pub(crate) configured: Vec<SourceConfig>,
     pub(crate) sources: watch::Sender<SourceMap>,
+    pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) cancel: CancellationToken,
 }
 
@@ -75,6 +81,7 @@ impl EventScan {
         let mut ticker = tokio::time::interval(FILE_RESCAN_INTERVAL);
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut warned: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut unsupported_seen: BTreeSet<String> = BTreeSet::new();
         let mut conflicted: BTreeSet<(u64, u32)> = BTreeSet::new();
         let mut failures = LogBudget::default();
         loop {
@@ -94,6 +101,7 @@ impl EventScan {
                 AdvertStore::Etcd(client) => match read_etcd(client).await {
                     Ok(scan) => scan,
                     Err(err) => {
+                        self.metrics.discovery_advert_listing_failures.inc();
                         if let Some(suppressed) = failures.admit(std::time::Instant::now()) {
                             warn!(error = %err, suppressed, "listing event adverts in etcd failed; keeping the last sources");
                         }
@@ -105,8 +113,15 @@ impl EventScan {
             for (record, error) in current.difference(&warned) {
                 // `?` escapes control characters a file name, key or record may carry.
                 warn!(record = ?record, error = ?error, "ignoring event advert record");
+                self.count_skipped("malformed_advert");
             }
             warned = current;
+            let unsupported: BTreeSet<String> = scan.unsupported.into_iter().collect();
+            for record in unsupported.difference(&unsupported_seen) {
+                debug!(record = ?record, "skipping an event channel of a transport the relay does not read");
+                self.count_skipped("unsupported_channel");
+            }
+            unsupported_seen = unsupported;
             let joined = event_advert::join(&scan.sources, &scan.channels);
             let (merged, conflicts) = event_advert::merge(&self.configured, joined);
             for (worker_id, dp_rank) in conflicts.difference(&conflicted) {
@@ -139,12 +154,23 @@ impl EventScan {
     }
 }
 
+impl EventScan {
+    fn count_skipped(&self, reason: &'static str) {
+        self.metrics
+            .discovery_skipped
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+}
+
 /// One scan of the store; records are named by path or key.
 #[derive(Default)]
 struct StoreScan {
     sources: Vec<SourceAdvert>,
     channels: Vec<ChannelAdvert>,
     rejected: Vec<(String, String)>,
+    /// Channels of transports the relay does not read (NATS, the ZMQ broker).
+    unsupported: Vec<String>,
 }
 
 impl StoreScan {
@@ -158,9 +184,12 @@ impl StoreScan {
     fn channel(&mut self, record: String, text: &str) {
         match event_advert::parse_channel(text) {
             Ok(advert) => self.channels.push(advert),
-            // Channels of other transports or topics are not engine sources.
-            Err(event_advert::AdvertError::UnsupportedTransport { .. })
-            | Err(event_advert::AdvertError::WrongTopic { .. }) => {}
+            // Channels of other topics are not engine sources.
+            Err(event_advert::AdvertError::WrongTopic { .. }) => {}
+            // A KV-event channel we cannot read: the worker's events are out of reach.
+            Err(event_advert::AdvertError::UnsupportedTransport { .. }) => {
+                self.unsupported.push(record);
+            }
             Err(err) => self.rejected.push((record, err.to_string())),
         }
     }

@@ -183,6 +183,7 @@ impl Relay {
                 store,
                 configured: config.sources.clone(),
                 sources: sources_tx,
+                metrics: metrics.clone(),
                 cancel: host_cancel.clone(),
             };
             host_tracker.spawn(scan.run().instrument(info_span!("event_sources")));
