@@ -69,7 +69,8 @@ struct Shared {
     /// How to reach each relay (same order as `config.relays`), TLS material loaded.
     endpoints: Vec<Endpoint>,
     state: RwLock<ConsumerState>,
-    metrics: MetricsRecorder,
+    /// Shared with the Dynamo-contract streams, which count what they leave out.
+    metrics: Arc<MetricsRecorder>,
     /// Why each relay's last epoch ended (`None` until one ends), same order as
     /// `config.relays`; kept after a reconnect, so a flapping relay still explains itself.
     last_errors: Mutex<Vec<Option<String>>>,
@@ -130,7 +131,7 @@ impl Consumer {
             last_errors: Mutex::new(vec![None; endpoints.len()]),
             endpoints,
             state: RwLock::new(state),
-            metrics: MetricsRecorder::default(),
+            metrics: Arc::new(MetricsRecorder::default()),
             changed,
         });
         let cancel = CancellationToken::new();
@@ -411,6 +412,7 @@ async fn open(
         rpc,
         config.limits.max_frame_len,
         config.limits.connect_timeout,
+        &shared.metrics,
     )
     .await
 }

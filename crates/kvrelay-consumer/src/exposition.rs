@@ -102,6 +102,11 @@ impl Collector for Snapshot {
                 m.over_budget_total,
             ),
             (
+                "contract_entries_left_out",
+                "Entries of Dynamo-contract updates this consumer cannot represent, left out (each time an update carries one).",
+                m.contract_entries_left_out_total,
+            ),
+            (
                 "relay_connects",
                 "Relay connections that passed the contract check.",
                 m.relay_connects,
@@ -208,6 +213,7 @@ mod tests {
                 .collect(),
             deltas_applied: 7,
             over_budget_total: 2,
+            contract_entries_left_out_total: 3,
             score_latency_counts: {
                 let mut counts = vec![0; SCORE_LATENCY_BUCKETS_US.len() + 1];
                 counts[2] = 4;
@@ -264,6 +270,7 @@ mod tests {
         assert!(text.contains("kvrelay_consumer_resubscribes_total{reason=\"stale\"} 0\n"));
         assert!(text.contains("kvrelay_consumer_deltas_applied_total 7\n"));
         assert!(text.contains("kvrelay_consumer_catalog_entries_over_budget_total 2\n"));
+        assert!(text.contains("kvrelay_consumer_contract_entries_left_out_total 3\n"));
         assert!(text.contains("kvrelay_consumer_resubscribes_total{reason=\"allocation\"} 0\n"));
         assert!(text.contains("kvrelay_consumer_replica_max_age_seconds 1.5\n"));
     }

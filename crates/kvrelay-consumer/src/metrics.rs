@@ -106,6 +106,10 @@ pub struct ConsumerMetrics {
     /// Of those, entries quarantined because they did not fit their relay's replica
     /// memory budget ([`crate::Limits::max_replica_bytes_per_relay`]).
     pub over_budget_total: u64,
+    /// Entries of updates from Dynamo-contract relays (catalog pools, readiness and load
+    /// entries) this consumer cannot represent, left out of the update; counted each
+    /// time an update carries one (the rest of the update is used).
+    pub contract_entries_left_out_total: u64,
     /// Successful connections to relays that passed the contract check.
     pub relay_connects: u64,
     /// Relay connection epochs that ended (error, close, restart).
@@ -153,6 +157,7 @@ pub(crate) struct MetricsRecorder {
     resubscribes: [AtomicU64; 9],
     quarantined_total: AtomicU64,
     over_budget_total: AtomicU64,
+    contract_entries_left_out_total: AtomicU64,
     relay_connects: AtomicU64,
     relay_epoch_failures: AtomicU64,
     relay_tls_failures: AtomicU64,
@@ -173,6 +178,7 @@ pub(crate) struct MetricsRecorder {
 pub(crate) enum Counter {
     QuarantinedTotal,
     OverBudgetTotal,
+    ContractEntriesLeftOut,
     RelayConnects,
     RelayEpochFailures,
     RelayTlsFailures,
@@ -194,6 +200,7 @@ impl MetricsRecorder {
         let cell = match counter {
             Counter::QuarantinedTotal => &self.quarantined_total,
             Counter::OverBudgetTotal => &self.over_budget_total,
+            Counter::ContractEntriesLeftOut => &self.contract_entries_left_out_total,
             Counter::RelayConnects => &self.relay_connects,
             Counter::RelayEpochFailures => &self.relay_epoch_failures,
             Counter::RelayTlsFailures => &self.relay_tls_failures,
@@ -233,6 +240,7 @@ impl MetricsRecorder {
             .collect();
         out.quarantined_total = load(&self.quarantined_total);
         out.over_budget_total = load(&self.over_budget_total);
+        out.contract_entries_left_out_total = load(&self.contract_entries_left_out_total);
         out.relay_connects = load(&self.relay_connects);
         out.relay_epoch_failures = load(&self.relay_epoch_failures);
         out.relay_tls_failures = load(&self.relay_tls_failures);

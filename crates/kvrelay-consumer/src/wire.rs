@@ -19,6 +19,7 @@ use kvrelay_tls::{BearerToken, RelayConnector};
 use tonic::transport::Channel;
 
 use crate::config::RelayProtocol;
+use crate::metrics::{Counter, MetricsRecorder};
 
 /// How to reach one relay: its address, TLS connector, token and protocol, loaded once at
 /// start.
@@ -122,6 +123,8 @@ pub(crate) enum WireStream {
     Contract {
         addr: String,
         stream: kvrelay_dynamo::ContractStream,
+        /// Counts the entries the contract stream leaves out.
+        metrics: Arc<MetricsRecorder>,
     },
 }
 
@@ -185,6 +188,7 @@ impl WireStream {
         rpc: StreamRpc,
         max_frame_len: u32,
         connect_timeout: Duration,
+        metrics: &Arc<MetricsRecorder>,
     ) -> Result<Self, WireError> {
         match endpoint.protocol {
             RelayProtocol::Kvrelay => Ok(Self::Framed(
@@ -211,7 +215,11 @@ impl WireStream {
                     timeout: connect_timeout,
                 })?;
                 match opened {
-                    Ok(stream) => Ok(Self::Contract { addr, stream }),
+                    Ok(stream) => Ok(Self::Contract {
+                        addr,
+                        stream,
+                        metrics: metrics.clone(),
+                    }),
                     Err(source) => Err(contract_error(addr, source)),
                 }
             }
@@ -222,10 +230,21 @@ impl WireStream {
     pub(crate) async fn next(&mut self) -> Result<Option<Message>, WireError> {
         match self {
             Self::Framed(stream) => stream.next().await,
-            Self::Contract { addr, stream } => stream
-                .next()
-                .await
-                .map_err(|source| contract_error(addr.clone(), source)),
+            Self::Contract {
+                addr,
+                stream,
+                metrics,
+            } => {
+                let next = stream
+                    .next()
+                    .await
+                    .map_err(|source| contract_error(addr.clone(), source));
+                let left_out = stream.take_left_out();
+                if left_out > 0 {
+                    metrics.add(Counter::ContractEntriesLeftOut, left_out);
+                }
+                next
+            }
         }
     }
 }

@@ -56,6 +56,9 @@ pub enum ClientError {
 /// One open contract stream, read as kvrelay messages.
 pub struct ContractStream {
     inner: Inner,
+    /// Entries of received updates this side could not represent and left out, since the
+    /// last [`ContractStream::take_left_out`].
+    left_out: u64,
 }
 
 enum Inner {
@@ -104,6 +107,7 @@ fn failed(status: Status) -> Result<ContractStream, ClientError> {
     match relay_failure(&status) {
         Some(error) => Ok(ContractStream {
             inner: Inner::Once(Some(Message::Error(error))),
+            left_out: 0,
         }),
         None => Err(ClientError::Transport(Box::new(status))),
     }
@@ -229,10 +233,18 @@ pub async fn open(
             Err(status) => return failed(status),
         },
     };
-    Ok(ContractStream { inner })
+    Ok(ContractStream { inner, left_out: 0 })
 }
 
 impl ContractStream {
+    /// Entries (catalog pools, readiness and load entries) the updates received since the
+    /// last call carried but this side could not represent, so left out of the messages
+    /// handed back (each update's other entries are kept). Counted every time an update
+    /// carries one: a relay that keeps sending one shows as a rising count.
+    pub fn take_left_out(&mut self) -> u64 {
+        std::mem::take(&mut self.left_out)
+    }
+
     /// The next message, or `None` at the end of the stream. Cancel safe.
     pub async fn next(&mut self) -> Result<Option<Message>, ClientError> {
         let received = match &mut self.inner {
@@ -241,10 +253,17 @@ impl ContractStream {
             Inner::Catalog(stream) => stream.message().await.map(|next| next.map(catalog)),
             Inner::Readiness(stream) => stream.message().await.map(|next| next.map(readiness)),
             Inner::Load(stream) => stream.message().await.map(|next| next.map(load)),
-            Inner::Pool(stream) => stream.message().await.map(|next| next.map(pool)),
+            Inner::Pool(stream) => stream
+                .message()
+                .await
+                .map(|next| next.map(|update| pool(update).map(|message| (message, 0)))),
         };
         match received {
-            Ok(Some(message)) => message.map(Some),
+            Ok(Some(converted)) => {
+                let (message, left_out) = converted?;
+                self.left_out += left_out;
+                Ok(Some(message))
+            }
             Ok(None) => {
                 self.inner = Inner::Ended;
                 Ok(None)
@@ -260,30 +279,110 @@ impl ContractStream {
     }
 }
 
-fn catalog(update: proto::KvPoolCatalogUpdate) -> Result<Message, ClientError> {
+/// A converted update and how many of its entries were left out.
+type Converted = Result<(Message, u64), ClientError>;
+
+fn left_out(offered: usize, kept: usize) -> u64 {
+    u64::try_from(offered.saturating_sub(kept)).unwrap_or(u64::MAX)
+}
+
+fn catalog(update: proto::KvPoolCatalogUpdate) -> Converted {
     check_answer(update.protocol_version, update.contract_marker)?;
     let received = ReceivedCatalog::try_from(update)?;
-    if !received.unsupported.is_empty() {
+    if let Some(first) = received.unsupported.first() {
         tracing::debug!(
             left_out = received.unsupported.len(),
-            first = %received.unsupported[0],
+            first = %first,
             "catalog pools this consumer cannot take were left out"
         );
     }
-    Ok(Message::CatalogUpdate(received.catalog))
+    let dropped = left_out(received.unsupported.len(), 0);
+    Ok((Message::CatalogUpdate(received.catalog), dropped))
 }
 
-fn readiness(update: proto::ServingReadinessUpdate) -> Result<Message, ClientError> {
+fn readiness(update: proto::ServingReadinessUpdate) -> Converted {
     check_answer(update.protocol_version, update.contract_marker)?;
-    Ok(Message::TopologyUpdate(TopologyUpdate::try_from(update)?))
+    let offered = update.entries.len();
+    let converted = TopologyUpdate::try_from(update)?;
+    let dropped = left_out(offered, converted.entries.len());
+    Ok((Message::TopologyUpdate(converted), dropped))
 }
 
-fn load(update: proto::KvPoolLoadUpdate) -> Result<Message, ClientError> {
+fn load(update: proto::KvPoolLoadUpdate) -> Converted {
     check_answer(update.protocol_version, update.contract_marker)?;
-    Ok(Message::LoadWindow(LoadWindow::try_from(update)?))
+    let offered = update.pools.len();
+    let converted = LoadWindow::try_from(update)?;
+    let dropped = left_out(offered, converted.pools.len());
+    Ok((Message::LoadWindow(converted), dropped))
 }
 
 fn pool(update: proto::FilterUpdate) -> Result<Message, ClientError> {
     check_answer(update.protocol_version, update.contract_marker)?;
     Ok(Message::PoolFrame(PoolFrame::try_from(update)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay() -> Option<proto::RelayIdentity> {
+        Some(proto::RelayIdentity {
+            drt_instance_id: 1,
+            relay_incarnation: 2,
+        })
+    }
+
+    #[test]
+    fn entries_this_side_cannot_represent_are_counted_as_left_out() {
+        // A pool, a readiness entry and a load entry, each without its producer or
+        // registration: the update is kept, the entry is left out and counted.
+        let (message, dropped) = catalog(proto::KvPoolCatalogUpdate {
+            protocol_version: PROTOCOL_VERSION,
+            relay: relay(),
+            revision: 1,
+            snapshot: Some(proto::KvPoolCatalogSnapshot {
+                pools: vec![proto::KvPoolDescriptor::default()],
+            }),
+            contract_marker: CONTRACT_MARKER,
+        })
+        .unwrap();
+        assert!(matches!(message, Message::CatalogUpdate(ref update) if update.pools.is_empty()));
+        assert_eq!(dropped, 1);
+
+        let (message, dropped) = readiness(proto::ServingReadinessUpdate {
+            protocol_version: PROTOCOL_VERSION,
+            relay: relay(),
+            entries: vec![Default::default(), Default::default()],
+            contract_marker: CONTRACT_MARKER,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            matches!(message, Message::TopologyUpdate(ref update) if update.entries.is_empty())
+        );
+        assert_eq!(dropped, 2);
+
+        let (message, dropped) = load(proto::KvPoolLoadUpdate {
+            protocol_version: PROTOCOL_VERSION,
+            relay: relay(),
+            pools: vec![proto::KvPoolLoadEntry::default()],
+            contract_marker: CONTRACT_MARKER,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(matches!(message, Message::LoadWindow(ref window) if window.pools.is_empty()));
+        assert_eq!(dropped, 1);
+    }
+
+    #[test]
+    fn a_whole_update_with_nothing_left_out_counts_nothing() {
+        let (_, dropped) = load(proto::KvPoolLoadUpdate {
+            protocol_version: PROTOCOL_VERSION,
+            relay: relay(),
+            contract_marker: CONTRACT_MARKER,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(dropped, 0);
+    }
 }
