@@ -74,6 +74,18 @@ pub fn process_memory(pid: u32) -> Option<Memory> {
     })
 }
 
+/// CPU time (user + system) `pid` has used, in seconds (`/proc/<pid>/stat`, in the
+/// kernel's fixed 100 ticks per second of the user ABI); `None` when the process is gone.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: fields are counted after its `)`.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 /// `GET http://{addr}{path}` over HTTP/1.0 (the admin endpoints are small and local);
 /// returns the status code and body.
 pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<(u16, String)> {

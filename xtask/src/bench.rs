@@ -62,6 +62,24 @@ const FIGURES_EXAMPLES: [FiguresExample; 2] = [
 /// Runs the benchmarks then prints the summary table.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "dynamo") {
+        // The stream benchmark's opt-in runs through kvrelay's gRPC door and Dynamo's
+        // relay (its wheel lives in the interop venv).
+        crate::interop::ensure()?;
+        let root = workspace_root();
+        let mut rest: Vec<String> = args.iter().filter(|a| *a != "dynamo").cloned().collect();
+        rest.extend([
+            "--runs".to_owned(),
+            "dynamo-paced,dynamo-flat".to_owned(),
+            "--python".to_owned(),
+            crate::interop::python().display().to_string(),
+            "--dynamo-scripts".to_owned(),
+            root.join("benches").join("dynamo").display().to_string(),
+        ]);
+        let summary = run_stream(&rest)?;
+        print!("{summary}");
+        return write_summary(&summary);
+    }
     if args.iter().any(|a| a == "stream") {
         let rest: Vec<String> = args.iter().filter(|a| *a != "stream").cloned().collect();
         let summary = run_stream(&rest)?;

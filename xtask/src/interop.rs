@@ -21,6 +21,11 @@ pub(crate) const VENV: &str = "target/interop/venv";
 /// Written into the venv once the requirements installed, holding the file they came from.
 const STAMP: &str = "kvrelay-requirements.txt";
 
+/// The venv's Python.
+pub(crate) fn python() -> std::path::PathBuf {
+    workspace_root().join(VENV).join("bin/python")
+}
+
 /// Creates or refreshes the venv when the requirements changed or it does not work.
 pub(crate) fn ensure() -> Result<()> {
     let root = workspace_root();

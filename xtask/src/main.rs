@@ -7,7 +7,8 @@
 //! - `cargo xtask bench [--quick] [BENCH]`: criterion benchmarks, then a summary table of
 //!   figures and same-run ratios against each group's baseline, then the figures examples
 //!   (`ckf-figures`, `e2e`; either can be named alone as BENCH). `cargo xtask bench stream
-//!   [--quick]`: the multi-process stream benchmark of `benches/` (docs/benchmarks.md).
+//!   [--quick]`: the multi-process stream benchmark of `benches/` (docs/benchmarks.md);
+//!   `cargo xtask bench dynamo [--quick]`: its runs against Dynamo's relay.
 //! - `cargo xtask fuzz [SECONDS]`: every cargo-fuzz target for SECONDS each (nightly).
 //! - `cargo xtask demo`: the one-command demo (`kvrelay demo`) in release mode.
 //! - `cargo xtask services`: finds the external servers the tests start, installing them
@@ -26,7 +27,7 @@ mod interop;
 mod services;
 mod tidy;
 
-const USAGE: &str = "usage: cargo xtask <ci | tidy | codegen | bench [--quick] [BENCH | stream] | fuzz [SECONDS] | demo | services>";
+const USAGE: &str = "usage: cargo xtask <ci | tidy | codegen | bench [--quick] [BENCH | stream | dynamo] | fuzz [SECONDS] | demo | services>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

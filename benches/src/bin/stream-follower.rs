@@ -19,6 +19,10 @@
 //!   `final SEQUENCE STOP_UNIX_NS` on stdin (the relay's final pool sequence and when the
 //!   last engine finished); the follower reports when its replica is current at or past
 //!   that sequence.
+//!   Against a relay whose final sequence the driver cannot read (Dynamo's), the driver
+//!   sends `settle QUIET_MS STOP_UNIX_NS` instead: the follower reports once its replica is
+//!   current and its sequence has not moved for `QUIET_MS`; the time to current is then
+//!   that of the last sequence change (0 if it came before the stop).
 //! - **score latency while applying**: every `score_into` call of the probe loop is timed
 //!   while the publishers run (frames apply at the full rate meanwhile; the consumer's
 //!   state is one lock shared by apply and score); once current after the stop, the same
@@ -113,7 +117,16 @@ async fn main() -> Result<()> {
         })
         .collect();
 
-    let mut config = ConsumerConfig::new(vec![RelayEndpoint::new(&relay, "dc-bench")]);
+    // `ADDR` follows our WAN protocol; `dynamo-grpc://ADDR=DC` (any relay address the
+    // consumer parses) names the protocol too.
+    let endpoint = if relay.contains("://") {
+        relay
+            .parse::<RelayEndpoint>()
+            .with_context(|| format!("--relay {relay}"))?
+    } else {
+        RelayEndpoint::new(&relay, "dc-bench")
+    };
+    let mut config = ConsumerConfig::new(vec![endpoint]);
     config.subscriber_id = "stream-follower".to_owned();
     let consumer = Arc::new(Consumer::start(config)?);
     let installed = consumer
@@ -152,6 +165,9 @@ async fn main() -> Result<()> {
     let mut new_stamps = Vec::new();
     let mut ranking = Ranking::default();
     let mut final_target: Option<(u64, u64, Instant)> = None;
+    // `settle`: (quiet time, stop time); and when the sequence last changed (wall clock).
+    let mut settle: Option<(Duration, u64)> = None;
+    let mut sequence_changed: (Option<u64>, u64, Instant) = (None, unix_ns(), Instant::now());
     let mut time_to_current: Option<f64> = None;
     let mut next_progress = first_install + Duration::from_secs(1);
     // Score call durations while the publishers run, and the recent requests to score
@@ -177,6 +193,9 @@ async fn main() -> Result<()> {
             }
             was_current = current;
             sequence = status.and_then(|(_, sequence)| sequence);
+            if sequence != sequence_changed.0 {
+                sequence_changed = (sequence, unix_ns(), now);
+            }
             last_sample = now;
         }
         for tail in &mut tails {
@@ -244,9 +263,24 @@ async fn main() -> Result<()> {
                     let stop_ns = words.next().and_then(|w| w.parse().ok()).unwrap_or(wall);
                     final_target = Some((target, stop_ns, now));
                 }
+                Some("settle") => {
+                    let quiet = words.next().and_then(|w| w.parse().ok()).unwrap_or(1_000);
+                    let stop_ns = words.next().and_then(|w| w.parse().ok()).unwrap_or(wall);
+                    settle = Some((Duration::from_millis(quiet), stop_ns));
+                    // Bounded like `final`: the target is whatever sequence it settles at.
+                    final_target = Some((u64::MAX, stop_ns, now));
+                }
                 Some("stop") => final_target = Some((u64::MAX, wall, now - final_timeout)),
                 _ => {}
             }
+        }
+        if let Some((quiet, stop_ns)) = settle
+            && was_current
+            && now.duration_since(sequence_changed.2) >= quiet
+        {
+            time_to_current = Some(sequence_changed.1.saturating_sub(stop_ns) as f64 / 1e9);
+            final_target = sequence.map(|sequence| (sequence, stop_ns, now));
+            break;
         }
         if let Some((target, stop_ns, asked)) = final_target {
             if was_current && sequence.is_some_and(|sequence| sequence >= target) {

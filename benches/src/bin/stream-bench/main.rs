@@ -8,7 +8,8 @@
 //! sequence, and prints a Markdown table (stdout) and writes every figure as JSON
 //! (`--out-dir`, default `target/`, file `stream-bench.json`). Runs: `paced` (48 k
 //! events/s), `low` (5 k events/s) and `flat` (as fast as the engines go); see
-//! docs/benchmarks.md for the columns.
+//! docs/benchmarks.md for the columns. The opt-in `dynamo-paced` and `dynamo-flat` runs
+//! compare kvrelay with Dynamo's relay (`vs_dynamo.rs`, `cargo xtask bench dynamo`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -21,6 +22,8 @@ use anyhow::{Context, Result, bail};
 use kvrelay_benches::{Flags, MODEL, http_get, metric_by_label, metric_sum, process_memory};
 use serde_json::{Value, json};
 
+mod vs_dynamo;
+
 /// Endpoint of the benchmark's one pool.
 const NAMESPACE: &str = "bench";
 const COMPONENT: &str = "backend";
@@ -29,8 +32,10 @@ const ENDPOINT: &str = "generate";
 const FIRST_WORKER_ID: u64 = 0x100;
 /// Admin HTTP request timeout.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
-/// The stream runs and the opt-in join runs, by name.
+/// The stream runs, the opt-in runs against Dynamo's relay and the opt-in join runs, by
+/// name.
 const STREAM_RUNS: [&str; 3] = ["paced", "low", "flat"];
+const DYNAMO_RUNS: [&str; 2] = ["dynamo-paced", "dynamo-flat"];
 const JOIN_RUNS: [&str; 5] = [
     "join-live",
     "join-live-noreplay",
@@ -39,8 +44,10 @@ const JOIN_RUNS: [&str; 5] = [
     "join-idle-noreplay",
 ];
 /// Every flag the driver reads.
-const FLAGS: [&str; 12] = [
+const FLAGS: [&str; 14] = [
     "quick",
+    "python",
+    "dynamo-scripts",
     "kvrelay",
     "trace",
     "out-dir",
@@ -59,7 +66,10 @@ usage: stream-bench [--runs paced,low,flat] [--quick] [--seconds N]
                     [--workers N] [--capacity BLOCKS] [--paced-rate EV/S] [--low-rate EV/S]
                     [--engine-nice N] [--relay-limits key=value,...]
 
-Runs: paced, low, flat (default all three); join-live, join-live-noreplay,
+Runs: paced, low, flat (default all three); dynamo-paced, dynamo-flat (opt-in: the
+paced and flat runs through kvrelay's gRPC door and through Dynamo's relay, each to the
+same gRPC follower; --python, default target/interop/venv/bin/python, and
+--dynamo-scripts, default benches/dynamo); join-live, join-live-noreplay,
 join-live-ring8, join-idle, join-idle-noreplay (opt-in). --engine-nice (default 19)
 lowers the engine processes' CPU priority, as engines on their own hosts would not take
 the relay's CPU; 0 runs them at the relay's priority. See docs/benchmarks.md.
@@ -264,11 +274,14 @@ async fn main() -> Result<()> {
         .split(',')
         .map(str::to_owned)
         .collect();
-    if let Some(unknown) = wanted
-        .iter()
-        .find(|name| !STREAM_RUNS.contains(&name.as_str()) && !JOIN_RUNS.contains(&name.as_str()))
-    {
-        bail!("unknown run {unknown:?} in --runs (known: {STREAM_RUNS:?}, {JOIN_RUNS:?})");
+    if let Some(unknown) = wanted.iter().find(|name| {
+        !STREAM_RUNS.contains(&name.as_str())
+            && !DYNAMO_RUNS.contains(&name.as_str())
+            && !JOIN_RUNS.contains(&name.as_str())
+    }) {
+        bail!(
+            "unknown run {unknown:?} in --runs (known: {STREAM_RUNS:?}, {DYNAMO_RUNS:?}, {JOIN_RUNS:?})"
+        );
     }
     // Join runs (opt-in: `--runs join-live,join-live-noreplay,join-live-ring8,join-idle,
     // join-idle-noreplay`):
@@ -331,11 +344,36 @@ async fn main() -> Result<()> {
             .with_context(|| format!("stream run {}", spec.name))?;
         results.push(result);
     }
+    let dynamo_side = vs_dynamo::DynamoSide {
+        python: PathBuf::from(
+            flags
+                .raw("python")
+                .unwrap_or("target/interop/venv/bin/python"),
+        ),
+        scripts: PathBuf::from(flags.raw("dynamo-scripts").unwrap_or("benches/dynamo")),
+    };
+    let mut dynamo_results = Vec::new();
+    for (name, spec) in DYNAMO_RUNS.iter().zip([&all_runs[0], &all_runs[2]]) {
+        if !wanted.iter().any(|wanted| wanted == name) {
+            continue;
+        }
+        let spec = RunSpec {
+            name: (*name).to_owned(),
+            ..spec.clone()
+        };
+        let result = vs_dynamo::run(&setup, &spec, &dynamo_side)
+            .await
+            .with_context(|| format!("run {name}"))?;
+        dynamo_results.push(result);
+    }
     let mut table = if results.is_empty() {
         String::new()
     } else {
         render(&results)
     };
+    if !dynamo_results.is_empty() {
+        table.push_str(&vs_dynamo::render(&dynamo_results));
+    }
     if !join_results.is_empty() {
         table.push_str(&render_join(&join_results));
     }
@@ -351,6 +389,7 @@ async fn main() -> Result<()> {
         "relay_limits": setup.relay_limits,
         "quick": quick,
         "runs": results,
+        "dynamo_runs": dynamo_results,
         "join_runs": join_results,
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&document)?)
@@ -677,25 +716,7 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
         // Engines are polled every 100 ms (so their end is noticed promptly), progress is
         // printed every second.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        for (at, engine) in engines.iter_mut().enumerate() {
-            while let Ok(line) = engine.lines.try_recv() {
-                let words: Vec<&str> = line.split_whitespace().collect();
-                match words.as_slice() {
-                    ["sent", events, _] => sent[at] = events.parse().unwrap_or(sent[at]),
-                    ["done", events, _, unix] => {
-                        let events = events.parse().unwrap_or(0);
-                        sent[at] = events;
-                        done[at] = Some((events, unix.parse().unwrap_or(0)));
-                    }
-                    _ => {}
-                }
-            }
-            if done[at].is_none()
-                && let Ok(Some(status)) = engine.child.try_wait()
-            {
-                bail!("{} exited with {status}", engine.name);
-            }
-        }
+        poll_engines(&mut engines, &mut sent, &mut done)?;
         let now = Instant::now();
         if now < next_progress && done.iter().any(Option::is_none) {
             continue;
@@ -981,6 +1002,35 @@ async fn run_join(
         "ingest_replays": sample.ingest_replays,
         "ingest_resets": sample.ingest_resets,
     }))
+}
+
+/// Reads the engines' pending lines: events sent so far, and (events, stop time) once an
+/// engine is `done`; fails if an engine exited before.
+fn poll_engines(
+    engines: &mut [Proc],
+    sent: &mut [u64],
+    done: &mut [Option<(u64, u64)>],
+) -> Result<()> {
+    for (at, engine) in engines.iter_mut().enumerate() {
+        while let Ok(line) = engine.lines.try_recv() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["sent", events, _] => sent[at] = events.parse().unwrap_or(sent[at]),
+                ["done", events, _, unix] => {
+                    let events = events.parse().unwrap_or(0);
+                    sent[at] = events;
+                    done[at] = Some((events, unix.parse().unwrap_or(0)));
+                }
+                _ => {}
+            }
+        }
+        if done[at].is_none()
+            && let Ok(Some(status)) = engine.child.try_wait()
+        {
+            bail!("{} exited with {status}", engine.name);
+        }
+    }
+    Ok(())
 }
 
 /// Reads the engines' pending lines, noting each one's published batch count once it is
