@@ -4,9 +4,10 @@ Usage:
   dynamo_relay.py --dc dc-dynamo --expected-unique-blocks 1048576 --bind 127.0.0.1:0 \
       [--namespace bench] [--relay-endpoint bench.relay.kv] [--health-ms 1000] [--tuning K=V,...]
 
-Discovery is Dynamo's "file" backend: the directory is DYN_FILE_KV, shared with
-`dynamo_workers.py`. The relay watches the pools (model cards) of `--namespace` and
-serves them on its gRPC door (`dynamo.kvrelay.v1`) at `--bind`.
+Discovery is Dynamo's "file" backend (the directory is DYN_FILE_KV) or, with
+`--discovery etcd`, its etcd backend (ETCD_ENDPOINTS), shared with `dynamo_workers.py`.
+The relay watches the pools (model cards) of `--namespace` and serves them on its gRPC
+door (`dynamo.kvrelay.v1`) at `--bind`.
 
 Line protocol (stdout):
   `bound HOST:PORT`         once the gRPC door listens;
@@ -32,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--expected-unique-blocks", type=int, default=1_048_576)
     p.add_argument("--bind", default="127.0.0.1:0")
     p.add_argument("--health-ms", type=int, default=1000)
+    p.add_argument("--discovery", default="file", choices=["file", "etcd"],
+                   help="Dynamo's discovery backend: file (DYN_FILE_KV) or etcd (ETCD_ENDPOINTS)")
     p.add_argument("--tuning", default="",
                    help="KvDcRelay tuning, KEY=INT,... (e.g. publication_queue_capacity=4096); keys: "
                    "publication_threshold, publication_delay_ms, recovery_attempt_timeout_ms and the "
@@ -52,7 +55,7 @@ async def report_health(relay: KvDcRelay, every_ms: int) -> None:
 async def main() -> None:
     args = parse_args()
     loop = asyncio.get_running_loop()
-    runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+    runtime = DistributedRuntime(loop, args.discovery, "tcp", event_plane="zmq")
     relay = KvDcRelay(
         runtime.endpoint(args.relay_endpoint),
         args.dc,

@@ -17,7 +17,8 @@ workers with a model card; a publisher given an explicit `worker_id` that is not
 instance id is never activated (health `active_endpoint_count` stays 0). Several runtimes
 in one process work; running this script once per engine works too.
 
-Environment (set by the caller): DYN_FILE_KV=<shared discovery dir>, and every DYN_*_HOST
+Environment (set by the caller): DYN_FILE_KV=<shared discovery dir> (or, with
+`--discovery etcd`, ETCD_ENDPOINTS=<url>), and every DYN_*_HOST
 pinned to 127.0.0.1 with DYN_SELF_HOST_METADATA=0 (see benches/dynamo/README.md).
 Optional: DYN_SYSTEM_PORT=<port below 32768> serves Prometheus metrics on /metrics.
 
@@ -45,6 +46,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--topic", default="kv-events", help="ZMQ topic the engines publish on")
     p.add_argument("--engine", action="append", required=True, metavar="LABEL=ENDPOINT")
     p.add_argument("--batching-timeout-ms", type=int, default=None)
+    p.add_argument("--discovery", default="file", choices=["file", "etcd"],
+                   help="Dynamo's discovery backend: file (DYN_FILE_KV) or etcd (ETCD_ENDPOINTS)")
     p.add_argument("--local-indexer", type=int, default=1,
                    help="enable the worker-local indexer (the relay's recovery queries it)")
     return p.parse_args()
@@ -64,7 +67,7 @@ async def main() -> None:
     for spec in args.engine:
         label, zmq_endpoint = spec.split("=", 1) if "=" in spec else (spec, spec)
         # One runtime per engine: its instance id is the worker id Dynamo's relay sees.
-        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+        runtime = DistributedRuntime(loop, args.discovery, "tcp", event_plane="zmq")
         # Only the first runtime serves DYN_SYSTEM_PORT (the others would fail to bind it);
         # its /metrics carries the counters of every publisher in the process.
         os.environ.pop("DYN_SYSTEM_PORT", None)

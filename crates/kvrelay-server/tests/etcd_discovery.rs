@@ -1,7 +1,8 @@
 //! A relay discovering its endpoints from a real etcd (Debian package `etcd-server`) on a
 //! loopback port: a card put into etcd becomes a published pool, and deleting it withdraws
 //! the pool; KV event sources advertised in etcd the way Dynamo's workers advertise them
-//! attach, and detach when their lease ends.
+//! attach, and detach when their lease ends; and real Dynamo 1.6.1 workers registered in
+//! etcd attach the same pool and sources in our relay as in Dynamo's own.
 
 #![allow(
     clippy::unwrap_used,
@@ -12,12 +13,20 @@
 
 mod support;
 
+#[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
+mod interop;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 
 use kvrelay_codec::v1::{Message, StreamRpc};
+use kvrelay_dynamo::CONTRACT_MARKER;
+use kvrelay_dynamo::proto::kv_event_relay_client::KvEventRelayClient;
+use kvrelay_dynamo::proto::{
+    KvPoolCatalogUpdate, SubscribeKvPoolLoadRequest, WatchKvPoolCatalogRequest,
+};
 use kvrelay_membership::{
     DEFAULT_ETCD_TIMEOUT, EtcdDiscovery, ModelCardInstance, ModelCardInstanceId,
 };
@@ -405,5 +414,186 @@ async fn an_etcd_outage_keeps_the_advertised_sources_and_counts_the_failed_listi
     }
     assert_eq!(relay.sources().len(), 1, "an outage detached the source");
     assert_eq!(relay.catalog().pools.len(), 1);
+    relay.shutdown().await.unwrap();
+}
+
+/// A Dynamo script of the benchmark (`benches/dynamo/`), run with the interop venv.
+fn dynamo_script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../benches/dynamo")
+        .join(name)
+}
+
+/// Starts a Dynamo script (interop venv, loopback, etcd discovery at `etcd_url`) and
+/// returns it with its stdout lines.
+fn start_dynamo(
+    script: &str,
+    etcd_url: &str,
+    args: &[String],
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = tokio::process::Command::new(interop::python());
+    interop::loopback(&mut command)
+        .arg(dynamo_script(script))
+        .args(["--discovery", "etcd"])
+        .args(args)
+        .env("ETCD_ENDPOINTS", etcd_url)
+        .env("DYN_LOG", "error")
+        .env_remove("DYN_SYSTEM_PORT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("the interop python starts");
+    let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// Discovery parity with the real thing: two Dynamo 1.6.1 workers (the wheel's own
+/// runtime, a separate process) register their model cards and KV event publishers in a
+/// real etcd under their leases; Dynamo's own relay and ours, both on that etcd, attach
+/// the same pool: Dynamo's, asked over its contract, publishes one pool whose load window
+/// expects both workers' ranks; ours attaches that pool and exactly the two workers as
+/// sources (their ids as Dynamo assigned them). When the workers leave, both withdraw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_dynamo_workers_in_etcd_attach_the_same_pool_and_sources_as_dynamos_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(&dir.path().join("etcd"));
+    let engine_port = |_| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let engines: Vec<u16> = (0..2).map(engine_port).collect();
+    let mut worker_args = vec![
+        "--endpoint".to_owned(),
+        "prod.backend.generate".to_owned(),
+        "--model".to_owned(),
+        "llama".to_owned(),
+        "--total-kv-blocks".to_owned(),
+        "1024".to_owned(),
+    ];
+    for (label, port) in engines.iter().enumerate() {
+        worker_args.push("--engine".to_owned());
+        worker_args.push(format!("{label}=tcp://127.0.0.1:{port}"));
+    }
+    let (mut workers, mut worker_lines) =
+        start_dynamo("dynamo_workers.py", &etcd.url, &worker_args);
+    let ready = interop::expect_line(&mut worker_lines, "ready").await;
+    // `ready 0=ID 1=ID`: the worker ids Dynamo gave its runtimes.
+    let mut dynamo_ids: Vec<u64> = ready
+        .split_whitespace()
+        .filter_map(|pair| pair.split_once('=')?.1.parse().ok())
+        .collect();
+    dynamo_ids.sort_unstable();
+    assert_eq!(dynamo_ids.len(), 2, "{ready:?}");
+
+    let (mut dynamo_relay, mut relay_lines) = start_dynamo(
+        "dynamo_relay.py",
+        &etcd.url,
+        &[
+            "--namespace".to_owned(),
+            "prod".to_owned(),
+            "--health-ms".to_owned(),
+            "0".to_owned(),
+        ],
+    );
+    let dynamo_addr = interop::expect_line(&mut relay_lines, "bound ").await;
+    let relay = Relay::start(etcd_relay_config(&etcd.url, None))
+        .await
+        .unwrap();
+
+    // Dynamo's relay, asked over its contract: one pool, whose load window expects the
+    // two workers' ranks.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{dynamo_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut dynamo = KvEventRelayClient::new(channel);
+    let mut dynamo_catalog = dynamo
+        .watch_kv_pool_catalog(WatchKvPoolCatalogRequest {
+            subscriber_id: "parity".to_owned(),
+            contract_marker: CONTRACT_MARKER,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut dynamo_load = dynamo
+        .subscribe_kv_pool_load(SubscribeKvPoolLoadRequest {
+            subscriber_id: "parity".to_owned(),
+            contract_marker: CONTRACT_MARKER,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let pools_in = |update: &KvPoolCatalogUpdate| {
+        update
+            .snapshot
+            .as_ref()
+            .map_or(0, |snapshot| snapshot.pools.len())
+    };
+    tokio::time::timeout(DEADLINE, async {
+        while pools_in(&dynamo_catalog.message().await.unwrap().unwrap()) != 1 {}
+        loop {
+            let window = dynamo_load.message().await.unwrap().unwrap();
+            if window.pools.iter().any(|pool| pool.kv_expected_ranks == 2) {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("Dynamo's relay publishes the pool of both workers");
+
+    // Ours: the same pool, the same two sources.
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
+        .await
+        .expect("our relay attaches the workers' pool");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let mut ours: Vec<u64> = relay
+            .sources()
+            .iter()
+            .map(|source| source.worker_id)
+            .collect();
+        ours.sort_unstable();
+        if ours == dynamo_ids {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "our relay attached {ours:?}, Dynamo's workers are {dynamo_ids:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let catalog = relay.catalog();
+    assert_eq!(catalog.pools.len(), 1);
+    assert_eq!(catalog.pools[0].serving_endpoint.name, "generate");
+
+    // The workers leave (their runtimes shut down and revoke their leases): both relays
+    // withdraw the pool.
+    drop(workers.stdin.take());
+    let _ = tokio::time::timeout(DEADLINE, workers.wait()).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !relay.sources().is_empty() || !relay.catalog().pools.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "our relay kept {:?} after the workers left",
+            relay.sources()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::timeout(DEADLINE, async {
+        while pools_in(&dynamo_catalog.message().await.unwrap().unwrap()) != 0 {}
+    })
+    .await
+    .expect("Dynamo's relay withdraws the pool too");
+    drop(dynamo_relay.stdin.take());
+    let _ = tokio::time::timeout(DEADLINE, dynamo_relay.wait()).await;
     relay.shutdown().await.unwrap();
 }

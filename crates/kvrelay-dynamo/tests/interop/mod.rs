@@ -37,7 +37,7 @@ pub(crate) fn script(name: &str) -> PathBuf {
 }
 
 /// Every address a Dynamo process binds or advertises is loopback.
-fn loopback(command: &mut Command) -> &mut Command {
+pub(crate) fn loopback(command: &mut Command) -> &mut Command {
     for name in [
         "DYN_EVENT_PLANE_HOST",
         "DYN_TCP_RPC_HOST",
@@ -50,7 +50,7 @@ fn loopback(command: &mut Command) -> &mut Command {
 }
 
 /// Reads lines until one starts with `prefix`; returns the rest.
-async fn expect_line(lines: &mut Lines<BufReader<ChildStdout>>, prefix: &str) -> String {
+pub(crate) async fn expect_line(lines: &mut Lines<BufReader<ChildStdout>>, prefix: &str) -> String {
     tokio::time::timeout(START_DEADLINE, async {
         while let Some(line) = lines
             .next_line()
