@@ -46,6 +46,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--topic", default="kv-events", help="ZMQ topic the engines publish on")
     p.add_argument("--engine", action="append", required=True, metavar="LABEL=ENDPOINT")
     p.add_argument("--batching-timeout-ms", type=int, default=None)
+    p.add_argument("--model-dir", default=None,
+                   help="the model directory the cards name (default: a temporary one); "
+                   "worker processes of one pool must share it")
     p.add_argument("--discovery", default="file", choices=["file", "etcd"],
                    help="Dynamo's discovery backend: file (DYN_FILE_KV) or etcd (ETCD_ENDPOINTS)")
     p.add_argument("--local-indexer", type=int, default=1,
@@ -58,8 +61,12 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
 
     # A minimal model directory (removed at exit): register_model wants a config.json to read.
-    model_tmp = tempfile.TemporaryDirectory(prefix="dyn-bench-model-")
-    model_dir = model_tmp.name
+    # The card names the model directory: workers of one pool in several processes must
+    # share it (`--model-dir`), or Dynamo's relay sees cards that disagree and fences the
+    # endpoint.
+    model_tmp = None if args.model_dir else tempfile.TemporaryDirectory(prefix="dyn-bench-model-")
+    model_dir = args.model_dir or model_tmp.name
+    os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         f.write('{"model_type":"llama","max_position_embeddings":32768}')
 
@@ -106,7 +113,8 @@ async def main() -> None:
         publisher.shutdown()
     for runtime in runtimes:
         runtime.shutdown()
-    model_tmp.cleanup()
+    if model_tmp:
+        model_tmp.cleanup()
 
 
 asyncio.run(main())

@@ -142,6 +142,9 @@ pub(crate) struct RelayMetrics {
     pub(crate) admin_unauthorized: Counter,
     /// Discovery inputs skipped, by reason (`kvrelay_discovery_skipped_total`).
     pub(crate) discovery_skipped: Family<ReasonLabel, Counter>,
+    /// Sources whose blocks were dropped because they left a pool that lives on
+    /// (`kvrelay_sources_cleared_total`).
+    pub(crate) sources_cleared: Counter,
     /// Listings of event adverts in etcd that failed (the last sources were kept)
     /// (`kvrelay_discovery_advert_listing_failures_total`).
     pub(crate) discovery_advert_listing_failures: Counter,
@@ -452,6 +455,12 @@ impl RelayMetrics {
             "Discovery inputs (card files, cards) skipped, by reason",
             discovery_skipped.clone(),
         );
+        let sources_cleared = Counter::default();
+        registry.register(
+            "sources_cleared",
+            "Sources whose blocks were dropped because they left a pool that lives on (card or advert gone)",
+            sources_cleared.clone(),
+        );
         let discovery_advert_listing_failures = Counter::default();
         registry.register(
             "discovery_advert_listing_failures",
@@ -511,6 +520,7 @@ impl RelayMetrics {
             admin_unauthorized,
             discovery_skipped,
             discovery_advert_listing_failures,
+            sources_cleared,
             discovery_card_reads,
             stream,
             pool_attach_failures,

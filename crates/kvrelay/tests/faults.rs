@@ -18,14 +18,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kvrelay_ingest::{
-    BlockRemoved, BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, EngineLayout,
-    TokenIds, encode_engine_batch,
-};
-use support::{RelayProcess, http_get};
+use support::{RelayProcess, VllmEngine as Engine, http_get, removed, stored};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-const BLOCK_SIZE: u32 = 16;
+use support::BLOCK_SIZE;
 const ENDPOINT: &str = "prod.backend.generate";
 
 /// One worker's card (instance 0x11 of `prod.backend.generate`, one rank).
@@ -46,65 +42,6 @@ fn write_card(cards: &Path) {
         record.to_string(),
     )
     .unwrap();
-}
-
-fn stored(ids: &[u64], parent: Option<u64>) -> EngineEvent {
-    let tokens = ids
-        .iter()
-        .flat_map(|id| (0..BLOCK_SIZE).map(move |at| (*id as u32) * 100 + at))
-        .collect();
-    EngineEvent::BlockStored(BlockStored {
-        medium: Some("GPU".to_owned()),
-        ..BlockStored::new(
-            ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
-            parent.map(EngineBlockHash::unsigned),
-            TokenIds::Flat(tokens),
-            BLOCK_SIZE,
-        )
-    })
-}
-
-fn removed(ids: &[u64]) -> EngineEvent {
-    EngineEvent::BlockRemoved(BlockRemoved {
-        block_hashes: ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
-        medium: Some("GPU".to_owned()),
-        group_idx: None,
-    })
-}
-
-/// A vLLM engine's event publisher: a libzmq PUB socket sending `[topic, seq, batch]`.
-struct Engine {
-    socket: zmq::Socket,
-    seq: u64,
-}
-
-impl Engine {
-    fn bind(context: &zmq::Context, addr: SocketAddr) -> Self {
-        let socket = context.socket(zmq::PUB).unwrap();
-        socket.set_linger(0).unwrap();
-        socket.bind(&format!("tcp://{addr}")).unwrap();
-        Self { socket, seq: 0 }
-    }
-
-    fn publish(&mut self, event: EngineEvent) {
-        let layout = EngineLayout {
-            engine: EngineKind::Vllm,
-            map_events: false,
-            map_batch: false,
-        };
-        let batch = EngineBatch {
-            ts: 0.0,
-            events: vec![event],
-            dp_rank: Some(0),
-        };
-        let mut payload = Vec::new();
-        encode_engine_batch(&batch, layout, &mut payload);
-        let seq = self.seq.to_be_bytes();
-        self.socket
-            .send_multipart([&b"kv-events"[..], &seq[..], &payload[..]], 0)
-            .unwrap();
-        self.seq += 1;
-    }
 }
 
 async fn get(admin: SocketAddr, path: &str) -> (u16, String) {

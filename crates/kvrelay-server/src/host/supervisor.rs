@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::core::{Command, HealthFact, SupervisionCore};
 pub(crate) use self::core::{CoreConfig, HostFacts, SourceKey};
@@ -57,6 +57,8 @@ pub(crate) struct Supervisor {
 enum Settled {
     Attached(EndpointId, Result<PoolAttachment, AttachError>),
     Retired(EndpointId),
+    /// Departed sources' blocks dropped: how many sources, and the first failure.
+    SourcesCleared(EndpointId, usize, Option<kvrelay_pool::ActorError>),
 }
 
 type InFlight = FuturesUnordered<Pin<Box<dyn Future<Output = Settled> + Send>>>;
@@ -241,6 +243,29 @@ impl Supervisor {
                         .start(&endpoint, &engines, nats_server, semantics, self);
                 }
                 Command::StopSources { endpoint } => shell.pumps.stop(&endpoint),
+                Command::ClearSources {
+                    endpoint,
+                    generation,
+                    sources,
+                } => {
+                    let Some(attachment) = shell
+                        .attachments
+                        .get(&endpoint)
+                        .filter(|attachment| attachment.generation == generation)
+                    else {
+                        continue;
+                    };
+                    let actor = attachment.actor.clone();
+                    shell.in_flight.push(Box::pin(async move {
+                        let mut failure = None;
+                        for source in &sources {
+                            if let Err(err) = actor.clear_source(*source).await {
+                                failure.get_or_insert(err);
+                            }
+                        }
+                        Settled::SourcesCleared(endpoint, sources.len(), failure)
+                    }));
+                }
                 Command::PublishRoutes(plans) => {
                     let mut routes = BTreeMap::new();
                     let mut pools = BTreeMap::new();
@@ -350,6 +375,18 @@ fn settle(core: &mut SupervisionCore, shell: &mut Shell, settled: Settled, state
             core.handle_attach_failed(&endpoint);
         }
         Settled::Retired(endpoint) => core.handle_retired(&endpoint),
+        Settled::SourcesCleared(endpoint, n, failure) => {
+            state.metrics.sources_cleared.inc_by(n as u64);
+            match failure {
+                // A retired or stopped actor has nothing left to clear.
+                Some(err) => {
+                    debug!(endpoint = %endpoint.dotted(), error = %err, "clearing departed sources failed");
+                }
+                None => {
+                    info!(endpoint = %endpoint.dotted(), sources = n, "blocks of departed sources dropped");
+                }
+            }
+        }
     }
 }
 

@@ -200,3 +200,75 @@ pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, Strin
         .ok()
         .flatten()
 }
+
+/// Tokens per KV block of the engines these tests simulate (vLLM's default).
+pub(crate) const BLOCK_SIZE: u32 = 16;
+
+/// The tokens of chained blocks `ids`: block `id` holds `id * 100 + 0..16`, so a request
+/// for those tokens hashes to the same blocks on every relay.
+pub(crate) fn tokens_of(ids: &[u64]) -> Vec<u32> {
+    ids.iter()
+        .flat_map(|id| (0..BLOCK_SIZE).map(move |at| (*id as u32) * 100 + at))
+        .collect()
+}
+
+/// vLLM's event for blocks `ids` (engine ids, chained after `parent`) stored on the GPU.
+pub(crate) fn stored(ids: &[u64], parent: Option<u64>) -> kvrelay_ingest::EngineEvent {
+    use kvrelay_ingest::{BlockStored, EngineBlockHash, EngineEvent, TokenIds};
+    EngineEvent::BlockStored(BlockStored {
+        medium: Some("GPU".to_owned()),
+        ..BlockStored::new(
+            ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
+            parent.map(EngineBlockHash::unsigned),
+            TokenIds::Flat(tokens_of(ids)),
+            BLOCK_SIZE,
+        )
+    })
+}
+
+/// vLLM's event for blocks `ids` evicted from the GPU.
+pub(crate) fn removed(ids: &[u64]) -> kvrelay_ingest::EngineEvent {
+    use kvrelay_ingest::{BlockRemoved, EngineBlockHash, EngineEvent};
+    EngineEvent::BlockRemoved(BlockRemoved {
+        block_hashes: ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
+        medium: Some("GPU".to_owned()),
+        group_idx: None,
+    })
+}
+
+/// A vLLM engine's event publisher: a libzmq PUB socket sending `[topic, seq, batch]`
+/// (one event per batch, sequence numbers from 0), as vLLM publishes.
+pub(crate) struct VllmEngine {
+    socket: zmq::Socket,
+    pub(crate) seq: u64,
+}
+
+impl VllmEngine {
+    pub(crate) fn bind(context: &zmq::Context, addr: SocketAddr) -> Self {
+        let socket = context.socket(zmq::PUB).unwrap();
+        socket.set_linger(0).unwrap();
+        socket.bind(&format!("tcp://{addr}")).unwrap();
+        Self { socket, seq: 0 }
+    }
+
+    pub(crate) fn publish(&mut self, event: kvrelay_ingest::EngineEvent) {
+        use kvrelay_ingest::{EngineBatch, EngineKind, EngineLayout, encode_engine_batch};
+        let layout = EngineLayout {
+            engine: EngineKind::Vllm,
+            map_events: false,
+            map_batch: false,
+        };
+        let batch = EngineBatch {
+            ts: 0.0,
+            events: vec![event],
+            dp_rank: Some(0),
+        };
+        let mut payload = Vec::new();
+        encode_engine_batch(&batch, layout, &mut payload);
+        let seq = self.seq.to_be_bytes();
+        self.socket
+            .send_multipart([&b"kv-events"[..], &seq[..], &payload[..]], 0)
+            .unwrap();
+        self.seq += 1;
+    }
+}

@@ -99,6 +99,13 @@ pub(crate) enum Command {
     },
     /// Stop every source of `endpoint`.
     StopSources { endpoint: EndpointId },
+    /// Drop every block `sources` hold in `endpoint`'s generation: they left the endpoint
+    /// (a worker's card gone, an advertised source gone) while the pool lives on.
+    ClearSources {
+        endpoint: EndpointId,
+        generation: u64,
+        sources: Vec<SourceId>,
+    },
     /// Route each source's events to its pool generation.
     PublishRoutes(Vec<RoutePlan>),
     /// Advertise `catalog` without the `withheld` pools, under `revision`.
@@ -207,6 +214,9 @@ pub(crate) struct SupervisionCore {
     slots: BTreeMap<EndpointId, Slot>,
     /// Sources started per endpoint, with their last state.
     running: BTreeMap<EndpointId, BTreeMap<SourceKey, SourceState>>,
+    /// The sources each attached generation routes (cards' ranks plus configured and
+    /// advertised engines), to notice the ones that leave.
+    pool_sources: BTreeMap<EndpointId, (u64, BTreeSet<SourceId>)>,
     stalled: BTreeSet<PoolId>,
     /// Per attached pool and generation: its last `degraded_readings + 1` cumulative
     /// (applied, unroutable) event counts, oldest first.
@@ -233,6 +243,7 @@ impl SupervisionCore {
             configured,
             slots: BTreeMap::new(),
             running: BTreeMap::new(),
+            pool_sources: BTreeMap::new(),
             stalled: BTreeSet::new(),
             event_history: BTreeMap::new(),
             withheld_changes: 0,
@@ -657,6 +668,7 @@ impl SupervisionCore {
             }
             starts.push((endpoint.clone(), engines, binding.query_semantics));
         }
+        self.clear_departed_sources();
         for (endpoint, engines, semantics) in starts {
             let mut states = BTreeMap::new();
             for engine in &engines {
@@ -704,6 +716,47 @@ impl SupervisionCore {
             Slot::Attached { binding, .. } => Some(binding.pool),
             Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
         })
+    }
+
+    /// A source that left an attached generation's source set (its worker's card gone,
+    /// its advert or `[[sources]]` entry gone) still owns blocks in the pool: without
+    /// this they would attract requests to a DC that no longer holds them, for as long
+    /// as the pool lives. A source kept by configuration while its card is gone stays
+    /// (configuration wins, as for routing).
+    fn clear_departed_sources(&mut self) {
+        let mut current: BTreeMap<EndpointId, (u64, BTreeSet<SourceId>)> = BTreeMap::new();
+        for (endpoint, slot) in &self.slots {
+            let Slot::Attached {
+                generation,
+                membership,
+                ..
+            } = slot
+            else {
+                continue;
+            };
+            let sources = sources_of(membership, self.configured.get(endpoint))
+                .into_iter()
+                .map(|(source, _)| source)
+                .collect();
+            current.insert(endpoint.clone(), (*generation, sources));
+        }
+        for (endpoint, (generation, sources)) in &current {
+            let Some((before_generation, before)) = self.pool_sources.get(endpoint) else {
+                continue;
+            };
+            if before_generation != generation {
+                continue;
+            }
+            let departed: Vec<SourceId> = before.difference(sources).copied().collect();
+            if !departed.is_empty() {
+                self.commands.push_back(Command::ClearSources {
+                    endpoint: endpoint.clone(),
+                    generation: *generation,
+                    sources: departed,
+                });
+            }
+        }
+        self.pool_sources = current;
     }
 
     fn stop_sources(&mut self, endpoint: &EndpointId) {

@@ -553,3 +553,85 @@ fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
             .all(|pool| pool.degraded.is_none())
     );
 }
+
+fn cleared(commands: &[Command]) -> Vec<(EndpointId, u64, Vec<SourceId>)> {
+    commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::ClearSources {
+                endpoint,
+                generation,
+                sources,
+            } => Some((endpoint.clone(), *generation, sources.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Endpoint A with the cards of workers 1 and 2 (one rank each) and worker 1's engine
+/// configured, attached as generation 1.
+fn attached_a_with_two_workers() -> SupervisionCore {
+    let mut core = core_with_engines(&[A]);
+    core.handle_membership(view(&[
+        ("prod/backend/generate/1", card(Some(64), 0, 1)),
+        ("prod/backend/generate/2", card(Some(64), 0, 1)),
+    ]));
+    drain(&mut core);
+    core.handle_attached(&endpoint(A), 1);
+    drain(&mut core);
+    core
+}
+
+#[test]
+fn a_worker_whose_card_leaves_a_living_pool_has_its_blocks_cleared() {
+    let mut core = attached_a_with_two_workers();
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(64), 0, 1))]));
+    let commands = drain(&mut core);
+    assert!(retires(&commands).is_empty(), "the pool lives on");
+    assert_eq!(
+        cleared(&commands),
+        vec![(endpoint(A), 1, vec![SourceId::new(2, 0)])]
+    );
+    // Said once: the next change of anything else clears nothing again.
+    core.handle_membership(view(&[("prod/backend/generate/1", card(Some(128), 0, 1))]));
+    assert!(cleared(&drain(&mut core)).is_empty());
+}
+
+#[test]
+fn a_configured_source_outlives_its_card_and_a_departed_advert_is_cleared() {
+    let mut core = attached_a_with_two_workers();
+    // Worker 3 has no card, only an (advertised) source.
+    core.handle_configured_sources(BTreeMap::from([(
+        endpoint(A),
+        vec![engine(A, 1), engine(A, 3)],
+    )]));
+    assert!(cleared(&drain(&mut core)).is_empty());
+    // Worker 1's card goes, but a source entry still names it: configuration wins.
+    core.handle_membership(view(&[("prod/backend/generate/2", card(Some(64), 0, 1))]));
+    assert!(cleared(&drain(&mut core)).is_empty());
+    // Worker 3's advert goes: it left, and the pool lives on with workers 1 and 2.
+    core.handle_configured_sources(BTreeMap::from([(endpoint(A), vec![engine(A, 1)])]));
+    let commands = drain(&mut core);
+    assert!(retires(&commands).is_empty());
+    assert_eq!(
+        cleared(&commands),
+        vec![(endpoint(A), 1, vec![SourceId::new(3, 0)])]
+    );
+}
+
+#[test]
+fn a_new_generation_starts_with_no_departures() {
+    let mut core = attached_a_with_two_workers();
+    // A block size change is a new binding: retire, then attach generation 2 with one
+    // worker; nothing is cleared (generation 1's blocks go with it).
+    core.handle_membership(view(&[(
+        "prod/backend/generate/1",
+        card_with_block_size(Some(64), 0, 1, 32),
+    )]));
+    let commands = drain(&mut core);
+    assert_eq!(retires(&commands).len(), 1);
+    core.handle_retired(&endpoint(A));
+    drain(&mut core);
+    core.handle_attached(&endpoint(A), 2);
+    assert!(cleared(&drain(&mut core)).is_empty());
+}
