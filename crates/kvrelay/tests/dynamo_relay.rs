@@ -171,20 +171,26 @@ impl DynamoProcess {
     }
 }
 
-/// One worker's card for our relay (instance `worker` of `prod.backend.generate`).
-fn write_card(cards: &std::path::Path, worker: u64) -> std::path::PathBuf {
+/// One worker's card for our relay (instance `worker` of `prod.<component>.generate`,
+/// serving `model`).
+fn write_card(
+    cards: &std::path::Path,
+    component: &str,
+    model: &str,
+    worker: u64,
+) -> std::path::PathBuf {
     let record = serde_json::json!({
-        "type": "Model", "namespace": "prod", "component": "backend", "endpoint": "generate",
+        "type": "Model", "namespace": "prod", "component": component, "endpoint": "generate",
         "instance_id": worker,
         "card_json": {
-            "display_name": "model-a", "source_path": "models/model-a",
+            "display_name": model, "source_path": format!("models/{model}"),
             "kv_cache_block_size": BLOCK, "model_type": "Chat | Completions",
             "worker_type": "aggregated", "needs": [],
             "runtime_config": {"total_kv_blocks": 1024, "data_parallel_start_rank": 0,
                 "data_parallel_size": 1}
         }
     });
-    let path = cards.join(format!("prod-backend-generate-{worker:x}.json"));
+    let path = cards.join(format!("prod-{component}-generate-{worker:x}.json"));
     std::fs::write(&path, record.to_string()).unwrap();
     path
 }
@@ -192,9 +198,14 @@ fn write_card(cards: &std::path::Path, worker: u64) -> std::path::PathBuf {
 /// The reference runtime's advert pair for `worker`'s KV event publisher on ZMQ `zmq`
 /// (as its file store keeps them), so our relay attaches the engine the way a Dynamo
 /// deployment advertises it, and detaches it when the records go. Returns the two files.
-fn advertise(store: &std::path::Path, worker: u64, zmq: &str) -> [std::path::PathBuf; 2] {
+fn advertise(
+    store: &std::path::Path,
+    component: &str,
+    worker: u64,
+    zmq: &str,
+) -> [std::path::PathBuf; 2] {
     let scope = serde_json::json!({"kind": "endpoint", "endpoint":
-        {"namespace": "prod", "component": "backend", "name": "generate"}});
+        {"namespace": "prod", "component": component, "name": "generate"}});
     let source = serde_json::json!({
         "type": "EventSource", "scope": scope, "topic": "kv-events", "publisher_id": worker,
         "metadata": {"kv_state_endpoint": scope["endpoint"],
@@ -205,7 +216,7 @@ fn advertise(store: &std::path::Path, worker: u64, zmq: &str) -> [std::path::Pat
         "transport": {"kind": "Zmq", "config": {"endpoint": zmq}}
     });
     let record = format!(
-        "namespace%2Fprod%2Fcomponent%2Fbackend%2Fendpoint%2Fgenerate%2Ftopic%2Fkv%2Devents%2F{worker:x}"
+        "namespace%2Fprod%2Fcomponent%2F{component}%2Fendpoint%2Fgenerate%2Ftopic%2Fkv%2Devents%2F{worker:x}"
     );
     [("event_channels", channel), ("event_sources", source)].map(|(bucket, value)| {
         std::fs::create_dir_all(store.join(bucket)).unwrap();
@@ -215,19 +226,54 @@ fn advertise(store: &std::path::Path, worker: u64, zmq: &str) -> [std::path::Pat
     })
 }
 
-fn tokens_request(ids: &[u64]) -> ScoreRequest {
+fn tokens_request(model: &str, ids: &[u64]) -> ScoreRequest {
     ScoreRequest {
         tokens: support::tokens_of(ids),
-        model: "model-a".to_owned(),
+        model: model.to_owned(),
         ..ScoreRequest::default()
     }
 }
 
-/// Waits until both consumers find exactly `expected` blocks for the tokens of `ids`.
-async fn both_find(ours: &Consumer, theirs: &Consumer, ids: &[u64], expected: u32) {
-    let request = tokens_request(ids);
+/// Waits until both consumers find exactly `expected` blocks of `model` for the tokens
+/// of `ids`.
+async fn both_find_of(ours: &Consumer, theirs: &Consumer, model: &str, ids: &[u64], expected: u32) {
+    let request = tokens_request(model, ids);
     wait_depth(ours, &request, expected).await;
     wait_depth(theirs, &request, expected).await;
+}
+
+/// [`both_find_of`] for `model-a`.
+async fn both_find(ours: &Consumer, theirs: &Consumer, ids: &[u64], expected: u32) {
+    both_find_of(ours, theirs, "model-a", ids, expected).await;
+}
+
+/// Publishes fresh root blocks from `engine` until both consumers find them for `model`:
+/// neither side replays, so an engine's events reach a relay only once its ZMQ
+/// subscription is up; after this, everything the engine publishes reaches both.
+async fn until_both_subscribed(
+    engine: &mut support::VllmEngine,
+    probe: &mut u64,
+    ours: &Consumer,
+    theirs: &Consumer,
+    model: &str,
+) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        *probe += 1;
+        engine.publish(support::stored(&[*probe], None));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let request = tokens_request(model, &[*probe]);
+        if depth(ours, &request) == Some(1) && depth(theirs, &request) == Some(1) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the probes never reached both consumers: ours {:?}, theirs {:?} ({:?})",
+            ours.pools(),
+            theirs.pools(),
+            theirs.relay_errors(),
+        );
+    }
 }
 
 fn fast_consumer(relay: RelayEndpoint) -> Consumer {
@@ -244,9 +290,10 @@ fn fast_consumer(relay: RelayEndpoint) -> Consumer {
 /// relay directly and Dynamo's relay through one Dynamo worker runtime each (Dynamo's
 /// `KvEventPublisher` relaying the engine's stream, as in the benchmark). Our consumer
 /// follows ours over our protocol and Dynamo's over the contract; every prefix is found at
-/// the same, exact depth through both, through stores, evictions, and one worker leaving
+/// the same, exact depth through both, through stores, evictions, one worker leaving
 /// (its card and adverts gone from our discovery, its Dynamo runtime shut down: both
-/// relays drop what only it held).
+/// relays drop what only it held) and a catalog change (a worker of another model on
+/// another endpoint joins: a second pool in both).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     let dir = tempfile::tempdir().unwrap();
@@ -267,10 +314,10 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
 
     // Ours: one card and one advertised source per engine.
     let store = dir.path().join("adverts/v1");
-    write_card(&cards, 0x21);
-    let second_card = write_card(&cards, 0x22);
-    advertise(&store, 0x21, &format!("tcp://{first_addr}"));
-    let second_adverts = advertise(&store, 0x22, &format!("tcp://{second_addr}"));
+    write_card(&cards, "backend", "model-a", 0x21);
+    let second_card = write_card(&cards, "backend", "model-a", 0x22);
+    advertise(&store, "backend", 0x21, &format!("tcp://{first_addr}"));
+    let second_adverts = advertise(&store, "backend", 0x22, &format!("tcp://{second_addr}"));
     let mut config = kvrelay_server::RelayConfig {
         dc_id: "dc-ours".to_owned(),
         ..kvrelay_server::RelayConfig::default()
@@ -278,7 +325,7 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     config.wan.listen = "127.0.0.1:0".parse().unwrap();
     config.admin.enabled = false;
     config.discovery.dir = Some(cards.clone());
-    config.discovery.event_sources_dir = Some(store);
+    config.discovery.event_sources_dir = Some(store.clone());
     let relay = kvrelay_server::Relay::start(config).await.unwrap();
 
     // Dynamo's: its relay, and one worker runtime per engine (so one can leave alone).
@@ -297,18 +344,19 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
         ],
     );
     let dynamo_addr = dynamo_relay.expect("bound ").await;
-    // One model directory for both worker processes: their cards must agree.
-    let model_dir = dir.path().join("model").display().to_string();
-    let worker = |addr: std::net::SocketAddr| {
+    // One model directory per model for every worker process: their cards must agree.
+    let worker = |component: &str, model: &str, addr: std::net::SocketAddr| {
         let engine = format!("w=tcp://{addr}");
+        let endpoint = format!("prod.{component}.generate");
+        let model_dir = dir.path().join(model).display().to_string();
         DynamoProcess::start(
             "dynamo_workers.py",
             &discovery,
             &[
                 "--endpoint",
-                "prod.backend.generate",
+                &endpoint,
                 "--model",
-                "model-a",
+                model,
                 "--model-dir",
                 &model_dir,
                 "--total-kv-blocks",
@@ -318,8 +366,8 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
             ],
         )
     };
-    let mut first_worker = worker(first_addr);
-    let mut second_worker = worker(second_addr);
+    let mut first_worker = worker("backend", "model-a", first_addr);
+    let mut second_worker = worker("backend", "model-a", second_addr);
     first_worker.expect("ready").await;
     second_worker.expect("ready").await;
 
@@ -327,34 +375,9 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     let theirs = fast_consumer(
         RelayEndpoint::new(&dynamo_addr, "dc-dynamo").with_protocol(RelayProtocol::DynamoGrpc),
     );
-    // Neither side replays: an engine's events reach a subscriber only once its ZMQ
-    // subscription is up. Publish a fresh root block from each engine until both
-    // consumers see both, then everything after reaches both.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
     let mut probe = 900_000u64;
-    loop {
-        probe += 2;
-        first.publish(support::stored(&[probe], None));
-        second.publish(support::stored(&[probe + 1], None));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let seen =
-            |consumer: &Consumer, id: u64| depth(consumer, &tokens_request(&[id])) == Some(1);
-        if seen(&ours, probe)
-            && seen(&ours, probe + 1)
-            && seen(&theirs, probe)
-            && seen(&theirs, probe + 1)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the probes never reached both consumers: ours {:?}, theirs {:?} ({:?}, {:?})",
-            ours.pools(),
-            theirs.pools(),
-            theirs.relay_errors(),
-            theirs.metrics()
-        );
-    }
+    until_both_subscribed(&mut first, &mut probe, &ours, &theirs, "model-a").await;
+    until_both_subscribed(&mut second, &mut probe, &ours, &theirs, "model-a").await;
 
     // A chain on the first engine; the second holds its first three blocks and another
     // continuation (engine ids are per engine, so the second may reuse them).
@@ -371,6 +394,9 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     first.publish(support::removed(&[1, 2, 3, 4]));
     both_find(&ours, &theirs, &[1, 2, 3, 4, 5, 6], 3).await;
     both_find(&ours, &theirs, &[1, 2, 3, 7, 8], 5).await;
+    // Held by the first worker before the second leaves, and after.
+    first.publish(support::stored(&[31, 32], None));
+    both_find(&ours, &theirs, &[31, 32], 2).await;
 
     // The second worker leaves: from our discovery (its card and adverts) and from
     // Dynamo's (its runtime shuts down and its records go). What only it held is gone
@@ -381,9 +407,29 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     }
     second_worker.stop().await;
     both_find(&ours, &theirs, &[1, 2, 3, 7, 8], 0).await;
-    // The first worker's blocks are still there.
+    both_find(&ours, &theirs, &[1, 2, 3, 4, 5, 6], 0).await;
+    // The first worker's blocks are still there, and it goes on.
+    both_find(&ours, &theirs, &[31, 32], 2).await;
     first.publish(support::stored(&[11, 12], None));
     both_find(&ours, &theirs, &[11, 12], 2).await;
+
+    // The catalog changes: a worker of another model on another endpoint joins (its card
+    // and adverts for ours, a Dynamo worker runtime for Dynamo's). Both relays publish a
+    // second pool; both consumers find its prefixes, and model-a's are unchanged.
+    let third_addr = free();
+    let mut third = support::VllmEngine::bind(&context, third_addr);
+    write_card(&cards, "other", "model-b", 0x23);
+    advertise(&store, "other", 0x23, &format!("tcp://{third_addr}"));
+    let mut third_worker = worker("other", "model-b", third_addr);
+    third_worker.expect("ready").await;
+    until_both_subscribed(&mut third, &mut probe, &ours, &theirs, "model-b").await;
+    third.publish(support::stored(&[21, 22, 23], None));
+    both_find_of(&ours, &theirs, "model-b", &[21, 22, 23, 24], 3).await;
+    both_find(&ours, &theirs, &[31, 32], 2).await;
+    both_find(&ours, &theirs, &[11, 12], 2).await;
+    assert_eq!(ours.pools().len(), 2, "{:?}", ours.pools());
+    assert_eq!(theirs.pools().len(), 2, "{:?}", theirs.pools());
+    third_worker.stop().await;
 
     ours.shutdown().await;
     theirs.shutdown().await;
