@@ -663,6 +663,26 @@ async fn wait_ready(relay: &mut Proc, admin: &str, dir: &Path) -> Result<()> {
     }
 }
 
+/// Starts `stream-follower` on `relay` (any address it takes: `HOST:PORT` for our
+/// protocol, `dynamo-grpc://HOST:PORT=DC`) and waits until it holds a replica.
+async fn start_follower(setup: &Setup, relay: &str, stamp_paths: &[String]) -> Result<Proc> {
+    let mut follower = Proc::spawn(
+        "stream-follower",
+        Command::new(setup.bin_dir.join("stream-follower"))
+            .arg("--relay")
+            .arg(relay)
+            .arg("--trace")
+            .arg(&setup.trace)
+            .arg("--stamps")
+            .arg(stamp_paths.join(",")),
+        Stdio::inherit(),
+    )?;
+    follower
+        .expect("installed", Duration::from_secs(60))
+        .await?;
+    Ok(follower)
+}
+
 /// A fresh `target/stream-bench/<run>/` (absolute) with the run's cards in `cards/`.
 fn run_dir(setup: &Setup, run: &str) -> Result<(PathBuf, PathBuf)> {
     let dir = setup.out_dir.join("stream-bench").join(run);
@@ -685,20 +705,7 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
     let (mut relay, admin, wan) = start_relay(setup, &dir, &cards, &sources_toml(&addrs, true))?;
     wait_ready(&mut relay, &admin, &dir).await?;
 
-    let mut follower = Proc::spawn(
-        "stream-follower",
-        Command::new(setup.bin_dir.join("stream-follower"))
-            .arg("--relay")
-            .arg(format!("127.0.0.1:{wan}"))
-            .arg("--trace")
-            .arg(&setup.trace)
-            .arg("--stamps")
-            .arg(stamp_paths.join(",")),
-        Stdio::inherit(),
-    )?;
-    follower
-        .expect("installed", Duration::from_secs(60))
-        .await?;
+    let mut follower = start_follower(setup, &format!("127.0.0.1:{wan}"), &stamp_paths).await?;
 
     let stats_path = pool_stats_path(&admin)?;
     let before = relay_sample(&admin, &stats_path)?;

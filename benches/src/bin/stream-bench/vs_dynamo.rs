@@ -227,20 +227,8 @@ async fn run_side(
             (vec![relay, workers], addr)
         }
     };
-    let mut follower = Proc::spawn(
-        "stream-follower",
-        Command::new(setup.bin_dir.join("stream-follower"))
-            .arg("--relay")
-            .arg(format!("dynamo-grpc://{}:{}=dc-bench", follow.0, follow.1))
-            .arg("--trace")
-            .arg(&setup.trace)
-            .arg("--stamps")
-            .arg(stamp_paths.join(",")),
-        Stdio::inherit(),
-    )?;
-    follower
-        .expect("installed", Duration::from_secs(60))
-        .await?;
+    let relay_address = format!("dynamo-grpc://{}:{}=dc-bench", follow.0, follow.1);
+    let mut follower = crate::start_follower(setup, &relay_address, &stamp_paths).await?;
 
     let relay_cpu_before = cpu_of(&relays);
     let follower_cpu_before = process_cpu_seconds(follower.pid()).unwrap_or(0.0);
