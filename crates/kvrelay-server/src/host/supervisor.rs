@@ -57,7 +57,7 @@ pub(crate) struct Supervisor {
 enum Settled {
     Attached(EndpointId, Result<PoolAttachment, AttachError>),
     Retired(EndpointId),
-    /// Departed sources' blocks dropped: how many sources, and the first failure.
+    /// Departed sources' blocks dropped: how many were, and the first failure.
     SourcesCleared(EndpointId, usize, Option<kvrelay_pool::ActorError>),
 }
 
@@ -257,13 +257,16 @@ impl Supervisor {
                     };
                     let actor = attachment.actor.clone();
                     shell.in_flight.push(Box::pin(async move {
-                        let mut failure = None;
-                        for source in &sources {
-                            if let Err(err) = actor.clear_source(*source).await {
-                                failure.get_or_insert(err);
+                        let (mut cleared, mut failure) = (0, None);
+                        for source in sources {
+                            match actor.clear_source(source).await {
+                                Ok(()) => cleared += 1,
+                                Err(err) => {
+                                    failure.get_or_insert(err);
+                                }
                             }
                         }
-                        Settled::SourcesCleared(endpoint, sources.len(), failure)
+                        Settled::SourcesCleared(endpoint, cleared, failure)
                     }));
                 }
                 Command::PublishRoutes(plans) => {
@@ -377,14 +380,12 @@ fn settle(core: &mut SupervisionCore, shell: &mut Shell, settled: Settled, state
         Settled::Retired(endpoint) => core.handle_retired(&endpoint),
         Settled::SourcesCleared(endpoint, n, failure) => {
             state.metrics.sources_cleared.inc_by(n as u64);
-            match failure {
-                // A retired or stopped actor has nothing left to clear.
-                Some(err) => {
-                    debug!(endpoint = %endpoint.dotted(), error = %err, "clearing departed sources failed");
-                }
-                None => {
-                    info!(endpoint = %endpoint.dotted(), sources = n, "blocks of departed sources dropped");
-                }
+            if n > 0 {
+                info!(endpoint = %endpoint.dotted(), sources = n, "blocks of departed sources dropped");
+            }
+            // A retired or stopped actor has nothing left to clear.
+            if let Some(err) = failure {
+                debug!(endpoint = %endpoint.dotted(), error = %err, "clearing departed sources failed");
             }
         }
     }
