@@ -214,8 +214,8 @@ pub(crate) struct SupervisionCore {
     slots: BTreeMap<EndpointId, Slot>,
     /// Sources started per endpoint, with their last state.
     running: BTreeMap<EndpointId, BTreeMap<SourceKey, SourceState>>,
-    /// The sources each attached generation routes (cards' ranks plus configured and
-    /// advertised engines), to notice the ones that leave.
+    /// The sources each attached generation was last routed (cards' ranks plus configured
+    /// and advertised engines), to notice the ones that leave.
     pool_sources: BTreeMap<EndpointId, (u64, BTreeSet<SourceId>)>,
     stalled: BTreeSet<PoolId>,
     /// Per attached pool and generation: its last `degraded_readings + 1` cumulative
@@ -668,7 +668,6 @@ impl SupervisionCore {
             }
             starts.push((endpoint.clone(), engines, binding.query_semantics));
         }
-        self.clear_departed_sources();
         for (endpoint, engines, semantics) in starts {
             let mut states = BTreeMap::new();
             for engine in &engines {
@@ -718,28 +717,21 @@ impl SupervisionCore {
         })
     }
 
-    /// A source that left an attached generation's source set (its worker's card gone,
-    /// its advert or `[[sources]]` entry gone) still owns blocks in the pool: without
-    /// this they would attract requests to a DC that no longer holds them, for as long
-    /// as the pool lives. A source kept by configuration while its card is gone stays
-    /// (configuration wins, as for routing).
-    fn clear_departed_sources(&mut self) {
-        let mut current: BTreeMap<EndpointId, (u64, BTreeSet<SourceId>)> = BTreeMap::new();
-        for (endpoint, slot) in &self.slots {
-            let Slot::Attached {
-                generation,
-                membership,
-                ..
-            } = slot
-            else {
-                continue;
-            };
-            let sources = sources_of(membership, self.configured.get(endpoint))
-                .into_iter()
-                .map(|(source, _)| source)
-                .collect();
-            current.insert(endpoint.clone(), (*generation, sources));
-        }
+    /// A source that left an attached generation's routes (its worker's card gone, its
+    /// advert or `[[sources]]` entry gone) still owns blocks in the pool: without this they
+    /// would attract requests to a DC that no longer holds them, for as long as the pool
+    /// lives. Compared with the routes published before; a source kept by configuration
+    /// while its card is gone stays routed, so it stays (configuration wins).
+    /// Returns the `ClearSources` commands and remembers `plans`' sources.
+    fn departed_sources(&mut self, plans: &[RoutePlan]) -> Vec<Command> {
+        let current: BTreeMap<EndpointId, (u64, BTreeSet<SourceId>)> = plans
+            .iter()
+            .map(|plan| {
+                let sources = plan.sources.iter().map(|(source, _)| *source).collect();
+                (plan.endpoint.clone(), (plan.generation, sources))
+            })
+            .collect();
+        let mut clears = Vec::new();
         for (endpoint, (generation, sources)) in &current {
             let Some((before_generation, before)) = self.pool_sources.get(endpoint) else {
                 continue;
@@ -749,7 +741,7 @@ impl SupervisionCore {
             }
             let departed: Vec<SourceId> = before.difference(sources).copied().collect();
             if !departed.is_empty() {
-                self.commands.push_back(Command::ClearSources {
+                clears.push(Command::ClearSources {
                     endpoint: endpoint.clone(),
                     generation: *generation,
                     sources: departed,
@@ -757,6 +749,7 @@ impl SupervisionCore {
             }
         }
         self.pool_sources = current;
+        clears
     }
 
     fn stop_sources(&mut self, endpoint: &EndpointId) {
@@ -804,8 +797,11 @@ impl SupervisionCore {
                 }),
                 Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let clears = self.departed_sources(&plans);
+        // Routes first: a departed source's late events are dropped, then its blocks go.
         self.commands.push_back(Command::PublishRoutes(plans));
+        self.commands.extend(clears);
     }
 
     /// Feeds membership, liveness (workers with a source that delivers, owned by the
