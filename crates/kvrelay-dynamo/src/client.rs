@@ -253,10 +253,7 @@ impl ContractStream {
             Inner::Catalog(stream) => stream.message().await.map(|next| next.map(catalog)),
             Inner::Readiness(stream) => stream.message().await.map(|next| next.map(readiness)),
             Inner::Load(stream) => stream.message().await.map(|next| next.map(load)),
-            Inner::Pool(stream) => stream
-                .message()
-                .await
-                .map(|next| next.map(|update| pool(update).map(|message| (message, 0)))),
+            Inner::Pool(stream) => stream.message().await.map(|next| next.map(pool)),
         };
         match received {
             Ok(Some(converted)) => {
@@ -282,12 +279,17 @@ impl ContractStream {
 /// A converted update and how many of its entries were left out.
 type Converted = Result<(Message, u64), ClientError>;
 
+/// Entries an update offered that its conversion did not keep.
 fn left_out(offered: usize, kept: usize) -> u64 {
     u64::try_from(offered.saturating_sub(kept)).unwrap_or(u64::MAX)
 }
 
 fn catalog(update: proto::KvPoolCatalogUpdate) -> Converted {
     check_answer(update.protocol_version, update.contract_marker)?;
+    let offered = update
+        .snapshot
+        .as_ref()
+        .map_or(0, |snapshot| snapshot.pools.len());
     let received = ReceivedCatalog::try_from(update)?;
     if let Some(first) = received.unsupported.first() {
         tracing::debug!(
@@ -296,7 +298,7 @@ fn catalog(update: proto::KvPoolCatalogUpdate) -> Converted {
             "catalog pools this consumer cannot take were left out"
         );
     }
-    let dropped = left_out(received.unsupported.len(), 0);
+    let dropped = left_out(offered, received.catalog.pools.len());
     Ok((Message::CatalogUpdate(received.catalog), dropped))
 }
 
@@ -316,9 +318,10 @@ fn load(update: proto::KvPoolLoadUpdate) -> Converted {
     Ok((Message::LoadWindow(converted), dropped))
 }
 
-fn pool(update: proto::FilterUpdate) -> Result<Message, ClientError> {
+fn pool(update: proto::FilterUpdate) -> Converted {
     check_answer(update.protocol_version, update.contract_marker)?;
-    Ok(Message::PoolFrame(PoolFrame::try_from(update)?))
+    // A pool frame is whole or refused: nothing in it is left out.
+    Ok((Message::PoolFrame(PoolFrame::try_from(update)?), 0))
 }
 
 #[cfg(test)]
