@@ -33,7 +33,7 @@ pub(crate) fn ensure() -> Result<()> {
     let requirements = root.join(REQUIREMENTS);
     let wanted = std::fs::read_to_string(&requirements)
         .with_context(|| format!("reading {}", requirements.display()))?;
-    let python = venv.join("bin/python");
+    let python = python();
     let stamp = venv.join(STAMP);
     let current = std::fs::read_to_string(&stamp).unwrap_or_default();
     if current == wanted && imports(&python) {
