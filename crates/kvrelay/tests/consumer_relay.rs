@@ -20,9 +20,7 @@ use std::time::Duration;
 
 use kvrelay_ckf::{EventPayload, RouterEvent, StoredBlock, StoredBlocks};
 use kvrelay_codec::v1::{CatalogUpdate, Message, ProducerIdentity, StreamRequest, StreamRpc};
-use kvrelay_consumer::{
-    BackoffConfig, Consumer, ConsumerConfig, ReplicaStatus, ResubscribeReason, ScoreRequest,
-};
+use kvrelay_consumer::{Consumer, ReplicaStatus, ResubscribeReason, ScoreRequest};
 use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 
 mod support;
@@ -36,16 +34,10 @@ const EXAMPLE_POOLS: usize = 4;
 
 /// A consumer of the relay at `addr` that reconnects quickly.
 fn start_consumer(addr: SocketAddr) -> Consumer {
-    let mut config = ConsumerConfig::new(vec![kvrelay_consumer::RelayEndpoint::new(
+    support::quick_consumer(vec![kvrelay_consumer::RelayEndpoint::new(
         &addr.to_string(),
         "dc-test",
-    )]);
-    config.backoff = BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..BackoffConfig::default()
-    };
-    Consumer::start(config).unwrap()
+    )])
 }
 
 /// Starts a relay and waits until every example pool is published.

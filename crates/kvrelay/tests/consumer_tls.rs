@@ -16,8 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvrelay_consumer::{
-    BackoffConfig, BearerToken, Consumer, ConsumerConfig, ConsumerMetrics, RelayTls, ReplicaStatus,
-    ScoreRequest,
+    BearerToken, Consumer, ConsumerConfig, ConsumerMetrics, RelayTls, ReplicaStatus, ScoreRequest,
 };
 use kvrelay_server::{AuthConfig, ListenerTls, Relay};
 use kvrelay_tls::test_ca::Purpose;
@@ -75,13 +74,7 @@ fn consumer_of(
 ) -> Consumer {
     let mut relay = relay.with_tls(tls);
     relay.token = token.map(|token| BearerToken::new(token).unwrap());
-    let mut config = ConsumerConfig::new(vec![relay]);
-    config.backoff = BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..BackoffConfig::default()
-    };
-    Consumer::start(config).unwrap()
+    support::quick_consumer(vec![relay])
 }
 
 /// Waits until every example pool has a current replica.
@@ -320,16 +313,10 @@ async fn tls_and_plaintext_mismatches_fail_cleanly() {
     plain.shutdown().await.unwrap();
 
     let relay = secured_relay(&material, false).await;
-    let mut config = ConsumerConfig::new(vec![
+    let plain_to_tls = support::quick_consumer(vec![
         kvrelay_consumer::RelayEndpoint::new(&relay.wan_addr().to_string(), "dc-tls")
             .with_token(BearerToken::new(TOKEN).unwrap()),
     ]);
-    config.backoff = BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..BackoffConfig::default()
-    };
-    let plain_to_tls = Consumer::start(config).unwrap();
     // The relay answers the plaintext request with a TLS alert, which is no frame.
     assert_refused(plain_to_tls, |m| m.relay_epoch_failures, "is not KVRW").await;
     relay.shutdown().await.unwrap();

@@ -13,10 +13,7 @@
 use std::time::Duration;
 
 use kvrelay_codec::v1::CatalogUpdate;
-use kvrelay_consumer::{
-    BackoffConfig, Consumer, ConsumerConfig, RelayEndpoint, RelayProtocol, ReplicaStatus,
-    ScoreRequest,
-};
+use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaStatus, ScoreRequest};
 use kvrelay_server::{DynamoConfig, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 
 mod support;
@@ -47,13 +44,7 @@ async fn start_relay(dc: &str) -> Relay {
 }
 
 fn consumer(relays: Vec<RelayEndpoint>) -> Consumer {
-    let mut config = ConsumerConfig::new(relays);
-    config.backoff = BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..BackoffConfig::default()
-    };
-    Consumer::start(config).unwrap()
+    support::quick_consumer(relays)
 }
 
 /// Waits until `consumer` holds every pool of `relay` current at its producer's sequence.

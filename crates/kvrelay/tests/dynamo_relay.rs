@@ -15,10 +15,7 @@
 
 use std::time::Duration;
 
-use kvrelay_consumer::{
-    BackoffConfig, Consumer, ConsumerConfig, RelayEndpoint, RelayProtocol, ReplicaStatus,
-    ScoreRequest,
-};
+use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaStatus, ScoreRequest};
 
 #[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
 mod interop;
@@ -72,15 +69,9 @@ async fn the_consumer_follows_dynamos_relay_and_finds_what_its_worker_cached() {
     // Stored before the consumer subscribes: it arrives in the snapshot.
     fleet.store(10_000, 6).await;
 
-    let mut config = ConsumerConfig::new(vec![
+    let consumer = support::quick_consumer(vec![
         RelayEndpoint::new(&fleet.addr, "dc-dynamo").with_protocol(RelayProtocol::DynamoGrpc),
     ]);
-    config.backoff = BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..BackoffConfig::default()
-    };
-    let consumer = Consumer::start(config).unwrap();
     wait_depth(&consumer, &request(10_000, 6), 6).await;
     // A prefix of it, and the sequence continued past what was stored.
     assert_eq!(depth(&consumer, &request(10_000, 2)), Some(2));
@@ -276,16 +267,6 @@ async fn until_both_subscribed(
     }
 }
 
-fn fast_consumer(relay: RelayEndpoint) -> Consumer {
-    let mut config = ConsumerConfig::new(vec![relay]);
-    config.backoff = BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..BackoffConfig::default()
-    };
-    Consumer::start(config).unwrap()
-}
-
 /// The same events through both relays: two vLLM engines (libzmq publishers) feed our
 /// relay directly and Dynamo's relay through one Dynamo worker runtime each (Dynamo's
 /// `KvEventPublisher` relaying the engine's stream, as in the benchmark). Our consumer
@@ -371,10 +352,13 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     first_worker.expect("ready").await;
     second_worker.expect("ready").await;
 
-    let ours = fast_consumer(RelayEndpoint::new(&relay.wan_addr().to_string(), "dc-ours"));
-    let theirs = fast_consumer(
+    let ours = support::quick_consumer(vec![RelayEndpoint::new(
+        &relay.wan_addr().to_string(),
+        "dc-ours",
+    )]);
+    let theirs = support::quick_consumer(vec![
         RelayEndpoint::new(&dynamo_addr, "dc-dynamo").with_protocol(RelayProtocol::DynamoGrpc),
-    );
+    ]);
     let mut probe = 900_000u64;
     until_both_subscribed(&mut first, &mut probe, &ours, &theirs, "model-a").await;
     until_both_subscribed(&mut second, &mut probe, &ours, &theirs, "model-a").await;

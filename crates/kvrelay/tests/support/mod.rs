@@ -272,3 +272,17 @@ impl VllmEngine {
         self.seq += 1;
     }
 }
+
+/// A consumer of `relays` that reconnects quickly (20 ms doubling to 200 ms), so the tests'
+/// relay restarts and refusals show within their deadlines.
+pub(crate) fn quick_consumer(
+    relays: Vec<kvrelay_consumer::RelayEndpoint>,
+) -> kvrelay_consumer::Consumer {
+    let mut config = kvrelay_consumer::ConsumerConfig::new(relays);
+    config.backoff = kvrelay_consumer::BackoffConfig {
+        initial: std::time::Duration::from_millis(20),
+        max: std::time::Duration::from_millis(200),
+        ..kvrelay_consumer::BackoffConfig::default()
+    };
+    kvrelay_consumer::Consumer::start(config).unwrap()
+}
