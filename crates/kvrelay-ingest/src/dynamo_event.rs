@@ -1,32 +1,63 @@
-//! Dynamo router events (JSON, as the reference runtime publishes them on its event
-//! plane) → canonical router events. Pure.
+//! Dynamo router events → canonical router events. Pure.
+//!
+//! Two encodings of one schema, decoded through the same serde types and converted by one
+//! rule: JSON (as the reference runtime publishes them on NATS, [`decode_dynamo_events`])
+//! and msgpack (inside its event-plane envelopes on ZMQ, [`decode_dynamo_events_msgpack`],
+//! see [`crate::event_plane`]).
 //!
 //! Accepted payloads: one `RouterEvent` object or an array of them:
 //! `{"worker_id": 7, "storage_tier": "device", "event": {"event_id": 3, "dp_rank": 0,
 //! "data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": 11, "tokens_hash": 22}]}}}}`,
 //! with `data` one of `{"stored": {..}}`, `{"removed": {"block_hashes": [..]}}` or
-//! `"cleared"`. Dynamo's `tokens_hash` is the same block hash this crate computes
-//! (XXH3, seed 1337 plus salt), so it is passed through. Events whose `storage_tier` is
-//! present and not `device` are filtered (the same media rule as engine events).
+//! `"cleared"`; fields added by newer runtimes (`residency_domain`, `start_position`,
+//! `mm_extra_info`) are ignored. Dynamo's `tokens_hash` is the same block hash this crate
+//! computes (XXH3, seed 1337), so it is passed through. Events whose `storage_tier` is
+//! present and not `device` are filtered (the same media rule as engine events). A payload
+//! with more than `max_events_per_batch` events, or an event with more than
+//! `max_blocks_per_event` blocks, is rejected whole, as an engine batch would be.
 //!
-//! The decoder streams: each event is deserialized straight into its compact form as the
+//! The decoders stream: each event is deserialized straight into its compact form as the
 //! parser reaches it (no untagged buffering of the document into a generic value tree),
-//! so memory stays proportional to the events, not a multiple of the payload.
+//! so memory stays proportional to the events, and so bounded by the payload size the
+//! transport already checked.
 
 use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
 use serde::Deserialize;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-/// A Dynamo payload that is not a router event (or array of them).
+use crate::error::RejectionKind;
+use crate::limits::Limits;
+
+/// A Dynamo payload that is not a router event (or array of them) within the limits.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DynamoEventError {
-    /// Invalid JSON or the wrong shape.
+    /// Invalid JSON or msgpack, or the wrong shape.
     #[error("dynamo router event: {reason}")]
     Malformed {
-        /// The JSON parser's message.
+        /// The parser's message.
         reason: String,
     },
+    /// More events in the payload, or blocks in one event, than the limits allow.
+    #[error("dynamo router event: {field}: {n} elements exceed the limit {max}")]
+    TooMany {
+        /// `events` or `blocks`.
+        field: &'static str,
+        /// Elements found.
+        n: usize,
+        /// The limit.
+        max: u32,
+    },
+}
+
+impl DynamoEventError {
+    /// The rejection kind this error is counted under.
+    pub fn rejection_kind(&self) -> RejectionKind {
+        match self {
+            DynamoEventError::Malformed { .. } => RejectionKind::Malformed,
+            DynamoEventError::TooMany { .. } => RejectionKind::Schema,
+        }
+    }
 }
 
 /// What decoding one payload produced.
@@ -38,16 +69,46 @@ pub struct DynamoDecoded {
     pub n_filtered: usize,
 }
 
-/// Decodes a JSON payload of Dynamo router events.
-pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEventError> {
+/// Decodes a JSON payload of Dynamo router events (NATS).
+pub fn decode_dynamo_events(
+    payload: &[u8],
+    limits: &Limits,
+) -> Result<DynamoDecoded, DynamoEventError> {
     let parsed: OneOrMany =
         serde_json::from_slice(payload).map_err(|err| DynamoEventError::Malformed {
             reason: err.to_string(),
         })?;
+    convert(parsed, limits)
+}
+
+/// Decodes a msgpack payload of Dynamo router events (the payload of an event-plane
+/// envelope on ZMQ).
+pub fn decode_dynamo_events_msgpack(
+    payload: &[u8],
+    limits: &Limits,
+) -> Result<DynamoDecoded, DynamoEventError> {
+    let parsed: OneOrMany =
+        rmp_serde::from_slice(payload).map_err(|err| DynamoEventError::Malformed {
+            reason: err.to_string(),
+        })?;
+    convert(parsed, limits)
+}
+
+/// The one rule from wire events to canonical ones, whatever the encoding.
+fn convert(parsed: OneOrMany, limits: &Limits) -> Result<DynamoDecoded, DynamoEventError> {
     let wire = match parsed {
         OneOrMany::One(event) => vec![event],
         OneOrMany::Many(events) => events,
     };
+    check_count("events", wire.len(), limits.max_events_per_batch)?;
+    for event in &wire {
+        let n_blocks = match &event.event.data {
+            WireData::Stored(stored) => stored.blocks.len(),
+            WireData::Removed(removed) => removed.block_hashes.len(),
+            WireData::Cleared => 0,
+        };
+        check_count("blocks", n_blocks, limits.max_blocks_per_event)?;
+    }
     let mut decoded = DynamoDecoded::default();
     for event in wire {
         if event
@@ -82,6 +143,13 @@ pub fn decode_dynamo_events(payload: &[u8]) -> Result<DynamoDecoded, DynamoEvent
         });
     }
     Ok(decoded)
+}
+
+fn check_count(field: &'static str, n: usize, max: u32) -> Result<(), DynamoEventError> {
+    if n > usize::try_from(max).unwrap_or(usize::MAX) {
+        return Err(DynamoEventError::TooMany { field, n, max });
+    }
+    Ok(())
 }
 
 /// The event-plane subject of an endpoint's KV events:
@@ -235,7 +303,7 @@ mod tests {
             {"worker_id": 7, "event": {"event_id": 2, "data": {"removed": {"block_hashes": [11]}}}},
             {"worker_id": 7, "event": {"event_id": 3, "data": "cleared"}}
         ]"#;
-        let decoded = decode_dynamo_events(payload).unwrap();
+        let decoded = decode_dynamo_events(payload, &Limits::default()).unwrap();
         assert_eq!(decoded.events.len(), 3);
         assert_eq!(decoded.events[0].source, SourceId::new(7, 2));
         assert_eq!(decoded.events[1].source, SourceId::new(7, 0));
@@ -255,7 +323,7 @@ mod tests {
     #[test]
     fn host_tier_events_are_filtered() {
         let payload = br#"{"worker_id": 1, "storage_tier": "host_pinned", "event": {"event_id": 1, "data": "cleared"}}"#;
-        let decoded = decode_dynamo_events(payload).unwrap();
+        let decoded = decode_dynamo_events(payload, &Limits::default()).unwrap();
         assert!(decoded.events.is_empty());
         assert_eq!(decoded.n_filtered, 1);
     }
@@ -263,7 +331,7 @@ mod tests {
     #[test]
     fn malformed_payload_is_a_typed_error() {
         assert!(matches!(
-            decode_dynamo_events(b"{\"worker_id\": -1}"),
+            decode_dynamo_events(b"{\"worker_id\": -1}", &Limits::default()),
             Err(DynamoEventError::Malformed { .. })
         ));
     }
@@ -271,7 +339,7 @@ mod tests {
     #[test]
     fn tagged_cleared_and_single_object_decode() {
         let payload = br#"{"worker_id": 3, "event": {"event_id": 9, "data": {"cleared": null}}}"#;
-        let decoded = decode_dynamo_events(payload).unwrap();
+        let decoded = decode_dynamo_events(payload, &Limits::default()).unwrap();
         assert_eq!(decoded.events.len(), 1);
         assert_eq!(decoded.events[0].payload, EventPayload::AllCleared);
     }
@@ -282,7 +350,7 @@ mod tests {
         let unknown = br#"{"worker_id": 3, "event": {"event_id": 9, "data": {"moved": {}}}}"#;
         for payload in [&two[..], &unknown[..]] {
             assert!(matches!(
-                decode_dynamo_events(payload),
+                decode_dynamo_events(payload, &Limits::default()),
                 Err(DynamoEventError::Malformed { .. })
             ));
         }

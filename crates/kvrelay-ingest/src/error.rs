@@ -173,17 +173,21 @@ pub enum RejectionKind {
     Overflow,
     /// The batch names a data-parallel rank the source's card does not declare.
     UndeclaredRank,
+    /// An event-plane message carries events of another worker than the one its publisher
+    /// was advertised for.
+    UndeclaredWorker,
 }
 
 impl RejectionKind {
     /// Every kind, in counter order.
-    pub const ALL: [RejectionKind; 6] = [
+    pub const ALL: [RejectionKind; 7] = [
         RejectionKind::Framing,
         RejectionKind::Malformed,
         RejectionKind::Schema,
         RejectionKind::Canonicalize,
         RejectionKind::Overflow,
         RejectionKind::UndeclaredRank,
+        RejectionKind::UndeclaredWorker,
     ];
 
     /// A stable lowercase name (metric label).
@@ -195,6 +199,7 @@ impl RejectionKind {
             RejectionKind::Canonicalize => "canonicalize",
             RejectionKind::Overflow => "overflow",
             RejectionKind::UndeclaredRank => "undeclared_rank",
+            RejectionKind::UndeclaredWorker => "undeclared_worker",
         }
     }
 
@@ -206,6 +211,7 @@ impl RejectionKind {
             RejectionKind::Canonicalize => 3,
             RejectionKind::Overflow => 4,
             RejectionKind::UndeclaredRank => 5,
+            RejectionKind::UndeclaredWorker => 6,
         }
     }
 }

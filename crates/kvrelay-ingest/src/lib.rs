@@ -1,4 +1,5 @@
-//! KV event sources: vLLM and SGLang over ZMQ, Dynamo over NATS, trace replay.
+//! KV event sources: vLLM and SGLang over ZMQ, Dynamo's event plane over ZMQ and NATS,
+//! trace replay.
 //!
 //! Every source yields canonical [`kvrelay_ckf::RouterEvent`]s for one or more
 //! `(worker_id, dp_rank)` sources, in each source's order, plus lifecycle signals.
@@ -20,6 +21,7 @@ mod engine;
 mod engine_decoder;
 mod engine_encoder;
 mod error;
+mod event_plane;
 mod event_trace;
 pub mod limits;
 mod log_limit;
@@ -38,7 +40,8 @@ pub use canonical::{
     BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, stored_token_hashes,
 };
 pub use dynamo_event::{
-    DynamoDecoded, DynamoEventError, decode_dynamo_events, dynamo_kv_event_subject,
+    DynamoDecoded, DynamoEventError, decode_dynamo_events, decode_dynamo_events_msgpack,
+    dynamo_kv_event_subject,
 };
 pub use engine::{
     BlockRemoved, BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, ExtraKey,
@@ -47,6 +50,11 @@ pub use engine::{
 pub use engine_decoder::decode_engine_batch;
 pub use engine_encoder::{EngineLayout, encode_engine_batch};
 pub use error::{CanonicalizeError, DecodeError, RejectionKind, SourceError};
+pub use event_plane::{
+    EventPlaneError, EventPlaneMessage, FRAME_HEADER_BYTES as EVENT_PLANE_FRAME_HEADER_BYTES,
+    FRAME_VERSION as EVENT_PLANE_FRAME_VERSION, decode_event_plane_frame, encode_event_plane,
+    parse_event_plane,
+};
 pub use event_trace::{
     EVENT_TRACE_FORMAT, EVENT_TRACE_VERSION, EventTrace, EventTraceHeader, RequestRecord,
     TimedEvent, TraceError, format_event, format_event_trace, format_header, parse_event,
@@ -64,4 +72,4 @@ pub use workload::{
     route_by_first_block,
 };
 pub use zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
-pub use zmq_source::{FaultInjection, ZmqSourceConfig, spawn_zmq_source};
+pub use zmq_source::{FaultInjection, ZmqSourceConfig, ZmqWire, spawn_zmq_source};

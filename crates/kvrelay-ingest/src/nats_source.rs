@@ -216,10 +216,10 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
                     reject(RejectionKind::Framing, &reason);
                     continue;
                 }
-                let decoded = match decode_dynamo_events(&message.payload) {
+                let decoded = match decode_dynamo_events(&message.payload, &limits) {
                     Ok(decoded) => decoded,
                     Err(err) => {
-                        reject(RejectionKind::Malformed, &err);
+                        reject(err.rejection_kind(), &err);
                         continue;
                     }
                 };

@@ -1,4 +1,5 @@
-//! Pure parsing of vLLM/SGLang ZMQ multipart frames (live PUB messages, replay replies).
+//! Pure parsing of vLLM/SGLang ZMQ multipart frames (live PUB messages, replay replies);
+//! Dynamo's event-plane messages are split by [`crate::event_plane`].
 
 use bytes::Bytes;
 
@@ -19,6 +20,14 @@ pub enum ZmqFrameError {
     SeqWidth {
         /// Its length.
         len: usize,
+    },
+    /// An event-plane message of another publisher than the advertised one.
+    #[error("event-plane message of publisher {got:#x}, advertised {expected:#x}")]
+    ForeignPublisher {
+        /// The advertised publisher id.
+        expected: u64,
+        /// The message's.
+        got: u64,
     },
     /// The payload exceeds the limit.
     #[error("payload of {len} bytes exceeds max_payload_bytes {max}")]

@@ -1,5 +1,8 @@
 //! vLLM / SGLang over ZMQ (libzmq): a SUB on the engine's PUB endpoint, and DEALER replays
-//! from its ROUTER replay endpoint, driven by the pure [`SequenceTracker`].
+//! from its ROUTER replay endpoint, driven by the pure [`SequenceTracker`]. The same source
+//! reads a Dynamo worker's event plane ([`ZmqWire::DynamoEventPlane`]): the publisher's
+//! sequence drives the same tracker (Dynamo publishers keep no replay buffer), and the
+//! events arrive already hashed.
 //!
 //! Tasks (all on the handle's tracker, under its cancellation token):
 //! - the **supervisor** runs the blocking libzmq reader ([`crate::zmq_transport`]) on a
@@ -31,6 +34,7 @@ use crate::canonical::{CanonicalConfig, Canonicalizer};
 use crate::engine::EngineKind;
 use crate::engine_decoder::decode_engine_batch;
 use crate::error::RejectionKind;
+use crate::event_plane::{EventPlaneMessage, decode_event_plane_frame};
 use crate::limits::Limits;
 use crate::log_limit::RejectionLog;
 use crate::sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
@@ -52,8 +56,8 @@ pub struct ZmqSourceConfig {
     /// The ranks the source's card declares (`data_parallel_start_rank` ..
     /// `+data_parallel_size`); batches naming any other rank are rejected and counted.
     pub declared_ranks: Range<u32>,
-    /// vLLM or SGLang (positional layouts differ).
-    pub engine: EngineKind,
+    /// What the publisher sends: an engine's batches, or Dynamo's event plane.
+    pub wire: ZmqWire,
     /// The PUB endpoint to connect to, e.g. `tcp://10.0.0.5:5557`.
     pub endpoint: String,
     /// The ROUTER replay endpoint, if the engine has one, e.g. `tcp://10.0.0.5:5558`.
@@ -66,6 +70,24 @@ pub struct ZmqSourceConfig {
     pub limits: Limits,
     /// Fault injection for tests; the default injects nothing.
     pub fault: FaultInjection,
+}
+
+/// What a ZMQ publisher sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZmqWire {
+    /// An engine's own batches, `[topic, seq, msgpack batch]`, in vLLM's or SGLang's
+    /// positional layout; token ids are hashed with the pool's rules.
+    Engine(EngineKind),
+    /// Dynamo's event plane, as a Dynamo worker's `KvEventPublisher` publishes it on the
+    /// channel it advertises ([`crate::parse_event_plane`]): only events of the source's
+    /// worker and declared ranks are applied. Dynamo hashes the blocks itself (XXH3, seed
+    /// 1337, no salt), so the pool's hash format must be the default one for its answers to
+    /// match Dynamo's.
+    DynamoEventPlane {
+        /// The advertised publisher id (the `EventSource` record's `publisher_id`):
+        /// messages of any other publisher are rejected.
+        publisher_id: u64,
+    },
 }
 
 /// Test-only faults a source can be told to suffer (the default injects none).
@@ -114,6 +136,7 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
     let params = ReaderParams {
         endpoint: config.endpoint.clone(),
         topic: config.topic.clone(),
+        wire: config.wire,
         limits,
         fault: config.fault.clone(),
     };
@@ -444,8 +467,19 @@ impl Driver {
         }
     }
 
-    async fn apply(&mut self, seq: u64, payload: &[u8]) -> bool {
-        let batch = match decode_engine_batch(payload, self.config.engine, &self.config.limits) {
+    async fn apply(&mut self, seq: u64, payload: &Bytes) -> bool {
+        let engine = match self.config.wire {
+            ZmqWire::Engine(engine) => engine,
+            ZmqWire::DynamoEventPlane { publisher_id } => {
+                let message = EventPlaneMessage {
+                    publisher_id,
+                    sequence: seq,
+                    frame: payload.clone(),
+                };
+                return self.apply_event_plane(&message).await;
+            }
+        };
+        let batch = match decode_engine_batch(payload, engine, &self.config.limits) {
             Ok(batch) => batch,
             Err(err) => {
                 self.reject(err.rejection_kind(), seq, &err);
@@ -471,6 +505,55 @@ impl Driver {
         }
         self.counters.events(events.len());
         for event in events {
+            if !emit(&self.out, &self.cancel, SourceOutput::Event(event)).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl Driver {
+    /// Applies one event-plane message: every event must belong to the advertised worker
+    /// and a declared rank, or the whole message is rejected (nothing of it applied).
+    async fn apply_event_plane(&mut self, message: &EventPlaneMessage) -> bool {
+        let seq = message.sequence;
+        let decoded = match decode_event_plane_frame(message, &self.config.limits) {
+            Ok(decoded) => decoded,
+            Err(err) => {
+                self.reject(err.rejection_kind(), seq, &err);
+                return true;
+            }
+        };
+        let declared = self.config.declared_ranks.clone();
+        if let Some(foreign) = decoded
+            .events
+            .iter()
+            .find(|event| event.source.worker_id != self.config.worker_id)
+        {
+            let reason = format!(
+                "worker {} on the publisher advertised for worker {}",
+                foreign.source.worker_id, self.config.worker_id
+            );
+            self.reject(RejectionKind::UndeclaredWorker, seq, &reason);
+            return true;
+        }
+        if let Some(foreign) = decoded
+            .events
+            .iter()
+            .find(|event| !declared.contains(&event.source.dp_rank))
+        {
+            let reason = format!(
+                "dp_rank {} outside the declared ranks {}..{}",
+                foreign.source.dp_rank, declared.start, declared.end
+            );
+            self.reject(RejectionKind::UndeclaredRank, seq, &reason);
+            return true;
+        }
+        self.counters.filtered(decoded.n_filtered);
+        self.counters.events(decoded.events.len());
+        for event in decoded.events {
+            self.seen_sources.insert(event.source);
             if !emit(&self.out, &self.cancel, SourceOutput::Event(event)).await {
                 return false;
             }

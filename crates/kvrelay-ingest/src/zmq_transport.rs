@@ -26,19 +26,21 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::error::RejectionKind;
+use crate::event_plane::parse_event_plane;
 use crate::limits::Limits;
 use crate::log_limit::RejectionLog;
 use crate::source::{SourceState, StateCell};
 use crate::stats::Counters;
 use crate::zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
-use crate::zmq_source::FaultInjection;
+use crate::zmq_source::{FaultInjection, ZmqWire};
 
 /// How long one poll waits before cancellation is checked again.
 const POLL_INTERVAL_MS: i64 = 50;
 /// Messages drained per wake-up before cancellation and the monitor are checked again.
 const MAX_MESSAGES_PER_WAKE: usize = 256;
-/// Frames of the largest engine message (`[topic, seq, payload]`).
-const MAX_FRAMES: usize = 3;
+/// Frames of the largest live message (an engine's `[topic, seq, payload]`, Dynamo's
+/// event plane `[topic, publisher, seq, frame]`).
+const MAX_FRAMES: usize = 4;
 /// Frames of the largest replay reply (`[empty, topic, seq, payload]`).
 const MAX_REPLAY_FRAMES: usize = 4;
 
@@ -82,6 +84,7 @@ pub(crate) enum ReaderExit {
 pub(crate) struct ReaderParams {
     pub(crate) endpoint: String,
     pub(crate) topic: String,
+    pub(crate) wire: ZmqWire,
     pub(crate) limits: Limits,
     pub(crate) fault: FaultInjection,
 }
@@ -258,10 +261,10 @@ fn read(
                 break;
             };
             let parsed = match frames {
-                Ok(frames) => parse_live(&frames, limits.max_payload_bytes),
+                Ok(frames) => parse_wire(params.wire, &frames, limits.max_payload_bytes),
                 Err(n_frames) => Err(ZmqFrameError::FrameCount {
                     n_frames,
-                    expected: "2 or 3",
+                    expected: "at most 4",
                 }),
             };
             match parsed {
@@ -279,6 +282,27 @@ fn read(
                     log_rejection(&mut rejections, RejectionKind::Framing, peer, &err);
                 }
             }
+        }
+    }
+}
+
+/// Splits a live message of `wire` into its sequence and what the driver decodes.
+fn parse_wire(
+    wire: ZmqWire,
+    frames: &[Bytes],
+    max_payload_bytes: usize,
+) -> Result<(u64, Bytes), ZmqFrameError> {
+    match wire {
+        ZmqWire::Engine(_) => parse_live(frames, max_payload_bytes),
+        ZmqWire::DynamoEventPlane { publisher_id } => {
+            let message = parse_event_plane(frames, max_payload_bytes)?;
+            if message.publisher_id != publisher_id {
+                return Err(ZmqFrameError::ForeignPublisher {
+                    expected: publisher_id,
+                    got: message.publisher_id,
+                });
+            }
+            Ok((message.sequence, message.frame))
         }
     }
 }

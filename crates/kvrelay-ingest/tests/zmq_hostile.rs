@@ -17,7 +17,7 @@ use std::time::Duration;
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     CanonicalConfig, EngineBatch, EngineEvent, EngineKind, EngineLayout, FaultInjection, Limits,
-    RejectionKind, SourceHandle, SourceOutput, SourceSignal, SourceState, ZmqSourceConfig,
+    RejectionKind, SourceHandle, SourceOutput, SourceSignal, SourceState, ZmqSourceConfig, ZmqWire,
     encode_engine_batch, spawn_zmq_source,
 };
 
@@ -43,7 +43,7 @@ fn config(endpoint: String, worker_id: u64, fault: FaultInjection) -> ZmqSourceC
         worker_id,
         dp_rank: 0,
         declared_ranks: 0..1,
-        engine: EngineKind::Vllm,
+        wire: ZmqWire::Engine(EngineKind::Vllm),
         endpoint,
         replay_endpoint: None,
         topic: String::new(),

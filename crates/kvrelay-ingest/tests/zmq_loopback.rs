@@ -19,7 +19,8 @@ use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
     EngineEvent, EngineKind, EngineLayout, Limits, RejectionKind, ResetReason, SourceHandle,
-    SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, encode_engine_batch, spawn_zmq_source,
+    SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, ZmqWire, encode_engine_batch,
+    encode_event_plane, spawn_zmq_source,
 };
 
 const BLOCK_SIZE: u32 = 4;
@@ -265,7 +266,7 @@ fn source_without_replay(pub_endpoint: String) -> SourceHandle {
     spawn_zmq_source(ZmqSourceConfig {
         worker_id: 1,
         dp_rank: 0,
-        engine: EngineKind::Vllm,
+        wire: ZmqWire::Engine(EngineKind::Vllm),
         endpoint: pub_endpoint,
         replay_endpoint: None,
         topic: TOPIC.to_owned(),
@@ -280,7 +281,7 @@ fn probing_source(pub_endpoint: String, replay_endpoint: String) -> SourceHandle
     spawn_zmq_source(ZmqSourceConfig {
         worker_id: 1,
         dp_rank: 0,
-        engine: EngineKind::Vllm,
+        wire: ZmqWire::Engine(EngineKind::Vllm),
         endpoint: pub_endpoint,
         replay_endpoint: Some(replay_endpoint),
         topic: TOPIC.to_owned(),
@@ -325,7 +326,7 @@ async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
     let mut source = spawn_zmq_source(ZmqSourceConfig {
         worker_id: 1,
         dp_rank: 0,
-        engine: EngineKind::Vllm,
+        wire: ZmqWire::Engine(EngineKind::Vllm),
         endpoint: pub_endpoint.clone(),
         replay_endpoint: Some(replay_endpoint.clone()),
         topic: TOPIC.to_owned(),
@@ -399,7 +400,7 @@ async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
     let mut source = spawn_zmq_source(ZmqSourceConfig {
         worker_id: 1,
         dp_rank: 0,
-        engine: EngineKind::Vllm,
+        wire: ZmqWire::Engine(EngineKind::Vllm),
         endpoint: pub_endpoint,
         replay_endpoint: Some(replay_endpoint),
         topic: TOPIC.to_owned(),
@@ -637,4 +638,124 @@ async fn a_tail_the_publisher_never_sent_is_fetched_by_the_idle_probe() {
     assert_eq!(after.n_resets, before.n_resets, "{after:?}");
     assert!(source.shutdown().await, "source tasks did not stop");
     engine.stop().await;
+}
+
+/// A Dynamo worker's event plane on a real libzmq PUB socket: the advertised publisher's
+/// events arrive as Dynamo hashed them; another publisher's messages, events of another
+/// worker and a broken frame are rejected and counted, each whole, and the source goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamo_event_plane_publisher_feeds_the_source_and_strangers_are_refused() {
+    const PUBLISHER: u64 = 0x001a_a34c_1462_3e6e;
+    const WORKER: u64 = 7;
+    let context = zmq::Context::new();
+    let publisher = context.socket(zmq::PUB).unwrap();
+    publisher.bind("tcp://127.0.0.1:*").unwrap();
+    let endpoint = publisher.get_last_endpoint().unwrap().unwrap();
+    let mut source = spawn_zmq_source(ZmqSourceConfig {
+        worker_id: WORKER,
+        dp_rank: 0,
+        wire: ZmqWire::DynamoEventPlane {
+            publisher_id: PUBLISHER,
+        },
+        endpoint,
+        replay_endpoint: None,
+        topic: String::new(),
+        canonical: canonical(),
+        limits: Limits::default(),
+        declared_ranks: 0..1,
+        fault: Default::default(),
+    });
+    let stored = |worker: u64, event_id: u64, ids: &[u64]| RouterEvent {
+        source: SourceId::new(worker, 0),
+        event_id,
+        payload: EventPayload::Stored(kvrelay_ckf::StoredBlocks {
+            parent_engine_block_id: None,
+            blocks: ids
+                .iter()
+                .map(|id| kvrelay_ckf::StoredBlock {
+                    engine_block_id: *id,
+                    token_hash: id * 1_000,
+                })
+                .collect(),
+        }),
+    };
+    let send = |frames: [Bytes; 4]| {
+        let frames: Vec<Vec<u8>> = frames.iter().map(|frame| frame.to_vec()).collect();
+        publisher.send_multipart(frames, 0).unwrap();
+    };
+    // Until the subscription is up: fresh blocks of the advertised publisher.
+    let mut seq = 0u64;
+    let mut state = State::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while state.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "nothing arrived");
+        send(encode_event_plane(
+            PUBLISHER,
+            seq,
+            &[stored(WORKER, seq, &[1, 2])],
+        ));
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        while let Some(output) = source.try_next() {
+            if let SourceOutput::Event(event) = output {
+                apply(&mut state, &event);
+            }
+        }
+    }
+    assert_eq!(
+        state[&SourceId::new(WORKER, 0)],
+        BTreeMap::from([(1, 1_000), (2, 2_000)]),
+        "Dynamo's block hashes pass through"
+    );
+    // A stranger on the socket, another worker's events, a frame of an unknown version.
+    send(encode_event_plane(
+        PUBLISHER + 1,
+        seq,
+        &[stored(WORKER, 90, &[9])],
+    ));
+    send(encode_event_plane(
+        PUBLISHER,
+        seq,
+        &[stored(WORKER, 91, &[3]), stored(WORKER + 1, 92, &[4])],
+    ));
+    seq += 1;
+    let mut bad = encode_event_plane(PUBLISHER, seq, &[stored(WORKER, 93, &[5])]);
+    let mut frame = bad[3].to_vec();
+    frame[0] = 9;
+    bad[3] = Bytes::from(frame);
+    send(bad);
+    seq += 1;
+    send(encode_event_plane(
+        PUBLISHER,
+        seq,
+        &[stored(WORKER, 94, &[6])],
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !state[&SourceId::new(WORKER, 0)].contains_key(&6) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the good message after the bad never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        while let Some(output) = source.try_next() {
+            if let SourceOutput::Event(event) = output {
+                apply(&mut state, &event);
+            }
+        }
+    }
+    let blocks: Vec<u64> = state[&SourceId::new(WORKER, 0)].keys().copied().collect();
+    assert_eq!(
+        blocks,
+        [1, 2, 6],
+        "nothing of a refused message was applied"
+    );
+    assert_eq!(state.len(), 1, "no other worker's blocks");
+    let stats = source.stats();
+    assert_eq!(stats.rejected(RejectionKind::Framing), 2, "{stats:?}");
+    assert_eq!(
+        stats.rejected(RejectionKind::UndeclaredWorker),
+        1,
+        "{stats:?}"
+    );
+    assert!(source.shutdown().await);
 }

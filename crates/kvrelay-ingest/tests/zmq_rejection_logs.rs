@@ -14,7 +14,7 @@ use std::time::Duration;
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     CanonicalConfig, EngineKind, FaultInjection, Limits, RejectionKind, SourceState,
-    ZmqSourceConfig, spawn_zmq_source,
+    ZmqSourceConfig, ZmqWire, spawn_zmq_source,
 };
 
 /// Log output captured in memory.
@@ -50,7 +50,7 @@ async fn ten_thousand_malformed_messages_count_ten_thousand_and_log_a_few_lines(
         worker_id: 1,
         dp_rank: 0,
         declared_ranks: 0..1,
-        engine: EngineKind::Vllm,
+        wire: ZmqWire::Engine(EngineKind::Vllm),
         endpoint,
         replay_endpoint: None,
         topic: String::new(),

@@ -389,6 +389,21 @@ impl RelayConfig {
                     reason: "must be namespace.component.endpoint",
                 });
             }
+            let dynamo = source.engine == EngineKind::Dynamo;
+            if dynamo && source.replay.is_some() {
+                return Err(ConfigError::InvalidField {
+                    field: "sources.replay",
+                    value: source.endpoint.clone(),
+                    reason: "a Dynamo event-plane publisher has no replay endpoint",
+                });
+            }
+            if dynamo != source.publisher_id.is_some() {
+                return Err(ConfigError::InvalidField {
+                    field: "sources.publisher_id",
+                    value: source.endpoint.clone(),
+                    reason: "a source with engine = \"dynamo\" needs its publisher id, and only such a source has one",
+                });
+            }
         }
         Ok(())
     }
@@ -410,6 +425,38 @@ mod tests {
 
     fn parse(text: &str) -> Result<RelayConfig, ConfigError> {
         RelayConfig::from_toml_str(text, Path::new("relay.toml"))
+    }
+
+    #[test]
+    fn a_dynamo_source_needs_its_publisher_id_and_has_no_replay() {
+        let source = |extra: &str| {
+            format!(
+                "[discovery]\ndir = \"cards\"\n[[sources]]\nendpoint = \"prod.backend.generate\"\nworker_id = 7\nzmq = \"tcp://127.0.0.1:5557\"\n{extra}"
+            )
+        };
+        let dynamo = parse(&source("engine = \"dynamo\"\npublisher_id = 42")).unwrap();
+        dynamo.validate().unwrap();
+        assert_eq!(dynamo.sources[0].engine, EngineKind::Dynamo);
+        assert_eq!(dynamo.sources[0].publisher_id, Some(42));
+        for (extra, field) in [
+            ("engine = \"dynamo\"", "sources.publisher_id"),
+            (
+                "engine = \"vllm\"\npublisher_id = 42",
+                "sources.publisher_id",
+            ),
+            (
+                "engine = \"dynamo\"\npublisher_id = 42\nreplay = \"tcp://127.0.0.1:5558\"",
+                "sources.replay",
+            ),
+        ] {
+            let err = parse(&source(extra))
+                .and_then(|config| config.validate())
+                .unwrap_err();
+            assert!(
+                matches!(err, ConfigError::InvalidField { field: f, .. } if f == field),
+                "{extra}: {err}"
+            );
+        }
     }
 
     #[test]

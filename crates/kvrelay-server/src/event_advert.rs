@@ -8,9 +8,12 @@
 //! statically configured `[[sources]]`, the configuration winning on a `(worker, rank)`
 //! conflict. Unknown fields are ignored, as the reference runtime adds fields over time.
 //!
-//! Not carried by the records: the engine kind (an optional `engine` key in the metadata is
-//! honoured, else vLLM) and a ZMQ replay endpoint (the advertised recovery target is a
-//! request-plane query endpoint, which the ZMQ source cannot use).
+//! A channel carries Dynamo's event plane (the envelopes a Dynamo worker's
+//! `KvEventPublisher` publishes), read from the advertised publisher only; an optional
+//! `engine` key in the metadata (`vllm`, `sglang`; not written by Dynamo) says an engine
+//! publishes its own batches there instead. Not used: the recovery target (a request-plane
+//! query endpoint, which the ZMQ source cannot call; a reconnect without replay resets the
+//! source, as for any publisher without a replay endpoint).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -311,10 +314,16 @@ pub(crate) fn join(sources: &[SourceAdvert], channels: &[ChannelAdvert]) -> Vec<
                     endpoint: source.endpoint.dotted(),
                     worker_id: source.worker_id,
                     dp_rank: source.dp_rank,
-                    engine: source.engine.unwrap_or(EngineKind::Vllm),
+                    // What a Dynamo worker's advertised channel carries, unless the
+                    // advert names an engine publishing its own batches there.
+                    engine: source.engine.unwrap_or(EngineKind::Dynamo),
                     zmq: channel.zmq.clone(),
                     replay: None,
                     metrics_url: None,
+                    publisher_id: match source.engine {
+                        None | Some(EngineKind::Dynamo) => Some(source.publisher_id),
+                        Some(EngineKind::Vllm | EngineKind::Sglang) => None,
+                    },
                 },
             ),
         );
@@ -398,7 +407,7 @@ mod tests {
     }
 
     #[test]
-    fn reference_records_join_into_one_engine_source() {
+    fn reference_records_join_into_one_event_plane_source() {
         let joined = join(
             &[parse_source(SOURCE_FIXTURE).unwrap()],
             &[parse_channel(CHANNEL_FIXTURE).unwrap()],
@@ -409,12 +418,26 @@ mod tests {
                 endpoint: "bench.worker.generate".to_owned(),
                 worker_id: 11_393_913_980_618_096_623,
                 dp_rank: 0,
-                engine: EngineKind::Vllm,
+                engine: EngineKind::Dynamo,
                 zmq: "tcp://127.0.0.1:46207".to_owned(),
                 replay: None,
                 metrics_url: None,
+                publisher_id: Some(3_843_850_805_944_391),
             }]
         );
+    }
+
+    #[test]
+    fn an_advert_naming_an_engine_reads_that_engine_s_batches_without_a_publisher_filter() {
+        let mut value: serde_json::Value = serde_json::from_str(SOURCE_FIXTURE).unwrap();
+        value["metadata"]["engine"] = "vllm".into();
+        let joined = join(
+            &[parse_source(&value.to_string()).unwrap()],
+            &[parse_channel(CHANNEL_FIXTURE).unwrap()],
+        );
+        assert_eq!(joined.len(), 1);
+        assert_eq!(joined[0].engine, EngineKind::Vllm);
+        assert_eq!(joined[0].publisher_id, None);
     }
 
     #[test]

@@ -310,7 +310,8 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "test")]
     use kvrelay_identity::KvQueryHashFormat;
     use kvrelay_ingest::{
-        CanonicalConfig, EngineKind, FaultInjection, Limits, ZmqSourceConfig, spawn_zmq_source,
+        CanonicalConfig, EngineKind, FaultInjection, Limits, ZmqSourceConfig, ZmqWire,
+        spawn_zmq_source,
     };
 
     use crate::metrics::RelayMetrics;
@@ -323,7 +324,7 @@ mod tests {
             worker_id: 1,
             dp_rank: 0,
             declared_ranks: 0..1,
-            engine: EngineKind::Vllm,
+            wire: ZmqWire::Engine(EngineKind::Vllm),
             endpoint: "tcp://127.0.0.1:9".to_owned(),
             replay_endpoint: None,
             topic: String::new(),

@@ -1,6 +1,6 @@
-//! A relay fed by a ZMQ publisher advertised only through the reference runtime's discovery
-//! records (`event_sources/` + `event_channels/`): its events reach a WAN replica, and
-//! removing the records detaches the source and withdraws the pool.
+//! A relay fed by a Dynamo event-plane publisher advertised only through the reference
+//! runtime's discovery records (`event_sources/` + `event_channels/`): its events reach a
+//! WAN replica, and removing the records detaches the source and withdraws the pool.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use kvrelay_server::Relay;
 use support::{
-    DEADLINE, advert_records, mirror_at_producer, publish_until_resident, single_worker,
+    DEADLINE, Feed, advert_records, mirror_at_producer, publish_until_resident, single_worker,
 };
 use zeromq::{PubSocket, Socket};
 
@@ -57,7 +57,11 @@ async fn advertised_zmq_source_feeds_a_wan_replica_and_detaches_when_withdrawn()
     publish_until_resident(
         &relay,
         &mut publisher,
-        "no advertised engine event reached the pool",
+        Feed::DynamoEventPlane {
+            publisher: PUBLISHER,
+            worker: WORKER,
+        },
+        "no advertised worker's event reached the pool",
     )
     .await;
 

@@ -537,6 +537,7 @@ async fn a_non_reading_subscriber_in_snapshot_is_cut_off_by_the_snapshot_progres
         zmq: format!("tcp://{engine_addr}"),
         replay: None,
         metrics_url: None,
+        publisher_id: None,
     }];
     config.limits.write_timeout_ms = 200;
     config.limits.snapshot_progress_timeout_ms = 1_500;

@@ -31,7 +31,9 @@ use kvrelay_membership::{
     DEFAULT_ETCD_TIMEOUT, EtcdDiscovery, ModelCardInstance, ModelCardInstanceId,
 };
 use kvrelay_server::{DiscoveryBackend, Relay, RelayConfig, WorkloadConfig};
-use support::{DEADLINE, advert_records, first_message, next, publish_until_resident, request};
+use support::{
+    DEADLINE, Feed, advert_records, first_message, next, publish_until_resident, request,
+};
 use zeromq::{PubSocket, Socket};
 
 /// The log line etcd prints once it serves clients.
@@ -357,7 +359,11 @@ async fn event_sources_advertised_in_etcd_attach_and_leave_with_their_lease() {
     publish_until_resident(
         &relay,
         &mut publisher,
-        "no advertised engine event reached the pool",
+        Feed::DynamoEventPlane {
+            publisher: 0x1092,
+            worker: 0x51,
+        },
+        "no advertised worker's event reached the pool",
     )
     .await;
     assert_eq!(relay.sources().len(), 1);

@@ -12,7 +12,7 @@ mod support;
 
 use kvrelay_codec::v1::StreamRpc;
 use kvrelay_server::{EngineKind as ConfigEngine, ProbeStream, Relay, SourceConfig};
-use support::{DEADLINE, mirror_at_producer, publish_until_resident, request, single_worker};
+use support::{DEADLINE, Feed, mirror_at_producer, publish_until_resident, request, single_worker};
 use zeromq::{PubSocket, Socket};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,13 +34,20 @@ async fn zmq_engine_events_reach_a_wan_replica() {
         zmq: endpoint,
         replay: None,
         metrics_url: None,
+        publisher_id: None,
     }];
     let relay = Relay::start(config).await.unwrap();
     tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))
         .await
         .unwrap();
 
-    publish_until_resident(&relay, &mut publisher, "no engine event reached the pool").await;
+    publish_until_resident(
+        &relay,
+        &mut publisher,
+        Feed::Vllm,
+        "no engine event reached the pool",
+    )
+    .await;
 
     let producer = relay.catalog().pools[0].producer;
     let (mirror, table) = mirror_at_producer(&relay, producer).await;
@@ -89,6 +96,7 @@ async fn scraped_kv_usage_becomes_the_pool_load() {
         zmq: "tcp://127.0.0.1:9".to_owned(),
         replay: None,
         metrics_url: Some(url),
+        publisher_id: None,
     }];
     let relay = Relay::start(config).await.unwrap();
     tokio::time::timeout(DEADLINE, relay.wait_for_pools(1))

@@ -187,8 +187,10 @@ fn write_card(
 }
 
 /// The reference runtime's advert pair for `worker`'s KV event publisher on ZMQ `zmq`
-/// (as its file store keeps them), so our relay attaches the engine the way a Dynamo
-/// deployment advertises it, and detaches it when the records go. Returns the two files.
+/// (as its file store keeps them), naming vLLM as what publishes there (our metadata key:
+/// the engine's own batches, not Dynamo's event plane), so our relay attaches the engine
+/// the way a Dynamo deployment advertises a source, and detaches it when the records go.
+/// Returns the two files.
 fn advertise(
     store: &std::path::Path,
     component: &str,
@@ -200,7 +202,8 @@ fn advertise(
     let source = serde_json::json!({
         "type": "EventSource", "scope": scope, "topic": "kv-events", "publisher_id": worker,
         "metadata": {"kv_state_endpoint": scope["endpoint"],
-            "worker": {"worker_id": worker, "dp_rank": 0}, "publisher_id": worker}
+            "worker": {"worker_id": worker, "dp_rank": 0}, "publisher_id": worker,
+            "engine": "vllm"}
     });
     let channel = serde_json::json!({
         "type": "EventChannel", "scope": scope, "topic": "kv-events", "instance_id": worker,
@@ -267,16 +270,38 @@ async fn until_both_subscribed(
     }
 }
 
-/// The same events through both relays: two vLLM engines (libzmq publishers) feed our
-/// relay directly and Dynamo's relay through one Dynamo worker runtime each (Dynamo's
-/// `KvEventPublisher` relaying the engine's stream, as in the benchmark). Our consumer
-/// follows ours over our protocol and Dynamo's over the contract; every prefix is found at
-/// the same, exact depth through both, through stores, evictions, one worker leaving
-/// (its card and adverts gone from our discovery, its Dynamo runtime shut down: both
-/// relays drop what only it held) and a catalog change (a worker of another model on
+/// How our relay is fed in [`same_events`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OurFeed {
+    /// The engines' own batches, from cards and adverts we write (naming vLLM).
+    Engines,
+    /// Nothing of ours: our relay reads the Dynamo deployment's own file store (the cards
+    /// and event adverts Dynamo's workers register) and each worker's event plane, as
+    /// Dynamo's relay does: a kvrelay relay dropped into a Dynamo deployment.
+    DynamoDeployment,
+}
+
+/// The same events through both relays: two vLLM engines (libzmq publishers) feed Dynamo's
+/// relay through one Dynamo worker runtime each (Dynamo's `KvEventPublisher` relaying the
+/// engine's stream, as in the benchmark), and ours either directly or through the same
+/// Dynamo workers' event planes. Our consumer follows ours over our protocol and Dynamo's
+/// over the contract; every prefix is found at the same, exact depth through both, through
+/// stores, evictions, one worker leaving (its records gone, its Dynamo runtime shut down:
+/// both relays drop what only it held) and a catalog change (a worker of another model on
 /// another endpoint joins: a second pool in both).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
+    same_events(OurFeed::Engines).await;
+}
+
+/// [`same_events`] with our relay reading only what the Dynamo deployment publishes: its
+/// file store and its workers' event planes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_into_a_dynamo_deployment_our_relay_reads_its_workers_and_agrees_with_dynamos() {
+    same_events(OurFeed::DynamoDeployment).await;
+}
+
+async fn same_events(feed: OurFeed) {
     let dir = tempfile::tempdir().unwrap();
     let cards = dir.path().join("cards");
     std::fs::create_dir_all(&cards).unwrap();
@@ -293,21 +318,20 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     let mut first = support::VllmEngine::bind(&context, first_addr);
     let mut second = support::VllmEngine::bind(&context, second_addr);
 
-    // Ours: one card and one advertised source per engine.
+    // Ours, fed by the engines: one card and one advertised source per engine.
     let store = dir.path().join("adverts/v1");
-    write_card(&cards, "backend", "model-a", 0x21);
-    let second_card = write_card(&cards, "backend", "model-a", 0x22);
-    advertise(&store, "backend", 0x21, &format!("tcp://{first_addr}"));
-    let second_adverts = advertise(&store, "backend", 0x22, &format!("tcp://{second_addr}"));
-    let mut config = kvrelay_server::RelayConfig {
-        dc_id: "dc-ours".to_owned(),
-        ..kvrelay_server::RelayConfig::default()
-    };
-    config.wan.listen = "127.0.0.1:0".parse().unwrap();
-    config.admin.enabled = false;
-    config.discovery.dir = Some(cards.clone());
-    config.discovery.event_sources_dir = Some(store.clone());
-    let relay = kvrelay_server::Relay::start(config).await.unwrap();
+    let mut second_records = Vec::new();
+    if feed == OurFeed::Engines {
+        write_card(&cards, "backend", "model-a", 0x21);
+        second_records.push(write_card(&cards, "backend", "model-a", 0x22));
+        advertise(&store, "backend", 0x21, &format!("tcp://{first_addr}"));
+        second_records.extend(advertise(
+            &store,
+            "backend",
+            0x22,
+            &format!("tcp://{second_addr}"),
+        ));
+    }
 
     // Dynamo's: its relay, and one worker runtime per engine (so one can leave alone).
     let mut dynamo_relay = DynamoProcess::start(
@@ -349,8 +373,32 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     };
     let mut first_worker = worker("backend", "model-a", first_addr);
     let mut second_worker = worker("backend", "model-a", second_addr);
-    first_worker.expect("ready").await;
-    second_worker.expect("ready").await;
+    // `ready w=ID`: the worker id Dynamo gave each runtime.
+    let dynamo_id = |ready: String| -> u64 {
+        let id = ready.split_once('=').map(|(_, id)| id.trim());
+        id.and_then(|id| id.parse().ok()).expect("ready w=ID")
+    };
+    let first_id = dynamo_id(first_worker.expect("ready").await);
+    let second_id = dynamo_id(second_worker.expect("ready").await);
+
+    let mut config = kvrelay_server::RelayConfig {
+        dc_id: "dc-ours".to_owned(),
+        ..kvrelay_server::RelayConfig::default()
+    };
+    config.wan.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.enabled = false;
+    match feed {
+        OurFeed::Engines => {
+            config.discovery.dir = Some(cards.clone());
+            config.discovery.event_sources_dir = Some(store.clone());
+        }
+        // Dynamo's file store as it is: cards under v1/mdc, adverts under v1.
+        OurFeed::DynamoDeployment => {
+            config.discovery.dir = Some(discovery.join("v1/mdc"));
+            config.discovery.event_sources_dir = Some(discovery.join("v1"));
+        }
+    }
+    let relay = kvrelay_server::Relay::start(config).await.unwrap();
 
     let ours = support::quick_consumer(vec![RelayEndpoint::new(
         &relay.wan_addr().to_string(),
@@ -362,6 +410,15 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     let mut probe = 900_000u64;
     until_both_subscribed(&mut first, &mut probe, &ours, &theirs, "model-a").await;
     until_both_subscribed(&mut second, &mut probe, &ours, &theirs, "model-a").await;
+    // Whose events reach our relay: the engines we advertised, or Dynamo's workers.
+    let mut sources: Vec<u64> = relay.sources().iter().map(|s| s.worker_id).collect();
+    sources.sort_unstable();
+    let mut expected = match feed {
+        OurFeed::Engines => vec![0x21, 0x22],
+        OurFeed::DynamoDeployment => vec![first_id, second_id],
+    };
+    expected.sort_unstable();
+    assert_eq!(sources, expected);
 
     // A chain on the first engine; the second holds its first three blocks and another
     // continuation (engine ids are per engine, so the second may reuse them).
@@ -385,9 +442,8 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     // The second worker leaves: from our discovery (its card and adverts) and from
     // Dynamo's (its runtime shuts down and its records go). What only it held is gone
     // from both, while the pool lives on with the first worker.
-    std::fs::remove_file(&second_card).unwrap();
-    for advert in second_adverts {
-        std::fs::remove_file(advert).unwrap();
+    for record in second_records {
+        std::fs::remove_file(record).unwrap();
     }
     second_worker.stop().await;
     both_find(&ours, &theirs, &[1, 2, 3, 7, 8], 0).await;
@@ -402,8 +458,10 @@ async fn fed_the_same_events_a_dynamo_relay_and_ours_give_the_same_depths() {
     // second pool; both consumers find its prefixes, and model-a's are unchanged.
     let third_addr = free();
     let mut third = support::VllmEngine::bind(&context, third_addr);
-    write_card(&cards, "other", "model-b", 0x23);
-    advertise(&store, "other", 0x23, &format!("tcp://{third_addr}"));
+    if feed == OurFeed::Engines {
+        write_card(&cards, "other", "model-b", 0x23);
+        advertise(&store, "other", 0x23, &format!("tcp://{third_addr}"));
+    }
     let mut third_worker = worker("other", "model-b", third_addr);
     third_worker.expect("ready").await;
     until_both_subscribed(&mut third, &mut probe, &ours, &theirs, "model-b").await;

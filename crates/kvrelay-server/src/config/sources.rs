@@ -96,8 +96,13 @@ pub struct SourceConfig {
     pub engine: EngineKind,
     /// ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
     pub zmq: String,
-    /// Optional ZMQ ROUTER replay endpoint.
+    /// Optional ZMQ ROUTER replay endpoint (vLLM and SGLang only).
     pub replay: Option<String>,
+    /// With `engine = "dynamo"` (and only then, required): the event-plane publisher whose
+    /// messages are read. Dynamo picks it anew for each worker incarnation, so Dynamo
+    /// sources are normally discovered from their adverts, which name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher_id: Option<u64>,
     /// Optional Prometheus endpoint of the engine to scrape KV usage from.
     pub metrics_url: Option<String>,
 }
@@ -110,6 +115,9 @@ pub enum EngineKind {
     Vllm,
     /// SGLang.
     Sglang,
+    /// Dynamo's event plane: a Dynamo worker's `KvEventPublisher` (what the event channels
+    /// Dynamo workers advertise carry), its blocks hashed by Dynamo.
+    Dynamo,
 }
 
 /// The `[workload]` table: replay a trace into the discovered pools.

@@ -14,7 +14,8 @@ use tokio::sync::Notify;
 use kvrelay_identity::{EndpointId, KvQuerySemantics};
 use kvrelay_ingest::{
     CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceProbe, SourceSignal,
-    SourceState, ZmqSourceConfig, dynamo_kv_event_subject, spawn_nats_source, spawn_zmq_source,
+    SourceState, ZmqSourceConfig, ZmqWire, dynamo_kv_event_subject, spawn_nats_source,
+    spawn_zmq_source,
 };
 use kvrelay_pacing::{Backoff, NO_JITTER};
 use kvrelay_pool::{ActorError, MAX_EVENTS_PER_BATCH};
@@ -127,9 +128,13 @@ pub(crate) fn spawn_zmq(
     let zmq = ZmqSourceConfig {
         worker_id: config.worker_id,
         dp_rank: config.dp_rank,
-        engine: match config.engine {
-            EngineKind::Vllm => kvrelay_ingest::EngineKind::Vllm,
-            EngineKind::Sglang => kvrelay_ingest::EngineKind::Sglang,
+        wire: match config.engine {
+            EngineKind::Vllm => ZmqWire::Engine(kvrelay_ingest::EngineKind::Vllm),
+            EngineKind::Sglang => ZmqWire::Engine(kvrelay_ingest::EngineKind::Sglang),
+            // Validated (configured) or set from the advert (discovered).
+            EngineKind::Dynamo => ZmqWire::DynamoEventPlane {
+                publisher_id: config.publisher_id.unwrap_or_default(),
+            },
         },
         endpoint: config.zmq.clone(),
         replay_endpoint: config.replay.clone(),

@@ -236,6 +236,35 @@ pub(crate) fn vllm_message(seq: u64, events: Vec<EngineEvent>) -> ZmqMessage {
     .unwrap()
 }
 
+/// What a test publisher sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Feed {
+    /// vLLM's own batches.
+    Vllm,
+    /// Dynamo's event plane: publisher `publisher` of worker `worker` (rank 0), as a
+    /// Dynamo worker's `KvEventPublisher` sends on the channel it advertises.
+    DynamoEventPlane { publisher: u64, worker: u64 },
+}
+
+/// Event-plane message `seq` of `publisher`: worker `worker` stores two fresh blocks
+/// (Dynamo hashes them itself; any distinct hashes do here).
+pub(crate) fn dynamo_message(publisher: u64, worker: u64, seq: u64) -> ZmqMessage {
+    let block = |id: u64| kvrelay_ckf::StoredBlock {
+        engine_block_id: id,
+        token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    };
+    let event = kvrelay_ckf::RouterEvent {
+        source: kvrelay_ckf::SourceId::new(worker, 0),
+        event_id: seq,
+        payload: kvrelay_ckf::EventPayload::Stored(kvrelay_ckf::StoredBlocks {
+            parent_engine_block_id: None,
+            blocks: vec![block(seq * 10 + 1), block(seq * 10 + 2)],
+        }),
+    };
+    ZmqMessage::try_from(kvrelay_ingest::encode_event_plane(publisher, seq, &[event]).to_vec())
+        .unwrap()
+}
+
 /// Flushes the relay and tells whether its first pool holds any block.
 pub(crate) async fn first_pool_holds_blocks(relay: &Relay) -> bool {
     relay.flush().await;
@@ -298,6 +327,7 @@ pub(crate) async fn mirror_at_producer(
 pub(crate) async fn publish_until_resident(
     relay: &Relay,
     publisher: &mut PubSocket,
+    feed: Feed,
     failure: &str,
 ) {
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -306,7 +336,11 @@ pub(crate) async fn publish_until_resident(
     loop {
         tick.tick().await;
         assert!(tokio::time::Instant::now() < deadline, "{failure}");
-        publisher.send(vllm_batch(seq)).await.unwrap();
+        let message = match feed {
+            Feed::Vllm => vllm_batch(seq),
+            Feed::DynamoEventPlane { publisher, worker } => dynamo_message(publisher, worker, seq),
+        };
+        publisher.send(message).await.unwrap();
         seq += 1;
         if first_pool_holds_blocks(relay).await {
             break;
@@ -347,7 +381,8 @@ pub(crate) fn mib(bytes: u64) -> f64 {
 
 /// The `EventSource` and `EventChannel` records the reference runtime writes for one KV
 /// event publisher of `prod/backend/generate` (worker `worker`, rank 0) on ZMQ `zmq`; a
-/// file store keeps them one per file, etcd one per key.
+/// file store keeps them one per file, etcd one per key. The channel carries Dynamo's event
+/// plane ([`Feed::DynamoEventPlane`]).
 pub(crate) fn advert_records(
     worker: u64,
     publisher: u64,

@@ -69,6 +69,7 @@ fn engine(endpoint: &str, worker_id: u64) -> SourceConfig {
         zmq: "tcp://127.0.0.1:9".to_owned(),
         replay: None,
         metrics_url: None,
+        publisher_id: None,
     }
 }
 
