@@ -148,6 +148,10 @@ pub(crate) struct RelayMetrics {
     /// Listings of event adverts in etcd that failed (the last sources were kept)
     /// (`kvrelay_discovery_advert_listing_failures_total`).
     pub(crate) discovery_advert_listing_failures: Counter,
+    /// Advertised sources whose recovery target (a request-plane query of the worker's own
+    /// index) the relay does not call, once per advert
+    /// (`kvrelay_discovery_recovery_targets_unused_total`).
+    pub(crate) discovery_recovery_targets_unused: Counter,
     /// Card files opened and parsed by the file backend (`kvrelay_discovery_card_reads_total`):
     /// new and changed files only, so it stays flat while the directory does not change.
     pub(crate) discovery_card_reads: Counter,
@@ -467,6 +471,12 @@ impl RelayMetrics {
             "Listings of event adverts in etcd that failed; the last sources were kept",
             discovery_advert_listing_failures.clone(),
         );
+        let discovery_recovery_targets_unused = Counter::default();
+        registry.register(
+            "discovery_recovery_targets_unused",
+            "Advertised event sources whose recovery target (a request-plane query) is not called, once per advert; such a source resets instead of recovering",
+            discovery_recovery_targets_unused.clone(),
+        );
         let discovery_card_reads = Counter::default();
         registry.register(
             "discovery_card_reads",
@@ -520,6 +530,7 @@ impl RelayMetrics {
             admin_unauthorized,
             discovery_skipped,
             discovery_advert_listing_failures,
+            discovery_recovery_targets_unused,
             sources_cleared,
             discovery_card_reads,
             stream,

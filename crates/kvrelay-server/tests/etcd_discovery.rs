@@ -367,6 +367,13 @@ async fn event_sources_advertised_in_etcd_attach_and_leave_with_their_lease() {
     )
     .await;
     assert_eq!(relay.sources().len(), 1);
+    // Its recovery target is not called, and said so once, not on every relisting.
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let page = admin_get(admin, "/metrics").await;
+    assert!(
+        page.contains("kvrelay_discovery_recovery_targets_unused_total 1\n"),
+        "{page}"
+    );
 
     // The worker's lease ends: its adverts go, the source detaches and the pool retires.
     store.client().revoke_lease(lease).await.unwrap();

@@ -82,6 +82,8 @@ impl EventScan {
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut warned: BTreeSet<(String, String)> = BTreeSet::new();
         let mut unsupported_seen: BTreeSet<String> = BTreeSet::new();
+        // Publishers whose advert carries a recovery target we do not call, counted once.
+        let mut recovery_seen: BTreeSet<u64> = BTreeSet::new();
         let mut conflicted: BTreeSet<(u64, u32)> = BTreeSet::new();
         let mut failures = LogBudget::default();
         loop {
@@ -122,6 +124,20 @@ impl EventScan {
                 self.count_skipped("unsupported_channel");
             }
             unsupported_seen = unsupported;
+            let recoverable: BTreeSet<u64> = scan
+                .sources
+                .iter()
+                .filter(|source| source.recoverable)
+                .map(|source| source.publisher_id)
+                .collect();
+            for publisher in recoverable.difference(&recovery_seen) {
+                debug!(
+                    publisher,
+                    "an advertised source's recovery target is not called (no request-plane client); it resets instead"
+                );
+                self.metrics.discovery_recovery_targets_unused.inc();
+            }
+            recovery_seen = recoverable;
             let joined = event_advert::join(&scan.sources, &scan.channels);
             let (merged, conflicts) = event_advert::merge(&self.configured, joined);
             for (worker_id, dp_rank) in conflicts.difference(&conflicted) {

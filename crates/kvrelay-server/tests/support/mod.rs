@@ -394,7 +394,11 @@ pub(crate) fn advert_records(
         "metadata": {
             "kv_state_endpoint": scope["endpoint"],
             "worker": {"worker_id": worker, "dp_rank": 0},
-            "publisher_id": publisher
+            "publisher_id": publisher,
+            // What a worker with its local indexer advertises (the relay does not call it).
+            "recovery_target": {"component": "backend", "namespace": "prod",
+                "endpoint": format!("worker_kv_query_source_{publisher:x}"),
+                "instance_id": worker, "transport": {"tcp": "127.0.0.1:9/query"}}
         }
     });
     let channel = serde_json::json!({
