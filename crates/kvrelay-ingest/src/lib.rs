@@ -25,6 +25,7 @@ mod event_plane;
 mod event_trace;
 pub mod limits;
 mod log_limit;
+mod metered;
 mod msgpack;
 mod nats_source;
 mod sequence;

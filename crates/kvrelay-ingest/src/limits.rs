@@ -48,6 +48,11 @@ pub const DEFAULT_RESTART_BACKOFF_MAX_MS: u64 = 5_000;
 pub const DEFAULT_LOG_INTERVAL_MS: u64 = 10_000;
 /// Default [`Limits::tail_probe_idle_ms`].
 pub const DEFAULT_TAIL_PROBE_IDLE_MS: u64 = 1_000;
+/// Default [`Limits::max_queued_bytes`] (128 MiB): two messages of the largest default
+/// payload.
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 128 << 20;
+/// Largest accepted [`Limits::max_queued_bytes`] (64 GiB).
+pub const MAX_QUEUED_BYTES_CAP: usize = 1 << 36;
 /// Default payload limit of a Dynamo NATS source (1 MiB): one JSON router event list.
 pub const DEFAULT_NATS_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
@@ -93,6 +98,11 @@ pub struct Limits {
     pub live_queue_depth: usize,
     /// Live batches buffered while a replay runs; overflow resets the source.
     pub max_buffered_during_replay: usize,
+    /// Bytes of received ZMQ messages one source holds at once, wherever they wait (the
+    /// reader-to-driver queue, the replay buffer, the batch being applied). A message that
+    /// would pass it is dropped on arrival and counted (`overflow`), so the source sees a gap
+    /// (replayed, or a reset). At least `max_payload_bytes`.
+    pub max_queued_bytes: usize,
     /// How long one replay may take before it counts as failed (ms).
     pub replay_timeout_ms: u64,
     /// How long shutdown waits for a source's tasks (ms).
@@ -133,6 +143,7 @@ impl Default for Limits {
             output_queue_depth: DEFAULT_OUTPUT_QUEUE_DEPTH,
             live_queue_depth: DEFAULT_LIVE_QUEUE_DEPTH,
             max_buffered_during_replay: DEFAULT_MAX_BUFFERED_DURING_REPLAY,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
             replay_timeout_ms: DEFAULT_REPLAY_TIMEOUT_MS,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -205,6 +216,11 @@ impl Limits {
                 u64::from(self.receive_high_water_mark),
                 u64::from(MAX_RECEIVE_HIGH_WATER_MARK_CAP),
             ),
+            (
+                "max_queued_bytes",
+                widen(self.max_queued_bytes),
+                widen(MAX_QUEUED_BYTES_CAP),
+            ),
         ];
         for (name, value, cap) in counts {
             if value == 0 {
@@ -221,6 +237,13 @@ impl Limits {
                     reason: "is above its documented cap",
                 });
             }
+        }
+        if self.max_queued_bytes < self.max_payload_bytes {
+            return Err(LimitError {
+                name: "max_queued_bytes",
+                value: widen(self.max_queued_bytes),
+                reason: "is below max_payload_bytes (a largest message could never be held)",
+            });
         }
         let durations = [
             ("replay_timeout_ms", self.replay_timeout_ms),
@@ -296,6 +319,21 @@ mod tests {
         let err = limits.validate().unwrap_err();
         assert_eq!(err.name, "receive_high_water_mark");
         assert_eq!(err.reason, "must be nonzero");
+    }
+
+    #[test]
+    fn a_byte_budget_below_one_largest_message_is_refused() {
+        let limits = Limits {
+            max_queued_bytes: DEFAULT_MAX_PAYLOAD_BYTES - 1,
+            ..Limits::default()
+        };
+        let err = limits.validate().unwrap_err();
+        assert_eq!(err.name, "max_queued_bytes");
+        let fits = Limits {
+            max_queued_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            ..Limits::default()
+        };
+        assert_eq!(fits.validate(), Ok(()));
     }
 
     #[test]

@@ -84,6 +84,11 @@ pub struct SourceStats {
     pub resets: BTreeMap<&'static str, u64>,
     /// Rejections per kind; kinds never seen are absent.
     pub rejected: BTreeMap<RejectionKind, u64>,
+    /// Bytes of received messages the source holds now (ZMQ; bounded by
+    /// `Limits::max_queued_bytes`).
+    pub queued_bytes: u64,
+    /// The most it has held at once.
+    pub peak_queued_bytes: u64,
 }
 
 impl SourceStats {
@@ -125,6 +130,9 @@ pub(crate) struct Counters {
     replay_outcomes: [AtomicU64; ReplayOutcome::ALL.len()],
     reset_causes: [AtomicU64; ResetReason::CAUSES.len()],
     rejected: [AtomicU64; RejectionKind::ALL.len()],
+    /// What the source's byte budget holds (`crate::metered`), and its peak.
+    pub(crate) queued_bytes: std::sync::atomic::AtomicUsize,
+    peak_queued_bytes: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, n: u64) {
@@ -138,6 +146,12 @@ fn load(counter: &AtomicU64) -> u64 {
 impl Counters {
     pub(crate) fn shared() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// Notes that the byte budget now holds `held` bytes.
+    pub(crate) fn queued_peak(&self, held: usize) {
+        self.peak_queued_bytes
+            .fetch_max(u64::try_from(held).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub(crate) fn message(&self) {
@@ -230,6 +244,9 @@ impl Counters {
             replays,
             resets,
             rejected,
+            queued_bytes: u64::try_from(self.queued_bytes.load(Ordering::Acquire))
+                .unwrap_or(u64::MAX),
+            peak_queued_bytes: load(&self.peak_queued_bytes),
         }
     }
 }

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use kvrelay_ckf::SourceId;
 use kvrelay_pacing::{Backoff, NO_JITTER};
 use tokio::sync::mpsc;
@@ -37,13 +36,15 @@ use crate::error::RejectionKind;
 use crate::event_plane::{EventPlaneMessage, decode_event_plane_frame};
 use crate::limits::Limits;
 use crate::log_limit::RejectionLog;
+use crate::metered::{ByteBudget, Metered};
 use crate::sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
 use crate::source::{
     SourceHandle, SourceOutput, SourceSignal, SourceState, StateCell, Transport, emit,
 };
 use crate::stats::{Counters, ReplayOutcome};
 use crate::zmq_transport::{
-    ReaderEvent, ReaderExit, ReaderParams, ReplayError, ReplayEvent, run_reader, run_replay,
+    ReaderEvent, ReaderExit, ReaderParams, ReplayError, ReplayEvent, ReplayJob, run_reader,
+    run_replay,
 };
 
 /// Where and how to subscribe to one engine publisher (one DP rank's PUB socket).
@@ -133,11 +134,13 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
         worker_id = config.worker_id,
         dp_rank = config.dp_rank
     );
+    let budget = ByteBudget::new(limits.max_queued_bytes, counters.clone());
     let params = ReaderParams {
         endpoint: config.endpoint.clone(),
         topic: config.topic.clone(),
         wire: config.wire,
         limits,
+        budget: budget.clone(),
         fault: config.fault.clone(),
     };
     tracker.spawn(
@@ -151,6 +154,7 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
         .instrument(span.clone()),
     );
     let driver = Driver {
+        budget,
         canonicalizer: Canonicalizer::new(config.worker_id, config.dp_rank, config.canonical),
         rejections: RejectionLog::new(Duration::from_millis(limits.log_interval_ms)),
         config,
@@ -235,6 +239,8 @@ struct ReplayInFlight {
 
 struct Driver {
     config: ZmqSourceConfig,
+    /// What the source's messages may hold; replays take from it too.
+    budget: ByteBudget,
     canonicalizer: Canonicalizer,
     rejections: RejectionLog,
     counters: Arc<Counters>,
@@ -372,7 +378,7 @@ impl Driver {
     /// Carries out one tracker action; `false` when the source must stop.
     async fn act(
         &mut self,
-        action: SequenceAction<Bytes>,
+        action: SequenceAction<Metered>,
         replay_tx: &mpsc::Sender<ReplayEvent>,
     ) -> bool {
         match action {
@@ -404,10 +410,13 @@ impl Driver {
                     let span = info_span!("zmq_replay", seq = from_seq);
                     self.tracker.spawn(
                         replay(
-                            endpoint,
-                            from_seq,
-                            epoch,
+                            ReplayJob {
+                                endpoint,
+                                from_seq,
+                                epoch,
+                            },
                             self.config.limits,
+                            self.budget.clone(),
                             replay_tx.clone(),
                             self.counters.clone(),
                             self.cancel.child_token(),
@@ -467,7 +476,8 @@ impl Driver {
         }
     }
 
-    async fn apply(&mut self, seq: u64, payload: &Bytes) -> bool {
+    async fn apply(&mut self, seq: u64, payload: &Metered) -> bool {
+        let payload = payload.bytes();
         let engine = match self.config.wire {
             ZmqWire::Engine(engine) => engine,
             ZmqWire::DynamoEventPlane { publisher_id } => {
@@ -579,23 +589,23 @@ impl Drop for ReplayGuard {
 }
 
 async fn replay(
-    endpoint: String,
-    from_seq: u64,
-    epoch: u64,
+    job: ReplayJob,
     limits: Limits,
+    budget: ByteBudget,
     tx: mpsc::Sender<ReplayEvent>,
     counters: Arc<Counters>,
     cancel: CancellationToken,
 ) {
+    let (endpoint, epoch) = (job.endpoint.clone(), job.epoch);
     let mut guard = ReplayGuard {
         epoch,
         tx: tx.clone(),
         finished: false,
     };
     let exchange = {
-        let (endpoint, tx, cancel) = (endpoint.clone(), tx.clone(), cancel.clone());
+        let (tx, cancel) = (tx.clone(), cancel.clone());
         tokio::task::spawn_blocking(move || {
-            run_replay(&endpoint, from_seq, epoch, &limits, &tx, &counters, &cancel)
+            run_replay(&job, &limits, &budget, &tx, &counters, &cancel)
         })
     };
     match exchange.await {

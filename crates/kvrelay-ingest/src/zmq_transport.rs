@@ -29,6 +29,7 @@ use crate::error::RejectionKind;
 use crate::event_plane::parse_event_plane;
 use crate::limits::Limits;
 use crate::log_limit::RejectionLog;
+use crate::metered::{ByteBudget, Metered};
 use crate::source::{SourceState, StateCell};
 use crate::stats::Counters;
 use crate::zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
@@ -66,8 +67,8 @@ pub(crate) enum ReaderEvent {
     Connected,
     /// The publisher's connection was lost (libzmq redials).
     Disconnected,
-    /// A live batch.
-    Batch { seq: u64, payload: Bytes },
+    /// A live batch, admitted against the source's byte budget.
+    Batch { seq: u64, payload: Metered },
 }
 
 /// Why the reader returned.
@@ -86,6 +87,7 @@ pub(crate) struct ReaderParams {
     pub(crate) topic: String,
     pub(crate) wire: ZmqWire,
     pub(crate) limits: Limits,
+    pub(crate) budget: ByteBudget,
     pub(crate) fault: FaultInjection,
 }
 
@@ -270,6 +272,19 @@ fn read(
             match parsed {
                 Ok((seq, payload)) => {
                     redial_delay = initial_delay;
+                    // Over the byte budget: dropped here, so neither this queue nor
+                    // libzmq's (drained on) holds it; the driver sees a gap.
+                    let len = payload.len();
+                    let Some(payload) = params.budget.admit(payload) else {
+                        counters.reject(RejectionKind::Overflow);
+                        let held = params.budget.held();
+                        let reason = format!(
+                            "message of {len} bytes dropped: the source holds {held} bytes, max_queued_bytes {}",
+                            limits.max_queued_bytes
+                        );
+                        log_rejection(&mut rejections, RejectionKind::Overflow, peer, &reason);
+                        continue;
+                    };
                     if live
                         .blocking_send(ReaderEvent::Batch { seq, payload })
                         .is_err()
@@ -313,7 +328,7 @@ pub(crate) enum ReplayEvent {
     Batch {
         epoch: u64,
         seq: u64,
-        payload: Bytes,
+        payload: Metered,
     },
     End {
         epoch: u64,
@@ -336,17 +351,28 @@ pub(crate) enum ReplayError {
     DriverGone,
 }
 
+/// Which replay to ask for, and of whom.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplayJob {
+    /// The engine's ROUTER replay endpoint.
+    pub(crate) endpoint: String,
+    /// The first sequence wanted.
+    pub(crate) from_seq: u64,
+    /// The tracker's replay epoch the replies belong to.
+    pub(crate) epoch: u64,
+}
+
 /// One replay exchange: asks `endpoint` for every batch from `from_seq` and forwards the
 /// replies until the end marker, within `limits.replay_timeout_ms`.
 pub(crate) fn run_replay(
-    endpoint: &str,
-    from_seq: u64,
-    epoch: u64,
+    job: &ReplayJob,
     limits: &Limits,
+    budget: &ByteBudget,
     tx: &mpsc::Sender<ReplayEvent>,
     counters: &Counters,
     cancel: &CancellationToken,
 ) -> Result<(), ReplayError> {
+    let (endpoint, from_seq, epoch) = (job.endpoint.as_str(), job.from_seq, job.epoch);
     if !endpoint_is_valid(endpoint) {
         return Err(ReplayError::Zmq(zmq::Error::EINVAL));
     }
@@ -384,6 +410,17 @@ pub(crate) fn run_replay(
             match parsed {
                 Ok(ReplayReply::End) => return Ok(()),
                 Ok(ReplayReply::Batch { seq, payload }) => {
+                    let len = payload.len();
+                    let Some(payload) = budget.admit(payload) else {
+                        // The replay comes back incomplete; the tracker decides (a reset).
+                        counters.reject(RejectionKind::Overflow);
+                        let reason = format!(
+                            "replayed message of {len} bytes dropped: over max_queued_bytes {}",
+                            limits.max_queued_bytes
+                        );
+                        log_rejection(&mut rejections, RejectionKind::Overflow, endpoint, &reason);
+                        continue;
+                    };
                     tx.blocking_send(ReplayEvent::Batch {
                         epoch,
                         seq,

@@ -409,3 +409,78 @@ async fn undeclared_ranks_are_rejected_and_counted_in_bounded_memory() {
     assert!(reset_sources.len() <= 1, "{reset_sources:?}");
     assert!(source.shutdown().await);
 }
+
+/// A publisher of large messages against a source whose output nobody reads: the source
+/// holds at most `max_queued_bytes` of them at any moment (the rest are dropped on arrival
+/// and counted as `overflow`, so the source sees gaps instead of growing with what was
+/// sent), and once its output is read again it gives the bytes back and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_beyond_the_byte_budget_are_dropped_and_counted() {
+    const MESSAGE: usize = 4 << 20;
+    const SENT: u64 = 64; // 256 MiB offered against a 12 MiB budget
+    let limits = Limits {
+        max_payload_bytes: MESSAGE + 1024,
+        // Three large messages and the two small batches below.
+        max_queued_bytes: 3 * MESSAGE + 1024,
+        output_queue_depth: 1,
+        ..limits()
+    };
+    let (socket, endpoint) = publisher();
+    let mut config = config(endpoint, 1, FaultInjection::default());
+    config.limits = limits;
+    let mut source = spawn_zmq_source(config);
+    wait_for(&source, "connected", |s| {
+        s.state() == SourceState::Connected
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The connect signal fills the one-slot output queue, so the driver stalls emitting the
+    // first batch's event; nobody reads, so from here the reader's queue is all that grows.
+    let small = cleared_payload(0);
+    publish(&socket, 0, &small);
+    publish(&socket, 1, &small);
+    wait_for(&source, "driver stalled", |s| s.stats().n_events == 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut big = cleared_payload(0);
+    big.resize(MESSAGE, 0);
+    for seq in 2..2 + SENT {
+        publish(&socket, seq, &big);
+    }
+    wait_for(&source, "overflow counted", |s| {
+        let stats = s.stats();
+        stats.rejected(RejectionKind::Overflow) + stats.queued_bytes / (MESSAGE as u64) >= SENT
+    })
+    .await;
+    let stats = source.stats();
+    assert!(
+        stats.peak_queued_bytes <= limits.max_queued_bytes as u64,
+        "held {} bytes at most, budget {}",
+        stats.peak_queued_bytes,
+        limits.max_queued_bytes
+    );
+    assert_eq!(
+        stats.queued_bytes,
+        (3 * MESSAGE + 2 * small.len()) as u64,
+        "the two small batches and three large messages are held: {stats:?}"
+    );
+    assert_eq!(
+        stats.rejected(RejectionKind::Overflow),
+        SENT - 3,
+        "{stats:?}"
+    );
+    // Reading again: the waiting messages are decoded (malformed: trailing bytes), their
+    // bytes return, and the source applies new batches.
+    let mut events = 0;
+    publish(&socket, 2 + SENT, &cleared_payload(0));
+    for _ in 0..400 {
+        events += drain(&mut source);
+        if events >= 2 && source.stats().queued_bytes == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let stats = source.stats();
+    assert!(events >= 2, "the source stopped: {stats:?}");
+    assert_eq!(stats.queued_bytes, 0, "{stats:?}");
+    assert!(source.shutdown().await);
+}

@@ -122,6 +122,7 @@ pub(crate) struct SourceMetrics {
     disconnects: Counter,
     unverified_tails: Counter,
     late_copies: Counter,
+    queued_bytes: Gauge,
 }
 
 /// Keeps a source in [`SourceMetrics`]; dropping it retires the source (its final counts
@@ -162,7 +163,13 @@ impl SourceMetrics {
             disconnects: Counter::default(),
             unverified_tails: Counter::default(),
             late_copies: Counter::default(),
+            queued_bytes: Gauge::default(),
         };
+        registry.register(
+            "ingest_queued_bytes",
+            "Bytes of received messages the running ZMQ sources hold (each bounded by [ingest] max_queued_bytes)",
+            metrics.queued_bytes.clone(),
+        );
         registry.register(
             "ingest_rejected",
             "Ingest input rejected, by transport and reason",
@@ -270,9 +277,14 @@ impl SourceMetrics {
         }
         let mut inner = self.lock();
         let mut totals = inner.retired.clone();
+        let mut queued_bytes = 0u64;
         for source in inner.live.values() {
-            totals.add(source.probe.transport(), &source.probe.stats());
+            let stats = source.probe.stats();
+            queued_bytes = queued_bytes.saturating_add(stats.queued_bytes);
+            totals.add(source.probe.transport(), &stats);
         }
+        self.queued_bytes
+            .set(i64::try_from(queued_bytes).unwrap_or(i64::MAX));
         let before = &inner.exported;
         for ((transport, kind), n) in &totals.rejected {
             let labels = TransportReasonLabels {
