@@ -74,11 +74,7 @@ pub fn decode_dynamo_events(
     payload: &[u8],
     limits: &Limits,
 ) -> Result<DynamoDecoded, DynamoEventError> {
-    let parsed: OneOrMany =
-        serde_json::from_slice(payload).map_err(|err| DynamoEventError::Malformed {
-            reason: err.to_string(),
-        })?;
-    convert(parsed, limits)
+    convert(serde_json::from_slice(payload), limits)
 }
 
 /// Decodes a msgpack payload of Dynamo router events (the payload of an event-plane
@@ -87,15 +83,18 @@ pub fn decode_dynamo_events_msgpack(
     payload: &[u8],
     limits: &Limits,
 ) -> Result<DynamoDecoded, DynamoEventError> {
-    let parsed: OneOrMany =
-        rmp_serde::from_slice(payload).map_err(|err| DynamoEventError::Malformed {
-            reason: err.to_string(),
-        })?;
-    convert(parsed, limits)
+    convert(rmp_serde::from_slice(payload), limits)
 }
 
-/// The one rule from wire events to canonical ones, whatever the encoding.
-fn convert(parsed: OneOrMany, limits: &Limits) -> Result<DynamoDecoded, DynamoEventError> {
+/// The one rule from wire events to canonical ones, whatever the encoding (a parse error
+/// is `Malformed` with the parser's message).
+fn convert<E: std::fmt::Display>(
+    parsed: Result<OneOrMany, E>,
+    limits: &Limits,
+) -> Result<DynamoDecoded, DynamoEventError> {
+    let parsed = parsed.map_err(|err| DynamoEventError::Malformed {
+        reason: err.to_string(),
+    })?;
     let wire = match parsed {
         OneOrMany::One(event) => vec![event],
         OneOrMany::Many(events) => events,
