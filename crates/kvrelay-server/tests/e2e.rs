@@ -593,6 +593,27 @@ async fn stalled_subscriber(
     ProbeStream::open(stalled_io, subscribe).await.unwrap()
 }
 
+/// A `SubscribePool` request for `producer`'s pool, from its beginning.
+fn subscribe_pool(
+    producer: kvrelay_codec::v1::ProducerIdentity,
+) -> kvrelay_codec::v1::StreamRequest {
+    request(StreamRpc::SubscribePool {
+        expected_producer: producer,
+        resume_from_sequence: None,
+    })
+}
+
+/// Asserts that the stream's first message (within the deadline) is a pool frame.
+async fn opens_with_a_pool_frame(stream: &mut ProbeStream<tokio::net::TcpStream>) {
+    let opened = tokio::time::timeout(DEADLINE, stream.next_message())
+        .await
+        .unwrap();
+    assert!(
+        matches!(opened, Ok(Some(Message::PoolFrame(_)))),
+        "{opened:?}"
+    );
+}
+
 /// Opens a WAN stream to the relay from the loopback address `source` (any of
 /// 127.0.0.0/8: a second host, as the relay sees it, without leaving loopback).
 async fn connect_from(
@@ -623,51 +644,27 @@ async fn one_peer_address_holds_at_most_its_share_of_a_pools_subscribers() {
         .await
         .unwrap();
     let pools = relay.catalog().pools;
-    let subscribe = |producer| {
-        request(StreamRpc::SubscribePool {
-            expected_producer: producer,
-            resume_from_sequence: None,
-        })
-    };
     let attacker = std::net::Ipv4Addr::new(127, 0, 0, 1);
     let honest = std::net::Ipv4Addr::new(127, 0, 0, 2);
     let first = pools[0].producer;
     let mut held = Vec::new();
     for _ in 0..3 {
-        let mut stream = connect_from(&relay, attacker, &subscribe(first)).await;
-        let opened = tokio::time::timeout(DEADLINE, stream.next_message())
-            .await
-            .unwrap();
-        assert!(
-            matches!(opened, Ok(Some(Message::PoolFrame(_)))),
-            "{opened:?}"
-        );
+        let mut stream = connect_from(&relay, attacker, &subscribe_pool(first)).await;
+        opens_with_a_pool_frame(&mut stream).await;
         held.push(stream);
     }
-    let mut refused = connect_from(&relay, attacker, &subscribe(first)).await;
+    let mut refused = connect_from(&relay, attacker, &subscribe_pool(first)).await;
     let error = tokio::time::timeout(DEADLINE, support::until_error(&mut refused))
         .await
         .expect("the host's fourth subscriber of the pool is refused");
     assert_eq!(error.reason, ErrorReason::ResourceLimit, "{error:?}");
     assert!(error.message.contains("per peer"), "{error:?}");
     // The pool's own limit (4) is not reached: another host takes the last slot.
-    let mut other_host = connect_from(&relay, honest, &subscribe(first)).await;
-    let opened = tokio::time::timeout(DEADLINE, other_host.next_message())
-        .await
-        .unwrap();
-    assert!(
-        matches!(opened, Ok(Some(Message::PoolFrame(_)))),
-        "{opened:?}"
-    );
+    let mut other_host = connect_from(&relay, honest, &subscribe_pool(first)).await;
+    opens_with_a_pool_frame(&mut other_host).await;
     // The share is per pool: the same host still subscribes the other pool.
-    let mut other_pool = connect_from(&relay, attacker, &subscribe(pools[1].producer)).await;
-    let opened = tokio::time::timeout(DEADLINE, other_pool.next_message())
-        .await
-        .unwrap();
-    assert!(
-        matches!(opened, Ok(Some(Message::PoolFrame(_)))),
-        "{opened:?}"
-    );
+    let mut other_pool = connect_from(&relay, attacker, &subscribe_pool(pools[1].producer)).await;
+    opens_with_a_pool_frame(&mut other_pool).await;
     let per_peer = "kvrelay_admission_rejected_total{stream=\"pool\",scope=\"per_peer\"}";
     let page = metrics_when(&relay, |page| metric_value(page, per_peer) >= 1.0).await;
     assert_eq!(metric_value(&page, per_peer), 1.0);
@@ -675,7 +672,7 @@ async fn one_peer_address_holds_at_most_its_share_of_a_pools_subscribers() {
     held.pop();
     let readmitted = tokio::time::timeout(DEADLINE, async {
         loop {
-            let mut stream = connect_from(&relay, attacker, &subscribe(first)).await;
+            let mut stream = connect_from(&relay, attacker, &subscribe_pool(first)).await;
             if let Ok(Some(Message::PoolFrame(_))) = stream.next_message().await {
                 return stream;
             }
@@ -701,14 +698,8 @@ async fn the_per_pool_subscriber_limit_refuses_and_counts_the_extra_subscriber()
         .await
         .unwrap();
     let pools = relay.catalog().pools;
-    let subscribe = |producer| {
-        request(StreamRpc::SubscribePool {
-            expected_producer: producer,
-            resume_from_sequence: None,
-        })
-    };
     let first = pools[0].producer;
-    let mut held = ProbeStream::connect(relay.wan_addr(), &subscribe(first))
+    let mut held = ProbeStream::connect(relay.wan_addr(), &subscribe_pool(first))
         .await
         .unwrap();
     // The first subscriber is in (its snapshot starts) before the second asks.
@@ -716,7 +707,7 @@ async fn the_per_pool_subscriber_limit_refuses_and_counts_the_extra_subscriber()
         .await
         .unwrap();
     assert!(matches!(opened, Ok(Some(_))), "{opened:?}");
-    let mut refused = ProbeStream::connect(relay.wan_addr(), &subscribe(first))
+    let mut refused = ProbeStream::connect(relay.wan_addr(), &subscribe_pool(first))
         .await
         .unwrap();
     let error = tokio::time::timeout(DEADLINE, support::until_error(&mut refused))
