@@ -57,17 +57,16 @@ pub fn parse_event_plane(
             max: max_payload_bytes,
         });
     }
+    let be_u64 = |frame: &[u8]| <[u8; 8]>::try_from(frame).ok().map(u64::from_be_bytes);
     Ok(EventPlaneMessage {
-        publisher_id: be_u64(publisher_id)?,
-        sequence: be_u64(sequence)?,
+        publisher_id: be_u64(publisher_id).ok_or(ZmqFrameError::PublisherIdWidth {
+            len: publisher_id.len(),
+        })?,
+        sequence: be_u64(sequence).ok_or(ZmqFrameError::SeqWidth {
+            len: sequence.len(),
+        })?,
         frame: frame.clone(),
     })
-}
-
-fn be_u64(frame: &[u8]) -> Result<u64, ZmqFrameError> {
-    <[u8; 8]>::try_from(frame)
-        .map(u64::from_be_bytes)
-        .map_err(|_| ZmqFrameError::SeqWidth { len: frame.len() })
 }
 
 /// An event-plane frame that cannot be read, or does not agree with its message.
@@ -485,9 +484,14 @@ mod tests {
             parse_event_plane(&ok[..3], 1024),
             Err(ZmqFrameError::FrameCount { n_frames: 3, .. })
         ));
-        let narrow = frames("05", "0000000000000007", vec![1, 0, 0, 0, 0]);
+        let narrow_id = frames("05", "0000000000000007", vec![1, 0, 0, 0, 0]);
         assert!(matches!(
-            parse_event_plane(&narrow, 1024),
+            parse_event_plane(&narrow_id, 1024),
+            Err(ZmqFrameError::PublisherIdWidth { len: 1 })
+        ));
+        let narrow_seq = frames("0000000000000005", "07", vec![1, 0, 0, 0, 0]);
+        assert!(matches!(
+            parse_event_plane(&narrow_seq, 1024),
             Err(ZmqFrameError::SeqWidth { len: 1 })
         ));
     }
@@ -499,21 +503,14 @@ mod tests {
             max_blocks_per_event: 1,
             ..Limits::default()
         };
-        let mut two_events = Vec::new();
-        rmp::encode::write_array_len(&mut two_events, 2).unwrap();
-        for _ in 0..2 {
-            rmp::encode::write_map_len(&mut two_events, 2).unwrap();
-            rmp::encode::write_str(&mut two_events, "worker_id").unwrap();
-            rmp::encode::write_uint(&mut two_events, 9).unwrap();
-            rmp::encode::write_str(&mut two_events, "event").unwrap();
-            rmp::encode::write_map_len(&mut two_events, 2).unwrap();
-            rmp::encode::write_str(&mut two_events, "event_id").unwrap();
-            rmp::encode::write_uint(&mut two_events, 1).unwrap();
-            rmp::encode::write_str(&mut two_events, "data").unwrap();
-            rmp::encode::write_str(&mut two_events, "cleared").unwrap();
-        }
-        let err = decode_event_plane_frame(&message(5, 7, &envelope(5, 7, &two_events)), &limits)
-            .unwrap_err();
+        let cleared = RouterEvent {
+            source: SourceId::new(9, 0),
+            event_id: 1,
+            payload: EventPayload::AllCleared,
+        };
+        let two_events = encode_event_plane(5, 7, &[cleared.clone(), cleared]);
+        let message = parse_event_plane(&two_events, usize::MAX).unwrap();
+        let err = decode_event_plane_frame(&message, &limits).unwrap_err();
         assert!(
             matches!(
                 err,

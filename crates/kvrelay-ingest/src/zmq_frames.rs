@@ -21,6 +21,12 @@ pub enum ZmqFrameError {
         /// Its length.
         len: usize,
     },
+    /// An event-plane publisher-id frame that is not 8 bytes.
+    #[error("publisher id frame has {len} bytes, expected 8")]
+    PublisherIdWidth {
+        /// Its length.
+        len: usize,
+    },
     /// An event-plane message of another publisher than the advertised one.
     #[error("event-plane message of publisher {got:#x}, advertised {expected:#x}")]
     ForeignPublisher {
