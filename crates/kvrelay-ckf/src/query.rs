@@ -126,6 +126,14 @@ const ROW_ALIGN_WORDS: usize = 8;
 /// The lanes of one cache line, as a lane mask.
 const LINE_LANES: u64 = (1 << ROW_ALIGN_WORDS) - 1;
 
+/// Words a table of `bucket_count` rows of `stride` lanes allocates (alignment padding
+/// included).
+fn table_words(bucket_count: usize, stride: usize) -> usize {
+    bucket_count
+        .saturating_mul(stride)
+        .saturating_add(ROW_ALIGN_WORDS - 1)
+}
+
 impl QueryTable {
     /// An empty table (no lanes) for `format`.
     pub fn new(format: CkfFormat, config: QueryConfig) -> Result<Self, QueryConfigError> {
@@ -153,6 +161,17 @@ impl QueryTable {
     /// Lanes in the table.
     pub fn n_lanes(&self) -> usize {
         self.lanes.len()
+    }
+
+    /// Bytes the next [`QueryTable::add_lane`] allocates: 0 while the stride has a spare
+    /// lane, else the whole grown table (doubled stride), which is held next to the old
+    /// one until the re-layout is done. A caller with a memory budget checks this first.
+    pub fn add_lane_bytes(&self) -> u64 {
+        if self.lanes.len() < self.stride {
+            return 0;
+        }
+        let words = table_words(self.format.bucket_count() as usize, self.next_stride());
+        (words as u64).saturating_mul(8)
     }
 
     /// Adds an empty lane and returns its index. Grows the row stride (doubling, fallible
@@ -260,13 +279,18 @@ impl QueryTable {
         }
     }
 
+    /// The stride [`QueryTable::grow`] moves to: from one lane up, doubling.
+    fn next_stride(&self) -> usize {
+        (self.stride * 2).max(1)
+    }
+
     fn grow(&mut self) -> Result<(), ConfigError> {
         // From one lane up, doubling: a table of one pool holds exactly that pool's
         // words (a first stride of 4 made one 2^24-bucket pool take 512 MiB, four times
         // what a consumer's replica budget counts for it).
-        let new_stride = (self.stride * 2).max(1);
+        let new_stride = self.next_stride();
         let bucket_count = self.format.bucket_count() as usize;
-        let n_words = bucket_count * new_stride + ROW_ALIGN_WORDS - 1;
+        let n_words = table_words(bucket_count, new_stride);
         let mut words = Vec::new();
         words
             .try_reserve_exact(n_words)

@@ -124,3 +124,26 @@ fn a_delta_extends_the_depth_a_query_sees() {
     table.apply_delta(lane, &delta).unwrap();
     assert_eq!(table.prefix_depths(&hashes).depth(lane), Some(25));
 }
+
+#[test]
+fn add_lane_bytes_is_what_the_next_lane_allocates() {
+    let producer = PoolFilter::new(CkfConfig::new(4096)).unwrap();
+    let mut table = QueryTable::new(producer.format(), QueryConfig::default()).unwrap();
+    let row_bytes = u64::from(producer.format().bucket_count()) * 8;
+    let mut held = 0;
+    for lanes in 1..=9u64 {
+        let announced = table.add_lane_bytes();
+        table.add_lane().unwrap();
+        if announced > 0 {
+            // A growth: the new table replaces the old, and was announced exactly.
+            assert_eq!(table.table_bytes(), announced, "lane {lanes}");
+            assert!(announced > held);
+            held = announced;
+        } else {
+            assert_eq!(table.table_bytes(), held, "lane {lanes} needed no growth");
+        }
+        // The stride doubles: never more than twice the lanes (plus alignment padding).
+        assert!(table.table_bytes() <= 2 * lanes * row_bytes + 64);
+    }
+    assert_eq!(table.table_bytes(), 16 * row_bytes + 56);
+}

@@ -82,6 +82,8 @@ struct Shared {
     pool_streams: Vec<Arc<tokio::sync::Semaphore>>,
     /// Per relay: whether waiting for a pool stream slot was logged this process.
     pool_streams_warned: Vec<std::sync::atomic::AtomicBool>,
+    /// Whether a replica refused for the query-table budget was logged at warn.
+    table_budget_warned: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -127,6 +129,7 @@ impl Consumer {
         let shared = Arc::new(Shared {
             pool_streams,
             pool_streams_warned,
+            table_budget_warned: std::sync::atomic::AtomicBool::new(false),
             config,
             last_errors: Mutex::new(vec![None; endpoints.len()]),
             endpoints,
@@ -702,6 +705,20 @@ async fn subscription_frames(
             warn!(dc = %dc, pool = key.as_u64(), error = %err, "replica allocation failed; dropped, resubscribing");
             shared.bump();
             return Some(ResubscribeReason::Allocation);
+        }
+        Err(err @ StoreError::OverTableBudget { .. }) => {
+            // Pools may leave and free lanes, so retry after backoff; warn once, then
+            // only the `over_budget` resubscribe count says it goes on.
+            let first = !shared
+                .table_budget_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed);
+            if first {
+                warn!(dc = %dc, pool = key.as_u64(), error = %err, "replica not built: over max_query_table_bytes; retried after backoff (logged once, counted as resubscribes{{reason=over_budget}})");
+            } else {
+                debug!(dc = %dc, pool = key.as_u64(), error = %err, "replica not built: over max_query_table_bytes");
+            }
+            shared.bump();
+            return Some(ResubscribeReason::OverBudget);
         }
         // The generation left the catalog: stop for good.
         Err(_) => return None,

@@ -177,6 +177,13 @@ pub struct Limits {
     /// from the relay's previous catalog first, then new ones in catalog order); must be
     /// > 0. One relay may otherwise advertise 4,096 pools of 2^24 buckets (128 MiB each).
     pub max_replica_bytes_per_relay: u64,
+    /// Bytes the process's query tables may hold, over every relay: what replicas really
+    /// take (a format's table holds its lanes rounded up to a power of two, so up to
+    /// twice the lanes' own bytes), with a growing table's old and new copies counted
+    /// together while it is laid out. A replica whose lane would pass it is not built
+    /// (retried after backoff, counted as `over_budget`); this, not the per-relay share,
+    /// is the bound on the process's replica memory. Must be > 0.
+    pub max_query_table_bytes: u64,
     /// Time allowed to connect and receive the first frame of a stream.
     pub connect_timeout: Duration,
     /// Replicas older than this (time since the last snapshot, delta or heartbeat) are not
@@ -206,6 +213,10 @@ impl Limits {
     /// Default [`Limits::max_replica_bytes_per_relay`]: 4 GiB (32 pools of the largest
     /// filter, 2^24 buckets, or 4,096 pools of 2^17 buckets).
     pub const DEFAULT_MAX_REPLICA_BYTES_PER_RELAY: u64 = 4 << 30;
+    /// Default [`Limits::max_query_table_bytes`]: 8 GiB (one relay at its default share,
+    /// 4 GiB of lanes, in a table of 4 GiB; or the growth from 2 GiB to 4 GiB of lanes of
+    /// one format, both held for the re-layout, with 2 GiB to spare).
+    pub const DEFAULT_MAX_QUERY_TABLE_BYTES: u64 = 8 << 30;
     /// Default [`Limits::connect_timeout`]: 5 s.
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// Default [`Limits::staleness_bound`]: 30 s, three relay heartbeat intervals.
@@ -243,6 +254,7 @@ impl Default for Limits {
             max_pools_per_relay: Self::DEFAULT_MAX_POOLS_PER_RELAY,
             max_replica_bytes_per_relay: Self::DEFAULT_MAX_REPLICA_BYTES_PER_RELAY,
             max_pool_streams_per_relay: Self::DEFAULT_MAX_POOL_STREAMS_PER_RELAY,
+            max_query_table_bytes: Self::DEFAULT_MAX_QUERY_TABLE_BYTES,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             staleness_bound: Self::DEFAULT_STALENESS_BOUND,
             catalog_staleness_bound: Self::DEFAULT_CATALOG_STALENESS_BOUND,
@@ -303,6 +315,9 @@ impl ConsumerConfig {
         self.backoff.validate()?;
         if self.limits.max_replica_bytes_per_relay == 0 {
             return Err(ConfigError::ZeroReplicaBudget);
+        }
+        if self.limits.max_query_table_bytes == 0 {
+            return Err(ConfigError::ZeroQueryTableBudget);
         }
         self.limits.validate_durations()?;
         if self.limits.max_pool_streams_per_relay == 0 {
@@ -378,6 +393,9 @@ pub enum ConfigError {
     /// [`Limits::max_replica_bytes_per_relay`] is 0: no replica could ever be admitted.
     #[error("max_replica_bytes_per_relay must be > 0")]
     ZeroReplicaBudget,
+    /// [`Limits::max_query_table_bytes`] is 0: no replica could ever be built.
+    #[error("max_query_table_bytes must be > 0")]
+    ZeroQueryTableBudget,
     /// A relay's TLS material cannot be loaded.
     #[error("relay {addr}: {source}")]
     Tls {
@@ -486,6 +504,9 @@ mod tests {
         let mut config = ConsumerConfig::new(vec![RelayEndpoint::new("a:1", "x")]);
         config.limits.max_replica_bytes_per_relay = 0;
         assert_eq!(config.validate(), Err(ConfigError::ZeroReplicaBudget));
+        config.limits.max_replica_bytes_per_relay = 1;
+        config.limits.max_query_table_bytes = 0;
+        assert_eq!(config.validate(), Err(ConfigError::ZeroQueryTableBudget));
     }
 
     #[test]

@@ -66,6 +66,12 @@ impl Collector for Snapshot {
         )?;
         gauge(
             &mut encoder,
+            "query_table_bytes",
+            "Bytes the replica query tables hold (spare stride included), bounded by max_query_table_bytes.",
+            m.query_table_bytes as f64,
+        )?;
+        gauge(
+            &mut encoder,
             "replica_max_age_seconds",
             "Largest time since a replica last heard from its relay, seconds.",
             m.max_replica_age.as_secs_f64(),
@@ -239,6 +245,7 @@ mod tests {
             ("replicas", "gauge"),
             ("replica_max_sequence_lag", "gauge"),
             ("replica_max_age_seconds", "gauge"),
+            ("query_table_bytes", "gauge"),
             ("resubscribes", "counter"),
             ("quarantined_entries", "gauge"),
             ("quarantined", "counter"),
@@ -272,6 +279,7 @@ mod tests {
         assert!(text.contains("kvrelay_consumer_catalog_entries_over_budget_total 2\n"));
         assert!(text.contains("kvrelay_consumer_contract_entries_left_out_total 3\n"));
         assert!(text.contains("kvrelay_consumer_resubscribes_total{reason=\"allocation\"} 0\n"));
+        assert!(text.contains("kvrelay_consumer_resubscribes_total{reason=\"over_budget\"} 0\n"));
         assert!(text.contains("kvrelay_consumer_replica_max_age_seconds 1.5\n"));
     }
 

@@ -298,6 +298,7 @@ mod tests {
             ResubscribeReason::Validation,
             ResubscribeReason::RelayRestart,
             ResubscribeReason::Allocation,
+            ResubscribeReason::OverBudget,
         ] {
             assert_eq!(
                 replica_after_stream(Some(reason), true),

@@ -31,11 +31,14 @@ pub enum ResubscribeReason {
     /// The replica's table could not be allocated: the replica was dropped and the
     /// subscription is retried after backoff.
     Allocation,
+    /// The replica's lane would take the query tables past
+    /// [`crate::Limits::max_query_table_bytes`]: not built, retried after backoff.
+    OverBudget,
 }
 
 impl ResubscribeReason {
     /// Every reason, in export order.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Gap,
         Self::Lagged,
         Self::ProducerChanged,
@@ -45,6 +48,7 @@ impl ResubscribeReason {
         Self::RelayRestart,
         Self::Stale,
         Self::Allocation,
+        Self::OverBudget,
     ];
 
     /// The snake_case label used in metrics and logs.
@@ -59,6 +63,7 @@ impl ResubscribeReason {
             Self::RelayRestart => "relay_restart",
             Self::Stale => "stale",
             Self::Allocation => "allocation",
+            Self::OverBudget => "over_budget",
         }
     }
 
@@ -73,6 +78,7 @@ impl ResubscribeReason {
             Self::RelayRestart => 6,
             Self::Stale => 7,
             Self::Allocation => 8,
+            Self::OverBudget => 9,
         }
     }
 }
@@ -97,6 +103,9 @@ pub struct ConsumerMetrics {
     /// Largest time since a replica last heard from its relay (snapshot, delta or
     /// heartbeat), over installed replicas.
     pub max_replica_age: Duration,
+    /// Bytes the query tables hold now (what replicas really take, spare stride
+    /// included), bounded by [`crate::Limits::max_query_table_bytes`].
+    pub query_table_bytes: u64,
     /// Resubscriptions by reason, in [`ResubscribeReason::ALL`] order.
     pub resubscribes: Vec<(ResubscribeReason, u64)>,
     /// Catalog entries currently quarantined (unsupported or malformed), over all relays.
@@ -154,7 +163,7 @@ impl ConsumerMetrics {
 /// The live counters, shared by the client tasks and the scoring path.
 #[derive(Debug, Default)]
 pub(crate) struct MetricsRecorder {
-    resubscribes: [AtomicU64; 9],
+    resubscribes: [AtomicU64; ResubscribeReason::ALL.len()],
     quarantined_total: AtomicU64,
     over_budget_total: AtomicU64,
     contract_entries_left_out_total: AtomicU64,

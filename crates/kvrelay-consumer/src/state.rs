@@ -280,7 +280,10 @@ impl ConsumerState {
             loads: hashbrown::HashMap::new(),
             announced: HashMap::new(),
             producers: HashMap::new(),
-            store: ReplicaStore::new(config.limits.staleness_bound),
+            store: ReplicaStore::new(
+                config.limits.staleness_bound,
+                config.limits.max_query_table_bytes,
+            ),
             next_key: 1,
             tie_ranks: Vec::new(),
             topologies: config.relays.iter().map(|_| None).collect(),
@@ -834,6 +837,7 @@ impl ConsumerState {
                 max_age = max_age.max(age);
             }
         }
+        out.query_table_bytes = self.store.table_bytes();
         out.max_replica_age = max_age;
         out.max_replica_sequence_lag = max_lag;
         out.quarantined_entries = self

@@ -41,6 +41,24 @@ pub enum StoreError {
         /// The allocator's complaint.
         reason: String,
     },
+    /// A new lane would take the query tables past
+    /// [`crate::Limits::max_query_table_bytes`]; the key has no slot (its replica is
+    /// dropped) and no table grew.
+    #[error(
+        "replica for pool key {key} needs {needed} more bytes of query table; {held} are \
+         held and max_query_table_bytes is {budget}"
+    )]
+    OverTableBudget {
+        /// The key.
+        key: u64,
+        /// Bytes the lane's table would allocate (a grown table is held next to the old
+        /// one while it is laid out).
+        needed: u64,
+        /// Bytes every query table holds now.
+        held: u64,
+        /// The budget.
+        budget: u64,
+    },
     /// The replica refused a chunk or delta; it is now invalid.
     #[error("replica for pool key {key} refused a frame: {source}")]
     Replica {
@@ -91,17 +109,20 @@ pub(crate) struct ReplicaStore {
     slots: HashMap<PoolKey, Slot>,
     tables: HashMap<CkfFormat, FormatTable>,
     staleness_bound: Duration,
+    /// Bytes all tables may hold, a growth's old and new table counted together.
+    max_table_bytes: u64,
     /// Test hook: the next lane allocation fails as if the allocator had refused it.
     #[cfg(test)]
     fail_next_allocation: bool,
 }
 
 impl ReplicaStore {
-    pub(crate) fn new(staleness_bound: Duration) -> Self {
+    pub(crate) fn new(staleness_bound: Duration, max_table_bytes: u64) -> Self {
         Self {
             slots: HashMap::new(),
             tables: HashMap::new(),
             staleness_bound,
+            max_table_bytes,
             #[cfg(test)]
             fail_next_allocation: false,
         }
@@ -134,6 +155,7 @@ impl ReplicaStore {
             }
             self.remove(key);
         }
+        let held = self.table_bytes();
         let entry = match self.tables.entry(format) {
             Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => entry.insert(FormatTable {
@@ -145,9 +167,19 @@ impl ReplicaStore {
         let injected = std::mem::take(&mut self.fail_next_allocation);
         #[cfg(not(test))]
         let injected = false;
+        let needed = entry.table.add_lane_bytes();
         let lane = match entry.free_lanes.pop() {
             Some(lane) => Ok(lane),
             None if injected => Err(alloc(&"injected allocation failure")),
+            // The growth's new table is allocated while the old one is still held.
+            None if held.saturating_add(needed) > self.max_table_bytes => {
+                Err(StoreError::OverTableBudget {
+                    key: key.0,
+                    needed,
+                    held,
+                    budget: self.max_table_bytes,
+                })
+            }
             None => entry.table.add_lane().map_err(|e| alloc(&e)),
         };
         let lane = match lane {
@@ -170,6 +202,14 @@ impl ReplicaStore {
             },
         );
         Ok(())
+    }
+
+    /// Bytes every query table holds (lanes in use, spare stride and padding).
+    pub(crate) fn table_bytes(&self) -> u64 {
+        self.tables
+            .values()
+            .map(|entry| entry.table.table_bytes())
+            .sum()
     }
 
     /// Drops `key`'s slot and frees its lane; returns whether it existed.
@@ -481,7 +521,7 @@ mod tests {
 
     #[test]
     fn failed_lane_allocation_is_a_typed_error_and_leaves_no_slot() {
-        let mut store = ReplicaStore::new(Duration::from_secs(30));
+        let mut store = ReplicaStore::new(Duration::from_secs(30), u64::MAX);
         store.fail_next_allocation = true;
         let err = store.reset(PoolKey(1), format()).unwrap_err();
         assert!(
@@ -496,5 +536,51 @@ mod tests {
         // The allocator recovered: the next attempt gets a lane.
         store.reset(PoolKey(1), format()).unwrap();
         assert_eq!(store.tables[&format()].table.n_lanes(), 1);
+    }
+
+    #[test]
+    fn lanes_past_the_table_budget_are_refused_before_anything_is_allocated() {
+        // A table of 1,024 rows: one lane is 1,024 words, two lanes 2,048 (plus 7 words
+        // of alignment padding each time).
+        let one_lane = (1024 + 7) * 8;
+        let two_lanes = (2048 + 7) * 8;
+        // Growing to two lanes holds both tables at once.
+        let budget = one_lane + two_lanes;
+        let mut store = ReplicaStore::new(Duration::from_secs(30), budget);
+        store.reset(PoolKey(1), format()).unwrap();
+        assert_eq!(store.table_bytes(), one_lane);
+        store.reset(PoolKey(2), format()).unwrap();
+        assert_eq!(store.table_bytes(), two_lanes);
+
+        // A third lane needs a four-lane table next to the two-lane one.
+        let err = store.reset(PoolKey(3), format()).unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::OverTableBudget {
+                key: 3,
+                needed: (4096 + 7) * 8,
+                held: two_lanes,
+                budget,
+            }
+        );
+        assert_eq!(
+            store.status(PoolKey(3), Instant::now()),
+            ReplicaStatus::Missing
+        );
+        assert_eq!(store.table_bytes(), two_lanes, "nothing grew");
+
+        // Another format's first table does not fit beside it either, and leaves no
+        // empty table behind.
+        let other = CkfFormat::v1(8, 4096).unwrap();
+        assert!(matches!(
+            store.reset(PoolKey(4), other),
+            Err(StoreError::OverTableBudget { key: 4, .. })
+        ));
+        assert_eq!(store.tables.len(), 1);
+
+        // A freed lane is reused without growing.
+        assert!(store.remove(PoolKey(1)));
+        store.reset(PoolKey(3), format()).unwrap();
+        assert_eq!(store.table_bytes(), two_lanes);
     }
 }

@@ -227,6 +227,10 @@ pub struct ConsumerSection {
     /// quarantined). Lower it to bound what a hostile or misconfigured relay can make
     /// this process allocate.
     pub max_replica_bytes_per_relay: u64,
+    /// Bytes all replica query tables may hold (spare stride and a growth's two copies
+    /// included): the bound on this process's replica memory. Size it to what the
+    /// machine can give the router.
+    pub max_query_table_bytes: u64,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -246,6 +250,7 @@ impl Default for ConsumerSection {
             snapshot_assembly_timeout_ms: millis(limits.snapshot_assembly_timeout),
             max_pool_streams_per_relay: limits.max_pool_streams_per_relay,
             max_replica_bytes_per_relay: limits.max_replica_bytes_per_relay,
+            max_query_table_bytes: limits.max_query_table_bytes,
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -270,6 +275,7 @@ impl ConsumerSection {
             max_pools_per_relay: self.max_pools_per_relay,
             max_replica_bytes_per_relay: self.max_replica_bytes_per_relay,
             max_pool_streams_per_relay: self.max_pool_streams_per_relay,
+            max_query_table_bytes: self.max_query_table_bytes,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             staleness_bound: Duration::from_millis(self.staleness_bound_ms),
             catalog_staleness_bound: Duration::from_millis(self.catalog_staleness_bound_ms),

@@ -289,6 +289,7 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
          max_pools_per_relay = 17\n\
          max_replica_bytes_per_relay = 123456789\n\
          max_pool_streams_per_relay = 19\n\
+         max_query_table_bytes = 987654321\n\
          connect_timeout_ms = 1111\n\
          staleness_bound_ms = 2222\n\
          catalog_staleness_bound_ms = 3333\n\
@@ -303,6 +304,7 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
             max_pools_per_relay: 17,
             max_replica_bytes_per_relay: 123_456_789,
             max_pool_streams_per_relay: 19,
+            max_query_table_bytes: 987_654_321,
             connect_timeout: Duration::from_millis(1111),
             staleness_bound: Duration::from_millis(2222),
             catalog_staleness_bound: Duration::from_millis(3333),
