@@ -1,7 +1,7 @@
 //! `cargo xtask bench [--quick] [BENCH]`: runs criterion benchmarks and prints a summary,
 //! then the figures examples (ckf percentiles/paired ratio/memory/accuracy, e2e loopback).
 //! `BENCH` is a criterion bench target (its figures example, if any, runs after it) or a
-//! figures example alone: `ckf-figures`, `e2e`; or `stream`, the multi-process stream
+//! figures example alone: `ckf-figures`, `growth-stall`, `e2e`; or `stream`, the multi-process stream
 //! benchmark of `benches/` (engines → `kvrelay relay` → consumer; docs/benchmarks.md),
 //! whose other arguments are passed to its driver (`--runs paced,low,flat`, `--seconds N`,
 //! `--relay-limits key=value,..`).
@@ -37,7 +37,7 @@ struct FiguresExample {
     title: &'static str,
 }
 
-const FIGURES_EXAMPLES: [FiguresExample; 2] = [
+const FIGURES_EXAMPLES: [FiguresExample; 3] = [
     FiguresExample {
         target: "ckf-figures",
         with_bench: Some("ckf"),
@@ -46,6 +46,16 @@ const FIGURES_EXAMPLES: [FiguresExample; 2] = [
         args: &[],
         quick_args: &["--quick"],
         title: "ckf figure (paired apply ratio, query percentiles, memory, accuracy)",
+    },
+    // Score latency while a new replica grows its query table (prepared vs write lock).
+    FiguresExample {
+        target: "growth-stall",
+        with_bench: Some("score"),
+        package: "kvrelay-consumer",
+        example: "growth_stall",
+        args: &[],
+        quick_args: &["--quick"],
+        title: "score while a query table grows (consumer)",
     },
     // The end-to-end loopback benchmark (ingest → actor → WAN → replica).
     FiguresExample {

@@ -58,5 +58,7 @@ pub use event::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock,
 pub use format::{CkfConfig, ConfigError};
 pub use image::{BucketImage, Delta, MAX_BUCKET_COUNT, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
 pub use ownership::{ApplyError, BarrierSnapshot, PoolFilter, PublishError};
-pub use query::{ExactIndex, PrefixDepths, PrefixQuery, QueryConfig, QueryConfigError, QueryTable};
+pub use query::{
+    ExactIndex, GrownRows, PrefixDepths, PrefixQuery, QueryConfig, QueryConfigError, QueryTable,
+};
 pub use replica::{Replica, ReplicaError, ReplicaStatus};

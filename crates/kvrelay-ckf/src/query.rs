@@ -118,6 +118,30 @@ pub struct QueryTable {
     lanes: Vec<Sequencer>,
     /// One bit per lane whose sequencer is ready (kept in step with `lanes`).
     ready: Vec<u64>,
+    /// Bumped by every change to `words` (and by growth), so rows laid out from an
+    /// earlier state are recognised as stale ([`GrownRows`]).
+    revision: u64,
+}
+
+/// A table's rows laid out at a doubled stride, built from `&QueryTable` (see
+/// [`QueryTable::prepare_growth`]) so the copy can run while readers still probe the
+/// table; [`QueryTable::add_lane_prepared`] then only swaps them in (and hands back the
+/// old rows, to be freed outside the caller's lock).
+#[derive(Debug)]
+pub struct GrownRows {
+    words: Vec<u64>,
+    offset: usize,
+    stride: usize,
+    /// The table's stride and revision the rows were copied at.
+    from_stride: usize,
+    from_revision: u64,
+}
+
+impl GrownRows {
+    /// Bytes the rows hold.
+    pub fn bytes(&self) -> u64 {
+        self.words.len() as u64 * 8
+    }
 }
 
 /// Words per 64-byte cache line.
@@ -150,6 +174,7 @@ impl QueryTable {
             offset: 0,
             lanes: Vec::new(),
             ready: Vec::new(),
+            revision: 0,
         })
     }
 
@@ -177,8 +202,49 @@ impl QueryTable {
     /// Adds an empty lane and returns its index. Grows the row stride (doubling, fallible
     /// allocation, re-layout) when full; on `Err` the table is unchanged.
     pub fn add_lane(&mut self) -> Result<usize, QueryConfigError> {
+        self.add_lane_prepared(None)
+    }
+
+    /// The rows the next [`QueryTable::add_lane`] would lay out, built without changing
+    /// the table (`None` while the stride has a spare lane). Holding only `&self`, a
+    /// caller can copy under a shared lock while queries go on, then pass the rows to
+    /// [`QueryTable::add_lane_prepared`] under the exclusive one.
+    pub fn prepare_growth(&self) -> Result<Option<GrownRows>, QueryConfigError> {
+        if self.lanes.len() < self.stride {
+            return Ok(None);
+        }
+        Ok(Some(self.grown_rows()?))
+    }
+
+    /// [`QueryTable::add_lane`] using `prepared` rows when they were built from the
+    /// table as it is now (same stride, no write since): they are swapped with the
+    /// table's old rows, which `prepared` then holds, so the caller frees them after
+    /// releasing its lock. Stale or missing rows are left alone and the table grows
+    /// itself. On `Err` the table is unchanged.
+    pub fn add_lane_prepared(
+        &mut self,
+        prepared: Option<&mut GrownRows>,
+    ) -> Result<usize, QueryConfigError> {
         if self.lanes.len() == self.stride {
-            self.grow()?;
+            let current = prepared.filter(|rows| {
+                rows.from_stride == self.stride && rows.from_revision == self.revision
+            });
+            match current {
+                Some(rows) => {
+                    std::mem::swap(&mut self.words, &mut rows.words);
+                    std::mem::swap(&mut self.offset, &mut rows.offset);
+                    std::mem::swap(&mut self.stride, &mut rows.stride);
+                    // Retired: never swapped in again.
+                    rows.from_stride = usize::MAX;
+                }
+                None => {
+                    let grown = self.grown_rows()?;
+                    self.words = grown.words;
+                    self.offset = grown.offset;
+                    self.stride = grown.stride;
+                }
+            }
+            self.revision = self.revision.wrapping_add(1);
         }
         if self.ready.len() * 64 == self.lanes.len() {
             self.ready
@@ -205,6 +271,7 @@ impl QueryTable {
         self.refresh_ready(lane);
         let complete = accepted?;
         let first = chunk.first_bucket as usize;
+        self.revision = self.revision.wrapping_add(1);
         let stride = self.stride;
         let rows = self.rows_mut();
         for (offset, &word) in chunk.words.iter().enumerate() {
@@ -219,6 +286,7 @@ impl QueryTable {
         let accepted = self.lane_mut(lane)?.accept_delta(delta);
         self.refresh_ready(lane);
         accepted?;
+        self.revision = self.revision.wrapping_add(1);
         let stride = self.stride;
         let rows = self.rows_mut();
         for image in &delta.images {
@@ -231,6 +299,7 @@ impl QueryTable {
     pub fn reset_lane(&mut self, lane: usize) -> Result<(), ReplicaError> {
         self.lane_mut(lane)?.reset();
         self.refresh_ready(lane);
+        self.revision = self.revision.wrapping_add(1);
         let stride = self.stride;
         for row in self.rows_mut().chunks_exact_mut(stride) {
             row[lane] = 0;
@@ -279,12 +348,13 @@ impl QueryTable {
         }
     }
 
-    /// The stride [`QueryTable::grow`] moves to: from one lane up, doubling.
+    /// The stride a growth moves to: from one lane up, doubling.
     fn next_stride(&self) -> usize {
         (self.stride * 2).max(1)
     }
 
-    fn grow(&mut self) -> Result<(), ConfigError> {
+    /// This table's rows copied into a new allocation at the next stride.
+    fn grown_rows(&self) -> Result<GrownRows, ConfigError> {
         // From one lane up, doubling: a table of one pool holds exactly that pool's
         // words (a first stride of 4 made one 2^24-bucket pool take 512 MiB, four times
         // what a consumer's replica budget counts for it).
@@ -313,10 +383,13 @@ impl QueryTable {
                 new_row[..self.stride].copy_from_slice(old_row);
             }
         }
-        self.words = words;
-        self.offset = offset;
-        self.stride = new_stride;
-        Ok(())
+        Ok(GrownRows {
+            words,
+            offset,
+            stride: new_stride,
+            from_stride: self.stride,
+            from_revision: self.revision,
+        })
     }
 }
 

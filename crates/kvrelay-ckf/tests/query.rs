@@ -147,3 +147,48 @@ fn add_lane_bytes_is_what_the_next_lane_allocates() {
     }
     assert_eq!(table.table_bytes(), 16 * row_bytes + 56);
 }
+
+#[test]
+fn rows_prepared_from_a_shared_table_are_swapped_in_unless_the_table_changed_since() {
+    let tokens: Vec<u64> = (200..240).collect();
+    let hashes = sequence_hashes(&tokens);
+    // Two lanes: the stride is full, so the next lane needs a growth.
+    let (mut table, _) = build(&tokens, &[Some(12), Some(30)]);
+    let before = table.prefix_depths(&hashes);
+
+    let old_bytes = table.table_bytes();
+    let mut prepared = table.prepare_growth().unwrap().unwrap();
+    assert_eq!(prepared.bytes(), table.add_lane_bytes());
+    // Queries still run on the table while the rows exist (shared borrow only).
+    assert_eq!(table.prefix_depths(&hashes).depths(), before.depths());
+    let lane = table.add_lane_prepared(Some(&mut prepared)).unwrap();
+    assert_eq!(lane, 2);
+    // The old rows come back to be freed by the caller, and are never swapped in again.
+    assert_eq!(prepared.bytes(), old_bytes);
+    assert_eq!(&table.prefix_depths(&hashes).depths()[..2], before.depths());
+    assert_eq!(
+        table.prefix_depths(&hashes).depth(2),
+        None,
+        "new lane is empty"
+    );
+    // The fourth lane fits the doubled stride: nothing to prepare.
+    assert!(table.prepare_growth().unwrap().is_none());
+    table.add_lane().unwrap();
+
+    // Rows prepared before a delta are stale: dropped, and the table grows from its
+    // current words, so the delta is kept.
+    let mut stale = table.prepare_growth().unwrap().unwrap();
+    let mut filter = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap();
+    store_prefix(&mut filter, &tokens, 20, 9);
+    for chunk in filter.snapshot().unwrap().chunks {
+        table.install_chunk(3, &chunk).unwrap();
+    }
+    table.add_lane_prepared(Some(&mut stale)).unwrap();
+    let after = table.prefix_depths(&hashes);
+    assert_eq!(
+        after.depth(3),
+        Some(20),
+        "the chunk written after preparing is kept"
+    );
+    assert_eq!(&after.depths()[..2], before.depths());
+}

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use kvrelay_codec::PROTOCOL_MAJOR;
 use kvrelay_codec::v1::{ErrorReason, Message, RelayIdentity, StreamRpc};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockUpgradableReadGuard};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -697,7 +697,23 @@ async fn subscription_frames(
     cancel: &CancellationToken,
 ) -> Option<ResubscribeReason> {
     let dc = &shared.config.relays[relay].dc;
-    let begun = shared.state.write().begin_subscription(key);
+    let begun = {
+        // A new lane may grow its format's table (allocate and copy every row): that
+        // runs under the upgradable lock, which queries share, so scoring goes on while
+        // frame writers wait; the write lock is then held only to swap the rows in.
+        let state = shared.state.upgradable_read();
+        match state.prepare_subscription(key) {
+            Ok(mut prepared) => {
+                let begun = RwLockUpgradableReadGuard::upgrade(state)
+                    .begin_subscription_prepared(key, prepared.as_mut());
+                // The old rows are freed here, after the write lock (a large table takes
+                // milliseconds to unmap).
+                drop(prepared);
+                begun
+            }
+            Err(err) => Err(err),
+        }
+    };
     let (producer, resume_from_sequence) = match begun {
         Ok(begun) => begun,
         Err(err @ StoreError::Allocation { .. }) => {

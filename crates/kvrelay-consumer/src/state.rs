@@ -9,10 +9,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvrelay_ckf::GrownRows;
 use kvrelay_codec::v1::{
     CatalogUpdate, LoadWindow, PoolFrame, PoolPayload, ProducerIdentity, RelayIdentity,
     TopologyUpdate,
 };
+use kvrelay_identity::CkfFormat;
 
 use crate::budget;
 use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry};
@@ -587,18 +589,51 @@ impl ConsumerState {
         &mut self,
         key: PoolKey,
     ) -> Result<(ProducerIdentity, Option<u64>), StoreError> {
+        self.begin_subscription_prepared(key, None)
+    }
+
+    /// The expensive part of [`ConsumerState::begin_subscription`] (a replica table's
+    /// growth: allocation and copy), done with `&self` so a caller can run it under a
+    /// shared lock while queries go on, then hand it to
+    /// [`ConsumerState::begin_subscription_prepared`] under the exclusive lock. `None`
+    /// when the subscription needs no new table rows.
+    pub fn prepare_subscription(&self, key: PoolKey) -> Result<Option<GrownRows>, StoreError> {
+        let (_, format) = self.subscription_format(key)?;
+        if self.store.resume_point(key, format).is_some() {
+            return Ok(None);
+        }
+        self.store.prepare_lane(key, format)
+    }
+
+    /// [`ConsumerState::begin_subscription`] using rows from
+    /// [`ConsumerState::prepare_subscription`]: swapped in when the table did not change
+    /// since (else it grows itself); `prepared` then holds the old rows, which the caller
+    /// frees after releasing its lock.
+    pub fn begin_subscription_prepared(
+        &mut self,
+        key: PoolKey,
+        prepared: Option<&mut GrownRows>,
+    ) -> Result<(ProducerIdentity, Option<u64>), StoreError> {
+        let (producer, format) = self.subscription_format(key)?;
+        if let Some(sequence) = self.store.resume_point(key, format) {
+            return Ok((producer, Some(sequence)));
+        }
+        self.announced.remove(&key);
+        self.store.reset_prepared(key, format, prepared)?;
+        Ok((producer, None))
+    }
+
+    fn subscription_format(
+        &self,
+        key: PoolKey,
+    ) -> Result<(ProducerIdentity, CkfFormat), StoreError> {
         let (_, producer) = *self
             .producers
             .get(&key)
             .ok_or(StoreError::UnknownKey { key: key.0 })?;
         let format =
             projection::domain_format(&producer).ok_or(StoreError::UnknownKey { key: key.0 })?;
-        if let Some(sequence) = self.store.resume_point(key, format) {
-            return Ok((producer, Some(sequence)));
-        }
-        self.announced.remove(&key);
-        self.store.reset(key, format)?;
-        Ok((producer, None))
+        Ok((producer, format))
     }
 
     /// Marks `key`'s replica unusable (its stream broke) until a new snapshot.

@@ -14,7 +14,7 @@ use hashbrown::hash_map::Entry;
 use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{
-    Delta, PrefixDepths, PrefixQuery, QueryConfig, QueryTable, ReplicaError,
+    Delta, GrownRows, PrefixDepths, PrefixQuery, QueryConfig, QueryTable, ReplicaError,
     ReplicaStatus as CkfStatus, SnapshotChunk,
 };
 use kvrelay_identity::CkfFormat;
@@ -82,6 +82,25 @@ pub enum StoreError {
     },
 }
 
+/// Whether a lane that allocates `needed` bytes of table fits `budget` beside the `held`
+/// bytes (a growth's new table is allocated while the old one is still held).
+fn within_table_budget(
+    key: PoolKey,
+    held: u64,
+    needed: u64,
+    budget: u64,
+) -> Result<(), StoreError> {
+    if held.saturating_add(needed) > budget {
+        return Err(StoreError::OverTableBudget {
+            key: key.0,
+            needed,
+            held,
+            budget,
+        });
+    }
+    Ok(())
+}
+
 /// Where one pool's replica lives, and its freshness.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -128,10 +147,60 @@ impl ReplicaStore {
         }
     }
 
+    /// The table growth [`ReplicaStore::reset`] of `key` would make, built from `&self`
+    /// (allocation and copy) so it can run under a shared lock while queries go on;
+    /// `None` when the reset needs no new rows. Refuses what the budget would refuse.
+    pub(crate) fn prepare_lane(
+        &self,
+        key: PoolKey,
+        format: CkfFormat,
+    ) -> Result<Option<GrownRows>, StoreError> {
+        let alloc = |err: &dyn std::fmt::Display| StoreError::Allocation {
+            key: key.0,
+            reason: err.to_string(),
+        };
+        if self
+            .slots
+            .get(&key)
+            .is_some_and(|slot| slot.format == format)
+        {
+            return Ok(None);
+        }
+        let fresh;
+        let table = match self.tables.get(&format) {
+            Some(entry) if !entry.free_lanes.is_empty() => return Ok(None),
+            Some(entry) => &entry.table,
+            None => {
+                fresh = QueryTable::new(format, QueryConfig::default()).map_err(|e| alloc(&e))?;
+                &fresh
+            }
+        };
+        within_table_budget(
+            key,
+            self.table_bytes(),
+            table.add_lane_bytes(),
+            self.max_table_bytes,
+        )?;
+        table.prepare_growth().map_err(|e| alloc(&e))
+    }
+
     /// Gives `key` an empty lane of its format's table (an existing lane is reset). On
     /// `Err` (the allocation of a new lane failed) `key` has no slot: its replica, if any,
     /// is dropped.
+    #[cfg(test)]
     pub(crate) fn reset(&mut self, key: PoolKey, format: CkfFormat) -> Result<(), StoreError> {
+        self.reset_prepared(key, format, None)
+    }
+
+    /// [`ReplicaStore::reset`] with rows from [`ReplicaStore::prepare_lane`]: a growth
+    /// swaps them in when nothing changed since (else the table grows itself), leaving
+    /// the old rows in `prepared` for the caller to free outside its lock.
+    pub(crate) fn reset_prepared(
+        &mut self,
+        key: PoolKey,
+        format: CkfFormat,
+        prepared: Option<&mut GrownRows>,
+    ) -> Result<(), StoreError> {
         let alloc = |err: &dyn std::fmt::Display| StoreError::Allocation {
             key: key.0,
             reason: err.to_string(),
@@ -156,6 +225,7 @@ impl ReplicaStore {
             self.remove(key);
         }
         let held = self.table_bytes();
+        let budget = self.max_table_bytes;
         let entry = match self.tables.entry(format) {
             Entry::Occupied(entry) => entry.into_mut(),
             Entry::Vacant(entry) => entry.insert(FormatTable {
@@ -167,20 +237,17 @@ impl ReplicaStore {
         let injected = std::mem::take(&mut self.fail_next_allocation);
         #[cfg(not(test))]
         let injected = false;
-        let needed = entry.table.add_lane_bytes();
         let lane = match entry.free_lanes.pop() {
             Some(lane) => Ok(lane),
             None if injected => Err(alloc(&"injected allocation failure")),
-            // The growth's new table is allocated while the old one is still held.
-            None if held.saturating_add(needed) > self.max_table_bytes => {
-                Err(StoreError::OverTableBudget {
-                    key: key.0,
-                    needed,
-                    held,
-                    budget: self.max_table_bytes,
-                })
-            }
-            None => entry.table.add_lane().map_err(|e| alloc(&e)),
+            None => within_table_budget(key, held, entry.table.add_lane_bytes(), budget).and_then(
+                |()| {
+                    entry
+                        .table
+                        .add_lane_prepared(prepared)
+                        .map_err(|e| alloc(&e))
+                },
+            ),
         };
         let lane = match lane {
             Ok(lane) => lane,
@@ -582,5 +649,47 @@ mod tests {
         assert!(store.remove(PoolKey(1)));
         store.reset(PoolKey(3), format()).unwrap();
         assert_eq!(store.table_bytes(), two_lanes);
+        // Preparing refuses what resetting would.
+        assert!(matches!(
+            store.prepare_lane(PoolKey(5), format()),
+            Err(StoreError::OverTableBudget { key: 5, .. })
+        ));
+    }
+
+    #[test]
+    fn a_prepared_growth_is_swapped_in_by_the_reset_it_was_made_for() {
+        let mut store = ReplicaStore::new(Duration::from_secs(30), u64::MAX);
+        // A new format's first table is prepared too.
+        let mut first = store.prepare_lane(PoolKey(1), format()).unwrap().unwrap();
+        assert_eq!(first.bytes(), (1024 + 7) * 8);
+        store
+            .reset_prepared(PoolKey(1), format(), Some(&mut first))
+            .unwrap();
+        assert_eq!(store.table_bytes(), (1024 + 7) * 8);
+        // The key's own lane needs nothing new.
+        assert!(store.prepare_lane(PoolKey(1), format()).unwrap().is_none());
+
+        let mut grown = store.prepare_lane(PoolKey(2), format()).unwrap().unwrap();
+        assert_eq!(grown.bytes(), (2048 + 7) * 8);
+        assert_eq!(
+            store.table_bytes(),
+            (1024 + 7) * 8,
+            "preparing changes nothing"
+        );
+        store
+            .reset_prepared(PoolKey(2), format(), Some(&mut grown))
+            .unwrap();
+        assert_eq!(
+            grown.bytes(),
+            (1024 + 7) * 8,
+            "the old rows, to free outside the lock"
+        );
+        assert_eq!(store.table_bytes(), (2048 + 7) * 8);
+        assert_eq!(store.slots[&PoolKey(2)].lane, 1);
+        assert_eq!(
+            store.slots[&PoolKey(1)].lane,
+            0,
+            "the first lane kept its place"
+        );
     }
 }
