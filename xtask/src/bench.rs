@@ -1,8 +1,10 @@
 //! `cargo xtask bench [--quick] [BENCH]`: runs criterion benchmarks and prints a summary,
 //! then the figures examples (ckf percentiles/paired ratio/memory/accuracy, e2e loopback).
 //! `BENCH` is a criterion bench target (its figures example, if any, runs after it) or a
-//! figures example alone: `ckf-figures`, `growth-stall`, `e2e`; or `stream`, the multi-process stream
-//! benchmark of `benches/` (engines → `kvrelay relay` → consumer; docs/benchmarks.md),
+//! figures example alone: `ckf-figures`, `growth-stall`, `e2e`; or `fleet`, the
+//! fleet-scale query benchmark (`--quick`, `--json FILE`, `--dcs 4,16,64`); or `stream`,
+//! the multi-process stream benchmark of `benches/` (engines → `kvrelay relay` →
+//! consumer; docs/benchmarks.md),
 //! whose other arguments are passed to its driver (`--runs paced,low,flat`, `--seconds N`,
 //! `--relay-limits key=value,..`).
 //!
@@ -90,6 +92,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         print!("{summary}");
         return write_summary(&summary);
     }
+    if args.iter().any(|a| a == "fleet") {
+        let rest: Vec<String> = args.iter().filter(|a| *a != "fleet").cloned().collect();
+        let summary = run_fleet(&rest)?;
+        print!("{summary}");
+        return write_summary(&summary);
+    }
     if args.iter().any(|a| a == "stream") {
         let rest: Vec<String> = args.iter().filter(|a| *a != "stream").cloned().collect();
         let summary = run_stream(&rest)?;
@@ -161,6 +169,47 @@ const STREAM_TRACE: &str = "../shared/traces/mooncake-synthetic.jsonl";
 /// Builds the relay binary and the stream benchmark's processes, then runs its driver
 /// (which prints progress on stderr and the table on stdout, and writes
 /// `target/stream-bench.json`).
+/// `cargo xtask bench fleet [--quick] [--json FILE] [--dcs 4,16,64]`: the fleet-scale
+/// query benchmark (`benches/src/bin/fleet-bench.rs`), one process, against the exact
+/// index built in the same run.
+fn run_fleet(args: &[String]) -> Result<String> {
+    let root = workspace_root();
+    command::cargo(&[
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "kvrelay-benches",
+        "--bin",
+        "fleet-bench",
+    ])?;
+    let target_dir =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let driver = target_dir.join("release").join("fleet-bench");
+    let trace = root.join(STREAM_TRACE);
+    if !trace.is_file() {
+        anyhow::bail!("the fleet benchmark needs the trace {}", trace.display());
+    }
+    eprintln!("==> {}", driver.display());
+    let output = Command::new(&driver)
+        .arg("--trace")
+        .arg(&trace)
+        .args(args)
+        .current_dir(&root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", driver.display()))?;
+    if !output.status.success() {
+        anyhow::bail!("the fleet benchmark failed with {}", output.status);
+    }
+    Ok(format!(
+        "
+fleet benchmark (query table vs exact index, same run)
+{}",
+        String::from_utf8_lossy(&output.stdout)
+    ))
+}
+
 fn run_stream(args: &[String]) -> Result<String> {
     let root = workspace_root();
     command::cargo(&[

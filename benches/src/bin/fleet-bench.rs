@@ -1,0 +1,504 @@
+//! `cargo xtask bench fleet [--quick] [--json FILE]`: one router's view of a fleet of DCs,
+//! each caching millions of blocks, queried against the strongest exact index we can
+//! build, in the same process and run (issue #37, item 1).
+//!
+//! **The fleet.** Shapes come from the Mooncake trace (`../shared/traces/`): its requests'
+//! prefix chains (block ids; equal ids are a shared prefix) form a template forest. A
+//! *tenant* is a copy of that forest with its own token hashes (tenant `t`, block `k` →
+//! `splitmix(t, k)`). Each DC caches a subset of tenants, drawn by Zipf popularity (s = 1)
+//! over `TENANTS` tenants, so popular tenants are cached in many DCs and rare ones in few;
+//! of each tenant it holds every template request with probability ½ (the union of their
+//! chains, so what it holds is prefix-closed and DCs hold different parts of one tenant).
+//! Tenants are added until the DC holds the target number of distinct blocks.
+//!
+//! **Each DC's filter** is built by the relay's own producer (`PoolFilter`, v1 format,
+//! sized for the target) from stored events (one per chain: its new suffix, parented on
+//! the longest prefix already stored), then installed into one lane of a `QueryTable`, as
+//! a router's replicas are. **The exact baseline** is one hash map from sequence hash to a
+//! bitmask of the DCs holding it (keys are already uniform 64-bit hashes, so it uses them
+//! as their own hash): a probe per position answers every DC.
+//!
+//! **Requests** (ground truth from the exact index): a DC and one of its tenants, one of
+//! the template's requests (cached there or not), plus 0–3 fresh blocks; one in ten is a
+//! fresh chain cached nowhere. Reported per DC count: full-map query throughput of both
+//! (median of paired rounds, so both see the same machine state) and their ratio, p50/p99
+//! per request, accuracy of the filter's depths against the exact ones (underestimates
+//! must be 0), wrong best-DC picks, filter bits per resident membership and bytes.
+
+use std::hash::{BuildHasherDefault, Hasher};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kvrelay_ckf::{
+    CkfConfig, EventPayload, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
+    RouterEvent, SourceId, StoredBlock, StoredBlocks,
+};
+use kvrelay_identity::hashing::sequence_hashes;
+use serde_json::{Value, json};
+
+/// Tenants the Zipf popularity is drawn over.
+const TENANTS: u64 = 4096;
+/// The reference's published full-map ratios against its own exact index
+/// (ai-dynamo/dynamo#11225), by DC count.
+const REFERENCE_RATIOS: [(usize, f64); 3] = [(4, 0.345), (16, 0.165), (64, 0.084)];
+
+/// Keys are uniform 64-bit hashes: the exact map uses them as their own hash.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 << 8) | u64::from(byte);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+type ExactMap = hashbrown::HashMap<u64, u64, BuildHasherDefault<PassThrough>>;
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Deterministic xorshift.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Zipf(s = 1) over `0..n` by inverse CDF on the harmonic numbers.
+struct Zipf {
+    cumulative: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: u64) -> Self {
+        let mut total = 0.0;
+        let cumulative = (1..=n)
+            .map(|rank| {
+                total += 1.0 / rank as f64;
+                total
+            })
+            .collect();
+        Self { cumulative }
+    }
+    fn sample(&self, rng: &mut Rng) -> u64 {
+        let total = self.cumulative.last().copied().unwrap_or(1.0);
+        let target = rng.unit() * total;
+        self.cumulative.partition_point(|&c| c < target) as u64
+    }
+}
+
+fn token(tenant: u64, block: u32) -> u64 {
+    splitmix((tenant << 32) ^ u64::from(block) ^ 0x6b76_7265_6c61_7900)
+}
+
+/// The template: every trace request's prefix chain of block ids.
+fn load_trace(path: &PathBuf) -> Result<Vec<Vec<u32>>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut chains = Vec::new();
+    for line in text.lines().filter(|line| !line.trim().is_empty()) {
+        let value: Value = serde_json::from_str(line).context("a trace line")?;
+        let ids = value["hash_ids"]
+            .as_array()
+            .context("a trace line without hash_ids")?
+            .iter()
+            .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .context("a hash id that is not a u32")?;
+        if !ids.is_empty() {
+            chains.push(ids);
+        }
+    }
+    if chains.is_empty() {
+        bail!("the trace {} has no requests", path.display());
+    }
+    Ok(chains)
+}
+
+/// One DC's cache: the tenants it holds and its filter's words.
+struct BuiltDc {
+    tenants: Vec<u64>,
+    resident: u64,
+}
+
+/// Builds DC `dc`: fills `filter` and marks its blocks in `exact`.
+fn build_dc(
+    dc: usize,
+    template: &[Vec<u32>],
+    zipf: &Zipf,
+    target: u64,
+    filter: &mut PoolFilter,
+    exact: &mut ExactMap,
+) -> Result<BuiltDc> {
+    let mut rng = Rng(splitmix(dc as u64 + 1));
+    let bit = 1u64 << dc;
+    // Sequence hash → the engine block id it was stored under (for parenting).
+    let mut stored: std::collections::HashMap<u64, u64, BuildHasherDefault<PassThrough>> =
+        Default::default();
+    let mut tenants = Vec::new();
+    let mut next_engine_id = 1u64;
+    let mut event_id = 0u64;
+    let source = SourceId::new(dc as u64 + 1, 0);
+    let mut attempts = 0u32;
+    while (stored.len() as u64) < target {
+        attempts += 1;
+        if attempts > 1_000_000 {
+            bail!("DC {dc}: could not reach {target} blocks from {TENANTS} tenants");
+        }
+        let tenant = zipf.sample(&mut rng);
+        if tenants.contains(&tenant) {
+            continue;
+        }
+        tenants.push(tenant);
+        for chain in template {
+            if rng.next() & 1 == 0 {
+                continue;
+            }
+            let tokens: Vec<u64> = chain.iter().map(|&block| token(tenant, block)).collect();
+            let hashes = sequence_hashes(&tokens);
+            let present = hashes
+                .iter()
+                .take_while(|hash| stored.contains_key(*hash))
+                .count();
+            if present == hashes.len() {
+                continue;
+            }
+            let parent = present
+                .checked_sub(1)
+                .and_then(|last| stored.get(&hashes[last]).copied());
+            let mut blocks = Vec::with_capacity(hashes.len() - present);
+            for (hash, token_hash) in hashes[present..].iter().zip(&tokens[present..]) {
+                // What is stored is prefix-closed, so the whole suffix is new.
+                stored.insert(*hash, next_engine_id);
+                blocks.push(StoredBlock {
+                    engine_block_id: next_engine_id,
+                    token_hash: *token_hash,
+                });
+                next_engine_id += 1;
+                *exact.entry(*hash).or_insert(0) |= bit;
+            }
+            event_id += 1;
+            let event = RouterEvent {
+                source,
+                event_id,
+                payload: EventPayload::Stored(StoredBlocks {
+                    parent_engine_block_id: parent,
+                    blocks,
+                }),
+            };
+            filter
+                .apply(&event)
+                .map_err(|err| anyhow::anyhow!("DC {dc}: the filter refused a store: {err}"))?;
+            if stored.len() as u64 >= target {
+                break;
+            }
+        }
+    }
+    // The producer's canonical hashes are the query's sequence hashes.
+    for hash in stored.keys().take(1000) {
+        if !filter.contains(*hash) {
+            bail!("DC {dc}: a stored block is not in the filter");
+        }
+    }
+    Ok(BuiltDc {
+        tenants,
+        resident: filter.n_resident(),
+    })
+}
+
+fn exact_depths(exact: &ExactMap, hashes: &[u64], n_dcs: usize, out: &mut [u32]) {
+    let all = if n_dcs == 64 {
+        u64::MAX
+    } else {
+        (1u64 << n_dcs) - 1
+    };
+    let mut alive = all;
+    for (position, hash) in hashes.iter().enumerate() {
+        let mask = exact.get(hash).copied().unwrap_or(0);
+        let mut dying = alive & !mask;
+        while dying != 0 {
+            let dc = dying.trailing_zeros() as usize;
+            out[dc] = position as u32;
+            dying &= dying - 1;
+        }
+        alive &= mask;
+        if alive == 0 {
+            return;
+        }
+    }
+    while alive != 0 {
+        let dc = alive.trailing_zeros() as usize;
+        out[dc] = hashes.len() as u32;
+        alive &= alive - 1;
+    }
+}
+
+fn requests(template: &[Vec<u32>], dcs: &[BuiltDc], n: usize, rng: &mut Rng) -> Vec<Vec<u64>> {
+    (0..n)
+        .map(|idx| {
+            let mut tokens: Vec<u64> = if idx % 10 == 9 {
+                let len = template[rng.below(template.len() as u64) as usize].len();
+                (0..len).map(|_| rng.next()).collect()
+            } else {
+                let dc = &dcs[rng.below(dcs.len() as u64) as usize];
+                let tenant = dc.tenants[rng.below(dc.tenants.len() as u64) as usize];
+                let chain = &template[rng.below(template.len() as u64) as usize];
+                chain.iter().map(|&block| token(tenant, block)).collect()
+            };
+            for _ in 0..rng.below(4) {
+                tokens.push(rng.next());
+            }
+            sequence_hashes(&tokens)
+        })
+        .collect()
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> f64 {
+    let idx = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted.get(idx).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
+fn rounded(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with("VmRSS:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn run(
+    template: &[Vec<u32>],
+    n_dcs: usize,
+    blocks_per_dc: u64,
+    n_requests: usize,
+) -> Result<Value> {
+    let started = Instant::now();
+    let zipf = Zipf::new(TENANTS);
+    let config = CkfConfig::new(blocks_per_dc);
+    let format = config.format().context("sizing the DC filters")?;
+    let mut table = QueryTable::new(format, QueryConfig::default()).context("query table")?;
+    let mut exact = ExactMap::default();
+    let mut dcs = Vec::with_capacity(n_dcs);
+    for dc in 0..n_dcs {
+        let mut filter = PoolFilter::new(config).context("a DC filter")?;
+        let built = build_dc(dc, template, &zipf, blocks_per_dc, &mut filter, &mut exact)?;
+        let lane = table.add_lane().context("a query lane")?;
+        let snapshot = filter.snapshot().context("a DC snapshot")?;
+        for chunk in &snapshot.chunks {
+            table
+                .install_chunk(lane, chunk)
+                .map_err(|err| anyhow::anyhow!("installing DC {dc}: {err}"))?;
+        }
+        eprintln!(
+            "  DC {:>2}/{n_dcs}: {} blocks from {} tenants, load {:.2}, {:.0} s",
+            dc + 1,
+            built.resident,
+            built.tenants.len(),
+            filter.load_factor(),
+            started.elapsed().as_secs_f64()
+        );
+        dcs.push(built);
+    }
+    let memberships: u64 = dcs.iter().map(|dc| dc.resident).sum();
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let requests = requests(template, &dcs, n_requests, &mut rng);
+
+    // Accuracy, against the exact index.
+    let mut truth = vec![0u32; n_dcs];
+    let mut ours = PrefixDepths::default();
+    let (mut under, mut over, mut wrong_best, mut probes_total) = (0u64, 0u64, 0u64, 0u64);
+    for hashes in &requests {
+        truth.iter_mut().for_each(|depth| *depth = 0);
+        exact_depths(&exact, hashes, n_dcs, &mut truth);
+        table.prefix_depths_into(hashes, &mut ours);
+        probes_total += u64::from(ours.n_probes());
+        let mut pick = (0usize, 0u32);
+        for (dc, &exact_depth) in truth.iter().enumerate() {
+            let depth = ours.depth(dc).unwrap_or(0);
+            under += u64::from(depth < exact_depth);
+            over += u64::from(depth > exact_depth);
+            if depth > pick.1 {
+                pick = (dc, depth);
+            }
+        }
+        let best = truth.iter().copied().max().unwrap_or(0);
+        wrong_best += u64::from(best > 0 && truth[pick.0] < best);
+    }
+
+    // Throughput: paired rounds, median of each.
+    let rounds = 5;
+    let mut exact_times = Vec::with_capacity(rounds);
+    let mut table_times = Vec::with_capacity(rounds);
+    let mut sink = 0u64;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        for hashes in &requests {
+            exact_depths(&exact, hashes, n_dcs, &mut truth);
+            sink = sink.wrapping_add(u64::from(truth[0]));
+        }
+        exact_times.push(t.elapsed());
+        let t = Instant::now();
+        for hashes in &requests {
+            table.prefix_depths_into(hashes, &mut ours);
+            sink = sink.wrapping_add(u64::from(ours.depth(0).unwrap_or(0)));
+        }
+        table_times.push(t.elapsed());
+    }
+    std::hint::black_box(sink);
+    exact_times.sort_unstable();
+    table_times.sort_unstable();
+    let per_second = |d: Duration| n_requests as f64 / d.as_secs_f64();
+    let exact_qps = per_second(exact_times[rounds / 2]);
+    let table_qps = per_second(table_times[rounds / 2]);
+
+    // Per-request latency.
+    let mut exact_lat = Vec::with_capacity(requests.len());
+    let mut table_lat = Vec::with_capacity(requests.len());
+    for hashes in &requests {
+        let t = Instant::now();
+        exact_depths(&exact, hashes, n_dcs, &mut truth);
+        exact_lat.push(t.elapsed());
+        let t = Instant::now();
+        table.prefix_depths_into(hashes, &mut ours);
+        table_lat.push(t.elapsed());
+    }
+    exact_lat.sort_unstable();
+    table_lat.sort_unstable();
+
+    let table_bytes = table.table_bytes();
+    let exact_bytes = exact.allocation_size() as u64;
+    let reference = REFERENCE_RATIOS
+        .iter()
+        .find(|(dcs, _)| *dcs == n_dcs)
+        .map(|(_, ratio)| *ratio);
+    let mean_len =
+        requests.iter().map(Vec::len).sum::<usize>() as f64 / requests.len().max(1) as f64;
+    Ok(json!({
+        "dcs": n_dcs,
+        "blocks_per_dc": blocks_per_dc,
+        "memberships": memberships,
+        "distinct_blocks": exact.len(),
+        "requests": n_requests,
+        "mean_request_blocks": rounded(mean_len, 1),
+        "query_per_s": table_qps.round() as u64,
+        "exact_per_s": exact_qps.round() as u64,
+        "query_vs_exact": rounded(table_qps / exact_qps, 3),
+        "reference_query_vs_its_exact": reference,
+        "query_p50_us": rounded(quantile(&table_lat, 0.5), 2),
+        "query_p99_us": rounded(quantile(&table_lat, 0.99), 2),
+        "exact_p50_us": rounded(quantile(&exact_lat, 0.5), 2),
+        "exact_p99_us": rounded(quantile(&exact_lat, 0.99), 2),
+        "probes_per_request": rounded(probes_total as f64 / n_requests as f64, 1),
+        "bits_per_membership": rounded(table_bytes as f64 * 8.0 / memberships as f64, 2),
+        "query_table_bytes": table_bytes,
+        "exact_index_bytes": exact_bytes,
+        "process_rss_bytes": rss_bytes(),
+        "underestimates": under,
+        "overestimates": over,
+        "wrong_best_dc": wrong_best,
+        "build_seconds": rounded(started.elapsed().as_secs_f64(), 1),
+    }))
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let mut trace = PathBuf::from("../shared/traces/mooncake-synthetic.jsonl");
+    let mut json_out = None;
+    let mut quick = false;
+    let mut dc_counts = vec![4usize, 16, 64];
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--trace" => trace = PathBuf::from(args.next().context("--trace needs a path")?),
+            "--json" => json_out = Some(PathBuf::from(args.next().context("--json needs a path")?)),
+            "--dcs" => {
+                dc_counts = args
+                    .next()
+                    .context("--dcs needs a list")?
+                    .split(',')
+                    .map(|n| n.parse::<usize>().context("--dcs: a DC count"))
+                    .collect::<Result<_>>()?;
+            }
+            other => bail!(
+                "unknown argument {other:?} (--quick, --trace PATH, --json FILE, --dcs 4,16,64)"
+            ),
+        }
+    }
+    if dc_counts.iter().any(|&n| n == 0 || n > 64) {
+        bail!("DC counts must be 1..=64 (one bitmask word in the exact index)");
+    }
+    let template = load_trace(&trace)?;
+    let n_requests = if quick { 20_000 } else { 100_000 };
+    let mut runs = Vec::new();
+    for &n_dcs in &dc_counts {
+        // 24 GiB here: 10 M blocks per DC up to 16 DCs, 2.5 M at 64 (160 M memberships).
+        let blocks_per_dc: u64 = match (quick, n_dcs) {
+            (true, _) => 200_000,
+            (false, n) if n <= 16 => 10_000_000,
+            (false, _) => 2_500_000,
+        };
+        eprintln!("==> fleet: {n_dcs} DCs x {blocks_per_dc} blocks, {n_requests} requests");
+        runs.push(run(&template, n_dcs, blocks_per_dc, n_requests)?);
+    }
+    let mut table = String::from(
+        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | under | over | wrong best |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for run in &runs {
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |\n",
+            run["dcs"],
+            run["blocks_per_dc"],
+            run["query_per_s"],
+            run["exact_per_s"],
+            run["query_vs_exact"],
+            run["reference_query_vs_its_exact"],
+            run["query_p99_us"],
+            run["exact_p99_us"],
+            run["bits_per_membership"],
+            run["underestimates"],
+            run["overestimates"],
+            run["wrong_best_dc"],
+        ));
+    }
+    print!("{table}");
+    let document = json!({ "runs": runs });
+    if let Some(path) = json_out {
+        std::fs::write(&path, serde_json::to_string_pretty(&document)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
