@@ -192,3 +192,17 @@ fn rows_prepared_from_a_shared_table_are_swapped_in_unless_the_table_changed_sin
     );
     assert_eq!(&after.depths()[..2], before.depths());
 }
+
+#[test]
+fn prefetching_a_delta_changes_nothing_and_ignores_unknown_lanes() {
+    let tokens: Vec<u64> = (300..340).collect();
+    let hashes = sequence_hashes(&tokens);
+    let (table, _) = build(&tokens, &[Some(10), Some(25)]);
+    let before = table.prefix_depths(&hashes);
+    let mut filter = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap();
+    store_prefix(&mut filter, &tokens, 5, 1);
+    let delta = filter.take_delta().unwrap().unwrap();
+    table.prefetch_delta(0, &delta);
+    table.prefetch_delta(7, &delta);
+    assert_eq!(table.prefix_depths(&hashes).depths(), before.depths());
+}

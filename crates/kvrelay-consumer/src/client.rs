@@ -802,12 +802,17 @@ async fn subscription_frames(
             return Some(ResubscribeReason::RelayRestart);
         }
         // Checksum and copy happen here, outside the lock; the write lock (which `score`
-        // waits for) covers only the table write.
+        // waits for) covers only the table write, whose rows are first brought into cache
+        // under the shared lock (a delta's images are random rows of a large table: one
+        // miss each otherwise).
         let outcome = match CheckedPoolFrame::check(&frame, &producer) {
-            Ok(checked) => shared
-                .state
-                .write()
-                .apply_checked_frame(key, &checked, Instant::now()),
+            Ok(checked) => {
+                shared.state.read().prefetch_frame(key, &checked);
+                shared
+                    .state
+                    .write()
+                    .apply_checked_frame(key, &checked, Instant::now())
+            }
             Err(err) => {
                 shared.state.write().invalidate(key);
                 Err(err)

@@ -668,6 +668,16 @@ impl ConsumerState {
         }
     }
 
+    /// Hints that `frame` (a delta) will be applied to `key`'s replica soon: its rows are
+    /// fetched into cache under the caller's shared lock, so the exclusive hold of
+    /// [`ConsumerState::apply_checked_frame`], which queries wait for, costs cache hits
+    /// instead of a miss per image. Changes nothing.
+    pub fn prefetch_frame(&self, key: PoolKey, frame: &CheckedPoolFrame) {
+        if let CheckedPayload::Delta(delta) = &frame.payload {
+            self.store.prefetch_delta(key, delta);
+        }
+    }
+
     /// Applies a frame already checked by [`CheckedPoolFrame::check`] (outside any lock):
     /// only the catalog's producer and relay are compared and the table written. On
     /// `Err` the replica is unusable until a new snapshot.

@@ -394,6 +394,16 @@ impl ReplicaStore {
         Ok(())
     }
 
+    /// Fetches the rows `delta` writes in `key`'s lane into cache (a hint; see
+    /// `QueryTable::prefetch_delta`).
+    pub(crate) fn prefetch_delta(&self, key: PoolKey, delta: &Delta) {
+        if let Some(slot) = self.slots.get(&key)
+            && let Some(entry) = self.tables.get(&slot.format)
+        {
+            entry.table.prefetch_delta(slot.lane, delta);
+        }
+    }
+
     /// Accepts a heartbeat at `sequence`: it must equal the installed sequence.
     pub(crate) fn heartbeat(
         &mut self,
