@@ -30,11 +30,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use std::sync::{Arc, mpsc};
+
 use kvrelay_ckf::{
-    CkfConfig, EventPayload, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
-    RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    BucketImage, CkfConfig, Delta, EventPayload, PoolFilter, PrefixDepths, PrefixQuery,
+    QueryConfig, QueryTable, ReplicaStatus, RouterEvent, SourceId, StoredBlock, StoredBlocks,
 };
 use kvrelay_identity::hashing::sequence_hashes;
+use parking_lot::RwLock;
 use serde_json::{Value, json};
 
 /// Tenants the Zipf popularity is drawn over.
@@ -143,6 +146,36 @@ fn load_trace(path: &PathBuf) -> Result<Vec<Vec<u32>>> {
 struct BuiltDc {
     tenants: Vec<u64>,
     resident: u64,
+    /// Deltas that rewrite buckets with their own words (the table stays exact), for the
+    /// applying phase.
+    rewrites: Vec<Vec<BucketImage>>,
+}
+
+/// Images per applied delta, and distinct deltas kept per DC.
+const DELTA_IMAGES: usize = 64;
+const DELTAS_PER_DC: usize = 64;
+/// How often each lane receives a delta in the applying phase.
+const DELTA_PERIOD: Duration = Duration::from_millis(1);
+
+/// Deltas of up to `DELTA_IMAGES` distinct buckets each, sorted, carrying the words they
+/// have.
+fn rewrites(words: &[u64], rng: &mut Rng) -> Vec<Vec<BucketImage>> {
+    (0..DELTAS_PER_DC)
+        .map(|_| {
+            let mut buckets: Vec<u32> = (0..DELTA_IMAGES)
+                .map(|_| rng.below(words.len() as u64) as u32)
+                .collect();
+            buckets.sort_unstable();
+            buckets.dedup();
+            buckets
+                .into_iter()
+                .map(|bucket_idx| BucketImage {
+                    bucket_idx,
+                    word: words[bucket_idx as usize],
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Builds DC `dc`: fills `filter` and marks its blocks in `exact`.
@@ -227,6 +260,7 @@ fn build_dc(
     Ok(BuiltDc {
         tenants,
         resident: filter.n_resident(),
+        rewrites: rewrites(filter.words(), &mut rng),
     })
 }
 
@@ -275,6 +309,112 @@ fn requests(template: &[Vec<u32>], dcs: &[BuiltDc], n: usize, rng: &mut Rng) -> 
             sequence_hashes(&tokens)
         })
         .collect()
+}
+
+/// Score latency under the consumer's lock with no writer, then while one thread applies
+/// a delta to every lane each `DELTA_PERIOD` (flat out when it cannot keep up): first
+/// straight under the write lock, then with each delta's rows prefetched under the read
+/// lock first (as the consumer applies frames).
+struct Applying {
+    idle_p99_us: f64,
+    applying_p99_us: f64,
+    prefetched_p99_us: f64,
+    deltas_per_s: f64,
+}
+
+fn scoring_while_applying(
+    table: QueryTable,
+    requests: &[Vec<u64>],
+    dcs: &[BuiltDc],
+    n_dcs: usize,
+) -> Result<Applying> {
+    const PHASE: Duration = Duration::from_millis(1500);
+    let mut sequences: Vec<u64> = Vec::with_capacity(n_dcs);
+    for lane in 0..n_dcs {
+        match table.lane_status(lane) {
+            Some(ReplicaStatus::Ready { sequence }) => sequences.push(sequence),
+            other => bail!("lane {lane} is not ready: {other:?}"),
+        }
+    }
+    let table = Arc::new(RwLock::new(table));
+    // Scores for `PHASE` as the consumer does (read lock per call), timing each call.
+    let score_phase = |table: &RwLock<QueryTable>| {
+        let mut out = PrefixDepths::default();
+        let mut latencies = Vec::with_capacity(1 << 20);
+        let started = Instant::now();
+        for hashes in requests.iter().cycle() {
+            let t = Instant::now();
+            table.read().prefix_depths_into(hashes, &mut out);
+            latencies.push(t.elapsed());
+            if started.elapsed() > PHASE {
+                break;
+            }
+        }
+        latencies.sort_unstable();
+        quantile(&latencies, 0.99)
+    };
+    let idle_p99_us = score_phase(&table);
+    let rewrites = Arc::new(
+        dcs.iter()
+            .map(|dc| dc.rewrites.clone())
+            .collect::<Vec<Vec<Vec<BucketImage>>>>(),
+    );
+    // Unprefetched first, then prefetched; the sequences carry over.
+    let mut applying = [(0.0, 0.0); 2];
+    for (phase, prefetch) in [false, true].into_iter().enumerate() {
+        // The applier waits for its next round on the stop signal, with the round's
+        // deadline as the timeout.
+        let (stop, stopped) = mpsc::channel::<()>();
+        let applier = std::thread::spawn({
+            let table = Arc::clone(&table);
+            let rewrites = Arc::clone(&rewrites);
+            let mut sequences = std::mem::take(&mut sequences);
+            move || -> Result<(Vec<u64>, f64)> {
+                let started = Instant::now();
+                let mut applied = 0u64;
+                let mut round = 0usize;
+                loop {
+                    let due = started + DELTA_PERIOD * round as u32;
+                    let wait = due.saturating_duration_since(Instant::now());
+                    match stopped.recv_timeout(wait) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                    for (lane, sequence) in sequences.iter_mut().enumerate() {
+                        let delta = Delta {
+                            base_sequence: *sequence,
+                            sequence: *sequence + 1,
+                            images: rewrites[lane][round % DELTAS_PER_DC].clone(),
+                        };
+                        if prefetch {
+                            table.read().prefetch_delta(lane, &delta);
+                        }
+                        table
+                            .write()
+                            .apply_delta(lane, &delta)
+                            .map_err(|err| anyhow::anyhow!("applying to lane {lane}: {err}"))?;
+                        *sequence += 1;
+                        applied += 1;
+                    }
+                    round += 1;
+                }
+                Ok((sequences, applied as f64 / started.elapsed().as_secs_f64()))
+            }
+        });
+        let p99 = score_phase(&table);
+        drop(stop);
+        let (returned, rate) = applier
+            .join()
+            .map_err(|_| anyhow::anyhow!("the applier panicked"))??;
+        sequences = returned;
+        applying[phase] = (p99, rate);
+    }
+    Ok(Applying {
+        idle_p99_us,
+        applying_p99_us: applying[0].0,
+        prefetched_p99_us: applying[1].0,
+        deltas_per_s: applying[0].1.min(applying[1].1),
+    })
 }
 
 fn quantile(sorted: &[Duration], q: f64) -> f64 {
@@ -400,6 +540,7 @@ fn run(
     table_lat.sort_unstable();
 
     let table_bytes = table.table_bytes();
+    let applying = scoring_while_applying(table, &requests, &dcs, n_dcs)?;
     let exact_bytes = exact.allocation_size() as u64;
     let reference = REFERENCE_RATIOS
         .iter()
@@ -427,6 +568,12 @@ fn run(
         "query_table_bytes": table_bytes,
         "exact_index_bytes": exact_bytes,
         "process_rss_bytes": rss_bytes(),
+        "score_p99_idle_us": rounded(applying.idle_p99_us, 2),
+        "score_p99_applying_us": rounded(applying.prefetched_p99_us, 2),
+        "score_p99_applying_vs_idle": rounded(applying.prefetched_p99_us / applying.idle_p99_us, 2),
+        "score_p99_applying_unprefetched_us": rounded(applying.applying_p99_us, 2),
+        "score_p99_applying_unprefetched_vs_idle": rounded(applying.applying_p99_us / applying.idle_p99_us, 2),
+        "deltas_applied_per_s": applying.deltas_per_s.round() as u64,
         "underestimates": under,
         "overestimates": over,
         "wrong_best_dc": wrong_best,
@@ -475,11 +622,11 @@ fn main() -> Result<()> {
         runs.push(run(&template, n_dcs, blocks_per_dc, n_requests)?);
     }
     let mut table = String::from(
-        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | under | over | wrong best |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | under | over | wrong best | score p99 applying/idle (unprefetched) | deltas/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in &runs {
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} ({}) | {} |\n",
             run["dcs"],
             run["blocks_per_dc"],
             run["query_per_s"],
@@ -492,6 +639,9 @@ fn main() -> Result<()> {
             run["underestimates"],
             run["overestimates"],
             run["wrong_best_dc"],
+            run["score_p99_applying_vs_idle"],
+            run["score_p99_applying_unprefetched_vs_idle"],
+            run["deltas_applied_per_s"],
         ));
     }
     print!("{table}");
