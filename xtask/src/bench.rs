@@ -170,7 +170,7 @@ const STREAM_TRACE: &str = "../shared/traces/mooncake-synthetic.jsonl";
 /// (which prints progress on stderr and the table on stdout, and writes
 /// `target/stream-bench.json`).
 /// `cargo xtask bench fleet [--quick] [--json FILE] [--dcs 4,16,64]`: the fleet-scale
-/// query benchmark (`benches/src/bin/fleet-bench.rs`), one process, against the exact
+/// query benchmark (`benches/src/bin/fleet-bench/`), one process, against the exact
 /// index built in the same run.
 fn run_fleet(args: &[String]) -> Result<String> {
     let root = workspace_root();
