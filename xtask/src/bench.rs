@@ -166,89 +166,75 @@ fn write_summary(summary: &str) -> Result<()> {
 /// The trace the stream benchmark replays (outside the repository, see STYLE/traces).
 const STREAM_TRACE: &str = "../shared/traces/mooncake-synthetic.jsonl";
 
-/// Builds the relay binary and the stream benchmark's processes, then runs its driver
-/// (which prints progress on stderr and the table on stdout, and writes
-/// `target/stream-bench.json`).
-/// `cargo xtask bench fleet [--quick] [--json FILE] [--dcs 4,16,64]`: the fleet-scale
-/// query benchmark (`benches/src/bin/fleet-bench/`), one process, against the exact
-/// index built in the same run.
-fn run_fleet(args: &[String]) -> Result<String> {
+/// A benchmark driver of `benches/` that replays the trace: built with `build_packages`,
+/// run with `--trace` and `driver_args` then the user's arguments; it prints progress on
+/// stderr and its table on stdout.
+struct TraceDriver {
+    binary: &'static str,
+    /// `-p` packages to build (their binaries).
+    build_packages: &'static [&'static str],
+    title: &'static str,
+}
+
+/// Builds and runs `driver`; returns its titled table.
+fn run_trace_driver(driver: &TraceDriver, driver_args: &[&str], args: &[String]) -> Result<String> {
     let root = workspace_root();
-    command::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "kvrelay-benches",
-        "--bin",
-        "fleet-bench",
-    ])?;
+    let mut build = vec!["build", "--release", "--locked"];
+    for package in driver.build_packages {
+        build.extend(["-p", package]);
+    }
+    build.push("--bins");
+    command::cargo(&build)?;
     let target_dir =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let driver = target_dir.join("release").join("fleet-bench");
+    let binary = target_dir.join("release").join(driver.binary);
     let trace = root.join(STREAM_TRACE);
     if !trace.is_file() {
-        anyhow::bail!("the fleet benchmark needs the trace {}", trace.display());
+        anyhow::bail!("{} needs the trace {}", driver.binary, trace.display());
     }
-    eprintln!("==> {}", driver.display());
-    let output = Command::new(&driver)
+    eprintln!("==> {}", binary.display());
+    let output = Command::new(&binary)
         .arg("--trace")
         .arg(&trace)
+        .args(driver_args)
         .args(args)
         .current_dir(&root)
         .stderr(std::process::Stdio::inherit())
         .output()
-        .with_context(|| format!("running {}", driver.display()))?;
+        .with_context(|| format!("running {}", binary.display()))?;
     if !output.status.success() {
-        anyhow::bail!("the fleet benchmark failed with {}", output.status);
+        anyhow::bail!("{} failed with {}", driver.binary, output.status);
     }
     Ok(format!(
-        "
-fleet benchmark (query table vs exact index, same run)
-{}",
+        "\n{}\n{}",
+        driver.title,
         String::from_utf8_lossy(&output.stdout)
     ))
 }
 
+/// `cargo xtask bench fleet [--quick] [--json FILE] [--dcs 4,16,64]`: the fleet-scale
+/// query benchmark (`benches/src/bin/fleet-bench/`), one process, against the exact
+/// index built in the same run.
+fn run_fleet(args: &[String]) -> Result<String> {
+    let driver = TraceDriver {
+        binary: "fleet-bench",
+        build_packages: &["kvrelay-benches"],
+        title: "fleet benchmark (query table vs exact index, same run)",
+    };
+    run_trace_driver(&driver, &[], args)
+}
+
+/// Builds the relay binary and the stream benchmark's processes, then runs its driver
+/// (which writes `target/stream-bench.json`).
 fn run_stream(args: &[String]) -> Result<String> {
-    let root = workspace_root();
-    command::cargo(&[
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "kvrelay",
-        "-p",
-        "kvrelay-benches",
-        "--bins",
-    ])?;
-    let target_dir =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let driver = target_dir.join("release").join("stream-bench");
-    let trace = root.join(STREAM_TRACE);
-    if !trace.is_file() {
-        anyhow::bail!("the stream benchmark needs the trace {}", trace.display());
-    }
-    let mut command = Command::new(&driver);
-    command
-        .arg("--trace")
-        .arg(&trace)
-        .arg("--out-dir")
-        .arg(root.join("target"))
-        .args(args)
-        .current_dir(&root)
-        .stderr(std::process::Stdio::inherit());
-    eprintln!("==> {}", driver.display());
-    let output = command
-        .output()
-        .with_context(|| format!("running {}", driver.display()))?;
-    if !output.status.success() {
-        anyhow::bail!("the stream benchmark failed with {}", output.status);
-    }
-    Ok(format!(
-        "\nstream benchmark (figures in target/stream-bench.json)\n{}",
-        String::from_utf8_lossy(&output.stdout)
-    ))
+    let driver = TraceDriver {
+        binary: "stream-bench",
+        build_packages: &["kvrelay", "kvrelay-benches"],
+        title: "stream benchmark (figures in target/stream-bench.json)",
+    };
+    let out_dir = workspace_root().join("target");
+    let out_dir = out_dir.to_string_lossy();
+    run_trace_driver(&driver, &["--out-dir", &out_dir], args)
 }
 
 /// Runs a figures example and renders its JSON object as a table.
