@@ -30,6 +30,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use kvrelay_benches::{Flags, percentile, process_memory};
 use kvrelay_ckf::{
     BucketImage, CkfConfig, Delta, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
     ReplicaStatus,
@@ -91,7 +92,7 @@ fn scoring_while_applying(
             }
         }
         latencies.sort_unstable();
-        quantile(&latencies, 0.99)
+        quantile_us(&latencies, 0.99)
     };
     let idle_p99_us = score_phase(&table);
     let rewrites = Arc::new(
@@ -157,27 +158,15 @@ fn scoring_while_applying(
     })
 }
 
-fn quantile(sorted: &[Duration], q: f64) -> f64 {
-    let idx = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted.get(idx).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+/// The `q`-quantile of sorted latencies, in µs (0 when there are none).
+fn quantile_us(sorted: &[Duration], q: f64) -> f64 {
+    let micros: Vec<f64> = sorted.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    percentile(&micros, q).unwrap_or(0.0)
 }
 
 fn rounded(value: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (value * scale).round() / scale
-}
-
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|line| line.starts_with("VmRSS:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
 }
 
 fn run(
@@ -318,15 +307,15 @@ fn run(
         "exact_per_s": exact_qps.round() as u64,
         "query_vs_exact": rounded(table_qps / exact_qps, 3),
         "reference_query_vs_its_exact": reference,
-        "query_p50_us": rounded(quantile(&table_lat, 0.5), 2),
-        "query_p99_us": rounded(quantile(&table_lat, 0.99), 2),
-        "exact_p50_us": rounded(quantile(&exact_lat, 0.5), 2),
-        "exact_p99_us": rounded(quantile(&exact_lat, 0.99), 2),
+        "query_p50_us": rounded(quantile_us(&table_lat, 0.5), 2),
+        "query_p99_us": rounded(quantile_us(&table_lat, 0.99), 2),
+        "exact_p50_us": rounded(quantile_us(&exact_lat, 0.5), 2),
+        "exact_p99_us": rounded(quantile_us(&exact_lat, 0.99), 2),
         "probes_per_request": rounded(probes_total as f64 / n_requests as f64, 1),
         "bits_per_membership": rounded(table_bytes as f64 * 8.0 / memberships as f64, 2),
         "query_table_bytes": table_bytes,
         "exact_index_bytes": exact_bytes,
-        "process_rss_bytes": rss_bytes(),
+        "process_rss_bytes": process_memory(std::process::id()).map_or(0, |m| m.current_bytes),
         "score_p99_idle_us": rounded(applying.idle_p99_us, 2),
         "score_p99_applying_us": rounded(applying.prefetched_p99_us, 2),
         "score_p99_applying_vs_idle": rounded(applying.prefetched_p99_us / applying.idle_p99_us, 2),
@@ -341,39 +330,36 @@ fn run(
     }))
 }
 
+/// Flags of `fleet-bench`.
+const FLAGS: [&str; 6] = ["quick", "trace", "json", "dcs", "blocks-per-dc", "help"];
+
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mut trace = PathBuf::from("../shared/traces/mooncake-synthetic.jsonl");
-    let mut json_out = None;
-    let mut quick = false;
-    let mut dc_counts = vec![4usize, 16, 64];
-    let mut blocks_override = None;
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--trace" => trace = PathBuf::from(args.next().context("--trace needs a path")?),
-            "--json" => json_out = Some(PathBuf::from(args.next().context("--json needs a path")?)),
-            "--dcs" => {
-                dc_counts = args
-                    .next()
-                    .context("--dcs needs a list")?
-                    .split(',')
-                    .map(|n| n.parse::<usize>().context("--dcs: a DC count"))
-                    .collect::<Result<_>>()?;
-            }
-            "--blocks-per-dc" => {
-                blocks_override = Some(
-                    args.next()
-                        .context("--blocks-per-dc needs a count")?
-                        .parse::<u64>()
-                        .context("--blocks-per-dc: a block count")?,
-                );
-            }
-            other => bail!(
-                "unknown argument {other:?} (--quick, --trace PATH, --json FILE, --dcs 4,16,64, --blocks-per-dc N)"
-            ),
-        }
+    let flags = Flags::from_env();
+    if flags.wants_help() {
+        println!(
+            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N]"
+        );
+        return Ok(());
     }
+    flags.ensure_known(&FLAGS)?;
+    let quick = flags.switch("quick");
+    let trace = PathBuf::from(
+        flags
+            .raw("trace")
+            .unwrap_or("../shared/traces/mooncake-synthetic.jsonl"),
+    );
+    let json_out = flags.raw("json").map(PathBuf::from);
+    let dc_counts: Vec<usize> = match flags.raw("dcs") {
+        None => vec![4, 16, 64],
+        Some(list) => list
+            .split(',')
+            .map(|n| n.parse::<usize>().context("--dcs: a DC count"))
+            .collect::<Result<_>>()?,
+    };
+    let blocks_override: Option<u64> = flags
+        .raw("blocks-per-dc")
+        .map(|_| flags.get("blocks-per-dc"))
+        .transpose()?;
     if dc_counts.iter().any(|&n| n == 0 || n > 64) {
         bail!("DC counts must be 1..=64 (one bitmask word in the exact index)");
     }
@@ -382,12 +368,11 @@ fn main() -> Result<()> {
     let mut runs = Vec::new();
     for &n_dcs in &dc_counts {
         // 24 GiB here: 10 M blocks per DC up to 16 DCs, 2.5 M at 64 (160 M memberships).
-        let blocks_per_dc: u64 = match (quick, n_dcs) {
-            _ if blocks_override.is_some() => blocks_override.unwrap_or_default(),
+        let blocks_per_dc: u64 = blocks_override.unwrap_or(match (quick, n_dcs) {
             (true, _) => 200_000,
             (false, n) if n <= 16 => 10_000_000,
             (false, _) => 2_500_000,
-        };
+        });
         eprintln!("==> fleet: {n_dcs} DCs x {blocks_per_dc} blocks, {n_requests} requests");
         runs.push(run(&template, n_dcs, blocks_per_dc, n_requests)?);
     }
