@@ -229,21 +229,21 @@ impl QueryTable {
             let current = prepared.filter(|rows| {
                 rows.from_stride == self.stride && rows.from_revision == self.revision
             });
-            match current {
-                Some(rows) => {
-                    std::mem::swap(&mut self.words, &mut rows.words);
-                    std::mem::swap(&mut self.offset, &mut rows.offset);
-                    std::mem::swap(&mut self.stride, &mut rows.stride);
-                    // Retired: never swapped in again.
-                    rows.from_stride = usize::MAX;
-                }
+            // Without current rows the table lays them out itself (its old rows are then
+            // freed here, with `fresh`).
+            let mut fresh;
+            let rows = match current {
+                Some(rows) => rows,
                 None => {
-                    let grown = self.grown_rows()?;
-                    self.words = grown.words;
-                    self.offset = grown.offset;
-                    self.stride = grown.stride;
+                    fresh = self.grown_rows()?;
+                    &mut fresh
                 }
-            }
+            };
+            std::mem::swap(&mut self.words, &mut rows.words);
+            std::mem::swap(&mut self.offset, &mut rows.offset);
+            std::mem::swap(&mut self.stride, &mut rows.stride);
+            // Retired: never swapped in again.
+            rows.from_stride = usize::MAX;
             self.revision = self.revision.wrapping_add(1);
         }
         if self.ready.len() * 64 == self.lanes.len() {
