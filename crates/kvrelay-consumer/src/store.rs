@@ -82,6 +82,14 @@ pub enum StoreError {
     },
 }
 
+/// The allocator refused `key`'s table.
+fn allocation_error(key: PoolKey, err: &dyn std::fmt::Display) -> StoreError {
+    StoreError::Allocation {
+        key: key.0,
+        reason: err.to_string(),
+    }
+}
+
 /// Whether a lane that allocates `needed` bytes of table fits `budget` beside the `held`
 /// bytes (a growth's new table is allocated while the old one is still held).
 fn within_table_budget(
@@ -155,10 +163,7 @@ impl ReplicaStore {
         key: PoolKey,
         format: CkfFormat,
     ) -> Result<Option<GrownRows>, StoreError> {
-        let alloc = |err: &dyn std::fmt::Display| StoreError::Allocation {
-            key: key.0,
-            reason: err.to_string(),
-        };
+        let alloc = |err: &dyn std::fmt::Display| allocation_error(key, err);
         if self
             .slots
             .get(&key)
@@ -201,10 +206,7 @@ impl ReplicaStore {
         format: CkfFormat,
         prepared: Option<&mut GrownRows>,
     ) -> Result<(), StoreError> {
-        let alloc = |err: &dyn std::fmt::Display| StoreError::Allocation {
-            key: key.0,
-            reason: err.to_string(),
-        };
+        let alloc = |err: &dyn std::fmt::Display| allocation_error(key, err);
         if let Some(slot) = self.slots.get(&key).copied() {
             if slot.format == format {
                 let table = self.table_mut(key, format)?;
