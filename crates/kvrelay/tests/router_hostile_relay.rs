@@ -245,15 +245,7 @@ impl RouterProcess {
             ),
         )
         .unwrap();
-        let binary = env!("CARGO_BIN_EXE_kvrelay");
-        let mut command = match wrapper.split_first() {
-            Some((program, rest)) => {
-                let mut command = tokio::process::Command::new(program);
-                command.args(rest).arg(binary);
-                command
-            }
-            None => tokio::process::Command::new(binary),
-        };
+        let mut command = support::kvrelay_command(wrapper);
         command
             .arg("router")
             .arg("--config")

@@ -72,6 +72,20 @@ pub(crate) fn material(names: &[&str]) -> Material {
     }
 }
 
+/// The `kvrelay` binary as a command, run under `wrapper` (e.g. `prlimit ... --`) when
+/// it is not empty.
+pub(crate) fn kvrelay_command(wrapper: &[&str]) -> tokio::process::Command {
+    let binary = env!("CARGO_BIN_EXE_kvrelay");
+    match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut command = tokio::process::Command::new(program);
+            command.args(rest).arg(binary);
+            command
+        }
+        None => tokio::process::Command::new(binary),
+    }
+}
+
 /// A `kvrelay relay` process on loopback (free ports, the example cards unless told
 /// otherwise, no workload)
 /// whose stderr is collected; killed on drop.
@@ -109,16 +123,7 @@ impl RelayProcess {
     ) -> Self {
         use tokio::io::AsyncBufReadExt;
 
-        let binary = env!("CARGO_BIN_EXE_kvrelay");
-        let (program, rest) = match wrapper.split_first() {
-            Some((program, rest)) => (*program, rest),
-            None => (binary, &[][..]),
-        };
-        let mut command = tokio::process::Command::new(program);
-        command.args(rest);
-        if !wrapper.is_empty() {
-            command.arg(binary);
-        }
+        let mut command = kvrelay_command(wrapper);
         command
             .args(["relay", "--dc-id", "dc-proc", "--cards", cards])
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
