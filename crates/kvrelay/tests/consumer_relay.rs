@@ -616,6 +616,14 @@ async fn after_an_outage_every_pool_resumes_without_a_snapshot() {
         })
         .await;
     assert!(all_current, "{:?}", consumer.pools());
+    // The counter moves just after the replica turns current: wait for every pool's
+    // snapshot to be counted before taking the baseline.
+    let counted = consumer
+        .wait_for_metrics(DEADLINE, |metrics| {
+            metrics.snapshots_installed >= EXAMPLE_POOLS as u64
+        })
+        .await;
+    assert!(counted, "{:?}", consumer.metrics());
     let snapshots_before = consumer.metrics().snapshots_installed;
 
     // Two seconds without a network, while every source keeps storing blocks.
