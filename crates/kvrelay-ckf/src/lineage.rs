@@ -172,6 +172,15 @@ impl LineageMap {
             .chain(self.max_id)
     }
 
+    /// Every `(engine block id, canonical)` mapping, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.slots
+            .iter()
+            .copied()
+            .filter(|&(k, _)| k != EMPTY)
+            .chain(self.max_id.map(|canonical| (EMPTY, canonical)))
+    }
+
     /// Prefetches the home slot of `key`, so that the misses of many keys overlap.
     #[inline]
     pub(crate) fn prefetch(&self, key: u64) {

@@ -191,6 +191,39 @@ impl PoolFilter {
         result
     }
 
+    /// Replaces everything `source` holds with `mappings` (`(engine block id, canonical
+    /// hash)`, as [`PoolFilter::source_mappings`] lists them, e.g. from a checkpoint):
+    /// the same one-step ownership move as [`PoolFilter::reset_source`], without
+    /// re-deriving canonical hashes. A repeated engine id with another canonical is
+    /// rejected. On `Err` nothing changed.
+    ///
+    /// ```
+    /// use kvrelay_ckf::{CkfConfig, PoolFilter, SourceId};
+    /// let mut filter = PoolFilter::new(CkfConfig::new(1024))?;
+    /// filter.restore_source(SourceId::new(7, 0), &[(100, 11), (101, 12)])?;
+    /// assert!(filter.contains(11) && filter.contains(12));
+    /// assert_eq!(filter.canonical_of(SourceId::new(7, 0), 101), Some(12));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn restore_source(
+        &mut self,
+        source: SourceId,
+        mappings: &[(u64, u64)],
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let result = self.restore_source_inner(source, mappings);
+        self.finish_source_operation(&result);
+        result
+    }
+
+    /// Every `(engine block id, canonical hash)` mapping `source` holds, in no particular
+    /// order: with [`PoolFilter::restore_source`], the whole exact state of a source.
+    pub fn source_mappings(&self, source: SourceId) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.lineage
+            .get(&source)
+            .into_iter()
+            .flat_map(LineageMap::iter)
+    }
+
     /// Whether the table holds `canonical`'s fingerprint (what a replica would answer).
     pub fn contains(&self, canonical: u64) -> bool {
         let home = self.state.table.addressing().home(canonical);

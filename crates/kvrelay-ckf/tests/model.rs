@@ -407,3 +407,99 @@ proptest! {
         }
     }
 }
+
+/// Applies the ownership ops of `ops` to `filter` and `model` (publication ops are
+/// skipped; rejected events change neither).
+fn apply_ownership_ops(filter: &mut PoolFilter, model: &mut Model, ops: &[Op]) {
+    for op in ops {
+        match op {
+            Op::Store(source, stored) => {
+                let expected = model.store(*source, stored);
+                let got = filter.apply(&event(*source, EventPayload::Stored(stored.clone())));
+                assert_eq!(got.is_ok(), expected.is_ok(), "{got:?}");
+            }
+            Op::Remove(source, ids) => {
+                model.remove(*source, ids);
+                let payload = EventPayload::Removed(RemovedBlocks {
+                    engine_block_ids: ids.clone(),
+                });
+                filter.apply(&event(*source, payload)).unwrap();
+            }
+            Op::Clear(source) => {
+                model.lineage.remove(source);
+                filter.clear_source(*source).unwrap();
+            }
+            Op::RemoveWorker(worker_id) => {
+                model.lineage.retain(|s, _| s.worker_id != *worker_id);
+                filter.remove_worker(*worker_id).unwrap();
+            }
+            Op::Reset(source, chains) => {
+                let expected = model.reset(*source, chains);
+                assert_eq!(
+                    filter.reset_source(*source, chains).is_ok(),
+                    expected.is_ok()
+                );
+            }
+            Op::Publish | Op::Subscribe => {}
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// A checkpoint is every source's mappings: restored into a fresh filter (another
+    /// placement seed, tiny or roomy), ownership, residency and counters match the model
+    /// exactly; restoring one source over a live filter replaces only that source.
+    #[test]
+    fn restored_mappings_rebuild_the_exact_state(
+        ops in prop::collection::vec(op(), 1..120),
+        later in prop::collection::vec(op(), 0..40),
+        expected_blocks in prop::sample::select(vec![8u64, 256]),
+        seed in any::<u64>(),
+    ) {
+        let mut filter = PoolFilter::new(CkfConfig::new(expected_blocks)).unwrap();
+        let mut model = Model::default();
+        apply_ownership_ops(&mut filter, &mut model, &ops);
+        let exported: Vec<(SourceId, Vec<(u64, u64)>)> = filter
+            .sources()
+            .map(|source| (source, filter.source_mappings(source).collect()))
+            .collect();
+
+        let mut restored =
+            PoolFilter::with_placement_seed(CkfConfig::new(expected_blocks), seed).unwrap();
+        for (source, mappings) in &exported {
+            restored.restore_source(*source, mappings).unwrap();
+        }
+        check_state(&restored, &model)?;
+
+        // Later events diverge the live filter; restoring a source brings back exactly
+        // its exported mappings and leaves every other source as it is.
+        let mut later_model = model.clone();
+        apply_ownership_ops(&mut filter, &mut later_model, &later);
+        if let Some((source, mappings)) = exported.first() {
+            filter.restore_source(*source, mappings).unwrap();
+            later_model.lineage.insert(*source, model.lineage[source].clone());
+            check_state(&filter, &later_model)?;
+        }
+    }
+}
+
+#[test]
+fn a_restore_that_contradicts_itself_changes_nothing() {
+    let mut filter = PoolFilter::new(CkfConfig::new(64)).unwrap();
+    let source = SourceId::new(1, 0);
+    filter.restore_source(source, &[(1, 10), (2, 20)]).unwrap();
+    let words = filter.words().to_vec();
+    let err = filter
+        .restore_source(source, &[(3, 30), (3, 31)])
+        .unwrap_err();
+    assert!(format!("{err}").contains("3"), "{err}");
+    assert_eq!(filter.words(), &words[..]);
+    assert_eq!(filter.canonical_of(source, 2), Some(20));
+    assert_eq!(filter.canonical_of(source, 3), None);
+    // The same mapping twice is one mapping.
+    filter.restore_source(source, &[(4, 40), (4, 40)]).unwrap();
+    assert_eq!(filter.n_mappings(), 1);
+    assert_eq!(filter.owner_count(40), 1);
+}

@@ -108,6 +108,56 @@ impl PoolFilter {
                 }
             }
         }
+        self.commit_reset(source, fresh, &order)
+    }
+
+    /// [`PoolFilter::restore_source`]: like a reset, from mappings instead of chains.
+    pub(super) fn restore_source_inner(
+        &mut self,
+        source: SourceId,
+        mappings: &[(u64, u64)],
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let mut fresh = LineageMap::new(self.placement_seed);
+        fresh
+            .try_reserve(mappings.len())
+            .map_err(|GrowFailed { bytes }| alloc("lineage", bytes))?;
+        let mut order = Vec::new();
+        order
+            .try_reserve_exact(mappings.len())
+            .map_err(|_| alloc("restore order", mappings.len() as u64 * 8))?;
+        for &(engine_block_id, canonical) in mappings {
+            match fresh.get(engine_block_id) {
+                Some(mapped) if mapped != canonical => {
+                    return Err(ApplyError::ContradictoryBlockId {
+                        source_id: source,
+                        engine_block_id,
+                        mapped,
+                        offered: canonical,
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    if self.live_mappings() + fresh.len() as u64 + 1 > u64::from(u32::MAX) {
+                        return Err(ApplyError::OwnershipOverflow { canonical });
+                    }
+                    if !fresh.insert(engine_block_id, canonical) {
+                        return Err(alloc("lineage", mappings.len() as u64 * 16));
+                    }
+                    order.push(canonical);
+                }
+            }
+        }
+        self.commit_reset(source, fresh, &order)
+    }
+
+    /// Makes `fresh` (whose new canonicals are `order`) `source`'s whole lineage: reserves
+    /// everything first (on `Err` nothing changed), then moves ownership in one step.
+    fn commit_reset(
+        &mut self,
+        source: SourceId,
+        fresh: LineageMap,
+        order: &[u64],
+    ) -> Result<ApplyOutcome, ApplyError> {
         let n_old = self.lineage.get(&source).map_or(0, |m| m.len());
         let max_touches = n_old + order.len() * (self.max_kicks as usize + 1);
         self.state.reserve(order.len(), max_touches)?;
@@ -118,7 +168,7 @@ impl PoolFilter {
         // Commit: new owners first (so kept hashes never drop to zero), then release the
         // old mappings, then admit what is owned but not resident.
         let mut outcome = ApplyOutcome::default();
-        for &canonical in &order {
+        for &canonical in order {
             self.state.acquire(canonical, &mut outcome);
         }
         if let Some(old) = self.lineage.remove(&source) {
@@ -126,7 +176,7 @@ impl PoolFilter {
                 self.state.release(canonical, &mut outcome);
             }
         }
-        for &canonical in &order {
+        for &canonical in order {
             self.state.admit(canonical, &mut outcome);
         }
         if !fresh.is_empty() {
