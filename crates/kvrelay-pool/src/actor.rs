@@ -42,8 +42,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::error::{ActorError, BatchSubmitError, FeedError, PoolFault};
-use crate::filter::{FilterState, FilterStats};
+use crate::error::{ActorError, BatchSubmitError, FeedError, PoolFault, TransferError};
+use crate::filter::{FilterState, FilterStats, SourceMappings};
 use crate::health::{HealthCell, PoolHealth};
 use crate::limits::Limits;
 
@@ -244,6 +244,13 @@ enum Command {
     },
     SourceBlocks {
         reply: oneshot::Sender<Vec<(SourceId, u64)>>,
+    },
+    ExportMappings {
+        reply: oneshot::Sender<Result<Vec<SourceMappings>, PoolFault>>,
+    },
+    Restore {
+        sources: Vec<SourceMappings>,
+        reply: oneshot::Sender<Result<u64, PoolFault>>,
     },
     Attach {
         reply: oneshot::Sender<Result<PublicationFeed, PoolFault>>,
@@ -475,6 +482,23 @@ impl PoolActorHandle {
     pub async fn clear_source(&self, source: SourceId) -> Result<(), ActorError> {
         self.request(|reply| Command::ClearSource { source, reply })
             .await
+    }
+
+    /// Every source's exact ownership after every queued command (a checkpoint's
+    /// content). Copies `16 bytes × mappings` on the actor; nothing changes.
+    pub async fn export_mappings(&self) -> Result<Vec<SourceMappings>, TransferError> {
+        Ok(self
+            .request(|reply| Command::ExportMappings { reply })
+            .await??)
+    }
+
+    /// Makes each listed source hold exactly its mappings (from a checkpoint), all or
+    /// nothing, and publishes the change as one window. Returns the mappings restored.
+    /// Meant for a fresh generation before its sources start.
+    pub async fn restore(&self, sources: Vec<SourceMappings>) -> Result<u64, TransferError> {
+        Ok(self
+            .request(|reply| Command::Restore { sources, reply })
+            .await??)
     }
 
     /// Publishes the pending batch now and waits until it is handed to the hub's feed (the
@@ -726,6 +750,15 @@ impl Actor {
             }
             Command::SourceBlocks { reply } => {
                 let _ = reply.send(self.state.source_blocks());
+            }
+            Command::ExportMappings { reply } => {
+                let _ = reply.send(self.state.export_mappings());
+            }
+            Command::Restore { sources, reply } => {
+                let result = self.state.restore(&sources);
+                // Published as one window: subscribers see all of it or none of it.
+                self.publish().await;
+                let _ = reply.send(result);
             }
             Command::Attach { reply } => self.attach(reply).await,
             Command::Detach { lease } => {

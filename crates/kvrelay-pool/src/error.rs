@@ -327,6 +327,18 @@ pub enum FeedError {
     Fault(#[from] PoolFault),
 }
 
+/// Why exporting or restoring a pool actor's ownership failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransferError {
+    /// The actor is gone.
+    #[error(transparent)]
+    Actor(#[from] ActorError),
+    /// The filter refused the state or could not copy it; nothing changed.
+    #[error(transparent)]
+    Fault(#[from] PoolFault),
+}
+
 /// Why a subscription could not be opened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

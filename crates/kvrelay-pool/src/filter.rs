@@ -32,6 +32,15 @@ pub struct FilterStats {
     pub counters: FilterCounters,
 }
 
+/// One source's exact ownership: `(engine block id, canonical hash)` mappings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceMappings {
+    /// The engine source.
+    pub source: SourceId,
+    /// Its mappings, in no particular order.
+    pub mappings: Vec<(u64, u64)>,
+}
+
 /// A seed nobody outside this process can predict: std's per-process random hash keys,
 /// which also differ between calls.
 fn unpredictable_seed() -> u64 {
@@ -104,6 +113,65 @@ impl FilterState {
             })?;
         copy.extend_from_slice(words);
         Ok(copy)
+    }
+
+    /// Every source's mappings (engine block id → canonical), in ascending source order;
+    /// copied fallibly.
+    pub(crate) fn export_mappings(&self) -> Result<Vec<SourceMappings>, PoolFault> {
+        let mut sources: Vec<SourceId> = self.filter.sources().collect();
+        sources.sort_unstable();
+        let mut exported = Vec::with_capacity(sources.len());
+        for source in sources {
+            let n = self.filter.source_mappings(source).count();
+            let mut mappings = Vec::new();
+            mappings
+                .try_reserve_exact(n)
+                .map_err(|_| PoolFault::SnapshotAllocation {
+                    bytes: n as u64 * 16,
+                })?;
+            mappings.extend(self.filter.source_mappings(source));
+            exported.push(SourceMappings { source, mappings });
+        }
+        Ok(exported)
+    }
+
+    /// Makes each listed source hold exactly its mappings, all or nothing: when one is
+    /// refused, the sources restored before it get back what they held (a copy taken
+    /// first; empty for the fresh generation a restore is meant for) and the fault is
+    /// returned.
+    pub(crate) fn restore(&mut self, sources: &[SourceMappings]) -> Result<u64, PoolFault> {
+        let mut previous = Vec::with_capacity(sources.len());
+        for entry in sources {
+            let held: Vec<(u64, u64)> = self.filter.source_mappings(entry.source).collect();
+            previous.push(SourceMappings {
+                source: entry.source,
+                mappings: held,
+            });
+        }
+        let mut restored_blocks = 0u64;
+        for (index, entry) in sources.iter().enumerate() {
+            if let Err(fault) = self.filter.restore_source(entry.source, &entry.mappings) {
+                for undone in previous[..index].iter().rev() {
+                    // Mappings the filter held a moment ago: only an allocation can fail.
+                    let _ = self.filter.restore_source(undone.source, &undone.mappings);
+                    self.recount(undone.source);
+                }
+                return Err(fault.into());
+            }
+            restored_blocks += self.recount(entry.source);
+        }
+        Ok(restored_blocks)
+    }
+
+    /// Sets `source`'s block count from its lineage; returns it.
+    fn recount(&mut self, source: SourceId) -> u64 {
+        let held = self.filter.source_mappings(source).count() as u64;
+        if held == 0 {
+            self.blocks_per_source.remove(&source);
+        } else {
+            self.blocks_per_source.insert(source, held);
+        }
+        held
     }
 
     pub(crate) fn source_blocks(&self) -> Vec<(SourceId, u64)> {

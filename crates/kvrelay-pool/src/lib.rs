@@ -99,6 +99,7 @@
 
 mod actor;
 mod catalog;
+mod checkpoint;
 mod error;
 mod filter;
 mod frame;
@@ -114,11 +115,15 @@ pub use actor::{
     PoolActorStats,
 };
 pub use catalog::{PoolCatalog, PoolDescriptor};
+pub use checkpoint::{
+    CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CheckpointError, MAX_CHECKPOINT_IDENTITY_BYTES,
+    PoolCheckpoint, SourceCheckpoint,
+};
 pub use error::{
     ActorError, AttachError, BatchSubmitError, FeedError, LimitsError, LoadCapacityError,
-    PoolError, PoolFault, RegistrationError, SubscribeError, SubscriptionEnd,
+    PoolError, PoolFault, RegistrationError, SubscribeError, SubscriptionEnd, TransferError,
 };
-pub use filter::FilterStats;
+pub use filter::{FilterStats, SourceMappings};
 pub use health::PoolHealth;
 pub use hub::SubscribeOptions;
 pub use kvrelay_ckf::stream::{Start as SubscriptionStart, StreamLimits, StreamStats};

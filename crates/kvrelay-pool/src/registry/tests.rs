@@ -334,6 +334,56 @@ pub(super) mod behaviour {
         registry.detach(attachment).await;
     }
 
+    /// What one generation exports (a checkpoint's content) restores into another exactly;
+    /// a contradictory restore is refused whole and changes nothing.
+    #[tokio::test]
+    async fn exported_ownership_restores_into_a_new_generation() {
+        let sorted = |mut sources: Vec<crate::SourceMappings>| {
+            for source in &mut sources {
+                source.mappings.sort_unstable();
+            }
+            sources
+        };
+        let registry = registry();
+        let first = attach_llama(&registry, 1, "fast.router.generate").await;
+        for id in 1..=20 {
+            first.actor.submit(stored_event(id)).await.unwrap();
+        }
+        let mut other_source = stored_event(99);
+        other_source.source = SourceId::new(2, 1);
+        first.actor.submit(other_source).await.unwrap();
+        let exported = sorted(first.actor.export_mappings().await.unwrap());
+        assert_eq!(exported.len(), 2);
+        assert_eq!(exported[0].mappings.len(), 20);
+
+        let second = attach_llama(&registry, 2, "slow.router.generate").await;
+        assert_eq!(second.actor.restore(exported.clone()).await.unwrap(), 21);
+        assert_eq!(
+            sorted(second.actor.export_mappings().await.unwrap()),
+            exported
+        );
+        let (before, after) = (
+            first.actor.stats().await.unwrap(),
+            second.actor.stats().await.unwrap(),
+        );
+        assert_eq!(after.filter.resident_blocks, before.filter.resident_blocks);
+        assert_eq!(
+            second.actor.source_blocks().await.unwrap(),
+            first.actor.source_blocks().await.unwrap()
+        );
+
+        let mut contradictory = exported.clone();
+        contradictory[1].mappings.push((99, 0xDEAD));
+        contradictory[0].mappings.clear();
+        let err = second.actor.restore(contradictory).await.unwrap_err();
+        assert!(matches!(err, crate::TransferError::Fault(_)), "{err}");
+        assert_eq!(
+            sorted(second.actor.export_mappings().await.unwrap()),
+            exported
+        );
+        detach_all(&registry, [first, second]).await;
+    }
+
     #[tokio::test]
     async fn burst_attach_publishes_a_sorted_revisioned_catalog() {
         // spec: burst_attach_defers_catalog_materialization_until_observed
