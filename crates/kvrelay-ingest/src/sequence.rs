@@ -205,6 +205,20 @@ impl<P> SequenceTracker<P> {
         }
     }
 
+    /// A tracker resuming a source whose batches up to `last_applied` are already applied
+    /// (restored from a checkpoint). With a replay endpoint it asks at once for everything
+    /// from `last_applied + 1`: a replay that delivers it catches the source up exactly; one
+    /// that skips sequences or fails resets the source (clearing what was restored), as
+    /// does a live batch at or below `last_applied` (the engine restarted). Without one,
+    /// the next live batch must be `last_applied + 1` or the source resets.
+    pub fn resumed(config: SequenceConfig, last_applied: u64) -> Self {
+        let next = last_applied.saturating_add(1);
+        let mut tracker = Self::new(config);
+        tracker.state = State::Live { next, late: None };
+        tracker.handle_idle();
+        tracker
+    }
+
     /// The next action, or `None` when there is nothing to do.
     pub fn poll_action(&mut self) -> Option<SequenceAction<P>> {
         self.actions.pop_front()
@@ -545,6 +559,108 @@ mod tests {
 
     fn apply(seq: u64, payload: &'static str) -> SequenceAction<&'static str> {
         SequenceAction::Apply { seq, payload }
+    }
+
+    fn resumed(replay_available: bool, last_applied: u64) -> SequenceTracker<&'static str> {
+        SequenceTracker::resumed(
+            SequenceConfig {
+                replay_available,
+                max_buffered: 3,
+            },
+            last_applied,
+        )
+    }
+
+    /// A source restored from a checkpoint at batch 5 asks for 6 onwards at once and
+    /// applies the replay, then the live batches buffered meanwhile.
+    #[test]
+    fn a_resumed_source_catches_up_from_the_batch_after_its_checkpoint() {
+        let mut t = resumed(true, 5);
+        assert_eq!(t.next_seq(), Some(6));
+        assert_eq!(
+            drain(&mut t),
+            vec![SequenceAction::RequestReplay {
+                from_seq: 6,
+                epoch: 1
+            }]
+        );
+        t.handle_live(8, "i");
+        t.handle_replay(1, 6, "g");
+        t.handle_replay(1, 7, "h");
+        t.handle_replay(1, 8, "i");
+        t.handle_replay_end(1);
+        t.handle_live(9, "j");
+        assert_eq!(
+            drain(&mut t),
+            vec![apply(6, "g"), apply(7, "h"), apply(8, "i"), apply(9, "j")]
+        );
+    }
+
+    /// Each way a checkpoint cannot be completed resets the source (the owner clears what
+    /// was restored): the engine's ring moved past it, the replay failed, or the engine
+    /// restarted (a live batch at or below the checkpoint).
+    #[test]
+    fn a_resumed_source_that_cannot_be_completed_resets() {
+        let mut moved_on = resumed(true, 5);
+        drain(&mut moved_on);
+        moved_on.handle_replay(1, 9, "j");
+        assert_eq!(
+            drain(&mut moved_on),
+            vec![
+                SequenceAction::Reset(ResetReason::ReplayIncomplete {
+                    expected: 6,
+                    got: 9
+                }),
+                apply(9, "j"),
+            ]
+        );
+
+        let mut failed = resumed(true, 5);
+        drain(&mut failed);
+        failed.handle_replay_failed(1);
+        assert_eq!(
+            drain(&mut failed),
+            vec![SequenceAction::Reset(ResetReason::ReplayFailed)]
+        );
+
+        let mut restarted = resumed(true, 5);
+        drain(&mut restarted);
+        restarted.handle_replay_end(1);
+        restarted.handle_live(2, "c");
+        let actions = drain(&mut restarted);
+        assert_eq!(
+            actions.first(),
+            Some(&SequenceAction::Reset(ResetReason::SequenceWentBack {
+                expected: 6,
+                got: 2
+            }))
+        );
+    }
+
+    /// Without a replay endpoint the next live batch must continue the checkpoint.
+    #[test]
+    fn a_resumed_source_without_replay_continues_only_in_sequence() {
+        let mut continues = resumed(false, 5);
+        assert_eq!(drain(&mut continues), vec![]);
+        continues.handle_live(6, "g");
+        assert_eq!(drain(&mut continues), vec![apply(6, "g")]);
+
+        let mut gapped = resumed(false, 5);
+        gapped.handle_live(8, "i");
+        assert_eq!(
+            drain(&mut gapped),
+            vec![
+                SequenceAction::Gap {
+                    expected: 6,
+                    got: 8
+                },
+                SequenceAction::Reset(ResetReason::GapWithoutReplay {
+                    expected: 6,
+                    got: 8
+                }),
+                apply(8, "i"),
+            ]
+        );
     }
 
     #[test]

@@ -19,6 +19,14 @@ pub enum SourceOutput {
     Event(RouterEvent),
     /// A lifecycle signal.
     Signal(SourceSignal),
+    /// Every event of the engine batch `seq` has been yielded (this follows them; sent
+    /// for batches that yielded events). An owner that has applied everything before this
+    /// item can resume the source after `seq` ([`crate::ZmqSourceConfig::resume_after`]).
+    /// ZMQ sources only.
+    Applied {
+        /// The batch's sequence.
+        seq: u64,
+    },
 }
 
 /// Source lifecycle signals.

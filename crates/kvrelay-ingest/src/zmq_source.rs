@@ -71,6 +71,10 @@ pub struct ZmqSourceConfig {
     pub limits: Limits,
     /// Fault injection for tests; the default injects nothing.
     pub fault: FaultInjection,
+    /// The last batch sequence already applied, when the owner restored the source's
+    /// state (a checkpoint): the source continues after it (see
+    /// [`SequenceTracker::resumed`]) instead of treating its first batch as a join.
+    pub resume_after: Option<u64>,
 }
 
 /// What a ZMQ publisher sends.
@@ -167,6 +171,7 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
         ever_reset: false,
         replay: None,
         applied_since_connect: false,
+        batch_events: 0,
     };
     tracker.spawn(driver.run(live_rx).instrument(span));
     let probe = state.probe(Transport::Zmq, counters);
@@ -256,15 +261,33 @@ struct Driver {
     /// Whether a batch was applied since the publisher last connected (a disconnect
     /// after batches may have lost a tail).
     applied_since_connect: bool,
+    /// Events the batch being applied has yielded so far.
+    batch_events: usize,
 }
 
 impl Driver {
     async fn run(mut self, mut live: mpsc::Receiver<ReaderEvent>) {
-        let mut sequence = SequenceTracker::new(SequenceConfig {
+        let sequence_config = SequenceConfig {
             replay_available: self.config.replay_endpoint.is_some(),
             max_buffered: self.config.limits.max_buffered_during_replay,
-        });
+        };
+        let mut sequence = match self.config.resume_after {
+            Some(last_applied) => {
+                // What was restored belongs to the default source: a reset clears it.
+                self.seen_sources
+                    .insert(self.canonicalizer.default_source());
+                info!(last_applied, "zmq source resuming after a checkpoint");
+                SequenceTracker::resumed(sequence_config, last_applied)
+            }
+            None => SequenceTracker::new(sequence_config),
+        };
         let (replay_tx, mut replay_rx) = mpsc::channel(self.config.limits.live_queue_depth.max(1));
+        while let Some(action) = sequence.poll_action() {
+            if !self.act(action, &replay_tx).await {
+                return;
+            }
+        }
+        self.state.set_replaying(sequence.is_replaying());
         let probe_idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
         // Armed by each live batch (a tail probe) and by a connect before any batch (a join
         // probe); fires after `probe_idle` of silence.
@@ -382,7 +405,15 @@ impl Driver {
         replay_tx: &mpsc::Sender<ReplayEvent>,
     ) -> bool {
         match action {
-            SequenceAction::Apply { seq, payload } => self.apply(seq, &payload).await,
+            SequenceAction::Apply { seq, payload } => {
+                self.batch_events = 0;
+                // A batch that yielded nothing (rejected, filtered, empty) is not reported:
+                // a resume replays it again, harmlessly, and nobody drains a marker per
+                // rejected message.
+                self.apply(seq, &payload).await
+                    && (self.batch_events == 0
+                        || emit(&self.out, &self.cancel, SourceOutput::Applied { seq }).await)
+            }
             SequenceAction::Gap { expected, got } => {
                 self.counters.gap();
                 info!(seq = got, expected, "zmq sequence gap");
@@ -515,6 +546,7 @@ impl Driver {
         }
         self.counters.events(events.len());
         for event in events {
+            self.batch_events += 1;
             if !emit(&self.out, &self.cancel, SourceOutput::Event(event)).await {
                 return false;
             }
@@ -564,6 +596,7 @@ impl Driver {
         self.counters.events(decoded.events.len());
         for event in decoded.events {
             self.seen_sources.insert(event.source);
+            self.batch_events += 1;
             if !emit(&self.out, &self.cancel, SourceOutput::Event(event)).await {
                 return false;
             }

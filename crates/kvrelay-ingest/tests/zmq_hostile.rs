@@ -53,6 +53,7 @@ fn config(endpoint: String, worker_id: u64, fault: FaultInjection) -> ZmqSourceC
         },
         limits: limits(),
         fault,
+        resume_after: None,
     }
 }
 

@@ -245,6 +245,7 @@ async fn drive_until_truth(
             output = source.next() => match output.expect("source stopped") {
                 SourceOutput::Event(event) => apply(state, &event),
                 SourceOutput::Signal(signal) => signals.push(signal),
+                SourceOutput::Applied { .. } => {}
             },
             _ = tick.tick(), if idle_batches => engine.publish(Vec::new(), false).await,
         }
@@ -274,6 +275,7 @@ fn source_without_replay(pub_endpoint: String) -> SourceHandle {
         limits: Limits::default(),
         declared_ranks: 0..1,
         fault: Default::default(),
+        resume_after: None,
     })
 }
 
@@ -292,6 +294,7 @@ fn probing_source(pub_endpoint: String, replay_endpoint: String) -> SourceHandle
         },
         declared_ranks: 0..1,
         fault: Default::default(),
+        resume_after: None,
     })
 }
 
@@ -334,6 +337,7 @@ async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
         limits,
         declared_ranks: 0..1,
         fault: Default::default(),
+        resume_after: None,
     });
     let mut state = State::new();
     let mut signals = Vec::new();
@@ -408,6 +412,7 @@ async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
         limits: Limits::default(),
         declared_ranks: 0..1,
         fault: Default::default(),
+        resume_after: None,
     });
     let mut state = State::new();
     let mut signals = Vec::new();
@@ -664,6 +669,7 @@ async fn a_dynamo_event_plane_publisher_feeds_the_source_and_strangers_are_refus
         limits: Limits::default(),
         declared_ranks: 0..1,
         fault: Default::default(),
+        resume_after: None,
     });
     let stored = |worker: u64, event_id: u64, ids: &[u64]| RouterEvent {
         source: SourceId::new(worker, 0),
@@ -758,4 +764,117 @@ async fn a_dynamo_event_plane_publisher_feeds_the_source_and_strangers_are_refus
         "{stats:?}"
     );
     assert!(source.shutdown().await);
+}
+
+fn resuming_source(pub_endpoint: String, replay_endpoint: String, after: u64) -> SourceHandle {
+    spawn_zmq_source(ZmqSourceConfig {
+        worker_id: 1,
+        dp_rank: 0,
+        wire: ZmqWire::Engine(EngineKind::Vllm),
+        endpoint: pub_endpoint,
+        replay_endpoint: Some(replay_endpoint),
+        topic: TOPIC.to_owned(),
+        canonical: canonical(),
+        limits: Limits {
+            tail_probe_idle_ms: 200,
+            replay_timeout_ms: 5_000,
+            ..Limits::default()
+        },
+        declared_ranks: 0..1,
+        fault: Default::default(),
+        resume_after: Some(after),
+    })
+}
+
+/// A relay that checkpointed its state and the last applied batch, then went away while
+/// the engine kept publishing and its replay ring moved past the conversation's root,
+/// resumes after the checkpoint: it replays only the batches it missed and reaches the
+/// engine's truth exactly without a reset. A checkpoint older than the ring resets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_resumed_after_a_checkpoint_catches_up_past_a_short_ring() {
+    let (mut engine, pub_endpoint, replay_endpoint) =
+        FakeEngine::start("tcp://127.0.0.1:*", "tcp://127.0.0.1:*").await;
+    let chained = |batch_idx: u64| {
+        let ids = [batch_idx * 10 + 1, batch_idx * 10 + 2];
+        let parent = batch_idx.checked_sub(1).map(|prev| prev * 10 + 2);
+        vec![stored(&ids, parent, batch_idx as u32)]
+    };
+    // The first relay follows batches 0..12 live and sees each one's `Applied`.
+    let mut first = probing_source(pub_endpoint.clone(), replay_endpoint.clone());
+    let mut checkpoint = State::new();
+    let mut last_applied = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut published = 0u64;
+    while last_applied != Some(11) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never applied batch 11"
+        );
+        if published < 12 {
+            engine.publish(chained(published), false).await;
+            published += 1;
+        }
+        match tokio::time::timeout(Duration::from_millis(100), first.next()).await {
+            Ok(Some(SourceOutput::Event(event))) => apply(&mut checkpoint, &event),
+            Ok(Some(SourceOutput::Applied { seq })) => {
+                assert!(last_applied < Some(seq), "{seq} after {last_applied:?}");
+                last_applied = Some(seq);
+            }
+            Ok(Some(SourceOutput::Signal(_))) | Err(_) => {}
+            Ok(None) => panic!("source stopped"),
+        }
+    }
+    assert_eq!(
+        checkpoint, engine.truth,
+        "every event precedes its batch's Applied"
+    );
+    assert!(first.shutdown().await);
+
+    // While no relay listens the engine publishes on, and its ring forgets batches 0..14.
+    for batch_idx in 12..17 {
+        engine.publish(chained(batch_idx), false).await;
+    }
+    engine.history.lock().unwrap().retain(|(seq, _)| *seq >= 10);
+
+    let mut resumed = resuming_source(pub_endpoint.clone(), replay_endpoint.clone(), 11);
+    let mut state = checkpoint.clone();
+    let mut signals = Vec::new();
+    converge(
+        &mut resumed,
+        &mut engine,
+        &mut state,
+        &mut signals,
+        "the resume",
+    )
+    .await;
+    let stats = resumed.stats();
+    assert_eq!(stats.n_resets, 0, "{stats:?} {signals:?}");
+    assert!(resumed.shutdown().await);
+
+    // A checkpoint from before the ring's first batch cannot be completed: reset.
+    let mut stale = resuming_source(pub_endpoint, replay_endpoint, 5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reset for a stale checkpoint"
+        );
+        match tokio::time::timeout(Duration::from_millis(100), stale.next()).await {
+            Ok(Some(SourceOutput::Signal(SourceSignal::Reset { reason, sources }))) => {
+                assert_eq!(
+                    reason,
+                    kvrelay_ingest::ResetReason::ReplayIncomplete {
+                        expected: 6,
+                        got: 10
+                    }
+                );
+                assert_eq!(sources, vec![SourceId::new(1, 0)]);
+                break;
+            }
+            Ok(None) => panic!("source stopped"),
+            _ => {}
+        }
+    }
+    assert!(stale.shutdown().await);
+    engine.stop().await;
 }

@@ -14,6 +14,7 @@ use crate::limits::Limits;
 mod listeners;
 mod overrides;
 mod sources;
+mod state;
 
 pub(crate) use listeners::AuthTable;
 pub use listeners::{
@@ -25,6 +26,10 @@ pub use overrides::RelayOverrides;
 use sources::MAX_CARD_FILE_BYTES_CEILING;
 pub use sources::{
     DiscoveryBackend, DiscoveryConfig, EngineKind, NatsConfig, SourceConfig, WorkloadConfig,
+};
+pub use state::{
+    DEFAULT_CHECKPOINT_INTERVAL_MS, DEFAULT_CHECKPOINT_MAX_AGE_MS,
+    DEFAULT_CHECKPOINT_MAX_FILE_BYTES, DEFAULT_CHECKPOINT_SHUTDOWN_TIMEOUT_MS, StateConfig,
 };
 
 /// Default datacenter name.
@@ -118,6 +123,8 @@ pub struct RelayConfig {
     /// Bounds of every engine event source (decode, queues, replay, ZMQ transport); the
     /// NATS source takes its payload limit from `[nats] max_payload_bytes` instead.
     pub ingest: kvrelay_ingest::Limits,
+    /// Pool checkpoints for warm restarts, when present.
+    pub state: Option<StateConfig>,
 }
 
 impl Default for RelayConfig {
@@ -133,6 +140,7 @@ impl Default for RelayConfig {
             nats: None,
             limits: Limits::default(),
             ingest: kvrelay_ingest::Limits::default(),
+            state: None,
         }
     }
 }
@@ -260,6 +268,9 @@ impl RelayConfig {
             });
         }
         self.limits.validate()?;
+        if let Some(state) = &self.state {
+            state.validate()?;
+        }
         self.ingest
             .validate()
             .map_err(|error| ConfigError::InvalidIngestLimit {

@@ -34,9 +34,11 @@ pub use admission::{AdmissionError, StreamKind};
 pub use config::{
     AdminConfig, AuthConfig, ConfigError, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
-    DEFAULT_DC_ID, DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN,
-    DiscoveryBackend, DiscoveryConfig, DynamoConfig, EngineKind, ExposureWarning, NatsConfig,
-    RelayConfig, RelayOverrides, SourceConfig, WanConfig, WorkloadConfig,
+    DEFAULT_CHECKPOINT_INTERVAL_MS, DEFAULT_CHECKPOINT_MAX_AGE_MS,
+    DEFAULT_CHECKPOINT_MAX_FILE_BYTES, DEFAULT_CHECKPOINT_SHUTDOWN_TIMEOUT_MS, DEFAULT_DC_ID,
+    DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend,
+    DiscoveryConfig, DynamoConfig, EngineKind, ExposureWarning, NatsConfig, RelayConfig,
+    RelayOverrides, SourceConfig, StateConfig, WanConfig, WorkloadConfig,
 };
 pub use host::{
     DiscoveryStartError, PoolReport, ProducerTable, Relay, RelayError, RelayProgress,

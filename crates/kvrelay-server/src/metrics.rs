@@ -108,6 +108,19 @@ pub(crate) struct RelayMetrics {
     pub(crate) pools_stalled: Gauge,
     /// Pools whose recent events were mostly unroutable (history lost).
     pub(crate) pools_degraded: Gauge,
+    /// Pool checkpoint writes by outcome (ok, failed, too_large).
+    pub(crate) checkpoint_writes: Family<OutcomeLabel, Counter>,
+    /// Checkpoint restores at pool start by outcome (restored, none, stale, other_pool,
+    /// foreign, version, truncated, checksum, malformed, too_large, unreadable, refused).
+    pub(crate) checkpoint_restores: Family<OutcomeLabel, Counter>,
+    /// Mappings (source, block) restored from checkpoints.
+    pub(crate) checkpoint_restored_mappings: Counter,
+    /// Size of the last checkpoint written, in bytes.
+    pub(crate) checkpoint_last_bytes: Gauge,
+    /// Actor time of the last checkpoint (copying its mappings), in seconds.
+    pub(crate) checkpoint_last_export_seconds: Gauge<f64, AtomicU64>,
+    /// Encode + write + sync time of the last checkpoint, in seconds (off the executor).
+    pub(crate) checkpoint_last_write_seconds: Gauge<f64, AtomicU64>,
     /// Deepest actor mailbox across pools, in commands.
     pub(crate) pool_mailbox_depth_max: Gauge,
     /// Age of the oldest pending event across pools, in seconds.
@@ -367,6 +380,42 @@ impl RelayMetrics {
             "Pools whose events over the last 30 s were mostly unroutable (the engine's history is lost; the filter misses what it caches)",
             pools_degraded.clone(),
         );
+        let checkpoint_writes = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "checkpoint_writes",
+            "Pool checkpoint writes by outcome",
+            checkpoint_writes.clone(),
+        );
+        let checkpoint_restores = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "checkpoint_restores",
+            "Checkpoint restores at pool start by outcome (restored, none, or why it was discarded)",
+            checkpoint_restores.clone(),
+        );
+        let checkpoint_restored_mappings = Counter::default();
+        registry.register(
+            "checkpoint_restored_mappings",
+            "Source block mappings restored from checkpoints",
+            checkpoint_restored_mappings.clone(),
+        );
+        let checkpoint_last_bytes = Gauge::default();
+        registry.register(
+            "checkpoint_last_bytes",
+            "Size of the last pool checkpoint written",
+            checkpoint_last_bytes.clone(),
+        );
+        let checkpoint_last_export_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "checkpoint_last_export_seconds",
+            "Pool actor time of the last checkpoint (copying its mappings)",
+            checkpoint_last_export_seconds.clone(),
+        );
+        let checkpoint_last_write_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "checkpoint_last_write_seconds",
+            "Encode, write and sync time of the last checkpoint (off the executor)",
+            checkpoint_last_write_seconds.clone(),
+        );
         let pool_mailbox_depth_max = Gauge::default();
         registry.register(
             "pool_mailbox_depth_max",
@@ -513,6 +562,12 @@ impl RelayMetrics {
             pool_contradiction_resets,
             pools_stalled,
             pools_degraded,
+            checkpoint_writes,
+            checkpoint_restores,
+            checkpoint_restored_mappings,
+            checkpoint_last_bytes,
+            checkpoint_last_export_seconds,
+            checkpoint_last_write_seconds,
             pool_mailbox_depth_max,
             pool_oldest_pending_seconds_max,
             events,

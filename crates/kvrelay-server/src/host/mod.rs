@@ -9,6 +9,7 @@
 //! supervisor retire every generation and shut the registry down, then stop admin HTTP.
 
 mod admin_view;
+mod checkpoint;
 mod discovery;
 mod event_scan;
 mod publisher;
@@ -108,7 +109,7 @@ impl Relay {
         }
         let trace = match &config.workload {
             Some(workload) => Some(match &workload.trace {
-                Some(path) => read_trace(path)?,
+                Some(path) => replay::read_trace(path)?,
                 None => kvrelay_ingest::parse_request_trace(kvrelay_ingest::BUILTIN_REQUEST_TRACE)
                     .map_err(|err| RelayError::Trace {
                         path: PathBuf::from("<builtin>"),
@@ -188,6 +189,10 @@ impl Relay {
             };
             host_tracker.spawn(scan.run().instrument(info_span!("event_sources")));
         }
+        let checkpointer = config
+            .state
+            .clone()
+            .map(|state_config| checkpoint::Checkpointer::new(state_config, &state));
         let supervisor = supervisor::Supervisor {
             registry: registry.clone(),
             state: state.clone(),
@@ -196,7 +201,7 @@ impl Relay {
                 workload_sources: trace.is_some(),
                 nats: config.nats.is_some(),
                 stall_bound: limits.pool_stall_timeout(),
-                degraded_readings: degraded_readings(&limits),
+                degraded_readings: supervisor::degraded_readings(&limits),
             },
             configured_sources,
             source_updates,
@@ -204,7 +209,15 @@ impl Relay {
             ingest_limits: config.ingest,
             views: views_rx,
             cancel: host_cancel.clone(),
+            checkpointer: checkpointer.clone(),
         };
+        if let Some(checkpointer) = checkpointer {
+            host_tracker.spawn(
+                checkpointer
+                    .run(state.clone(), host_cancel.clone())
+                    .instrument(info_span!("checkpoints")),
+            );
+        }
         host_tracker.spawn(supervisor.run().instrument(info_span!("supervisor")));
 
         let (done_tx, workload_done) = watch::channel(trace.is_none());
@@ -660,24 +673,4 @@ impl Drop for Relay {
     fn drop(&mut self) {
         self.root.cancel();
     }
-}
-
-fn read_trace(path: &std::path::Path) -> Result<Vec<kvrelay_ingest::RequestRecord>, RelayError> {
-    let trace_error = |message: String| RelayError::Trace {
-        path: path.to_path_buf(),
-        message,
-    };
-    let text = std::fs::read_to_string(path).map_err(|err| trace_error(err.to_string()))?;
-    kvrelay_ingest::parse_request_trace(&text).map_err(|err| trace_error(err.to_string()))
-}
-
-/// Pool health readings over which a pool's unroutable share is judged: about 30 s.
-fn degraded_readings(limits: &crate::limits::Limits) -> usize {
-    const DEGRADED_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
-    let every = limits
-        .pool_health_interval()
-        .max(std::time::Duration::from_millis(1));
-    usize::try_from(DEGRADED_WINDOW.as_millis() / every.as_millis())
-        .unwrap_or(usize::MAX)
-        .max(1)
 }

@@ -112,16 +112,30 @@ impl SourceStates {
     }
 }
 
-/// Starts the ZMQ source of `config`, hashing with `semantics`, until `cancel` fires.
+/// What one engine source is started with.
+pub(crate) struct EngineSource<'a> {
+    pub(crate) config: &'a SourceConfig,
+    pub(crate) limits: kvrelay_ingest::Limits,
+    /// How its pool hashes.
+    pub(crate) semantics: KvQuerySemantics,
+    /// The batch it resumes after, when its state was restored from a checkpoint.
+    pub(crate) resume_after: Option<u64>,
+}
+
+/// Starts the ZMQ source of `source`, until `cancel` fires.
 pub(crate) fn spawn_zmq(
     tracker: &TaskTracker,
-    config: &SourceConfig,
-    limits: kvrelay_ingest::Limits,
-    semantics: KvQuerySemantics,
+    source: EngineSource<'_>,
     state: Arc<HostState>,
     states: SourceStates,
     cancel: CancellationToken,
 ) {
+    let EngineSource {
+        config,
+        limits,
+        semantics,
+        resume_after,
+    } = source;
     let key = SourceKey::Engine(SourceId::new(config.worker_id, config.dp_rank));
     // Dotted, as the pool's stats view names it (configured and advertised alike).
     let pool_endpoint = config.endpoint.clone();
@@ -147,6 +161,7 @@ pub(crate) fn spawn_zmq(
         // A `[[sources]]` entry or an advertised source names one rank.
         declared_ranks: config.dp_rank..config.dp_rank.saturating_add(1),
         fault: kvrelay_ingest::FaultInjection::default(),
+        resume_after,
     };
     let span = info_span!(
         "source",
@@ -263,7 +278,11 @@ async fn forward(
                 // its limits allow (one route lookup, one permit wait and one mailbox slot
                 // per chunk).
                 let origin = event.source;
-                let (batch, next) = gather_burst(event, || source.try_next());
+                let Burst {
+                    events: batch,
+                    applied,
+                    next,
+                } = gather_burst(event, || source.try_next());
                 carried = next;
                 let total = batch.len();
                 let route = state.routes.borrow().routes.get(&origin).cloned();
@@ -279,6 +298,15 @@ async fn forward(
                 if cancelled {
                     break;
                 }
+                if let (Some(seq), SourceKey::Engine(engine)) = (applied, key) {
+                    state.positions.record(*engine, seq);
+                }
+            }
+            Some(SourceOutput::Applied { seq }) => {
+                // Everything before it was submitted (in order) above.
+                if let SourceKey::Engine(engine) = key {
+                    state.positions.record(*engine, seq);
+                }
             }
             Some(SourceOutput::Signal(signal)) => {
                 // The source's own state (what its metrics show), not one derived from
@@ -292,34 +320,60 @@ async fn forward(
                     SourceSignal::Gap { expected, got } => {
                         warn!(expected, got, "source gap; replaying")
                     }
-                    SourceSignal::Reset { reason, .. } => warn!(?reason, "source reset"),
+                    SourceSignal::Reset { reason, .. } => {
+                        warn!(?reason, "source reset");
+                        if let SourceKey::Engine(engine) = key {
+                            state.positions.forget(*engine);
+                        }
+                    }
                 }
             }
         }
+    }
+    // A source that ended by itself no longer continues what it applied; one stopped by
+    // the relay (shutdown) keeps its position for the final checkpoint.
+    if let (false, SourceKey::Engine(engine)) = (cancel.is_cancelled(), key) {
+        state.positions.forget(*engine);
     }
     if !source.shutdown().await {
         warn!("source tasks did not stop within their shutdown bound");
     }
 }
 
+/// Events gathered from one source in one go.
+struct Burst {
+    events: Vec<RouterEvent>,
+    /// The last batch whose end marker was passed while gathering: fully in `events` or
+    /// earlier, so recorded once `events` are submitted.
+    applied: Option<u64>,
+    /// The output that ended the burst, handled next.
+    next: Option<SourceOutput>,
+}
+
 /// Takes the events already queued behind `first` that come from the same source, up to
-/// [`MAX_EVENTS_PER_BATCH`] in all, in order. Returns them and the output that ended the
-/// burst, if any (a signal, or another source's event), which the caller handles next:
-/// nothing is reordered and nothing is skipped.
-fn gather_burst(
-    first: RouterEvent,
-    mut try_next: impl FnMut() -> Option<SourceOutput>,
-) -> (Vec<RouterEvent>, Option<SourceOutput>) {
+/// [`MAX_EVENTS_PER_BATCH`] in all, in order, passing over batch end markers (the last one
+/// is returned, to record after the events are submitted). Returns them and the output
+/// that ended the burst, if any (a signal, or another source's event), which the caller
+/// handles next: nothing is reordered and nothing is skipped.
+fn gather_burst(first: RouterEvent, mut try_next: impl FnMut() -> Option<SourceOutput>) -> Burst {
     let origin = first.source;
-    let mut burst = vec![first];
-    while burst.len() < MAX_EVENTS_PER_BATCH {
+    let mut burst = Burst {
+        events: vec![first],
+        applied: None,
+        next: None,
+    };
+    while burst.events.len() < MAX_EVENTS_PER_BATCH {
         match try_next() {
-            Some(SourceOutput::Event(next)) if next.source == origin => burst.push(next),
-            Some(other) => return (burst, Some(other)),
+            Some(SourceOutput::Event(next)) if next.source == origin => burst.events.push(next),
+            Some(SourceOutput::Applied { seq }) => burst.applied = Some(seq),
+            Some(other) => {
+                burst.next = Some(other);
+                break;
+            }
             None => break,
         }
     }
-    (burst, None)
+    burst
 }
 
 fn count_events(state: &HostState, disposition: &'static str, events: usize) {
@@ -380,7 +434,11 @@ mod tests {
             };
             match output {
                 SourceOutput::Event(first) => {
-                    let (burst, next) = gather_burst(first, || queue.pop_front());
+                    let Burst {
+                        events: burst,
+                        next,
+                        ..
+                    } = gather_burst(first, || queue.pop_front());
                     carried = next;
                     let source = burst[0].source;
                     assert!(burst.iter().all(|event| event.source == source));
@@ -388,6 +446,7 @@ mod tests {
                     bursts.push((source, burst.iter().map(|event| event.event_id).collect()));
                 }
                 SourceOutput::Signal(signal) => signals.push(signal),
+                SourceOutput::Applied { .. } => {}
             }
         }
         panic!("the queue never drained");
@@ -435,11 +494,35 @@ mod tests {
         let Some(SourceOutput::Event(first)) = queue.pop_front() else {
             unreachable!("the queue starts with an event");
         };
-        let (burst, next) = gather_burst(first, || queue.pop_front());
+        let Burst {
+            events: burst,
+            next,
+            ..
+        } = gather_burst(first, || queue.pop_front());
         assert_eq!(burst.iter().map(|e| e.event_id).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(next, Some(SourceOutput::Signal(gap)));
         // The event after the signal is still queued, for the next burst.
         assert_eq!(queue.len(), 1);
+    }
+
+    /// Batch end markers do not cut a burst: several batches go to the actor as one
+    /// chunk, and the last marker passed is returned to record after it.
+    #[test]
+    fn batch_end_markers_inside_a_burst_are_passed_and_the_last_is_kept() {
+        let mut queue: VecDeque<_> = vec![
+            SourceOutput::Applied { seq: 4 },
+            SourceOutput::Event(event(1, 0, 2)),
+            SourceOutput::Applied { seq: 5 },
+            SourceOutput::Event(event(2, 0, 3)),
+        ]
+        .into();
+        let burst = gather_burst(event(1, 0, 1), || queue.pop_front());
+        assert_eq!(
+            burst.events.iter().map(|e| e.event_id).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert_eq!(burst.applied, Some(5));
+        assert_eq!(burst.next, Some(SourceOutput::Event(event(2, 0, 3))));
     }
 
     #[test]

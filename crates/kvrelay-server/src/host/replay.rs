@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::host::RelayError;
 use crate::host::state::{self, HostState};
 use kvrelay_ingest::{RequestRecord, WorkerCache, route_by_first_block};
 
@@ -188,4 +189,16 @@ impl WorkloadDriver {
             },
         );
     }
+}
+
+/// Reads and parses the workload's request trace.
+pub(crate) fn read_trace(
+    path: &std::path::Path,
+) -> Result<Vec<kvrelay_ingest::RequestRecord>, RelayError> {
+    let trace_error = |message: String| RelayError::Trace {
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|err| trace_error(err.to_string()))?;
+    kvrelay_ingest::parse_request_trace(&text).map_err(|err| trace_error(err.to_string()))
 }

@@ -15,6 +15,7 @@ use kvrelay_identity::PoolId;
 use kvrelay_pool::{FaultCategory, PoolActorHandle, PoolHealth};
 use tokio::sync::watch;
 
+use crate::host::checkpoint::SourcePositions;
 use crate::host::supervisor::HostFacts;
 use crate::limits::Limits;
 use crate::metrics::{CategoryLabel, RelayMetrics};
@@ -69,6 +70,8 @@ pub(crate) struct HostState {
     pub(crate) routes: watch::Sender<Arc<Routes>>,
     pub(crate) workload: WorkloadCounters,
     pub(crate) live: AtomicBool,
+    /// The last batch each engine source applied (for checkpoints).
+    pub(crate) positions: SourcePositions,
     pools: Mutex<BTreeMap<String, PoolStatus>>,
     facts: Mutex<HostFacts>,
     /// Cumulative figures of each pool generation already added to the metric counters.
@@ -115,6 +118,7 @@ impl HostState {
             routes: watch::Sender::new(Arc::new(Routes::default())),
             workload: WorkloadCounters::default(),
             live: AtomicBool::new(true),
+            positions: SourcePositions::default(),
             pools: Mutex::new(BTreeMap::new()),
             facts: Mutex::new(HostFacts {
                 unready: vec!["discovery has not listed yet".to_owned()],

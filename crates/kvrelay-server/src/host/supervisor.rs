@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use kvrelay_ckf::SourceId;
-use kvrelay_identity::EndpointId;
+use kvrelay_identity::{EndpointId, PoolId};
 use kvrelay_membership::MembershipView;
 use kvrelay_pool::{AttachError, PoolAttachment, PoolRegistry};
 use tokio::sync::watch;
@@ -32,6 +32,7 @@ use tracing::{debug, info, warn};
 use self::core::{Command, HealthFact, SupervisionCore};
 pub(crate) use self::core::{CoreConfig, HostFacts, SourceKey};
 use crate::config::SourceConfig;
+use crate::host::checkpoint::Checkpointer;
 use crate::host::pump::{self, SourceStates};
 use crate::host::scrape;
 use crate::host::state::{HostState, PoolStatus, Route, Routes};
@@ -51,6 +52,8 @@ pub(crate) struct Supervisor {
     pub(crate) ingest_limits: kvrelay_ingest::Limits,
     pub(crate) views: watch::Receiver<Option<MembershipView>>,
     pub(crate) cancel: CancellationToken,
+    /// Pool checkpoints (`[state]`), when configured.
+    pub(crate) checkpointer: Option<Checkpointer>,
 }
 
 /// An attach or retirement that finished.
@@ -148,7 +151,20 @@ impl Supervisor {
                 }
             }
         }
-        // Shutdown: stop the sources, retire every generation, stop the registry.
+        // Shutdown: checkpoint every pool (bounded), stop the sources, retire every
+        // generation, stop the registry.
+        if let Some(checkpointer) = &self.checkpointer {
+            let bound = checkpointer.shutdown_timeout();
+            if tokio::time::timeout(bound, checkpointer.checkpoint_all(&self.state))
+                .await
+                .is_err()
+            {
+                warn!(
+                    bound_ms = bound.as_millis() as u64,
+                    "shutdown checkpoint did not finish in time"
+                );
+            }
+        }
         core.handle_shutdown();
         self.execute(&mut core, &mut shell, &load);
         while core.is_settling() {
@@ -238,9 +254,13 @@ impl Supervisor {
                     semantics,
                 } => {
                     let nats_server = nats.then_some(self.nats_server.as_ref()).flatten();
+                    let target = shell
+                        .attachments
+                        .get(&endpoint)
+                        .map(|attachment| (attachment.pool, attachment.actor.clone()));
                     shell
                         .pumps
-                        .start(&endpoint, &engines, nats_server, semantics, self);
+                        .start(&endpoint, &engines, nats_server, semantics, target, self);
                 }
                 Command::StopSources { endpoint } => shell.pumps.stop(&endpoint),
                 Command::ClearSources {
@@ -420,28 +440,68 @@ struct Pumps {
 }
 
 impl Pumps {
+    /// Starts `endpoint`'s sources. With checkpoints on and the pool's generation in
+    /// `target`, its checkpoint is restored first (off this loop) and the restored engine
+    /// sources resume after their checkpointed batch; the rest start as usual.
     fn start(
         &mut self,
         endpoint: &EndpointId,
         engines: &[SourceConfig],
         nats_server: Option<&crate::config::NatsConfig>,
         semantics: kvrelay_identity::KvQuerySemantics,
+        target: Option<(PoolId, kvrelay_pool::PoolActorHandle)>,
         supervisor: &Supervisor,
     ) {
         if self.running.contains_key(endpoint) {
             return;
         }
         let cancel = supervisor.cancel.child_token();
-        for source in engines {
-            pump::spawn_zmq(
-                &self.tracker,
-                source,
-                supervisor.ingest_limits,
-                semantics,
-                supervisor.state.clone(),
+        let spawn_engines = {
+            let (tracker, states, state) = (
+                self.tracker.clone(),
                 self.states.clone(),
-                cancel.clone(),
+                supervisor.state.clone(),
             );
+            let (engines, limits, cancel) =
+                (engines.to_vec(), supervisor.ingest_limits, cancel.clone());
+            move |resume: BTreeMap<SourceId, u64>| {
+                for source in &engines {
+                    let id = SourceId::new(source.worker_id, source.dp_rank);
+                    pump::spawn_zmq(
+                        &tracker,
+                        pump::EngineSource {
+                            config: source,
+                            limits,
+                            semantics,
+                            resume_after: resume.get(&id).copied(),
+                        },
+                        state.clone(),
+                        states.clone(),
+                        cancel.clone(),
+                    );
+                }
+            }
+        };
+        match (supervisor.checkpointer.clone(), target) {
+            (Some(checkpointer), Some((pool, actor))) if !engines.is_empty() => {
+                let ids: Vec<SourceId> = engines
+                    .iter()
+                    .map(|source| SourceId::new(source.worker_id, source.dp_rank))
+                    .collect();
+                let block_size = semantics.kv_block_size();
+                let cancel = cancel.clone();
+                self.tracker.spawn(async move {
+                    let resume = tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => return,
+                        resume = checkpointer.restore_pool(&pool, block_size, &actor, &ids) => resume,
+                    };
+                    spawn_engines(resume);
+                });
+            }
+            _ => spawn_engines(BTreeMap::new()),
+        }
+        for source in engines {
             if let Some(url) = &source.metrics_url {
                 self.tracker.spawn(scrape::run(
                     url.clone(),
@@ -480,4 +540,15 @@ impl Pumps {
         self.tracker.close();
         self.tracker.wait().await;
     }
+}
+
+/// Pool health readings over which a pool's unroutable share is judged: about 30 s.
+pub(crate) fn degraded_readings(limits: &crate::limits::Limits) -> usize {
+    const DEGRADED_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+    let every = limits
+        .pool_health_interval()
+        .max(std::time::Duration::from_millis(1));
+    usize::try_from(DEGRADED_WINDOW.as_millis() / every.as_millis())
+        .unwrap_or(usize::MAX)
+        .max(1)
 }
