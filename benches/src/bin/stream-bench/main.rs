@@ -22,6 +22,7 @@ use anyhow::{Context, Result, bail};
 use kvrelay_benches::{Flags, MODEL, http_get, metric_by_label, metric_sum, process_memory};
 use serde_json::{Value, json};
 
+mod restart;
 mod vs_dynamo;
 
 /// Endpoint of the benchmark's one pool.
@@ -70,7 +71,8 @@ Runs: paced, low, flat (default all three); dynamo-paced, dynamo-flat (opt-in: t
 paced and flat runs through kvrelay's gRPC door and through Dynamo's relay, each to the
 same gRPC follower; --python, default target/interop/venv/bin/python, and
 --dynamo-scripts, default benches/dynamo); join-live, join-live-noreplay,
-join-live-ring8, join-idle, join-idle-noreplay (opt-in). --engine-nice (default 19)
+join-live-ring8, join-idle, join-idle-noreplay, restart-checkpoint, restart-cold
+(opt-in). --engine-nice (default 19)
 lowers the engine processes' CPU priority, as engines on their own hosts would not take
 the relay's CPU; 0 runs them at the relay's priority. See docs/benchmarks.md.
 ";
@@ -278,9 +280,11 @@ async fn main() -> Result<()> {
         !STREAM_RUNS.contains(&name.as_str())
             && !DYNAMO_RUNS.contains(&name.as_str())
             && !JOIN_RUNS.contains(&name.as_str())
+            && !restart::RESTART_RUNS.contains(&name.as_str())
     }) {
         bail!(
-            "unknown run {unknown:?} in --runs (known: {STREAM_RUNS:?}, {DYNAMO_RUNS:?}, {JOIN_RUNS:?})"
+            "unknown run {unknown:?} in --runs (known: {STREAM_RUNS:?}, {DYNAMO_RUNS:?}, {JOIN_RUNS:?}, {:?})",
+            restart::RESTART_RUNS
         );
     }
     // Join runs (opt-in: `--runs join-live,join-live-noreplay,join-live-ring8,join-idle,
@@ -325,6 +329,40 @@ async fn main() -> Result<()> {
                 .await
                 .with_context(|| format!("join run {}", spec.name))?;
             join_results.push(result);
+        }
+    }
+    // Restart runs (opt-in): the low rate for 30 s (20 s quick), a ring of 10 batches
+    // (each engine publishes about 3 batches a second here: the ring covers a few seconds
+    // of downtime but not the history before the kill, like vLLM's 10,000 batches on a
+    // long-running engine).
+    let restart_runs = restart::RESTART_RUNS.map(|name| restart::RestartSpec {
+        name: name.to_owned(),
+        rate: low,
+        publish_s: if quick { 20.0 } else { 30.0 },
+        replay_batches: 10,
+        checkpoint: name == "restart-checkpoint",
+    });
+    let mut restart_results = Vec::new();
+    if restart_runs.iter().any(|spec| wanted.contains(&spec.name)) {
+        let text = std::fs::read_to_string(&setup.trace)
+            .with_context(|| format!("reading {}", setup.trace.display()))?;
+        let requests = kvrelay_ingest::parse_request_trace(&text)?;
+        for spec in restart_runs
+            .iter()
+            .filter(|spec| wanted.contains(&spec.name))
+        {
+            eprintln!(
+                "==> restart run `{}`: engines publish {:.0} s at {:.0} events/s (ring {} batches), relay killed at 40 % and restarted 1 s later, checkpoints {}",
+                spec.name,
+                spec.publish_s,
+                spec.rate,
+                spec.replay_batches,
+                if spec.checkpoint { "on" } else { "off" }
+            );
+            let result = restart::run(&setup, spec, &requests)
+                .await
+                .with_context(|| format!("restart run {}", spec.name))?;
+            restart_results.push(result);
         }
     }
     let mut results = Vec::new();
@@ -377,6 +415,9 @@ async fn main() -> Result<()> {
     if !join_results.is_empty() {
         table.push_str(&render_join(&join_results));
     }
+    if !restart_results.is_empty() {
+        table.push_str(&restart::render(&restart_results));
+    }
     print!("{table}");
     std::fs::create_dir_all(&setup.out_dir)?;
     let json_path = setup.out_dir.join("stream-bench.json");
@@ -391,6 +432,7 @@ async fn main() -> Result<()> {
         "runs": results,
         "dynamo_runs": dynamo_results,
         "join_runs": join_results,
+        "restart_runs": restart_results,
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&document)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
