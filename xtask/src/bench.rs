@@ -1,7 +1,8 @@
 //! `cargo xtask bench [--quick] [BENCH]`: runs criterion benchmarks and prints a summary,
-//! then the figures examples (ckf percentiles/paired ratio/memory/accuracy, e2e loopback).
-//! `BENCH` is a criterion bench target (its figures example, if any, runs after it) or a
-//! figures example alone: `ckf-figures`, `growth-stall`, `e2e`; or `fleet`, the
+//! then the figures examples (ckf percentiles/paired ratio/memory/accuracy, growth stall,
+//! checkpoint cost, e2e loopback). `BENCH` is a criterion bench target (its figures
+//! example, if any, runs after it) or a figures example alone: `ckf-figures`,
+//! `growth-stall`, `checkpoint`, `e2e`; or `fleet`, the
 //! fleet-scale query benchmark (`--quick`, `--json FILE`, `--dcs 4,16,64`); or `stream`,
 //! the multi-process stream benchmark of `benches/` (engines → `kvrelay relay` →
 //! consumer; docs/benchmarks.md),
@@ -39,7 +40,7 @@ struct FiguresExample {
     title: &'static str,
 }
 
-const FIGURES_EXAMPLES: [FiguresExample; 3] = [
+const FIGURES_EXAMPLES: [FiguresExample; 4] = [
     FiguresExample {
         target: "ckf-figures",
         with_bench: Some("ckf"),
@@ -58,6 +59,17 @@ const FIGURES_EXAMPLES: [FiguresExample; 3] = [
         args: &[],
         quick_args: &["--quick"],
         title: "score while a query table grows (consumer)",
+    },
+    // What a pool checkpoint costs (actor export, encode, write + fsync, read, decode,
+    // restore) at 1 M mappings.
+    FiguresExample {
+        target: "checkpoint",
+        with_bench: Some("publication"),
+        package: "kvrelay-pool",
+        example: "checkpoint_cost",
+        args: &[],
+        quick_args: &["--quick"],
+        title: "pool checkpoint cost (1 M mappings; 200 k quick)",
     },
     // The end-to-end loopback benchmark (ingest → actor → WAN → replica).
     FiguresExample {

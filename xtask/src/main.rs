@@ -6,7 +6,8 @@
 //! - `cargo xtask codegen`: regenerates the checked-in protobuf code (no `protoc` needed).
 //! - `cargo xtask bench [--quick] [BENCH]`: criterion benchmarks, then a summary table of
 //!   figures and same-run ratios against each group's baseline, then the figures examples
-//!   (`ckf-figures`, `e2e`; either can be named alone as BENCH). `cargo xtask bench stream
+//!   (`ckf-figures`, `growth-stall`, `checkpoint`, `e2e`; each can be named alone as
+//!   BENCH). `cargo xtask bench stream
 //!   [--quick]`: the multi-process stream benchmark of `benches/` (docs/benchmarks.md);
 //!   `cargo xtask bench dynamo [--quick]`: its runs against Dynamo's relay.
 //! - `cargo xtask fuzz [SECONDS]`: every cargo-fuzz target for SECONDS each (nightly).
