@@ -687,6 +687,24 @@ mod tests {
         assert_eq!(config.validate(), Ok(()));
         // The example spells out every ingest default; a changed default must change it.
         assert_eq!(config.ingest, kvrelay_ingest::Limits::default());
+        // Its commented `[state]` table, uncommented, is the default one.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let state = text
+            .split_once("# [state]\n")
+            .unwrap()
+            .1
+            .lines()
+            .map_while(|line| line.strip_prefix("# "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let state: StateConfig = toml::from_str(&state).unwrap();
+        assert_eq!(
+            state,
+            StateConfig {
+                dir: "/var/lib/kvrelay".into(),
+                ..StateConfig::default()
+            }
+        );
     }
 
     #[test]
