@@ -66,8 +66,11 @@ pub struct Consumer {
 #[derive(Debug)]
 struct Shared {
     config: ConsumerConfig,
-    /// How to reach each relay (same order as `config.relays`), TLS material loaded.
-    endpoints: Vec<Endpoint>,
+    /// How to reach each DC's relays (same order as `config.relays`; per DC its
+    /// addresses, the primary first), TLS material loaded.
+    endpoints: Vec<Vec<Endpoint>>,
+    /// Per DC: which of its addresses is followed now (its `RelayLink` decides).
+    active: Vec<std::sync::atomic::AtomicUsize>,
     state: RwLock<ConsumerState>,
     /// Shared with the Dynamo-contract streams, which count what they leave out.
     metrics: Arc<MetricsRecorder>,
@@ -87,6 +90,13 @@ struct Shared {
 }
 
 impl Shared {
+    /// The endpoint `relay`'s DC is followed through now.
+    fn endpoint(&self, relay: usize) -> &Endpoint {
+        let addresses = &self.endpoints[relay];
+        let active = self.active[relay].load(std::sync::atomic::Ordering::Relaxed);
+        &addresses[active.min(addresses.len() - 1)]
+    }
+
     fn bump(&self) {
         self.changed
             .send_modify(|version| *version = version.wrapping_add(1));
@@ -102,15 +112,24 @@ impl Consumer {
             .relays
             .iter()
             .map(|relay| {
-                Ok(Endpoint {
-                    addr: relay.addr.clone(),
-                    tls: relay.connector()?,
-                    token: relay.token.clone(),
-                    protocol: relay.protocol,
-                    channel: Default::default(),
-                })
+                relay
+                    .addresses()
+                    .map(|addr| {
+                        Ok(Endpoint {
+                            addr: addr.to_owned(),
+                            tls: relay.connector_for(addr)?,
+                            token: relay.token.clone(),
+                            protocol: relay.protocol,
+                            channel: Default::default(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, ConfigError>>()
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
+        let active = endpoints
+            .iter()
+            .map(|_| std::sync::atomic::AtomicUsize::new(0))
+            .collect();
         let (changed, _) = watch::channel(0);
         let n_relays = config.relays.len();
         let pool_streams = (0..n_relays)
@@ -133,6 +152,7 @@ impl Consumer {
             config,
             last_errors: Mutex::new(vec![None; endpoints.len()]),
             endpoints,
+            active,
             state: RwLock::new(state),
             metrics: Arc::new(MetricsRecorder::default()),
             changed,
@@ -330,16 +350,21 @@ enum EpochError {
 }
 
 async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken) {
-    let mut link = RelayLink::new(shared.config.backoff, shared.config.limits.resume_hold);
-    let addr = shared.config.relays[relay].addr.clone();
+    let mut link = RelayLink::new(
+        shared.config.backoff,
+        shared.config.limits.resume_hold,
+        shared.endpoints[relay].len(),
+    );
     let dc = shared.config.relays[relay].dc.clone();
     loop {
         if link.handle_epoch_start(Instant::now()) == Some(ViewAfterEpoch::StartOver) {
             // Held too long to be worth resuming: start this relay over.
             shared.state.write().reset_relay(relay);
         }
+        let addr = shared.endpoint(relay).addr.clone();
         let started = Instant::now();
-        let result = relay_epoch(&shared, relay, &cancel).await;
+        let mut connected = false;
+        let result = relay_epoch(&shared, relay, &cancel, &mut connected).await;
         let end = match &result {
             Err(err) if err.invalidates_view() => EpochEnd::Invalidated,
             _ => EpochEnd::Broken,
@@ -348,8 +373,15 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             Instant::now(),
             end,
             started.elapsed(),
+            connected,
             rand::random::<f64>(),
         );
+        let previous =
+            shared.active[relay].swap(link.active(), std::sync::atomic::Ordering::Relaxed);
+        if previous != link.active() && !cancel.is_cancelled() {
+            shared.metrics.incr(Counter::RelayFailovers);
+            info!(dc = %dc, from = %addr, to = %shared.endpoint(relay).addr, delay_ms = delay.as_millis() as u64, "following the DC's other relay");
+        }
         let dropped = match view {
             ViewAfterEpoch::StartOver => shared.state.write().reset_relay(relay),
             ViewAfterEpoch::Suspend => {
@@ -410,7 +442,7 @@ async fn open(
 ) -> Result<WireStream, WireError> {
     let config = &shared.config;
     WireStream::open(
-        &shared.endpoints[relay],
+        shared.endpoint(relay),
         &format!("{}/{suffix}", config.subscriber_id),
         rpc,
         config.limits.max_frame_len,
@@ -422,14 +454,18 @@ async fn open(
 
 /// One connection epoch: relay info, catalog and load streams, subscriptions. Returns
 /// `Ok` only when cancelled.
+/// One connection epoch to the relay `relay`'s DC is followed through; `connected` is set
+/// once the relay answered.
 async fn relay_epoch(
     shared: &Arc<Shared>,
     relay: usize,
     cancel: &CancellationToken,
+    connected: &mut bool,
 ) -> Result<(), EpochError> {
-    let addr = shared.config.relays[relay].addr.clone();
+    let addr = shared.endpoint(relay).addr.clone();
     let limits = shared.config.limits;
     let identity = relay_info(shared, relay).await?;
+    *connected = true;
     {
         let mut state = shared.state.write();
         if state
@@ -605,7 +641,7 @@ async fn next_or_pending(stream: &mut Option<WireStream>) -> Result<Option<Messa
 }
 
 async fn relay_info(shared: &Shared, relay: usize) -> Result<RelayIdentity, EpochError> {
-    let addr = &shared.config.relays[relay].addr;
+    let addr = &shared.endpoint(relay).addr;
     let mut stream = open(shared, relay, "info", StreamRpc::RelayInfo).await?;
     let message = tokio::time::timeout(shared.config.limits.connect_timeout, stream.next())
         .await

@@ -9,7 +9,8 @@ use kvrelay_tls::{BearerToken, RelayConnector, RelayTls, TlsError};
 
 /// One relay to watch: its address, the DC name it serves and a per-DC cost.
 ///
-/// Parsed from `[PROTOCOL://]ADDR[=DC[:COST]]`, e.g. `10.0.0.7:7400=us-east:12.5` or
+/// Parsed from `[PROTOCOL://]ADDR[+STANDBY..][=DC[:COST]]`, e.g. `10.0.0.7:7400=us-east:12.5`,
+/// `10.0.0.7:7400+10.0.0.9:7400=us-east:12.5` (a relay pair of one DC) or
 /// `dynamo-grpc://10.0.0.8:5561=eu-west:40` (a Dynamo relay). Without `=DC` the
 /// address doubles as the DC name; without `:COST` the cost is 0. TLS and the bearer
 /// token are off unless set (see [`RelayEndpoint::with_tls`], [`RelayEndpoint::with_token`]).
@@ -17,6 +18,10 @@ use kvrelay_tls::{BearerToken, RelayConnector, RelayTls, TlsError};
 pub struct RelayEndpoint {
     /// `host:port` of the relay's WAN listener.
     pub addr: String,
+    /// Further relays of the same DC (a relay pair: same cards, same sources), tried in
+    /// order when the followed one fails; followed on demand, one at a time, never
+    /// counted as another DC. Same protocol, TLS and token as `addr`.
+    pub standby: Vec<String>,
     /// The DC label reported with scores.
     pub dc: String,
     /// The DC's cost in the ranking formula (e.g. network latency in ms); finite, ≥ 0.
@@ -70,12 +75,26 @@ impl RelayEndpoint {
     pub fn new(addr: &str, dc: &str) -> Self {
         Self {
             addr: addr.to_owned(),
+            standby: Vec::new(),
             dc: dc.to_owned(),
             cost: 0.0,
             tls: None,
             token: None,
             protocol: RelayProtocol::Kvrelay,
         }
+    }
+
+    /// This relay with `standby` relays of the same DC (a pair), tried in order when the
+    /// followed one fails.
+    #[must_use]
+    pub fn with_standby(mut self, standby: Vec<String>) -> Self {
+        self.standby = standby;
+        self
+    }
+
+    /// Every address of this DC's relays: `addr`, then the standbys.
+    pub fn addresses(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.addr.as_str()).chain(self.standby.iter().map(String::as_str))
     }
 
     /// This relay followed with `protocol`.
@@ -99,13 +118,14 @@ impl RelayEndpoint {
         self
     }
 
-    /// Loads this relay's TLS material, if any (reads the PEM files).
-    pub(crate) fn connector(&self) -> Result<Option<RelayConnector>, ConfigError> {
+    /// Loads this relay's TLS material for `addr` (one of [`RelayEndpoint::addresses`]),
+    /// if any (reads the PEM files).
+    pub(crate) fn connector_for(&self, addr: &str) -> Result<Option<RelayConnector>, ConfigError> {
         self.tls
             .as_ref()
             .map(|tls| {
-                RelayConnector::load(&self.addr, tls).map_err(|source| ConfigError::Tls {
-                    addr: self.addr.clone(),
+                RelayConnector::load(addr, tls).map_err(|source| ConfigError::Tls {
+                    addr: addr.to_owned(),
                     source,
                 })
             })
@@ -121,11 +141,19 @@ impl FromStr for RelayEndpoint {
             Some((scheme, address)) => (scheme.parse::<RelayProtocol>()?, address),
             None => (RelayProtocol::Kvrelay, text),
         };
-        let (addr, rest) = match address.split_once('=') {
-            Some((addr, rest)) => (addr, Some(rest)),
+        let (addrs, rest) = match address.split_once('=') {
+            Some((addrs, rest)) => (addrs, Some(rest)),
             None => (address, None),
         };
-        if addr.is_empty() || addr.trim() != addr {
+        // `ADDR[+STANDBY...]`: a relay pair (or more) of one DC (`+` is in no host name
+        // or port, and `,` already separates relays in lists).
+        let mut addresses = addrs.split('+');
+        let addr = addresses.next().unwrap_or_default();
+        let standby: Vec<String> = addresses.map(str::to_owned).collect();
+        if std::iter::once(addr)
+            .chain(standby.iter().map(String::as_str))
+            .any(|addr| addr.is_empty() || addr.trim() != addr)
+        {
             return Err(ConfigError::RelayAddress {
                 text: text.to_owned(),
             });
@@ -155,6 +183,7 @@ impl FromStr for RelayEndpoint {
         Ok(Self {
             cost,
             protocol,
+            standby,
             ..Self::new(addr, dc)
         })
     }
@@ -309,7 +338,20 @@ impl ConsumerConfig {
                     cost: relay.cost.to_string(),
                 });
             }
-            relay.connector()?;
+            for (at, addr) in relay.addresses().enumerate() {
+                if addr.is_empty() || addr.trim() != addr {
+                    return Err(ConfigError::RelayAddress {
+                        text: addr.to_owned(),
+                    });
+                }
+                if relay.addresses().take(at).any(|other| other == addr) {
+                    return Err(ConfigError::DuplicateAddress {
+                        dc: relay.dc.clone(),
+                        addr: addr.to_owned(),
+                    });
+                }
+                relay.connector_for(addr)?;
+            }
         }
         self.weights.validate()?;
         self.backoff.validate()?;
@@ -378,6 +420,14 @@ pub enum ConfigError {
     /// No relay configured.
     #[error("at least one relay must be configured")]
     NoRelays,
+    /// One address appears twice among one DC's relays.
+    #[error("dc {dc:?}: relay address {addr} is listed twice")]
+    DuplicateAddress {
+        /// The DC.
+        dc: String,
+        /// The repeated address.
+        addr: String,
+    },
     /// Two relays claim the same DC name.
     #[error("dc {dc:?} is configured for more than one relay")]
     DuplicateDc {
@@ -435,6 +485,43 @@ mod tests {
         check("127.0.0.1:7400=us-east", "127.0.0.1:7400", "us-east", 0.0);
         check("relay.b:7400=eu-west:35.5", "relay.b:7400", "eu-west", 35.5);
         check("[::1]:7400=v6:2", "[::1]:7400", "v6", 2.0);
+    }
+
+    /// `ADDR+STANDBY=DC` is one DC followed through a relay pair; an empty or repeated
+    /// address is refused.
+    #[test]
+    fn relay_argument_names_a_pair_of_one_dc() {
+        let pair: RelayEndpoint = "10.0.0.1:7400+10.0.0.2:7400=dc-a:5".parse().unwrap();
+        assert_eq!(
+            pair,
+            RelayEndpoint {
+                cost: 5.0,
+                ..RelayEndpoint::new("10.0.0.1:7400", "dc-a")
+                    .with_standby(vec!["10.0.0.2:7400".into()])
+            }
+        );
+        assert_eq!(
+            pair.addresses().collect::<Vec<_>>(),
+            ["10.0.0.1:7400", "10.0.0.2:7400"]
+        );
+        assert!(ConsumerConfig::new(vec![pair]).validate().is_ok());
+        for text in ["a:1+=dc", "a:1+ b:1=dc", "+a:1=dc"] {
+            assert!(
+                matches!(
+                    text.parse::<RelayEndpoint>(),
+                    Err(ConfigError::RelayAddress { .. })
+                ),
+                "{text}"
+            );
+        }
+        let repeated: RelayEndpoint = "a:1+a:1=dc".parse().unwrap();
+        assert_eq!(
+            ConsumerConfig::new(vec![repeated]).validate(),
+            Err(ConfigError::DuplicateAddress {
+                dc: "dc".into(),
+                addr: "a:1".into()
+            })
+        );
     }
 
     #[test]

@@ -133,6 +133,11 @@ impl Collector for Snapshot {
                 m.relay_refusals,
             ),
             (
+                "relay_failovers",
+                "Times a DC's followed relay was replaced by another of its relays.",
+                m.relay_failovers,
+            ),
+            (
                 "catalogs_applied",
                 "Complete catalogs applied.",
                 m.catalogs_applied,
@@ -254,6 +259,7 @@ mod tests {
             ("relay_epoch_failures", "counter"),
             ("relay_tls_failures", "counter"),
             ("relay_refusals", "counter"),
+            ("relay_failovers", "counter"),
             ("catalogs_applied", "counter"),
             ("snapshots_installed", "counter"),
             ("deltas_applied", "counter"),

@@ -40,21 +40,43 @@ pub(crate) enum EpochEnd {
     Broken,
 }
 
-/// One relay's link: its reconnect backoff and how long its view has been suspended.
+/// One DC's link: its reconnect backoff, how long its view has been suspended, and which
+/// of the DC's relays (a pair, or more) it follows.
+///
+/// Failover: when the followed relay's epoch ends, the link moves to the next address. A
+/// relay that was connected and broke is replaced at once, and each other address is tried
+/// once at once after it; only when every address failed in a row does the backoff apply.
+/// The link stays on whichever relay works (it never moves back by itself), so two healthy
+/// relays never flap.
 #[derive(Debug, Clone)]
 pub(crate) struct RelayLink {
     backoff: Backoff,
     resume_hold: Duration,
     suspended_since: Option<Instant>,
+    /// The DC's relay addresses (1 without a pair).
+    addresses: usize,
+    /// The one followed now.
+    active: usize,
+    /// Addresses to try without waiting before the backoff applies.
+    untried: usize,
 }
 
 impl RelayLink {
-    pub(crate) fn new(backoff: BackoffConfig, resume_hold: Duration) -> Self {
+    pub(crate) fn new(backoff: BackoffConfig, resume_hold: Duration, addresses: usize) -> Self {
+        let addresses = addresses.max(1);
         Self {
             backoff: Backoff::new(backoff),
             resume_hold,
             suspended_since: None,
+            addresses,
+            active: 0,
+            untried: addresses - 1,
         }
+    }
+
+    /// The address (index into the DC's addresses) the next epoch connects to.
+    pub(crate) fn active(&self) -> usize {
+        self.active
     }
 
     /// Before an epoch opens at `now`: whether the suspended view was held past the
@@ -70,13 +92,15 @@ impl RelayLink {
         None
     }
 
-    /// An epoch that started `healthy_for` before `now` ended as `end`: what becomes of
-    /// the view, and how long to wait before the next epoch (`jitter` in `[0, 1]`).
+    /// An epoch that started `healthy_for` before `now` ended as `end`, after reaching
+    /// its relay (`connected`) or not: what becomes of the view, and how long to wait
+    /// before the next epoch (`jitter` in `[0, 1]`), which goes to [`RelayLink::active`].
     pub(crate) fn handle_epoch_end(
         &mut self,
         now: Instant,
         end: EpochEnd,
         healthy_for: Duration,
+        connected: bool,
         jitter: f64,
     ) -> (ViewAfterEpoch, Duration) {
         let view = match end {
@@ -90,7 +114,18 @@ impl RelayLink {
                 ViewAfterEpoch::Suspend
             }
         };
-        (view, self.backoff.on_failure(healthy_for, jitter))
+        let delay = self.backoff.on_failure(healthy_for, jitter);
+        if self.addresses > 1 {
+            if connected {
+                self.untried = self.addresses - 1;
+            }
+            self.active = (self.active + 1) % self.addresses;
+            if self.untried > 0 {
+                self.untried -= 1;
+                return (view, Duration::ZERO);
+            }
+        }
+        (view, delay)
     }
 }
 
@@ -223,18 +258,61 @@ mod tests {
         }
     }
 
+    /// A pair: a relay that was followed and broke is replaced at once; the other is
+    /// tried at once too when the first cannot be reached; only when both failed in a row
+    /// does the link wait; and it stays on the relay that works.
+    #[test]
+    fn a_pair_fails_over_at_once_and_backs_off_only_when_both_fail() {
+        let start = Instant::now();
+        let mut link = RelayLink::new(config(), HOLD, 2);
+        assert_eq!(link.active(), 0);
+        // The primary cannot be reached at start: the standby is tried at once.
+        let (_, delay) = link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, false, 1.0);
+        assert_eq!((link.active(), delay), (1, Duration::ZERO));
+        // The standby cannot be reached either: back to the primary after the backoff.
+        let (_, delay) = link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, false, 1.0);
+        assert_eq!(link.active(), 0);
+        assert!(delay > Duration::ZERO);
+        // The primary is followed for a while, then dies: the standby at once.
+        let later = start + Duration::from_secs(100);
+        let (view, delay) =
+            link.handle_epoch_end(later, EpochEnd::Broken, Duration::from_secs(60), true, 1.0);
+        assert_eq!(
+            (view, link.active(), delay),
+            (ViewAfterEpoch::Suspend, 1, Duration::ZERO)
+        );
+        // A relay that restarted (invalidated) is left for the other one just the same.
+        let (view, delay) = link.handle_epoch_end(
+            later,
+            EpochEnd::Invalidated,
+            Duration::from_secs(1),
+            true,
+            1.0,
+        );
+        assert_eq!(
+            (view, link.active(), delay),
+            (ViewAfterEpoch::StartOver, 0, Duration::ZERO)
+        );
+        // Without a pair nothing moves and the backoff applies.
+        let mut single = RelayLink::new(config(), HOLD, 1);
+        let (_, delay) =
+            single.handle_epoch_end(later, EpochEnd::Broken, Duration::ZERO, true, 1.0);
+        assert_eq!((single.active(), delay), (0, Duration::from_millis(500)));
+    }
+
     #[test]
     fn a_broken_epoch_suspends_until_the_resume_hold_then_starts_over() {
         let start = Instant::now();
-        let mut link = RelayLink::new(config(), HOLD);
+        let mut link = RelayLink::new(config(), HOLD, 1);
         assert_eq!(link.handle_epoch_start(start), None);
-        let (view, delay) = link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, 1.0);
+        let (view, delay) =
+            link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, true, 1.0);
         assert_eq!(view, ViewAfterEpoch::Suspend);
         assert_eq!(delay, Duration::from_millis(500));
         // Reconnects keep failing: the hold runs from the first break.
         let later = start + Duration::from_secs(40);
         assert_eq!(link.handle_epoch_start(later), None);
-        link.handle_epoch_end(later, EpochEnd::Broken, Duration::ZERO, 1.0);
+        link.handle_epoch_end(later, EpochEnd::Broken, Duration::ZERO, true, 1.0);
         assert_eq!(
             link.handle_epoch_start(start + HOLD),
             None,
@@ -246,16 +324,17 @@ mod tests {
         );
         // Once started over, the next break holds from its own time.
         let next_break = start + HOLD * 2;
-        link.handle_epoch_end(next_break, EpochEnd::Broken, Duration::ZERO, 1.0);
+        link.handle_epoch_end(next_break, EpochEnd::Broken, Duration::ZERO, true, 1.0);
         assert_eq!(link.handle_epoch_start(next_break + HOLD), None);
     }
 
     #[test]
     fn an_invalidated_epoch_starts_over_at_once_and_clears_the_hold() {
         let start = Instant::now();
-        let mut link = RelayLink::new(config(), HOLD);
-        link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, 1.0);
-        let (view, _) = link.handle_epoch_end(start, EpochEnd::Invalidated, Duration::ZERO, 1.0);
+        let mut link = RelayLink::new(config(), HOLD, 1);
+        link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, true, 1.0);
+        let (view, _) =
+            link.handle_epoch_end(start, EpochEnd::Invalidated, Duration::ZERO, true, 1.0);
         assert_eq!(view, ViewAfterEpoch::StartOver);
         assert_eq!(link.handle_epoch_start(start + HOLD * 3), None);
     }
@@ -263,10 +342,10 @@ mod tests {
     #[test]
     fn reconnect_delays_grow_until_an_epoch_stays_healthy() {
         let start = Instant::now();
-        let mut link = RelayLink::new(config(), HOLD);
+        let mut link = RelayLink::new(config(), HOLD, 1);
         let delays: Vec<Duration> = (0..3)
             .map(|_| {
-                link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(1), 1.0)
+                link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(1), true, 1.0)
                     .1
             })
             .collect();
@@ -275,7 +354,7 @@ mod tests {
             [500, 1000, 2000].map(Duration::from_millis).to_vec()
         );
         let (_, delay) =
-            link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(30), 1.0);
+            link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(30), true, 1.0);
         assert_eq!(delay, Duration::from_millis(500));
     }
 

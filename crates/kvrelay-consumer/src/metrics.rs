@@ -129,6 +129,8 @@ pub struct ConsumerMetrics {
     /// Epochs the relay refused at the first request (a missing or wrong bearer token,
     /// or another error answer to the relay-info request).
     pub relay_refusals: u64,
+    /// Times a DC's followed relay was replaced by another of its relays (a pair).
+    pub relay_failovers: u64,
     /// Complete catalogs applied.
     pub catalogs_applied: u64,
     /// Snapshots installed.
@@ -171,6 +173,7 @@ pub(crate) struct MetricsRecorder {
     relay_epoch_failures: AtomicU64,
     relay_tls_failures: AtomicU64,
     relay_refusals: AtomicU64,
+    relay_failovers: AtomicU64,
     catalogs_applied: AtomicU64,
     snapshots_installed: AtomicU64,
     deltas_applied: AtomicU64,
@@ -192,6 +195,7 @@ pub(crate) enum Counter {
     RelayEpochFailures,
     RelayTlsFailures,
     RelayRefusals,
+    RelayFailovers,
     CatalogsApplied,
     SnapshotsInstalled,
     DeltasApplied,
@@ -214,6 +218,7 @@ impl MetricsRecorder {
             Counter::RelayEpochFailures => &self.relay_epoch_failures,
             Counter::RelayTlsFailures => &self.relay_tls_failures,
             Counter::RelayRefusals => &self.relay_refusals,
+            Counter::RelayFailovers => &self.relay_failovers,
             Counter::CatalogsApplied => &self.catalogs_applied,
             Counter::SnapshotsInstalled => &self.snapshots_installed,
             Counter::DeltasApplied => &self.deltas_applied,
@@ -254,6 +259,7 @@ impl MetricsRecorder {
         out.relay_epoch_failures = load(&self.relay_epoch_failures);
         out.relay_tls_failures = load(&self.relay_tls_failures);
         out.relay_refusals = load(&self.relay_refusals);
+        out.relay_failovers = load(&self.relay_failovers);
         out.catalogs_applied = load(&self.catalogs_applied);
         out.snapshots_installed = load(&self.snapshots_installed);
         out.deltas_applied = load(&self.deltas_applied);

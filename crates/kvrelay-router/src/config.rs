@@ -73,6 +73,10 @@ impl Default for RouterConfig {
 pub struct RelaySection {
     /// `host:port` of the relay's WAN listener.
     pub address: String,
+    /// Further relays of the same DC (a relay pair), followed when `address` fails; one
+    /// DC, never counted twice. Same protocol, TLS and token.
+    #[serde(default)]
+    pub standby: Vec<String>,
     /// The DC name reported with scores (unique across relays).
     pub dc: String,
     /// The DC's cost in the ranking (e.g. network latency in ms); finite, ≥ 0. Default 0.
@@ -107,6 +111,7 @@ impl RelaySection {
     pub fn new(address: &str, dc: &str, cost: f64) -> Self {
         Self {
             address: address.to_owned(),
+            standby: Vec::new(),
             dc: dc.to_owned(),
             cost,
             tls_ca: None,
@@ -432,7 +437,7 @@ impl RouterConfig {
         })
     }
 
-    /// Parses `[PROTOCOL://]ADDR=DC[:COST]` (as `kvrelay route --relay`) into a plaintext
+    /// Parses `[PROTOCOL://]ADDR[+STANDBY..]=DC[:COST]` (as `kvrelay route --relay`) into a plaintext
     /// relay (`dynamo-grpc://` follows it over Dynamo's relay contract).
     pub fn parse_relay(text: &str) -> Result<RelaySection, RouterConfigError> {
         let relay =
@@ -444,6 +449,7 @@ impl RouterConfig {
         Ok(RelaySection {
             protocol: (relay.protocol != RelayProtocol::default())
                 .then(|| relay.protocol.name().to_owned()),
+            standby: relay.standby.clone(),
             ..RelaySection::new(&relay.addr, &relay.dc, relay.cost)
         })
     }
@@ -579,6 +585,7 @@ fn relay_config(
     };
     Ok(RelayEndpoint {
         addr: relay.address.clone(),
+        standby: relay.standby.clone(),
         dc: relay.dc.clone(),
         cost: relay.cost,
         tls,

@@ -19,7 +19,8 @@ use crate::usage::usage;
 /// Arguments of `kvrelay route`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RouteArgs {
-    /// A relay to watch, `ADDR[=DC[:COST]]` (repeatable), e.g. `10.0.0.7:7400=us-east:12.5`.
+    /// A relay to watch, `ADDR[+STANDBY..][=DC[:COST]]` (repeatable; `+` names a relay pair
+    /// of one DC), e.g. `10.0.0.7:7400=us-east:12.5`.
     #[arg(long = "relay", required = true)]
     relays: Vec<String>,
     /// The model: canonical id or alias.

@@ -24,7 +24,8 @@ pub(crate) struct RouterArgs {
     /// HTTP listen address (default 127.0.0.1:7480).
     #[arg(long, env = "KVRELAY_ROUTER_LISTEN")]
     listen: Option<SocketAddr>,
-    /// A relay to follow, `ADDR=DC[:COST]` (repeatable); replaces the file's relays.
+    /// A relay to follow, `ADDR[+STANDBY..]=DC[:COST]` (repeatable; `+` names a relay pair of
+    /// one DC); replaces the file's relays.
     #[arg(long = "relay", env = "KVRELAY_ROUTER_RELAYS", value_delimiter = ',')]
     relays: Vec<String>,
     /// Log filter (tracing env-filter syntax).

@@ -313,3 +313,38 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
         }
     );
 }
+
+/// A relay pair of one DC: `standby` in the file, `ADDR+STANDBY=DC` on the command line;
+/// a repeated address is refused.
+#[test]
+fn a_dc_can_be_followed_through_a_relay_pair() {
+    let text = r#"
+        [[relays]]
+        address = "10.0.0.1:7400"
+        standby = ["10.0.0.2:7400"]
+        dc = "us-east"
+    "#;
+    let consumer = RouterConfig::from_toml(text)
+        .unwrap()
+        .consumer_config(no_env)
+        .unwrap();
+    assert_eq!(consumer.relays.len(), 1);
+    assert_eq!(
+        consumer.relays[0].addresses().collect::<Vec<_>>(),
+        ["10.0.0.1:7400", "10.0.0.2:7400"]
+    );
+    let parsed = RouterConfig::parse_relay("10.0.0.1:7400+10.0.0.2:7400=us-east").unwrap();
+    assert_eq!(parsed.standby, ["10.0.0.2:7400"]);
+    let repeated = r#"
+        [[relays]]
+        address = "10.0.0.1:7400"
+        standby = ["10.0.0.1:7400"]
+        dc = "us-east"
+    "#;
+    assert!(
+        RouterConfig::from_toml(repeated)
+            .unwrap()
+            .consumer_config(no_env)
+            .is_err()
+    );
+}

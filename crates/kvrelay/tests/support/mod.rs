@@ -121,12 +121,32 @@ impl RelayProcess {
         args: &[&str],
         envs: &[(&str, &str)],
     ) -> Self {
+        Self::start_listening(cards, "127.0.0.1:0", wrapper, args, envs).await
+    }
+
+    /// [`RelayProcess::start`] with the example cards, `args`, and its WAN listener on
+    /// `wan` (a relay restarted on the address its consumers know).
+    pub(crate) async fn start_on(wan: SocketAddr, args: &[&str]) -> Self {
+        let cards = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/deployment/cards"
+        );
+        Self::start_listening(cards, &wan.to_string(), &[], args, &[]).await
+    }
+
+    async fn start_listening(
+        cards: &str,
+        wan: &str,
+        wrapper: &[&str],
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
         use tokio::io::AsyncBufReadExt;
 
         let mut command = kvrelay_command(wrapper);
         command
             .args(["relay", "--dc-id", "dc-proc", "--cards", cards])
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(["--listen", wan, "--admin-listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("KVRELAY_CONFIG")
             .env_remove("KVRELAY_TOKEN")

@@ -1,0 +1,139 @@
+//! Two `kvrelay relay` processes of one DC (same cards, same DC name) followed by one
+//! consumer as a pair (`A,B=dc`): it follows A; when A is killed with SIGKILL it moves to
+//! B at once and its replicas are current again, each pool listed once (the DC is never
+//! counted twice); it stays on B when A comes back on its address (no flapping), and moves
+//! back only when B goes away.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly"
+)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use kvrelay_consumer::{Consumer, RelayEndpoint, ReplicaStatus};
+use support::{RelayProcess, quick_consumer};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+/// Pools of the example cards.
+const EXAMPLE_POOLS: usize = 4;
+const WORKLOAD: &[&str] = &["--builtin-workload"];
+
+/// Waits until every example pool is current, each listed once.
+async fn all_current(consumer: &Consumer) {
+    let current = consumer
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools
+                    .iter()
+                    .all(|status| status.replica == ReplicaStatus::Current)
+        })
+        .await;
+    assert!(current, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+}
+
+/// The relay incarnation every pool is followed through now.
+fn followed_incarnation(consumer: &Consumer) -> u64 {
+    let pools = consumer.pools();
+    let incarnation = pools[0].producer.producer_incarnation;
+    assert!(
+        pools
+            .iter()
+            .all(|status| status.producer.producer_incarnation == incarnation),
+        "pools followed through two relays at once: {pools:?}"
+    );
+    incarnation
+}
+
+async fn kill(mut relay: RelayProcess) {
+    relay.child.start_kill().unwrap();
+    tokio::time::timeout(DEADLINE, relay.child.wait())
+        .await
+        .expect("the killed relay exits")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice() {
+    // The built-in trace gives every example pool sources (and its catalog entry).
+    let first = RelayProcess::start(&[], WORKLOAD, &[]).await;
+    let second = RelayProcess::start(&[], WORKLOAD, &[]).await;
+    let pair = RelayEndpoint::new(&first.wan.to_string(), "dc-proc")
+        .with_standby(vec![second.wan.to_string()]);
+    let consumer = quick_consumer(vec![pair]);
+    all_current(&consumer).await;
+    let through_first = followed_incarnation(&consumer);
+    assert_eq!(consumer.metrics().relay_failovers, 0);
+    let first_wan = first.wan;
+
+    // SIGKILL of the followed relay: the standby takes over at once.
+    let killed_at = Instant::now();
+    kill(first).await;
+    let unusable_for = {
+        // Wait for any other incarnation to be current everywhere.
+        let started = Instant::now();
+        let moved = consumer
+            .wait_until(DEADLINE, |state, now| {
+                let pools = state.pools(now);
+                pools.len() == EXAMPLE_POOLS
+                    && pools.iter().all(|status| {
+                        status.replica == ReplicaStatus::Current
+                            && status.producer.producer_incarnation != through_first
+                    })
+            })
+            .await;
+        assert!(moved, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+        started.elapsed()
+    };
+    let through_second = followed_incarnation(&consumer);
+    assert_ne!(through_second, through_first);
+    assert_eq!(consumer.metrics().relay_failovers, 1);
+    eprintln!(
+        "replicas current through the standby {unusable_for:?} after the kill ({:?} including the kill itself)",
+        killed_at.elapsed()
+    );
+
+    // The killed relay comes back on its address: the consumer stays on the standby that
+    // works (no flapping back).
+    let first = RelayProcess::start_on(first_wan, WORKLOAD).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        assert_eq!(followed_incarnation(&consumer), through_second);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(consumer.metrics().relay_failovers, 1);
+
+    // Now the standby dies: the consumer moves back to the first relay at once.
+    kill(second).await;
+    let back = consumer
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools.iter().all(|status| {
+                    status.replica == ReplicaStatus::Current
+                        && status.producer.producer_incarnation != through_second
+                        && status.producer.producer_incarnation != through_first
+                })
+        })
+        .await;
+    assert!(back, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    assert_eq!(consumer.metrics().relay_failovers, 2);
+
+    // Both gone: the DC's pools are unusable, never served stale.
+    kill(first).await;
+    let gone = consumer
+        .wait_until(DEADLINE, |state, now| {
+            state
+                .pools(now)
+                .iter()
+                .all(|status| status.replica != ReplicaStatus::Current)
+        })
+        .await;
+    assert!(gone, "{:?}", consumer.pools());
+    consumer.shutdown().await;
+}
