@@ -69,7 +69,7 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
     all_current(&consumer).await;
     let through_first = followed_incarnation(&consumer);
     assert_eq!(consumer.metrics().relay_failovers, 0);
-    let first_wan = first.wan;
+    let (first_wan, second_wan) = (first.wan, second.wan);
 
     // SIGKILL of the followed relay: the standby takes over at once.
     let killed_at = Instant::now();
@@ -124,8 +124,36 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
     assert!(back, "{:?}\n{:?}", consumer.pools(), consumer.relays());
     assert_eq!(consumer.metrics().relay_failovers, 2);
 
+    // A rolling upgrade's step: the standby is back, and the followed relay is stopped
+    // gracefully (SIGTERM): the consumer moves at once.
+    let second = RelayProcess::start_on(second_wan, WORKLOAD).await;
+    let through_first_again = followed_incarnation(&consumer);
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &first.child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let upgraded = consumer
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools.iter().all(|status| {
+                    status.replica == ReplicaStatus::Current
+                        && status.producer.producer_incarnation != through_first_again
+                })
+        })
+        .await;
+    assert!(upgraded, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    eprintln!(
+        "replicas current through the standby {:?} after SIGTERM of the followed relay",
+        started.elapsed()
+    );
+    assert_eq!(consumer.metrics().relay_failovers, 3);
+    drop(first);
+
     // Both gone: the DC's pools are unusable, never served stale.
-    kill(first).await;
+    kill(second).await;
     let gone = consumer
         .wait_until(DEADLINE, |state, now| {
             state
