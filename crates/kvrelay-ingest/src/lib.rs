@@ -63,7 +63,9 @@ pub use event_trace::{
 };
 pub use limits::{LimitError, Limits};
 pub use nats_source::{NatsAuth, NatsSourceConfig, NatsTls, spawn_nats_source};
-pub use sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
+pub use sequence::{
+    ResetReason, ResumePoint, SequenceAction, SequenceConfig, SequenceTracker, batch_digest,
+};
 pub use source::{SourceHandle, SourceOutput, SourceProbe, SourceSignal, SourceState, Transport};
 pub use stats::{ReplayOutcome, SourceStats};
 pub use trace_replay::{TraceReplayConfig, spawn_trace_replay};

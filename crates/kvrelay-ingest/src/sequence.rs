@@ -33,6 +33,32 @@
 
 use std::collections::VecDeque;
 
+/// Where a restored source continues: the last batch its state holds, and the XXH3-64 of
+/// that batch's payload (as [`crate::SourceOutput::Applied`] reported it), by which the engine
+/// that answers the replay is recognised as the one that published it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The batch's sequence.
+    pub last_applied: u64,
+    /// XXH3-64 of its payload.
+    pub digest: u64,
+}
+
+impl ResumePoint {
+    /// Whether `seq` (payload `payload`), the first batch the resume replay returned,
+    /// shows another engine: at or below the checkpointed batch, but not that batch with
+    /// its digest.
+    pub fn contradicted_by(&self, seq: u64, payload: &[u8]) -> bool {
+        seq <= self.last_applied
+            && !(seq == self.last_applied && batch_digest(payload) == self.digest)
+    }
+}
+
+/// The digest [`crate::SourceOutput::Applied`] reports for a batch payload.
+pub fn batch_digest(payload: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload)
+}
+
 /// Why a source was reset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResetReason {
@@ -65,17 +91,25 @@ pub enum ResetReason {
     /// same engine: what the previous connection reported is not trusted (an engine that
     /// restarted and stays idle would otherwise keep its predecessor's blocks counted).
     ReconnectedUnverified,
+    /// A source resumed after a checkpoint, but the engine's replay of the checkpointed
+    /// batch differs from it (or the engine no longer has anything from it on): another
+    /// incarnation publishes there, and what was restored is not its state.
+    ResumeMismatch {
+        /// The checkpointed batch.
+        seq: u64,
+    },
 }
 
 impl ResetReason {
     /// Every cause name, in [`ResetReason::cause_index`] order (the metric's label set).
-    pub const CAUSES: [&'static str; 6] = [
+    pub const CAUSES: [&'static str; 7] = [
         "sequence_went_back",
         "gap_without_replay",
         "replay_incomplete",
         "replay_failed",
         "replay_buffer_overflow",
         "reconnected_unverified",
+        "resume_mismatch",
     ];
 
     /// This reason's position in [`ResetReason::CAUSES`].
@@ -87,6 +121,7 @@ impl ResetReason {
             ResetReason::ReplayFailed => 3,
             ResetReason::ReplayBufferOverflow => 4,
             ResetReason::ReconnectedUnverified => 5,
+            ResetReason::ResumeMismatch { .. } => 6,
         }
     }
 
@@ -99,6 +134,7 @@ impl ResetReason {
             ResetReason::ReplayFailed => "replay_failed",
             ResetReason::ReplayBufferOverflow => "replay_buffer_overflow",
             ResetReason::ReconnectedUnverified => "reconnected_unverified",
+            ResetReason::ResumeMismatch { .. } => "resume_mismatch",
         }
     }
 }
@@ -207,16 +243,44 @@ impl<P> SequenceTracker<P> {
 
     /// A tracker resuming a source whose batches up to `last_applied` are already applied
     /// (restored from a checkpoint). With a replay endpoint it asks at once for everything
-    /// from `last_applied + 1`: a replay that delivers it catches the source up exactly; one
-    /// that skips sequences or fails resets the source (clearing what was restored), as
-    /// does a live batch at or below `last_applied` (the engine restarted). Without one,
-    /// the next live batch must be `last_applied + 1` or the source resets.
+    /// from `last_applied` on: the replayed `last_applied` itself is not applied again
+    /// (the owner compares it with the checkpoint's copy to tell that the same engine
+    /// answers), the batches after it catch the source up exactly; a replay that skips
+    /// sequences or fails resets the source (clearing what was restored), as does a live
+    /// batch at or below `last_applied` (the engine restarted). Without one, the next live
+    /// batch must be `last_applied + 1` or the source resets.
     pub fn resumed(config: SequenceConfig, last_applied: u64) -> Self {
         let next = last_applied.saturating_add(1);
         let mut tracker = Self::new(config);
-        tracker.state = State::Live { next, late: None };
-        tracker.handle_idle();
+        if !config.replay_available {
+            tracker.state = State::Live { next, late: None };
+            return tracker;
+        }
+        tracker.epoch += 1;
+        tracker.actions.push_back(SequenceAction::RequestReplay {
+            from_seq: last_applied,
+            epoch: tracker.epoch,
+        });
+        tracker.state = State::Replaying {
+            next,
+            epoch: tracker.epoch,
+            buffered: VecDeque::new(),
+            delivered: None,
+        };
         tracker
+    }
+
+    /// The epoch of the replay in flight, if any.
+    pub fn replay_epoch(&self) -> Option<u64> {
+        match self.state {
+            State::Replaying { epoch, .. } => Some(epoch),
+            _ => None,
+        }
+    }
+
+    /// Forgets everything (the owner reset the source): the next batch is a first batch.
+    pub fn forget(&mut self) {
+        self.state = State::Fresh;
     }
 
     /// The next action, or `None` when there is nothing to do.
@@ -571,20 +635,24 @@ mod tests {
         )
     }
 
-    /// A source restored from a checkpoint at batch 5 asks for 6 onwards at once and
-    /// applies the replay, then the live batches buffered meanwhile.
+    /// A source restored from a checkpoint at batch 5 asks for 5 onwards at once and
+    /// applies the replay after 5, then the live batches buffered meanwhile.
     #[test]
     fn a_resumed_source_catches_up_from_the_batch_after_its_checkpoint() {
         let mut t = resumed(true, 5);
         assert_eq!(t.next_seq(), Some(6));
+        assert_eq!(t.replay_epoch(), Some(1));
         assert_eq!(
             drain(&mut t),
             vec![SequenceAction::RequestReplay {
-                from_seq: 6,
+                from_seq: 5,
                 epoch: 1
             }]
         );
         t.handle_live(8, "i");
+        // The checkpointed batch comes back first; it is the owner's to compare, not
+        // applied again.
+        t.handle_replay(1, 5, "f");
         t.handle_replay(1, 6, "g");
         t.handle_replay(1, 7, "h");
         t.handle_replay(1, 8, "i");

@@ -26,6 +26,9 @@ pub enum SourceOutput {
     Applied {
         /// The batch's sequence.
         seq: u64,
+        /// XXH3-64 of the batch's payload ([`crate::batch_digest`]): a resume compares
+        /// the engine's replay of this batch with it.
+        digest: u64,
     },
 }
 

@@ -37,7 +37,9 @@ use crate::event_plane::{EventPlaneMessage, decode_event_plane_frame};
 use crate::limits::Limits;
 use crate::log_limit::RejectionLog;
 use crate::metered::{ByteBudget, Metered};
-use crate::sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker};
+use crate::sequence::{
+    ResetReason, ResumePoint, SequenceAction, SequenceConfig, SequenceTracker, batch_digest,
+};
 use crate::source::{
     SourceHandle, SourceOutput, SourceSignal, SourceState, StateCell, Transport, emit,
 };
@@ -71,10 +73,11 @@ pub struct ZmqSourceConfig {
     pub limits: Limits,
     /// Fault injection for tests; the default injects nothing.
     pub fault: FaultInjection,
-    /// The last batch sequence already applied, when the owner restored the source's
-    /// state (a checkpoint): the source continues after it (see
-    /// [`SequenceTracker::resumed`]) instead of treating its first batch as a join.
-    pub resume_after: Option<u64>,
+    /// The last batch already applied, when the owner restored the source's state (a
+    /// checkpoint): the source continues after it (see [`SequenceTracker::resumed`])
+    /// instead of treating its first batch as a join, once the engine's replay of that
+    /// batch matched its digest.
+    pub resume_after: Option<ResumePoint>,
 }
 
 /// What a ZMQ publisher sends.
@@ -272,15 +275,20 @@ impl Driver {
             max_buffered: self.config.limits.max_buffered_during_replay,
         };
         let mut sequence = match self.config.resume_after {
-            Some(last_applied) => {
+            Some(point) => {
                 // What was restored belongs to the default source: a reset clears it.
                 self.seen_sources
                     .insert(self.canonicalizer.default_source());
-                info!(last_applied, "zmq source resuming after a checkpoint");
-                SequenceTracker::resumed(sequence_config, last_applied)
+                info!(
+                    last_applied = point.last_applied,
+                    "zmq source resuming after a checkpoint"
+                );
+                SequenceTracker::resumed(sequence_config, point.last_applied)
             }
             None => SequenceTracker::new(sequence_config),
         };
+        // The resume replay's first answer is compared with the checkpoint's batch.
+        let mut verify = self.config.resume_after.zip(sequence.replay_epoch());
         let (replay_tx, mut replay_rx) = mpsc::channel(self.config.limits.live_queue_depth.max(1));
         while let Some(action) = sequence.poll_action() {
             if !self.act(action, &replay_tx).await {
@@ -310,9 +318,29 @@ impl Driver {
                         if let Some(replay) = self.replay.as_mut().filter(|r| r.epoch == epoch) {
                             replay.n_batches += 1;
                         }
+                        // The resume replay's first batch: the checkpointed one, or the
+                        // engine is another (a later one is the tracker's to judge).
+                        let mismatch = match verify.take() {
+                            Some((point, at)) if at == epoch => point.contradicted_by(seq, payload.bytes()).then_some(point),
+                            other => { verify = other; None }
+                        };
+                        if let Some(point) = mismatch {
+                            if !self.resume_mismatch(&mut sequence, point.last_applied, &mut probe_at).await {
+                                return;
+                            }
+                            continue;
+                        }
                         sequence.handle_replay(epoch, seq, payload);
                     }
                     ReplayEvent::End { epoch } => {
+                        // Nothing from the checkpointed batch on: another engine answers.
+                        if let Some((point, _)) = verify.take_if(|(_, at)| *at == epoch) {
+                            self.finish_replay(epoch, false);
+                            if !self.resume_mismatch(&mut sequence, point.last_applied, &mut probe_at).await {
+                                return;
+                            }
+                            continue;
+                        }
                         sequence.handle_replay_end(epoch);
                         self.finish_replay(epoch, false);
                     }
@@ -410,9 +438,18 @@ impl Driver {
                 // A batch that yielded nothing (rejected, filtered, empty) is not reported:
                 // a resume replays it again, harmlessly, and nobody drains a marker per
                 // rejected message.
-                self.apply(seq, &payload).await
-                    && (self.batch_events == 0
-                        || emit(&self.out, &self.cancel, SourceOutput::Applied { seq }).await)
+                if !self.apply(seq, &payload).await {
+                    return false;
+                }
+                self.batch_events == 0 || {
+                    let digest = batch_digest(payload.bytes());
+                    emit(
+                        &self.out,
+                        &self.cancel,
+                        SourceOutput::Applied { seq, digest },
+                    )
+                    .await
+                }
             }
             SequenceAction::Gap { expected, got } => {
                 self.counters.gap();
@@ -464,6 +501,23 @@ impl Driver {
                 true
             }
         }
+    }
+
+    /// The engine answering the resume replay is not the one the checkpoint followed:
+    /// reset the source (clearing what was restored) and start over as a join, probing
+    /// its replay from 0 after the usual quiet.
+    async fn resume_mismatch(
+        &mut self,
+        sequence: &mut SequenceTracker<Metered>,
+        seq: u64,
+        probe_at: &mut Option<tokio::time::Instant>,
+    ) -> bool {
+        sequence.forget();
+        self.replay = None;
+        self.state.set_replaying(false);
+        let idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
+        *probe_at = Some(tokio::time::Instant::now() + idle);
+        self.reset(ResetReason::ResumeMismatch { seq }).await
     }
 
     async fn reset(&mut self, reason: ResetReason) -> bool {

@@ -116,7 +116,7 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
             SourceOutput::Signal(signal) => {
                 assert!(matches!(signal, SourceSignal::Connected { .. }))
             }
-            SourceOutput::Applied { seq } => panic!("a NATS source reported batch {seq}"),
+            SourceOutput::Applied { seq, .. } => panic!("a NATS source reported batch {seq}"),
         }
     }
     assert_eq!(events[0].source, SourceId::new(5, 1));

@@ -766,7 +766,11 @@ async fn a_dynamo_event_plane_publisher_feeds_the_source_and_strangers_are_refus
     assert!(source.shutdown().await);
 }
 
-fn resuming_source(pub_endpoint: String, replay_endpoint: String, after: u64) -> SourceHandle {
+fn resuming_source(
+    pub_endpoint: String,
+    replay_endpoint: String,
+    after: kvrelay_ingest::ResumePoint,
+) -> SourceHandle {
     spawn_zmq_source(ZmqSourceConfig {
         worker_id: 1,
         dp_rank: 0,
@@ -803,6 +807,7 @@ async fn a_source_resumed_after_a_checkpoint_catches_up_past_a_short_ring() {
     let mut first = probing_source(pub_endpoint.clone(), replay_endpoint.clone());
     let mut checkpoint = State::new();
     let mut last_applied = None;
+    let mut last_digest = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut published = 0u64;
     while last_applied != Some(11) {
@@ -816,9 +821,12 @@ async fn a_source_resumed_after_a_checkpoint_catches_up_past_a_short_ring() {
         }
         match tokio::time::timeout(Duration::from_millis(100), first.next()).await {
             Ok(Some(SourceOutput::Event(event))) => apply(&mut checkpoint, &event),
-            Ok(Some(SourceOutput::Applied { seq })) => {
+            Ok(Some(SourceOutput::Applied { seq, digest })) => {
                 assert!(last_applied < Some(seq), "{seq} after {last_applied:?}");
+                let (_, payload) = engine.history.lock().unwrap()[seq as usize].clone();
+                assert_eq!(digest, kvrelay_ingest::batch_digest(&payload));
                 last_applied = Some(seq);
+                last_digest = digest;
             }
             Ok(Some(SourceOutput::Signal(_))) | Err(_) => {}
             Ok(None) => panic!("source stopped"),
@@ -836,7 +844,15 @@ async fn a_source_resumed_after_a_checkpoint_catches_up_past_a_short_ring() {
     }
     engine.history.lock().unwrap().retain(|(seq, _)| *seq >= 10);
 
-    let mut resumed = resuming_source(pub_endpoint.clone(), replay_endpoint.clone(), 11);
+    let point = |last_applied, digest| kvrelay_ingest::ResumePoint {
+        last_applied,
+        digest,
+    };
+    let mut resumed = resuming_source(
+        pub_endpoint.clone(),
+        replay_endpoint.clone(),
+        point(11, last_digest),
+    );
     let mut state = checkpoint.clone();
     let mut signals = Vec::new();
     converge(
@@ -851,30 +867,40 @@ async fn a_source_resumed_after_a_checkpoint_catches_up_past_a_short_ring() {
     assert_eq!(stats.n_resets, 0, "{stats:?} {signals:?}");
     assert!(resumed.shutdown().await);
 
-    // A checkpoint from before the ring's first batch cannot be completed: reset.
-    let mut stale = resuming_source(pub_endpoint, replay_endpoint, 5);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no reset for a stale checkpoint"
-        );
-        match tokio::time::timeout(Duration::from_millis(100), stale.next()).await {
-            Ok(Some(SourceOutput::Signal(SourceSignal::Reset { reason, sources }))) => {
-                assert_eq!(
-                    reason,
-                    kvrelay_ingest::ResetReason::ReplayIncomplete {
-                        expected: 6,
-                        got: 10
-                    }
-                );
-                assert_eq!(sources, vec![SourceId::new(1, 0)]);
-                break;
+    // A checkpoint from before the ring's first batch cannot be completed, and one whose
+    // batch the engine replays differently is another engine's: each resets the source.
+    let cases = [
+        (
+            point(5, 0),
+            kvrelay_ingest::ResetReason::ReplayIncomplete {
+                expected: 6,
+                got: 10,
+            },
+        ),
+        (
+            point(11, last_digest ^ 1),
+            kvrelay_ingest::ResetReason::ResumeMismatch { seq: 11 },
+        ),
+    ];
+    for (point, expected) in cases {
+        let mut stale = resuming_source(pub_endpoint.clone(), replay_endpoint.clone(), point);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no reset for {point:?}"
+            );
+            match tokio::time::timeout(Duration::from_millis(100), stale.next()).await {
+                Ok(Some(SourceOutput::Signal(SourceSignal::Reset { reason, sources }))) => {
+                    assert_eq!(reason, expected);
+                    assert_eq!(sources, vec![SourceId::new(1, 0)]);
+                    break;
+                }
+                Ok(None) => panic!("source stopped"),
+                _ => {}
             }
-            Ok(None) => panic!("source stopped"),
-            _ => {}
         }
+        assert!(stale.shutdown().await);
     }
-    assert!(stale.shutdown().await);
     engine.stop().await;
 }

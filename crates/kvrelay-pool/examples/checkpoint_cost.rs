@@ -113,6 +113,7 @@ async fn main() {
                 .map(|s| SourceCheckpoint {
                     source: s.source,
                     last_sequence: 1,
+                    last_digest: 0,
                     mappings: s.mappings,
                 })
                 .collect(),

@@ -11,7 +11,7 @@
 //! written    u64      unix milliseconds
 //! n_sources  u32
 //! per source:
-//!   worker_id u64, dp_rank u32, last_sequence u64, n_mappings u64,
+//!   worker_id u64, dp_rank u32, last_sequence u64, last_digest u64, n_mappings u64,
 //!   n_mappings × (engine_block_id u64, canonical u64)
 //! checksum   u64      XXH3-64 of every byte before it
 //! ```
@@ -35,7 +35,7 @@ pub const MAX_CHECKPOINT_IDENTITY_BYTES: usize = 4096;
 /// Bytes of one mapping.
 const MAPPING_BYTES: usize = 16;
 /// Bytes of a source header.
-const SOURCE_HEADER_BYTES: usize = 8 + 4 + 8 + 8;
+const SOURCE_HEADER_BYTES: usize = 8 + 4 + 8 + 8 + 8;
 
 /// One pool generation's checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +58,9 @@ pub struct SourceCheckpoint {
     /// batches may be too: applying a suffix of a source's log again leaves the same state,
     /// so a restore resumes from the next sequence).
     pub last_sequence: u64,
+    /// XXH3-64 of that batch's payload, by which a resume recognises the engine that
+    /// published it (`kvrelay_ingest::batch_digest`).
+    pub last_digest: u64,
     /// `(engine block id, canonical hash)`, as `PoolFilter::source_mappings` lists them.
     pub mappings: Vec<(u64, u64)>,
 }
@@ -108,6 +111,7 @@ impl PoolCheckpoint {
             out.extend_from_slice(&source.source.worker_id.to_le_bytes());
             out.extend_from_slice(&source.source.dp_rank.to_le_bytes());
             out.extend_from_slice(&source.last_sequence.to_le_bytes());
+            out.extend_from_slice(&source.last_digest.to_le_bytes());
             out.extend_from_slice(&(source.mappings.len() as u64).to_le_bytes());
             for &(engine_block_id, canonical) in &source.mappings {
                 out.extend_from_slice(&engine_block_id.to_le_bytes());
@@ -162,6 +166,7 @@ impl PoolCheckpoint {
             let worker_id = reader.u64()?;
             let dp_rank = reader.u32()?;
             let last_sequence = reader.u64()?;
+            let last_digest = reader.u64()?;
             let n_mappings = reader.u64()?;
             let Some(n_bytes) = usize::try_from(n_mappings)
                 .ok()
@@ -193,6 +198,7 @@ impl PoolCheckpoint {
             sources.push(SourceCheckpoint {
                 source,
                 last_sequence,
+                last_digest,
                 mappings,
             });
         }
@@ -305,11 +311,13 @@ mod tests {
                 SourceCheckpoint {
                     source: SourceId::new(1, 0),
                     last_sequence: 41,
+                    last_digest: 0xD16E57,
                     mappings: vec![(10, 100), (11, 101), (u64::MAX, 7)],
                 },
                 SourceCheckpoint {
                     source: SourceId::new(1, 1),
                     last_sequence: 0,
+                    last_digest: 0,
                     mappings: Vec::new(),
                 },
             ],

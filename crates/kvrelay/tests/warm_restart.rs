@@ -356,6 +356,14 @@ async fn a_killed_relay_restarts_exact_from_its_checkpoint_past_a_short_replay_r
     assert_eq!(written.n_mappings(), total);
     assert_eq!(written.sources.len(), 1);
     assert_eq!(written.sources[0].last_sequence, engine.seq - 1);
+    // With the digest of that batch's payload, by which a resume recognises the engine.
+    let last = engine
+        .ring
+        .lock()
+        .unwrap()
+        .back()
+        .map(|(_, payload)| kvrelay_ingest::batch_digest(payload));
+    assert_eq!(Some(written.sources[0].last_digest), last);
 
     // A corrupt checkpoint is discarded and counted; without it the restart cannot
     // recover what the ring no longer holds (the pre-checkpoint behaviour).

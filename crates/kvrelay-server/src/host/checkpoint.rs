@@ -1,5 +1,5 @@
 //! Warm restart: each pool's exact ownership and, per engine source, the last batch it
-//! applied, written to `[state] dir` periodically and on graceful shutdown, and restored
+//! applied (sequence and payload digest), written to `[state] dir` periodically and on graceful shutdown, and restored
 //! into the pool's new generation before its sources start (which then resume after the
 //! checkpointed batch; see `kvrelay_ingest::SequenceTracker::resumed`).
 //!
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvrelay_ckf::SourceId;
 use kvrelay_identity::PoolId;
+use kvrelay_ingest::ResumePoint;
 use kvrelay_pool::{
     CheckpointError, PoolActorHandle, PoolCheckpoint, SourceCheckpoint, SourceMappings,
     TransferError,
@@ -35,13 +36,13 @@ use crate::metrics::{OutcomeLabel, RelayMetrics};
 /// The last batch each engine source applied, as its pump reports it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SourcePositions {
-    latest: Arc<Mutex<BTreeMap<SourceId, u64>>>,
+    latest: Arc<Mutex<BTreeMap<SourceId, ResumePoint>>>,
 }
 
 impl SourcePositions {
-    /// Every event of `source`'s batch `seq` is queued on its pool actor.
-    pub(crate) fn record(&self, source: SourceId, seq: u64) {
-        self.lock().insert(source, seq);
+    /// Every event of `source`'s batch `point` is queued on its pool actor.
+    pub(crate) fn record(&self, source: SourceId, point: ResumePoint) {
+        self.lock().insert(source, point);
     }
 
     /// `source` reset or stopped: what it applied before no longer continues.
@@ -49,15 +50,15 @@ impl SourcePositions {
         self.lock().remove(&source);
     }
 
-    fn read(&self, sources: &[SourceId]) -> Vec<(SourceId, u64)> {
+    fn read(&self, sources: &[SourceId]) -> Vec<(SourceId, ResumePoint)> {
         let latest = self.lock();
         sources
             .iter()
-            .filter_map(|source| latest.get(source).map(|seq| (*source, *seq)))
+            .filter_map(|source| latest.get(source).map(|point| (*source, *point)))
             .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<SourceId, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<SourceId, ResumePoint>> {
         self.latest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -205,9 +206,10 @@ impl Checkpointer {
             written_unix_ms: unix_ms(SystemTime::now()),
             sources: positions
                 .into_iter()
-                .map(|(source, last_sequence)| SourceCheckpoint {
+                .map(|(source, point)| SourceCheckpoint {
                     source,
-                    last_sequence,
+                    last_sequence: point.last_applied,
+                    last_digest: point.digest,
                     mappings: by_source.remove(&source).unwrap_or_default(),
                 })
                 .collect(),
@@ -246,7 +248,7 @@ impl Checkpointer {
         block_size: u32,
         actor: &PoolActorHandle,
         engines: &[SourceId],
-    ) -> BTreeMap<SourceId, u64> {
+    ) -> BTreeMap<SourceId, ResumePoint> {
         let key = pool_key(pool);
         let path = self.path_of(pool);
         let max = self.config.max_file_bytes;
@@ -286,13 +288,19 @@ impl Checkpointer {
         }
         // Only sources the pool still has: a departed worker's blocks stay gone.
         let n_checkpointed = checkpoint.sources.len();
-        let (resume, restore): (BTreeMap<SourceId, u64>, Vec<SourceMappings>) = checkpoint
+        let (resume, restore): (BTreeMap<SourceId, ResumePoint>, Vec<SourceMappings>) = checkpoint
             .sources
             .into_iter()
             .filter(|entry| engines.contains(&entry.source))
             .map(|entry| {
                 (
-                    (entry.source, entry.last_sequence),
+                    (
+                        entry.source,
+                        ResumePoint {
+                            last_applied: entry.last_sequence,
+                            digest: entry.last_digest,
+                        },
+                    ),
                     SourceMappings {
                         source: entry.source,
                         mappings: entry.mappings,
@@ -305,8 +313,8 @@ impl Checkpointer {
             Ok(mappings) => {
                 self.count_restore("restored");
                 self.metrics.checkpoint_restored_mappings.inc_by(mappings);
-                for (source, seq) in &resume {
-                    self.positions.record(*source, *seq);
+                for (source, point) in &resume {
+                    self.positions.record(*source, *point);
                 }
                 info!(pool = %key, sources = resume.len(), skipped_sources = n_checkpointed - resume.len(), mappings, age_ms = age, restore_ms = started.elapsed().as_millis() as u64, "pool restored from its checkpoint");
                 resume
@@ -411,6 +419,7 @@ mod tests {
             sources: vec![SourceCheckpoint {
                 source: SourceId::new(1, 0),
                 last_sequence: 9,
+                last_digest: 99,
                 mappings: vec![(1, 11), (2, 12)],
             }],
         }

@@ -13,9 +13,9 @@ use tokio::sync::Notify;
 
 use kvrelay_identity::{EndpointId, KvQuerySemantics};
 use kvrelay_ingest::{
-    CanonicalConfig, NatsSourceConfig, SourceHandle, SourceOutput, SourceProbe, SourceSignal,
-    SourceState, ZmqSourceConfig, ZmqWire, dynamo_kv_event_subject, spawn_nats_source,
-    spawn_zmq_source,
+    CanonicalConfig, NatsSourceConfig, ResumePoint, SourceHandle, SourceOutput, SourceProbe,
+    SourceSignal, SourceState, ZmqSourceConfig, ZmqWire, dynamo_kv_event_subject,
+    spawn_nats_source, spawn_zmq_source,
 };
 use kvrelay_pacing::{Backoff, NO_JITTER};
 use kvrelay_pool::{ActorError, MAX_EVENTS_PER_BATCH};
@@ -119,7 +119,7 @@ pub(crate) struct EngineSource<'a> {
     /// How its pool hashes.
     pub(crate) semantics: KvQuerySemantics,
     /// The batch it resumes after, when its state was restored from a checkpoint.
-    pub(crate) resume_after: Option<u64>,
+    pub(crate) resume_after: Option<kvrelay_ingest::ResumePoint>,
 }
 
 /// Starts the ZMQ source of `source`, until `cancel` fires.
@@ -298,14 +298,20 @@ async fn forward(
                 if cancelled {
                     break;
                 }
-                if let (Some(seq), SourceKey::Engine(engine)) = (applied, key) {
-                    state.positions.record(*engine, seq);
+                if let (Some(point), SourceKey::Engine(engine)) = (applied, key) {
+                    state.positions.record(*engine, point);
                 }
             }
-            Some(SourceOutput::Applied { seq }) => {
+            Some(SourceOutput::Applied { seq, digest }) => {
                 // Everything before it was submitted (in order) above.
                 if let SourceKey::Engine(engine) = key {
-                    state.positions.record(*engine, seq);
+                    state.positions.record(
+                        *engine,
+                        ResumePoint {
+                            last_applied: seq,
+                            digest,
+                        },
+                    );
                 }
             }
             Some(SourceOutput::Signal(signal)) => {
@@ -345,7 +351,7 @@ struct Burst {
     events: Vec<RouterEvent>,
     /// The last batch whose end marker was passed while gathering: fully in `events` or
     /// earlier, so recorded once `events` are submitted.
-    applied: Option<u64>,
+    applied: Option<ResumePoint>,
     /// The output that ended the burst, handled next.
     next: Option<SourceOutput>,
 }
@@ -365,7 +371,12 @@ fn gather_burst(first: RouterEvent, mut try_next: impl FnMut() -> Option<SourceO
     while burst.events.len() < MAX_EVENTS_PER_BATCH {
         match try_next() {
             Some(SourceOutput::Event(next)) if next.source == origin => burst.events.push(next),
-            Some(SourceOutput::Applied { seq }) => burst.applied = Some(seq),
+            Some(SourceOutput::Applied { seq, digest }) => {
+                burst.applied = Some(ResumePoint {
+                    last_applied: seq,
+                    digest,
+                });
+            }
             Some(other) => {
                 burst.next = Some(other);
                 break;
@@ -510,9 +521,9 @@ mod tests {
     #[test]
     fn batch_end_markers_inside_a_burst_are_passed_and_the_last_is_kept() {
         let mut queue: VecDeque<_> = vec![
-            SourceOutput::Applied { seq: 4 },
+            SourceOutput::Applied { seq: 4, digest: 40 },
             SourceOutput::Event(event(1, 0, 2)),
-            SourceOutput::Applied { seq: 5 },
+            SourceOutput::Applied { seq: 5, digest: 50 },
             SourceOutput::Event(event(2, 0, 3)),
         ]
         .into();
@@ -521,7 +532,13 @@ mod tests {
             burst.events.iter().map(|e| e.event_id).collect::<Vec<_>>(),
             [1, 2]
         );
-        assert_eq!(burst.applied, Some(5));
+        assert_eq!(
+            burst.applied,
+            Some(ResumePoint {
+                last_applied: 5,
+                digest: 50
+            })
+        );
         assert_eq!(burst.next, Some(SourceOutput::Event(event(2, 0, 3))));
     }
 

@@ -464,7 +464,7 @@ impl Pumps {
             );
             let (engines, limits, cancel) =
                 (engines.to_vec(), supervisor.ingest_limits, cancel.clone());
-            move |resume: BTreeMap<SourceId, u64>| {
+            move |resume: BTreeMap<SourceId, kvrelay_ingest::ResumePoint>| {
                 for source in &engines {
                     let id = SourceId::new(source.worker_id, source.dp_rank);
                     pump::spawn_zmq(
