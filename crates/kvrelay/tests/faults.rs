@@ -15,34 +15,12 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::{RelayProcess, VllmEngine as Engine, http_get, removed, stored};
+use support::{RelayProcess, VllmEngine as Engine, http_get, removed, sample, stored, write_card};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-use support::BLOCK_SIZE;
 const ENDPOINT: &str = "prod.backend.generate";
-
-/// One worker's card (instance 0x11 of `prod.backend.generate`, one rank).
-fn write_card(cards: &Path) {
-    let record = serde_json::json!({
-        "type": "Model", "namespace": "prod", "component": "backend", "endpoint": "generate",
-        "instance_id": 0x11,
-        "card_json": {
-            "display_name": "model-a", "source_path": "models/model-a",
-            "kv_cache_block_size": BLOCK_SIZE, "model_type": "Chat | Completions",
-            "worker_type": "aggregated", "needs": [],
-            "runtime_config": {"total_kv_blocks": 1024, "data_parallel_start_rank": 0,
-                "data_parallel_size": 1, "enable_local_indexer": true, "enable_eagle": false}
-        }
-    });
-    std::fs::write(
-        cards.join("prod-backend-generate-11.json"),
-        record.to_string(),
-    )
-    .unwrap();
-}
 
 async fn get(admin: SocketAddr, path: &str) -> (u16, String) {
     http_get(admin, path)
@@ -76,14 +54,6 @@ async fn poll_until<T>(
     }
 }
 
-fn sample(metrics: &str, series: &str) -> Option<u64> {
-    metrics
-        .lines()
-        .find(|line| line.starts_with(series) && line[series.len()..].starts_with(' '))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_relay_counts_unknown_parents_and_keeps_the_pool_live() {
     // Reserve a port for the engine, which is not up yet.
@@ -94,7 +64,7 @@ async fn a_restarted_relay_counts_unknown_parents_and_keeps_the_pool_live() {
     let dir = tempfile::tempdir().unwrap();
     let cards = dir.path().join("cards");
     std::fs::create_dir_all(&cards).unwrap();
-    write_card(&cards);
+    write_card(&cards, 1024);
     let config = dir.path().join("relay.toml");
     std::fs::write(
         &config,

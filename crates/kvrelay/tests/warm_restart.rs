@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{BLOCK_SIZE, RelayProcess, http_get, stored};
+use support::{RelayProcess, http_get, sample, stored, write_card};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const ENDPOINT: &str = "prod.backend.generate";
@@ -146,25 +146,6 @@ fn free_addr() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
-fn write_card(cards: &Path) {
-    let record = serde_json::json!({
-        "type": "Model", "namespace": "prod", "component": "backend", "endpoint": "generate",
-        "instance_id": 0x11,
-        "card_json": {
-            "display_name": "model-a", "source_path": "models/model-a",
-            "kv_cache_block_size": BLOCK_SIZE, "model_type": "Chat | Completions",
-            "worker_type": "aggregated", "needs": [],
-            "runtime_config": {"total_kv_blocks": 4096, "data_parallel_start_rank": 0,
-                "data_parallel_size": 1, "enable_local_indexer": true, "enable_eagle": false}
-        }
-    });
-    std::fs::write(
-        cards.join("prod-backend-generate-11.json"),
-        record.to_string(),
-    )
-    .unwrap();
-}
-
 async fn get(admin: SocketAddr, path: &str) -> (u16, String) {
     http_get(admin, path)
         .await
@@ -190,15 +171,6 @@ async fn poll_until<T>(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn sample(metrics: &str, series: &str) -> Option<u64> {
-    metrics
-        .lines()
-        .find(|line| line.starts_with(series) && line[series.len()..].starts_with(' '))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse::<f64>().ok())
-        .map(|value| value as u64)
 }
 
 async fn start(cards: &Path, config: &Path) -> RelayProcess {
@@ -258,7 +230,7 @@ async fn a_killed_relay_restarts_exact_from_its_checkpoint_past_a_short_replay_r
     let cards = dir.path().join("cards");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&cards).unwrap();
-    write_card(&cards);
+    write_card(&cards, 4096);
     let config = dir.path().join("relay.toml");
     std::fs::write(
         &config,

@@ -1015,18 +1015,7 @@ async fn run_join(
     let Some(batches) = batches.into_iter().collect::<Option<Vec<u64>>>() else {
         bail!("an engine was still publishing 10 s after the relay joined: no exact truth");
     };
-    let mut truth = std::collections::HashSet::new();
-    for (index, n_batches) in batches.iter().enumerate() {
-        let cache = kvrelay_benches::sim::cache_after_batches(
-            requests,
-            setup.workers,
-            index,
-            FIRST_WORKER_ID + index as u64,
-            setup.capacity,
-            *n_batches,
-        );
-        truth.extend(cache.keys());
-    }
+    let truth = engine_truth(setup, requests, &batches);
     let stat = |name: &str| stats["stats"][name].as_f64().unwrap_or(0.0);
     let resident = stat("resident_blocks");
     let truth_blocks = truth.len() as f64;
@@ -1051,6 +1040,28 @@ async fn run_join(
         "ingest_replays": sample.ingest_replays,
         "ingest_resets": sample.ingest_resets,
     }))
+}
+
+/// The union of the engines' caches after each published `batches[i]` batches (the
+/// simulation they run), by block key.
+fn engine_truth(
+    setup: &Setup,
+    requests: &[kvrelay_ingest::RequestRecord],
+    batches: &[u64],
+) -> std::collections::HashSet<u64> {
+    let mut truth = std::collections::HashSet::new();
+    for (index, n_batches) in batches.iter().enumerate() {
+        let cache = kvrelay_benches::sim::cache_after_batches(
+            requests,
+            setup.workers,
+            index,
+            FIRST_WORKER_ID + index as u64,
+            setup.capacity,
+            *n_batches,
+        );
+        truth.extend(cache.keys());
+    }
+    truth
 }
 
 /// Reads the engines' pending lines: events sent so far, and (events, stop time) once an

@@ -11,8 +11,8 @@ use kvrelay_benches::{http_get, metric_sum};
 use serde_json::{Value, json};
 
 use super::{
-    FIRST_WORKER_ID, HTTP_TIMEOUT, Setup, number, poll_done, pool_stats_path, reasons,
-    relay_sample, run_dir, sources_toml, spawn_engines, start_relay, wait_ready,
+    HTTP_TIMEOUT, Setup, engine_truth, number, poll_done, pool_stats_path, reasons, relay_sample,
+    run_dir, sources_toml, spawn_engines, start_relay, wait_ready,
 };
 
 /// The restart runs, by name.
@@ -103,18 +103,7 @@ pub(crate) async fn run(
     relay.stop();
     drop(engines);
     let batches: Vec<u64> = batches.into_iter().flatten().collect();
-    let mut truth = std::collections::HashSet::new();
-    for (index, n_batches) in batches.iter().enumerate() {
-        let cache = kvrelay_benches::sim::cache_after_batches(
-            requests,
-            setup.workers,
-            index,
-            FIRST_WORKER_ID + index as u64,
-            setup.capacity,
-            *n_batches,
-        );
-        truth.extend(cache.keys());
-    }
+    let truth = engine_truth(setup, requests, &batches);
     let stat = |name: &str| stats["stats"][name].as_f64().unwrap_or(0.0);
     let (resident, truth_blocks) = (stat("resident_blocks"), truth.len() as f64);
     Ok(json!({

@@ -86,26 +86,13 @@ impl PoolFilter {
                     Some(parent) => canonical_child(parent, block.token_hash),
                 };
                 parent = Some(canonical);
-                match fresh.get(block.engine_block_id) {
-                    Some(mapped) if mapped != canonical => {
-                        return Err(ApplyError::ContradictoryBlockId {
-                            source_id: source,
-                            engine_block_id: block.engine_block_id,
-                            mapped,
-                            offered: canonical,
-                        });
-                    }
-                    Some(_) => {}
-                    None => {
-                        if self.live_mappings() + fresh.len() as u64 + 1 > u64::from(u32::MAX) {
-                            return Err(ApplyError::OwnershipOverflow { canonical });
-                        }
-                        if !fresh.insert(block.engine_block_id, canonical) {
-                            return Err(alloc("lineage", n_blocks as u64 * 16));
-                        }
-                        order.push(canonical);
-                    }
-                }
+                self.map_fresh(
+                    source,
+                    &mut fresh,
+                    &mut order,
+                    block.engine_block_id,
+                    canonical,
+                )?;
             }
         }
         self.commit_reset(source, fresh, &order)
@@ -126,28 +113,41 @@ impl PoolFilter {
             .try_reserve_exact(mappings.len())
             .map_err(|_| alloc("restore order", mappings.len() as u64 * 8))?;
         for &(engine_block_id, canonical) in mappings {
-            match fresh.get(engine_block_id) {
-                Some(mapped) if mapped != canonical => {
-                    return Err(ApplyError::ContradictoryBlockId {
-                        source_id: source,
-                        engine_block_id,
-                        mapped,
-                        offered: canonical,
-                    });
-                }
-                Some(_) => {}
-                None => {
-                    if self.live_mappings() + fresh.len() as u64 + 1 > u64::from(u32::MAX) {
-                        return Err(ApplyError::OwnershipOverflow { canonical });
-                    }
-                    if !fresh.insert(engine_block_id, canonical) {
-                        return Err(alloc("lineage", mappings.len() as u64 * 16));
-                    }
-                    order.push(canonical);
-                }
-            }
+            self.map_fresh(source, &mut fresh, &mut order, engine_block_id, canonical)?;
         }
         self.commit_reset(source, fresh, &order)
+    }
+
+    /// Maps `engine_block_id` to `canonical` in the lineage `fresh` being built for
+    /// `source` (room reserved beforehand), noting a new canonical in `order`; a repeated
+    /// id must map to the same canonical.
+    fn map_fresh(
+        &self,
+        source: SourceId,
+        fresh: &mut LineageMap,
+        order: &mut Vec<u64>,
+        engine_block_id: u64,
+        canonical: u64,
+    ) -> Result<(), ApplyError> {
+        match fresh.get(engine_block_id) {
+            Some(mapped) if mapped != canonical => Err(ApplyError::ContradictoryBlockId {
+                source_id: source,
+                engine_block_id,
+                mapped,
+                offered: canonical,
+            }),
+            Some(_) => Ok(()),
+            None => {
+                if self.live_mappings() + fresh.len() as u64 + 1 > u64::from(u32::MAX) {
+                    return Err(ApplyError::OwnershipOverflow { canonical });
+                }
+                if !fresh.insert(engine_block_id, canonical) {
+                    return Err(alloc("lineage", (fresh.len() as u64 + 1) * 16));
+                }
+                order.push(canonical);
+                Ok(())
+            }
+        }
     }
 
     /// Makes `fresh` (whose new canonicals are `order`) `source`'s whole lineage: reserves

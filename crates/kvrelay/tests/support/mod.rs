@@ -311,3 +311,34 @@ pub(crate) fn quick_consumer(
     };
     kvrelay_consumer::Consumer::start(config).unwrap()
 }
+
+/// One worker's card in `cards`: instance 0x11 of `prod.backend.generate`, one rank,
+/// `total_kv_blocks` of capacity, vLLM's block size.
+pub(crate) fn write_card(cards: &std::path::Path, total_kv_blocks: u64) {
+    let record = serde_json::json!({
+        "type": "Model", "namespace": "prod", "component": "backend", "endpoint": "generate",
+        "instance_id": 0x11,
+        "card_json": {
+            "display_name": "model-a", "source_path": "models/model-a",
+            "kv_cache_block_size": BLOCK_SIZE, "model_type": "Chat | Completions",
+            "worker_type": "aggregated", "needs": [],
+            "runtime_config": {"total_kv_blocks": total_kv_blocks, "data_parallel_start_rank": 0,
+                "data_parallel_size": 1, "enable_local_indexer": true, "enable_eagle": false}
+        }
+    });
+    std::fs::write(
+        cards.join("prod-backend-generate-11.json"),
+        record.to_string(),
+    )
+    .unwrap();
+}
+
+/// The value of the Prometheus series `series` (name and labels exactly) in `metrics`.
+pub(crate) fn sample(metrics: &str, series: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(series) && line[series.len()..].starts_with(' '))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse::<f64>().ok())
+        .map(|value| value as u64)
+}
