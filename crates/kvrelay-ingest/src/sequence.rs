@@ -256,17 +256,7 @@ impl<P> SequenceTracker<P> {
             tracker.state = State::Live { next, late: None };
             return tracker;
         }
-        tracker.epoch += 1;
-        tracker.actions.push_back(SequenceAction::RequestReplay {
-            from_seq: last_applied,
-            epoch: tracker.epoch,
-        });
-        tracker.state = State::Replaying {
-            next,
-            epoch: tracker.epoch,
-            buffered: VecDeque::new(),
-            delivered: None,
-        };
+        tracker.state = tracker.request_replay(last_applied, next, VecDeque::new());
         tracker
     }
 
@@ -419,17 +409,7 @@ impl<P> SequenceTracker<P> {
         let State::Live { next, .. } = self.state else {
             return false;
         };
-        self.epoch += 1;
-        self.actions.push_back(SequenceAction::RequestReplay {
-            from_seq: next,
-            epoch: self.epoch,
-        });
-        self.state = State::Replaying {
-            next,
-            epoch: self.epoch,
-            buffered: VecDeque::new(),
-            delivered: None,
-        };
+        self.state = self.request_replay(next, next, VecDeque::new());
         true
     }
 
@@ -457,17 +437,7 @@ impl<P> SequenceTracker<P> {
         if !self.config.replay_available || !matches!(self.state, State::Fresh) {
             return false;
         }
-        self.epoch += 1;
-        self.actions.push_back(SequenceAction::RequestReplay {
-            from_seq: 0,
-            epoch: self.epoch,
-        });
-        self.state = State::Replaying {
-            next: 0,
-            epoch: self.epoch,
-            buffered: VecDeque::new(),
-            delivered: None,
-        };
+        self.state = self.request_replay(0, 0, VecDeque::new());
         true
     }
 
@@ -535,15 +505,24 @@ impl<P> SequenceTracker<P> {
     }
 
     fn start_replay(&mut self, from_seq: u64, seq: u64, payload: P) -> State<P> {
+        self.request_replay(from_seq, from_seq, VecDeque::from([(seq, payload)]))
+    }
+
+    /// Asks for every batch from `from_seq` under a new epoch; the replay state expects
+    /// `next` first (the batches before it are already applied) and holds `buffered`.
+    fn request_replay(
+        &mut self,
+        from_seq: u64,
+        next: u64,
+        buffered: VecDeque<(u64, P)>,
+    ) -> State<P> {
         self.epoch += 1;
         self.actions.push_back(SequenceAction::RequestReplay {
             from_seq,
             epoch: self.epoch,
         });
-        let mut buffered = VecDeque::new();
-        buffered.push_back((seq, payload));
         State::Replaying {
-            next: from_seq,
+            next,
             epoch: self.epoch,
             buffered,
             delivered: None,

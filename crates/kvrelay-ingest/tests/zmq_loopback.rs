@@ -280,7 +280,12 @@ fn source_without_replay(pub_endpoint: String) -> SourceHandle {
 }
 
 fn probing_source(pub_endpoint: String, replay_endpoint: String) -> SourceHandle {
-    spawn_zmq_source(ZmqSourceConfig {
+    spawn_zmq_source(probing_config(pub_endpoint, replay_endpoint))
+}
+
+/// [`probing_source`]'s configuration.
+fn probing_config(pub_endpoint: String, replay_endpoint: String) -> ZmqSourceConfig {
+    ZmqSourceConfig {
         worker_id: 1,
         dp_rank: 0,
         wire: ZmqWire::Engine(EngineKind::Vllm),
@@ -295,7 +300,7 @@ fn probing_source(pub_endpoint: String, replay_endpoint: String) -> SourceHandle
         declared_ranks: 0..1,
         fault: Default::default(),
         resume_after: None,
-    })
+    }
 }
 
 /// Drains the source until its stats satisfy `done` (bounded); returns them.
@@ -772,21 +777,8 @@ fn resuming_source(
     after: kvrelay_ingest::ResumePoint,
 ) -> SourceHandle {
     spawn_zmq_source(ZmqSourceConfig {
-        worker_id: 1,
-        dp_rank: 0,
-        wire: ZmqWire::Engine(EngineKind::Vllm),
-        endpoint: pub_endpoint,
-        replay_endpoint: Some(replay_endpoint),
-        topic: TOPIC.to_owned(),
-        canonical: canonical(),
-        limits: Limits {
-            tail_probe_idle_ms: 200,
-            replay_timeout_ms: 5_000,
-            ..Limits::default()
-        },
-        declared_ranks: 0..1,
-        fault: Default::default(),
         resume_after: Some(after),
+        ..probing_config(pub_endpoint, replay_endpoint)
     })
 }
 
