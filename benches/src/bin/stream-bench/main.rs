@@ -560,8 +560,16 @@ struct EngineAddr {
     replay: u16,
 }
 
+/// How many times one engine is started, each time on fresh ports, before the run fails.
+/// `free_port` releases a port before the engine binds it, and another process on this
+/// machine (Dynamo's runtime opens ports of its own; CI runs other jobs) may take it in
+/// between: the engine then exits with "Address already in use".
+const ENGINE_START_ATTEMPTS: usize = 4;
+
 /// Starts `setup.workers` engines publishing at `rate` for at most `max_seconds` once told
-/// `go`, and waits until each has bound its sockets.
+/// `go`, and waits until each has bound its sockets. An engine that exits before binding is
+/// started again on fresh ports (see [`ENGINE_START_ATTEMPTS`]); when it keeps failing the
+/// error carries the end of its log.
 async fn spawn_engines(
     setup: &Setup,
     dir: &Path,
@@ -573,60 +581,110 @@ async fn spawn_engines(
     let mut addrs = Vec::new();
     let mut stamp_paths = Vec::new();
     for index in 0..setup.workers {
-        let (publish, replay) = (free_port()?, free_port()?);
         let worker_id = FIRST_WORKER_ID + index as u64;
         let stamps = dir.join(format!("stamps-{index}.txt"));
-        stamp_paths.push(stamps.display().to_string());
-        let log = std::fs::File::create(dir.join(format!("engine-{index}.log")))?;
-        let engine = setup.bin_dir.join("stream-engine");
-        // `nice` execs the engine, so the child's pid stays the engine's.
-        let mut command = if setup.engine_nice > 0 {
-            let mut nice = Command::new("nice");
-            nice.arg("-n")
-                .arg(setup.engine_nice.to_string())
-                .arg(engine);
-            nice
-        } else {
-            Command::new(engine)
+        let log_path = dir.join(format!("engine-{index}.log"));
+        let mut attempt = 1;
+        let (engine, addr) = loop {
+            // Both ports are held until both are known, so they differ.
+            let (publish, replay) = {
+                let first = std::net::TcpListener::bind("127.0.0.1:0")?;
+                let second = std::net::TcpListener::bind("127.0.0.1:0")?;
+                (first.local_addr()?.port(), second.local_addr()?.port())
+            };
+            let log = std::fs::File::create(&log_path)?;
+            let engine = setup.bin_dir.join("stream-engine");
+            // `nice` execs the engine, so the child's pid stays the engine's.
+            let mut command = if setup.engine_nice > 0 {
+                let mut nice = Command::new("nice");
+                nice.arg("-n")
+                    .arg(setup.engine_nice.to_string())
+                    .arg(engine);
+                nice
+            } else {
+                Command::new(engine)
+            };
+            command
+                .arg("--index")
+                .arg(index.to_string())
+                .arg("--workers")
+                .arg(setup.workers.to_string())
+                .arg("--worker-id")
+                .arg(worker_id.to_string())
+                .arg("--trace")
+                .arg(&setup.trace)
+                .arg("--capacity")
+                .arg(setup.capacity.to_string())
+                .arg("--rate")
+                .arg(rate.to_string())
+                .arg("--max-seconds")
+                .arg(max_seconds.to_string())
+                .arg("--publish")
+                .arg(format!("tcp://127.0.0.1:{publish}"))
+                .arg("--replay")
+                .arg(format!("tcp://127.0.0.1:{replay}"))
+                .arg("--stamps")
+                .arg(&stamps)
+                .arg("--replay-batches")
+                .arg(replay_batches.to_string());
+            let mut engine = Proc::spawn(
+                &format!("stream-engine {index}"),
+                &mut command,
+                Stdio::from(log),
+            )?;
+            match engine.expect("ready", Duration::from_secs(60)).await {
+                Ok(_) => {
+                    break (
+                        engine,
+                        EngineAddr {
+                            worker_id,
+                            publish,
+                            replay,
+                        },
+                    );
+                }
+                Err(error) => {
+                    engine.stop();
+                    let log_tail = log_tail(&log_path);
+                    if attempt >= ENGINE_START_ATTEMPTS {
+                        bail!(
+                            "{error} ({attempt} attempts on fresh ports); {}: {log_tail}",
+                            log_path.display()
+                        );
+                    }
+                    eprintln!(
+                        "    stream-engine {index} did not start ({error}: {log_tail}); \
+                         starting it again on fresh ports"
+                    );
+                    attempt += 1;
+                }
+            }
         };
-        command
-            .arg("--index")
-            .arg(index.to_string())
-            .arg("--workers")
-            .arg(setup.workers.to_string())
-            .arg("--worker-id")
-            .arg(worker_id.to_string())
-            .arg("--trace")
-            .arg(&setup.trace)
-            .arg("--capacity")
-            .arg(setup.capacity.to_string())
-            .arg("--rate")
-            .arg(rate.to_string())
-            .arg("--max-seconds")
-            .arg(max_seconds.to_string())
-            .arg("--publish")
-            .arg(format!("tcp://127.0.0.1:{publish}"))
-            .arg("--replay")
-            .arg(format!("tcp://127.0.0.1:{replay}"))
-            .arg("--stamps")
-            .arg(&stamps)
-            .arg("--replay-batches")
-            .arg(replay_batches.to_string());
-        engines.push(Proc::spawn(
-            &format!("stream-engine {index}"),
-            &mut command,
-            Stdio::from(log),
-        )?);
-        addrs.push(EngineAddr {
-            worker_id,
-            publish,
-            replay,
-        });
-    }
-    for engine in &mut engines {
-        engine.expect("ready", Duration::from_secs(60)).await?;
+        engines.push(engine);
+        addrs.push(addr);
+        stamp_paths.push(stamps.display().to_string());
     }
     Ok((engines, addrs, stamp_paths))
+}
+
+/// The last lines of a process's log, on one line, for an error message.
+fn log_tail(path: &Path) -> String {
+    const TAIL_LINES: usize = 5;
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|line| !line.trim().is_empty())
+                .collect();
+            let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join(" | ");
+            if tail.is_empty() {
+                "(empty log)".to_owned()
+            } else {
+                tail
+            }
+        }
+        Err(error) => format!("(log unreadable: {error})"),
+    }
 }
 
 /// The relay's `[[sources]]` entries for `addrs`, with or without their replay sockets.
