@@ -26,8 +26,9 @@ pub const FRAME_MAGIC: [u8; 4] = *b"KVRW";
 pub const PROTOCOL_MAJOR: u16 = 1;
 
 /// The protocol minor version this crate writes. Minors only add: new message kinds, new
-/// enum codes and fields appended to the end of a message body.
-pub const PROTOCOL_MINOR: u16 = 1;
+/// enum codes and fields appended to the end of a message body. Minor 1 added coalesced
+/// deltas; minor 2 the catalog's pool coverage ([`crate::v1::PoolCoverage`]).
+pub const PROTOCOL_MINOR: u16 = 2;
 
 /// Frame header length, in bytes.
 pub const FRAME_HEADER_LEN: usize = 16;

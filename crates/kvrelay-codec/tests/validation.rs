@@ -6,10 +6,10 @@
 use bytes::{BufMut, BytesMut};
 use kvrelay_codec::frame::{self, MessageKind};
 use kvrelay_codec::v1::{
-    self, CatalogUpdate, CkfFormat, DecodeError, DigestId, EndpointId, EntryError, ErrorMessage,
-    ErrorReason, HashFormat, IdentitySource, Message, ModelRegistration, PoolDescriptor, PoolId,
-    ProducerIdentity, QuerySemantics, RelayIdentity, StreamRequest, StreamRpc, ValidationError,
-    WorkerRole,
+    self, CatalogUpdate, CkfFormat, CoverageState, DecodeError, DigestId, EndpointId, EntryError,
+    ErrorMessage, ErrorReason, HashFormat, IdentitySource, Message, ModelRegistration,
+    PoolCoverage, PoolDescriptor, PoolId, ProducerIdentity, QuerySemantics, RelayIdentity,
+    StreamRequest, StreamRpc, ValidationError, WorkerRole,
 };
 use kvrelay_codec::{FrameError, Limits};
 
@@ -67,6 +67,7 @@ fn catalog(pools: Vec<PoolDescriptor>) -> CatalogUpdate {
         },
         revision: 3,
         pools,
+        coverage: Vec::new(),
     }
 }
 
@@ -394,4 +395,100 @@ fn resume_point_is_a_minor_1_field_and_minor_0_requests_still_decode() {
     );
     // Minor-0 senders may not append anything.
     assert!(StreamRequest::decode_body(&body, 0).is_err());
+}
+
+fn coverage_of(pool: &PoolDescriptor, unroutable_percent: u8) -> PoolCoverage {
+    PoolCoverage {
+        pool_id: pool.producer.pool_id,
+        state: CoverageState::Degraded,
+        unroutable_percent,
+    }
+}
+
+#[test]
+fn coverage_is_a_minor_2_field_and_older_catalogs_still_decode() {
+    let mut update = catalog(vec![descriptor(1), descriptor(2)]);
+    update.coverage = vec![coverage_of(&update.pools[1], 70)];
+    let mut body = BytesMut::new();
+    update.encode_body(&mut body).unwrap();
+    assert_eq!(
+        CatalogUpdate::decode_body(&body, frame::PROTOCOL_MINOR).unwrap(),
+        update
+    );
+    // A minor-1 relay writes the catalog without coverage: it decodes with none.
+    let mut without = catalog(update.pools.clone());
+    without.coverage.clear();
+    let mut old_body = BytesMut::new();
+    without.encode_body(&mut old_body).unwrap();
+    let minor1_body = &old_body[..old_body.len() - 1];
+    assert_eq!(CatalogUpdate::decode_body(minor1_body, 1).unwrap(), without);
+    // A minor-1 relay may not append anything.
+    assert!(matches!(
+        CatalogUpdate::decode_body(&body, 1),
+        Err(DecodeError::TrailingBytes { .. })
+    ));
+}
+
+#[test]
+fn a_minor_1_consumer_reads_a_minor_2_catalog_without_its_coverage() {
+    // What a consumer built before minor 2 decodes: the same fields, trailing bytes of a
+    // newer sender skipped.
+    #[derive(serde::Deserialize)]
+    struct Minor1Catalog {
+        relay: RelayIdentity,
+        revision: u64,
+        pools: Vec<PoolDescriptor>,
+    }
+    let mut update = catalog(vec![descriptor(1)]);
+    update.coverage = vec![coverage_of(&update.pools[0], 100)];
+    let mut body = BytesMut::new();
+    update.encode_body(&mut body).unwrap();
+    let config = bincode::config::standard();
+    let (old, used): (Minor1Catalog, usize) =
+        bincode::serde::decode_from_slice(&body, config).unwrap();
+    assert!(used < body.len(), "coverage follows the minor-1 fields");
+    assert_eq!(
+        (old.relay, old.revision, old.pools),
+        (update.relay, update.revision, update.pools)
+    );
+}
+
+#[test]
+fn coverage_must_name_listed_pools_once_with_a_share_of_at_most_100() {
+    let pools = vec![descriptor(1), descriptor(2)];
+    let mut update = catalog(pools.clone());
+    update.coverage = vec![coverage_of(&pools[0], 100), coverage_of(&pools[1], 0)];
+    assert!(update.validate().is_ok());
+
+    update.coverage = vec![coverage_of(&descriptor(3), 50)];
+    let err = update.validate().unwrap_err();
+    assert_eq!((err.collection, err.index), ("coverage", 0));
+    assert!(matches!(
+        err.error,
+        ValidationError::CoverageOfUnlistedPool { .. }
+    ));
+
+    update.coverage = vec![coverage_of(&pools[0], 101)];
+    let err = update.validate().unwrap_err();
+    assert_eq!(err.error, ValidationError::CoverageShare { percent: 101 });
+
+    update.coverage = vec![coverage_of(&pools[1], 10), coverage_of(&pools[1], 20)];
+    let err = update.validate().unwrap_err();
+    assert_eq!((err.collection, err.index), ("coverage", 1));
+    assert!(matches!(err.error, ValidationError::DuplicateEntry { .. }));
+}
+
+#[test]
+fn an_unrecognized_coverage_state_decodes_and_validates() {
+    // A newer relay's state: kept as a code for the consumer to report.
+    let mut update = catalog(vec![descriptor(1)]);
+    update.coverage = vec![PoolCoverage {
+        state: CoverageState::from_code(9),
+        ..coverage_of(&update.pools[0], 30)
+    }];
+    let mut body = BytesMut::new();
+    update.encode_body(&mut body).unwrap();
+    let decoded = CatalogUpdate::decode_body(&body, frame::PROTOCOL_MINOR).unwrap();
+    assert_eq!(decoded.coverage[0].state, CoverageState::Unrecognized(9));
+    assert!(decoded.validate().is_ok());
 }

@@ -285,6 +285,7 @@ mod tests {
             block_size: 4,
             hash_format: KvQueryHashFormat::DynamoStandardV1,
             roles,
+            coverage: crate::catalog::Coverage::Complete,
         }
     }
 

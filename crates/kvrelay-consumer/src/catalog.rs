@@ -63,6 +63,73 @@ pub(crate) struct PoolEntry {
     pub(crate) block_size: u32,
     pub(crate) hash_format: KvQueryHashFormat,
     pub(crate) roles: Roles,
+    /// What the relay says of the pool's filter (catalog coverage, protocol minor 2).
+    pub(crate) coverage: Coverage,
+}
+
+/// How completely a pool's filter covers what its engines cache, as its relay says
+/// (the catalog's coverage; a relay older than protocol minor 2 says nothing: complete).
+///
+/// A pool that is not complete still answers: what its filter holds is right (a prefix
+/// it reports is cached), but a prefix it does not report may be cached too. Scoring is
+/// unchanged; the coverage travels with each leg and pool status so a router can weigh it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Coverage {
+    /// Nothing known missing.
+    #[default]
+    Complete,
+    /// Most of the pool's recent events were unroutable (an engine's history was lost):
+    /// the filter misses blocks the engines cache.
+    Degraded {
+        /// The unroutable share of its recent events, percent (a multiple of 10).
+        unroutable_percent: u8,
+    },
+    /// A state a newer relay sent that this consumer does not know: not complete.
+    Unrecognized {
+        /// The state's wire code.
+        code: u32,
+        /// The unroutable share the relay sent, percent.
+        unroutable_percent: u8,
+    },
+}
+
+impl Coverage {
+    /// The snake_case name used in JSON and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::Degraded { .. } => "degraded",
+            Self::Unrecognized { .. } => "unrecognized",
+        }
+    }
+
+    /// Whether nothing is known missing.
+    pub fn is_complete(self) -> bool {
+        self == Self::Complete
+    }
+
+    /// The share of recent events the relay could not route, percent (0 when complete).
+    pub fn unroutable_percent(self) -> u8 {
+        match self {
+            Self::Complete => 0,
+            Self::Degraded { unroutable_percent }
+            | Self::Unrecognized {
+                unroutable_percent, ..
+            } => unroutable_percent,
+        }
+    }
+
+    /// The coverage a catalog entry states.
+    pub(crate) fn from_wire(coverage: &kvrelay_codec::v1::PoolCoverage) -> Self {
+        let unroutable_percent = coverage.unroutable_percent;
+        match coverage.state {
+            kvrelay_codec::v1::CoverageState::Degraded => Self::Degraded { unroutable_percent },
+            other => Self::Unrecognized {
+                code: other.code(),
+                unroutable_percent,
+            },
+        }
+    }
 }
 
 /// A catalog entry that was not admitted, and why.

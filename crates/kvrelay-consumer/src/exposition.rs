@@ -60,6 +60,12 @@ impl Collector for Snapshot {
         }
         gauge(
             &mut encoder,
+            "pools_incomplete",
+            "Admitted pools whose relay says their filter is incomplete (degraded: an engine's history was lost); they answer but may miss cached prefixes.",
+            m.pools_incomplete as f64,
+        )?;
+        gauge(
+            &mut encoder,
             "replica_max_sequence_lag",
             "Largest announced minus installed sequence over current replicas.",
             m.max_replica_sequence_lag as f64,

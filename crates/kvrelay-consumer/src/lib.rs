@@ -55,7 +55,7 @@ pub mod weights;
 mod wire;
 
 pub use candidate::CandidateShape;
-pub use catalog::{PoolKey, QuarantinedEntry};
+pub use catalog::{Coverage, PoolKey, QuarantinedEntry};
 pub use client::Consumer;
 pub use config::{ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayProtocol};
 

@@ -6,7 +6,7 @@ use kvrelay_codec::v1::{
 };
 use kvrelay_identity::{CkfFormat, KvQueryHashFormat};
 
-use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry, Registration, Roles, Target};
+use crate::catalog::{Coverage, PoolEntry, PoolKey, QuarantinedEntry, Registration, Roles, Target};
 use crate::load::LoadSample;
 
 /// A descriptor that passed validation, ready to be admitted.
@@ -48,10 +48,17 @@ pub(crate) fn project_catalog(
             });
         }
         match project_descriptor(descriptor) {
-            Ok(entry) => out.admitted.push(AdmittedPool {
-                producer: descriptor.producer,
-                entry,
-            }),
+            Ok(mut entry) => {
+                entry.coverage = update
+                    .coverage
+                    .iter()
+                    .find(|coverage| &coverage.pool_id == descriptor.pool_id())
+                    .map_or(Coverage::Complete, Coverage::from_wire);
+                out.admitted.push(AdmittedPool {
+                    producer: descriptor.producer,
+                    entry,
+                });
+            }
             Err(reason) => out.quarantined.push(QuarantinedEntry {
                 dc: dc.to_owned(),
                 entry: descriptor.pool_id().to_string(),
@@ -127,6 +134,7 @@ fn project_descriptor(descriptor: &PoolDescriptor) -> Result<PoolEntry, String> 
         block_size: descriptor.query_semantics.kv_block_size,
         hash_format,
         roles,
+        coverage: Coverage::Complete,
     })
 }
 

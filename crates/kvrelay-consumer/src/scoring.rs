@@ -14,7 +14,7 @@ use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
 use parking_lot::Mutex;
 
 use crate::candidate::{self, Candidate, CandidateShape, Resolved, Wanted};
-use crate::catalog::{PoolEntry, PoolKey};
+use crate::catalog::{Coverage, PoolEntry, PoolKey};
 use crate::config::RelayEndpoint;
 use crate::load::LoadSample;
 use crate::readiness::{self, CandidateReadiness, TopologyView, Verdict};
@@ -94,6 +94,9 @@ pub struct ScoredLeg {
     pub block_size: u32,
     /// Whether the replica could answer.
     pub replica: ReplicaStatus,
+    /// What the relay says of the pool's filter: a degraded pool's depth is right where
+    /// it finds a prefix but may miss one the engines cache.
+    pub coverage: Coverage,
     /// Estimated cached leading blocks; `None` when the replica is unusable.
     pub prefix_blocks: Option<u32>,
     /// Estimated cached leading tokens (blocks × block size, clamped to the prompt).
@@ -548,6 +551,7 @@ impl LegValues {
             endpoint: Arc::clone(&entry.endpoint),
             block_size: self.block_size,
             replica: self.replica,
+            coverage: entry.coverage,
             prefix_blocks: self.prefix_blocks,
             prefix_tokens: self.prefix_tokens,
             load: self.load,
@@ -736,6 +740,7 @@ mod tests {
             block_size,
             hash_format: KvQueryHashFormat::DynamoStandardV1,
             roles,
+            coverage: Coverage::Complete,
         }
     }
 

@@ -17,7 +17,7 @@ use kvrelay_codec::v1::{
 use kvrelay_identity::CkfFormat;
 
 use crate::budget;
-use crate::catalog::{PoolEntry, PoolKey, QuarantinedEntry};
+use crate::catalog::{Coverage, PoolEntry, PoolKey, QuarantinedEntry};
 use crate::config::{ConfigError, ConsumerConfig, RelayEndpoint};
 use crate::load::LoadSample;
 use crate::metrics::{ConsumerMetrics, ResubscribeReason};
@@ -83,6 +83,10 @@ pub enum CatalogError {
         /// The repeated pool id.
         pool: String,
     },
+    /// The catalog's coverage names a pool it does not list, names one twice or states a
+    /// share above 100 %: the envelope is not trustworthy.
+    #[error("catalog coverage is malformed: {0}")]
+    MalformedCoverage(#[source] kvrelay_codec::v1::EntryError),
     /// The relay index is not configured.
     #[error("relay index {relay} is not configured ({n_relays} relays)")]
     UnknownRelay {
@@ -190,6 +194,9 @@ pub struct PoolStatus {
     pub producer: ProducerIdentity,
     /// The replica's state now.
     pub replica: ReplicaStatus,
+    /// What the relay says of the pool's filter: a current replica of a degraded pool
+    /// answers, but may miss what the engines cache.
+    pub coverage: Coverage,
     /// The installed sequence, when ready.
     pub sequence: Option<u64>,
     /// The newest sequence the relay announced for this pool (catalog or frames), if any.
@@ -384,6 +391,9 @@ impl ConsumerState {
                 max: self.max_pools_per_relay,
             });
         }
+        update
+            .validate_coverage()
+            .map_err(CatalogError::MalformedCoverage)?;
         let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
         let dc_id = self.quarantine_foreign_dcs(relay, &mut projected);
@@ -827,6 +837,7 @@ impl ConsumerState {
                     pool: entry.pool_label.to_string(),
                     producer,
                     replica: self.store.status(entry.key, now),
+                    coverage: entry.coverage,
                     sequence: self.store.sequence(entry.key),
                     announced_sequence: self.announced.get(&entry.key).copied(),
                     age: self.store.age(entry.key, now),
@@ -880,6 +891,9 @@ impl ConsumerState {
             }
             if let Some(age) = self.store.age(entry.key, now) {
                 max_age = max_age.max(age);
+            }
+            if !entry.coverage.is_complete() {
+                out.pools_incomplete += 1;
             }
         }
         out.query_table_bytes = self.store.table_bytes();

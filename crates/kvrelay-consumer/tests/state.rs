@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{ExactIndex, PrefixQuery};
+use kvrelay_codec::v1::{CoverageState, PoolCoverage};
 use kvrelay_consumer::{
-    CatalogError, CheckedPoolFrame, ConsumerConfig, ConsumerState, FrameOutcome, PoolKey,
+    CatalogError, CheckedPoolFrame, ConsumerConfig, ConsumerState, Coverage, FrameOutcome, PoolKey,
     RelayEndpoint, ReplicaStatus, ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
@@ -161,6 +162,86 @@ fn duplicate_pool_ids_refuse_the_whole_catalog() {
     assert!(matches!(
         state.apply_catalog(0, &catalog_of(relay, 1, &[&a, &a])),
         Err(CatalogError::DuplicatePool { .. })
+    ));
+    assert!(state.pools(Instant::now()).is_empty(), "nothing applied");
+}
+
+/// A relay names a degraded pool in its catalog's coverage: the pool keeps its key and
+/// replica and still answers, and its status and every leg scored on it say degraded
+/// with the share, until a later revision says it is complete again.
+#[test]
+fn a_degraded_pool_answers_and_says_so_until_the_relay_clears_it() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut producer = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let key = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&producer]))
+        .unwrap()
+        .added[0]
+        .0;
+    let now = Instant::now();
+    install(&mut state, key, &mut producer, now);
+    assert_eq!(state.pools(now)[0].coverage, Coverage::Complete);
+
+    let mut degraded = catalog_of(relay, 2, &[&producer]);
+    degraded.coverage = vec![PoolCoverage {
+        pool_id: producer.descriptor.producer.pool_id,
+        state: CoverageState::Degraded,
+        unroutable_percent: 90,
+    }];
+    let change = state.apply_catalog(0, &degraded).unwrap();
+    assert!(change.added.is_empty() && change.removed.is_empty());
+    let status = &state.pools(now)[0];
+    assert_eq!(
+        status.replica,
+        ReplicaStatus::Current,
+        "its replica still answers"
+    );
+    assert_eq!(
+        status.coverage,
+        Coverage::Degraded {
+            unroutable_percent: 90
+        }
+    );
+    let ranking = state.score(&request(vec![1; 8]), now).unwrap();
+    let leg = &ranking.candidates[0].legs[0];
+    assert_eq!(leg.coverage.as_str(), "degraded");
+    assert_eq!(leg.coverage.unroutable_percent(), 90);
+    assert!(
+        leg.prefix_blocks.is_some(),
+        "a degraded pool is still scored"
+    );
+
+    // A state from a newer relay is reported, never taken for complete.
+    degraded.revision = 3;
+    degraded.coverage[0].state = CoverageState::from_code(7);
+    state.apply_catalog(0, &degraded).unwrap();
+    let coverage = state.pools(now)[0].coverage;
+    assert!(!coverage.is_complete());
+    assert_eq!(coverage.as_str(), "unrecognized");
+
+    state
+        .apply_catalog(0, &catalog_of(relay, 4, &[&producer]))
+        .unwrap();
+    assert_eq!(state.pools(now)[0].coverage, Coverage::Complete);
+}
+
+#[test]
+fn malformed_coverage_refuses_the_whole_catalog() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    let mut update = catalog_of(relay, 1, &[&a]);
+    // Coverage of a pool the catalog does not list.
+    update.coverage = vec![PoolCoverage {
+        pool_id: b.descriptor.producer.pool_id,
+        state: CoverageState::Degraded,
+        unroutable_percent: 50,
+    }];
+    assert!(matches!(
+        state.apply_catalog(0, &update),
+        Err(CatalogError::MalformedCoverage(_))
     ));
     assert!(state.pools(Instant::now()).is_empty(), "nothing applied");
 }

@@ -397,6 +397,7 @@ impl TryFrom<proto::KvPoolCatalogUpdate> for ReceivedCatalog {
                 relay,
                 revision: update.revision,
                 pools,
+                coverage: Vec::new(),
             },
             unsupported,
         })
@@ -810,6 +811,7 @@ mod tests {
                 relay: v1::RelayIdentity { drt_instance_id: 1, relay_incarnation: revision },
                 revision,
                 pools: vec![pool],
+                coverage: Vec::new(),
             };
             let sent = proto::KvPoolCatalogUpdate::from(&catalog);
             prop_assert_eq!(sent.contract_marker, CONTRACT_MARKER);

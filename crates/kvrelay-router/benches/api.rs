@@ -19,7 +19,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::sync::Arc;
 
 use kvrelay_consumer::{
-    CandidateReadiness, CandidateShape, Ranking, ReplicaStatus, ScoredCandidate, ScoredLeg,
+    CandidateReadiness, CandidateShape, Coverage, Ranking, ReplicaStatus, ScoredCandidate,
+    ScoredLeg,
 };
 use kvrelay_router::api::{self, BatchRequest, RouteRequest, RouteResponse};
 use kvrelay_router::config::HttpSection;
@@ -76,6 +77,7 @@ fn ranking(n: usize) -> Ranking {
                     endpoint: endpoint.clone(),
                     block_size: 16,
                     replica: ReplicaStatus::Current,
+                    coverage: Coverage::Complete,
                     prefix_blocks: Some(i as u32 % 65),
                     prefix_tokens: Some(i as u32 % 65 * 16),
                     load: Some(0.1 + i as f64 / 1_000.0),

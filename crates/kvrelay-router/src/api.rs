@@ -374,6 +374,13 @@ pub struct LegView<'a> {
     pub block_size: u32,
     /// The replica's state for this answer.
     pub replica: &'static str,
+    /// What the relay says of the pool's filter: `complete`, `degraded` (an engine's
+    /// history was lost: a prefix found is cached, one not found may be too) or
+    /// `unrecognized` (a newer relay's state).
+    pub coverage: &'static str,
+    /// The share of the pool's recent events its relay could not route, percent (0 when
+    /// complete).
+    pub unroutable_percent: u8,
     /// Estimated cached leading blocks; `null` when the replica is unusable.
     pub prefix_blocks: Option<u32>,
     /// Estimated cached leading tokens; `null` when the replica is unusable.
@@ -416,6 +423,8 @@ impl<'a> From<&'a ScoredLeg> for LegView<'a> {
             endpoint: &leg.endpoint,
             block_size: leg.block_size,
             replica: leg.replica.as_str(),
+            coverage: leg.coverage.as_str(),
+            unroutable_percent: leg.coverage.unroutable_percent(),
             prefix_blocks: leg.prefix_blocks,
             prefix_tokens: leg.prefix_tokens,
             load: leg.load,
@@ -462,6 +471,10 @@ pub struct PoolView {
     pub pool: String,
     /// The replica's state.
     pub replica: &'static str,
+    /// What the relay says of the pool's filter (as in a route answer's legs).
+    pub coverage: &'static str,
+    /// The share of the pool's recent events its relay could not route, percent.
+    pub unroutable_percent: u8,
     /// The installed sequence, when ready.
     pub sequence: Option<u64>,
     /// The newest sequence the relay announced.
@@ -507,6 +520,8 @@ impl PoolsView {
                     dc: pool.dc.clone(),
                     pool: pool.pool.clone(),
                     replica: pool.replica.as_str(),
+                    coverage: pool.coverage.as_str(),
+                    unroutable_percent: pool.coverage.unroutable_percent(),
                     sequence: pool.sequence,
                     announced_sequence: pool.announced_sequence,
                     age_seconds: pool.age.map(|age: Duration| age.as_secs_f64()),

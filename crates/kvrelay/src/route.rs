@@ -196,6 +196,8 @@ fn report_json(report: &RouteReport) -> Value {
             "dc": p.dc,
             "pool": p.pool,
             "replica": p.replica.as_str(),
+            "coverage": p.coverage.as_str(),
+            "unroutable_percent": p.coverage.unroutable_percent(),
             "sequence": p.sequence,
         })).collect::<Vec<_>>(),
         "relay_errors": report.relay_errors.iter().map(|(dc, error)| json!({
@@ -226,6 +228,8 @@ fn candidate_json(rank: usize, candidate: &ScoredCandidate) -> Value {
             "endpoint": &*leg.endpoint,
             "block_size": leg.block_size,
             "replica": leg.replica.as_str(),
+            "coverage": leg.coverage.as_str(),
+            "unroutable_percent": leg.coverage.unroutable_percent(),
             "prefix_blocks": leg.prefix_blocks,
             "prefix_tokens": leg.prefix_tokens,
             "load": leg.load,

@@ -126,6 +126,7 @@ fn catalog(relay: RelayIdentity, n_pools: usize, bucket_count: u64) -> CatalogUp
         relay,
         revision: 1,
         pools,
+        coverage: Vec::new(),
     }
 }
 

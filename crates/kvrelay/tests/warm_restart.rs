@@ -362,4 +362,40 @@ async fn a_killed_relay_restarts_exact_from_its_checkpoint_past_a_short_replay_r
         "{lost}"
     );
     assert!(relay.log().contains("checkpoint discarded"));
+
+    // Every store from here on chains to blocks the relay lost, so the pool turns
+    // degraded: readiness and the stats say so, and so does the catalog, which a consumer
+    // following the relay shows on the pool (still answering: its replica is current).
+    let consumer = support::quick_consumer(vec![kvrelay_consumer::RelayEndpoint::new(
+        &relay.wan.to_string(),
+        "dc-test",
+    )]);
+    let deadline = Instant::now() + DEADLINE;
+    let pool = loop {
+        engine.publish_next();
+        if let Some(pool) = consumer
+            .pools()
+            .into_iter()
+            .find(|pool| !pool.coverage.is_complete())
+        {
+            break pool;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never saw the pool degraded: {:?}\nrelay log:\n{}",
+            consumer.pools(),
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(pool.coverage.as_str(), "degraded");
+    assert!(pool.coverage.unroutable_percent() >= 50, "{pool:?}");
+    let (status, body) = get(relay.admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("degraded"), "{body}");
+    let degraded = stats_until(&relay, |stats| !stats["degraded"].is_null()).await;
+    assert!(
+        degraded["degraded"]["unroutable_events"].as_u64() > Some(0),
+        "{degraded}"
+    );
 }

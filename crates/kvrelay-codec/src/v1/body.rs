@@ -165,6 +165,24 @@ pub(crate) fn decode_body<T: DeserializeOwned>(
     Ok(value)
 }
 
+/// Decodes the fields a minor version appended to a message (`T`, added in minor
+/// `since`) from `rest`, the bytes after the fields of older minors. A sender older than
+/// `since` wrote none (its trailing bytes are refused like any message's): `T::default()`;
+/// so is an empty `rest` (a sender that wrote nothing after the older fields).
+pub(crate) fn decode_appended<T: DeserializeOwned + Default>(
+    kind: MessageKind,
+    rest: &[u8],
+    minor: u16,
+    since: u16,
+) -> Result<T, DecodeError> {
+    if minor < since || rest.is_empty() {
+        decode_body::<()>(kind, rest, minor)?;
+        Ok(T::default())
+    } else {
+        decode_body(kind, rest, minor)
+    }
+}
+
 /// Decodes one `T` from the front of `body`, returning it and the bytes it used.
 pub(crate) fn decode_prefix<T: DeserializeOwned>(
     kind: MessageKind,

@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
-use super::body::{DecodeError, EncodeError, decode_body, encode_body};
-use super::code::WorkerRole;
+use super::body::{DecodeError, EncodeError, decode_appended, decode_prefix, encode_body};
+use super::code::{CoverageState, WorkerRole};
 use super::identity::{
     EndpointId, ModelRegistration, PoolId, ProducerIdentity, QuerySemantics, RelayIdentity,
 };
@@ -25,6 +25,25 @@ pub struct CatalogUpdate {
     pub revision: u64,
     /// Every pool, in pool id order.
     pub pools: Vec<PoolDescriptor>,
+    /// Pools whose filter is known to be incomplete, each named once and listed in
+    /// `pools`; a pool not named here is complete. Protocol minor 2 appends it to the
+    /// body: an older sender's catalog decodes with none, an older receiver skips it.
+    #[serde(default)]
+    pub coverage: Vec<PoolCoverage>,
+}
+
+/// A pool whose filter is known to be incomplete, and by how much.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCoverage {
+    /// The pool (one of the catalog's).
+    pub pool_id: PoolId,
+    /// What is wrong with its filter. An unrecognized code is a newer relay's state: a
+    /// consumer reports it, never takes it for complete.
+    pub state: CoverageState,
+    /// The share of the pool's recent events its filter could not take, in percent
+    /// (0 to 100; the relay rounds it to a multiple of 10, so a share that drifts does not
+    /// re-send the catalog on every reading).
+    pub unroutable_percent: u8,
 }
 
 /// One pool: its producer generation and what it serves.
@@ -112,16 +131,72 @@ impl CatalogUpdate {
                 },
             });
         }
+        self.validate_coverage()?;
         Ok(verdict)
     }
 
-    /// Appends the body to `dst`.
-    pub fn encode_body(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
-        encode_body(MessageKind::CatalogUpdate, self, dst)
+    /// Checks `coverage` alone: each entry names a listed pool, once, with a share of at
+    /// most 100 percent (an unrecognized state is a newer relay's, not malformed).
+    pub fn validate_coverage(&self) -> Result<(), EntryError> {
+        for (index, coverage) in self.coverage.iter().enumerate() {
+            let error = if coverage.unroutable_percent > 100 {
+                Some(ValidationError::CoverageShare {
+                    percent: coverage.unroutable_percent,
+                })
+            } else if !self
+                .pools
+                .iter()
+                .any(|pool| pool.pool_id() == &coverage.pool_id)
+            {
+                Some(ValidationError::CoverageOfUnlistedPool {
+                    pool: coverage.pool_id.to_string(),
+                })
+            } else {
+                None
+            };
+            if let Some(error) = error {
+                return Err(EntryError {
+                    collection: "coverage",
+                    index,
+                    error,
+                });
+            }
+        }
+        if let Some((index, pool_id)) = first_duplicate(self.coverage.iter().map(|c| &c.pool_id)) {
+            return Err(EntryError {
+                collection: "coverage",
+                index,
+                error: ValidationError::DuplicateEntry {
+                    field: "coverage",
+                    key: pool_id.to_string(),
+                },
+            });
+        }
+        Ok(())
     }
 
-    /// Decodes a body sent with protocol minor `minor`.
+    /// Appends the body to `dst`: the fields of minor 0, then `coverage` (minor 2).
+    pub fn encode_body(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
+        let kind = MessageKind::CatalogUpdate;
+        encode_body(kind, &(&self.relay, self.revision, &self.pools), dst)?;
+        encode_body(kind, &self.coverage, dst)
+    }
+
+    /// Decodes a body sent with protocol minor `minor`. A body of minor 0 or 1 ends after
+    /// `pools` (no coverage: every pool complete); from minor 2 on `coverage` follows.
     pub fn decode_body(body: &[u8], minor: u16) -> Result<Self, DecodeError> {
-        decode_body(MessageKind::CatalogUpdate, body, minor)
+        let kind = MessageKind::CatalogUpdate;
+        let ((relay, revision, pools), used) =
+            decode_prefix::<(RelayIdentity, u64, Vec<PoolDescriptor>)>(kind, body)?;
+        let coverage = decode_appended(kind, &body[used..], minor, COVERAGE_MINOR)?;
+        Ok(Self {
+            relay,
+            revision,
+            pools,
+            coverage,
+        })
     }
 }
+
+/// The protocol minor that appended `coverage` to the catalog body.
+const COVERAGE_MINOR: u16 = 2;

@@ -131,6 +131,16 @@ wire_code! {
 }
 
 wire_code! {
+    /// How completely a pool's filter covers what its engines cache (protocol minor 2).
+    CoverageState {
+        /// Most of the pool's recent events were unroutable: stored blocks whose parents
+        /// the relay never saw (an engine's history was lost). What the filter holds is
+        /// right, but it misses blocks the engines cache.
+        Degraded = 1, "degraded";
+    }
+}
+
+wire_code! {
     /// A worker role in a disaggregated deployment.
     WorkerRole {
         /// Prefill worker.

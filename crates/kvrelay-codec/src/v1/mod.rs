@@ -19,9 +19,10 @@ pub mod topology;
 pub mod validation;
 
 pub use body::{DecodeError, EncodeError};
-pub use catalog::{CatalogUpdate, PoolDescriptor};
+pub use catalog::{CatalogUpdate, PoolCoverage, PoolDescriptor};
 pub use code::{
-    ErrorReason, HashFormat, IdentitySource, PoolFrameKind, ReadinessState, WorkerRole,
+    CoverageState, ErrorReason, HashFormat, IdentitySource, PoolFrameKind, ReadinessState,
+    WorkerRole,
 };
 pub use identity::{
     CkfFormat, DigestId, EndpointId, ModelRegistration, POOL_IDENTITY_VERSION, PoolId,

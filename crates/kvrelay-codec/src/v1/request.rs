@@ -3,7 +3,7 @@
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
-use super::body::{DecodeError, EncodeError, decode_body, decode_prefix, encode_body};
+use super::body::{DecodeError, EncodeError, decode_appended, decode_prefix, encode_body};
 use super::code::ErrorReason;
 use super::identity::ProducerIdentity;
 use super::info::ErrorMessage;
@@ -135,14 +135,9 @@ impl StreamRequest {
     /// Decodes a body sent with protocol minor `minor`.
     pub fn decode_body(body: &[u8], minor: u16) -> Result<Self, DecodeError> {
         let (wire, used): (RequestWire, usize) = decode_prefix(MessageKind::StreamRequest, body)?;
-        let rest = &body[used..];
         // A minor-0 sender has nothing after its body; minor 1 and newer append fields.
-        let minor1 = if minor == 0 || rest.is_empty() {
-            decode_body::<()>(MessageKind::StreamRequest, rest, minor)?;
-            RequestWireMinor1::default()
-        } else {
-            decode_body(MessageKind::StreamRequest, rest, minor)?
-        };
+        let minor1: RequestWireMinor1 =
+            decode_appended(MessageKind::StreamRequest, &body[used..], minor, 1)?;
         let needs_producer = wire.rpc == 3;
         let rpc = match (wire.rpc, wire.expected_producer) {
             (1, None) => StreamRpc::RelayInfo,

@@ -136,6 +136,18 @@ pub enum ValidationError {
         /// The repeated key, displayed.
         key: String,
     },
+    /// A catalog's coverage names a pool the catalog does not list.
+    #[error("coverage names pool {pool}, which the catalog does not list")]
+    CoverageOfUnlistedPool {
+        /// The pool, displayed.
+        pool: String,
+    },
+    /// A coverage share above 100 percent.
+    #[error("coverage: unroutable_percent {percent} is above 100")]
+    CoverageShare {
+        /// The share sent.
+        percent: u8,
+    },
     /// Counters that contradict each other.
     #[error("{field}: {detail}")]
     Inconsistent {

@@ -130,13 +130,34 @@ pub(crate) fn descriptor() -> impl Strategy<Value = PoolDescriptor> {
         )
 }
 
+/// A catalog whose coverage names some of its own pools (any state code, any share).
 pub(crate) fn catalog() -> impl Strategy<Value = CatalogUpdate> {
-    (relay(), any::<u64>(), vec(descriptor(), 0..4)).prop_map(|(relay, revision, pools)| {
-        CatalogUpdate {
-            relay,
-            revision,
-            pools,
-        }
+    (relay(), any::<u64>(), vec(descriptor(), 0..4)).prop_flat_map(|(relay, revision, pools)| {
+        let n = pools.len();
+        vec(
+            option::of((code(CoverageState::from_code), any::<u8>())),
+            n..=n,
+        )
+        .prop_map(move |marks| {
+            let coverage = pools
+                .iter()
+                .zip(marks)
+                .filter_map(|(pool, mark)| {
+                    let (state, unroutable_percent) = mark?;
+                    Some(PoolCoverage {
+                        pool_id: pool.producer.pool_id,
+                        state,
+                        unroutable_percent,
+                    })
+                })
+                .collect();
+            CatalogUpdate {
+                relay,
+                revision,
+                pools: pools.clone(),
+                coverage,
+            }
+        })
     })
 }
 

@@ -272,6 +272,7 @@ impl Core {
             relay: self.relay,
             revision: self.revision,
             pools,
+            coverage: Vec::new(),
         }
     }
 
@@ -340,6 +341,7 @@ impl FakeRelay {
             relay,
             revision: 0,
             pools: Vec::new(),
+            coverage: Vec::new(),
         };
         let (catalog_tx, _) = watch::channel(empty_catalog);
         let (load_tx, _) = watch::channel(LoadWindow {
@@ -1143,5 +1145,6 @@ pub(crate) fn catalog_of(
         relay,
         revision,
         pools: producers.iter().map(|p| p.descriptor.clone()).collect(),
+        coverage: Vec::new(),
     }
 }

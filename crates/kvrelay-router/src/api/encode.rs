@@ -77,6 +77,10 @@ fn write_leg(out: &mut Vec<u8>, leg: &ScoredLeg) {
     integer(out, leg.block_size);
     out.extend_from_slice(b",\"replica\":");
     string(out, leg.replica.as_str());
+    out.extend_from_slice(b",\"coverage\":");
+    string(out, leg.coverage.as_str());
+    out.extend_from_slice(b",\"unroutable_percent\":");
+    integer(out, leg.coverage.unroutable_percent());
     out.extend_from_slice(b",\"prefix_blocks\":");
     or_null(out, leg.prefix_blocks, integer);
     out.extend_from_slice(b",\"prefix_tokens\":");

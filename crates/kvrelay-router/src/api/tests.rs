@@ -331,7 +331,7 @@ fn the_fast_parser_declines_what_serde_refuses_and_parse_names_the_field() {
 mod direct_encoding {
     use std::sync::Arc;
 
-    use kvrelay_consumer::{CandidateReadiness, CandidateShape, ReplicaStatus};
+    use kvrelay_consumer::{CandidateReadiness, CandidateShape, Coverage, ReplicaStatus};
     use proptest::prelude::*;
 
     use super::*;
@@ -383,12 +383,25 @@ mod direct_encoding {
             prop::sample::select(vec!["aggregated", "prefill", "decode", "decode_only"]),
             (text(), text()),
             any::<u32>(),
-            prop::sample::select(vec![
-                ReplicaStatus::Current,
-                ReplicaStatus::Assembling,
-                ReplicaStatus::Stale,
-                ReplicaStatus::Missing,
-            ]),
+            (
+                prop::sample::select(vec![
+                    ReplicaStatus::Current,
+                    ReplicaStatus::Assembling,
+                    ReplicaStatus::Stale,
+                    ReplicaStatus::Missing,
+                ]),
+                prop_oneof![
+                    Just(Coverage::Complete),
+                    any::<u8>()
+                        .prop_map(|unroutable_percent| Coverage::Degraded { unroutable_percent }),
+                    (any::<u32>(), any::<u8>()).prop_map(|(code, unroutable_percent)| {
+                        Coverage::Unrecognized {
+                            code,
+                            unroutable_percent,
+                        }
+                    }),
+                ],
+            ),
             (
                 prop::option::of(any::<u32>()),
                 prop::option::of(any::<u32>()),
@@ -396,12 +409,20 @@ mod direct_encoding {
             prop::option::of(float()),
         )
             .prop_map(
-                |(role, (pool, endpoint), block_size, replica, (blocks, tokens), load)| ScoredLeg {
+                |(
+                    role,
+                    (pool, endpoint),
+                    block_size,
+                    (replica, coverage),
+                    (blocks, tokens),
+                    load,
+                )| ScoredLeg {
                     role,
                     pool: Arc::from(pool),
                     endpoint: Arc::from(endpoint),
                     block_size,
                     replica,
+                    coverage,
                     prefix_blocks: blocks,
                     prefix_tokens: tokens,
                     load,

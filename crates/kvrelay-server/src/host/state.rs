@@ -102,6 +102,7 @@ impl HostState {
                 relay,
                 revision: 0,
                 pools: Vec::new(),
+                coverage: Vec::new(),
             })),
             load: watch::Sender::new(Arc::new(LoadWindow {
                 relay,

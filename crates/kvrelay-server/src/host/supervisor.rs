@@ -323,10 +323,12 @@ impl Supervisor {
                 Command::PublishCatalog {
                     catalog,
                     withheld,
+                    degraded,
                     revision,
                 } => {
-                    self.state
-                        .publish_catalog(wire::catalog_update(&catalog, &withheld, revision));
+                    self.state.publish_catalog(wire::catalog_update(
+                        &catalog, &withheld, &degraded, revision,
+                    ));
                 }
                 Command::PublishTopology(snapshot) => {
                     self.state

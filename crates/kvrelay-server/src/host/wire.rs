@@ -4,7 +4,7 @@
 //! this module only assembles the messages the codec has no domain counterpart for.
 //! Only the host builds wire states; the WAN server only encodes them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kvrelay_codec::v1::{
@@ -41,11 +41,13 @@ fn roles(roles: &[WorkerRole]) -> Vec<v1::WorkerRole> {
 }
 
 /// The advertised catalog: the registry's pools except `withheld` ones (stalled pools
-/// consumers must not trust), under `revision` (the registry revision plus the times the
-/// withheld set changed, so it moves whenever the content does).
+/// consumers must not trust), the `degraded` ones among them named in its coverage with
+/// their unroutable share (percent), under `revision` (the registry revision plus the
+/// times the withheld set or the shares changed, so it moves whenever the content does).
 pub(crate) fn catalog_update(
     catalog: &PoolCatalog,
     withheld: &BTreeSet<kvrelay_identity::PoolId>,
+    degraded: &BTreeMap<kvrelay_identity::PoolId, u8>,
     revision: u64,
 ) -> CatalogUpdate {
     let pools = catalog
@@ -59,10 +61,23 @@ pub(crate) fn catalog_update(
             pool_roles: roles(&pool.pool_roles),
         })
         .collect();
+    let coverage = catalog
+        .pools()
+        .filter(|pool| !withheld.contains(&pool.pool_id()))
+        .filter_map(|pool| {
+            let percent = *degraded.get(&pool.pool_id())?;
+            Some(v1::PoolCoverage {
+                pool_id: pool.pool_id().into(),
+                state: v1::CoverageState::Degraded,
+                unroutable_percent: percent.min(100),
+            })
+        })
+        .collect();
     CatalogUpdate {
         relay: catalog.relay().into(),
         revision,
         pools,
+        coverage,
     }
 }
 

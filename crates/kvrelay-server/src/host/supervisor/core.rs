@@ -20,7 +20,9 @@
 //!   `degraded_readings` health readings (stored blocks whose parent chain was never
 //!   seen: the engine's history is lost, so the filter misses what it caches) is
 //!   *degraded*: named by readiness with the share, counted, still advertised (what it
-//!   holds is right, only incomplete), until a window passes with less than half;
+//!   holds is right, only incomplete) with its share in the catalog's coverage (rounded to
+//!   10 %, so consumers see it and a drifting share does not re-send the catalog), until a
+//!   window passes with less than half;
 //! - a pool whose actor holds pending events without progress for `stall_bound` is
 //!   *stalled*: withheld from the advertised catalog and named by readiness until it
 //!   makes progress again.
@@ -108,10 +110,12 @@ pub(crate) enum Command {
     },
     /// Route each source's events to its pool generation.
     PublishRoutes(Vec<RoutePlan>),
-    /// Advertise `catalog` without the `withheld` pools, under `revision`.
+    /// Advertise `catalog` without the `withheld` pools, each `degraded` pool with its
+    /// unroutable share (percent), under `revision`.
     PublishCatalog {
         catalog: PoolCatalog,
         withheld: BTreeSet<PoolId>,
+        degraded: BTreeMap<PoolId, u8>,
         revision: u64,
     },
     /// Publish serving readiness.
@@ -147,6 +151,20 @@ pub(crate) struct HealthFact {
 pub(crate) struct Degraded {
     pub(crate) unroutable_events: u64,
     pub(crate) events: u64,
+}
+
+impl Degraded {
+    /// The unroutable share in percent, rounded to the nearest multiple of 10.
+    pub(crate) fn unroutable_percent_rounded(self) -> u8 {
+        let events = self.events.max(1);
+        let tenths = self
+            .unroutable_events
+            .min(events)
+            .saturating_mul(10)
+            .saturating_add(events / 2)
+            / events;
+        u8::try_from(tenths * 10).unwrap_or(100)
+    }
 }
 
 /// Readiness and per-pool facts, for admin and metrics.
@@ -221,9 +239,12 @@ pub(crate) struct SupervisionCore {
     /// Per attached pool and generation: its last `degraded_readings + 1` cumulative
     /// (applied, unroutable) event counts, oldest first.
     event_history: BTreeMap<(PoolId, u64), VecDeque<(u64, u64)>>,
-    /// Times the withheld set changed: added to the registry revision so the advertised
-    /// catalog's revision moves whenever its content does.
-    withheld_changes: u64,
+    /// Degraded pools with the unroutable share they are advertised with (percent, a
+    /// multiple of 10).
+    degraded: BTreeMap<PoolId, u8>,
+    /// Times the withheld set or the degraded shares changed: added to the registry
+    /// revision so the advertised catalog's revision moves whenever its content does.
+    advertised_changes: u64,
     catalog: Option<PoolCatalog>,
     topology: Option<TopologyState>,
     topology_published: bool,
@@ -246,7 +267,8 @@ impl SupervisionCore {
             pool_sources: BTreeMap::new(),
             stalled: BTreeSet::new(),
             event_history: BTreeMap::new(),
-            withheld_changes: 0,
+            degraded: BTreeMap::new(),
+            advertised_changes: 0,
             catalog: None,
             topology: None,
             topology_published: false,
@@ -426,7 +448,8 @@ impl SupervisionCore {
                 next.remove(&binding.pool);
             }
         }
-        self.replace_stalled(next);
+        let degraded = self.degraded_shares();
+        self.replace_advertised(next, degraded);
     }
 
     /// The load window ticked.
@@ -693,7 +716,8 @@ impl SupervisionCore {
         self.event_history
             .retain(|(pool, _), _| live.contains(pool));
         let next: BTreeSet<PoolId> = self.stalled.intersection(&live).copied().collect();
-        self.replace_stalled(next);
+        let degraded = self.degraded_shares();
+        self.replace_advertised(next, degraded);
         self.update_topology();
     }
 
@@ -708,6 +732,25 @@ impl SupervisionCore {
             unroutable_events: unroutable,
             events: applied.saturating_add(unroutable),
         })
+    }
+
+    /// Every attached generation that is degraded now, with its unroutable share in
+    /// percent rounded to a multiple of 10 (what the catalog advertises).
+    fn degraded_shares(&self) -> BTreeMap<PoolId, u8> {
+        self.slots
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Attached {
+                    binding,
+                    generation,
+                    ..
+                } => {
+                    let degraded = self.degraded(binding.pool, *generation)?;
+                    Some((binding.pool, degraded.unroutable_percent_rounded()))
+                }
+                Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
+            })
+            .collect()
     }
 
     fn attached_pools(&self) -> impl Iterator<Item = PoolId> + '_ {
@@ -760,10 +803,11 @@ impl SupervisionCore {
         }
     }
 
-    fn replace_stalled(&mut self, next: BTreeSet<PoolId>) {
-        if next != self.stalled {
-            self.stalled = next;
-            self.withheld_changes += 1;
+    fn replace_advertised(&mut self, stalled: BTreeSet<PoolId>, degraded: BTreeMap<PoolId, u8>) {
+        if stalled != self.stalled || degraded != self.degraded {
+            self.stalled = stalled;
+            self.degraded = degraded;
+            self.advertised_changes += 1;
             self.publish_catalog();
         }
     }
@@ -775,7 +819,8 @@ impl SupervisionCore {
         self.commands.push_back(Command::PublishCatalog {
             catalog: catalog.clone(),
             withheld: self.stalled.clone(),
-            revision: catalog.revision().saturating_add(self.withheld_changes),
+            degraded: self.degraded.clone(),
+            revision: catalog.revision().saturating_add(self.advertised_changes),
         });
     }
 

@@ -139,10 +139,19 @@ fn last_routes(commands: &[Command]) -> Option<Vec<RoutePlan>> {
 }
 
 fn last_catalog(commands: &[Command]) -> Option<(BTreeSet<PoolId>, u64)> {
+    last_catalog_with_coverage(commands).map(|(withheld, _, revision)| (withheld, revision))
+}
+
+fn last_catalog_with_coverage(
+    commands: &[Command],
+) -> Option<(BTreeSet<PoolId>, BTreeMap<PoolId, u8>, u64)> {
     commands.iter().rev().find_map(|command| match command {
         Command::PublishCatalog {
-            withheld, revision, ..
-        } => Some((withheld.clone(), *revision)),
+            withheld,
+            degraded,
+            revision,
+            ..
+        } => Some((withheld.clone(), degraded.clone(), *revision)),
         _ => None,
     })
 }
@@ -520,6 +529,11 @@ fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
     core.handle_pool_health(&reading(100, 0));
     core.handle_pool_health(&reading(200, 1));
     assert!(core.facts().unready.is_empty());
+    assert_eq!(
+        last_catalog(&drain(&mut core)),
+        None,
+        "nothing to re-advertise"
+    );
     assert!(
         core.facts()
             .pools
@@ -542,11 +556,39 @@ fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
     );
     assert_eq!(facts.unready.len(), 1, "{facts:?}");
     assert!(facts.unready[0].contains("degraded"), "{facts:?}");
+    // Consumers see it: the catalog is re-advertised under a new revision with the pool's
+    // share (120 of 230 = 52 %, advertised as 50 %).
+    let (withheld, degraded, degraded_revision) =
+        last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert!(withheld.is_empty());
+    assert_eq!(degraded, BTreeMap::from([(pool.pool, 50)]));
+    // A share that moves within its 10 % step re-sends nothing (window 200/1 .. 310/111:
+    // 110 of 220).
+    core.handle_pool_health(&reading(310, 111));
+    assert_eq!(
+        core.facts()
+            .pools
+            .values()
+            .next()
+            .unwrap()
+            .degraded
+            .map(|d| d.events),
+        Some(220)
+    );
+    assert_eq!(last_catalog(&drain(&mut core)), None);
+    // One that crosses a step does (205/60 .. 400/353: 293 of 488 = 60 %).
+    core.handle_pool_health(&reading(400, 353));
+    let (_, degraded, revision) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert_eq!(degraded, BTreeMap::from([(pool.pool, 60)]));
+    assert!(revision > degraded_revision);
     // Recovered (e.g. a full replay): a window of applied events clears it.
     for n in 1..=3 {
-        core.handle_pool_health(&reading(210 + 100 * n, 120));
+        core.handle_pool_health(&reading(400 + 100 * n, 353));
     }
     assert!(core.facts().unready.is_empty());
+    let (_, degraded, recovered_revision) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert!(degraded.is_empty(), "complete again: {degraded:?}");
+    assert!(recovered_revision > revision);
     assert!(
         core.facts()
             .pools
