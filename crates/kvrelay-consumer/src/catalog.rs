@@ -84,6 +84,9 @@ pub enum Coverage {
         /// The unroutable share of its recent events, percent (a multiple of 10).
         unroutable_percent: u8,
     },
+    /// The relay is rebuilding the filter from its engines' replay (a relay start, a
+    /// resume, a restarted engine): it misses what the replay has not reached yet.
+    Recovering,
     /// A state a newer relay sent that this consumer does not know: not complete.
     Unrecognized {
         /// The state's wire code.
@@ -99,6 +102,7 @@ impl Coverage {
         match self {
             Self::Complete => "complete",
             Self::Degraded { .. } => "degraded",
+            Self::Recovering => "recovering",
             Self::Unrecognized { .. } => "unrecognized",
         }
     }
@@ -111,7 +115,7 @@ impl Coverage {
     /// The share of recent events the relay could not route, percent (0 when complete).
     pub fn unroutable_percent(self) -> u8 {
         match self {
-            Self::Complete => 0,
+            Self::Complete | Self::Recovering => 0,
             Self::Degraded { unroutable_percent }
             | Self::Unrecognized {
                 unroutable_percent, ..
@@ -124,6 +128,7 @@ impl Coverage {
         let unroutable_percent = coverage.unroutable_percent;
         match coverage.state {
             kvrelay_codec::v1::CoverageState::Degraded => Self::Degraded { unroutable_percent },
+            kvrelay_codec::v1::CoverageState::Recovering => Self::Recovering,
             other => Self::Unrecognized {
                 code: other.code(),
                 unroutable_percent,

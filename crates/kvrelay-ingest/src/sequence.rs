@@ -189,12 +189,15 @@ enum State<P> {
     /// replay delivered may still arrive.
     Live { next: u64, late: Option<LateCopies> },
     /// A replay runs; `next` is the next sequence the replay must deliver; `delivered`
-    /// the first sequence it delivered, once it has.
+    /// the first sequence it delivered, once it has; `joining` when it recovers the
+    /// engine's history from its start (a join, a resume, a restarted engine) rather than
+    /// filling a gap or probing a tail.
     Replaying {
         next: u64,
         epoch: u64,
         buffered: VecDeque<(u64, P)>,
         delivered: Option<u64>,
+        joining: bool,
     },
 }
 
@@ -256,7 +259,7 @@ impl<P> SequenceTracker<P> {
             tracker.state = State::Live { next, late: None };
             return tracker;
         }
-        tracker.state = tracker.request_replay(last_applied, next, VecDeque::new());
+        tracker.state = tracker.request_replay(last_applied, next, VecDeque::new(), true);
         tracker
     }
 
@@ -283,6 +286,20 @@ impl<P> SequenceTracker<P> {
         matches!(self.state, State::Replaying { .. })
     }
 
+    /// Whether the engine's history is still being recovered: with a replay endpoint,
+    /// nothing has been applied yet (no batch, or an idle engine not probed yet), or the
+    /// replay in progress recovers the engine from its start (joining a running engine,
+    /// resuming a checkpoint, following a restarted engine). Filling a gap or probing a
+    /// tail is not joining: what was applied before stays applied. Without a replay
+    /// endpoint there is nothing to wait for: the first batch is applied as it comes.
+    pub fn is_joining(&self) -> bool {
+        match self.state {
+            State::Fresh => self.config.replay_available,
+            State::Replaying { joining, .. } => joining,
+            State::Live { .. } => false,
+        }
+    }
+
     /// The sequence expected next (`None` before the first batch).
     pub fn next_seq(&self) -> Option<u64> {
         match self.state {
@@ -296,7 +313,7 @@ impl<P> SequenceTracker<P> {
         let state = std::mem::replace(&mut self.state, State::Fresh);
         self.state = match state {
             State::Fresh if seq == 0 || !self.config.replay_available => self.apply(seq, payload),
-            State::Fresh => self.start_replay(0, seq, payload),
+            State::Fresh => self.start_replay(0, seq, payload, true),
             State::Live { next, .. } if seq == next => self.apply(seq, payload),
             State::Live { next, .. } if seq > next => {
                 self.actions.push_back(SequenceAction::Gap {
@@ -304,7 +321,7 @@ impl<P> SequenceTracker<P> {
                     got: seq,
                 });
                 if self.config.replay_available {
-                    self.start_replay(next, seq, payload)
+                    self.start_replay(next, seq, payload, false)
                 } else {
                     self.reset(ResetReason::GapWithoutReplay {
                         expected: next,
@@ -336,6 +353,7 @@ impl<P> SequenceTracker<P> {
                 epoch,
                 mut buffered,
                 delivered,
+                joining,
             } => {
                 let last = buffered.back().map(|(s, _)| *s);
                 if last.is_some_and(|last| seq <= last) {
@@ -361,6 +379,7 @@ impl<P> SequenceTracker<P> {
                         epoch,
                         buffered,
                         delivered,
+                        joining,
                     }
                 }
             }
@@ -374,6 +393,7 @@ impl<P> SequenceTracker<P> {
             epoch: current,
             buffered,
             delivered,
+            ..
         } = &mut self.state
         else {
             return;
@@ -409,7 +429,7 @@ impl<P> SequenceTracker<P> {
         let State::Live { next, .. } = self.state else {
             return false;
         };
-        self.state = self.request_replay(next, next, VecDeque::new());
+        self.state = self.request_replay(next, next, VecDeque::new(), false);
         true
     }
 
@@ -437,7 +457,7 @@ impl<P> SequenceTracker<P> {
         if !self.config.replay_available || !matches!(self.state, State::Fresh) {
             return false;
         }
-        self.state = self.request_replay(0, 0, VecDeque::new());
+        self.state = self.request_replay(0, 0, VecDeque::new(), true);
         true
     }
 
@@ -500,21 +520,28 @@ impl<P> SequenceTracker<P> {
         if seq == 0 || !self.config.replay_available {
             self.apply(seq, payload)
         } else {
-            self.start_replay(0, seq, payload)
+            self.start_replay(0, seq, payload, true)
         }
     }
 
-    fn start_replay(&mut self, from_seq: u64, seq: u64, payload: P) -> State<P> {
-        self.request_replay(from_seq, from_seq, VecDeque::from([(seq, payload)]))
+    fn start_replay(&mut self, from_seq: u64, seq: u64, payload: P, joining: bool) -> State<P> {
+        self.request_replay(
+            from_seq,
+            from_seq,
+            VecDeque::from([(seq, payload)]),
+            joining,
+        )
     }
 
     /// Asks for every batch from `from_seq` under a new epoch; the replay state expects
-    /// `next` first (the batches before it are already applied) and holds `buffered`.
+    /// `next` first (the batches before it are already applied) and holds `buffered`;
+    /// `joining` when it recovers the engine's history from its start.
     fn request_replay(
         &mut self,
         from_seq: u64,
         next: u64,
         buffered: VecDeque<(u64, P)>,
+        joining: bool,
     ) -> State<P> {
         self.epoch += 1;
         self.actions.push_back(SequenceAction::RequestReplay {
@@ -526,6 +553,7 @@ impl<P> SequenceTracker<P> {
             epoch: self.epoch,
             buffered,
             delivered: None,
+            joining,
         }
     }
 
@@ -587,6 +615,62 @@ mod tests {
 
     fn tracker_without_batches(replay_available: bool) -> SequenceTracker<&'static str> {
         tracker(replay_available)
+    }
+
+    /// Joining lasts until the engine's history is recovered from its start (a join, a
+    /// quiet join, a resume, a restarted engine), never through a gap or a tail probe, and
+    /// never without a replay endpoint.
+    #[test]
+    fn joining_lasts_until_the_history_from_the_engine_start_is_recovered() {
+        // A join: fresh, then the replay from 0 the first batch past 0 asks for.
+        let mut t = tracker(true);
+        assert!(t.is_joining(), "nothing applied yet");
+        t.handle_live(5, "f");
+        assert!(t.is_joining());
+        drain(&mut t);
+        for seq in 0..5 {
+            t.handle_replay(1, seq, "r");
+        }
+        assert!(t.is_joining(), "the replay has not ended");
+        t.handle_replay_end(1);
+        assert!(!t.is_joining());
+        // A gap and a tail probe are not joins.
+        t.handle_live(8, "h");
+        assert!(t.is_replaying() && !t.is_joining());
+        t.handle_replay_failed(2);
+        assert!(t.handle_idle());
+        assert!(t.is_replaying() && !t.is_joining());
+        t.handle_replay_end(3);
+        // A restarted engine is joined again from its start.
+        t.handle_live(2, "new incarnation");
+        assert!(t.is_joining());
+        t.handle_replay_end(4);
+        assert!(!t.is_joining());
+
+        // An idle engine: joining until the quiet join's replay ends.
+        let mut idle = tracker(true);
+        assert!(idle.handle_quiet_join());
+        assert!(idle.is_joining());
+        idle.handle_replay_end(1);
+        assert!(!idle.is_joining());
+
+        // A resume replays from the checkpointed batch: joining until it ends.
+        let mut resumed = SequenceTracker::<&'static str>::resumed(
+            SequenceConfig {
+                replay_available: true,
+                max_buffered: 3,
+            },
+            9,
+        );
+        assert!(resumed.is_joining());
+        resumed.handle_replay_end(1);
+        assert!(!resumed.is_joining());
+
+        // Without a replay endpoint nothing is waited for.
+        let mut plain = tracker(false);
+        assert!(!plain.is_joining());
+        plain.handle_live(5, "f");
+        assert!(!plain.is_joining());
     }
 
     fn tracker(replay_available: bool) -> SequenceTracker<&'static str> {

@@ -68,19 +68,26 @@ pub enum SourceState {
     Connecting,
     /// A publisher is connected (its handshake completed) and batches flow in order.
     Connected,
-    /// Connected, and a replay is filling a gap, a late join or a probed tail.
+    /// Connected, and a replay is filling a gap or probing a tail.
     Replaying,
     /// The reader failed or panicked; it is restarted after a backoff.
     Failed,
+    /// Connected, and the engine's history is still being recovered: its replay from
+    /// the start (joining a running engine, resuming a checkpoint, following a restarted
+    /// engine) has not ended, or an engine that has published nothing yet has not been
+    /// probed. Only sources with a replay endpoint join; what their pool holds for them
+    /// is incomplete until they have.
+    Joining,
 }
 
 impl SourceState {
     /// Every state, in label order.
-    pub const ALL: [SourceState; 4] = [
+    pub const ALL: [SourceState; 5] = [
         SourceState::Connecting,
         SourceState::Connected,
         SourceState::Replaying,
         SourceState::Failed,
+        SourceState::Joining,
     ];
 
     /// A stable lowercase name (metric label).
@@ -90,6 +97,7 @@ impl SourceState {
             SourceState::Connected => "connected",
             SourceState::Replaying => "replaying",
             SourceState::Failed => "failed",
+            SourceState::Joining => "joining",
         }
     }
 
@@ -98,10 +106,13 @@ impl SourceState {
         self == SourceState::Connected
     }
 
-    /// Whether events flow (a replaying source is connected and catching up): what a
-    /// pool's readiness asks of its sources.
+    /// Whether events flow (a replaying or joining source is connected and catching up):
+    /// what a pool's readiness asks of its sources.
     pub fn delivers(self) -> bool {
-        matches!(self, SourceState::Connected | SourceState::Replaying)
+        matches!(
+            self,
+            SourceState::Connected | SourceState::Replaying | SourceState::Joining
+        )
     }
 }
 
@@ -128,16 +139,18 @@ impl Transport {
 }
 
 /// The parts a source's state is made of: the reader owns `transport`, the driver owns
-/// `replaying`.
+/// `replaying` and `joining` (its sequence tracker's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StateParts {
     pub(crate) transport: SourceState,
     pub(crate) replaying: bool,
+    pub(crate) joining: bool,
 }
 
 impl StateParts {
     fn state(self) -> SourceState {
         match self.transport {
+            SourceState::Connected if self.joining => SourceState::Joining,
             SourceState::Connected if self.replaying => SourceState::Replaying,
             other => other,
         }
@@ -155,6 +168,7 @@ impl StateCell {
         let (tx, _rx) = watch::channel(StateParts {
             transport: initial,
             replaying: false,
+            joining: false,
         });
         Self { tx: Arc::new(tx) }
     }
@@ -167,10 +181,13 @@ impl StateCell {
         });
     }
 
-    pub(crate) fn set_replaying(&self, replaying: bool) {
+    /// The driver's sequence state: whether a replay runs, and whether the engine's
+    /// history is still being recovered ([`crate::SequenceTracker::is_joining`]).
+    pub(crate) fn set_sequence(&self, replaying: bool, joining: bool) {
         self.tx.send_if_modified(|parts| {
-            let changed = parts.replaying != replaying;
+            let changed = parts.replaying != replaying || parts.joining != joining;
             parts.replaying = replaying;
+            parts.joining = joining;
             changed
         });
     }

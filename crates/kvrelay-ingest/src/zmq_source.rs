@@ -295,7 +295,8 @@ impl Driver {
                 return;
             }
         }
-        self.state.set_replaying(sequence.is_replaying());
+        self.state
+            .set_sequence(sequence.is_replaying(), sequence.is_joining());
         let probe_idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
         // Armed by each live batch (a tail probe) and by a connect before any batch (a join
         // probe); fires after `probe_idle` of silence.
@@ -399,7 +400,8 @@ impl Driver {
                     return;
                 }
             }
-            self.state.set_replaying(sequence.is_replaying());
+            self.state
+                .set_sequence(sequence.is_replaying(), sequence.is_joining());
         }
     }
 
@@ -514,7 +516,7 @@ impl Driver {
     ) -> bool {
         sequence.forget();
         self.replay = None;
-        self.state.set_replaying(false);
+        self.state.set_sequence(false, sequence.is_joining());
         let idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
         *probe_at = Some(tokio::time::Instant::now() + idle);
         self.reset(ResetReason::ResumeMismatch { seq }).await

@@ -19,8 +19,8 @@ use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     BlockRemoved, BlockStored, CanonicalConfig, Canonicalizer, EngineBatch, EngineBlockHash,
     EngineEvent, EngineKind, EngineLayout, Limits, RejectionKind, ResetReason, SourceHandle,
-    SourceOutput, SourceSignal, TokenIds, ZmqSourceConfig, ZmqWire, encode_engine_batch,
-    encode_event_plane, spawn_zmq_source,
+    SourceOutput, SourceSignal, SourceState, TokenIds, ZmqSourceConfig, ZmqWire,
+    encode_engine_batch, encode_event_plane, spawn_zmq_source,
 };
 
 const BLOCK_SIZE: u32 = 4;
@@ -586,6 +586,17 @@ async fn a_relay_joining_an_idle_engine_recovers_what_it_published_before() {
     }
     engine.publish(vec![removed(&[1])], true).await;
     let mut source = probing_source(pub_endpoint, replay_endpoint);
+    // Connected to an engine that has published nothing since: joining (what the source
+    // holds is not the engine's history yet) until the quiet join's replay has ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while source.state() != SourceState::Joining {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never joining: {:?}",
+            source.state()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut state = State::new();
     let mut signals = Vec::new();
     drive_until_truth(
@@ -607,6 +618,7 @@ async fn a_relay_joining_an_idle_engine_recovers_what_it_published_before() {
     assert_eq!(stats.n_gaps, 0, "{stats:?}");
     assert_eq!(stats.n_resets, 0, "{stats:?}");
     assert_eq!(stats.n_replays, 1, "{stats:?}");
+    assert_eq!(source.state(), SourceState::Connected, "joined");
     assert!(source.shutdown().await, "source tasks did not stop");
     engine.stop().await;
 }

@@ -399,3 +399,71 @@ async fn a_killed_relay_restarts_exact_from_its_checkpoint_past_a_short_replay_r
         "{degraded}"
     );
 }
+
+/// A relay started next to an idle engine that published before it came up: until the
+/// quiet join's replay has recovered the engine's history, the pool is recovering (the
+/// relay's readiness names it, a consumer following it sees it), then complete with every
+/// block the engine holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_is_recovering_until_its_engines_history_is_replayed() {
+    let (publish, replay) = (free_addr(), free_addr());
+    let dir = tempfile::tempdir().unwrap();
+    let cards = dir.path().join("cards");
+    std::fs::create_dir_all(&cards).unwrap();
+    write_card(&cards, 4096);
+    let config = dir.path().join("relay.toml");
+    // The quiet join waits 2 s, so the recovering window is wide enough to watch.
+    std::fs::write(
+        &config,
+        format!(
+            "[ingest]\ntail_probe_idle_ms = 2000\n\n\
+             [[sources]]\nendpoint = \"{ENDPOINT}\"\nworker_id = 17\ndp_rank = 0\n\
+             engine = \"vllm\"\nzmq = \"tcp://{publish}\"\nreplay = \"tcp://{replay}\"\n"
+        ),
+    )
+    .unwrap();
+    let context = zmq::Context::new();
+    let mut engine = ReplayingEngine::bind(&context, publish, replay);
+    for _ in 0..5 {
+        engine.publish_next();
+    }
+    let relay = start(&cards, &config).await;
+    let consumer = support::quick_consumer(vec![kvrelay_consumer::RelayEndpoint::new(
+        &relay.wan.to_string(),
+        "dc-test",
+    )]);
+    let coverage =
+        |consumer: &kvrelay_consumer::Consumer| consumer.pools().first().map(|pool| pool.coverage);
+    let deadline = Instant::now() + DEADLINE;
+    while coverage(&consumer) != Some(kvrelay_consumer::Coverage::Recovering) {
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never saw the pool recovering: {:?}\nrelay log:\n{}",
+            consumer.pools(),
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, body) = get(relay.admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("recovering"), "{body}");
+
+    // The quiet join's replay recovers the five batches: complete, every block resident.
+    while coverage(&consumer) != Some(kvrelay_consumer::Coverage::Complete) {
+        assert!(
+            Instant::now() < deadline,
+            "the pool never became complete: {:?}\nrelay log:\n{}",
+            consumer.pools(),
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total = engine.blocks();
+    let stats = stats_until(&relay, |stats| stats["stats"]["resident_blocks"] == total).await;
+    assert_eq!(stats["joining_sources"], 0, "{stats}");
+    assert_eq!(stats["stats"]["unroutable_blocks"], 0, "{stats}");
+    poll_until(&relay, "/readyz", |body| {
+        body.contains("\"ready\":true").then_some(())
+    })
+    .await;
+}

@@ -137,6 +137,10 @@ wire_code! {
         /// the relay never saw (an engine's history was lost). What the filter holds is
         /// right, but it misses blocks the engines cache.
         Degraded = 1, "degraded";
+        /// The relay is rebuilding the pool's filter from its engines' replay (a relay
+        /// start, a resume, a restarted engine): it misses what the replay has not reached
+        /// yet. The share is 0.
+        Recovering = 2, "recovering";
     }
 }
 

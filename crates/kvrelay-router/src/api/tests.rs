@@ -392,6 +392,7 @@ mod direct_encoding {
                 ]),
                 prop_oneof![
                     Just(Coverage::Complete),
+                    Just(Coverage::Recovering),
                     any::<u8>()
                         .prop_map(|unroutable_percent| Coverage::Degraded { unroutable_percent }),
                     (any::<u32>(), any::<u8>()).prop_map(|(code, unroutable_percent)| {

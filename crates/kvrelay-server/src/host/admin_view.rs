@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::admin::{AdminView, Readiness};
 use crate::admission::{Admission, StreamKind};
 use crate::host::state::{HostState, filter_load};
+use crate::host::supervisor::PoolFacts;
 use crate::metrics::RelayMetrics;
 
 pub(crate) struct HostAdminView {
@@ -64,6 +65,7 @@ impl AdminView for HostAdminView {
                     "generation": status.generation,
                     "stalled": pool_facts.is_some_and(|facts| facts.stalled),
                     "degraded": pool_facts.is_some_and(|facts| facts.degraded.is_some()),
+                    "recovering": pool_facts.is_some_and(|facts| facts.joining_sources() > 0),
                     "advertised": pool_facts.is_none_or(|facts| !facts.stalled),
                     "links": {"stats": format!("/v1/pools/{key}/stats")},
                 })
@@ -89,6 +91,7 @@ impl AdminView for HostAdminView {
                 "unroutable_events": degraded.unroutable_events,
                 "events": degraded.events,
             })),
+            "joining_sources": pool_facts.map_or(0, PoolFacts::joining_sources),
             "stall_timeout_ms": self.state.limits.pool_stall_timeout_ms,
             "health": health_json(&health),
             "stats": stats_json(&health),

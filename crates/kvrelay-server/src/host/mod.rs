@@ -499,10 +499,8 @@ impl Relay {
                     endpoint: status.endpoint.clone(),
                     generation: status.generation,
                     sources: status.routed_sources,
-                    connected_sources: pool_facts.map_or(0, |facts| {
-                        facts.sources.get("connected").copied().unwrap_or(0)
-                            + facts.sources.get("replaying").copied().unwrap_or(0)
-                    }),
+                    connected_sources: pool_facts
+                        .map_or(0, supervisor::PoolFacts::delivering_sources),
                     stalled: pool_facts.is_some_and(|facts| facts.stalled),
                     degraded: pool_facts.is_some_and(|facts| facts.degraded.is_some()),
                     sequence: stats.sequence,

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use self::core::{Command, HealthFact, SupervisionCore};
-pub(crate) use self::core::{CoreConfig, HostFacts, SourceKey};
+pub(crate) use self::core::{CoreConfig, CoverageFact, HostFacts, PoolFacts, SourceKey};
 use crate::config::SourceConfig;
 use crate::host::checkpoint::Checkpointer;
 use crate::host::pump::{self, SourceStates};
@@ -323,11 +323,11 @@ impl Supervisor {
                 Command::PublishCatalog {
                     catalog,
                     withheld,
-                    degraded,
+                    coverage,
                     revision,
                 } => {
                     self.state.publish_catalog(wire::catalog_update(
-                        &catalog, &withheld, &degraded, revision,
+                        &catalog, &withheld, &coverage, revision,
                     ));
                 }
                 Command::PublishTopology(snapshot) => {

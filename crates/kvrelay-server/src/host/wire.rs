@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::host::supervisor::CoverageFact;
 use kvrelay_codec::v1::{
     self, CatalogUpdate, LoadWindow, PoolLoad, ReadinessState, RelayIdentity, TopologyEntry,
     TopologyMember, TopologyUpdate,
@@ -41,13 +42,13 @@ fn roles(roles: &[WorkerRole]) -> Vec<v1::WorkerRole> {
 }
 
 /// The advertised catalog: the registry's pools except `withheld` ones (stalled pools
-/// consumers must not trust), the `degraded` ones among them named in its coverage with
-/// their unroutable share (percent), under `revision` (the registry revision plus the
-/// times the withheld set or the shares changed, so it moves whenever the content does).
+/// consumers must not trust), those known incomplete named in its `coverage`, under
+/// `revision` (the registry revision plus the times the withheld set or the coverage
+/// changed, so it moves whenever the content does).
 pub(crate) fn catalog_update(
     catalog: &PoolCatalog,
     withheld: &BTreeSet<kvrelay_identity::PoolId>,
-    degraded: &BTreeMap<kvrelay_identity::PoolId, u8>,
+    coverage: &BTreeMap<kvrelay_identity::PoolId, CoverageFact>,
     revision: u64,
 ) -> CatalogUpdate {
     let pools = catalog
@@ -65,11 +66,16 @@ pub(crate) fn catalog_update(
         .pools()
         .filter(|pool| !withheld.contains(&pool.pool_id()))
         .filter_map(|pool| {
-            let percent = *degraded.get(&pool.pool_id())?;
+            let (state, unroutable_percent) = match *coverage.get(&pool.pool_id())? {
+                CoverageFact::Degraded { unroutable_percent } => {
+                    (v1::CoverageState::Degraded, unroutable_percent.min(100))
+                }
+                CoverageFact::Recovering => (v1::CoverageState::Recovering, 0),
+            };
             Some(v1::PoolCoverage {
                 pool_id: pool.pool_id().into(),
-                state: v1::CoverageState::Degraded,
-                unroutable_percent: percent.min(100),
+                state,
+                unroutable_percent,
             })
         })
         .collect();

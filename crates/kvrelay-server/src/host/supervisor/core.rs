@@ -23,6 +23,10 @@
 //!   holds is right, only incomplete) with its share in the catalog's coverage (rounded to
 //!   10 %, so consumers see it and a drifting share does not re-send the catalog), until a
 //!   window passes with less than half;
+//! - a pool one of whose sources is still *joining* (its engine's history being replayed
+//!   from the start: a relay start, a resume, a restarted engine) is *recovering*: named
+//!   by readiness and in the catalog's coverage until every source has joined (a
+//!   degraded pool is advertised as degraded);
 //! - a pool whose actor holds pending events without progress for `stall_bound` is
 //!   *stalled*: withheld from the advertised catalog and named by readiness until it
 //!   makes progress again.
@@ -110,12 +114,12 @@ pub(crate) enum Command {
     },
     /// Route each source's events to its pool generation.
     PublishRoutes(Vec<RoutePlan>),
-    /// Advertise `catalog` without the `withheld` pools, each `degraded` pool with its
-    /// unroutable share (percent), under `revision`.
+    /// Advertise `catalog` without the `withheld` pools, with the `coverage` of each pool
+    /// whose filter is known incomplete, under `revision`.
     PublishCatalog {
         catalog: PoolCatalog,
         withheld: BTreeSet<PoolId>,
-        degraded: BTreeMap<PoolId, u8>,
+        coverage: BTreeMap<PoolId, CoverageFact>,
         revision: u64,
     },
     /// Publish serving readiness.
@@ -167,6 +171,16 @@ impl Degraded {
     }
 }
 
+/// What the catalog says of a pool whose filter is known incomplete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CoverageFact {
+    /// Most of its recent events were unroutable; the share in percent, rounded to a
+    /// multiple of 10.
+    Degraded { unroutable_percent: u8 },
+    /// A source is still joining: its engine's history is being replayed.
+    Recovering,
+}
+
 /// Readiness and per-pool facts, for admin and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct HostFacts {
@@ -192,6 +206,33 @@ pub(crate) struct PoolFacts {
     pub(crate) stalled: bool,
     /// Set while most of its recent events were unroutable.
     pub(crate) degraded: Option<Degraded>,
+}
+
+impl PoolFacts {
+    /// Sources whose events flow (connected, replaying or joining).
+    pub(crate) fn delivering_sources(&self) -> usize {
+        delivering_sources(&self.sources)
+    }
+
+    /// Sources still joining (their engines' history being replayed from the start).
+    pub(crate) fn joining_sources(&self) -> usize {
+        joining_sources(&self.sources)
+    }
+}
+
+fn delivering_sources(sources: &BTreeMap<&'static str, usize>) -> usize {
+    SourceState::ALL
+        .iter()
+        .filter(|state| state.delivers())
+        .map(|state| sources.get(state.as_str()).copied().unwrap_or(0))
+        .sum()
+}
+
+fn joining_sources(sources: &BTreeMap<&'static str, usize>) -> usize {
+    sources
+        .get(SourceState::Joining.as_str())
+        .copied()
+        .unwrap_or(0)
 }
 
 /// What makes a generation: a change here builds a new generation.
@@ -239,11 +280,10 @@ pub(crate) struct SupervisionCore {
     /// Per attached pool and generation: its last `degraded_readings + 1` cumulative
     /// (applied, unroutable) event counts, oldest first.
     event_history: BTreeMap<(PoolId, u64), VecDeque<(u64, u64)>>,
-    /// Degraded pools with the unroutable share they are advertised with (percent, a
-    /// multiple of 10).
-    degraded: BTreeMap<PoolId, u8>,
-    /// Times the withheld set or the degraded shares changed: added to the registry
-    /// revision so the advertised catalog's revision moves whenever its content does.
+    /// The advertised coverage of pools known incomplete (degraded, recovering).
+    coverage: BTreeMap<PoolId, CoverageFact>,
+    /// Times the withheld set or the coverage changed: added to the registry revision so
+    /// the advertised catalog's revision moves whenever its content does.
     advertised_changes: u64,
     catalog: Option<PoolCatalog>,
     topology: Option<TopologyState>,
@@ -267,7 +307,7 @@ impl SupervisionCore {
             pool_sources: BTreeMap::new(),
             stalled: BTreeSet::new(),
             event_history: BTreeMap::new(),
-            degraded: BTreeMap::new(),
+            coverage: BTreeMap::new(),
             advertised_changes: 0,
             catalog: None,
             topology: None,
@@ -408,6 +448,7 @@ impl SupervisionCore {
         }
         if changed {
             self.update_topology();
+            self.refresh_coverage();
         }
     }
 
@@ -448,8 +489,8 @@ impl SupervisionCore {
                 next.remove(&binding.pool);
             }
         }
-        let degraded = self.degraded_shares();
-        self.replace_advertised(next, degraded);
+        let coverage = self.coverage_facts();
+        self.replace_advertised(next, coverage);
     }
 
     /// The load window ticked.
@@ -522,9 +563,8 @@ impl SupervisionCore {
             let sources = self.pool_source_states(endpoint, membership);
             let stalled = self.stalled.contains(&binding.pool);
             let degraded = self.degraded(binding.pool, *generation);
-            let connected = sources.get("connected").copied().unwrap_or(0)
-                + sources.get("replaying").copied().unwrap_or(0);
-            if connected == 0 {
+            let joining = joining_sources(&sources);
+            if delivering_sources(&sources) == 0 {
                 let states: Vec<String> = sources
                     .iter()
                     .map(|(state, n)| format!("{n} {state}"))
@@ -544,6 +584,12 @@ impl SupervisionCore {
                     "pool {key} ({}) is stalled: pending events made no progress for {} ms; withheld from the catalog",
                     endpoint.dotted(),
                     self.config.stall_bound.as_millis()
+                ));
+            }
+            if joining > 0 && degraded.is_none() {
+                facts.unready.push(format!(
+                    "pool {key} ({}) is recovering: {joining} of its sources are still joining (their engines' history is being replayed; the filter misses what it has not reached yet)",
+                    endpoint.dotted(),
                 ));
             }
             if let Some(degraded) = degraded {
@@ -716,8 +762,8 @@ impl SupervisionCore {
         self.event_history
             .retain(|(pool, _), _| live.contains(pool));
         let next: BTreeSet<PoolId> = self.stalled.intersection(&live).copied().collect();
-        let degraded = self.degraded_shares();
-        self.replace_advertised(next, degraded);
+        let coverage = self.coverage_facts();
+        self.replace_advertised(next, coverage);
         self.update_topology();
     }
 
@@ -734,23 +780,40 @@ impl SupervisionCore {
         })
     }
 
-    /// Every attached generation that is degraded now, with its unroutable share in
-    /// percent rounded to a multiple of 10 (what the catalog advertises).
-    fn degraded_shares(&self) -> BTreeMap<PoolId, u8> {
+    /// The coverage the catalog advertises now, for every attached generation known
+    /// incomplete: degraded (with its unroutable share), else recovering while a source
+    /// joins.
+    fn coverage_facts(&self) -> BTreeMap<PoolId, CoverageFact> {
         self.slots
-            .values()
-            .filter_map(|slot| match slot {
+            .iter()
+            .filter_map(|(endpoint, slot)| match slot {
                 Slot::Attached {
                     binding,
                     generation,
-                    ..
+                    membership,
                 } => {
-                    let degraded = self.degraded(binding.pool, *generation)?;
-                    Some((binding.pool, degraded.unroutable_percent_rounded()))
+                    let fact = match self.degraded(binding.pool, *generation) {
+                        Some(degraded) => CoverageFact::Degraded {
+                            unroutable_percent: degraded.unroutable_percent_rounded(),
+                        },
+                        None if joining_sources(&self.pool_source_states(endpoint, membership))
+                            > 0 =>
+                        {
+                            CoverageFact::Recovering
+                        }
+                        None => return None,
+                    };
+                    Some((binding.pool, fact))
                 }
                 Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
             })
             .collect()
+    }
+
+    /// Re-advertises the catalog if a pool's coverage changed.
+    fn refresh_coverage(&mut self) {
+        let coverage = self.coverage_facts();
+        self.replace_advertised(self.stalled.clone(), coverage);
     }
 
     fn attached_pools(&self) -> impl Iterator<Item = PoolId> + '_ {
@@ -803,10 +866,14 @@ impl SupervisionCore {
         }
     }
 
-    fn replace_advertised(&mut self, stalled: BTreeSet<PoolId>, degraded: BTreeMap<PoolId, u8>) {
-        if stalled != self.stalled || degraded != self.degraded {
+    fn replace_advertised(
+        &mut self,
+        stalled: BTreeSet<PoolId>,
+        coverage: BTreeMap<PoolId, CoverageFact>,
+    ) {
+        if stalled != self.stalled || coverage != self.coverage {
             self.stalled = stalled;
-            self.degraded = degraded;
+            self.coverage = coverage;
             self.advertised_changes += 1;
             self.publish_catalog();
         }
@@ -819,7 +886,7 @@ impl SupervisionCore {
         self.commands.push_back(Command::PublishCatalog {
             catalog: catalog.clone(),
             withheld: self.stalled.clone(),
-            degraded: self.degraded.clone(),
+            coverage: self.coverage.clone(),
             revision: catalog.revision().saturating_add(self.advertised_changes),
         });
     }

@@ -144,14 +144,14 @@ fn last_catalog(commands: &[Command]) -> Option<(BTreeSet<PoolId>, u64)> {
 
 fn last_catalog_with_coverage(
     commands: &[Command],
-) -> Option<(BTreeSet<PoolId>, BTreeMap<PoolId, u8>, u64)> {
+) -> Option<(BTreeSet<PoolId>, BTreeMap<PoolId, CoverageFact>, u64)> {
     commands.iter().rev().find_map(|command| match command {
         Command::PublishCatalog {
             withheld,
-            degraded,
+            coverage,
             revision,
             ..
-        } => Some((withheld.clone(), degraded.clone(), *revision)),
+        } => Some((withheld.clone(), coverage.clone(), *revision)),
         _ => None,
     })
 }
@@ -561,7 +561,15 @@ fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
     let (withheld, degraded, degraded_revision) =
         last_catalog_with_coverage(&drain(&mut core)).unwrap();
     assert!(withheld.is_empty());
-    assert_eq!(degraded, BTreeMap::from([(pool.pool, 50)]));
+    assert_eq!(
+        degraded,
+        BTreeMap::from([(
+            pool.pool,
+            CoverageFact::Degraded {
+                unroutable_percent: 50
+            }
+        )])
+    );
     // A share that moves within its 10 % step re-sends nothing (window 200/1 .. 310/111:
     // 110 of 220).
     core.handle_pool_health(&reading(310, 111));
@@ -579,7 +587,15 @@ fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
     // One that crosses a step does (205/60 .. 400/353: 293 of 488 = 60 %).
     core.handle_pool_health(&reading(400, 353));
     let (_, degraded, revision) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
-    assert_eq!(degraded, BTreeMap::from([(pool.pool, 60)]));
+    assert_eq!(
+        degraded,
+        BTreeMap::from([(
+            pool.pool,
+            CoverageFact::Degraded {
+                unroutable_percent: 60
+            }
+        )])
+    );
     assert!(revision > degraded_revision);
     // Recovered (e.g. a full replay): a window of applied events clears it.
     for n in 1..=3 {
@@ -594,6 +610,64 @@ fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
             .pools
             .values()
             .all(|pool| pool.degraded.is_none())
+    );
+}
+
+/// A pool one of whose sources is joining (its engine's history being replayed) is
+/// recovering: readiness names it and the catalog says so, until the source has joined.
+/// A degraded pool is advertised as degraded even while a source joins.
+#[test]
+fn a_pool_with_a_joining_source_is_recovering_until_it_has_joined() {
+    let mut core = one_attached_connected_pool();
+    let source = SourceKey::Engine(SourceId::new(1, 0));
+    core.handle_source_state(&source, SourceState::Joining);
+    let facts = core.facts();
+    let pool = facts.pools.values().next().unwrap().clone();
+    assert_eq!(pool.joining_sources(), 1);
+    assert_eq!(pool.delivering_sources(), 1, "a joining source delivers");
+    assert_eq!(facts.unready.len(), 1, "{facts:?}");
+    assert!(facts.unready[0].contains("recovering"), "{facts:?}");
+    let (_, coverage, joining_revision) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert_eq!(
+        coverage,
+        BTreeMap::from([(pool.pool, CoverageFact::Recovering)])
+    );
+
+    // Joined: complete again, under a newer revision.
+    core.handle_source_state(&source, SourceState::Connected);
+    assert!(core.facts().unready.is_empty(), "{:?}", core.facts());
+    let (_, coverage, joined_revision) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert!(coverage.is_empty());
+    assert!(joined_revision > joining_revision);
+    // A gap's replay is not a join: nothing to re-advertise.
+    core.handle_source_state(&source, SourceState::Replaying);
+    assert_eq!(last_catalog(&drain(&mut core)), None);
+    assert!(core.facts().unready.is_empty());
+
+    // Degraded wins over recovering.
+    let reading = |applied, unroutable| {
+        [(
+            endpoint(A),
+            1,
+            HealthFact {
+                events_applied: applied,
+                unroutable_events: unroutable,
+                ..HealthFact::default()
+            },
+        )]
+    };
+    core.handle_source_state(&source, SourceState::Joining);
+    core.handle_pool_health(&reading(0, 0));
+    core.handle_pool_health(&reading(10, 90));
+    let (_, coverage, _) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert_eq!(
+        coverage,
+        BTreeMap::from([(
+            pool.pool,
+            CoverageFact::Degraded {
+                unroutable_percent: 90
+            }
+        )])
     );
 }
 
