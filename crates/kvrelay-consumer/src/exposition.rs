@@ -61,7 +61,7 @@ impl Collector for Snapshot {
         gauge(
             &mut encoder,
             "pools_incomplete",
-            "Admitted pools whose relay says their filter is incomplete (degraded: an engine's history was lost); they answer but may miss cached prefixes.",
+            "Admitted pools whose relay says their filter is incomplete (recovering from its engines' replay, or degraded: an engine's history was lost); they answer but may miss cached prefixes.",
             m.pools_incomplete as f64,
         )?;
         gauge(

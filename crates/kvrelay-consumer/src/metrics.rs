@@ -97,8 +97,9 @@ pub struct ConsumerMetrics {
     pub replicas_assembling: u64,
     /// Installed replicas older than the staleness bound: not used for scoring.
     pub replicas_stale: u64,
-    /// Admitted pools whose relay says their filter is incomplete (degraded, or a state
-    /// this consumer does not know): they answer, but may miss cached prefixes.
+    /// Admitted pools whose relay says their filter is incomplete (recovering, degraded,
+    /// or a state this consumer does not know): they answer, but may miss cached
+    /// prefixes.
     pub pools_incomplete: u64,
     /// Largest gap, over current replicas, between the newest sequence the relay
     /// announced and the installed sequence.
