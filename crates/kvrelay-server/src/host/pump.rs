@@ -259,6 +259,11 @@ async fn forward(
 ) {
     let _registration = state.metrics.ingest.register(source.probe(), pool_endpoint);
     let _watched = states.watch(key.clone(), source.probe());
+    // Every change of the source's state is reported at once, not only those a signal
+    // carries: a source that finished joining (its replay ended) makes its pool complete
+    // again without waiting for the next health reading.
+    let mut probe = source.probe();
+    let mut probe_open = true;
     // An output taken from the queue while gathering a batch that did not belong to it.
     let mut carried = None;
     loop {
@@ -267,6 +272,11 @@ async fn forward(
             None => tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
+                open = probe.changed(), if probe_open => {
+                    probe_open = open;
+                    states.report(key.clone(), probe.state());
+                    continue;
+                }
                 output = source.next() => output,
             },
         };
