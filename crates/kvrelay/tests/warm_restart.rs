@@ -146,6 +146,47 @@ fn free_addr() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
+/// A relay's files (one worker's card, `relay.toml`) and its engine's two addresses.
+struct Setup {
+    dir: tempfile::TempDir,
+    cards: std::path::PathBuf,
+    config: std::path::PathBuf,
+    publish: SocketAddr,
+    replay: SocketAddr,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cards = dir.path().join("cards");
+        std::fs::create_dir_all(&cards).unwrap();
+        write_card(&cards, 4096);
+        let config = dir.path().join("relay.toml");
+        Self {
+            dir,
+            cards,
+            config,
+            publish: free_addr(),
+            replay: free_addr(),
+        }
+    }
+
+    /// Writes `relay.toml`: the engine's `[[sources]]` entry (its replay socket named),
+    /// then `extra`.
+    fn write_config(&self, extra: &str) {
+        let (publish, replay) = (self.publish, self.replay);
+        std::fs::write(
+            &self.config,
+            format!(
+                "[[sources]]\nendpoint = \"{ENDPOINT}\"\nworker_id = 17\ndp_rank = 0\n\
+                 engine = \"vllm\"\nzmq = \"tcp://{publish}\"\nreplay = \"tcp://{replay}\"\n\n\
+                 {extra}"
+            ),
+        )
+        .unwrap();
+    }
+}
+
 async fn get(admin: SocketAddr, path: &str) -> (u16, String) {
     http_get(admin, path)
         .await
@@ -225,25 +266,15 @@ async fn kill(mut relay: RelayProcess) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_relay_restarts_exact_from_its_checkpoint_past_a_short_replay_ring() {
-    let (publish, replay) = (free_addr(), free_addr());
-    let dir = tempfile::tempdir().unwrap();
-    let cards = dir.path().join("cards");
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&cards).unwrap();
-    write_card(&cards, 4096);
-    let config = dir.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[sources]]\nendpoint = \"{ENDPOINT}\"\nworker_id = 17\ndp_rank = 0\n\
-             engine = \"vllm\"\nzmq = \"tcp://{publish}\"\nreplay = \"tcp://{replay}\"\n\n\
-             [state]\ndir = \"{}\"\ncheckpoint_interval_ms = 100\n",
-            state.display()
-        ),
-    )
-    .unwrap();
+    let setup = Setup::new();
+    let state = setup.dir.path().join("state");
+    setup.write_config(&format!(
+        "[state]\ndir = \"{}\"\ncheckpoint_interval_ms = 100\n",
+        state.display()
+    ));
+    let (cards, config) = (setup.cards.clone(), setup.config.clone());
     let context = zmq::Context::new();
-    let mut engine = ReplayingEngine::bind(&context, publish, replay);
+    let mut engine = ReplayingEngine::bind(&context, setup.publish, setup.replay);
 
     // The first relay follows 12 batches (the ring keeps 8: from here on the root block
     // is only in the relay's state).
@@ -406,24 +437,12 @@ async fn a_killed_relay_restarts_exact_from_its_checkpoint_past_a_short_replay_r
 /// block the engine holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_is_recovering_until_its_engines_history_is_replayed() {
-    let (publish, replay) = (free_addr(), free_addr());
-    let dir = tempfile::tempdir().unwrap();
-    let cards = dir.path().join("cards");
-    std::fs::create_dir_all(&cards).unwrap();
-    write_card(&cards, 4096);
-    let config = dir.path().join("relay.toml");
+    let setup = Setup::new();
     // The quiet join waits 2 s, so the recovering window is wide enough to watch.
-    std::fs::write(
-        &config,
-        format!(
-            "[ingest]\ntail_probe_idle_ms = 2000\n\n\
-             [[sources]]\nendpoint = \"{ENDPOINT}\"\nworker_id = 17\ndp_rank = 0\n\
-             engine = \"vllm\"\nzmq = \"tcp://{publish}\"\nreplay = \"tcp://{replay}\"\n"
-        ),
-    )
-    .unwrap();
+    setup.write_config("[ingest]\ntail_probe_idle_ms = 2000\n");
+    let (cards, config) = (setup.cards.clone(), setup.config.clone());
     let context = zmq::Context::new();
-    let mut engine = ReplayingEngine::bind(&context, publish, replay);
+    let mut engine = ReplayingEngine::bind(&context, setup.publish, setup.replay);
     for _ in 0..5 {
         engine.publish_next();
     }

@@ -550,19 +550,11 @@ impl SupervisionCore {
                 *facts.sources.entry(state.as_str()).or_default() += 1;
             }
         }
-        for (endpoint, slot) in &self.slots {
-            let Slot::Attached {
-                binding,
-                generation,
-                membership,
-            } = slot
-            else {
-                continue;
-            };
+        for (endpoint, binding, generation, membership) in self.attached() {
             let key = wire::pool_key(&binding.pool);
             let sources = self.pool_source_states(endpoint, membership);
             let stalled = self.stalled.contains(&binding.pool);
-            let degraded = self.degraded(binding.pool, *generation);
+            let degraded = self.degraded(binding.pool, generation);
             let joining = joining_sources(&sources);
             if delivering_sources(&sources) == 0 {
                 let states: Vec<String> = sources
@@ -605,7 +597,7 @@ impl SupervisionCore {
                 PoolFacts {
                     endpoint: endpoint.clone(),
                     pool: binding.pool,
-                    generation: *generation,
+                    generation,
                     sources,
                     stalled,
                     degraded,
@@ -784,28 +776,18 @@ impl SupervisionCore {
     /// incomplete: degraded (with its unroutable share), else recovering while a source
     /// joins.
     fn coverage_facts(&self) -> BTreeMap<PoolId, CoverageFact> {
-        self.slots
-            .iter()
-            .filter_map(|(endpoint, slot)| match slot {
-                Slot::Attached {
-                    binding,
-                    generation,
-                    membership,
-                } => {
-                    let fact = match self.degraded(binding.pool, *generation) {
-                        Some(degraded) => CoverageFact::Degraded {
-                            unroutable_percent: degraded.unroutable_percent_rounded(),
-                        },
-                        None if joining_sources(&self.pool_source_states(endpoint, membership))
-                            > 0 =>
-                        {
-                            CoverageFact::Recovering
-                        }
-                        None => return None,
-                    };
-                    Some((binding.pool, fact))
-                }
-                Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
+        self.attached()
+            .filter_map(|(endpoint, binding, generation, membership)| {
+                let fact = match self.degraded(binding.pool, generation) {
+                    Some(degraded) => CoverageFact::Degraded {
+                        unroutable_percent: degraded.unroutable_percent_rounded(),
+                    },
+                    None if joining_sources(&self.pool_source_states(endpoint, membership)) > 0 => {
+                        CoverageFact::Recovering
+                    }
+                    None => return None,
+                };
+                Some((binding.pool, fact))
             })
             .collect()
     }
@@ -816,11 +798,22 @@ impl SupervisionCore {
         self.replace_advertised(self.stalled.clone(), coverage);
     }
 
-    fn attached_pools(&self) -> impl Iterator<Item = PoolId> + '_ {
-        self.slots.values().filter_map(|slot| match slot {
-            Slot::Attached { binding, .. } => Some(binding.pool),
+    /// Every attached generation: its endpoint, binding, generation and membership.
+    fn attached(
+        &self,
+    ) -> impl Iterator<Item = (&EndpointId, &Binding, u64, &EndpointMembership)> + '_ {
+        self.slots.iter().filter_map(|(endpoint, slot)| match slot {
+            Slot::Attached {
+                binding,
+                generation,
+                membership,
+            } => Some((endpoint, binding, *generation, membership)),
             Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
         })
+    }
+
+    fn attached_pools(&self) -> impl Iterator<Item = PoolId> + '_ {
+        self.attached().map(|(_, binding, _, _)| binding.pool)
     }
 
     /// A source that left an attached generation's routes (its worker's card gone, its
@@ -893,21 +886,13 @@ impl SupervisionCore {
 
     fn publish_routes(&mut self) {
         let plans = self
-            .slots
-            .iter()
-            .filter_map(|(endpoint, slot)| match slot {
-                Slot::Attached {
-                    binding,
-                    generation,
-                    membership,
-                } => Some(RoutePlan {
-                    endpoint: endpoint.clone(),
-                    pool: binding.pool,
-                    generation: *generation,
-                    block_size: binding.query_semantics.kv_block_size(),
-                    sources: sources_of(membership, self.configured.get(endpoint)),
-                }),
-                Slot::Attaching { .. } | Slot::Retiring | Slot::Refused => None,
+            .attached()
+            .map(|(endpoint, binding, generation, membership)| RoutePlan {
+                endpoint: endpoint.clone(),
+                pool: binding.pool,
+                generation,
+                block_size: binding.query_semantics.kv_block_size(),
+                sources: sources_of(membership, self.configured.get(endpoint)),
             })
             .collect::<Vec<_>>();
         let clears = self.departed_sources(&plans);

@@ -509,22 +509,25 @@ fn capacities_name_each_worker_rank_range() {
     );
 }
 
+/// One health reading of endpoint A's generation 1: `applied` events applied and
+/// `unroutable` dropped as unroutable since it started.
+fn reading(applied: u64, unroutable: u64) -> [(EndpointId, u64, HealthFact); 1] {
+    [(
+        endpoint(A),
+        1,
+        HealthFact {
+            events_applied: applied,
+            unroutable_events: unroutable,
+            ..HealthFact::default()
+        },
+    )]
+}
+
 /// A pool whose events are mostly unroutable (its engine's history was lost) is named by
 /// readiness as degraded with the share, and recovers once a window passes with fewer.
 #[test]
 fn a_pool_of_mostly_unroutable_events_is_degraded_until_a_window_passes() {
     let mut core = one_attached_connected_pool();
-    let reading = |applied, unroutable| {
-        [(
-            endpoint(A),
-            1,
-            HealthFact {
-                events_applied: applied,
-                unroutable_events: unroutable,
-                ..HealthFact::default()
-            },
-        )]
-    };
     // Healthy traffic: never degraded.
     core.handle_pool_health(&reading(100, 0));
     core.handle_pool_health(&reading(200, 1));
@@ -645,17 +648,6 @@ fn a_pool_with_a_joining_source_is_recovering_until_it_has_joined() {
     assert!(core.facts().unready.is_empty());
 
     // Degraded wins over recovering.
-    let reading = |applied, unroutable| {
-        [(
-            endpoint(A),
-            1,
-            HealthFact {
-                events_applied: applied,
-                unroutable_events: unroutable,
-                ..HealthFact::default()
-            },
-        )]
-    };
     core.handle_source_state(&source, SourceState::Joining);
     core.handle_pool_health(&reading(0, 0));
     core.handle_pool_health(&reading(10, 90));
