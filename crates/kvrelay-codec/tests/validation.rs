@@ -476,6 +476,17 @@ fn coverage_must_name_listed_pools_once_with_a_share_of_at_most_100() {
     let err = update.validate().unwrap_err();
     assert_eq!((err.collection, err.index), ("coverage", 1));
     assert!(matches!(err.error, ValidationError::DuplicateEntry { .. }));
+
+    // More entries than pools is refused before any entry is compared with the list.
+    update.coverage = vec![coverage_of(&pools[0], 10); 100_000];
+    let err = update.validate().unwrap_err();
+    assert_eq!(
+        err.error,
+        ValidationError::CoverageLongerThanPools {
+            coverage: 100_000,
+            pools: 2
+        }
+    );
 }
 
 #[test]

@@ -181,9 +181,11 @@ impl StateCell {
         });
     }
 
-    /// The driver's sequence state: whether a replay runs, and whether the engine's
-    /// history is still being recovered ([`crate::SequenceTracker::is_joining`]).
-    pub(crate) fn set_sequence(&self, replaying: bool, joining: bool) {
+    /// The driver's sequence state, read from its tracker: whether a replay runs, and
+    /// whether the engine's history is still being recovered
+    /// ([`crate::SequenceTracker::is_joining`]).
+    pub(crate) fn follow<P>(&self, sequence: &crate::SequenceTracker<P>) {
+        let (replaying, joining) = (sequence.is_replaying(), sequence.is_joining());
         self.tx.send_if_modified(|parts| {
             let changed = parts.replaying != replaying || parts.joining != joining;
             parts.replaying = replaying;

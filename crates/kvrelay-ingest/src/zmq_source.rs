@@ -295,8 +295,7 @@ impl Driver {
                 return;
             }
         }
-        self.state
-            .set_sequence(sequence.is_replaying(), sequence.is_joining());
+        self.state.follow(&sequence);
         let probe_idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
         // Armed by each live batch (a tail probe) and by a connect before any batch (a join
         // probe); fires after `probe_idle` of silence.
@@ -400,8 +399,7 @@ impl Driver {
                     return;
                 }
             }
-            self.state
-                .set_sequence(sequence.is_replaying(), sequence.is_joining());
+            self.state.follow(&sequence);
         }
     }
 
@@ -516,7 +514,7 @@ impl Driver {
     ) -> bool {
         sequence.forget();
         self.replay = None;
-        self.state.set_sequence(false, sequence.is_joining());
+        self.state.follow(sequence);
         let idle = Duration::from_millis(self.config.limits.tail_probe_idle_ms.max(1));
         *probe_at = Some(tokio::time::Instant::now() + idle);
         self.reset(ResetReason::ResumeMismatch { seq }).await

@@ -136,8 +136,20 @@ impl CatalogUpdate {
     }
 
     /// Checks `coverage` alone: each entry names a listed pool, once, with a share of at
-    /// most 100 percent (an unrecognized state is a newer relay's, not malformed).
+    /// most 100 percent (an unrecognized state is a newer relay's, not malformed). A list
+    /// longer than `pools` is refused before any entry is looked at, so the work a peer can
+    /// cause is bounded by the pool list (which the receiver bounds first).
     pub fn validate_coverage(&self) -> Result<(), EntryError> {
+        if self.coverage.len() > self.pools.len() {
+            return Err(EntryError {
+                collection: "coverage",
+                index: self.pools.len(),
+                error: ValidationError::CoverageLongerThanPools {
+                    coverage: self.coverage.len(),
+                    pools: self.pools.len(),
+                },
+            });
+        }
         for (index, coverage) in self.coverage.iter().enumerate() {
             let error = if coverage.unroutable_percent > 100 {
                 Some(ValidationError::CoverageShare {

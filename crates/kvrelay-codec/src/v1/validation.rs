@@ -142,6 +142,15 @@ pub enum ValidationError {
         /// The pool, displayed.
         pool: String,
     },
+    /// A coverage list with more entries than the catalog has pools: some entry must
+    /// repeat a pool or name an unlisted one.
+    #[error("coverage has {coverage} entries for {pools} pools")]
+    CoverageLongerThanPools {
+        /// Coverage entries sent.
+        coverage: usize,
+        /// Pools listed.
+        pools: usize,
+    },
     /// A coverage share above 100 percent.
     #[error("coverage: unroutable_percent {percent} is above 100")]
     CoverageShare {
