@@ -6,12 +6,15 @@
 //! rows and answers "which pools hold this hash" for all pools at once. There is no lane
 //! cap; adding a lane beyond the stride re-lays the table out with a doubled stride.
 
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
 use kvrelay_identity::CkfFormat;
+use parking_lot::Mutex;
 
 use crate::addressing::Addressing;
 use crate::bucket;
 use crate::format::ConfigError;
-use crate::image::{Delta, SnapshotChunk};
+use crate::image::{BucketImage, Delta, SnapshotChunk};
 use crate::prefetch::prefetch_element;
 use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
 use crate::search::{Location, ProbeView, Prober, SearchScratch, search};
@@ -96,6 +99,15 @@ pub enum QueryConfigError {
 
 /// Replicas of many pools (one lane each, one shared format), laid out bucket-major.
 ///
+/// Queries and delta applies share the table: [`QueryTable::apply_delta`] takes `&self`,
+/// so a caller holding a shared lock applies while queries go on, and a query never
+/// waits for an apply to finish. Each probe still reads a hash's two rows as they stood
+/// before or after every delta, never between (a fingerprint a delta moves from one of
+/// its rows to the other is always found): rows are guarded by striped sequence counters
+/// that a delta holds odd while it writes, and a probe that overlapped such a write reads
+/// its two rows again. Different probes of one query may see a concurrent delta on
+/// different sides of it.
+///
 /// ```
 /// use kvrelay_ckf::{CkfConfig, PoolFilter, PrefixQuery, QueryConfig, QueryTable};
 /// let producer = PoolFilter::new(CkfConfig::new(64))?;
@@ -104,7 +116,7 @@ pub enum QueryConfigError {
 /// assert_eq!(table.prefix_depths(&[11, 12]).depth(lane), None); // no snapshot yet
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct QueryTable {
     format: CkfFormat,
     addressing: Addressing,
@@ -112,15 +124,26 @@ pub struct QueryTable {
     stride: usize,
     /// Bucket rows plus up to `ROW_ALIGN_WORDS - 1` words of padding; the rows start at
     /// `offset`, the first 64-byte boundary of the allocation, so a row of up to 8 lanes is
-    /// one cache line and a row of 16 lanes two (never three).
-    words: Vec<u64>,
+    /// one cache line and a row of 16 lanes two (never three). Atomic so that deltas are
+    /// written while queries read (relaxed loads and stores: plain moves on x86-64).
+    words: Vec<AtomicU64>,
     offset: usize,
-    lanes: Vec<Sequencer>,
+    /// Row `r` is guarded by `stripes[r & stripe_mask]` (see [`StripeWrite`]).
+    stripes: Box<[AtomicU64]>,
+    stripe_mask: usize,
+    /// Odd while any delta is being written (see [`StripeWrite`]).
+    writing: WriteCounter,
+    /// Each lane's stream state; locked by an apply only for its sequence check (never
+    /// while words are written), by a status read only to copy it.
+    lanes: Vec<Mutex<Sequencer>>,
     /// One bit per lane whose sequencer is ready (kept in step with `lanes`).
-    ready: Vec<u64>,
+    ready: Vec<AtomicU64>,
     /// Bumped by every change to `words` (and by growth), so rows laid out from an
     /// earlier state are recognised as stale ([`GrownRows`]).
-    revision: u64,
+    revision: AtomicU64,
+    /// Held by every shared-path writer (a delta apply, a growth's copy): the stripes
+    /// protocol allows one writer at a time.
+    writer: Mutex<()>,
 }
 
 /// A table's rows laid out at a doubled stride, built from `&QueryTable` (see
@@ -129,7 +152,7 @@ pub struct QueryTable {
 /// old rows, to be freed outside the caller's lock).
 #[derive(Debug)]
 pub struct GrownRows {
-    words: Vec<u64>,
+    words: Vec<AtomicU64>,
     offset: usize,
     stride: usize,
     /// The table's stride and revision the rows were copied at.
@@ -150,12 +173,100 @@ const ROW_ALIGN_WORDS: usize = 8;
 /// The lanes of one cache line, as a lane mask.
 const LINE_LANES: u64 = (1 << ROW_ALIGN_WORDS) - 1;
 
+/// A sequence counter on a cache line of its own: probes read it on every call, so it
+/// must not share a line with anything written more often than it is.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct WriteCounter(AtomicU64);
+
+/// Most row stripes a table keeps (512 KiB of counters). With more stripes a probe
+/// meets a running delta less often (a delta of `k` images holds about `k` stripes odd);
+/// with fewer the counters stay in a nearer cache.
+const MAX_STRIPES: usize = 1 << 16;
+
+/// Spins a reader makes on a stripe a writer holds before it yields its thread (a
+/// writer holds a stripe only while storing one delta's words).
+const SPINS_BEFORE_YIELD: u32 = 64;
+
 /// Words a table of `bucket_count` rows of `stride` lanes allocates (alignment padding
 /// included).
 fn table_words(bucket_count: usize, stride: usize) -> usize {
     bucket_count
         .saturating_mul(stride)
         .saturating_add(ROW_ALIGN_WORDS - 1)
+}
+
+/// `n` zeroed atomic words, or the allocator's refusal.
+fn zeroed_words(n: usize, what: &'static str) -> Result<Vec<AtomicU64>, ConfigError> {
+    let mut words = Vec::new();
+    words
+        .try_reserve_exact(n)
+        .map_err(|_| ConfigError::AllocationFailed {
+            what,
+            bytes: n as u64 * 8,
+        })?;
+    words.resize_with(n, || AtomicU64::new(0));
+    Ok(words)
+}
+
+/// One delta's hold on the table: the write counter and the stripes of every row it
+/// writes are odd from [`StripeWrite::begin`] until drop. A probe that saw the write
+/// counter even and unchanged around its read overlapped no write (the common case: one
+/// read of a line no write shares); otherwise it checks its two rows' stripes the same
+/// way and reads again while one was odd or moved. Only one `StripeWrite` exists at a
+/// time (the table's writer lock), so plain loads and stores count: a stripe already odd
+/// is one this write holds (two images in one stripe), and is ended once.
+struct StripeWrite<'a> {
+    writing: &'a AtomicU64,
+    stripes: &'a [AtomicU64],
+    mask: usize,
+    rows: &'a [BucketImage],
+}
+
+impl<'a> StripeWrite<'a> {
+    fn begin(
+        writing: &'a AtomicU64,
+        stripes: &'a [AtomicU64],
+        mask: usize,
+        rows: &'a [BucketImage],
+    ) -> Self {
+        let version = writing.load(Ordering::Relaxed);
+        writing.store(version | 1, Ordering::Relaxed);
+        for image in rows {
+            if let Some(stripe) = stripes.get(image.bucket_idx as usize & mask) {
+                let version = stripe.load(Ordering::Relaxed);
+                if version & 1 == 0 {
+                    stripe.store(version.wrapping_add(1), Ordering::Relaxed);
+                }
+            }
+        }
+        // The odd counters are visible before any word this write stores (a reader
+        // that sees a new word then sees its stripe changed).
+        fence(Ordering::Release);
+        Self {
+            writing,
+            stripes,
+            mask,
+            rows,
+        }
+    }
+}
+
+impl Drop for StripeWrite<'_> {
+    /// Ends the write (also on unwind, so no stripe stays odd and no reader spins on it).
+    fn drop(&mut self) {
+        for image in self.rows {
+            if let Some(stripe) = self.stripes.get(image.bucket_idx as usize & self.mask) {
+                let version = stripe.load(Ordering::Relaxed);
+                if version & 1 == 1 {
+                    stripe.store(version.wrapping_add(1), Ordering::Release);
+                }
+            }
+        }
+        let version = self.writing.load(Ordering::Relaxed);
+        self.writing
+            .store((version | 1).wrapping_add(1), Ordering::Release);
+    }
 }
 
 impl QueryTable {
@@ -165,6 +276,10 @@ impl QueryTable {
         if !(1..=MAX_VERIFICATION_WINDOW).contains(&window) {
             return Err(QueryConfigError::InvalidVerificationWindow { window });
         }
+        let n_stripes = (format.bucket_count() as usize)
+            .next_power_of_two()
+            .min(MAX_STRIPES);
+        let stripes = zeroed_words(n_stripes, "query table stripes")?.into_boxed_slice();
         Ok(Self {
             format,
             addressing: Addressing::new(format),
@@ -172,9 +287,13 @@ impl QueryTable {
             stride: 0,
             words: Vec::new(),
             offset: 0,
+            stripes,
+            stripe_mask: n_stripes - 1,
+            writing: WriteCounter::default(),
             lanes: Vec::new(),
             ready: Vec::new(),
-            revision: 0,
+            revision: AtomicU64::new(0),
+            writer: Mutex::new(()),
         })
     }
 
@@ -208,11 +327,13 @@ impl QueryTable {
     /// The rows the next [`QueryTable::add_lane`] would lay out, built without changing
     /// the table (`None` while the stride has a spare lane). Holding only `&self`, a
     /// caller can copy under a shared lock while queries go on, then pass the rows to
-    /// [`QueryTable::add_lane_prepared`] under the exclusive one.
+    /// [`QueryTable::add_lane_prepared`] under the exclusive one. Delta applies wait for
+    /// the copy; one applied after it makes the rows stale.
     pub fn prepare_growth(&self) -> Result<Option<GrownRows>, QueryConfigError> {
         if self.lanes.len() < self.stride {
             return Ok(None);
         }
+        let _writer = self.writer.lock();
         Ok(Some(self.grown_rows()?))
     }
 
@@ -226,9 +347,9 @@ impl QueryTable {
         prepared: Option<&mut GrownRows>,
     ) -> Result<usize, QueryConfigError> {
         if self.lanes.len() == self.stride {
-            let current = prepared.filter(|rows| {
-                rows.from_stride == self.stride && rows.from_revision == self.revision
-            });
+            let revision = *self.revision.get_mut();
+            let current = prepared
+                .filter(|rows| rows.from_stride == self.stride && rows.from_revision == revision);
             // Without current rows the table lays them out itself (its old rows are then
             // freed here, with `fresh`).
             let mut fresh;
@@ -244,7 +365,7 @@ impl QueryTable {
             std::mem::swap(&mut self.stride, &mut rows.stride);
             // Retired: never swapped in again.
             rows.from_stride = usize::MAX;
-            self.revision = self.revision.wrapping_add(1);
+            self.bump_revision();
         }
         if self.ready.len() * 64 == self.lanes.len() {
             self.ready
@@ -253,10 +374,11 @@ impl QueryTable {
                     what: "query lane mask",
                     bytes: 8,
                 })?;
-            self.ready.push(0);
+            self.ready.push(AtomicU64::new(0));
         }
-        self.lanes
-            .push(Sequencer::new(u64::from(self.format.bucket_count())));
+        self.lanes.push(Mutex::new(Sequencer::new(u64::from(
+            self.format.bucket_count(),
+        ))));
         Ok(self.lanes.len() - 1)
     }
 
@@ -267,62 +389,85 @@ impl QueryTable {
         lane: usize,
         chunk: &SnapshotChunk,
     ) -> Result<bool, ReplicaError> {
-        let accepted = self.lane_mut(lane)?.accept_chunk(chunk);
+        let accepted = self.lane(lane)?.lock().accept_chunk(chunk);
         self.refresh_ready(lane);
         let complete = accepted?;
         let first = chunk.first_bucket as usize;
-        self.revision = self.revision.wrapping_add(1);
+        self.bump_revision();
         let stride = self.stride;
         let rows = self.rows_mut();
         for (offset, &word) in chunk.words.iter().enumerate() {
-            rows[(first + offset) * stride + lane] = word;
+            if let Some(slot) = rows.get_mut((first + offset) * stride + lane) {
+                *slot.get_mut() = word;
+            }
         }
         Ok(complete)
     }
 
     /// Applies a delta to `lane` whole, strictly in sequence; any error leaves the lane
-    /// invalid (it answers nothing) until a new snapshot.
-    pub fn apply_delta(&mut self, lane: usize, delta: &Delta) -> Result<(), ReplicaError> {
-        let accepted = self.lane_mut(lane)?.accept_delta(delta);
+    /// invalid (it answers nothing) until a new snapshot. Runs beside queries (`&self`):
+    /// their probes read each pair of rows before or after the delta, never between.
+    /// Applies, and a [`QueryTable::prepare_growth`] copy, run one at a time.
+    pub fn apply_delta(&self, lane: usize, delta: &Delta) -> Result<(), ReplicaError> {
+        let _writer = self.writer.lock();
+        let sequencer = self.lane(lane)?;
+        let accepted = sequencer.lock().accept_delta(delta);
         self.refresh_ready(lane);
         accepted?;
-        self.revision = self.revision.wrapping_add(1);
-        let stride = self.stride;
-        let rows = self.rows_mut();
+        // The rows (and their stripes) are brought into cache first, so the stripes are
+        // held odd for about one memory latency, not one miss per image.
         for image in &delta.images {
-            rows[image.bucket_idx as usize * stride + lane] = image.word;
+            let row = image.bucket_idx as usize;
+            prefetch_element(&self.words, self.offset + row * self.stride + lane);
+            prefetch_element(&self.stripes, row & self.stripe_mask);
+        }
+        self.revision.fetch_add(1, Ordering::Relaxed);
+        let _held = StripeWrite::begin(
+            &self.writing.0,
+            &self.stripes,
+            self.stripe_mask,
+            &delta.images,
+        );
+        let base = self.offset + lane;
+        for image in &delta.images {
+            // In range: the sequencer checked every bucket index against the format.
+            if let Some(slot) = self
+                .words
+                .get(base + image.bucket_idx as usize * self.stride)
+            {
+                slot.store(image.word, Ordering::Relaxed);
+            }
         }
         Ok(())
     }
 
-    /// Hints that `delta`'s words in `lane` will be written soon. A caller that applies
-    /// under an exclusive lock calls this first under a shared one (queries go on), so the
-    /// exclusive hold costs cache hits instead of one miss per image. Changes nothing.
-    pub fn prefetch_delta(&self, lane: usize, delta: &Delta) {
-        if lane >= self.stride {
-            return;
-        }
-        for image in &delta.images {
-            let row = image.bucket_idx as usize;
-            prefetch_element(&self.words, self.offset + row * self.stride + lane);
-        }
-    }
-
     /// Returns `lane` to empty (for example when its pool went away) and clears its words.
     pub fn reset_lane(&mut self, lane: usize) -> Result<(), ReplicaError> {
-        self.lane_mut(lane)?.reset();
+        self.lane(lane)?.lock().reset();
         self.refresh_ready(lane);
-        self.revision = self.revision.wrapping_add(1);
+        self.bump_revision();
         let stride = self.stride;
         for row in self.rows_mut().chunks_exact_mut(stride) {
-            row[lane] = 0;
+            if let Some(slot) = row.get_mut(lane) {
+                *slot.get_mut() = 0;
+            }
         }
         Ok(())
     }
 
     /// Where `lane` stands.
     pub fn lane_status(&self, lane: usize) -> Option<ReplicaStatus> {
-        self.lanes.get(lane).map(Sequencer::status)
+        self.lanes
+            .get(lane)
+            .map(|sequencer| sequencer.lock().status())
+    }
+
+    /// Whether `lane` answers queries (its snapshot is installed and no check failed);
+    /// reads one word, no lock.
+    pub fn lane_ready(&self, lane: usize) -> bool {
+        self.ready
+            .get(lane / 64)
+            .is_some_and(|word| word.load(Ordering::Acquire) & (1 << (lane % 64)) != 0)
     }
 
     /// Bytes of bucket words held (all lanes, including spare stride).
@@ -330,33 +475,42 @@ impl QueryTable {
         self.words.len() as u64 * 8
     }
 
-    fn lane_mut(&mut self, lane: usize) -> Result<&mut Sequencer, ReplicaError> {
+    fn lane(&self, lane: usize) -> Result<&Mutex<Sequencer>, ReplicaError> {
         let n_lanes = self.lanes.len();
         self.lanes
-            .get_mut(lane)
+            .get(lane)
             .ok_or(ReplicaError::UnknownLane { lane, n_lanes })
     }
 
+    fn bump_revision(&mut self) {
+        let revision = self.revision.get_mut();
+        *revision = revision.wrapping_add(1);
+    }
+
     /// The bucket rows (`bucket_count * stride` words), starting on a cache line.
-    fn rows(&self) -> &[u64] {
+    fn rows(&self) -> &[AtomicU64] {
         let len = self.format.bucket_count() as usize * self.stride;
         &self.words[self.offset..self.offset + len]
     }
 
-    fn rows_mut(&mut self) -> &mut [u64] {
+    fn rows_mut(&mut self) -> &mut [AtomicU64] {
         let len = self.format.bucket_count() as usize * self.stride;
         &mut self.words[self.offset..self.offset + len]
     }
 
-    /// Copies `lane`'s readiness into the lane mask.
-    fn refresh_ready(&mut self, lane: usize) {
-        let ready = self.lanes.get(lane).is_some_and(Sequencer::is_ready);
-        if let Some(word) = self.ready.get_mut(lane / 64) {
+    /// Copies `lane`'s readiness into the lane mask (Release: a query that sees the lane
+    /// ready sees the words written before).
+    fn refresh_ready(&self, lane: usize) {
+        let ready = self
+            .lanes
+            .get(lane)
+            .is_some_and(|sequencer| sequencer.lock().is_ready());
+        if let Some(word) = self.ready.get(lane / 64) {
             let bit = 1u64 << (lane % 64);
             if ready {
-                *word |= bit;
+                word.fetch_or(bit, Ordering::Release);
             } else {
-                *word &= !bit;
+                word.fetch_and(!bit, Ordering::Release);
             }
         }
     }
@@ -366,7 +520,8 @@ impl QueryTable {
         (self.stride * 2).max(1)
     }
 
-    /// This table's rows copied into a new allocation at the next stride.
+    /// This table's rows copied into a new allocation at the next stride. A caller
+    /// holding only `&self` holds the writer lock, so no delta lands mid-copy.
     fn grown_rows(&self) -> Result<GrownRows, ConfigError> {
         // From one lane up, doubling: a table of one pool holds exactly that pool's
         // words (a first stride of 4 made one 2^24-bucket pool take 512 MiB, four times
@@ -374,26 +529,20 @@ impl QueryTable {
         let new_stride = self.next_stride();
         let bucket_count = self.format.bucket_count() as usize;
         let n_words = table_words(bucket_count, new_stride);
-        let mut words = Vec::new();
-        words
-            .try_reserve_exact(n_words)
-            .map_err(|_| ConfigError::AllocationFailed {
-                what: "query table",
-                bytes: n_words as u64 * 8,
-            })?;
-        words.resize(n_words, 0);
-        // The allocation never moves after this (no pushes), so the offset stays valid;
-        // a clone may lose the alignment, which costs speed, never correctness.
+        let words = zeroed_words(n_words, "query table")?;
+        // The allocation never moves after this (no pushes), so the offset stays valid.
         let misalignment = (words.as_ptr() as usize / 8) % ROW_ALIGN_WORDS;
         let offset = (ROW_ALIGN_WORDS - misalignment) % ROW_ALIGN_WORDS;
         if self.stride > 0 {
             let old_rows = self.rows();
-            let new_rows = &mut words[offset..offset + bucket_count * new_stride];
+            let new_rows = &words[offset..offset + bucket_count * new_stride];
             for (new_row, old_row) in new_rows
-                .chunks_exact_mut(new_stride)
+                .chunks_exact(new_stride)
                 .zip(old_rows.chunks_exact(self.stride))
             {
-                new_row[..self.stride].copy_from_slice(old_row);
+                for (new, old) in new_row.iter().zip(old_row) {
+                    new.store(old.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
             }
         }
         Ok(GrownRows {
@@ -401,7 +550,7 @@ impl QueryTable {
             offset,
             stride: new_stride,
             from_stride: self.stride,
-            from_revision: self.revision,
+            from_revision: self.revision.load(Ordering::Relaxed),
         })
     }
 }
@@ -414,16 +563,22 @@ impl Prober for QueryTable {
     }
 
     fn ready_lanes(&self, group: usize) -> u64 {
-        self.ready.get(group).copied().unwrap_or(0)
+        self.ready
+            .get(group)
+            .map_or(0, |word| word.load(Ordering::Acquire))
     }
 
     #[inline]
     fn view(&self) -> RowView<'_> {
         RowView {
             words: &self.words,
+            writing: &self.writing.0,
+            stripes: &self.stripes,
+            stripe_mask: self.stripe_mask,
             addressing: self.addressing,
             offset: self.offset,
             stride: self.stride,
+            stride_shift: self.stride.trailing_zeros(),
         }
     }
 }
@@ -431,10 +586,15 @@ impl Prober for QueryTable {
 /// A [`QueryTable`]'s words with its addressing and layout (see [`Prober::view`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RowView<'a> {
-    words: &'a [u64],
+    words: &'a [AtomicU64],
+    writing: &'a AtomicU64,
+    stripes: &'a [AtomicU64],
+    stripe_mask: usize,
     addressing: Addressing,
     offset: usize,
     stride: usize,
+    /// `log2(stride)`: the stride is a power of two, so a word offset's row is a shift.
+    stride_shift: u32,
 }
 
 impl ProbeView for RowView<'_> {
@@ -463,38 +623,102 @@ impl ProbeView for RowView<'_> {
         }
     }
 
-    /// Tests only the asked lanes: the search asks for the few lanes a decision needs.
+    /// Tests only the asked lanes (the search asks for the few lanes a decision needs),
+    /// reading both rows again while a delta writing either of them runs.
     #[inline]
     fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64 {
+        let before = self.writing.load(Ordering::Acquire);
+        if before & 1 == 0 {
+            let bits = self.read_lanes(location, group, lanes);
+            fence(Ordering::Acquire);
+            if self.writing.load(Ordering::Relaxed) == before {
+                return bits;
+            }
+        }
+        self.probe_beside_a_write(location, group, lanes)
+    }
+}
+
+impl RowView<'_> {
+    /// [`ProbeView::probe`] when a delta was being written: only the two rows' own
+    /// stripes are checked (a delta of `k` images holds about `k` of up to 2^16).
+    #[cold]
+    fn probe_beside_a_write(&self, location: &Location, group: usize, lanes: u64) -> u64 {
+        let (first_stripe, second_stripe) = self.stripes_of(location);
+        let (Some(first_guard), Some(second_guard)) = (
+            self.stripes.get(first_stripe),
+            self.stripes.get(second_stripe),
+        ) else {
+            return 0;
+        };
+        let mut spins = 0u32;
+        loop {
+            let before = (
+                first_guard.load(Ordering::Acquire),
+                second_guard.load(Ordering::Acquire),
+            );
+            if (before.0 | before.1) & 1 == 0 {
+                let bits = self.read_lanes(location, group, lanes);
+                // The words' loads happen before the counters are read again: a write
+                // that changed a word read above shows as a changed counter.
+                fence(Ordering::Acquire);
+                if first_guard.load(Ordering::Relaxed) == before.0
+                    && second_guard.load(Ordering::Relaxed) == before.1
+                {
+                    return bits;
+                }
+            }
+            // A delta is writing one of these rows: it holds the stripe only while it
+            // stores its words (no lock, allocation or I/O in between), so this ends.
+            spins += 1;
+            if spins < SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The stripes guarding `location`'s two rows.
+    #[inline]
+    fn stripes_of(&self, location: &Location) -> (usize, usize) {
+        let row = |start: usize| start.wrapping_sub(self.offset) >> self.stride_shift;
+        (
+            row(location.first) & self.stripe_mask,
+            row(location.second) & self.stripe_mask,
+        )
+    }
+
+    /// Which of `lanes` hold `location`, from one read of each asked word.
+    #[inline]
+    fn read_lanes(&self, location: &Location, group: usize, lanes: u64) -> u64 {
         let first = group * 64;
         let window = |start: usize| {
             self.words
                 .get(start + first..)
-                .and_then(<[u64]>::first_chunk::<64>)
+                .and_then(<[AtomicU64]>::first_chunk::<64>)
         };
         // `lanes` are lanes of the table, so within the stride: a 64-word window from the
         // group's first word never reaches past the row for them. Only the last rows lack
         // such a window in the allocation.
         let (Some(row_a), Some(row_b)) = (window(location.first), window(location.second)) else {
-            return self.probe_near_end(location, first, lanes);
+            return self.read_lanes_near_end(location, first, lanes);
         };
         let mut bits = 0u64;
         let mut rest = lanes;
         while rest != 0 {
             let lane = rest.trailing_zeros() as usize % 64;
             rest &= rest - 1;
-            let holds = bucket::matches_pattern(row_a[lane], location.key)
-                | bucket::matches_pattern(row_b[lane], location.key);
+            let holds = bucket::matches_pattern(row_a[lane].load(Ordering::Relaxed), location.key)
+                | bucket::matches_pattern(row_b[lane].load(Ordering::Relaxed), location.key);
             bits |= u64::from(holds) << lane;
         }
         bits
     }
-}
 
-impl RowView<'_> {
-    /// [`ProbeView::probe`] for rows within 64 words of the allocation's end.
+    /// [`RowView::read_lanes`] for rows within 64 words of the allocation's end.
     #[cold]
-    fn probe_near_end(&self, location: &Location, first: usize, lanes: u64) -> u64 {
+    fn read_lanes_near_end(&self, location: &Location, first: usize, lanes: u64) -> u64 {
         let width = self.stride.saturating_sub(first).min(64);
         let (Some(row_a), Some(row_b)) = (
             self.words
@@ -509,9 +733,9 @@ impl RowView<'_> {
         while rest != 0 {
             let lane = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            if let (Some(&a), Some(&b)) = (row_a.get(lane), row_b.get(lane)) {
-                let holds = bucket::matches_pattern(a, location.key)
-                    | bucket::matches_pattern(b, location.key);
+            if let (Some(a), Some(b)) = (row_a.get(lane), row_b.get(lane)) {
+                let holds = bucket::matches_pattern(a.load(Ordering::Relaxed), location.key)
+                    | bucket::matches_pattern(b.load(Ordering::Relaxed), location.key);
                 bits |= u64::from(holds) << lane;
             }
         }

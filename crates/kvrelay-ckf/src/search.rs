@@ -9,9 +9,10 @@
 //! step is a handful of mask operations, whatever the number of lanes in a group, and the
 //! work runs in rounds whose probes are issued as one batch (each position's address, then
 //! the prefetch of its rows), so a round costs about one memory latency, not one per probe.
-//! A probed lane's words are read only when a decision first needs them (the table does
-//! not change during a search, so this answers exactly as reading them all at once would,
-//! and lanes that left the search are never read):
+//! A probed lane's words are read only when a decision first needs them, and each
+//! (position, lane) answer is read once and kept, so the search decides from one fixed
+//! answer per probe even while deltas are applied beside it (each answer is the table's
+//! before or after any one delta; lanes that left the search are never read):
 //!
 //! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 and the last `window` positions in one
 //!    batch; the lanes that miss first at a gallop position form one bracket;
@@ -50,8 +51,7 @@ pub(crate) struct SearchScratch {
 }
 
 /// What the search knows about one position. A probe fetches the memory of its lanes
-/// (prefetch); their words are read only when a decision needs them, which gives the same
-/// answers (the table does not change during a search) for fewer reads.
+/// (prefetch); their words are read only when a decision needs them, and kept.
 #[derive(Debug, Clone, Copy, Default)]
 struct PositionState {
     /// Where the position's hash lives; valid when `located_epoch == epoch`.

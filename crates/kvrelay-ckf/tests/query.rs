@@ -7,8 +7,9 @@
 )]
 
 use kvrelay_ckf::{
-    CkfConfig, EventPayload, ExactIndex, PoolFilter, PrefixQuery, QueryConfig, QueryTable,
-    RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    Addressing, BucketImage, CkfConfig, Delta, EventPayload, ExactIndex, PoolFilter, PrefixDepths,
+    PrefixQuery, QueryConfig, QueryTable, RouterEvent, SnapshotChunk, SourceId, StoredBlock,
+    StoredBlocks,
 };
 use kvrelay_identity::hashing::sequence_hashes;
 use proptest::prelude::*;
@@ -193,16 +194,114 @@ fn rows_prepared_from_a_shared_table_are_swapped_in_unless_the_table_changed_sin
     assert_eq!(&after.depths()[..2], before.depths());
 }
 
+/// The table's words for the fingerprint of each hash in its primary bucket (`true`) or in
+/// its alternate one, as sorted delta images (the other bucket emptied).
+fn placed(addressing: &Addressing, hashes: &[u64], primary: bool) -> Vec<BucketImage> {
+    let mut images: Vec<BucketImage> = hashes
+        .iter()
+        .flat_map(|&hash| {
+            let address = addressing.address(hash);
+            let (holder, emptied) = if primary {
+                (address.primary, address.alternate)
+            } else {
+                (address.alternate, address.primary)
+            };
+            [
+                BucketImage {
+                    bucket_idx: holder,
+                    word: u64::from(address.fingerprint),
+                },
+                BucketImage {
+                    bucket_idx: emptied,
+                    word: 0,
+                },
+            ]
+        })
+        .collect();
+    images.sort_unstable();
+    images
+}
+
+/// Every hash of a request stays resident while deltas move each one's fingerprint
+/// between its two buckets (the cuckoo kick a producer's delta carries), and queries run
+/// beside the applies: no query may miss a position. Delta images are written in bucket
+/// order, so without the stripes a probe reading one bucket before and the other after a
+/// move would miss (this test fails within a few thousand queries then).
 #[test]
-fn prefetching_a_delta_changes_nothing_and_ignores_unknown_lanes() {
-    let tokens: Vec<u64> = (300..340).collect();
-    let hashes = sequence_hashes(&tokens);
-    let (table, _) = build(&tokens, &[Some(10), Some(25)]);
-    let before = table.prefix_depths(&hashes);
-    let mut filter = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap();
-    store_prefix(&mut filter, &tokens, 5, 1);
-    let delta = filter.take_delta().unwrap().unwrap();
-    table.prefetch_delta(0, &delta);
-    table.prefetch_delta(7, &delta);
-    assert_eq!(table.prefix_depths(&hashes).depths(), before.depths());
+fn queries_beside_applies_never_miss_a_fingerprint_a_delta_moves() {
+    const MOVES: u64 = 20_000;
+    let format = PoolFilter::new(CkfConfig::new(1 << 16)).unwrap().format();
+    let addressing = Addressing::new(format);
+    // Positions whose four buckets are all distinct from every other position's, so
+    // each bucket word holds exactly one fingerprint.
+    let mut used = std::collections::HashSet::new();
+    let hashes: Vec<u64> = (1..)
+        .map(|i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .filter(|&hash| {
+            let address = addressing.address(hash);
+            address.primary != address.alternate
+                && !used.contains(&address.primary)
+                && !used.contains(&address.alternate)
+                && used.insert(address.primary)
+                && used.insert(address.alternate)
+        })
+        .take(48)
+        .collect();
+    let mut table = QueryTable::new(format, QueryConfig::default()).unwrap();
+    let lane = table.add_lane().unwrap();
+    let bucket_count = u64::from(format.bucket_count());
+    table
+        .install_chunk(
+            lane,
+            &SnapshotChunk {
+                sequence: 0,
+                bucket_count,
+                chunk_index: 0,
+                chunk_count: 1,
+                first_bucket: 0,
+                words: vec![0; bucket_count as usize],
+            },
+        )
+        .unwrap();
+    let at_primary = placed(&addressing, &hashes, true);
+    let at_alternate = placed(&addressing, &hashes, false);
+    let delta = |sequence: u64| Delta {
+        base_sequence: sequence - 1,
+        sequence,
+        images: if sequence % 2 == 1 {
+            at_primary.clone()
+        } else {
+            at_alternate.clone()
+        },
+    };
+    table.apply_delta(lane, &delta(1)).unwrap();
+    let full = Some(hashes.len() as u32);
+    assert_eq!(table.prefix_depths(&hashes).depth(lane), full);
+
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (queries, short) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut out = PrefixDepths::default();
+            let (mut queries, mut short) = (0u64, 0u64);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                table.prefix_depths_into(&hashes, &mut out);
+                queries += 1;
+                if out.depth(lane) != full {
+                    short += 1;
+                }
+            }
+            (queries, short)
+        });
+        for sequence in 2..2 + MOVES {
+            table.apply_delta(lane, &delta(sequence)).unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    assert!(queries > 0);
+    assert_eq!(
+        short, 0,
+        "{short} of {queries} queries missed a resident position"
+    );
+    assert_eq!(table.prefix_depths(&hashes).depth(lane), full);
 }

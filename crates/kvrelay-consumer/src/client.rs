@@ -1,12 +1,15 @@
 //! The async relay client: one task per relay running connection epochs, one task per
 //! subscribed producer generation, all feeding one [`ConsumerState`].
 //!
-//! Concurrency: the state sits behind one `RwLock`. Writers are the relay and
-//! subscription tasks, each holding the lock only to apply one validated message
-//! (never across an `.await`); `score` takes the read lock. A pool frame is checked
-//! (checksum, bounds) and copied out before the lock is taken, so the lock covers only the
-//! table write. Each mutation is whole, so a query sees a replica before or after a
-//! delta, never half of one.
+//! Concurrency: the state sits behind one `RwLock`; `score` takes the read lock. The
+//! relay and subscription tasks take it only to apply one validated message (never
+//! across an `.await`). A pool frame is checked (checksum, bounds) and copied out before
+//! any lock is taken. Deltas and heartbeats, the stream's bulk, are applied under the
+//! upgradable read lock, which queries share: scoring never waits for them, and each
+//! probe still sees a delta whole (`kvrelay_ckf::QueryTable` guards its rows). The
+//! upgradable lock keeps those applies one at a time and away from a table's growth
+//! (prepared under it too). Catalogs, load windows, snapshot chunks and lane changes take
+//! the write lock, each whole.
 //!
 //! Task tree: `Consumer` owns a `TaskTracker` and a `CancellationToken`; each relay task
 //! owns a child token and a tracker for its subscriptions, cancelled and awaited when its
@@ -837,20 +840,24 @@ async fn subscription_frames(
         if frame.header.relay != identity {
             return Some(ResubscribeReason::RelayRestart);
         }
-        // Checksum and copy happen here, outside the lock; the write lock (which `score`
-        // waits for) covers only the table write, whose rows are first brought into cache
-        // under the shared lock (a delta's images are random rows of a large table: one
-        // miss each otherwise).
+        // Checksum and copy happen here, outside the lock. A delta or heartbeat is then
+        // applied under the upgradable read, which `score` shares (it never waits for an
+        // apply) and which keeps applies and a table's growth one at a time; only a
+        // snapshot chunk takes the write lock.
         let outcome = match CheckedPoolFrame::check(&frame, &producer) {
             Ok(checked) => {
-                shared.state.read().prefetch_frame(key, &checked);
-                shared
+                let now = Instant::now();
+                let beside = shared
                     .state
-                    .write()
-                    .apply_checked_frame(key, &checked, Instant::now())
+                    .upgradable_read()
+                    .apply_beside_queries(key, &checked, now);
+                match beside {
+                    Some(outcome) => outcome,
+                    None => shared.state.write().apply_checked_frame(key, &checked, now),
+                }
             }
             Err(err) => {
-                shared.state.write().invalidate(key);
+                shared.state.read().invalidate(key);
                 Err(err)
             }
         };

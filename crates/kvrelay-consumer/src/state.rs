@@ -127,6 +127,23 @@ enum CheckedPayload {
     Heartbeat,
 }
 
+/// A replica's refusal as the subscription's resubscribe reason: a gap (sequence or
+/// heartbeat) resubscribes as such, anything else is a validation failure.
+fn store_refusal(err: StoreError) -> PoolFrameRefused {
+    let reason = match &err {
+        StoreError::Replica {
+            source: kvrelay_ckf::ReplicaError::SequenceGap { .. },
+            ..
+        }
+        | StoreError::HeartbeatMismatch { .. } => ResubscribeReason::Gap,
+        _ => ResubscribeReason::Validation,
+    };
+    PoolFrameRefused {
+        reason,
+        detail: err.to_string(),
+    }
+}
+
 impl CheckedPoolFrame {
     /// Checks `frame` against `producer` (the generation it was subscribed for) and
     /// copies its payload out; a refusal names the resubscribe reason.
@@ -256,8 +273,6 @@ pub struct ConsumerState {
     /// Every admitted entry of every relay, rebuilt when a catalog changes.
     entries: Vec<PoolEntry>,
     loads: hashbrown::HashMap<PoolKey, LoadSample>,
-    /// Newest sequence announced per pool (for lag).
-    announced: HashMap<PoolKey, u64>,
     producers: HashMap<PoolKey, (usize, ProducerIdentity)>,
     store: ReplicaStore,
     next_key: u64,
@@ -287,7 +302,6 @@ impl ConsumerState {
             relay_dc_ids: vec![None; config.relays.len()],
             entries: Vec::new(),
             loads: hashbrown::HashMap::new(),
-            announced: HashMap::new(),
             producers: HashMap::new(),
             store: ReplicaStore::new(
                 config.limits.staleness_bound,
@@ -628,7 +642,6 @@ impl ConsumerState {
         if let Some(sequence) = self.store.resume_point(key, format) {
             return Ok((producer, Some(sequence)));
         }
-        self.announced.remove(&key);
         self.store.reset_prepared(key, format, prepared)?;
         Ok((producer, None))
     }
@@ -647,7 +660,7 @@ impl ConsumerState {
     }
 
     /// Marks `key`'s replica unusable (its stream broke) until a new snapshot.
-    pub fn invalidate(&mut self, key: PoolKey) {
+    pub fn invalidate(&self, key: PoolKey) {
         self.store.invalidate(key);
     }
 
@@ -678,16 +691,6 @@ impl ConsumerState {
         }
     }
 
-    /// Hints that `frame` (a delta) will be applied to `key`'s replica soon: its rows are
-    /// fetched into cache under the caller's shared lock, so the exclusive hold of
-    /// [`ConsumerState::apply_checked_frame`], which queries wait for, costs cache hits
-    /// instead of a miss per image. Changes nothing.
-    pub fn prefetch_frame(&self, key: PoolKey, frame: &CheckedPoolFrame) {
-        if let CheckedPayload::Delta(delta) = &frame.payload {
-            self.store.prefetch_delta(key, delta);
-        }
-    }
-
     /// Applies a frame already checked by [`CheckedPoolFrame::check`] (outside any lock):
     /// only the catalog's producer and relay are compared and the table written. On
     /// `Err` the replica is unusable until a new snapshot.
@@ -697,11 +700,49 @@ impl ConsumerState {
         frame: &CheckedPoolFrame,
         now: Instant,
     ) -> Result<FrameOutcome, PoolFrameRefused> {
-        let result = self.apply_checked_inner(key, frame, now);
+        if let Some(outcome) = self.apply_beside_queries(key, frame, now) {
+            return outcome;
+        }
+        let result = self.install_chunk(key, frame, now);
         if result.is_err() {
             self.store.invalidate(key);
         }
         result
+    }
+
+    /// [`ConsumerState::apply_checked_frame`] for a delta or heartbeat, with `&self`: a
+    /// caller applies under a shared lock while queries go on (they never wait for it;
+    /// each probe still sees a delta whole, see `kvrelay_ckf::QueryTable`). Applies to
+    /// the consumer's tables must not run concurrently with each other: the client runs
+    /// them under its lock's upgradable read, which excludes the next one (and a table's
+    /// growth) but not queries. `None` for a snapshot chunk, which changes what queries
+    /// may read and needs [`ConsumerState::apply_checked_frame`]. On `Err` the replica is
+    /// unusable until a new snapshot.
+    pub fn apply_beside_queries(
+        &self,
+        key: PoolKey,
+        frame: &CheckedPoolFrame,
+        now: Instant,
+    ) -> Option<Result<FrameOutcome, PoolFrameRefused>> {
+        let result = match &frame.payload {
+            CheckedPayload::SnapshotChunk(_) => return None,
+            CheckedPayload::Delta(delta) => self.check_origin(key, frame).and_then(|()| {
+                self.store
+                    .apply_delta(key, delta, now)
+                    .map_err(store_refusal)?;
+                Ok(FrameOutcome::DeltaApplied(frame.sequence))
+            }),
+            CheckedPayload::Heartbeat => self.check_origin(key, frame).and_then(|()| {
+                self.store
+                    .heartbeat(key, frame.sequence, now)
+                    .map_err(store_refusal)?;
+                Ok(FrameOutcome::Heartbeat(frame.sequence))
+            }),
+        };
+        if result.is_err() {
+            self.store.invalidate(key);
+        }
+        Some(result)
     }
 
     /// The relay and producer `key` stands for in the catalog.
@@ -715,12 +756,9 @@ impl ConsumerState {
             })
     }
 
-    fn apply_checked_inner(
-        &mut self,
-        key: PoolKey,
-        frame: &CheckedPoolFrame,
-        now: Instant,
-    ) -> Result<FrameOutcome, PoolFrameRefused> {
+    /// Whether `frame` comes from the producer and relay the catalog names for `key`;
+    /// when it does, its sequence is announced (for lag).
+    fn check_origin(&self, key: PoolKey, frame: &CheckedPoolFrame) -> Result<(), PoolFrameRefused> {
         let (relay, producer) = self.subscribed(key)?;
         if producer != frame.producer {
             return Err(PoolFrameRefused {
@@ -742,44 +780,32 @@ impl ConsumerState {
                 ),
             });
         }
-        self.announce(key, frame.sequence);
-        let store_err = |err: StoreError| {
-            let reason = match &err {
-                StoreError::Replica {
-                    source: kvrelay_ckf::ReplicaError::SequenceGap { .. },
-                    ..
-                }
-                | StoreError::HeartbeatMismatch { .. } => ResubscribeReason::Gap,
-                _ => ResubscribeReason::Validation,
-            };
-            PoolFrameRefused {
-                reason,
-                detail: err.to_string(),
-            }
+        self.store.announce(key, frame.sequence);
+        Ok(())
+    }
+
+    fn install_chunk(
+        &mut self,
+        key: PoolKey,
+        frame: &CheckedPoolFrame,
+        now: Instant,
+    ) -> Result<FrameOutcome, PoolFrameRefused> {
+        self.check_origin(key, frame)?;
+        let CheckedPayload::SnapshotChunk(chunk) = &frame.payload else {
+            return Err(PoolFrameRefused {
+                reason: ResubscribeReason::Validation,
+                detail: "not a snapshot chunk".to_owned(),
+            });
         };
-        match &frame.payload {
-            CheckedPayload::SnapshotChunk(chunk) => {
-                let complete = self
-                    .store
-                    .install_chunk(key, chunk, now)
-                    .map_err(store_err)?;
-                Ok(if complete {
-                    FrameOutcome::SnapshotInstalled(frame.sequence)
-                } else {
-                    FrameOutcome::ChunkStored
-                })
-            }
-            CheckedPayload::Delta(delta) => {
-                self.store.apply_delta(key, delta, now).map_err(store_err)?;
-                Ok(FrameOutcome::DeltaApplied(frame.sequence))
-            }
-            CheckedPayload::Heartbeat => {
-                self.store
-                    .heartbeat(key, frame.sequence, now)
-                    .map_err(store_err)?;
-                Ok(FrameOutcome::Heartbeat(frame.sequence))
-            }
-        }
+        let complete = self
+            .store
+            .install_chunk(key, chunk, now)
+            .map_err(store_refusal)?;
+        Ok(if complete {
+            FrameOutcome::SnapshotInstalled(frame.sequence)
+        } else {
+            FrameOutcome::ChunkStored
+        })
     }
 
     /// Ranks the candidates for `request` at `now`.
@@ -839,7 +865,7 @@ impl ConsumerState {
                     replica: self.store.status(entry.key, now),
                     coverage: entry.coverage,
                     sequence: self.store.sequence(entry.key),
-                    announced_sequence: self.announced.get(&entry.key).copied(),
+                    announced_sequence: self.store.announced(entry.key),
                     age: self.store.age(entry.key, now),
                 })
             })
@@ -882,7 +908,7 @@ impl ConsumerState {
                 ReplicaStatus::Current => {
                     out.replicas_current += 1;
                     let installed = self.store.sequence(entry.key).unwrap_or(0);
-                    let announced = self.announced.get(&entry.key).copied().unwrap_or(installed);
+                    let announced = self.store.announced(entry.key).unwrap_or(installed);
                     max_lag = max_lag.max(announced.saturating_sub(installed));
                 }
                 ReplicaStatus::Assembling => out.replicas_assembling += 1,
@@ -906,15 +932,9 @@ impl ConsumerState {
             .sum();
     }
 
-    fn announce(&mut self, key: PoolKey, sequence: u64) {
-        let slot = self.announced.entry(key).or_insert(sequence);
-        *slot = (*slot).max(sequence);
-    }
-
     fn forget(&mut self, key: PoolKey) {
         self.store.remove(key);
         self.loads.remove(&key);
-        self.announced.remove(&key);
         self.producers.remove(&key);
     }
 

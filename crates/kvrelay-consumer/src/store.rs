@@ -6,11 +6,14 @@
 //! invalid (it answers nothing) until a new snapshot restarts it; callers then drop the
 //! subscription and resubscribe.
 //!
-//! All mutations run under the consumer's write lock and each is applied whole, so a
-//! query sees a replica either before or after a delta, never half of one.
+//! Deltas and heartbeats are applied with `&self`, beside queries (the consumer applies
+//! them under its shared lock, so scoring never waits for them): the table guards each
+//! probe's rows (see `QueryTable`), and a slot's freshness is atomics. Everything else
+//! (snapshot chunks, new and dropped lanes, invalidation) takes `&mut self`.
 
 use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{
@@ -110,16 +113,98 @@ fn within_table_budget(
 }
 
 /// Where one pool's replica lives, and its freshness.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Slot {
     format: CkfFormat,
     lane: usize,
-    last_heard: Option<Instant>,
-    /// Set when a heartbeat or frame was refused: the lane answers nothing until reset.
-    invalid: bool,
-    /// Set when the stream broke but the lane is intact at its sequence: it answers
-    /// nothing (`invalid` is set too) until a resumed stream brings it up to date.
-    suspended: bool,
+    fresh: Freshness,
+}
+
+impl Slot {
+    fn new(format: CkfFormat, lane: usize) -> Self {
+        Self {
+            format,
+            lane,
+            fresh: Freshness::default(),
+        }
+    }
+}
+
+/// A slot's `invalid` flag: a heartbeat or frame was refused (or the stream broke), so the
+/// lane answers nothing until reset.
+const INVALID: u8 = 1;
+/// A slot's `suspended` flag (always with `INVALID`): the stream broke but the lane is
+/// intact at its sequence; a resumed stream brings it up to date.
+const SUSPENDED: u8 = 2;
+
+/// What applies beside queries change in a slot, as atomics (applies to one slot come
+/// from its one subscription, one at a time; relaxed is enough: a query reading a flag a
+/// moment early or late answers as it would have a moment earlier or later).
+#[derive(Debug, Default)]
+struct Freshness {
+    /// When the slot last heard from its relay, as [`Clock`] ticks (0: never).
+    last_heard: AtomicU64,
+    /// `INVALID` and `SUSPENDED` bits.
+    flags: AtomicU8,
+    /// The newest frame sequence announced for the pool, plus one (0: none), for lag.
+    announced: AtomicU64,
+}
+
+impl Freshness {
+    fn flags(&self) -> u8 {
+        self.flags.load(Ordering::Relaxed)
+    }
+
+    fn invalid(&self) -> bool {
+        self.flags() & INVALID != 0
+    }
+
+    fn suspended(&self) -> bool {
+        self.flags() & SUSPENDED != 0
+    }
+
+    fn set_flags(&self, flags: u8) {
+        self.flags.store(flags, Ordering::Relaxed);
+    }
+
+    /// A frame brought the replica up to date: heard now, and a suspended replica (its
+    /// stream resumed) answers again.
+    fn caught_up(&self, clock: Clock, now: Instant) {
+        self.last_heard.store(clock.ticks(now), Ordering::Relaxed);
+        if self.suspended() {
+            self.set_flags(0);
+        }
+    }
+}
+
+/// `Instant`s as atomically storable ticks: nanoseconds after a base a little before the
+/// store was made, plus one (0 stands for "never").
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        let now = Instant::now();
+        // A base before any `now` a caller may still pass (one taken just before the
+        // store was made); a monotonic clock may not reach back that far after boot.
+        let base = [3600, 60, 1]
+            .into_iter()
+            .find_map(|secs| now.checked_sub(Duration::from_secs(secs)))
+            .unwrap_or(now);
+        Self { base }
+    }
+
+    fn ticks(self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn instant(self, ticks: u64) -> Option<Instant> {
+        let nanos = ticks.checked_sub(1)?;
+        self.base.checked_add(Duration::from_nanos(nanos))
+    }
 }
 
 /// One multi-pool table per filter format, with its free lanes.
@@ -135,6 +220,7 @@ struct FormatTable {
 pub(crate) struct ReplicaStore {
     slots: HashMap<PoolKey, Slot>,
     tables: HashMap<CkfFormat, FormatTable>,
+    clock: Clock,
     staleness_bound: Duration,
     /// Bytes all tables may hold, a growth's old and new table counted together.
     max_table_bytes: u64,
@@ -148,6 +234,7 @@ impl ReplicaStore {
         Self {
             slots: HashMap::new(),
             tables: HashMap::new(),
+            clock: Clock::new(),
             staleness_bound,
             max_table_bytes,
             #[cfg(test)]
@@ -207,21 +294,18 @@ impl ReplicaStore {
         prepared: Option<&mut GrownRows>,
     ) -> Result<(), StoreError> {
         let alloc = |err: &dyn std::fmt::Display| allocation_error(key, err);
-        if let Some(slot) = self.slots.get(&key).copied() {
-            if slot.format == format {
+        if let Some(&Slot {
+            format: slot_format,
+            lane,
+            ..
+        }) = self.slots.get(&key)
+        {
+            if slot_format == format {
                 let table = self.table_mut(key, format)?;
                 table
-                    .reset_lane(slot.lane)
+                    .reset_lane(lane)
                     .map_err(|source| StoreError::Replica { key: key.0, source })?;
-                self.slots.insert(
-                    key,
-                    Slot {
-                        last_heard: None,
-                        invalid: false,
-                        suspended: false,
-                        ..slot
-                    },
-                );
+                self.slots.insert(key, Slot::new(format, lane));
                 return Ok(());
             }
             self.remove(key);
@@ -260,16 +344,7 @@ impl ReplicaStore {
                 return Err(err);
             }
         };
-        self.slots.insert(
-            key,
-            Slot {
-                format,
-                lane,
-                last_heard: None,
-                invalid: false,
-                suspended: false,
-            },
-        );
+        self.slots.insert(key, Slot::new(format, lane));
         Ok(())
     }
 
@@ -300,28 +375,26 @@ impl ReplicaStore {
     }
 
     /// Marks `key`'s replica unusable until a new snapshot.
-    pub(crate) fn invalidate(&mut self, key: PoolKey) {
-        if let Some(slot) = self.slots.get_mut(&key) {
-            slot.invalid = true;
-            slot.suspended = false;
+    pub(crate) fn invalidate(&self, key: PoolKey) {
+        if let Some(slot) = self.slots.get(&key) {
+            slot.fresh.set_flags(INVALID);
         }
     }
 
     /// Marks `key`'s replica unusable until its stream resumes (or a new snapshot), keeping
     /// its lane for the resumption. A replica already invalidated stays invalid.
     pub(crate) fn suspend(&mut self, key: PoolKey) {
-        if let Some(slot) = self.slots.get_mut(&key)
-            && (!slot.invalid || slot.suspended)
+        if let Some(slot) = self.slots.get(&key)
+            && (!slot.fresh.invalid() || slot.fresh.suspended())
         {
-            slot.invalid = true;
-            slot.suspended = true;
+            slot.fresh.set_flags(INVALID | SUSPENDED);
         }
     }
 
     /// The sequence a suspended replica of `format` can resume from.
     pub(crate) fn resume_point(&self, key: PoolKey, format: CkfFormat) -> Option<u64> {
         let slot = self.slots.get(&key)?;
-        if !slot.suspended || slot.format != format {
+        if !slot.fresh.suspended() || slot.format != format {
             return None;
         }
         match self
@@ -338,7 +411,7 @@ impl ReplicaStore {
     /// The lane's own sequence, suspended or not (never for a refused replica).
     fn resumable_sequence(&self, key: PoolKey) -> Option<u64> {
         let slot = self.slots.get(&key)?;
-        if slot.invalid && !slot.suspended {
+        if slot.fresh.invalid() && !slot.fresh.suspended() {
             return None;
         }
         match self
@@ -359,73 +432,59 @@ impl ReplicaStore {
         chunk: &SnapshotChunk,
         now: Instant,
     ) -> Result<bool, StoreError> {
-        let slot = self.slot(key)?;
+        let (format, lane) = self.place(key)?;
         let complete = self
-            .table_mut(key, slot.format)?
-            .install_chunk(slot.lane, chunk)
+            .table_mut(key, format)?
+            .install_chunk(lane, chunk)
             .map_err(|source| StoreError::Replica { key: key.0, source })?;
-        let slot = self.slot_mut(key)?;
+        let slot = self.slot(key)?;
         if chunk.chunk_index == 0 {
-            slot.invalid = false;
-            slot.suspended = false;
+            slot.fresh.set_flags(0);
         }
         if complete {
-            slot.last_heard = Some(now);
+            slot.fresh
+                .last_heard
+                .store(self.clock.ticks(now), Ordering::Relaxed);
         }
         Ok(complete)
     }
 
-    /// Applies one delta whole, strictly in sequence.
+    /// Applies one delta whole, strictly in sequence, beside queries (see the module
+    /// docs). A refused delta leaves the lane invalid.
     pub(crate) fn apply_delta(
-        &mut self,
+        &self,
         key: PoolKey,
         delta: &Delta,
         now: Instant,
     ) -> Result<(), StoreError> {
         let slot = self.slot(key)?;
-        self.table_mut(key, slot.format)?
+        self.tables
+            .get(&slot.format)
+            .ok_or(StoreError::UnknownKey { key: key.0 })?
+            .table
             .apply_delta(slot.lane, delta)
             .map_err(|source| StoreError::Replica { key: key.0, source })?;
-        let slot = self.slot_mut(key)?;
-        slot.last_heard = Some(now);
-        if slot.suspended {
-            // The resumed stream caught the replica up: it answers again.
-            slot.suspended = false;
-            slot.invalid = false;
-        }
+        // A resumed stream caught the replica up: it answers again.
+        slot.fresh.caught_up(self.clock, now);
         Ok(())
     }
 
-    /// Fetches the rows `delta` writes in `key`'s lane into cache (a hint; see
-    /// `QueryTable::prefetch_delta`).
-    pub(crate) fn prefetch_delta(&self, key: PoolKey, delta: &Delta) {
-        if let Some(slot) = self.slots.get(&key)
-            && let Some(entry) = self.tables.get(&slot.format)
-        {
-            entry.table.prefetch_delta(slot.lane, delta);
-        }
-    }
-
-    /// Accepts a heartbeat at `sequence`: it must equal the installed sequence.
+    /// Accepts a heartbeat at `sequence` (beside queries): it must equal the installed
+    /// sequence, else the replica is invalid.
     pub(crate) fn heartbeat(
-        &mut self,
+        &self,
         key: PoolKey,
         sequence: u64,
         now: Instant,
     ) -> Result<(), StoreError> {
         let installed = self.resumable_sequence(key);
-        let slot = self.slot_mut(key)?;
+        let slot = self.slot(key)?;
         if installed == Some(sequence) {
-            slot.last_heard = Some(now);
-            if slot.suspended {
-                // Resumed already current.
-                slot.suspended = false;
-                slot.invalid = false;
-            }
+            // Resumed already current, or still current.
+            slot.fresh.caught_up(self.clock, now);
             return Ok(());
         }
-        slot.invalid = true;
-        slot.suspended = false;
+        slot.fresh.set_flags(INVALID);
         Err(StoreError::HeartbeatMismatch {
             key: key.0,
             sequence,
@@ -460,53 +519,79 @@ impl ReplicaStore {
         table: Option<&FormatTable>,
         now: Instant,
     ) -> ReplicaStatus {
-        let lane = if slot.invalid {
-            Some(CkfStatus::Invalid)
-        } else {
-            table.and_then(|entry| entry.table.lane_status(slot.lane))
+        let Some(entry) = table.filter(|_| !slot.fresh.invalid()) else {
+            return ReplicaStatus::Missing;
         };
-        match lane {
-            None | Some(CkfStatus::Empty | CkfStatus::Invalid) => ReplicaStatus::Missing,
-            Some(CkfStatus::Assembling { .. }) => ReplicaStatus::Assembling,
-            Some(CkfStatus::Ready { .. }) => {
-                let fresh = slot.last_heard.is_some_and(|heard| {
-                    now.saturating_duration_since(heard) <= self.staleness_bound
-                });
-                if fresh {
-                    ReplicaStatus::Current
-                } else {
-                    ReplicaStatus::Stale
-                }
-            }
+        // The ready bit is one word and no lock (every query checks every candidate);
+        // only a lane that is not ready has its stream state read.
+        let ready = entry.table.lane_ready(slot.lane)
+            || match entry.table.lane_status(slot.lane) {
+                Some(CkfStatus::Assembling { .. }) => return ReplicaStatus::Assembling,
+                Some(CkfStatus::Ready { .. }) => true,
+                None | Some(CkfStatus::Empty | CkfStatus::Invalid) => false,
+            };
+        if !ready {
+            return ReplicaStatus::Missing;
+        }
+        let fresh = self
+            .last_heard(slot)
+            .is_some_and(|heard| now.saturating_duration_since(heard) <= self.staleness_bound);
+        if fresh {
+            ReplicaStatus::Current
+        } else {
+            ReplicaStatus::Stale
         }
     }
 
     /// Time since `key` last heard from its relay, for installed replicas.
     pub(crate) fn age(&self, key: PoolKey, now: Instant) -> Option<Duration> {
         let slot = self.slots.get(&key)?;
-        slot.last_heard
+        self.last_heard(slot)
             .map(|heard| now.saturating_duration_since(heard))
+    }
+
+    /// The newest frame sequence announced for `key` since its replica was (re)made.
+    pub(crate) fn announced(&self, key: PoolKey) -> Option<u64> {
+        let ticks = self
+            .slots
+            .get(&key)?
+            .fresh
+            .announced
+            .load(Ordering::Relaxed);
+        ticks.checked_sub(1)
+    }
+
+    /// Records that a frame at `sequence` arrived for `key` (beside queries).
+    pub(crate) fn announce(&self, key: PoolKey, sequence: u64) {
+        if let Some(slot) = self.slots.get(&key) {
+            slot.fresh
+                .announced
+                .fetch_max(sequence.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    fn last_heard(&self, slot: &Slot) -> Option<Instant> {
+        self.clock
+            .instant(slot.fresh.last_heard.load(Ordering::Relaxed))
     }
 
     fn lane_status(&self, key: PoolKey) -> Option<CkfStatus> {
         let slot = self.slots.get(&key)?;
-        if slot.invalid {
+        if slot.fresh.invalid() {
             return Some(CkfStatus::Invalid);
         }
         self.tables.get(&slot.format)?.table.lane_status(slot.lane)
     }
 
-    fn slot(&self, key: PoolKey) -> Result<Slot, StoreError> {
+    fn slot(&self, key: PoolKey) -> Result<&Slot, StoreError> {
         self.slots
             .get(&key)
-            .copied()
             .ok_or(StoreError::UnknownKey { key: key.0 })
     }
 
-    fn slot_mut(&mut self, key: PoolKey) -> Result<&mut Slot, StoreError> {
-        self.slots
-            .get_mut(&key)
-            .ok_or(StoreError::UnknownKey { key: key.0 })
+    /// `key`'s format and lane.
+    fn place(&self, key: PoolKey) -> Result<(CkfFormat, usize), StoreError> {
+        self.slot(key).map(|slot| (slot.format, slot.lane))
     }
 
     fn table_mut(

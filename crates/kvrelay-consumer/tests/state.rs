@@ -414,6 +414,77 @@ fn frames_checked_outside_the_state_apply_like_frames_applied_whole() {
     assert_eq!(err.reason, ResubscribeReason::ProducerChanged);
 }
 
+#[test]
+fn deltas_and_heartbeats_apply_beside_queries_and_chunks_need_the_exclusive_path() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
+        .unwrap();
+    let (key, producer) = change.added[0];
+    let now = Instant::now();
+    state.begin_subscription(key).unwrap();
+    let frames = a.snapshot_frames();
+    let first = CheckedPoolFrame::check(&frames[0], &producer).unwrap();
+    assert!(
+        state.apply_beside_queries(key, &first, now).is_none(),
+        "a snapshot chunk is not applied beside queries"
+    );
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
+    for frame in &frames {
+        let checked = CheckedPoolFrame::check(frame, &producer).unwrap();
+        state.apply_checked_frame(key, &checked, now).unwrap();
+    }
+
+    // From here on only `&ConsumerState`, as under the consumer's shared lock.
+    let shared: &ConsumerState = &state;
+    let (_, delta) = a.store(1, &(0..16).collect::<Vec<_>>(), HashSalt::default());
+    let delta = CheckedPoolFrame::check(&delta.unwrap(), &producer).unwrap();
+    let later = now + Duration::from_secs(1);
+    assert_eq!(
+        shared
+            .apply_beside_queries(key, &delta, later)
+            .unwrap()
+            .unwrap(),
+        FrameOutcome::DeltaApplied(a.filter.sequence())
+    );
+    let pool = &shared.pools(later)[0];
+    assert_eq!(pool.replica, ReplicaStatus::Current);
+    assert_eq!(pool.sequence, Some(a.filter.sequence()));
+    assert_eq!(pool.announced_sequence, Some(a.filter.sequence()));
+    assert_eq!(
+        pool.age,
+        Some(Duration::ZERO),
+        "heard when the delta applied"
+    );
+    let ranking = shared.score(&request((0..16).collect()), later).unwrap();
+    let leg = &ranking.candidates[0].legs[0];
+    assert_eq!(
+        leg.prefix_blocks,
+        Some(16 / leg.block_size),
+        "the delta's blocks are found"
+    );
+
+    // A heartbeat at the installed sequence keeps it current; one at another sequence
+    // is a gap, and the replica is unusable (invalidated with `&self` too).
+    let heartbeat = CheckedPoolFrame::check(&a.heartbeat(a.filter.sequence()), &producer).unwrap();
+    assert_eq!(
+        shared
+            .apply_beside_queries(key, &heartbeat, later)
+            .unwrap()
+            .unwrap(),
+        FrameOutcome::Heartbeat(a.filter.sequence())
+    );
+    let wrong = CheckedPoolFrame::check(&a.heartbeat(a.filter.sequence() + 5), &producer).unwrap();
+    let err = shared
+        .apply_beside_queries(key, &wrong, later)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.reason, ResubscribeReason::Gap);
+    assert_eq!(shared.pools(later)[0].replica, ReplicaStatus::Missing);
+}
+
 /// A deterministic xorshift generator (no ambient randomness in tests).
 struct Rng(u64);
 
