@@ -37,6 +37,7 @@ pub mod addressing;
 mod bucket;
 pub mod counters;
 pub mod event;
+mod exact;
 pub mod format;
 pub mod image;
 mod keyhash;

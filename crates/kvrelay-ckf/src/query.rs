@@ -19,6 +19,8 @@ use crate::prefetch::prefetch_element;
 use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
 use crate::search::{Location, ProbeView, Prober, SearchScratch, search};
 
+pub use crate::exact::ExactIndex;
+
 /// Default number of positions verified below each depth.
 pub const DEFAULT_VERIFICATION_WINDOW: u32 = 2;
 
@@ -46,8 +48,8 @@ pub trait PrefixQuery {
 /// Reuse one value across queries to avoid allocating.
 #[derive(Debug, Clone, Default)]
 pub struct PrefixDepths {
-    depths: Vec<Option<u32>>,
-    scratch: SearchScratch,
+    pub(crate) depths: Vec<Option<u32>>,
+    pub(crate) scratch: SearchScratch,
 }
 
 impl PrefixDepths {
@@ -135,7 +137,7 @@ pub struct QueryTable {
     writing: WriteCounter,
     /// Each lane's stream state; locked by an apply only for its sequence check (never
     /// while words are written), by a status read only to copy it.
-    lanes: Vec<Mutex<Sequencer>>,
+    lanes: Vec<Mutex<Lane>>,
     /// One bit per lane whose sequencer is ready (kept in step with `lanes`).
     ready: Vec<AtomicU64>,
     /// Bumped by every change to `words` (and by growth), so rows laid out from an
@@ -164,6 +166,25 @@ impl GrownRows {
     /// Bytes the rows hold.
     pub fn bytes(&self) -> u64 {
         self.words.len() as u64 * 8
+    }
+}
+
+/// One lane's stream state, and whether a query may be reading its words.
+#[derive(Debug)]
+struct Lane {
+    sequencer: Sequencer,
+    /// The lane was ready at some point since the last change made with `&mut` (which no
+    /// query overlaps): a query that saw it ready may still be reading it, so a snapshot
+    /// chunk may not be written beside queries.
+    readable: bool,
+}
+
+impl Lane {
+    fn new(bucket_count: u64) -> Mutex<Self> {
+        Mutex::new(Self {
+            sequencer: Sequencer::new(bucket_count),
+            readable: false,
+        })
     }
 }
 
@@ -376,9 +397,8 @@ impl QueryTable {
                 })?;
             self.ready.push(AtomicU64::new(0));
         }
-        self.lanes.push(Mutex::new(Sequencer::new(u64::from(
-            self.format.bucket_count(),
-        ))));
+        self.lanes
+            .push(Lane::new(u64::from(self.format.bucket_count())));
         Ok(self.lanes.len() - 1)
     }
 
@@ -389,19 +409,57 @@ impl QueryTable {
         lane: usize,
         chunk: &SnapshotChunk,
     ) -> Result<bool, ReplicaError> {
-        let accepted = self.lane(lane)?.lock().accept_chunk(chunk);
-        self.refresh_ready(lane);
-        let complete = accepted?;
+        // No query overlaps `&mut self`: none is reading the lane, so the chunk goes in
+        // beside queries (`None` cannot come back once `readable` is cleared).
+        if let Some(state) = self.lanes.get_mut(lane) {
+            state.get_mut().readable = false;
+        }
+        let n_lanes = self.lanes.len();
+        self.install_chunk_beside_queries(lane, chunk)
+            .unwrap_or(Err(ReplicaError::UnknownLane { lane, n_lanes }))
+    }
+
+    /// [`QueryTable::install_chunk`] beside queries (`&self`), when no query can be
+    /// reading `lane`: it has not been ready since it was last reset (or given a chunk)
+    /// with `&mut`, so no query saw it ready. Its words are then written while queries
+    /// of the other lanes go on, and it turns ready (a query sees it whole) once its last
+    /// chunk is written. `None` otherwise: a chunk for a lane that answered queries (a new
+    /// snapshot over an installed one) needs [`QueryTable::install_chunk`]. Runs one at a
+    /// time with applies (the writer lock).
+    pub fn install_chunk_beside_queries(
+        &self,
+        lane: usize,
+        chunk: &SnapshotChunk,
+    ) -> Option<Result<bool, ReplicaError>> {
+        let _writer = self.writer.lock();
+        let accepted = match self.lane(lane) {
+            Err(err) => return Some(Err(err)),
+            Ok(state) => {
+                let mut state = state.lock();
+                if state.readable {
+                    return None;
+                }
+                state.sequencer.accept_chunk(chunk)
+            }
+        };
+        let complete = match accepted {
+            Ok(complete) => complete,
+            Err(err) => {
+                self.refresh_ready(lane);
+                return Some(Err(err));
+            }
+        };
+        self.revision.fetch_add(1, Ordering::Relaxed);
         let first = chunk.first_bucket as usize;
-        self.bump_revision();
-        let stride = self.stride;
-        let rows = self.rows_mut();
+        let base = self.offset + lane;
         for (offset, &word) in chunk.words.iter().enumerate() {
-            if let Some(slot) = rows.get_mut((first + offset) * stride + lane) {
-                *slot.get_mut() = word;
+            if let Some(slot) = self.words.get(base + (first + offset) * self.stride) {
+                slot.store(word, Ordering::Relaxed);
             }
         }
-        Ok(complete)
+        // After the words: a query that sees the lane ready sees them all.
+        self.refresh_ready(lane);
+        Some(Ok(complete))
     }
 
     /// Applies a delta to `lane` whole, strictly in sequence; any error leaves the lane
@@ -410,8 +468,7 @@ impl QueryTable {
     /// Applies, and a [`QueryTable::prepare_growth`] copy, run one at a time.
     pub fn apply_delta(&self, lane: usize, delta: &Delta) -> Result<(), ReplicaError> {
         let _writer = self.writer.lock();
-        let sequencer = self.lane(lane)?;
-        let accepted = sequencer.lock().accept_delta(delta);
+        let accepted = self.lane(lane)?.lock().sequencer.accept_delta(delta);
         self.refresh_ready(lane);
         accepted?;
         // The rows (and their stripes) are brought into cache first, so the stripes are
@@ -441,17 +498,20 @@ impl QueryTable {
         Ok(())
     }
 
-    /// Returns `lane` to empty (for example when its pool went away) and clears its words.
+    /// Returns `lane` to empty (for example when its pool went away). Constant time: its
+    /// words are left as they are, since a lane answers nothing until a whole snapshot
+    /// has rewritten every one of its buckets (zeroing a lane of a large table is a
+    /// strided pass over all of it, tens of milliseconds under the caller's lock).
     pub fn reset_lane(&mut self, lane: usize) -> Result<(), ReplicaError> {
-        self.lane(lane)?.lock().reset();
+        let n_lanes = self.lanes.len();
+        let state = self
+            .lanes
+            .get_mut(lane)
+            .ok_or(ReplicaError::UnknownLane { lane, n_lanes })?
+            .get_mut();
+        state.sequencer.reset();
+        state.readable = false;
         self.refresh_ready(lane);
-        self.bump_revision();
-        let stride = self.stride;
-        for row in self.rows_mut().chunks_exact_mut(stride) {
-            if let Some(slot) = row.get_mut(lane) {
-                *slot.get_mut() = 0;
-            }
-        }
         Ok(())
     }
 
@@ -459,7 +519,7 @@ impl QueryTable {
     pub fn lane_status(&self, lane: usize) -> Option<ReplicaStatus> {
         self.lanes
             .get(lane)
-            .map(|sequencer| sequencer.lock().status())
+            .map(|state| state.lock().sequencer.status())
     }
 
     /// Whether `lane` answers queries (its snapshot is installed and no check failed);
@@ -475,7 +535,7 @@ impl QueryTable {
         self.words.len() as u64 * 8
     }
 
-    fn lane(&self, lane: usize) -> Result<&Mutex<Sequencer>, ReplicaError> {
+    fn lane(&self, lane: usize) -> Result<&Mutex<Lane>, ReplicaError> {
         let n_lanes = self.lanes.len();
         self.lanes
             .get(lane)
@@ -493,18 +553,15 @@ impl QueryTable {
         &self.words[self.offset..self.offset + len]
     }
 
-    fn rows_mut(&mut self) -> &mut [AtomicU64] {
-        let len = self.format.bucket_count() as usize * self.stride;
-        &mut self.words[self.offset..self.offset + len]
-    }
-
     /// Copies `lane`'s readiness into the lane mask (Release: a query that sees the lane
-    /// ready sees the words written before).
+    /// ready sees the words written before), and notes a ready lane as readable.
     fn refresh_ready(&self, lane: usize) {
-        let ready = self
-            .lanes
-            .get(lane)
-            .is_some_and(|sequencer| sequencer.lock().is_ready());
+        let ready = self.lanes.get(lane).is_some_and(|state| {
+            let mut state = state.lock();
+            let ready = state.sequencer.is_ready();
+            state.readable |= ready;
+            ready
+        });
         if let Some(word) = self.ready.get(lane / 64) {
             let bit = 1u64 << (lane % 64);
             if ready {
@@ -756,77 +813,5 @@ impl PrefixQuery for QueryTable {
             &mut out.scratch,
             &mut out.depths,
         );
-    }
-}
-
-/// Exact per-pool membership behind the same [`PrefixQuery`] trait: the accuracy and
-/// speed baseline. A pool's depth is its first absent position (a linear scan).
-#[derive(Debug, Clone, Default)]
-pub struct ExactIndex {
-    pools: Vec<crate::keyhash::KeySet<u64>>,
-}
-
-impl ExactIndex {
-    /// An index with no pools.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds an empty pool and returns its index.
-    pub fn add_pool(&mut self) -> usize {
-        self.pools.push(Default::default());
-        self.pools.len() - 1
-    }
-
-    /// Marks `hash` present in `pool` (no-op for an unknown pool).
-    pub fn insert(&mut self, pool: usize, hash: u64) {
-        if let Some(set) = self.pools.get_mut(pool) {
-            set.insert(hash);
-        }
-    }
-
-    /// Marks `hash` absent in `pool`.
-    pub fn remove(&mut self, pool: usize, hash: u64) {
-        if let Some(set) = self.pools.get_mut(pool) {
-            set.remove(&hash);
-        }
-    }
-
-    /// Whether `pool` holds `hash`.
-    pub fn contains(&self, pool: usize, hash: u64) -> bool {
-        self.pools.get(pool).is_some_and(|set| set.contains(&hash))
-    }
-
-    /// Hashes held by `pool`.
-    pub fn len(&self, pool: usize) -> usize {
-        self.pools.get(pool).map_or(0, |set| set.len())
-    }
-
-    /// Whether `pool` holds nothing.
-    pub fn is_empty(&self, pool: usize) -> bool {
-        self.len(pool) == 0
-    }
-}
-
-impl PrefixQuery for ExactIndex {
-    fn n_pools(&self) -> usize {
-        self.pools.len()
-    }
-
-    fn prefix_depths_into(&self, sequence_hashes: &[u64], out: &mut PrefixDepths) {
-        out.depths.clear();
-        let mut n_probes = 0u32;
-        for set in &self.pools {
-            let depth = sequence_hashes
-                .iter()
-                .position(|hash| {
-                    n_probes += 1;
-                    !set.contains(hash)
-                })
-                .unwrap_or(sequence_hashes.len());
-            out.depths
-                .push(Some(u32::try_from(depth).unwrap_or(u32::MAX)));
-        }
-        out.scratch.n_probes = n_probes;
     }
 }

@@ -305,3 +305,76 @@ fn queries_beside_applies_never_miss_a_fingerprint_a_delta_moves() {
     );
     assert_eq!(table.prefix_depths(&hashes).depth(lane), full);
 }
+
+/// A new lane's snapshot is written chunk by chunk beside queries of the other lanes: they
+/// keep their answers, the new lane answers nothing until its last chunk and then its
+/// whole depth; a lane that answered queries takes a snapshot only through `&mut`.
+#[test]
+fn a_new_lanes_chunks_go_in_beside_queries_and_an_answering_lane_refuses_them() {
+    let tokens: Vec<u64> = (400..440).collect();
+    let hashes = sequence_hashes(&tokens);
+    let (mut table, _) = build(&tokens, &[Some(20)]);
+    let lane = table.add_lane().unwrap();
+    let mut filter = PoolFilter::new(CkfConfig::new(CAPACITY)).unwrap();
+    store_prefix(&mut filter, &tokens, 30, 7);
+    let snapshot = filter.snapshot().unwrap();
+    let words: Vec<u64> = snapshot
+        .chunks
+        .iter()
+        .flat_map(|chunk| chunk.words.iter().copied())
+        .collect();
+    let small: Vec<SnapshotChunk> = words
+        .chunks(64)
+        .enumerate()
+        .map(|(index, part)| SnapshotChunk {
+            sequence: snapshot.chunks[0].sequence,
+            bucket_count: words.len() as u64,
+            chunk_index: index as u32,
+            chunk_count: words.len().div_ceil(64) as u32,
+            first_bucket: index as u64 * 64,
+            words: part.to_vec(),
+        })
+        .collect();
+    assert!(small.len() > 8, "{} chunks", small.len());
+
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let seen = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut out = PrefixDepths::default();
+            let mut seen = std::collections::BTreeSet::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                table.prefix_depths_into(&hashes, &mut out);
+                assert_eq!(
+                    out.depth(0),
+                    Some(20),
+                    "the installed lane keeps its answer"
+                );
+                seen.insert(out.depth(lane));
+            }
+            seen
+        });
+        for chunk in &small {
+            table
+                .install_chunk_beside_queries(lane, chunk)
+                .expect("a new lane takes chunks beside queries")
+                .unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    // Before its last chunk the lane answered nothing; after it, its whole depth.
+    assert!(
+        seen.iter().all(|depth| matches!(depth, None | Some(30))),
+        "{seen:?}"
+    );
+    assert_eq!(table.prefix_depths(&hashes).depth(lane), Some(30));
+    assert!(
+        table
+            .install_chunk_beside_queries(lane, &small[0])
+            .is_none(),
+        "the lane answered queries: a new snapshot needs &mut"
+    );
+    // Through `&mut` it goes in (and the lane assembles again).
+    assert!(!table.install_chunk(lane, &small[0]).unwrap());
+    assert_eq!(table.prefix_depths(&hashes).depth(lane), None);
+}

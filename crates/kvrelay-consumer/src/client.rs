@@ -4,12 +4,13 @@
 //! Concurrency: the state sits behind one `RwLock`; `score` takes the read lock. The
 //! relay and subscription tasks take it only to apply one validated message (never
 //! across an `.await`). A pool frame is checked (checksum, bounds) and copied out before
-//! any lock is taken. Deltas and heartbeats, the stream's bulk, are applied under the
-//! upgradable read lock, which queries share: scoring never waits for them, and each
-//! probe still sees a delta whole (`kvrelay_ckf::QueryTable` guards its rows). The
-//! upgradable lock keeps those applies one at a time and away from a table's growth
-//! (prepared under it too). Catalogs, load windows, snapshot chunks and lane changes take
-//! the write lock, each whole.
+//! any lock is taken. Deltas, heartbeats and a new replica's snapshot chunks are applied
+//! under the upgradable read lock, which queries share: scoring never waits for them, and
+//! each probe still sees a delta whole (`kvrelay_ckf::QueryTable` guards its rows; a
+//! replica being assembled is read by no query). The upgradable lock keeps those applies
+//! one at a time and away from a table's growth (prepared under it too). Catalogs, load
+//! windows, lane changes and a snapshot over a replica that answered queries take the
+//! write lock, each whole.
 //!
 //! Task tree: `Consumer` owns a `TaskTracker` and a `CancellationToken`; each relay task
 //! owns a child token and a tracker for its subscriptions, cancelled and awaited when its
@@ -840,10 +841,10 @@ async fn subscription_frames(
         if frame.header.relay != identity {
             return Some(ResubscribeReason::RelayRestart);
         }
-        // Checksum and copy happen here, outside the lock. A delta or heartbeat is then
-        // applied under the upgradable read, which `score` shares (it never waits for an
-        // apply) and which keeps applies and a table's growth one at a time; only a
-        // snapshot chunk takes the write lock.
+        // Checksum and copy happen here, outside the lock. The frame is then applied
+        // under the upgradable read, which `score` shares (it never waits for an apply)
+        // and which keeps applies and a table's growth one at a time; only a snapshot
+        // chunk over a replica that answered queries takes the write lock.
         let outcome = match CheckedPoolFrame::check(&frame, &producer) {
             Ok(checked) => {
                 let now = Instant::now();

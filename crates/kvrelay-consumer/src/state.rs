@@ -127,6 +127,15 @@ enum CheckedPayload {
     Heartbeat,
 }
 
+/// What installing a chunk of the snapshot at `sequence` did.
+fn chunk_outcome(sequence: u64, complete: bool) -> FrameOutcome {
+    if complete {
+        FrameOutcome::SnapshotInstalled(sequence)
+    } else {
+        FrameOutcome::ChunkStored
+    }
+}
+
 /// A replica's refusal as the subscription's resubscribe reason: a gap (sequence or
 /// heartbeat) resubscribes as such, anything else is a validation failure.
 fn store_refusal(err: StoreError) -> PoolFrameRefused {
@@ -710,13 +719,15 @@ impl ConsumerState {
         result
     }
 
-    /// [`ConsumerState::apply_checked_frame`] for a delta or heartbeat, with `&self`: a
-    /// caller applies under a shared lock while queries go on (they never wait for it;
-    /// each probe still sees a delta whole, see `kvrelay_ckf::QueryTable`). Applies to
-    /// the consumer's tables must not run concurrently with each other: the client runs
-    /// them under its lock's upgradable read, which excludes the next one (and a table's
-    /// growth) but not queries. `None` for a snapshot chunk, which changes what queries
-    /// may read and needs [`ConsumerState::apply_checked_frame`]. On `Err` the replica is
+    /// [`ConsumerState::apply_checked_frame`] with `&self`: a caller applies under a
+    /// shared lock while queries go on (they never wait for it; each probe still sees a
+    /// delta whole, see `kvrelay_ckf::QueryTable`). Applies to the consumer's tables must
+    /// not run concurrently with each other: the client runs them under its lock's
+    /// upgradable read, which excludes the next one (and a table's growth) but not
+    /// queries. Deltas, heartbeats and the chunks of a replica that no query can be
+    /// reading (reset since it last answered, as a new subscription's is) go in here;
+    /// `None` for a chunk over a replica that answered queries (a snapshot over a resumed
+    /// one), which needs [`ConsumerState::apply_checked_frame`]. On `Err` the replica is
     /// unusable until a new snapshot.
     pub fn apply_beside_queries(
         &self,
@@ -725,7 +736,14 @@ impl ConsumerState {
         now: Instant,
     ) -> Option<Result<FrameOutcome, PoolFrameRefused>> {
         let result = match &frame.payload {
-            CheckedPayload::SnapshotChunk(_) => return None,
+            CheckedPayload::SnapshotChunk(chunk) => match self.check_origin(key, frame) {
+                Err(err) => Err(err),
+                Ok(()) => self
+                    .store
+                    .install_chunk_beside_queries(key, chunk, now)?
+                    .map(|complete| chunk_outcome(frame.sequence, complete))
+                    .map_err(store_refusal),
+            },
             CheckedPayload::Delta(delta) => self.check_origin(key, frame).and_then(|()| {
                 self.store
                     .apply_delta(key, delta, now)
@@ -801,11 +819,7 @@ impl ConsumerState {
             .store
             .install_chunk(key, chunk, now)
             .map_err(store_refusal)?;
-        Ok(if complete {
-            FrameOutcome::SnapshotInstalled(frame.sequence)
-        } else {
-            FrameOutcome::ChunkStored
-        })
+        Ok(chunk_outcome(frame.sequence, complete))
     }
 
     /// Ranks the candidates for `request` at `now`.

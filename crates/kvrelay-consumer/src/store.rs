@@ -437,7 +437,38 @@ impl ReplicaStore {
             .table_mut(key, format)?
             .install_chunk(lane, chunk)
             .map_err(|source| StoreError::Replica { key: key.0, source })?;
-        let slot = self.slot(key)?;
+        self.chunk_installed(self.slot(key)?, chunk, complete, now);
+        Ok(complete)
+    }
+
+    /// [`ReplicaStore::install_chunk`] beside queries, when no query can be reading the
+    /// lane (see `QueryTable::install_chunk_beside_queries`: a lane reset since it last
+    /// answered, as every new subscription's is); `None` when one may be (use
+    /// [`ReplicaStore::install_chunk`]).
+    pub(crate) fn install_chunk_beside_queries(
+        &self,
+        key: PoolKey,
+        chunk: &SnapshotChunk,
+        now: Instant,
+    ) -> Option<Result<bool, StoreError>> {
+        let unknown = StoreError::UnknownKey { key: key.0 };
+        let Ok(slot) = self.slot(key) else {
+            return Some(Err(unknown));
+        };
+        let Some(entry) = self.tables.get(&slot.format) else {
+            return Some(Err(unknown));
+        };
+        let installed = entry.table.install_chunk_beside_queries(slot.lane, chunk)?;
+        Some(
+            installed
+                .inspect(|&complete| self.chunk_installed(slot, chunk, complete, now))
+                .map_err(|source| StoreError::Replica { key: key.0, source }),
+        )
+    }
+
+    /// A chunk went in: the first one starts a new replica (valid, not suspended), the
+    /// last one is news from the relay.
+    fn chunk_installed(&self, slot: &Slot, chunk: &SnapshotChunk, complete: bool, now: Instant) {
         if chunk.chunk_index == 0 {
             slot.fresh.set_flags(0);
         }
@@ -446,7 +477,6 @@ impl ReplicaStore {
                 .last_heard
                 .store(self.clock.ticks(now), Ordering::Relaxed);
         }
-        Ok(complete)
     }
 
     /// Applies one delta whole, strictly in sequence, beside queries (see the module

@@ -415,7 +415,8 @@ fn frames_checked_outside_the_state_apply_like_frames_applied_whole() {
 }
 
 #[test]
-fn deltas_and_heartbeats_apply_beside_queries_and_chunks_need_the_exclusive_path() {
+fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_needs_the_write_lock()
+{
     let mut state = state(1);
     let relay = relay_identity(1);
     let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
@@ -425,17 +426,35 @@ fn deltas_and_heartbeats_apply_beside_queries_and_chunks_need_the_exclusive_path
     let (key, producer) = change.added[0];
     let now = Instant::now();
     state.begin_subscription(key).unwrap();
+    // A new subscription's lane answers no query until its snapshot is whole, so its
+    // chunks go in beside queries.
     let frames = a.snapshot_frames();
-    let first = CheckedPoolFrame::check(&frames[0], &producer).unwrap();
-    assert!(
-        state.apply_beside_queries(key, &first, now).is_none(),
-        "a snapshot chunk is not applied beside queries"
-    );
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
-    for frame in &frames {
-        let checked = CheckedPoolFrame::check(frame, &producer).unwrap();
-        state.apply_checked_frame(key, &checked, now).unwrap();
+    let checked: Vec<CheckedPoolFrame> = frames
+        .iter()
+        .map(|frame| CheckedPoolFrame::check(frame, &producer).unwrap())
+        .collect();
+    for frame in &checked {
+        state
+            .apply_beside_queries(key, frame, now)
+            .unwrap()
+            .unwrap();
     }
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    // A suspended replica resumes without a reset: it answered queries, so a snapshot
+    // over it needs the write lock (a query may still be reading it).
+    state.suspend(key);
+    assert!(
+        state.begin_subscription(key).unwrap().1.is_some(),
+        "resumable"
+    );
+    assert!(
+        state.apply_beside_queries(key, &checked[0], now).is_none(),
+        "a snapshot over an answering replica is not written beside queries"
+    );
+    for frame in &checked {
+        state.apply_checked_frame(key, frame, now).unwrap();
+    }
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
 
     // From here on only `&ConsumerState`, as under the consumer's shared lock.
     let shared: &ConsumerState = &state;

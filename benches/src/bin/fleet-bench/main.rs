@@ -26,6 +26,7 @@
 //! must be 0), wrong best-DC picks, filter bits per resident membership and bytes.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,7 @@ use anyhow::{Context, Result, bail};
 use kvrelay_benches::{Flags, percentile, process_memory};
 use kvrelay_ckf::{
     BucketImage, CkfConfig, Delta, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
-    ReplicaStatus,
+    ReplicaStatus, SnapshotChunk,
 };
 use parking_lot::RwLock;
 use serde_json::{Value, json};
@@ -62,6 +63,72 @@ struct Applying {
     write_locked_p99_us: f64,
     beside_p99_us: f64,
     deltas_per_s: f64,
+    snapshot: [SnapshotStall; 2],
+}
+
+/// The longest score call while lane 0 takes a whole snapshot again (after a reset, as a
+/// resubscribed replica does), and how long the install took.
+#[derive(Debug, Clone, Copy, Default)]
+struct SnapshotStall {
+    longest_score_us: f64,
+    install_ms: f64,
+}
+
+/// Lane 0's snapshot installed again while scoring: `[under the write lock (the
+/// baseline), beside queries (under the upgradable read, as the consumer installs a new
+/// replica's chunks)]`.
+fn scoring_while_installing(
+    table: &RwLock<QueryTable>,
+    requests: &[Vec<u64>],
+    chunks: &[SnapshotChunk],
+) -> Result<[SnapshotStall; 2]> {
+    let mut stalls = [SnapshotStall::default(); 2];
+    for (phase, beside_queries) in [false, true].into_iter().enumerate() {
+        table
+            .write()
+            .reset_lane(0)
+            .map_err(|err| anyhow::anyhow!("resetting lane 0: {err}"))?;
+        let done = AtomicBool::new(false);
+        let (longest, install) = std::thread::scope(|scope| {
+            let installer = scope.spawn(|| -> Result<Duration> {
+                let started = Instant::now();
+                let result = chunks.iter().try_for_each(|chunk| {
+                    let installed = if beside_queries {
+                        table
+                            .upgradable_read()
+                            .install_chunk_beside_queries(0, chunk)
+                            .context("lane 0 answered queries since its reset")?
+                    } else {
+                        table.write().install_chunk(0, chunk)
+                    };
+                    installed
+                        .map(|_| ())
+                        .map_err(|err| anyhow::anyhow!("installing lane 0: {err}"))
+                });
+                done.store(true, Ordering::Relaxed);
+                result.map(|()| started.elapsed())
+            });
+            let mut out = PrefixDepths::default();
+            let mut longest = Duration::ZERO;
+            for hashes in requests.iter().cycle() {
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let t = Instant::now();
+                table.read().prefix_depths_into(hashes, &mut out);
+                longest = longest.max(t.elapsed());
+            }
+            let install = installer
+                .join()
+                .map_err(|_| anyhow::anyhow!("the installer panicked"))?;
+            install.map(|install| (longest, install))
+        })?;
+        stalls[phase] = SnapshotStall {
+            longest_score_us: longest.as_secs_f64() * 1e6,
+            install_ms: install.as_secs_f64() * 1e3,
+        };
+    }
+    Ok(stalls)
 }
 
 fn scoring_while_applying(
@@ -69,6 +136,7 @@ fn scoring_while_applying(
     requests: &[Vec<u64>],
     dcs: &[BuiltDc],
     n_dcs: usize,
+    first_snapshot: &[SnapshotChunk],
 ) -> Result<Applying> {
     const PHASE: Duration = Duration::from_millis(1500);
     let mut sequences: Vec<u64> = Vec::with_capacity(n_dcs);
@@ -151,11 +219,13 @@ fn scoring_while_applying(
         sequences = returned;
         applying[phase] = (p99, rate);
     }
+    let snapshot = scoring_while_installing(&table, requests, first_snapshot)?;
     Ok(Applying {
         idle_p99_us,
         write_locked_p99_us: applying[0].0,
         beside_p99_us: applying[1].0,
         deltas_per_s: applying[0].1.min(applying[1].1),
+        snapshot,
     })
 }
 
@@ -184,6 +254,7 @@ fn run(
     let mut exact = ExactMap::default();
     let mut dcs = Vec::with_capacity(n_dcs);
     let mut relay_pool = Value::Null;
+    let mut first_snapshot = Vec::new();
     for dc in 0..n_dcs {
         let mut filter = PoolFilter::new(config).context("a DC filter")?;
         let built = build_dc(dc, template, &zipf, blocks_per_dc, &mut filter, &mut exact)?;
@@ -211,6 +282,9 @@ fn run(
             table
                 .install_chunk(lane, chunk)
                 .map_err(|err| anyhow::anyhow!("installing DC {dc}: {err}"))?;
+        }
+        if dc == 0 {
+            first_snapshot = snapshot.chunks;
         }
         eprintln!(
             "  DC {:>2}/{n_dcs}: {} blocks from {} tenants, load {:.2}, {:.0} s",
@@ -289,7 +363,7 @@ fn run(
     table_lat.sort_unstable();
 
     let table_bytes = table.table_bytes();
-    let applying = scoring_while_applying(table, &requests, &dcs, n_dcs)?;
+    let applying = scoring_while_applying(table, &requests, &dcs, n_dcs, &first_snapshot)?;
     let exact_bytes = exact.allocation_size() as u64;
     let reference = REFERENCE_RATIOS
         .iter()
@@ -323,6 +397,10 @@ fn run(
         "score_p99_applying_write_locked_us": rounded(applying.write_locked_p99_us, 2),
         "score_p99_applying_write_locked_vs_idle": rounded(applying.write_locked_p99_us / applying.idle_p99_us, 2),
         "deltas_applied_per_s": applying.deltas_per_s.round() as u64,
+        "snapshot_install_ms": rounded(applying.snapshot[1].install_ms, 1),
+        "score_longest_during_snapshot_us": rounded(applying.snapshot[1].longest_score_us, 1),
+        "snapshot_install_write_locked_ms": rounded(applying.snapshot[0].install_ms, 1),
+        "score_longest_during_snapshot_write_locked_us": rounded(applying.snapshot[0].longest_score_us, 1),
         "underestimates": under,
         "overestimates": over,
         "wrong_best_dc": wrong_best,
@@ -378,11 +456,11 @@ fn main() -> Result<()> {
         runs.push(run(&template, n_dcs, blocks_per_dc, n_requests)?);
     }
     let mut table = String::from(
-        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | under | over | wrong best | score p99 applying/idle (write-locked baseline) | deltas/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | under | over | wrong best | score p99 applying/idle (write-locked baseline) | deltas/s | longest score during a snapshot µs (write-locked) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in &runs {
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} ({}) | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} ({}) | {} | {} ({}) |\n",
             run["dcs"],
             run["blocks_per_dc"],
             run["query_per_s"],
@@ -398,6 +476,8 @@ fn main() -> Result<()> {
             run["score_p99_applying_vs_idle"],
             run["score_p99_applying_write_locked_vs_idle"],
             run["deltas_applied_per_s"],
+            run["score_longest_during_snapshot_us"],
+            run["score_longest_during_snapshot_write_locked_us"],
         ));
     }
     print!("{table}");
