@@ -504,6 +504,62 @@ fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_nee
     assert_eq!(shared.pools(later)[0].replica, ReplicaStatus::Missing);
 }
 
+/// Scoring beside applies, with the consumer's locking (scores under the read lock,
+/// frames under the upgradable read): a pool's installed prefix is found at full depth and
+/// the replica stays current in every score while other chains' deltas keep arriving.
+#[test]
+fn scores_beside_applies_keep_finding_the_installed_prefix() {
+    const DELTAS: u32 = 2_000;
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
+        .unwrap();
+    let (key, producer) = change.added[0];
+    let now = Instant::now();
+    let prefix: Vec<u32> = (0..64).collect();
+    let (_, _) = a.store(1, &prefix, HashSalt::default());
+    install(&mut state, key, &mut a, now);
+    let deltas: Vec<CheckedPoolFrame> = (1..=DELTAS)
+        .map(|chain| {
+            let tokens: Vec<u32> = (0..16).map(|i| chain * 1_000 + i).collect();
+            let (_, delta) = a.store(1, &tokens, HashSalt::default());
+            CheckedPoolFrame::check(&delta.unwrap(), &producer).unwrap()
+        })
+        .collect();
+    let state = parking_lot::RwLock::new(state);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let scores = std::thread::scope(|scope| {
+        let scorer = scope.spawn(|| {
+            let request = request(prefix.clone());
+            let mut scores = 0u32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let ranking = state.read().score(&request, now).unwrap();
+                let leg = &ranking.candidates[0].legs[0];
+                assert_eq!(leg.replica, ReplicaStatus::Current);
+                assert_eq!(leg.prefix_blocks, Some(64 / leg.block_size));
+                scores += 1;
+            }
+            scores
+        });
+        for delta in &deltas {
+            state
+                .upgradable_read()
+                .apply_beside_queries(key, delta, now)
+                .unwrap()
+                .unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        scorer.join().unwrap()
+    });
+    assert!(scores > 0);
+    assert_eq!(
+        state.read().pools(now)[0].sequence,
+        Some(a.filter.sequence())
+    );
+}
+
 /// A deterministic xorshift generator (no ambient randomness in tests).
 struct Rng(u64);
 
