@@ -449,7 +449,7 @@ impl QueryTable {
                 return Some(Err(err));
             }
         };
-        self.revision.fetch_add(1, Ordering::Relaxed);
+        self.bump_revision();
         let first = chunk.first_bucket as usize;
         let base = self.offset + lane;
         for (offset, &word) in chunk.words.iter().enumerate() {
@@ -478,7 +478,7 @@ impl QueryTable {
             prefetch_element(&self.words, self.offset + row * self.stride + lane);
             prefetch_element(&self.stripes, row & self.stripe_mask);
         }
-        self.revision.fetch_add(1, Ordering::Relaxed);
+        self.bump_revision();
         let _held = StripeWrite::begin(
             &self.writing.0,
             &self.stripes,
@@ -525,9 +525,7 @@ impl QueryTable {
     /// Whether `lane` answers queries (its snapshot is installed and no check failed);
     /// reads one word, no lock.
     pub fn lane_ready(&self, lane: usize) -> bool {
-        self.ready
-            .get(lane / 64)
-            .is_some_and(|word| word.load(Ordering::Acquire) & (1 << (lane % 64)) != 0)
+        self.ready_lanes(lane / 64) & (1 << (lane % 64)) != 0
     }
 
     /// Bytes of bucket words held (all lanes, including spare stride).
@@ -542,9 +540,9 @@ impl QueryTable {
             .ok_or(ReplicaError::UnknownLane { lane, n_lanes })
     }
 
-    fn bump_revision(&mut self) {
-        let revision = self.revision.get_mut();
-        *revision = revision.wrapping_add(1);
+    /// Marks rows prepared before now as stale (see [`GrownRows`]).
+    fn bump_revision(&self) {
+        self.revision.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The bucket rows (`bucket_count * stride` words), starting on a cache line.

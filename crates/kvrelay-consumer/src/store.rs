@@ -167,10 +167,15 @@ impl Freshness {
         self.flags.store(flags, Ordering::Relaxed);
     }
 
+    /// The slot heard from its relay at `now`.
+    fn heard(&self, clock: Clock, now: Instant) {
+        self.last_heard.store(clock.ticks(now), Ordering::Relaxed);
+    }
+
     /// A frame brought the replica up to date: heard now, and a suspended replica (its
     /// stream resumed) answers again.
     fn caught_up(&self, clock: Clock, now: Instant) {
-        self.last_heard.store(clock.ticks(now), Ordering::Relaxed);
+        self.heard(clock, now);
         if self.suspended() {
             self.set_flags(0);
         }
@@ -451,14 +456,14 @@ impl ReplicaStore {
         chunk: &SnapshotChunk,
         now: Instant,
     ) -> Option<Result<bool, StoreError>> {
-        let unknown = StoreError::UnknownKey { key: key.0 };
-        let Ok(slot) = self.slot(key) else {
-            return Some(Err(unknown));
+        let (slot, table) = match self
+            .slot(key)
+            .and_then(|slot| Ok((slot, self.table(key, slot)?)))
+        {
+            Ok(found) => found,
+            Err(err) => return Some(Err(err)),
         };
-        let Some(entry) = self.tables.get(&slot.format) else {
-            return Some(Err(unknown));
-        };
-        let installed = entry.table.install_chunk_beside_queries(slot.lane, chunk)?;
+        let installed = table.install_chunk_beside_queries(slot.lane, chunk)?;
         Some(
             installed
                 .inspect(|&complete| self.chunk_installed(slot, chunk, complete, now))
@@ -473,9 +478,7 @@ impl ReplicaStore {
             slot.fresh.set_flags(0);
         }
         if complete {
-            slot.fresh
-                .last_heard
-                .store(self.clock.ticks(now), Ordering::Relaxed);
+            slot.fresh.heard(self.clock, now);
         }
     }
 
@@ -488,10 +491,7 @@ impl ReplicaStore {
         now: Instant,
     ) -> Result<(), StoreError> {
         let slot = self.slot(key)?;
-        self.tables
-            .get(&slot.format)
-            .ok_or(StoreError::UnknownKey { key: key.0 })?
-            .table
+        self.table(key, slot)?
             .apply_delta(slot.lane, delta)
             .map_err(|source| StoreError::Replica { key: key.0, source })?;
         // A resumed stream caught the replica up: it answers again.
@@ -622,6 +622,14 @@ impl ReplicaStore {
     /// `key`'s format and lane.
     fn place(&self, key: PoolKey) -> Result<(CkfFormat, usize), StoreError> {
         self.slot(key).map(|slot| (slot.format, slot.lane))
+    }
+
+    /// The table `slot` (of `key`) has its lane in.
+    fn table(&self, key: PoolKey, slot: &Slot) -> Result<&QueryTable, StoreError> {
+        self.tables
+            .get(&slot.format)
+            .map(|entry| &entry.table)
+            .ok_or(StoreError::UnknownKey { key: key.0 })
     }
 
     fn table_mut(

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{ExactIndex, PrefixQuery};
-use kvrelay_codec::v1::{CoverageState, PoolCoverage};
+use kvrelay_codec::v1::{CoverageState, PoolCoverage, ProducerIdentity};
 use kvrelay_consumer::{
     CatalogError, CheckedPoolFrame, ConsumerConfig, ConsumerState, Coverage, FrameOutcome, PoolKey,
     RelayEndpoint, ReplicaStatus, ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
@@ -414,16 +414,23 @@ fn frames_checked_outside_the_state_apply_like_frames_applied_whole() {
     assert_eq!(err.reason, ResubscribeReason::ProducerChanged);
 }
 
+/// A state with one relay whose catalog admits one pool, `alpha`: the state, the pool's
+/// producer, its key and its producer identity.
+fn one_pool() -> (ConsumerState, Producer, PoolKey, ProducerIdentity) {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let (key, producer) = state
+        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
+        .unwrap()
+        .added[0];
+    (state, a, key, producer)
+}
+
 #[test]
 fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_needs_the_write_lock()
 {
-    let mut state = state(1);
-    let relay = relay_identity(1);
-    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
-    let change = state
-        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
-        .unwrap();
-    let (key, producer) = change.added[0];
+    let (mut state, mut a, key, producer) = one_pool();
     let now = Instant::now();
     state.begin_subscription(key).unwrap();
     // A new subscription's lane answers no query until its snapshot is whole, so its
@@ -510,13 +517,7 @@ fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_nee
 #[test]
 fn scores_beside_applies_keep_finding_the_installed_prefix() {
     const DELTAS: u32 = 2_000;
-    let mut state = state(1);
-    let relay = relay_identity(1);
-    let mut a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
-    let change = state
-        .apply_catalog(0, &catalog_of(relay, 1, &[&a]))
-        .unwrap();
-    let (key, producer) = change.added[0];
+    let (mut state, mut a, key, producer) = one_pool();
     let now = Instant::now();
     let prefix: Vec<u32> = (0..64).collect();
     let (_, _) = a.store(1, &prefix, HashSalt::default());
