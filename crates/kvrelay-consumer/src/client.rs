@@ -38,8 +38,8 @@ use crate::wire::{Endpoint, WireError, WireStream};
 use kvrelay_pacing::Backoff;
 
 use crate::link::{
-    EpochEnd, RelayLink, ReplicaAfterStream, SideStream, SnapshotAssembly, ViewAfterEpoch,
-    replica_after_stream, resubscribe_reason,
+    EpochEnd, RelayLink, ReplicaAfterStream, SideStream, SilenceWatch, SnapshotAssembly,
+    ViewAfterEpoch, replica_after_stream, resubscribe_reason,
 };
 
 /// How long [`Consumer::shutdown`] waits for its tasks.
@@ -351,6 +351,8 @@ enum EpochError {
     Closed { addr: String, stream: &'static str },
     #[error("relay {addr} sent no catalog for {timeout:?}")]
     CatalogStale { addr: String, timeout: Duration },
+    #[error("relay {addr} sent no load window for {silent_for:?}: left for the DC's other relay")]
+    Silent { addr: String, silent_for: Duration },
 }
 
 async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken) {
@@ -403,6 +405,7 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
                 shared.metrics.incr(Counter::RelayTlsFailures);
             }
             Err(EpochError::Refused { .. }) => shared.metrics.incr(Counter::RelayRefusals),
+            Err(EpochError::Silent { .. }) => shared.metrics.incr(Counter::RelaySilences),
             _ => {}
         }
         shared.last_errors.lock()[relay] = Some(match &result {
@@ -501,6 +504,7 @@ async fn relay_epoch(
     // Re-armed by catalog frames only: frames of the load and topology streams, or a
     // catalog that trickles in a byte at a time, must not keep a silent catalog alive.
     let mut catalog_deadline = tokio::time::Instant::now() + limits.catalog_staleness_bound;
+    let mut silence = SilenceWatch::new(&limits, shared.endpoints[relay].len());
 
     let result = loop {
         tokio::select! {
@@ -556,6 +560,7 @@ async fn relay_epoch(
             message = next_or_pending(&mut load) => {
                 let failure = match message {
                     Ok(Some(Message::LoadWindow(window))) => {
+                        silence.handle_window(Instant::now(), window.window_ms);
                         shared.state.write().apply_load_window(relay, &window);
                         shared.metrics.incr(Counter::LoadWindows);
                         shared.bump();
@@ -568,6 +573,7 @@ async fn relay_epoch(
                 if let Some(failure) = failure {
                     warn!(dc = %shared.config.relays[relay].dc, peer = %addr, error = %failure, "load stream lost; loads unknown until it reopens");
                     load = None;
+                    silence.handle_load_lost();
                     shared.state.write().clear_loads(relay);
                     shared.bump();
                     load_link.handle_lost(Instant::now(), rand::random::<f64>());
@@ -594,6 +600,11 @@ async fn relay_epoch(
                     shared.state.write().clear_topology(relay);
                     shared.bump();
                     topology_link.handle_lost(Instant::now(), rand::random::<f64>());
+                }
+            }
+            () = sleep_until_std(silence.poll_timeout()) => {
+                if let Some(silent_for) = silence.handle_timeout(Instant::now()) {
+                    break Err(EpochError::Silent { addr: addr.clone(), silent_for });
                 }
             }
             () = sleep_until_std(topology_link.poll_timeout()), if topology.is_none() => {

@@ -229,6 +229,16 @@ pub struct Limits {
     /// connection broke, so a reconnect to the same incarnation resumes every pool
     /// without a snapshot; after this they are dropped when the relay comes back.
     pub resume_hold: Duration,
+    /// A DC followed through a relay pair leaves its followed relay for the standby when
+    /// that relay sends no load window for this many of its own window lengths (each
+    /// window says how long it is; 1 s by default): a relay that is stopped, wedged or
+    /// behind a partition keeps its sockets open and would otherwise be noticed only by
+    /// `catalog_staleness_bound`. 0 turns it off. A lone relay is never left for silence
+    /// (there is nowhere to go; its replicas keep `staleness_bound`).
+    pub relay_silence_windows: u32,
+    /// The least silence [`Limits::relay_silence_windows`] allows, whatever window length
+    /// the relay announces (a relay announcing 0 ms is not left at once). Must be > 0.
+    pub min_relay_silence: Duration,
 }
 
 impl Limits {
@@ -257,6 +267,11 @@ impl Limits {
     pub const DEFAULT_SNAPSHOT_ASSEMBLY_TIMEOUT: Duration = Duration::from_secs(120);
     /// Default [`Limits::resume_hold`]: 60 s.
     pub const DEFAULT_RESUME_HOLD: Duration = Duration::from_secs(60);
+    /// Default [`Limits::relay_silence_windows`]: 3 (3 s at the relay's default 1 s
+    /// windows: two windows may be late under load without a failover).
+    pub const DEFAULT_RELAY_SILENCE_WINDOWS: u32 = 3;
+    /// Default [`Limits::min_relay_silence`]: 1 s.
+    pub const DEFAULT_MIN_RELAY_SILENCE: Duration = Duration::from_secs(1);
 }
 
 impl Limits {
@@ -268,6 +283,7 @@ impl Limits {
             ("staleness_bound", self.staleness_bound),
             ("catalog_staleness_bound", self.catalog_staleness_bound),
             ("snapshot_assembly_timeout", self.snapshot_assembly_timeout),
+            ("min_relay_silence", self.min_relay_silence),
         ];
         match durations.into_iter().find(|(_, value)| value.is_zero()) {
             Some((field, _)) => Err(ConfigError::ZeroDuration { field }),
@@ -289,6 +305,8 @@ impl Default for Limits {
             catalog_staleness_bound: Self::DEFAULT_CATALOG_STALENESS_BOUND,
             snapshot_assembly_timeout: Self::DEFAULT_SNAPSHOT_ASSEMBLY_TIMEOUT,
             resume_hold: Self::DEFAULT_RESUME_HOLD,
+            relay_silence_windows: Self::DEFAULT_RELAY_SILENCE_WINDOWS,
+            min_relay_silence: Self::DEFAULT_MIN_RELAY_SILENCE,
         }
     }
 }
@@ -606,6 +624,7 @@ mod tests {
                 "connect_timeout" => limits.connect_timeout = Duration::ZERO,
                 "staleness_bound" => limits.staleness_bound = Duration::ZERO,
                 "catalog_staleness_bound" => limits.catalog_staleness_bound = Duration::ZERO,
+                "min_relay_silence" => limits.min_relay_silence = Duration::ZERO,
                 _ => limits.snapshot_assembly_timeout = Duration::ZERO,
             }
             config
@@ -615,6 +634,7 @@ mod tests {
             "staleness_bound",
             "catalog_staleness_bound",
             "snapshot_assembly_timeout",
+            "min_relay_silence",
         ] {
             assert_eq!(
                 zeroed(field).validate(),

@@ -144,6 +144,11 @@ impl Collector for Snapshot {
                 m.relay_failovers,
             ),
             (
+                "relay_silences",
+                "Followed relays of a pair left because they sent no load window in time.",
+                m.relay_silences,
+            ),
+            (
                 "catalogs_applied",
                 "Complete catalogs applied.",
                 m.catalogs_applied,
@@ -266,6 +271,7 @@ mod tests {
             ("relay_tls_failures", "counter"),
             ("relay_refusals", "counter"),
             ("relay_failovers", "counter"),
+            ("relay_silences", "counter"),
             ("catalogs_applied", "counter"),
             ("snapshots_installed", "counter"),
             ("deltas_applied", "counter"),

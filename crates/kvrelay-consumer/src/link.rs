@@ -129,6 +129,79 @@ impl RelayLink {
     }
 }
 
+/// Whether the followed relay of a DC with a standby went silent: alive enough to keep
+/// its connections open (stopped, wedged, or behind a partition whose sockets never
+/// reset) but sending nothing. Its load stream is the pulse: the relay closes a load
+/// window every `window_ms` and sends each one, saying in it how long its windows are. A
+/// relay that sends no window for [`Limits::relay_silence_windows`] of its own window
+/// lengths (at least [`Limits::min_relay_silence`], at most
+/// [`Limits::catalog_staleness_bound`], past which the catalog deadline ends the epoch
+/// anyway) is left for the standby.
+///
+/// Only while the load stream is open: a relay whose load stream is down (refused, lost,
+/// reopening) promises no pulse. Only for a DC with another address: leaving a lone relay
+/// would suspend its replicas (not scored) for nothing to move to, so a lone relay keeps
+/// the staleness bounds.
+///
+/// [`Limits::relay_silence_windows`]: crate::Limits::relay_silence_windows
+/// [`Limits::min_relay_silence`]: crate::Limits::min_relay_silence
+/// [`Limits::catalog_staleness_bound`]: crate::Limits::catalog_staleness_bound
+#[derive(Debug, Clone)]
+pub(crate) struct SilenceWatch {
+    /// Window lengths of silence allowed; 0 when the watch is off.
+    windows: u32,
+    floor: Duration,
+    cap: Duration,
+    /// The last window's arrival and the silence it allows; `None` while no pulse is due.
+    pulse: Option<(Instant, Duration)>,
+}
+
+impl SilenceWatch {
+    /// A watch for one epoch of a DC with `addresses` relay addresses.
+    pub(crate) fn new(limits: &crate::Limits, addresses: usize) -> Self {
+        let windows = if addresses > 1 {
+            limits.relay_silence_windows
+        } else {
+            0
+        };
+        Self {
+            windows,
+            floor: limits.min_relay_silence,
+            cap: limits.catalog_staleness_bound,
+            pulse: None,
+        }
+    }
+
+    /// A load window of `window_ms` arrived at `now`. The relay's figure is clamped, so a
+    /// zero or absurd window length neither fails the relay at once nor disarms the watch.
+    pub(crate) fn handle_window(&mut self, now: Instant, window_ms: u64) {
+        if self.windows == 0 {
+            return;
+        }
+        let allowed = Duration::from_millis(window_ms.saturating_mul(u64::from(self.windows)))
+            .clamp(self.floor, self.cap.max(self.floor));
+        self.pulse = Some((now, allowed));
+    }
+
+    /// The load stream is down: no pulse is due until it brings a window again.
+    pub(crate) fn handle_load_lost(&mut self) {
+        self.pulse = None;
+    }
+
+    /// When the relay counts as silent unless a window arrives first.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.pulse
+            .and_then(|(heard, allowed)| heard.checked_add(allowed))
+    }
+
+    /// The deadline passed at `now`: how long the relay has been silent, if it is.
+    pub(crate) fn handle_timeout(&self, now: Instant) -> Option<Duration> {
+        let (heard, allowed) = self.pulse?;
+        let silent_for = now.saturating_duration_since(heard);
+        (silent_for >= allowed).then_some(silent_for)
+    }
+}
+
 /// What becomes of a replica when its pool stream ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ReplicaAfterStream {
@@ -255,6 +328,86 @@ mod tests {
             initial: Duration::from_millis(500),
             max: Duration::from_secs(30),
             healthy_reset: Duration::from_secs(30),
+        }
+    }
+
+    fn silence_limits() -> crate::Limits {
+        crate::Limits {
+            relay_silence_windows: 3,
+            min_relay_silence: Duration::from_secs(1),
+            catalog_staleness_bound: Duration::from_secs(45),
+            ..crate::Limits::default()
+        }
+    }
+
+    /// A pair's followed relay is silent after three of its own windows without one, and
+    /// each window re-arms the watch; a lost load stream disarms it until the next window.
+    #[test]
+    fn a_relay_that_stops_sending_windows_is_silent_after_three_of_them() {
+        let start = Instant::now();
+        let mut watch = SilenceWatch::new(&silence_limits(), 2);
+        assert_eq!(
+            watch.poll_timeout(),
+            None,
+            "no pulse due before the first window"
+        );
+        watch.handle_window(start, 1_000);
+        assert_eq!(watch.poll_timeout(), Some(start + Duration::from_secs(3)));
+        assert_eq!(
+            watch.handle_timeout(start + Duration::from_millis(2_999)),
+            None
+        );
+        let next = start + Duration::from_millis(900);
+        watch.handle_window(next, 1_000);
+        assert_eq!(watch.handle_timeout(start + Duration::from_secs(3)), None);
+        assert_eq!(
+            watch.handle_timeout(next + Duration::from_secs(4)),
+            Some(Duration::from_secs(4))
+        );
+        watch.handle_load_lost();
+        assert_eq!(watch.poll_timeout(), None);
+        assert_eq!(watch.handle_timeout(next + Duration::from_secs(60)), None);
+    }
+
+    /// The relay's window length is clamped: a zero window cannot fail it at once, an
+    /// absurd one (even `u64::MAX` ms) waits no longer than the catalog deadline.
+    #[test]
+    fn a_relays_window_length_is_clamped_between_the_floor_and_the_catalog_bound() {
+        let start = Instant::now();
+        let mut watch = SilenceWatch::new(&silence_limits(), 2);
+        watch.handle_window(start, 0);
+        assert_eq!(watch.poll_timeout(), Some(start + Duration::from_secs(1)));
+        watch.handle_window(start, u64::MAX);
+        assert_eq!(watch.poll_timeout(), Some(start + Duration::from_secs(45)));
+        // A floor above the catalog bound wins (the operator asked for at least it).
+        let limits = crate::Limits {
+            min_relay_silence: Duration::from_secs(60),
+            ..silence_limits()
+        };
+        let mut watch = SilenceWatch::new(&limits, 2);
+        watch.handle_window(start, 1_000);
+        assert_eq!(watch.poll_timeout(), Some(start + Duration::from_secs(60)));
+    }
+
+    /// A lone relay, or a watch turned off (0 windows), never counts as silent: leaving
+    /// it would only suspend its replicas.
+    #[test]
+    fn a_lone_relay_or_a_watch_turned_off_is_never_silent() {
+        let start = Instant::now();
+        let off = crate::Limits {
+            relay_silence_windows: 0,
+            ..silence_limits()
+        };
+        for mut watch in [
+            SilenceWatch::new(&silence_limits(), 1),
+            SilenceWatch::new(&off, 2),
+        ] {
+            watch.handle_window(start, 1_000);
+            assert_eq!(watch.poll_timeout(), None);
+            assert_eq!(
+                watch.handle_timeout(start + Duration::from_secs(3_600)),
+                None
+            );
         }
     }
 

@@ -135,6 +135,9 @@ pub struct ConsumerMetrics {
     pub relay_refusals: u64,
     /// Times a DC's followed relay was replaced by another of its relays (a pair).
     pub relay_failovers: u64,
+    /// Followed relays of a pair left because they went silent (no load window for
+    /// `relay_silence_windows` of their window lengths), each also a failover.
+    pub relay_silences: u64,
     /// Complete catalogs applied.
     pub catalogs_applied: u64,
     /// Snapshots installed.
@@ -178,6 +181,7 @@ pub(crate) struct MetricsRecorder {
     relay_tls_failures: AtomicU64,
     relay_refusals: AtomicU64,
     relay_failovers: AtomicU64,
+    relay_silences: AtomicU64,
     catalogs_applied: AtomicU64,
     snapshots_installed: AtomicU64,
     deltas_applied: AtomicU64,
@@ -200,6 +204,7 @@ pub(crate) enum Counter {
     RelayTlsFailures,
     RelayRefusals,
     RelayFailovers,
+    RelaySilences,
     CatalogsApplied,
     SnapshotsInstalled,
     DeltasApplied,
@@ -223,6 +228,7 @@ impl MetricsRecorder {
             Counter::RelayTlsFailures => &self.relay_tls_failures,
             Counter::RelayRefusals => &self.relay_refusals,
             Counter::RelayFailovers => &self.relay_failovers,
+            Counter::RelaySilences => &self.relay_silences,
             Counter::CatalogsApplied => &self.catalogs_applied,
             Counter::SnapshotsInstalled => &self.snapshots_installed,
             Counter::DeltasApplied => &self.deltas_applied,
@@ -264,6 +270,7 @@ impl MetricsRecorder {
         out.relay_tls_failures = load(&self.relay_tls_failures);
         out.relay_refusals = load(&self.relay_refusals);
         out.relay_failovers = load(&self.relay_failovers);
+        out.relay_silences = load(&self.relay_silences);
         out.catalogs_applied = load(&self.catalogs_applied);
         out.snapshots_installed = load(&self.snapshots_installed);
         out.deltas_applied = load(&self.deltas_applied);

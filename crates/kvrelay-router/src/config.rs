@@ -236,6 +236,11 @@ pub struct ConsumerSection {
     /// included): the bound on this process's replica memory. Size it to what the
     /// machine can give the router.
     pub max_query_table_bytes: u64,
+    /// A relay pair's followed relay is left for the standby after this many of its
+    /// load windows without one (0: never for silence).
+    pub relay_silence_windows: u32,
+    /// The least silence that leaves a pair's followed relay, ms.
+    pub min_relay_silence_ms: u64,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -256,6 +261,8 @@ impl Default for ConsumerSection {
             max_pool_streams_per_relay: limits.max_pool_streams_per_relay,
             max_replica_bytes_per_relay: limits.max_replica_bytes_per_relay,
             max_query_table_bytes: limits.max_query_table_bytes,
+            relay_silence_windows: limits.relay_silence_windows,
+            min_relay_silence_ms: millis(limits.min_relay_silence),
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -286,6 +293,8 @@ impl ConsumerSection {
             catalog_staleness_bound: Duration::from_millis(self.catalog_staleness_bound_ms),
             snapshot_assembly_timeout: Duration::from_millis(self.snapshot_assembly_timeout_ms),
             resume_hold: Duration::from_millis(self.resume_hold_ms),
+            relay_silence_windows: self.relay_silence_windows,
+            min_relay_silence: Duration::from_millis(self.min_relay_silence_ms),
         }
     }
 }

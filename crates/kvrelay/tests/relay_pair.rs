@@ -2,7 +2,8 @@
 //! consumer as a pair (`A,B=dc`): it follows A; when A is killed with SIGKILL it moves to
 //! B at once and its replicas are current again, each pool listed once (the DC is never
 //! counted twice); it stays on B when A comes back on its address (no flapping), and moves
-//! back only when B goes away.
+//! back only when B goes away. A followed relay that goes silent (SIGSTOP: its sockets stay
+//! open) is left for B once it missed its load windows, long before the catalog deadline.
 
 #![allow(
     clippy::unwrap_used,
@@ -48,6 +49,14 @@ fn followed_incarnation(consumer: &Consumer) -> u64 {
         "pools followed through two relays at once: {pools:?}"
     );
     incarnation
+}
+
+fn signal(relay: &RelayProcess, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &relay.child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name}");
 }
 
 async fn kill(mut relay: RelayProcess) {
@@ -128,11 +137,7 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
     // gracefully (SIGTERM): the consumer moves at once.
     let second = RelayProcess::start_on(second_wan, WORKLOAD).await;
     let through_first_again = followed_incarnation(&consumer);
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &first.child.id().unwrap().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(&first, "TERM");
     let started = Instant::now();
     let upgraded = consumer
         .wait_until(DEADLINE, |state, now| {
@@ -164,4 +169,61 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
         .await;
     assert!(gone, "{:?}", consumer.pools());
     consumer.shutdown().await;
+}
+
+/// A stopped relay keeps its connections open, so nothing resets them: the consumer
+/// leaves it for the standby because it sent no load window for three of its windows
+/// (the relay's default 1 s), not after the catalog deadline (set to a minute here, past
+/// the test's wait), and counts it as a silence and a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_followed_relay_is_left_for_the_standby_once_it_misses_its_load_windows() {
+    let first = RelayProcess::start(&[], WORKLOAD, &[]).await;
+    let second = RelayProcess::start(&[], WORKLOAD, &[]).await;
+    let pair = RelayEndpoint::new(&first.wan.to_string(), "dc-proc")
+        .with_standby(vec![second.wan.to_string()]);
+    let mut config = kvrelay_consumer::ConsumerConfig::new(vec![pair]);
+    config.backoff = kvrelay_consumer::BackoffConfig {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..kvrelay_consumer::BackoffConfig::default()
+    };
+    config.limits.catalog_staleness_bound = Duration::from_secs(60);
+    let consumer = Consumer::start(config).unwrap();
+    all_current(&consumer).await;
+    let through_first = followed_incarnation(&consumer);
+
+    signal(&first, "STOP");
+    let stopped_at = Instant::now();
+    let moved = consumer
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools.iter().all(|status| {
+                    status.replica == ReplicaStatus::Current
+                        && status.producer.producer_incarnation != through_first
+                })
+        })
+        .await;
+    assert!(moved, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    eprintln!(
+        "replicas current through the standby {:?} after the followed relay stopped",
+        stopped_at.elapsed()
+    );
+    let metrics = consumer.metrics();
+    assert_eq!((metrics.relay_silences, metrics.relay_failovers), (1, 1));
+    let error = consumer.relays()[0].last_error.clone().unwrap_or_default();
+    assert!(error.contains("sent no load window"), "{error}");
+
+    // The stopped relay resumes: the consumer stays on the standby that works.
+    signal(&first, "CONT");
+    let through_second = followed_incarnation(&consumer);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        assert_eq!(followed_incarnation(&consumer), through_second);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(consumer.metrics().relay_failovers, 1);
+    consumer.shutdown().await;
+    kill(first).await;
+    kill(second).await;
 }

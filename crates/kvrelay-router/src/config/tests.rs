@@ -294,7 +294,9 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
          staleness_bound_ms = 2222\n\
          catalog_staleness_bound_ms = 3333\n\
          snapshot_assembly_timeout_ms = 4444\n\
-         resume_hold_ms = 5555\n",
+         resume_hold_ms = 5555\n\
+         relay_silence_windows = 7\n\
+         min_relay_silence_ms = 6666\n",
     )
     .unwrap();
     assert_eq!(
@@ -310,6 +312,8 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
             catalog_staleness_bound: Duration::from_millis(3333),
             snapshot_assembly_timeout: Duration::from_millis(4444),
             resume_hold: Duration::from_millis(5555),
+            relay_silence_windows: 7,
+            min_relay_silence: Duration::from_millis(6666),
         }
     );
 }
