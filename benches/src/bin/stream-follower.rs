@@ -30,6 +30,12 @@
 //!   applying, in bursts of the same mean size one probe tick apart, as the baseline of
 //!   the same run.
 //!
+//! - **failover figures** (relay pairs, `--relay A+B`): the longest time the replica was
+//!   not current (`longest_unusable_ms`), the most pools listed at once (a DC counted
+//!   twice would list its pool twice) and, for each `mark NAME UNIX_NS` the driver sends
+//!   (a kill, an upgrade step), the *live recall* of the `--window-s` (30 s) after it: of
+//!   the probes sent in the window, the share found within `--live-ms` (1 s) of their send.
+//!
 //! Prints `installed` once the first replica is current, one progress line a second on
 //! stderr, and the JSON report on stdout when done (or on `stop`).
 
@@ -52,6 +58,8 @@ use tokio::io::AsyncBufReadExt;
 struct Pending {
     stamp: Stamp,
     request: ScoreRequest,
+    /// Into the probe times.
+    index: usize,
 }
 
 /// Tails one stamp file.
@@ -96,6 +104,8 @@ async fn main() -> Result<()> {
         "install-timeout-s",
         "final-timeout-s",
         "idle-scores",
+        "live-ms",
+        "window-s",
     ])?;
     let relay: String = flags.get("relay")?;
     let trace: String = flags.get("trace")?;
@@ -106,6 +116,8 @@ async fn main() -> Result<()> {
     let install_timeout = Duration::from_secs_f64(flags.get_or("install-timeout-s", 60.0)?);
     let final_timeout = Duration::from_secs_f64(flags.get_or("final-timeout-s", 60.0)?);
     let idle_scores: usize = flags.get_or("idle-scores", 5_000)?;
+    let live_bound_ns: u64 = flags.get_or::<u64>("live-ms", 1_000)? * 1_000_000;
+    let window_ns = (flags.get_or::<f64>("window-s", 30.0)? * 1e9) as u64;
 
     let text = std::fs::read_to_string(&trace).with_context(|| format!("reading {trace}"))?;
     let requests = kvrelay_ingest::parse_request_trace(&text)?;
@@ -117,9 +129,9 @@ async fn main() -> Result<()> {
         })
         .collect();
 
-    // `ADDR` follows our WAN protocol; `dynamo-grpc://ADDR=DC` (any relay address the
-    // consumer parses) names the protocol too.
-    let endpoint = if relay.contains("://") {
+    // `ADDR` follows our WAN protocol; `dynamo-grpc://ADDR=DC` or a pair `A+B=DC` (any
+    // relay address the consumer parses) names the protocol or the standby too.
+    let endpoint = if relay.contains("://") || relay.contains('=') {
         relay
             .parse::<RelayEndpoint>()
             .with_context(|| format!("--relay {relay}"))?
@@ -175,6 +187,13 @@ async fn main() -> Result<()> {
     let mut score_us_loaded: Vec<f64> = Vec::new();
     let mut loaded_bursts = 0usize;
     let mut recent: VecDeque<ScoreRequest> = VecDeque::with_capacity(idle_scores);
+    // Failover figures: the longest stretch not current, the most pools listed at once,
+    // and every probe's send time and when it was found (for the recall after a mark).
+    let mut unusable_since: Option<Instant> = None;
+    let mut longest_unusable = Duration::ZERO;
+    let mut max_pools_listed = 0usize;
+    let mut probe_times: Vec<(u64, Option<u64>)> = Vec::new();
+    let mut marks: Vec<(String, u64)> = Vec::new();
     let mut ticker = tokio::time::interval(probe_every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
 
@@ -185,6 +204,15 @@ async fn main() -> Result<()> {
             let pools = consumer.pools();
             let status = pools.first().map(|pool| (pool.replica, pool.sequence));
             let current = matches!(status, Some((ReplicaStatus::Current, _)));
+            max_pools_listed = max_pools_listed.max(pools.len());
+            match (current, unusable_since) {
+                (false, None) => unusable_since = Some(last_sample),
+                (true, Some(since)) => {
+                    longest_unusable = longest_unusable.max(now.duration_since(since));
+                    unusable_since = None;
+                }
+                _ => {}
+            }
             if was_current {
                 current_time += now.duration_since(last_sample);
             }
@@ -207,6 +235,7 @@ async fn main() -> Result<()> {
             };
             let keys = request_keys(record);
             probes += 1;
+            probe_times.push((stamp.sent_unix_ns, None));
             let request = ScoreRequest {
                 tokens: request_tokens(&keys, stamp.blocks),
                 model: MODEL.to_owned(),
@@ -218,7 +247,11 @@ async fn main() -> Result<()> {
                 }
                 recent.push_back(request.clone());
             }
-            pending.push(Pending { stamp, request });
+            pending.push(Pending {
+                stamp,
+                request,
+                index: probe_times.len() - 1,
+            });
         }
         // Nothing can become visible while the replica is not current.
         if was_current {
@@ -244,6 +277,7 @@ async fn main() -> Result<()> {
                 });
                 if covered {
                     latencies_ms.push(wall.saturating_sub(probe.stamp.sent_unix_ns) as f64 / 1e6);
+                    probe_times[probe.index].1 = Some(wall);
                 }
                 !covered
             });
@@ -271,6 +305,11 @@ async fn main() -> Result<()> {
                     final_target = Some((u64::MAX, stop_ns, now));
                 }
                 Some("stop") => final_target = Some((u64::MAX, wall, now - final_timeout)),
+                Some("mark") => {
+                    let name = words.next().unwrap_or("mark").to_owned();
+                    let at = words.next().and_then(|w| w.parse().ok()).unwrap_or(wall);
+                    marks.push((name, at));
+                }
                 _ => {}
             }
         }
@@ -360,6 +399,30 @@ async fn main() -> Result<()> {
             .get(rank)
             .map_or(serde_json::Value::Null, |ms| serde_json::json!(ms))
     };
+    if let Some(since) = unusable_since {
+        longest_unusable = longest_unusable.max(last_sample.duration_since(since));
+    }
+    let windows: Vec<serde_json::Value> = marks
+        .iter()
+        .map(|(name, at)| {
+            let sent: Vec<&(u64, Option<u64>)> = probe_times
+                .iter()
+                .filter(|(sent, _)| *sent >= *at && *sent < at.saturating_add(window_ns))
+                .collect();
+            let live = sent
+                .iter()
+                .filter(|(sent, seen)| seen.is_some_and(|seen| seen.saturating_sub(*sent) <= live_bound_ns))
+                .count();
+            let seen = sent.iter().filter(|(_, seen)| seen.is_some()).count();
+            serde_json::json!({
+                "mark": name,
+                "probes": sent.len(),
+                "live": live,
+                "seen": seen,
+                "live_recall": if sent.is_empty() { serde_json::Value::Null } else { serde_json::json!(live as f64 / sent.len() as f64) },
+            })
+        })
+        .collect();
     let metrics = consumer.metrics();
     let resubscribes: BTreeMap<&str, u64> = ResubscribeReason::ALL
         .iter()
@@ -390,6 +453,12 @@ async fn main() -> Result<()> {
             "idle": score_summary(&score_us_idle),
         },
         "time_to_current_after_stop_s": time_to_current,
+        "longest_unusable_ms": longest_unusable.as_secs_f64() * 1e3,
+        "max_pools_listed": max_pools_listed,
+        "relay_failovers": metrics.relay_failovers,
+        "relay_silences": metrics.relay_silences,
+        "live_bound_ms": live_bound_ns / 1_000_000,
+        "windows": windows,
         "final_sequence": final_target.map(|(target, _, _)| target),
         "last_sequence": sequence,
     });

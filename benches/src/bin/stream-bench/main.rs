@@ -22,6 +22,7 @@ use anyhow::{Context, Result, bail};
 use kvrelay_benches::{Flags, MODEL, http_get, metric_by_label, metric_sum, process_memory};
 use serde_json::{Value, json};
 
+mod pair;
 mod restart;
 mod vs_dynamo;
 
@@ -71,8 +72,8 @@ Runs: paced, low, flat (default all three); dynamo-paced, dynamo-flat (opt-in: t
 paced and flat runs through kvrelay's gRPC door and through Dynamo's relay, each to the
 same gRPC follower; --python, default target/interop/venv/bin/python, and
 --dynamo-scripts, default benches/dynamo); join-live, join-live-noreplay,
-join-live-ring8, join-idle, join-idle-noreplay, restart-checkpoint, restart-cold
-(opt-in). --engine-nice (default 19)
+join-live-ring8, join-idle, join-idle-noreplay, restart-checkpoint, restart-cold,
+pair-kill, pair-upgrade (opt-in). --engine-nice (default 19)
 lowers the engine processes' CPU priority, as engines on their own hosts would not take
 the relay's CPU; 0 runs them at the relay's priority. See docs/benchmarks.md.
 ";
@@ -187,6 +188,26 @@ impl Proc {
         self.child.id()
     }
 
+    /// SIGTERM, then waits up to `timeout` for the exit: how long it took (SIGKILL after).
+    async fn terminate(&mut self, timeout: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .context("running kill -TERM")?;
+        if !status.success() {
+            bail!("kill -TERM {} failed", self.name);
+        }
+        while started.elapsed() < timeout {
+            if self.child.try_wait()?.is_some() {
+                return Ok(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.stop();
+        bail!("{} did not exit within {timeout:?} of SIGTERM", self.name)
+    }
+
     fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -281,10 +302,12 @@ async fn main() -> Result<()> {
             && !DYNAMO_RUNS.contains(&name.as_str())
             && !JOIN_RUNS.contains(&name.as_str())
             && !restart::RESTART_RUNS.contains(&name.as_str())
+            && !pair::PAIR_RUNS.contains(&name.as_str())
     }) {
         bail!(
-            "unknown run {unknown:?} in --runs (known: {STREAM_RUNS:?}, {DYNAMO_RUNS:?}, {JOIN_RUNS:?}, {:?})",
-            restart::RESTART_RUNS
+            "unknown run {unknown:?} in --runs (known: {STREAM_RUNS:?}, {DYNAMO_RUNS:?}, {JOIN_RUNS:?}, {:?}, {:?})",
+            restart::RESTART_RUNS,
+            pair::PAIR_RUNS
         );
     }
     // Join runs (opt-in: `--runs join-live,join-live-noreplay,join-live-ring8,join-idle,
@@ -365,6 +388,36 @@ async fn main() -> Result<()> {
             restart_results.push(result);
         }
     }
+    // Pair runs (opt-in): the low rate for 40 s (20 s quick), rings of 10,000 batches.
+    let pair_runs = pair::PAIR_RUNS.map(|name| pair::PairSpec {
+        name: name.to_owned(),
+        rate: low,
+        publish_s: if quick { 20.0 } else { 40.0 },
+        upgrade: name == "pair-upgrade",
+    });
+    let mut pair_results = Vec::new();
+    if pair_runs.iter().any(|spec| wanted.contains(&spec.name)) {
+        let text = std::fs::read_to_string(&setup.trace)
+            .with_context(|| format!("reading {}", setup.trace.display()))?;
+        let requests = kvrelay_ingest::parse_request_trace(&text)?;
+        for spec in pair_runs.iter().filter(|spec| wanted.contains(&spec.name)) {
+            eprintln!(
+                "==> pair run `{}`: engines publish {:.0} s at {:.0} events/s into two relays of one DC, a follower follows them as one; {}",
+                spec.name,
+                spec.publish_s,
+                spec.rate,
+                if spec.upgrade {
+                    "rolling upgrade (SIGTERM and restart of each in turn)"
+                } else {
+                    "the followed relay SIGKILLed at 40 %"
+                }
+            );
+            let result = pair::run(&setup, spec, &requests)
+                .await
+                .with_context(|| format!("pair run {}", spec.name))?;
+            pair_results.push(result);
+        }
+    }
     let mut results = Vec::new();
     for spec in all_runs.iter().filter(|spec| wanted.contains(&spec.name)) {
         eprintln!(
@@ -418,6 +471,9 @@ async fn main() -> Result<()> {
     if !restart_results.is_empty() {
         table.push_str(&restart::render(&restart_results));
     }
+    if !pair_results.is_empty() {
+        table.push_str(&pair::render(&pair_results));
+    }
     print!("{table}");
     std::fs::create_dir_all(&setup.out_dir)?;
     let json_path = setup.out_dir.join("stream-bench.json");
@@ -433,6 +489,7 @@ async fn main() -> Result<()> {
         "dynamo_runs": dynamo_results,
         "join_runs": join_results,
         "restart_runs": restart_results,
+        "pair_runs": pair_results,
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&document)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
@@ -712,6 +769,20 @@ fn start_relay(
     sources: &str,
 ) -> Result<(Proc, String, u16)> {
     let (wan, admin_port) = (free_port()?, free_port()?);
+    let (relay, admin) = start_relay_on(setup, dir, cards, sources, wan, admin_port)?;
+    Ok((relay, admin, wan))
+}
+
+/// [`start_relay`] on the given WAN and admin ports (a relay started again where its
+/// consumers know it); its config and log go to `dir`.
+fn start_relay_on(
+    setup: &Setup,
+    dir: &Path,
+    cards: &Path,
+    sources: &str,
+    wan: u16,
+    admin_port: u16,
+) -> Result<(Proc, String)> {
     let admin = format!("127.0.0.1:{admin_port}");
     let mut limits = String::new();
     if !setup.relay_limits.is_empty() {
@@ -737,7 +808,7 @@ fn start_relay(
             .arg(&config_path),
         Stdio::from(relay_log),
     )?;
-    Ok((relay, admin, wan))
+    Ok((relay, admin))
 }
 
 /// Waits until the relay answers `/readyz` 200 (30 s at most).
@@ -765,7 +836,12 @@ async fn wait_ready(relay: &mut Proc, admin: &str, dir: &Path) -> Result<()> {
 
 /// Starts `stream-follower` on `relay` (any address it takes: `HOST:PORT` for our
 /// protocol, `dynamo-grpc://HOST:PORT=DC`) and waits until it holds a replica.
-async fn start_follower(setup: &Setup, relay: &str, stamp_paths: &[String]) -> Result<Proc> {
+async fn start_follower(
+    setup: &Setup,
+    relay: &str,
+    stamp_paths: &[String],
+    extra: &[&str],
+) -> Result<Proc> {
     let mut follower = Proc::spawn(
         "stream-follower",
         Command::new(setup.bin_dir.join("stream-follower"))
@@ -774,7 +850,8 @@ async fn start_follower(setup: &Setup, relay: &str, stamp_paths: &[String]) -> R
             .arg("--trace")
             .arg(&setup.trace)
             .arg("--stamps")
-            .arg(stamp_paths.join(",")),
+            .arg(stamp_paths.join(","))
+            .args(extra),
         Stdio::inherit(),
     )?;
     follower
@@ -805,7 +882,8 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
     let (mut relay, admin, wan) = start_relay(setup, &dir, &cards, &sources_toml(&addrs, true))?;
     wait_ready(&mut relay, &admin, &dir).await?;
 
-    let mut follower = start_follower(setup, &format!("127.0.0.1:{wan}"), &stamp_paths).await?;
+    let mut follower =
+        start_follower(setup, &format!("127.0.0.1:{wan}"), &stamp_paths, &[]).await?;
 
     let stats_path = pool_stats_path(&admin)?;
     let before = relay_sample(&admin, &stats_path)?;

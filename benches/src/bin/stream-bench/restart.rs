@@ -132,7 +132,7 @@ pub(crate) async fn run(
 
 /// The pool's stats once two reads 500 ms apart agree on the events applied (the relay
 /// drained what the engines sent), at most 30 s.
-async fn settle(admin: &str, stats_path: &str) -> Result<Value> {
+pub(crate) async fn settle(admin: &str, stats_path: &str) -> Result<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut previous: Option<f64> = None;
     loop {

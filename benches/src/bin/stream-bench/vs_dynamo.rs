@@ -228,7 +228,7 @@ async fn run_side(
         }
     };
     let relay_address = format!("dynamo-grpc://{}:{}=dc-bench", follow.0, follow.1);
-    let mut follower = crate::start_follower(setup, &relay_address, &stamp_paths).await?;
+    let mut follower = crate::start_follower(setup, &relay_address, &stamp_paths, &[]).await?;
 
     let relay_cpu_before = cpu_of(&relays);
     let follower_cpu_before = process_cpu_seconds(follower.pid()).unwrap_or(0.0);
