@@ -290,26 +290,7 @@ pub(crate) fn render(results: &[Value]) -> String {
                     .join(", ")
             })
             .unwrap_or_default();
-        let recall = follower["windows"]
-            .as_array()
-            .map(|windows| {
-                windows
-                    .iter()
-                    .map(|window| {
-                        format!(
-                            "{}: {} ({}/{})",
-                            window["mark"].as_str().unwrap_or("?"),
-                            window["live_recall"]
-                                .as_f64()
-                                .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}")),
-                            number(&window["live"], 0),
-                            number(&window["probes"], 0)
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-            .unwrap_or_default();
+        let recall = recall_cell(follower);
         out.push_str(&format!(
             "| {} | {} | {} ms | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             result["run"].as_str().unwrap_or("?"),
@@ -328,4 +309,28 @@ pub(crate) fn render(results: &[Value]) -> String {
         ));
     }
     out
+}
+
+/// `mark: recall (live/probes)` of each of a follower report's windows.
+pub(crate) fn recall_cell(follower: &Value) -> String {
+    follower["windows"]
+        .as_array()
+        .map(|windows| {
+            windows
+                .iter()
+                .map(|window| {
+                    format!(
+                        "{}: {} ({}/{})",
+                        window["mark"].as_str().unwrap_or("?"),
+                        window["live_recall"]
+                            .as_f64()
+                            .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}")),
+                        number(&window["live"], 0),
+                        number(&window["probes"], 0)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default()
 }

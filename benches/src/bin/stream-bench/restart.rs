@@ -2,7 +2,10 @@
 //! replay the trace with a replay ring far shorter than their history; the relay is
 //! killed with SIGKILL at 40 % of the publishing time and started again 1 s later, with
 //! `[state]` checkpoints (every 500 ms) or without. Once the engines are done and the
-//! relay has drained, its pool is compared with the union of the engines' caches.
+//! relay has drained, its pool is compared with the union of the engines' caches. A
+//! follower follows the relay throughout (it comes back on the same ports): the longest
+//! time its replica was not current, and the live recall of the 30 s after the kill (the
+//! share of probes found within 1 s of their send; see the pair runs).
 
 use std::time::{Duration, Instant};
 
@@ -11,8 +14,8 @@ use kvrelay_benches::{http_get, metric_sum};
 use serde_json::{Value, json};
 
 use super::{
-    HTTP_TIMEOUT, Setup, engine_truth, number, poll_done, pool_stats_path, reasons, relay_sample,
-    run_dir, sources_toml, spawn_engines, start_relay, wait_ready,
+    HTTP_TIMEOUT, Setup, engine_truth, free_port, number, poll_done, pool_stats_path, reasons,
+    relay_sample, run_dir, sources_toml, spawn_engines, start_follower, start_relay_on, wait_ready,
 };
 
 /// The restart runs, by name.
@@ -46,7 +49,7 @@ pub(crate) async fn run(
     requests: &[kvrelay_ingest::RequestRecord],
 ) -> Result<Value> {
     let (dir, cards) = run_dir(setup, &spec.name)?;
-    let (mut engines, addrs, _) =
+    let (mut engines, addrs, stamp_paths) =
         spawn_engines(setup, &dir, spec.rate, spec.publish_s, spec.replay_batches).await?;
     let mut sources = sources_toml(&addrs, true);
     if spec.checkpoint {
@@ -55,8 +58,17 @@ pub(crate) async fn run(
             dir.join("state").display()
         ));
     }
-    let (mut relay, admin, _) = start_relay(setup, &dir, &cards, &sources)?;
+    // The restarted relay listens where the first one did, so the follower finds it.
+    let (wan, admin_port) = (free_port()?, free_port()?);
+    let (mut relay, admin) = start_relay_on(setup, &dir, &cards, &sources, wan, admin_port)?;
     wait_ready(&mut relay, &admin, &dir).await?;
+    let mut follower = start_follower(
+        setup,
+        &format!("127.0.0.1:{wan}"),
+        &stamp_paths,
+        &["--sample-ms", "1"],
+    )
+    .await?;
     for engine in &mut engines {
         engine.send("go")?;
     }
@@ -77,11 +89,12 @@ pub(crate) async fn run(
         "last_export_s": metric_sum(&metrics, "kvrelay_checkpoint_last_export_seconds", &[]),
         "last_write_s": metric_sum(&metrics, "kvrelay_checkpoint_last_write_seconds", &[]),
     });
+    follower.send(&format!("mark kill {}", kvrelay_benches::stamps::unix_ns()))?;
     relay.stop();
     let killed = Instant::now();
     std::fs::rename(dir.join("relay.log"), dir.join("relay-killed.log"))?;
     tokio::time::sleep(DOWNTIME).await;
-    let (mut relay, admin, _) = start_relay(setup, &dir, &cards, &sources)?;
+    let (mut relay, admin) = start_relay_on(setup, &dir, &cards, &sources, wan, admin_port)?;
     wait_ready(&mut relay, &admin, &dir).await?;
     let ready_after_kill_s = killed.elapsed().as_secs_f64();
     // Until the engines are done, then until the relay applied everything they sent.
@@ -97,6 +110,15 @@ pub(crate) async fn run(
     let stats = settle(&admin, &stats_path).await?;
     let sample = relay_sample(&admin, &stats_path)?;
     let (_, metrics) = http_get(&admin, "/metrics", HTTP_TIMEOUT)?;
+    let final_sequence = stats["stats"]["sequence"].as_u64().unwrap_or(0);
+    follower.send(&format!(
+        "final {final_sequence} {}",
+        kvrelay_benches::stamps::unix_ns()
+    ))?;
+    let report_line = follower.expect("{", Duration::from_secs(120)).await?;
+    let report: Value =
+        serde_json::from_str(&report_line).context("parsing the follower's report")?;
+    follower.stop();
     for engine in &mut engines {
         let _ = engine.send("quit");
     }
@@ -127,6 +149,7 @@ pub(crate) async fn run(
         "unroutable_blocks": stat("unroutable_blocks"),
         "ingest_replays": sample.ingest_replays,
         "ingest_resets": sample.ingest_resets,
+        "follower": report,
     }))
 }
 
@@ -153,13 +176,13 @@ pub(crate) async fn settle(admin: &str, stats_path: &str) -> Result<Value> {
 /// The restart runs as a Markdown table.
 pub(crate) fn render(results: &[Value]) -> String {
     let mut out = String::from(
-        "\n| restart run | ring | killed at | ready after kill | checkpoint (bytes, export, write) | restored mappings | truth blocks | resident at end | missing | routable | unroutable blocks | resets |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "\n| restart run | ring | killed at | ready after kill | checkpoint (bytes, export, write) | restored mappings | truth blocks | resident at end | missing | routable | unroutable blocks | resets | follower: longest not current | live recall 30 s after the kill (found ≤ 1 s / probes) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for result in results {
         let checkpoint = &result["checkpoint_before_kill"];
         out.push_str(&format!(
-            "| {} | {} | {} s | {} s | {} | {} | {} | {} | {} | {:.1} % | {} | {} |\n",
+            "| {} | {} | {} s | {} s | {} | {} | {} | {} | {} | {:.1} % | {} | {} | {} ms | {} |\n",
             result["run"].as_str().unwrap_or("?"),
             number(&result["replay_batches"], 0),
             number(&result["killed_at_s"], 1),
@@ -181,6 +204,8 @@ pub(crate) fn render(results: &[Value]) -> String {
             result["routable_fraction"].as_f64().unwrap_or(0.0) * 100.0,
             number(&result["unroutable_blocks"], 0),
             reasons(&result["ingest_resets"]),
+            number(&result["follower"]["longest_unusable_ms"], 0),
+            super::pair::recall_cell(&result["follower"]),
         ));
     }
     out
