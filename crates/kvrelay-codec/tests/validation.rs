@@ -68,6 +68,7 @@ fn catalog(pools: Vec<PoolDescriptor>) -> CatalogUpdate {
         revision: 3,
         pools,
         coverage: Vec::new(),
+        stalled: Vec::new(),
     }
 }
 
@@ -420,13 +421,88 @@ fn coverage_is_a_minor_2_field_and_older_catalogs_still_decode() {
     without.coverage.clear();
     let mut old_body = BytesMut::new();
     without.encode_body(&mut old_body).unwrap();
-    let minor1_body = &old_body[..old_body.len() - 1];
+    // Without its two empty lists (coverage, minor 2; stalled, minor 3): one byte each.
+    let minor1_body = &old_body[..old_body.len() - 2];
     assert_eq!(CatalogUpdate::decode_body(minor1_body, 1).unwrap(), without);
     // A minor-1 relay may not append anything.
     assert!(matches!(
         CatalogUpdate::decode_body(&body, 1),
         Err(DecodeError::TrailingBytes { .. })
     ));
+}
+
+#[test]
+fn stalled_is_a_minor_3_field_and_minor_2_catalogs_still_decode() {
+    let mut update = catalog(vec![descriptor(1)]);
+    update.coverage = vec![coverage_of(&update.pools[0], 40)];
+    update.stalled = vec![
+        descriptor(2).producer.pool_id,
+        descriptor(3).producer.pool_id,
+    ];
+    let mut body = BytesMut::new();
+    update.encode_body(&mut body).unwrap();
+    assert_eq!(CatalogUpdate::decode_body(&body, 3).unwrap(), update);
+    // A minor-2 relay writes coverage and nothing after it: no pool named stalled.
+    let mut minor2 = update.clone();
+    minor2.stalled.clear();
+    let mut minor2_body = BytesMut::new();
+    minor2.encode_body(&mut minor2_body).unwrap();
+    let minor2_body = &minor2_body[..minor2_body.len() - 1];
+    assert_eq!(CatalogUpdate::decode_body(minor2_body, 2).unwrap(), minor2);
+    // A minor-2 relay may not append the stalled list.
+    assert!(matches!(
+        CatalogUpdate::decode_body(&body, 2),
+        Err(DecodeError::TrailingBytes { .. })
+    ));
+    // What a minor-2 consumer decodes of a minor-3 catalog: every older field, the stalled
+    // list left as trailing bytes of a newer sender.
+    #[derive(serde::Deserialize)]
+    struct Minor2Catalog {
+        relay: RelayIdentity,
+        revision: u64,
+        pools: Vec<PoolDescriptor>,
+    }
+    let config = bincode::config::standard();
+    let (old, used): (Minor2Catalog, usize) =
+        bincode::serde::decode_from_slice(&body, config).unwrap();
+    let (coverage, more): (Vec<PoolCoverage>, usize) =
+        bincode::serde::decode_from_slice(&body[used..], config).unwrap();
+    assert!(
+        used + more < body.len(),
+        "stalled follows the minor-2 fields"
+    );
+    assert_eq!(
+        (old.relay, old.revision, old.pools, coverage),
+        (update.relay, update.revision, update.pools, update.coverage)
+    );
+}
+
+#[test]
+fn a_stalled_pool_is_named_once_and_never_also_listed() {
+    let mut update = catalog(vec![descriptor(1), descriptor(2)]);
+    update.stalled = vec![descriptor(3).producer.pool_id];
+    assert!(update.validate().is_ok());
+    update.stalled = vec![update.pools[1].producer.pool_id];
+    let err = update.validate().unwrap_err();
+    assert_eq!((err.collection, err.index), ("stalled", 0));
+    assert!(
+        matches!(err.error, ValidationError::StalledPoolListed { .. }),
+        "{err:?}"
+    );
+    let other = descriptor(3).producer.pool_id;
+    update.stalled = vec![other, descriptor(4).producer.pool_id, other];
+    let err = update.validate().unwrap_err();
+    assert_eq!((err.collection, err.index), ("stalled", 2));
+    assert!(
+        matches!(
+            err.error,
+            ValidationError::DuplicateEntry {
+                field: "stalled",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]

@@ -353,12 +353,15 @@ enum EpochError {
     CatalogStale { addr: String, timeout: Duration },
     #[error("relay {addr} sent no load window for {silent_for:?}: left for the DC's other relay")]
     Silent { addr: String, silent_for: Duration },
+    #[error("relay {addr} withholds {stalled} stalled pool(s): left for the DC's other relay")]
+    Stalled { addr: String, stalled: usize },
 }
 
 async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken) {
     let mut link = RelayLink::new(
         shared.config.backoff,
         shared.config.limits.resume_hold,
+        shared.config.limits.stall_failover_hold,
         shared.endpoints[relay].len(),
     );
     let dc = shared.config.relays[relay].dc.clone();
@@ -370,7 +373,7 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
         let addr = shared.endpoint(relay).addr.clone();
         let started = Instant::now();
         let mut connected = false;
-        let result = relay_epoch(&shared, relay, &cancel, &mut connected).await;
+        let result = relay_epoch(&shared, relay, &cancel, &mut connected, &mut link).await;
         let end = match &result {
             Err(err) if err.invalidates_view() => EpochEnd::Invalidated,
             _ => EpochEnd::Broken,
@@ -406,6 +409,7 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             }
             Err(EpochError::Refused { .. }) => shared.metrics.incr(Counter::RelayRefusals),
             Err(EpochError::Silent { .. }) => shared.metrics.incr(Counter::RelaySilences),
+            Err(EpochError::Stalled { .. }) => shared.metrics.incr(Counter::RelayStalls),
             _ => {}
         }
         shared.last_errors.lock()[relay] = Some(match &result {
@@ -468,6 +472,7 @@ async fn relay_epoch(
     relay: usize,
     cancel: &CancellationToken,
     connected: &mut bool,
+    link: &mut RelayLink,
 ) -> Result<(), EpochError> {
     let addr = shared.endpoint(relay).addr.clone();
     let limits = shared.config.limits;
@@ -532,6 +537,9 @@ async fn relay_epoch(
                     Err(err) => break Err(err.into()),
                 };
                 shared.metrics.incr(Counter::CatalogsApplied);
+                if link.handle_stalled(Instant::now(), update.stalled.len()) {
+                    break Err(EpochError::Stalled { addr: addr.clone(), stalled: update.stalled.len() });
+                }
                 if change.newly_quarantined > 0 {
                     shared.metrics.add(Counter::QuarantinedTotal, change.newly_quarantined as u64);
                     shared.metrics.add(Counter::OverBudgetTotal, change.newly_over_budget as u64);

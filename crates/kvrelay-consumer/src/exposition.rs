@@ -149,6 +149,11 @@ impl Collector for Snapshot {
                 m.relay_silences,
             ),
             (
+                "relay_stalls",
+                "Followed relays of a pair left because their catalog named a stalled pool.",
+                m.relay_stalls,
+            ),
+            (
                 "catalogs_applied",
                 "Complete catalogs applied.",
                 m.catalogs_applied,
@@ -272,6 +277,7 @@ mod tests {
             ("relay_refusals", "counter"),
             ("relay_failovers", "counter"),
             ("relay_silences", "counter"),
+            ("relay_stalls", "counter"),
             ("catalogs_applied", "counter"),
             ("snapshots_installed", "counter"),
             ("deltas_applied", "counter"),

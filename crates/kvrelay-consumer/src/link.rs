@@ -59,10 +59,19 @@ pub(crate) struct RelayLink {
     active: usize,
     /// Addresses to try without waiting before the backoff applies.
     untried: usize,
+    /// No second move for a stalled pool within this long of the last one.
+    stall_hold: Duration,
+    /// When the link last left a relay for a stalled pool.
+    left_for_stall: Option<Instant>,
 }
 
 impl RelayLink {
-    pub(crate) fn new(backoff: BackoffConfig, resume_hold: Duration, addresses: usize) -> Self {
+    pub(crate) fn new(
+        backoff: BackoffConfig,
+        resume_hold: Duration,
+        stall_hold: Duration,
+        addresses: usize,
+    ) -> Self {
         let addresses = addresses.max(1);
         Self {
             backoff: Backoff::new(backoff),
@@ -71,7 +80,25 @@ impl RelayLink {
             addresses,
             active: 0,
             untried: addresses - 1,
+            stall_hold,
+            left_for_stall: None,
         }
+    }
+
+    /// The followed relay's catalog named `stalled` pools at `now`: whether to leave it
+    /// for the DC's next relay (the epoch then ends, and [`RelayLink::handle_epoch_end`]
+    /// moves on at once). Only with another address to go to, only when some pool is
+    /// stalled, and not within the stall hold of the last such move, so two relays that
+    /// both stall never bounce the consumer between them.
+    pub(crate) fn handle_stalled(&mut self, now: Instant, stalled: usize) -> bool {
+        let held = self
+            .left_for_stall
+            .is_some_and(|at| now.saturating_duration_since(at) < self.stall_hold);
+        if self.addresses < 2 || stalled == 0 || held {
+            return false;
+        }
+        self.left_for_stall = Some(now);
+        true
     }
 
     /// The address (index into the DC's addresses) the next epoch connects to.
@@ -411,13 +438,29 @@ mod tests {
         }
     }
 
+    /// A pair's followed relay naming a stalled pool is left; the relay reached that way
+    /// is not left for a stall of its own within the hold (both stalled: stay), but is
+    /// after it; a lone relay, or a catalog with nothing stalled, is never left.
+    #[test]
+    fn a_stalled_pool_moves_a_pair_once_per_hold() {
+        let start = Instant::now();
+        let hold = Duration::from_secs(60);
+        let mut link = RelayLink::new(config(), HOLD, hold, 2);
+        assert!(!link.handle_stalled(start, 0));
+        assert!(link.handle_stalled(start, 1));
+        assert!(!link.handle_stalled(start + Duration::from_secs(59), 3));
+        assert!(link.handle_stalled(start + Duration::from_secs(60), 1));
+        let mut single = RelayLink::new(config(), HOLD, hold, 1);
+        assert!(!single.handle_stalled(start, 5));
+    }
+
     /// A pair: a relay that was followed and broke is replaced at once; the other is
     /// tried at once too when the first cannot be reached; only when both failed in a row
     /// does the link wait; and it stays on the relay that works.
     #[test]
     fn a_pair_fails_over_at_once_and_backs_off_only_when_both_fail() {
         let start = Instant::now();
-        let mut link = RelayLink::new(config(), HOLD, 2);
+        let mut link = RelayLink::new(config(), HOLD, HOLD, 2);
         assert_eq!(link.active(), 0);
         // The primary cannot be reached at start: the standby is tried at once.
         let (_, delay) = link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, false, 1.0);
@@ -447,7 +490,7 @@ mod tests {
             (ViewAfterEpoch::StartOver, 0, Duration::ZERO)
         );
         // Without a pair nothing moves and the backoff applies.
-        let mut single = RelayLink::new(config(), HOLD, 1);
+        let mut single = RelayLink::new(config(), HOLD, HOLD, 1);
         let (_, delay) =
             single.handle_epoch_end(later, EpochEnd::Broken, Duration::ZERO, true, 1.0);
         assert_eq!((single.active(), delay), (0, Duration::from_millis(500)));
@@ -456,7 +499,7 @@ mod tests {
     #[test]
     fn a_broken_epoch_suspends_until_the_resume_hold_then_starts_over() {
         let start = Instant::now();
-        let mut link = RelayLink::new(config(), HOLD, 1);
+        let mut link = RelayLink::new(config(), HOLD, HOLD, 1);
         assert_eq!(link.handle_epoch_start(start), None);
         let (view, delay) =
             link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, true, 1.0);
@@ -484,7 +527,7 @@ mod tests {
     #[test]
     fn an_invalidated_epoch_starts_over_at_once_and_clears_the_hold() {
         let start = Instant::now();
-        let mut link = RelayLink::new(config(), HOLD, 1);
+        let mut link = RelayLink::new(config(), HOLD, HOLD, 1);
         link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, true, 1.0);
         let (view, _) =
             link.handle_epoch_end(start, EpochEnd::Invalidated, Duration::ZERO, true, 1.0);
@@ -495,7 +538,7 @@ mod tests {
     #[test]
     fn reconnect_delays_grow_until_an_epoch_stays_healthy() {
         let start = Instant::now();
-        let mut link = RelayLink::new(config(), HOLD, 1);
+        let mut link = RelayLink::new(config(), HOLD, HOLD, 1);
         let delays: Vec<Duration> = (0..3)
             .map(|_| {
                 link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(1), true, 1.0)

@@ -138,6 +138,9 @@ pub struct ConsumerMetrics {
     /// Followed relays of a pair left because they went silent (no load window for
     /// `relay_silence_windows` of their window lengths), each also a failover.
     pub relay_silences: u64,
+    /// Followed relays of a pair left because their catalog named a stalled pool, each
+    /// also a failover.
+    pub relay_stalls: u64,
     /// Complete catalogs applied.
     pub catalogs_applied: u64,
     /// Snapshots installed.
@@ -182,6 +185,7 @@ pub(crate) struct MetricsRecorder {
     relay_refusals: AtomicU64,
     relay_failovers: AtomicU64,
     relay_silences: AtomicU64,
+    relay_stalls: AtomicU64,
     catalogs_applied: AtomicU64,
     snapshots_installed: AtomicU64,
     deltas_applied: AtomicU64,
@@ -205,6 +209,7 @@ pub(crate) enum Counter {
     RelayRefusals,
     RelayFailovers,
     RelaySilences,
+    RelayStalls,
     CatalogsApplied,
     SnapshotsInstalled,
     DeltasApplied,
@@ -229,6 +234,7 @@ impl MetricsRecorder {
             Counter::RelayRefusals => &self.relay_refusals,
             Counter::RelayFailovers => &self.relay_failovers,
             Counter::RelaySilences => &self.relay_silences,
+            Counter::RelayStalls => &self.relay_stalls,
             Counter::CatalogsApplied => &self.catalogs_applied,
             Counter::SnapshotsInstalled => &self.snapshots_installed,
             Counter::DeltasApplied => &self.deltas_applied,
@@ -271,6 +277,7 @@ impl MetricsRecorder {
         out.relay_refusals = load(&self.relay_refusals);
         out.relay_failovers = load(&self.relay_failovers);
         out.relay_silences = load(&self.relay_silences);
+        out.relay_stalls = load(&self.relay_stalls);
         out.catalogs_applied = load(&self.catalogs_applied);
         out.snapshots_installed = load(&self.snapshots_installed);
         out.deltas_applied = load(&self.deltas_applied);

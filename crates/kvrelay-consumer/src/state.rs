@@ -69,10 +69,11 @@ pub enum CatalogError {
         /// The repeated revision.
         revision: u64,
     },
-    /// The catalog has more entries than [`crate::Limits::max_pools_per_relay`].
-    #[error("catalog has {n_pools} pools, above max_pools_per_relay {max}")]
+    /// The catalog has more entries (listed and stalled) than
+    /// [`crate::Limits::max_pools_per_relay`].
+    #[error("catalog has {n_pools} pools (listed and stalled), above max_pools_per_relay {max}")]
     TooManyPools {
-        /// Entries in the catalog.
+        /// Entries in the catalog, listed and stalled.
         n_pools: usize,
         /// The limit.
         max: usize,
@@ -87,6 +88,9 @@ pub enum CatalogError {
     /// share above 100 %: the envelope is not trustworthy.
     #[error("catalog coverage is malformed: {0}")]
     MalformedCoverage(#[source] kvrelay_codec::v1::EntryError),
+    /// The catalog names a stalled pool twice, or one it also lists.
+    #[error("catalog stalled list is malformed: {0}")]
+    MalformedStalled(#[source] kvrelay_codec::v1::EntryError),
     /// The relay index is not configured.
     #[error("relay index {relay} is not configured ({n_relays} relays)")]
     UnknownRelay {
@@ -249,6 +253,9 @@ pub struct RelayStatus {
     pub admitted_pools: usize,
     /// Catalog entries quarantined from this relay.
     pub quarantined_entries: usize,
+    /// Pools the relay withholds as stalled (its last catalog's `stalled`): served there
+    /// but not progressing, so neither listed nor scored.
+    pub stalled_pools: usize,
     /// Why the relay's last connection epoch ended, if one has; filled by
     /// [`crate::Consumer::relays`] (the sans-IO state does not see connections).
     pub last_error: Option<String>,
@@ -262,6 +269,8 @@ struct RelayView {
     /// Admitted entries by producer generation.
     pools: HashMap<ProducerIdentity, PoolEntry>,
     quarantined: Vec<QuarantinedEntry>,
+    /// Pools the last catalog named as stalled (withheld).
+    stalled: usize,
     /// False while the relay's connection is broken and its view is only kept for
     /// resuming: its pools are neither listed nor scored.
     suspended: bool,
@@ -408,15 +417,20 @@ impl ConsumerState {
         let Some(config) = self.relays.get(relay) else {
             return Err(CatalogError::UnknownRelay { relay, n_relays });
         };
-        if update.pools.len() > self.max_pools_per_relay {
+        // Stalled pools count too: the work of checking them is bounded by the same limit.
+        let n_pools = update.pools.len().saturating_add(update.stalled.len());
+        if n_pools > self.max_pools_per_relay {
             return Err(CatalogError::TooManyPools {
-                n_pools: update.pools.len(),
+                n_pools,
                 max: self.max_pools_per_relay,
             });
         }
         update
             .validate_coverage()
             .map_err(CatalogError::MalformedCoverage)?;
+        update
+            .validate_stalled()
+            .map_err(CatalogError::MalformedStalled)?;
         let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
         let dc_id = self.quarantine_foreign_dcs(relay, &mut projected);
@@ -496,6 +510,7 @@ impl ConsumerState {
         view.revision = Some(update.revision);
         view.pools = next;
         view.quarantined = projected.quarantined;
+        view.stalled = update.stalled.len();
         view.suspended = false;
         self.rebuild_entries();
         Ok(change)
@@ -900,6 +915,7 @@ impl ConsumerState {
                 suspended: view.suspended,
                 admitted_pools: view.pools.len(),
                 quarantined_entries: view.quarantined.len(),
+                stalled_pools: view.stalled,
                 last_error: None,
             })
             .collect()

@@ -719,3 +719,60 @@ async fn pool_streams_per_relay_are_bounded() {
     zero.limits.max_pool_streams_per_relay = 0;
     assert!(Consumer::start(zero).is_err());
 }
+
+/// A relay pair whose followed relay withholds a pool as stalled: the consumer moves to the
+/// other relay, which serves every pool; when that one stalls too within the stall hold,
+/// the consumer stays (it would only bounce and re-snapshot), lists the pools it still
+/// serves and reports the stalled one.
+#[tokio::test]
+async fn a_stalled_pool_at_the_followed_relay_moves_a_pair_once() {
+    let pools = || {
+        vec![
+            PoolSpec::aggregated("alpha", "llama"),
+            PoolSpec::aggregated("beta", "llama"),
+        ]
+    };
+    let first = FakeRelay::start("dc-a", 11, pools()).await;
+    let second = FakeRelay::start("dc-a", 12, pools()).await;
+    let pair = format!("{}+{}=dc-a", first.addr, second.addr);
+    let mut config = config(&[]);
+    config.relays = vec![pair.parse().unwrap()];
+    // The fakes send load windows only when told: no silence watch here.
+    config.limits.relay_silence_windows = 0;
+    let consumer = Consumer::start(config).unwrap();
+    assert!(
+        consumer.wait_until(WAIT, converged(&first, 2)).await,
+        "following the first relay"
+    );
+
+    first.set_stalled(1, true);
+    assert!(
+        consumer.wait_until(WAIT, converged(&second, 2)).await,
+        "moved to the second relay: {:?}",
+        consumer.relays()
+    );
+    let metrics = consumer.metrics();
+    assert_eq!((metrics.relay_stalls, metrics.relay_failovers), (1, 1));
+    let error = consumer.relays()[0].last_error.clone().unwrap_or_default();
+    assert!(error.contains("withholds 1 stalled pool"), "{error}");
+
+    // The second relay stalls as well, within the hold: the consumer stays, serving the
+    // pool that is not stalled.
+    second.set_stalled(0, true);
+    let stays = consumer
+        .wait_until(WAIT, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == 1
+                && pools[0].producer == second.producer(1)
+                && pools[0].replica == ReplicaStatus::Current
+                && state.relay_statuses()[0].stalled_pools == 1
+        })
+        .await;
+    assert!(stays, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let metrics = consumer.metrics();
+    assert_eq!((metrics.relay_stalls, metrics.relay_failovers), (1, 1));
+    consumer.shutdown().await;
+    first.stop().await;
+    second.stop().await;
+}

@@ -246,6 +246,41 @@ fn malformed_coverage_refuses_the_whole_catalog() {
     assert!(state.pools(Instant::now()).is_empty(), "nothing applied");
 }
 
+/// A stalled list naming a listed pool, or one pool twice, refuses the whole catalog with
+/// nothing applied; stalled pools count against `max_pools_per_relay` with the listed
+/// ones; a well-formed list is reported in the relay's status.
+#[test]
+fn stalled_pools_are_checked_counted_and_reported() {
+    let relay = relay_identity(1);
+    let a = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let b = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay, 1);
+    let listed = a.descriptor.producer.pool_id;
+    let withheld = b.descriptor.producer.pool_id;
+    for stalled in [vec![listed], vec![withheld, withheld]] {
+        let mut state = state(1);
+        let mut update = catalog_of(relay, 1, &[&a]);
+        update.stalled = stalled;
+        assert!(matches!(
+            state.apply_catalog(0, &update),
+            Err(CatalogError::MalformedStalled(_))
+        ));
+        assert!(state.pools(Instant::now()).is_empty(), "nothing applied");
+    }
+    let mut update = catalog_of(relay, 1, &[&a]);
+    update.stalled = vec![withheld];
+    let mut config = ConsumerConfig::new(vec![RelayEndpoint::new("127.0.0.1:7400", "dc-0")]);
+    config.limits.max_pools_per_relay = 1;
+    let mut bounded = ConsumerState::new(&config).unwrap();
+    assert!(matches!(
+        bounded.apply_catalog(0, &update),
+        Err(CatalogError::TooManyPools { n_pools: 2, max: 1 })
+    ));
+    let mut state = state(1);
+    state.apply_catalog(0, &update).unwrap();
+    assert_eq!(state.pools(Instant::now()).len(), 1);
+    assert_eq!(state.relay_statuses()[0].stalled_pools, 1);
+}
+
 #[test]
 fn malformed_entry_is_quarantined_alone() {
     let mut state = state(1);

@@ -398,6 +398,7 @@ impl TryFrom<proto::KvPoolCatalogUpdate> for ReceivedCatalog {
                 revision: update.revision,
                 pools,
                 coverage: Vec::new(),
+                stalled: Vec::new(),
             },
             unsupported,
         })
@@ -812,6 +813,7 @@ mod tests {
                 revision,
                 pools: vec![pool],
                 coverage: Vec::new(),
+                stalled: Vec::new(),
             };
             let sent = proto::KvPoolCatalogUpdate::from(&catalog);
             prop_assert_eq!(sent.contract_marker, CONTRACT_MARKER);

@@ -458,6 +458,8 @@ pub struct RelayView {
     pub admitted_pools: usize,
     /// Entries quarantined.
     pub quarantined_entries: usize,
+    /// Pools the relay withholds as stalled (not listed, not scored).
+    pub stalled_pools: usize,
     /// Why its last connection ended, if one has.
     pub last_error: Option<String>,
 }
@@ -511,6 +513,7 @@ impl PoolsView {
                     suspended: relay.suspended,
                     admitted_pools: relay.admitted_pools,
                     quarantined_entries: relay.quarantined_entries,
+                    stalled_pools: relay.stalled_pools,
                     last_error: relay.last_error.clone(),
                 })
                 .collect(),

@@ -118,6 +118,7 @@ mod tests {
             suspended,
             admitted_pools: 1,
             quarantined_entries: 0,
+            stalled_pools: 0,
             last_error: suspended.then(|| "connection reset".to_owned()),
         }
     }

@@ -127,6 +127,7 @@ fn catalog(relay: RelayIdentity, n_pools: usize, bucket_count: u64) -> CatalogUp
         revision: 1,
         pools,
         coverage: Vec::new(),
+        stalled: Vec::new(),
     }
 }
 

@@ -30,6 +30,12 @@ pub struct CatalogUpdate {
     /// body: an older sender's catalog decodes with none, an older receiver skips it.
     #[serde(default)]
     pub coverage: Vec<PoolCoverage>,
+    /// Pools the relay serves but withholds from `pools` because they are stalled (events
+    /// pending, no progress): each named once and none listed in `pools`. A consumer
+    /// following the relay through a pair may move to the other relay, which may not be
+    /// stalled. Protocol minor 3 appends it after `coverage`.
+    #[serde(default)]
+    pub stalled: Vec<PoolId>,
 }
 
 /// A pool whose filter is known to be incomplete, and by how much.
@@ -132,7 +138,34 @@ impl CatalogUpdate {
             });
         }
         self.validate_coverage()?;
+        self.validate_stalled()?;
         Ok(verdict)
+    }
+
+    /// Checks `stalled` alone: each pool named once, none of them listed in `pools`. The
+    /// work is `O((pools + stalled) log pools)`, whatever a peer sends.
+    pub fn validate_stalled(&self) -> Result<(), EntryError> {
+        let listed: BTreeSet<&PoolId> = self.pools.iter().map(PoolDescriptor::pool_id).collect();
+        if let Some(index) = self.stalled.iter().position(|id| listed.contains(id)) {
+            return Err(EntryError {
+                collection: "stalled",
+                index,
+                error: ValidationError::StalledPoolListed {
+                    pool: self.stalled[index].to_string(),
+                },
+            });
+        }
+        if let Some((index, pool_id)) = first_duplicate(self.stalled.iter()) {
+            return Err(EntryError {
+                collection: "stalled",
+                index,
+                error: ValidationError::DuplicateEntry {
+                    field: "stalled",
+                    key: pool_id.to_string(),
+                },
+            });
+        }
+        Ok(())
     }
 
     /// Checks `coverage` alone: each entry names a listed pool, once, with a share of at
@@ -187,28 +220,47 @@ impl CatalogUpdate {
         Ok(())
     }
 
-    /// Appends the body to `dst`: the fields of minor 0, then `coverage` (minor 2).
+    /// Appends the body to `dst`: the fields of minor 0, then `coverage` (minor 2), then
+    /// `stalled` (minor 3).
     pub fn encode_body(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         let kind = MessageKind::CatalogUpdate;
         encode_body(kind, &(&self.relay, self.revision, &self.pools), dst)?;
-        encode_body(kind, &self.coverage, dst)
+        encode_body(kind, &self.coverage, dst)?;
+        encode_body(kind, &self.stalled, dst)
     }
 
     /// Decodes a body sent with protocol minor `minor`. A body of minor 0 or 1 ends after
-    /// `pools` (no coverage: every pool complete); from minor 2 on `coverage` follows.
+    /// `pools` (no coverage: every pool complete); from minor 2 on `coverage` follows, from
+    /// minor 3 on `stalled` (none before: nothing withheld is named).
     pub fn decode_body(body: &[u8], minor: u16) -> Result<Self, DecodeError> {
         let kind = MessageKind::CatalogUpdate;
         let ((relay, revision, pools), used) =
             decode_prefix::<(RelayIdentity, u64, Vec<PoolDescriptor>)>(kind, body)?;
-        let coverage = decode_appended(kind, &body[used..], minor, COVERAGE_MINOR)?;
+        let rest = &body[used..];
+        if minor < STALLED_MINOR || rest.is_empty() {
+            let coverage = decode_appended(kind, rest, minor, COVERAGE_MINOR)?;
+            return Ok(Self {
+                relay,
+                revision,
+                pools,
+                coverage,
+                stalled: Vec::new(),
+            });
+        }
+        let (coverage, used) = decode_prefix::<Vec<PoolCoverage>>(kind, rest)?;
+        let stalled = decode_appended(kind, &rest[used..], minor, STALLED_MINOR)?;
         Ok(Self {
             relay,
             revision,
             pools,
             coverage,
+            stalled,
         })
     }
 }
+
+/// The protocol minor that appended `stalled` to the catalog body.
+const STALLED_MINOR: u16 = 3;
 
 /// The protocol minor that appended `coverage` to the catalog body.
 const COVERAGE_MINOR: u16 = 2;

@@ -151,6 +151,12 @@ pub enum ValidationError {
         /// Pools listed.
         pools: usize,
     },
+    /// A pool named as stalled (withheld) that the catalog also lists.
+    #[error("stalled pool {pool} is also listed in the catalog")]
+    StalledPoolListed {
+        /// The pool id.
+        pool: String,
+    },
     /// A coverage share above 100 percent.
     #[error("coverage: unroutable_percent {percent} is above 100")]
     CoverageShare {

@@ -130,35 +130,43 @@ pub(crate) fn descriptor() -> impl Strategy<Value = PoolDescriptor> {
         )
 }
 
-/// A catalog whose coverage names some of its own pools (any state code, any share).
+/// A catalog whose coverage names some of its own pools (any state code, any share), with
+/// a few stalled (withheld) pools.
 pub(crate) fn catalog() -> impl Strategy<Value = CatalogUpdate> {
-    (relay(), any::<u64>(), vec(descriptor(), 0..4)).prop_flat_map(|(relay, revision, pools)| {
-        let n = pools.len();
-        vec(
-            option::of((code(CoverageState::from_code), any::<u8>())),
-            n..=n,
-        )
-        .prop_map(move |marks| {
-            let coverage = pools
-                .iter()
-                .zip(marks)
-                .filter_map(|(pool, mark)| {
-                    let (state, unroutable_percent) = mark?;
-                    Some(PoolCoverage {
-                        pool_id: pool.producer.pool_id,
-                        state,
-                        unroutable_percent,
+    (
+        relay(),
+        any::<u64>(),
+        vec(descriptor(), 0..4),
+        vec(pool_id(), 0..3),
+    )
+        .prop_flat_map(|(relay, revision, pools, stalled)| {
+            let n = pools.len();
+            vec(
+                option::of((code(CoverageState::from_code), any::<u8>())),
+                n..=n,
+            )
+            .prop_map(move |marks| {
+                let coverage = pools
+                    .iter()
+                    .zip(marks)
+                    .filter_map(|(pool, mark)| {
+                        let (state, unroutable_percent) = mark?;
+                        Some(PoolCoverage {
+                            pool_id: pool.producer.pool_id,
+                            state,
+                            unroutable_percent,
+                        })
                     })
-                })
-                .collect();
-            CatalogUpdate {
-                relay,
-                revision,
-                pools: pools.clone(),
-                coverage,
-            }
+                    .collect();
+                CatalogUpdate {
+                    relay,
+                    revision,
+                    pools: pools.clone(),
+                    coverage,
+                    stalled: stalled.clone(),
+                }
+            })
         })
-    })
 }
 
 pub(crate) fn pool_load() -> impl Strategy<Value = PoolLoad> {

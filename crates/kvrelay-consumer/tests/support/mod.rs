@@ -151,6 +151,8 @@ struct Core {
     pools: Vec<FakePool>,
     /// Raw descriptors appended to the catalog as they are (to test quarantine).
     extra: Vec<PoolDescriptor>,
+    /// Pools withheld from the catalog as stalled (named in its `stalled` list).
+    stalled: std::collections::BTreeSet<usize>,
     faults: Faults,
     catalog_tx: watch::Sender<CatalogUpdate>,
     load_tx: watch::Sender<LoadWindow>,
@@ -265,14 +267,23 @@ fn descriptor(
 
 impl Core {
     fn catalog(&self) -> CatalogUpdate {
+        let (stalled, listed): (Vec<_>, Vec<_>) = self
+            .pools
+            .iter()
+            .enumerate()
+            .partition(|(index, _)| self.stalled.contains(index));
         let mut pools: Vec<PoolDescriptor> =
-            self.pools.iter().map(|p| p.descriptor.clone()).collect();
+            listed.iter().map(|(_, p)| p.descriptor.clone()).collect();
         pools.extend(self.extra.iter().cloned());
         CatalogUpdate {
             relay: self.relay,
             revision: self.revision,
             pools,
             coverage: Vec::new(),
+            stalled: stalled
+                .iter()
+                .map(|(_, p)| p.descriptor.producer.pool_id)
+                .collect(),
         }
     }
 
@@ -342,6 +353,7 @@ impl FakeRelay {
             revision: 0,
             pools: Vec::new(),
             coverage: Vec::new(),
+            stalled: Vec::new(),
         };
         let (catalog_tx, _) = watch::channel(empty_catalog);
         let (load_tx, _) = watch::channel(LoadWindow {
@@ -357,6 +369,7 @@ impl FakeRelay {
             revision: 0,
             pools,
             extra: Vec::new(),
+            stalled: std::collections::BTreeSet::new(),
             faults: Faults::default(),
             catalog_tx,
             load_tx,
@@ -514,6 +527,18 @@ impl FakeRelay {
         let mut core = self.core.lock();
         let template = core.pools[0].descriptor.clone();
         core.extra.push(build(template));
+        core.publish_catalog();
+    }
+
+    /// Withholds pool `pool` from the catalog as stalled (named in `stalled`), or lists it
+    /// again, and publishes the catalog.
+    pub(crate) fn set_stalled(&self, pool: usize, stalled: bool) {
+        let mut core = self.core.lock();
+        if stalled {
+            core.stalled.insert(pool);
+        } else {
+            core.stalled.remove(&pool);
+        }
         core.publish_catalog();
     }
 
@@ -1146,5 +1171,6 @@ pub(crate) fn catalog_of(
         revision,
         pools: producers.iter().map(|p| p.descriptor.clone()).collect(),
         coverage: Vec::new(),
+        stalled: Vec::new(),
     }
 }

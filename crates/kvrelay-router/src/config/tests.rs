@@ -296,7 +296,8 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
          snapshot_assembly_timeout_ms = 4444\n\
          resume_hold_ms = 5555\n\
          relay_silence_windows = 7\n\
-         min_relay_silence_ms = 6666\n",
+         min_relay_silence_ms = 6666\n\
+         stall_failover_hold_ms = 8888\n",
     )
     .unwrap();
     assert_eq!(
@@ -314,6 +315,7 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
             resume_hold: Duration::from_millis(5555),
             relay_silence_windows: 7,
             min_relay_silence: Duration::from_millis(6666),
+            stall_failover_hold: Duration::from_millis(8888),
         }
     );
 }

@@ -121,6 +121,8 @@ async fn a_stalled_actor_is_unready_and_withheld_until_it_recovers() {
     until("withheld", || relay.catalog().pools.is_empty()).await;
     let withheld = relay.catalog();
     assert!(withheld.revision > before.revision);
+    // Named apart, so a consumer of a relay pair can move to the other relay.
+    assert_eq!(withheld.stalled, vec![before.pools[0].producer.pool_id]);
     let stats = view.pool_stats(&key).unwrap();
     assert_eq!(stats["stalled"], true, "{stats}");
     assert_eq!(stats["health"]["pending_events"], 1, "{stats}");
@@ -133,5 +135,6 @@ async fn a_stalled_actor_is_unready_and_withheld_until_it_recovers() {
     let after = relay.catalog();
     assert!(after.revision > withheld.revision);
     assert_eq!(after.pools[0].producer, before.pools[0].producer);
+    assert!(after.stalled.is_empty());
     relay.shutdown().await.unwrap();
 }

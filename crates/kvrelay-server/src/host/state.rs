@@ -103,6 +103,7 @@ impl HostState {
                 revision: 0,
                 pools: Vec::new(),
                 coverage: Vec::new(),
+                stalled: Vec::new(),
             })),
             load: watch::Sender::new(Arc::new(LoadWindow {
                 relay,

@@ -42,7 +42,8 @@ fn roles(roles: &[WorkerRole]) -> Vec<v1::WorkerRole> {
 }
 
 /// The advertised catalog: the registry's pools except `withheld` ones (stalled pools
-/// consumers must not trust), those known incomplete named in its `coverage`, under
+/// consumers must not trust; named apart in `stalled`, so a consumer following a relay
+/// pair can move to the other relay), those known incomplete named in its `coverage`, under
 /// `revision` (the registry revision plus the times the withheld set or the coverage
 /// changed, so it moves whenever the content does).
 pub(crate) fn catalog_update(
@@ -79,11 +80,19 @@ pub(crate) fn catalog_update(
             })
         })
         .collect();
+    // Only pools of this catalog: a pool that left the registry while stalled is gone.
+    let stalled = catalog
+        .pools()
+        .map(|pool| pool.pool_id())
+        .filter(|pool_id| withheld.contains(pool_id))
+        .map(v1::PoolId::from)
+        .collect();
     CatalogUpdate {
         relay: catalog.relay().into(),
         revision,
         pools,
         coverage,
+        stalled,
     }
 }
 
