@@ -51,6 +51,33 @@ fn followed_incarnation(consumer: &Consumer) -> u64 {
     incarnation
 }
 
+/// Waits until every example pool is current through an incarnation none of `left` (the
+/// relays left behind); returns how long that took.
+async fn current_through_another(consumer: &Consumer, left: &[u64]) -> Duration {
+    let started = Instant::now();
+    let moved = consumer
+        .wait_until(DEADLINE, |state, now| {
+            let pools = state.pools(now);
+            pools.len() == EXAMPLE_POOLS
+                && pools.iter().all(|status| {
+                    status.replica == ReplicaStatus::Current
+                        && !left.contains(&status.producer.producer_incarnation)
+                })
+        })
+        .await;
+    assert!(moved, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    started.elapsed()
+}
+
+/// For 2 s the consumer keeps following `incarnation` (no flapping back).
+async fn stays_on(consumer: &Consumer, incarnation: u64) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        assert_eq!(followed_incarnation(consumer), incarnation);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn signal(relay: &RelayProcess, name: &str) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{name}"), &relay.child.id().unwrap().to_string()])
@@ -83,22 +110,7 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
     // SIGKILL of the followed relay: the standby takes over at once.
     let killed_at = Instant::now();
     kill(first).await;
-    let unusable_for = {
-        // Wait for any other incarnation to be current everywhere.
-        let started = Instant::now();
-        let moved = consumer
-            .wait_until(DEADLINE, |state, now| {
-                let pools = state.pools(now);
-                pools.len() == EXAMPLE_POOLS
-                    && pools.iter().all(|status| {
-                        status.replica == ReplicaStatus::Current
-                            && status.producer.producer_incarnation != through_first
-                    })
-            })
-            .await;
-        assert!(moved, "{:?}\n{:?}", consumer.pools(), consumer.relays());
-        started.elapsed()
-    };
+    let unusable_for = current_through_another(&consumer, &[through_first]).await;
     let through_second = followed_incarnation(&consumer);
     assert_ne!(through_second, through_first);
     assert_eq!(consumer.metrics().relay_failovers, 1);
@@ -110,27 +122,12 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
     // The killed relay comes back on its address: the consumer stays on the standby that
     // works (no flapping back).
     let first = RelayProcess::start_on(first_wan, WORKLOAD).await;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        assert_eq!(followed_incarnation(&consumer), through_second);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    stays_on(&consumer, through_second).await;
     assert_eq!(consumer.metrics().relay_failovers, 1);
 
     // Now the standby dies: the consumer moves back to the first relay at once.
     kill(second).await;
-    let back = consumer
-        .wait_until(DEADLINE, |state, now| {
-            let pools = state.pools(now);
-            pools.len() == EXAMPLE_POOLS
-                && pools.iter().all(|status| {
-                    status.replica == ReplicaStatus::Current
-                        && status.producer.producer_incarnation != through_second
-                        && status.producer.producer_incarnation != through_first
-                })
-        })
-        .await;
-    assert!(back, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    current_through_another(&consumer, &[through_first, through_second]).await;
     assert_eq!(consumer.metrics().relay_failovers, 2);
 
     // A rolling upgrade's step: the standby is back, and the followed relay is stopped
@@ -138,21 +135,9 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
     let second = RelayProcess::start_on(second_wan, WORKLOAD).await;
     let through_first_again = followed_incarnation(&consumer);
     signal(&first, "TERM");
-    let started = Instant::now();
-    let upgraded = consumer
-        .wait_until(DEADLINE, |state, now| {
-            let pools = state.pools(now);
-            pools.len() == EXAMPLE_POOLS
-                && pools.iter().all(|status| {
-                    status.replica == ReplicaStatus::Current
-                        && status.producer.producer_incarnation != through_first_again
-                })
-        })
-        .await;
-    assert!(upgraded, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    let unusable_for = current_through_another(&consumer, &[through_first_again]).await;
     eprintln!(
-        "replicas current through the standby {:?} after SIGTERM of the followed relay",
-        started.elapsed()
+        "replicas current through the standby {unusable_for:?} after SIGTERM of the followed relay"
     );
     assert_eq!(consumer.metrics().relay_failovers, 3);
     drop(first);
@@ -193,21 +178,9 @@ async fn a_silent_followed_relay_is_left_for_the_standby_once_it_misses_its_load
     let through_first = followed_incarnation(&consumer);
 
     signal(&first, "STOP");
-    let stopped_at = Instant::now();
-    let moved = consumer
-        .wait_until(DEADLINE, |state, now| {
-            let pools = state.pools(now);
-            pools.len() == EXAMPLE_POOLS
-                && pools.iter().all(|status| {
-                    status.replica == ReplicaStatus::Current
-                        && status.producer.producer_incarnation != through_first
-                })
-        })
-        .await;
-    assert!(moved, "{:?}\n{:?}", consumer.pools(), consumer.relays());
+    let unusable_for = current_through_another(&consumer, &[through_first]).await;
     eprintln!(
-        "replicas current through the standby {:?} after the followed relay stopped",
-        stopped_at.elapsed()
+        "replicas current through the standby {unusable_for:?} after the followed relay stopped"
     );
     let metrics = consumer.metrics();
     assert_eq!((metrics.relay_silences, metrics.relay_failovers), (1, 1));
@@ -216,12 +189,7 @@ async fn a_silent_followed_relay_is_left_for_the_standby_once_it_misses_its_load
 
     // The stopped relay resumes: the consumer stays on the standby that works.
     signal(&first, "CONT");
-    let through_second = followed_incarnation(&consumer);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        assert_eq!(followed_incarnation(&consumer), through_second);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    stays_on(&consumer, followed_incarnation(&consumer)).await;
     assert_eq!(consumer.metrics().relay_failovers, 1);
     consumer.shutdown().await;
     kill(first).await;
