@@ -361,7 +361,7 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
     let mut link = RelayLink::new(
         shared.config.backoff,
         shared.config.limits.resume_hold,
-        shared.config.limits.stall_failover_hold,
+        shared.config.limits.failover_hold,
         shared.endpoints[relay].len(),
     );
     let dc = shared.config.relays[relay].dc.clone();
@@ -509,7 +509,7 @@ async fn relay_epoch(
     // Re-armed by catalog frames only: frames of the load and topology streams, or a
     // catalog that trickles in a byte at a time, must not keep a silent catalog alive.
     let mut catalog_deadline = tokio::time::Instant::now() + limits.catalog_staleness_bound;
-    let mut silence = SilenceWatch::new(&limits, shared.endpoints[relay].len());
+    let mut silence = SilenceWatch::new(&limits);
 
     let result = loop {
         tokio::select! {
@@ -611,8 +611,15 @@ async fn relay_epoch(
                 }
             }
             () = sleep_until_std(silence.poll_timeout()) => {
-                if let Some(silent_for) = silence.handle_timeout(Instant::now()) {
-                    break Err(EpochError::Silent { addr: addr.clone(), silent_for });
+                let now = Instant::now();
+                if let Some(silent_for) = silence.handle_timeout(now) {
+                    if link.handle_silent(now) {
+                        break Err(EpochError::Silent { addr: addr.clone(), silent_for });
+                    }
+                    // Not left (a lone relay, or a move for silence or a stall was just
+                    // made): stay, and watch again from the next window; the catalog
+                    // deadline still applies.
+                    silence.handle_load_lost();
                 }
             }
             () = sleep_until_std(topology_link.poll_timeout()), if topology.is_none() => {

@@ -240,11 +240,12 @@ pub struct Limits {
     /// the relay announces (a relay announcing 0 ms is not left at once). Must be > 0.
     pub min_relay_silence: Duration,
     /// A DC followed through a relay pair leaves its followed relay for the next one when
-    /// that relay's catalog names a stalled pool (withheld: events pending, no progress),
-    /// but not again for a stall within this long of the last such move: if both relays
-    /// stall, the consumer stays where it is instead of moving (and re-snapshotting every
-    /// pool) back and forth. Must be > 0.
-    pub stall_failover_hold: Duration,
+    /// that relay goes silent ([`Limits::relay_silence_windows`]) or its catalog names a
+    /// stalled pool, but not again for either within this long of the last such move: if
+    /// both relays are late or stalled, the consumer stays where it is instead of moving
+    /// (and re-snapshotting every pool) back and forth. A broken connection always moves
+    /// it at once. Must be > 0.
+    pub failover_hold: Duration,
 }
 
 impl Limits {
@@ -278,8 +279,8 @@ impl Limits {
     pub const DEFAULT_RELAY_SILENCE_WINDOWS: u32 = 3;
     /// Default [`Limits::min_relay_silence`]: 1 s.
     pub const DEFAULT_MIN_RELAY_SILENCE: Duration = Duration::from_secs(1);
-    /// Default [`Limits::stall_failover_hold`]: 60 s.
-    pub const DEFAULT_STALL_FAILOVER_HOLD: Duration = Duration::from_secs(60);
+    /// Default [`Limits::failover_hold`]: 60 s.
+    pub const DEFAULT_FAILOVER_HOLD: Duration = Duration::from_secs(60);
 }
 
 impl Limits {
@@ -292,7 +293,7 @@ impl Limits {
             ("catalog_staleness_bound", self.catalog_staleness_bound),
             ("snapshot_assembly_timeout", self.snapshot_assembly_timeout),
             ("min_relay_silence", self.min_relay_silence),
-            ("stall_failover_hold", self.stall_failover_hold),
+            ("failover_hold", self.failover_hold),
         ];
         match durations.into_iter().find(|(_, value)| value.is_zero()) {
             Some((field, _)) => Err(ConfigError::ZeroDuration { field }),
@@ -316,7 +317,7 @@ impl Default for Limits {
             resume_hold: Self::DEFAULT_RESUME_HOLD,
             relay_silence_windows: Self::DEFAULT_RELAY_SILENCE_WINDOWS,
             min_relay_silence: Self::DEFAULT_MIN_RELAY_SILENCE,
-            stall_failover_hold: Self::DEFAULT_STALL_FAILOVER_HOLD,
+            failover_hold: Self::DEFAULT_FAILOVER_HOLD,
         }
     }
 }
@@ -635,7 +636,7 @@ mod tests {
                 "staleness_bound" => limits.staleness_bound = Duration::ZERO,
                 "catalog_staleness_bound" => limits.catalog_staleness_bound = Duration::ZERO,
                 "min_relay_silence" => limits.min_relay_silence = Duration::ZERO,
-                "stall_failover_hold" => limits.stall_failover_hold = Duration::ZERO,
+                "failover_hold" => limits.failover_hold = Duration::ZERO,
                 _ => limits.snapshot_assembly_timeout = Duration::ZERO,
             }
             config
@@ -646,7 +647,7 @@ mod tests {
             "catalog_staleness_bound",
             "snapshot_assembly_timeout",
             "min_relay_silence",
-            "stall_failover_hold",
+            "failover_hold",
         ] {
             assert_eq!(
                 zeroed(field).validate(),

@@ -59,17 +59,17 @@ pub(crate) struct RelayLink {
     active: usize,
     /// Addresses to try without waiting before the backoff applies.
     untried: usize,
-    /// No second move for a stalled pool within this long of the last one.
-    stall_hold: Duration,
-    /// When the link last left a relay for a stalled pool.
-    left_for_stall: Option<Instant>,
+    /// No second move for silence or a stalled pool within this long of the last one.
+    failover_hold: Duration,
+    /// When the link last left a relay for silence or a stalled pool.
+    held_since: Option<Instant>,
 }
 
 impl RelayLink {
     pub(crate) fn new(
         backoff: BackoffConfig,
         resume_hold: Duration,
-        stall_hold: Duration,
+        failover_hold: Duration,
         addresses: usize,
     ) -> Self {
         let addresses = addresses.max(1);
@@ -80,24 +80,35 @@ impl RelayLink {
             addresses,
             active: 0,
             untried: addresses - 1,
-            stall_hold,
-            left_for_stall: None,
+            failover_hold,
+            held_since: None,
         }
     }
 
     /// The followed relay's catalog named `stalled` pools at `now`: whether to leave it
     /// for the DC's next relay (the epoch then ends, and [`RelayLink::handle_epoch_end`]
-    /// moves on at once). Only with another address to go to, only when some pool is
-    /// stalled, and not within the stall hold of the last such move, so two relays that
-    /// both stall never bounce the consumer between them.
+    /// moves on at once). Only when some pool is stalled, and see
+    /// [`RelayLink::handle_silent`].
     pub(crate) fn handle_stalled(&mut self, now: Instant, stalled: usize) -> bool {
+        stalled > 0 && self.may_leave(now)
+    }
+
+    /// The followed relay went silent at `now` ([`SilenceWatch`]): whether to leave it.
+    /// Only with another address to go to, and not within the failover hold of the last
+    /// move for silence or a stall, so two relays that are both late or stalled never
+    /// bounce the consumer (and a snapshot of every pool) between them.
+    pub(crate) fn handle_silent(&mut self, now: Instant) -> bool {
+        self.may_leave(now)
+    }
+
+    fn may_leave(&mut self, now: Instant) -> bool {
         let held = self
-            .left_for_stall
-            .is_some_and(|at| now.saturating_duration_since(at) < self.stall_hold);
-        if self.addresses < 2 || stalled == 0 || held {
+            .held_since
+            .is_some_and(|at| now.saturating_duration_since(at) < self.failover_hold);
+        if self.addresses < 2 || held {
             return false;
         }
-        self.left_for_stall = Some(now);
+        self.held_since = Some(now);
         true
     }
 
@@ -166,9 +177,10 @@ impl RelayLink {
 /// anyway) is left for the standby.
 ///
 /// Only while the load stream is open: a relay whose load stream is down (refused, lost,
-/// reopening) promises no pulse. Only for a DC with another address: leaving a lone relay
-/// would suspend its replicas (not scored) for nothing to move to, so a lone relay keeps
-/// the staleness bounds.
+/// reopening) promises no pulse. Whether a silent relay is left is the link's call
+/// ([`RelayLink::handle_silent`]): never a lone relay (leaving it would suspend its
+/// replicas, not scored, for nothing to move to; it keeps the staleness bounds), and not
+/// within the failover hold.
 ///
 /// [`Limits::relay_silence_windows`]: crate::Limits::relay_silence_windows
 /// [`Limits::min_relay_silence`]: crate::Limits::min_relay_silence
@@ -184,15 +196,12 @@ pub(crate) struct SilenceWatch {
 }
 
 impl SilenceWatch {
-    /// A watch for one epoch of a DC with `addresses` relay addresses.
-    pub(crate) fn new(limits: &crate::Limits, addresses: usize) -> Self {
-        let windows = if addresses > 1 {
-            limits.relay_silence_windows
-        } else {
-            0
-        };
+    /// A watch for one epoch (off when [`Limits::relay_silence_windows`] is 0).
+    ///
+    /// [`Limits::relay_silence_windows`]: crate::Limits::relay_silence_windows
+    pub(crate) fn new(limits: &crate::Limits) -> Self {
         Self {
-            windows,
+            windows: limits.relay_silence_windows,
             floor: limits.min_relay_silence,
             cap: limits.catalog_staleness_bound,
             pulse: None,
@@ -210,7 +219,8 @@ impl SilenceWatch {
         self.pulse = Some((now, allowed));
     }
 
-    /// The load stream is down: no pulse is due until it brings a window again.
+    /// The load stream is down, or a silence was noticed but the link stays (held): no
+    /// pulse is due until the load stream brings a window again.
     pub(crate) fn handle_load_lost(&mut self) {
         self.pulse = None;
     }
@@ -372,7 +382,7 @@ mod tests {
     #[test]
     fn a_relay_that_stops_sending_windows_is_silent_after_three_of_them() {
         let start = Instant::now();
-        let mut watch = SilenceWatch::new(&silence_limits(), 2);
+        let mut watch = SilenceWatch::new(&silence_limits());
         assert_eq!(
             watch.poll_timeout(),
             None,
@@ -401,7 +411,7 @@ mod tests {
     #[test]
     fn a_relays_window_length_is_clamped_between_the_floor_and_the_catalog_bound() {
         let start = Instant::now();
-        let mut watch = SilenceWatch::new(&silence_limits(), 2);
+        let mut watch = SilenceWatch::new(&silence_limits());
         watch.handle_window(start, 0);
         assert_eq!(watch.poll_timeout(), Some(start + Duration::from_secs(1)));
         watch.handle_window(start, u64::MAX);
@@ -411,47 +421,47 @@ mod tests {
             min_relay_silence: Duration::from_secs(60),
             ..silence_limits()
         };
-        let mut watch = SilenceWatch::new(&limits, 2);
+        let mut watch = SilenceWatch::new(&limits);
         watch.handle_window(start, 1_000);
         assert_eq!(watch.poll_timeout(), Some(start + Duration::from_secs(60)));
     }
 
-    /// A lone relay, or a watch turned off (0 windows), never counts as silent: leaving
-    /// it would only suspend its replicas.
+    /// A watch turned off (0 windows) never counts a relay as silent.
     #[test]
-    fn a_lone_relay_or_a_watch_turned_off_is_never_silent() {
+    fn a_watch_turned_off_is_never_silent() {
         let start = Instant::now();
         let off = crate::Limits {
             relay_silence_windows: 0,
             ..silence_limits()
         };
-        for mut watch in [
-            SilenceWatch::new(&silence_limits(), 1),
-            SilenceWatch::new(&off, 2),
-        ] {
-            watch.handle_window(start, 1_000);
-            assert_eq!(watch.poll_timeout(), None);
-            assert_eq!(
-                watch.handle_timeout(start + Duration::from_secs(3_600)),
-                None
-            );
-        }
+        let mut watch = SilenceWatch::new(&off);
+        watch.handle_window(start, 1_000);
+        assert_eq!(watch.poll_timeout(), None);
+        assert_eq!(
+            watch.handle_timeout(start + Duration::from_secs(3_600)),
+            None
+        );
     }
 
-    /// A pair's followed relay naming a stalled pool is left; the relay reached that way
-    /// is not left for a stall of its own within the hold (both stalled: stay), but is
-    /// after it; a lone relay, or a catalog with nothing stalled, is never left.
+    /// A pair's followed relay naming a stalled pool, or silent, is left; the relay
+    /// reached that way is not left for a stall or silence of its own within the hold
+    /// (both stalled or late: stay), but is after it; a lone relay, or a catalog with
+    /// nothing stalled, is never left.
     #[test]
-    fn a_stalled_pool_moves_a_pair_once_per_hold() {
+    fn a_stalled_pool_or_silence_moves_a_pair_once_per_hold() {
         let start = Instant::now();
         let hold = Duration::from_secs(60);
         let mut link = RelayLink::new(config(), HOLD, hold, 2);
         assert!(!link.handle_stalled(start, 0));
         assert!(link.handle_stalled(start, 1));
         assert!(!link.handle_stalled(start + Duration::from_secs(59), 3));
-        assert!(link.handle_stalled(start + Duration::from_secs(60), 1));
+        assert!(!link.handle_silent(start + Duration::from_secs(59)));
+        assert!(link.handle_silent(start + Duration::from_secs(60)));
+        assert!(!link.handle_stalled(start + Duration::from_secs(61), 1));
+        assert!(link.handle_stalled(start + Duration::from_secs(120), 1));
         let mut single = RelayLink::new(config(), HOLD, hold, 1);
         assert!(!single.handle_stalled(start, 5));
+        assert!(!single.handle_silent(start));
     }
 
     /// A pair: a relay that was followed and broke is replaced at once; the other is

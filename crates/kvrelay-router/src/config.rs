@@ -242,7 +242,7 @@ pub struct ConsumerSection {
     /// The least silence that leaves a pair's followed relay, ms.
     pub min_relay_silence_ms: u64,
     /// No second move for a stalled pool within this long of the last one, ms.
-    pub stall_failover_hold_ms: u64,
+    pub failover_hold_ms: u64,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -265,7 +265,7 @@ impl Default for ConsumerSection {
             max_query_table_bytes: limits.max_query_table_bytes,
             relay_silence_windows: limits.relay_silence_windows,
             min_relay_silence_ms: millis(limits.min_relay_silence),
-            stall_failover_hold_ms: millis(limits.stall_failover_hold),
+            failover_hold_ms: millis(limits.failover_hold),
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -298,7 +298,7 @@ impl ConsumerSection {
             resume_hold: Duration::from_millis(self.resume_hold_ms),
             relay_silence_windows: self.relay_silence_windows,
             min_relay_silence: Duration::from_millis(self.min_relay_silence_ms),
-            stall_failover_hold: Duration::from_millis(self.stall_failover_hold_ms),
+            failover_hold: Duration::from_millis(self.failover_hold_ms),
         }
     }
 }

@@ -69,6 +69,18 @@ fn a_full_file_sets_every_section_and_leaves_the_rest_at_defaults() {
     assert_eq!(consumer.subscriber_id, "kvrelay-router");
 }
 
+/// The shipped example is a configuration the router accepts, and its consumer values
+/// are the defaults it documents (an example that no test loads rots with every new key).
+#[test]
+fn the_shipped_example_loads_with_the_documented_defaults() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/router.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = RouterConfig::from_toml(&text).unwrap();
+    let consumer = config.consumer_config(no_env).unwrap();
+    assert_eq!(consumer.relays.len(), 1);
+    assert_eq!(consumer.limits, Limits::default());
+}
+
 #[test]
 fn defaults_listen_on_loopback() {
     let config = RouterConfig::from_toml("").unwrap();
@@ -297,7 +309,7 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
          resume_hold_ms = 5555\n\
          relay_silence_windows = 7\n\
          min_relay_silence_ms = 6666\n\
-         stall_failover_hold_ms = 8888\n",
+         failover_hold_ms = 8888\n",
     )
     .unwrap();
     assert_eq!(
@@ -315,7 +327,7 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
             resume_hold: Duration::from_millis(5555),
             relay_silence_windows: 7,
             min_relay_silence: Duration::from_millis(6666),
-            stall_failover_hold: Duration::from_millis(8888),
+            failover_hold: Duration::from_millis(8888),
         }
     );
 }
