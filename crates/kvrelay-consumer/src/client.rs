@@ -581,7 +581,7 @@ async fn relay_epoch(
                 if let Some(failure) = failure {
                     warn!(dc = %shared.config.relays[relay].dc, peer = %addr, error = %failure, "load stream lost; loads unknown until it reopens");
                     load = None;
-                    silence.handle_load_lost();
+                    silence.disarm();
                     shared.state.write().clear_loads(relay);
                     shared.bump();
                     load_link.handle_lost(Instant::now(), rand::random::<f64>());
@@ -619,7 +619,7 @@ async fn relay_epoch(
                     // Not left (a lone relay, or a move for silence or a stall was just
                     // made): stay, and watch again from the next window; the catalog
                     // deadline still applies.
-                    silence.handle_load_lost();
+                    silence.disarm();
                 }
             }
             () = sleep_until_std(topology_link.poll_timeout()), if topology.is_none() => {

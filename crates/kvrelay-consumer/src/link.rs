@@ -219,9 +219,9 @@ impl SilenceWatch {
         self.pulse = Some((now, allowed));
     }
 
-    /// The load stream is down, or a silence was noticed but the link stays (held): no
-    /// pulse is due until the load stream brings a window again.
-    pub(crate) fn handle_load_lost(&mut self) {
+    /// No pulse is due until the load stream brings a window again: the stream is down,
+    /// or a silence was noticed but the link stays.
+    pub(crate) fn disarm(&mut self) {
         self.pulse = None;
     }
 
@@ -401,7 +401,7 @@ mod tests {
             watch.handle_timeout(next + Duration::from_secs(4)),
             Some(Duration::from_secs(4))
         );
-        watch.handle_load_lost();
+        watch.disarm();
         assert_eq!(watch.poll_timeout(), None);
         assert_eq!(watch.handle_timeout(next + Duration::from_secs(60)), None);
     }

@@ -241,7 +241,7 @@ pub struct ConsumerSection {
     pub relay_silence_windows: u32,
     /// The least silence that leaves a pair's followed relay, ms.
     pub min_relay_silence_ms: u64,
-    /// No second move for a stalled pool within this long of the last one, ms.
+    /// No second move for silence or a stalled pool within this long of the last one, ms.
     pub failover_hold_ms: u64,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,

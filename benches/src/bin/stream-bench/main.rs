@@ -860,6 +860,17 @@ async fn start_follower(
     Ok(follower)
 }
 
+/// Checkpoint period of the relays that checkpoint (restart and pair runs).
+const CHECKPOINT_INTERVAL_MS: u64 = 500;
+
+/// `sources` with `[state]` checkpoints into `dir/state` every [`CHECKPOINT_INTERVAL_MS`].
+fn with_checkpoints(sources: &str, dir: &Path) -> String {
+    format!(
+        "{sources}\n[state]\ndir = \"{}\"\ncheckpoint_interval_ms = {CHECKPOINT_INTERVAL_MS}\n",
+        dir.join("state").display()
+    )
+}
+
 /// A fresh `target/stream-bench/<run>/` (absolute) with the run's cards in `cards/`.
 fn run_dir(setup: &Setup, run: &str) -> Result<(PathBuf, PathBuf)> {
     let dir = setup.out_dir.join("stream-bench").join(run);
@@ -1118,8 +1129,8 @@ async fn run_join(
         engine.send("go")?;
     }
     let go = Instant::now();
-    // Published batches per engine, from its `done` line.
-    let mut batches: Vec<Option<u64>> = vec![None; engines.len()];
+    // Published batches (and stop time) per engine, from its `done` line.
+    let mut batches: Vec<Option<(u64, u64)>> = vec![None; engines.len()];
     let join_at = go + Duration::from_secs_f64(spec.join_after_s);
     while Instant::now() < join_at {
         poll_done(&mut engines, &mut batches)?;
@@ -1148,7 +1159,11 @@ async fn run_join(
     }
     relay.stop();
     drop(engines);
-    let Some(batches) = batches.into_iter().collect::<Option<Vec<u64>>>() else {
+    let Some(batches) = batches
+        .into_iter()
+        .map(|done| done.map(|(n_batches, _)| n_batches))
+        .collect::<Option<Vec<u64>>>()
+    else {
         bail!("an engine was still publishing 10 s after the relay joined: no exact truth");
     };
     let truth = engine_truth(setup, requests, &batches);
@@ -1229,16 +1244,19 @@ fn poll_engines(
     Ok(())
 }
 
-/// Reads the engines' pending lines, noting each one's published batch count once it is
-/// `done`; fails if an engine exited.
-fn poll_done(engines: &mut [Proc], batches: &mut [Option<u64>]) -> Result<()> {
+/// Reads the engines' pending lines, noting each one's published batch count and stop
+/// time (Unix ns) once it is `done`; fails if an engine exited.
+fn poll_done(engines: &mut [Proc], done: &mut [Option<(u64, u64)>]) -> Result<()> {
     for (at, engine) in engines.iter_mut().enumerate() {
         while let Ok(line) = engine.lines.try_recv() {
-            if let ["done", _, n_batches, _] = line.split_whitespace().collect::<Vec<_>>()[..] {
-                batches[at] = n_batches.parse().ok();
+            if let ["done", _, n_batches, unix] = line.split_whitespace().collect::<Vec<_>>()[..] {
+                done[at] = n_batches
+                    .parse()
+                    .ok()
+                    .map(|n| (n, unix.parse().unwrap_or(0)));
             }
         }
-        if batches[at].is_none()
+        if done[at].is_none()
             && let Ok(Some(status)) = engine.child.try_wait()
         {
             bail!("{} exited with {status}", engine.name);

@@ -25,8 +25,9 @@ use kvrelay_benches::stamps::unix_ns;
 use serde_json::{Value, json};
 
 use super::{
-    Proc, Setup, engine_truth, number, pool_stats_path, relay_sample, run_dir, sources_toml,
-    spawn_engines, start_follower, start_relay_on, wait_ready,
+    Proc, Setup, engine_truth, free_port, number, poll_done, pool_stats_path, relay_sample,
+    run_dir, sources_toml, spawn_engines, start_follower, start_relay_on, wait_ready,
+    with_checkpoints,
 };
 
 /// The pair runs, by name.
@@ -45,8 +46,6 @@ pub(crate) struct PairSpec {
     pub(crate) upgrade: bool,
 }
 
-/// Checkpoint period of both relays.
-const CHECKPOINT_INTERVAL_MS: u64 = 500;
 /// How long a stopped relay stays down in the upgrade run.
 const DOWNTIME: Duration = Duration::from_secs(1);
 /// How long a relay may take to exit after SIGTERM.
@@ -72,10 +71,8 @@ impl PairRelay {
     ) -> Result<Self> {
         let dir = dir.join(name);
         std::fs::create_dir_all(&dir)?;
-        let (wan, admin_port) = (super::free_port()?, super::free_port()?);
-        let sources = with_state(sources, &dir);
-        let (mut proc, admin) = start_relay_on(setup, &dir, cards, &sources, wan, admin_port)?;
-        wait_ready(&mut proc, &admin, &dir).await?;
+        let (wan, admin_port) = (free_port()?, free_port()?);
+        let proc = launch(setup, &dir, cards, sources, wan, admin_port).await?;
         Ok(Self {
             name,
             proc,
@@ -97,11 +94,7 @@ impl PairRelay {
             self.dir.join(format!("relay-{}.log", self.starts)),
         )?;
         let started = Instant::now();
-        let sources = with_state(sources, &self.dir);
-        let (mut proc, admin) =
-            start_relay_on(setup, &self.dir, cards, &sources, self.wan, self.admin_port)?;
-        wait_ready(&mut proc, &admin, &self.dir).await?;
-        self.proc = proc;
+        self.proc = launch(setup, &self.dir, cards, sources, self.wan, self.admin_port).await?;
         self.starts += 1;
         Ok(started.elapsed())
     }
@@ -112,29 +105,20 @@ impl PairRelay {
     }
 }
 
-/// `sources` with this relay's own checkpoint directory.
-fn with_state(sources: &str, dir: &Path) -> String {
-    format!(
-        "{sources}\n[state]\ndir = \"{}\"\ncheckpoint_interval_ms = {CHECKPOINT_INTERVAL_MS}\n",
-        dir.join("state").display()
-    )
-}
-
-/// Engines' `done` lines: published batches and the stop time (Unix ns), per engine.
-fn poll_finished(engines: &mut [Proc], done: &mut [Option<(u64, u64)>]) -> Result<()> {
-    for (at, engine) in engines.iter_mut().enumerate() {
-        while let Ok(line) = engine.lines.try_recv() {
-            if let ["done", _, batches, unix] = line.split_whitespace().collect::<Vec<_>>()[..] {
-                done[at] = Some((batches.parse().unwrap_or(0), unix.parse().unwrap_or(0)));
-            }
-        }
-        if done[at].is_none()
-            && let Ok(Some(status)) = engine.child.try_wait()
-        {
-            bail!("{} exited with {status}", engine.name);
-        }
-    }
-    Ok(())
+/// Starts a relay of the pair in `dir` on its ports, checkpointing to `dir/state`, and
+/// waits until it is ready.
+async fn launch(
+    setup: &Setup,
+    dir: &Path,
+    cards: &Path,
+    sources: &str,
+    wan: u16,
+    admin_port: u16,
+) -> Result<Proc> {
+    let sources = with_checkpoints(sources, dir);
+    let (mut proc, admin) = start_relay_on(setup, dir, cards, &sources, wan, admin_port)?;
+    wait_ready(&mut proc, &admin, dir).await?;
+    Ok(proc)
 }
 
 /// Waits until `at` (from the run's start), reading the engines meanwhile.
@@ -146,7 +130,7 @@ async fn until(
 ) -> Result<()> {
     let at = go + Duration::from_secs_f64(at_s);
     while Instant::now() < at {
-        poll_finished(engines, done)?;
+        poll_done(engines, done)?;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
@@ -220,7 +204,7 @@ pub(crate) async fn run(
         if Instant::now() > deadline {
             bail!("the engines did not finish in time");
         }
-        poll_finished(&mut engines, &mut done)?;
+        poll_done(&mut engines, &mut done)?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let admin = &followed_at_end.1;

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use super::{
     HTTP_TIMEOUT, Setup, engine_truth, free_port, number, poll_done, pool_stats_path, reasons,
     relay_sample, run_dir, sources_toml, spawn_engines, start_follower, start_relay_on, wait_ready,
+    with_checkpoints,
 };
 
 /// The restart runs, by name.
@@ -39,8 +40,6 @@ pub(crate) struct RestartSpec {
 const DOWNTIME: Duration = Duration::from_secs(1);
 /// The kill, as a share of the publishing time.
 const KILL_AT: f64 = 0.4;
-/// Checkpoint period of the checkpointing run.
-const CHECKPOINT_INTERVAL_MS: u64 = 500;
 
 /// Runs one restart run; returns its figures.
 pub(crate) async fn run(
@@ -53,10 +52,7 @@ pub(crate) async fn run(
         spawn_engines(setup, &dir, spec.rate, spec.publish_s, spec.replay_batches).await?;
     let mut sources = sources_toml(&addrs, true);
     if spec.checkpoint {
-        sources.push_str(&format!(
-            "\n[state]\ndir = \"{}\"\ncheckpoint_interval_ms = {CHECKPOINT_INTERVAL_MS}\n",
-            dir.join("state").display()
-        ));
+        sources = with_checkpoints(&sources, &dir);
     }
     // The restarted relay listens where the first one did, so the follower finds it.
     let (wan, admin_port) = (free_port()?, free_port()?);
@@ -73,7 +69,7 @@ pub(crate) async fn run(
         engine.send("go")?;
     }
     let go = Instant::now();
-    let mut batches: Vec<Option<u64>> = vec![None; engines.len()];
+    let mut batches: Vec<Option<(u64, u64)>> = vec![None; engines.len()];
     let kill_at = go + Duration::from_secs_f64(spec.publish_s * KILL_AT);
     while Instant::now() < kill_at {
         poll_done(&mut engines, &mut batches)?;
@@ -124,7 +120,7 @@ pub(crate) async fn run(
     }
     relay.stop();
     drop(engines);
-    let batches: Vec<u64> = batches.into_iter().flatten().collect();
+    let batches: Vec<u64> = batches.into_iter().flatten().map(|(n, _)| n).collect();
     let truth = engine_truth(setup, requests, &batches);
     let stat = |name: &str| stats["stats"][name].as_f64().unwrap_or(0.0);
     let (resident, truth_blocks) = (stat("resident_blocks"), truth.len() as f64);

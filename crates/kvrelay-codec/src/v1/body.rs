@@ -183,6 +183,22 @@ pub(crate) fn decode_appended<T: DeserializeOwned + Default>(
     }
 }
 
+/// [`decode_appended`] for a field that more appended fields may follow: decodes it from
+/// the front of `rest` and says how many bytes it used (0 when the sender is older than
+/// `since`, or wrote nothing after the older fields: `T::default()`). The caller checks
+/// what is left with the next field's [`decode_appended`].
+pub(crate) fn decode_appended_prefix<T: DeserializeOwned + Default>(
+    kind: MessageKind,
+    rest: &[u8],
+    minor: u16,
+    since: u16,
+) -> Result<(T, usize), DecodeError> {
+    if minor < since || rest.is_empty() {
+        return Ok((T::default(), 0));
+    }
+    decode_prefix(kind, rest)
+}
+
 /// Decodes one `T` from the front of `body`, returning it and the bytes it used.
 pub(crate) fn decode_prefix<T: DeserializeOwned>(
     kind: MessageKind,

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 
-use super::body::{DecodeError, EncodeError, decode_appended, decode_prefix, encode_body};
+use super::body::{
+    DecodeError, EncodeError, decode_appended, decode_appended_prefix, decode_prefix, encode_body,
+};
 use super::code::{CoverageState, WorkerRole};
 use super::identity::{
     EndpointId, ModelRegistration, PoolId, ProducerIdentity, QuerySemantics, RelayIdentity,
@@ -237,17 +239,7 @@ impl CatalogUpdate {
         let ((relay, revision, pools), used) =
             decode_prefix::<(RelayIdentity, u64, Vec<PoolDescriptor>)>(kind, body)?;
         let rest = &body[used..];
-        if minor < STALLED_MINOR || rest.is_empty() {
-            let coverage = decode_appended(kind, rest, minor, COVERAGE_MINOR)?;
-            return Ok(Self {
-                relay,
-                revision,
-                pools,
-                coverage,
-                stalled: Vec::new(),
-            });
-        }
-        let (coverage, used) = decode_prefix::<Vec<PoolCoverage>>(kind, rest)?;
+        let (coverage, used) = decode_appended_prefix(kind, rest, minor, COVERAGE_MINOR)?;
         let stalled = decode_appended(kind, &rest[used..], minor, STALLED_MINOR)?;
         Ok(Self {
             relay,

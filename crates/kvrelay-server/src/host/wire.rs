@@ -52,46 +52,41 @@ pub(crate) fn catalog_update(
     coverage: &BTreeMap<kvrelay_identity::PoolId, CoverageFact>,
     revision: u64,
 ) -> CatalogUpdate {
-    let pools = catalog
-        .pools()
-        .filter(|pool| !withheld.contains(&pool.pool_id()))
-        .map(|pool| v1::PoolDescriptor {
-            producer: pool.producer.into(),
-            serving_endpoint: (&pool.serving_endpoint).into(),
-            registrations: pool.registrations.iter().map(Into::into).collect(),
-            query_semantics: pool.query_semantics.into(),
-            pool_roles: roles(&pool.pool_roles),
-        })
-        .collect();
-    let coverage = catalog
-        .pools()
-        .filter(|pool| !withheld.contains(&pool.pool_id()))
-        .filter_map(|pool| {
-            let (state, unroutable_percent) = match *coverage.get(&pool.pool_id())? {
+    // One pass: each registry pool is withheld (named in `stalled`; a pool that left the
+    // registry while stalled is simply gone) or advertised, with its coverage if known.
+    let (mut pools, mut known_incomplete, mut stalled) = (Vec::new(), Vec::new(), Vec::new());
+    for pool in catalog.pools() {
+        let pool_id = pool.pool_id();
+        if withheld.contains(&pool_id) {
+            stalled.push(v1::PoolId::from(pool_id));
+            continue;
+        }
+        if let Some(fact) = coverage.get(&pool_id) {
+            let (state, unroutable_percent) = match *fact {
                 CoverageFact::Degraded { unroutable_percent } => {
                     (v1::CoverageState::Degraded, unroutable_percent.min(100))
                 }
                 CoverageFact::Recovering => (v1::CoverageState::Recovering, 0),
             };
-            Some(v1::PoolCoverage {
-                pool_id: pool.pool_id().into(),
+            known_incomplete.push(v1::PoolCoverage {
+                pool_id: pool_id.into(),
                 state,
                 unroutable_percent,
-            })
-        })
-        .collect();
-    // Only pools of this catalog: a pool that left the registry while stalled is gone.
-    let stalled = catalog
-        .pools()
-        .map(|pool| pool.pool_id())
-        .filter(|pool_id| withheld.contains(pool_id))
-        .map(v1::PoolId::from)
-        .collect();
+            });
+        }
+        pools.push(v1::PoolDescriptor {
+            producer: pool.producer.into(),
+            serving_endpoint: (&pool.serving_endpoint).into(),
+            registrations: pool.registrations.iter().map(Into::into).collect(),
+            query_semantics: pool.query_semantics.into(),
+            pool_roles: roles(&pool.pool_roles),
+        });
+    }
     CatalogUpdate {
         relay: catalog.relay().into(),
         revision,
         pools,
-        coverage,
+        coverage: known_incomplete,
         stalled,
     }
 }
