@@ -38,7 +38,7 @@ use crate::wire::{Endpoint, WireError, WireStream};
 use kvrelay_pacing::Backoff;
 
 use crate::link::{
-    EpochEnd, RelayLink, ReplicaAfterStream, SideStream, SilenceWatch, SnapshotAssembly,
+    EpochEnd, Reach, RelayLink, ReplicaAfterStream, SideStream, SilenceWatch, SnapshotAssembly,
     ViewAfterEpoch, replica_after_stream, resubscribe_reason,
 };
 
@@ -363,6 +363,10 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
         shared.config.limits.resume_hold,
         shared.config.limits.failover_hold,
         shared.endpoints[relay].len(),
+    )
+    .with_rejoin(
+        shared.config.limits.rejoin_interval,
+        shared.config.limits.rejoin_window,
     );
     let dc = shared.config.relays[relay].dc.clone();
     loop {
@@ -378,11 +382,16 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             Err(err) if err.invalidates_view() => EpochEnd::Invalidated,
             _ => EpochEnd::Broken,
         };
+        let reach = match &result {
+            _ if connected => Reach::Answered,
+            Err(err) if err.unreachable() => Reach::Unreachable,
+            _ => Reach::Declined,
+        };
         let (view, delay) = link.handle_epoch_end(
             Instant::now(),
             end,
             started.elapsed(),
-            connected,
+            reach,
             rand::random::<f64>(),
         );
         let previous =
@@ -434,6 +443,16 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
 }
 
 impl EpochError {
+    /// Whether the attempt reached no relay: refused, timed out or broken at the transport
+    /// before any answer (retrying costs the relay nothing; a TLS failure or a refusal
+    /// would cost it a handshake each time).
+    fn unreachable(&self) -> bool {
+        matches!(
+            self,
+            Self::Wire(WireError::ConnectTimeout { .. } | WireError::Io { .. })
+        )
+    }
+
     /// A relay that restarted, whose catalog broke the rules or that speaks another major
     /// version starts over; one whose connection merely broke keeps its catalog and
     /// suspended replicas for resuming.

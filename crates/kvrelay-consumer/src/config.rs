@@ -246,6 +246,16 @@ pub struct Limits {
     /// (and re-snapshotting every pool) back and forth. A broken connection always moves
     /// it at once. Must be > 0.
     pub failover_hold: Duration,
+    /// After a followed relay's connection broke, attempts that reach no relay (refused,
+    /// timed out) are retried every this long (half of it jitter) for
+    /// [`Limits::rejoin_window`] instead of on the doubling backoff, so a relay that
+    /// restarts in a second or two is followed again within this of its return rather
+    /// than a whole backoff step later. Must be > 0.
+    pub rejoin_interval: Duration,
+    /// How long after a followed relay's connection broke [`Limits::rejoin_interval`]
+    /// applies; then (and to attempts a relay refused, or whose TLS handshake failed) the
+    /// backoff. 0 turns it off. Relays followed over the Dynamo contract always back off.
+    pub rejoin_window: Duration,
 }
 
 impl Limits {
@@ -281,6 +291,11 @@ impl Limits {
     pub const DEFAULT_MIN_RELAY_SILENCE: Duration = Duration::from_secs(1);
     /// Default [`Limits::failover_hold`]: 60 s.
     pub const DEFAULT_FAILOVER_HOLD: Duration = Duration::from_secs(60);
+    /// Default [`Limits::rejoin_interval`]: 200 ms (a retry every 100–200 ms).
+    pub const DEFAULT_REJOIN_INTERVAL: Duration = Duration::from_millis(200);
+    /// Default [`Limits::rejoin_window`]: 10 s (a restart with a checkpoint is back in
+    /// about a second; a relay gone longer is retried on the backoff).
+    pub const DEFAULT_REJOIN_WINDOW: Duration = Duration::from_secs(10);
 }
 
 impl Limits {
@@ -294,6 +309,7 @@ impl Limits {
             ("snapshot_assembly_timeout", self.snapshot_assembly_timeout),
             ("min_relay_silence", self.min_relay_silence),
             ("failover_hold", self.failover_hold),
+            ("rejoin_interval", self.rejoin_interval),
         ];
         match durations.into_iter().find(|(_, value)| value.is_zero()) {
             Some((field, _)) => Err(ConfigError::ZeroDuration { field }),
@@ -318,6 +334,8 @@ impl Default for Limits {
             relay_silence_windows: Self::DEFAULT_RELAY_SILENCE_WINDOWS,
             min_relay_silence: Self::DEFAULT_MIN_RELAY_SILENCE,
             failover_hold: Self::DEFAULT_FAILOVER_HOLD,
+            rejoin_interval: Self::DEFAULT_REJOIN_INTERVAL,
+            rejoin_window: Self::DEFAULT_REJOIN_WINDOW,
         }
     }
 }
@@ -637,6 +655,7 @@ mod tests {
                 "catalog_staleness_bound" => limits.catalog_staleness_bound = Duration::ZERO,
                 "min_relay_silence" => limits.min_relay_silence = Duration::ZERO,
                 "failover_hold" => limits.failover_hold = Duration::ZERO,
+                "rejoin_interval" => limits.rejoin_interval = Duration::ZERO,
                 _ => limits.snapshot_assembly_timeout = Duration::ZERO,
             }
             config
@@ -648,6 +667,7 @@ mod tests {
             "snapshot_assembly_timeout",
             "min_relay_silence",
             "failover_hold",
+            "rejoin_interval",
         ] {
             assert_eq!(
                 zeroed(field).validate(),

@@ -12,12 +12,14 @@
 //!   intact replica: it is suspended for resuming; anything else invalidates it.
 //! - Every retry waits on a [`Backoff`] that resets only after an attempt stayed healthy,
 //!   never for reaching current (a relay that breaks every stream after its snapshot must
-//!   not get a snapshot per base delay).
+//!   not get a snapshot per base delay). The one exception is rejoining a relay that went
+//!   away ([`RelayLink::with_rejoin`]): attempts that reach no relay are retried at a short
+//!   fixed interval for a while, so a restarted relay is followed again at once.
 
 use std::time::{Duration, Instant};
 
 use kvrelay_codec::v1::ErrorReason;
-use kvrelay_pacing::{Backoff, BackoffConfig};
+use kvrelay_pacing::{Backoff, BackoffConfig, equal_jitter};
 
 use crate::metrics::ResubscribeReason;
 
@@ -38,6 +40,19 @@ pub(crate) enum EpochEnd {
     Invalidated,
     /// The connection broke (or the relay went quiet): what is kept may still resume.
     Broken,
+}
+
+/// How far an epoch's attempt got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// The relay answered (its relay info): the epoch was followed.
+    Answered,
+    /// No relay was reached: the connection was refused, timed out or broke before any
+    /// answer. Retrying costs the relay nothing.
+    Unreachable,
+    /// A relay was reached but did not answer: a failed TLS handshake, a refusal (a wrong
+    /// token, an admission limit), a closed or malformed first answer.
+    Declined,
 }
 
 /// One DC's link: its reconnect backoff, how long its view has been suspended, and which
@@ -63,6 +78,11 @@ pub(crate) struct RelayLink {
     failover_hold: Duration,
     /// When the link last left a relay for silence or a stalled pool.
     held_since: Option<Instant>,
+    /// Retries of a relay that was followed and went away: see [`RelayLink::with_rejoin`].
+    rejoin_interval: Duration,
+    rejoin_window: Duration,
+    /// When a followed relay's connection last broke (the rejoin window's start).
+    broken_at: Option<Instant>,
 }
 
 impl RelayLink {
@@ -82,7 +102,34 @@ impl RelayLink {
             untried: addresses - 1,
             failover_hold,
             held_since: None,
+            rejoin_interval: Duration::ZERO,
+            rejoin_window: Duration::ZERO,
+            broken_at: None,
         }
+    }
+
+    /// After a followed relay's connection broke, attempts that cannot reach any relay
+    /// (refused, timed out) are retried every `interval` (half of it jitter) for `window`
+    /// from the break, instead of on the growing backoff: a relay that restarts is back
+    /// within a second or two, and the backoff's doubling would otherwise land the
+    /// reconnect a whole step after it (0.5, 1.5, 3.5 s). Such attempts cost the relay
+    /// nothing (its port refuses them); one that reaches a relay and fails there waits on
+    /// the backoff as before, so a relay that breaks every stream is never hammered. A zero
+    /// window (the default here) turns it off.
+    pub(crate) fn with_rejoin(mut self, interval: Duration, window: Duration) -> Self {
+        self.rejoin_interval = interval;
+        self.rejoin_window = window;
+        self
+    }
+
+    /// The rejoin delay for an attempt that reached no relay at `now`, if the window of the
+    /// last break is still open.
+    fn rejoin_delay(&self, now: Instant, jitter: f64) -> Option<Duration> {
+        let open = self
+            .broken_at
+            .is_some_and(|at| now.saturating_duration_since(at) < self.rejoin_window);
+        (open && !self.rejoin_interval.is_zero())
+            .then(|| equal_jitter(self.rejoin_interval, jitter))
     }
 
     /// The followed relay's catalog named `stalled` pools at `now`: whether to leave it
@@ -130,15 +177,15 @@ impl RelayLink {
         None
     }
 
-    /// An epoch that started `healthy_for` before `now` ended as `end`, after reaching
-    /// its relay (`connected`) or not: what becomes of the view, and how long to wait
+    /// An epoch that started `healthy_for` before `now` ended as `end`, having got as far
+    /// as `reach`: what becomes of the view, and how long to wait
     /// before the next epoch (`jitter` in `[0, 1]`), which goes to [`RelayLink::active`].
     pub(crate) fn handle_epoch_end(
         &mut self,
         now: Instant,
         end: EpochEnd,
         healthy_for: Duration,
-        connected: bool,
+        reach: Reach,
         jitter: f64,
     ) -> (ViewAfterEpoch, Duration) {
         let view = match end {
@@ -152,7 +199,14 @@ impl RelayLink {
                 ViewAfterEpoch::Suspend
             }
         };
-        let delay = self.backoff.on_failure(healthy_for, jitter);
+        let connected = reach == Reach::Answered;
+        if connected {
+            self.broken_at = (end == EpochEnd::Broken).then_some(now);
+        }
+        let delay = match self.rejoin_delay(now, jitter) {
+            Some(delay) if reach == Reach::Unreachable => delay,
+            _ => self.backoff.on_failure(healthy_for, jitter),
+        };
         if self.addresses > 1 {
             if connected {
                 self.untried = self.addresses - 1;
@@ -473,16 +527,33 @@ mod tests {
         let mut link = RelayLink::new(config(), HOLD, HOLD, 2);
         assert_eq!(link.active(), 0);
         // The primary cannot be reached at start: the standby is tried at once.
-        let (_, delay) = link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, false, 1.0);
+        let (_, delay) = link.handle_epoch_end(
+            start,
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Unreachable,
+            1.0,
+        );
         assert_eq!((link.active(), delay), (1, Duration::ZERO));
         // The standby cannot be reached either: back to the primary after the backoff.
-        let (_, delay) = link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, false, 1.0);
+        let (_, delay) = link.handle_epoch_end(
+            start,
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Unreachable,
+            1.0,
+        );
         assert_eq!(link.active(), 0);
         assert!(delay > Duration::ZERO);
         // The primary is followed for a while, then dies: the standby at once.
         let later = start + Duration::from_secs(100);
-        let (view, delay) =
-            link.handle_epoch_end(later, EpochEnd::Broken, Duration::from_secs(60), true, 1.0);
+        let (view, delay) = link.handle_epoch_end(
+            later,
+            EpochEnd::Broken,
+            Duration::from_secs(60),
+            Reach::Answered,
+            1.0,
+        );
         assert_eq!(
             (view, link.active(), delay),
             (ViewAfterEpoch::Suspend, 1, Duration::ZERO)
@@ -492,7 +563,7 @@ mod tests {
             later,
             EpochEnd::Invalidated,
             Duration::from_secs(1),
-            true,
+            Reach::Answered,
             1.0,
         );
         assert_eq!(
@@ -501,9 +572,114 @@ mod tests {
         );
         // Without a pair nothing moves and the backoff applies.
         let mut single = RelayLink::new(config(), HOLD, HOLD, 1);
-        let (_, delay) =
-            single.handle_epoch_end(later, EpochEnd::Broken, Duration::ZERO, true, 1.0);
+        let (_, delay) = single.handle_epoch_end(
+            later,
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Answered,
+            1.0,
+        );
         assert_eq!((single.active(), delay), (0, Duration::from_millis(500)));
+    }
+
+    /// After a followed relay's connection broke, attempts that reach no relay wait the
+    /// rejoin interval (half of it jitter) until the window closes, then the backoff; the
+    /// break itself, an attempt a relay declined (refused, TLS), and attempts before any
+    /// break or after a restart was seen (invalidated) wait on the backoff.
+    #[test]
+    fn a_relay_that_went_away_is_retried_at_the_rejoin_interval_within_its_window() {
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let mut link =
+            RelayLink::new(config(), HOLD, HOLD, 1).with_rejoin(ms(200), Duration::from_secs(10));
+        let mut end_at = |at: Duration, healthy_for: Duration, reach: Reach, jitter: f64| {
+            link.handle_epoch_end(start + at, EpochEnd::Broken, healthy_for, reach, jitter)
+                .1
+        };
+        assert_eq!(
+            end_at(Duration::ZERO, Duration::ZERO, Reach::Unreachable, 1.0),
+            ms(500),
+            "never followed yet: the backoff"
+        );
+        let broke = Duration::from_secs(60);
+        assert_eq!(
+            end_at(broke, Duration::from_secs(60), Reach::Answered, 1.0),
+            ms(500),
+            "the break itself: the backoff (reset by the healthy epoch)"
+        );
+        for step in 0..5 {
+            assert_eq!(
+                end_at(
+                    broke + ms(200) * step,
+                    Duration::ZERO,
+                    Reach::Unreachable,
+                    1.0
+                ),
+                ms(200)
+            );
+        }
+        assert_eq!(
+            end_at(broke + ms(1_000), Duration::ZERO, Reach::Unreachable, 0.0),
+            ms(100)
+        );
+        assert_eq!(
+            end_at(broke + ms(2_000), Duration::ZERO, Reach::Declined, 1.0),
+            ms(1_000),
+            "a relay that declined: the backoff, which the rejoin did not grow"
+        );
+        assert_eq!(
+            end_at(broke + ms(9_999), Duration::ZERO, Reach::Unreachable, 1.0),
+            ms(200)
+        );
+        assert_eq!(
+            end_at(broke + ms(10_000), Duration::ZERO, Reach::Unreachable, 1.0),
+            ms(2_000),
+            "the window closed"
+        );
+        let restarted = start + Duration::from_secs(100);
+        link.handle_epoch_end(
+            restarted,
+            EpochEnd::Invalidated,
+            Duration::ZERO,
+            Reach::Answered,
+            1.0,
+        );
+        let (_, delay) = link.handle_epoch_end(
+            restarted + ms(1),
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Unreachable,
+            1.0,
+        );
+        assert_eq!(delay, ms(8_000), "an invalidated epoch opens no window");
+    }
+
+    /// A pair whose followed relay broke tries the other at once, then both at the rejoin
+    /// interval while neither can be reached.
+    #[test]
+    fn a_pair_rejoins_both_relays_at_the_rejoin_interval() {
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let mut link =
+            RelayLink::new(config(), HOLD, HOLD, 2).with_rejoin(ms(200), Duration::from_secs(10));
+        let (_, delay) = link.handle_epoch_end(
+            start,
+            EpochEnd::Broken,
+            Duration::from_secs(60),
+            Reach::Answered,
+            1.0,
+        );
+        assert_eq!((link.active(), delay), (1, Duration::ZERO));
+        for (step, expected) in [(1, 0), (2, 1), (3, 0)] {
+            let (_, delay) = link.handle_epoch_end(
+                start + ms(step),
+                EpochEnd::Broken,
+                Duration::ZERO,
+                Reach::Unreachable,
+                1.0,
+            );
+            assert_eq!((link.active(), delay), (expected, ms(200)));
+        }
     }
 
     #[test]
@@ -511,14 +687,25 @@ mod tests {
         let start = Instant::now();
         let mut link = RelayLink::new(config(), HOLD, HOLD, 1);
         assert_eq!(link.handle_epoch_start(start), None);
-        let (view, delay) =
-            link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, true, 1.0);
+        let (view, delay) = link.handle_epoch_end(
+            start,
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Answered,
+            1.0,
+        );
         assert_eq!(view, ViewAfterEpoch::Suspend);
         assert_eq!(delay, Duration::from_millis(500));
         // Reconnects keep failing: the hold runs from the first break.
         let later = start + Duration::from_secs(40);
         assert_eq!(link.handle_epoch_start(later), None);
-        link.handle_epoch_end(later, EpochEnd::Broken, Duration::ZERO, true, 1.0);
+        link.handle_epoch_end(
+            later,
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Answered,
+            1.0,
+        );
         assert_eq!(
             link.handle_epoch_start(start + HOLD),
             None,
@@ -530,7 +717,13 @@ mod tests {
         );
         // Once started over, the next break holds from its own time.
         let next_break = start + HOLD * 2;
-        link.handle_epoch_end(next_break, EpochEnd::Broken, Duration::ZERO, true, 1.0);
+        link.handle_epoch_end(
+            next_break,
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Answered,
+            1.0,
+        );
         assert_eq!(link.handle_epoch_start(next_break + HOLD), None);
     }
 
@@ -538,9 +731,20 @@ mod tests {
     fn an_invalidated_epoch_starts_over_at_once_and_clears_the_hold() {
         let start = Instant::now();
         let mut link = RelayLink::new(config(), HOLD, HOLD, 1);
-        link.handle_epoch_end(start, EpochEnd::Broken, Duration::ZERO, true, 1.0);
-        let (view, _) =
-            link.handle_epoch_end(start, EpochEnd::Invalidated, Duration::ZERO, true, 1.0);
+        link.handle_epoch_end(
+            start,
+            EpochEnd::Broken,
+            Duration::ZERO,
+            Reach::Answered,
+            1.0,
+        );
+        let (view, _) = link.handle_epoch_end(
+            start,
+            EpochEnd::Invalidated,
+            Duration::ZERO,
+            Reach::Answered,
+            1.0,
+        );
         assert_eq!(view, ViewAfterEpoch::StartOver);
         assert_eq!(link.handle_epoch_start(start + HOLD * 3), None);
     }
@@ -551,16 +755,27 @@ mod tests {
         let mut link = RelayLink::new(config(), HOLD, HOLD, 1);
         let delays: Vec<Duration> = (0..3)
             .map(|_| {
-                link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(1), true, 1.0)
-                    .1
+                link.handle_epoch_end(
+                    start,
+                    EpochEnd::Broken,
+                    Duration::from_secs(1),
+                    Reach::Answered,
+                    1.0,
+                )
+                .1
             })
             .collect();
         assert_eq!(
             delays,
             [500, 1000, 2000].map(Duration::from_millis).to_vec()
         );
-        let (_, delay) =
-            link.handle_epoch_end(start, EpochEnd::Broken, Duration::from_secs(30), true, 1.0);
+        let (_, delay) = link.handle_epoch_end(
+            start,
+            EpochEnd::Broken,
+            Duration::from_secs(30),
+            Reach::Answered,
+            1.0,
+        );
         assert_eq!(delay, Duration::from_millis(500));
     }
 

@@ -84,6 +84,21 @@ pub enum BackoffConfigError {
     },
 }
 
+/// `base / 2` plus `jitter` (a sample in `[0, 1]`, clamped; a non-finite sample counts as
+/// 0) times the other half: the sleep of a backoff step of `base`, and of any fixed retry
+/// interval that should not have every client retry in step.
+pub fn equal_jitter(base: Duration, jitter: f64) -> Duration {
+    let half = base / 2;
+    let jitter = if jitter.is_finite() {
+        jitter.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    // `base - half` rather than `half` twice: an odd number of nanoseconds keeps its last
+    // one, so `NO_JITTER` sleeps exactly `base`.
+    half + (base - half).mul_f64(jitter)
+}
+
 /// Backoff state of one retrying loop.
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -109,15 +124,7 @@ impl Backoff {
         }
         let base = self.base_delay();
         self.n_failures = self.n_failures.saturating_add(1);
-        let half = base / 2;
-        let jitter = if jitter.is_finite() {
-            jitter.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        // `base - half` rather than `half` twice: an odd number of nanoseconds keeps its
-        // last one, so `NO_JITTER` sleeps exactly `base`.
-        half + (base - half).mul_f64(jitter)
+        equal_jitter(base, jitter)
     }
 
     /// The loop made progress (a socket accepted, an event applied): the next failure

@@ -8,5 +8,5 @@
 mod backoff;
 mod log_budget;
 
-pub use backoff::{Backoff, BackoffConfig, BackoffConfigError, NO_JITTER};
+pub use backoff::{Backoff, BackoffConfig, BackoffConfigError, NO_JITTER, equal_jitter};
 pub use log_budget::{DEFAULT_LOG_INTERVAL, LogBudget, SharedLogBudget};

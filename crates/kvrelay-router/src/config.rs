@@ -243,6 +243,11 @@ pub struct ConsumerSection {
     pub min_relay_silence_ms: u64,
     /// No second move for silence or a stalled pool within this long of the last one, ms.
     pub failover_hold_ms: u64,
+    /// After a followed relay's connection broke, unreachable attempts are retried every
+    /// this long (half jitter), ms.
+    pub rejoin_interval_ms: u64,
+    /// How long after the break `rejoin_interval_ms` applies before the backoff, ms (0: off).
+    pub rejoin_window_ms: u64,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -266,6 +271,8 @@ impl Default for ConsumerSection {
             relay_silence_windows: limits.relay_silence_windows,
             min_relay_silence_ms: millis(limits.min_relay_silence),
             failover_hold_ms: millis(limits.failover_hold),
+            rejoin_interval_ms: millis(limits.rejoin_interval),
+            rejoin_window_ms: millis(limits.rejoin_window),
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -299,6 +306,8 @@ impl ConsumerSection {
             relay_silence_windows: self.relay_silence_windows,
             min_relay_silence: Duration::from_millis(self.min_relay_silence_ms),
             failover_hold: Duration::from_millis(self.failover_hold_ms),
+            rejoin_interval: Duration::from_millis(self.rejoin_interval_ms),
+            rejoin_window: Duration::from_millis(self.rejoin_window_ms),
         }
     }
 }

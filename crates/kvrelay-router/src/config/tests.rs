@@ -309,7 +309,9 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
          resume_hold_ms = 5555\n\
          relay_silence_windows = 7\n\
          min_relay_silence_ms = 6666\n\
-         failover_hold_ms = 8888\n",
+         failover_hold_ms = 8888\n\
+         rejoin_interval_ms = 99\n\
+         rejoin_window_ms = 9999\n",
     )
     .unwrap();
     assert_eq!(
@@ -328,6 +330,8 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
             relay_silence_windows: 7,
             min_relay_silence: Duration::from_millis(6666),
             failover_hold: Duration::from_millis(8888),
+            rejoin_interval: Duration::from_millis(99),
+            rejoin_window: Duration::from_millis(9999),
         }
     );
 }
