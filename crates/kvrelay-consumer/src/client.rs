@@ -35,7 +35,10 @@ use crate::scoring::{Ranking, ScoreError, ScoreRequest};
 use crate::state::{CheckedPoolFrame, ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
 use crate::store::StoreError;
 use crate::wire::{Endpoint, WireError, WireStream};
+
+mod standby;
 use kvrelay_pacing::Backoff;
+use standby::{StandbyRecord, run_standby_probe};
 
 use crate::link::{
     EpochEnd, Reach, RelayLink, ReplicaAfterStream, SideStream, SilenceWatch, SnapshotAssembly,
@@ -81,6 +84,8 @@ struct Shared {
     /// Why each relay's last epoch ended (`None` until one ends), same order as
     /// `config.relays`; kept after a reconnect, so a flapping relay still explains itself.
     last_errors: Mutex<Vec<Option<String>>>,
+    /// Per DC, per address: the last check of it as a standby (`standby.rs`).
+    standbys: Mutex<Vec<Vec<Option<StandbyRecord>>>>,
     /// Bumped after every state change, so waiters re-check their condition.
     changed: watch::Sender<u64>,
     /// Per relay: open pool streams allowed ([`crate::Limits::max_pool_streams_per_relay`]);
@@ -155,6 +160,12 @@ impl Consumer {
             table_budget_warned: std::sync::atomic::AtomicBool::new(false),
             config,
             last_errors: Mutex::new(vec![None; endpoints.len()]),
+            standbys: Mutex::new(
+                endpoints
+                    .iter()
+                    .map(|addresses| vec![None; addresses.len()])
+                    .collect(),
+            ),
             endpoints,
             active,
             state: RwLock::new(state),
@@ -166,7 +177,8 @@ impl Consumer {
         for relay in 0..shared.config.relays.len() {
             let shared = Arc::clone(&shared);
             let cancel = cancel.child_token();
-            tracker.spawn(run_relay(shared, relay, cancel));
+            tracker.spawn(run_relay(Arc::clone(&shared), relay, cancel.clone()));
+            tracker.spawn(run_standby_probe(shared, relay, cancel));
         }
         Ok(Self {
             shared,
@@ -210,6 +222,7 @@ impl Consumer {
     pub fn metrics(&self) -> ConsumerMetrics {
         let mut out = ConsumerMetrics::default();
         self.shared.metrics.fill(&mut out);
+        out.standbys_unreachable = self.shared.standbys_unreachable();
         self.shared
             .state
             .read()
@@ -239,9 +252,11 @@ impl Consumer {
     /// configuration order.
     pub fn relays(&self) -> Vec<RelayStatus> {
         let mut relays = self.shared.state.read().relay_statuses();
-        let errors = self.shared.last_errors.lock();
-        for (relay, error) in relays.iter_mut().zip(errors.iter()) {
-            relay.last_error.clone_from(error);
+        let errors = self.shared.last_errors.lock().clone();
+        let now = Instant::now();
+        for (idx, (relay, error)) in relays.iter_mut().zip(errors).enumerate() {
+            relay.last_error = error;
+            relay.standbys = self.shared.standby_statuses(idx, now);
         }
         relays
     }
@@ -394,9 +409,15 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             reach,
             rand::random::<f64>(),
         );
+        let why = match &result {
+            Ok(()) => "relay epoch ended".to_owned(),
+            Err(err) => err.to_string(),
+        };
         let previous =
             shared.active[relay].swap(link.active(), std::sync::atomic::Ordering::Relaxed);
         if previous != link.active() && !cancel.is_cancelled() {
+            // Left for a failure: no working standby until a probe hears from it.
+            shared.record_standby(relay, previous, Instant::now(), Err(why.clone()));
             shared.metrics.incr(Counter::RelayFailovers);
             info!(dc = %dc, from = %addr, to = %shared.endpoint(relay).addr, delay_ms = delay.as_millis() as u64, "following the DC's other relay");
         }
@@ -421,10 +442,7 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             Err(EpochError::Stalled { .. }) => shared.metrics.incr(Counter::RelayStalls),
             _ => {}
         }
-        shared.last_errors.lock()[relay] = Some(match &result {
-            Ok(()) => "relay epoch ended".to_owned(),
-            Err(err) => err.to_string(),
-        });
+        shared.last_errors.lock()[relay] = Some(why);
         if let Err(EpochError::RelayRestart { .. }) = &result {
             for _ in &dropped {
                 shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
@@ -470,9 +488,19 @@ async fn open(
     suffix: &str,
     rpc: StreamRpc,
 ) -> Result<WireStream, WireError> {
+    open_at(shared, shared.endpoint(relay), suffix, rpc).await
+}
+
+/// Opens a stream to one given address of a DC (the followed one: [`open`]).
+async fn open_at(
+    shared: &Shared,
+    endpoint: &Endpoint,
+    suffix: &str,
+    rpc: StreamRpc,
+) -> Result<WireStream, WireError> {
     let config = &shared.config;
     WireStream::open(
-        shared.endpoint(relay),
+        endpoint,
         &format!("{}/{suffix}", config.subscriber_id),
         rpc,
         config.limits.max_frame_len,
@@ -690,8 +718,13 @@ async fn next_or_pending(stream: &mut Option<WireStream>) -> Result<Option<Messa
 }
 
 async fn relay_info(shared: &Shared, relay: usize) -> Result<RelayIdentity, EpochError> {
-    let addr = &shared.endpoint(relay).addr;
-    let mut stream = open(shared, relay, "info", StreamRpc::RelayInfo).await?;
+    relay_info_at(shared, shared.endpoint(relay)).await
+}
+
+/// The relay info of one given address (a followed relay's, or a standby's when probed).
+async fn relay_info_at(shared: &Shared, endpoint: &Endpoint) -> Result<RelayIdentity, EpochError> {
+    let addr = &endpoint.addr;
+    let mut stream = open_at(shared, endpoint, "info", StreamRpc::RelayInfo).await?;
     let message = tokio::time::timeout(shared.config.limits.connect_timeout, stream.next())
         .await
         .map_err(|_| {

@@ -256,6 +256,11 @@ pub struct Limits {
     /// applies; then (and to attempts a relay refused, or whose TLS handshake failed) the
     /// backoff. 0 turns it off. Relays followed over the Dynamo contract always back off.
     pub rejoin_window: Duration,
+    /// A DC followed through a relay pair has each relay it does not follow asked for its
+    /// relay info every this long (half of it jitter), so a dead standby shows in
+    /// [`crate::RelayStatus::standbys`] and `standbys_unreachable` before a failover needs
+    /// it. 0 turns it off.
+    pub standby_probe_interval: Duration,
 }
 
 impl Limits {
@@ -296,6 +301,9 @@ impl Limits {
     /// Default [`Limits::rejoin_window`]: 10 s (a restart with a checkpoint is back in
     /// about a second; a relay gone longer is retried on the backoff).
     pub const DEFAULT_REJOIN_WINDOW: Duration = Duration::from_secs(10);
+    /// Default [`Limits::standby_probe_interval`]: 10 s (a connection and one answer per
+    /// standby every 5–10 s).
+    pub const DEFAULT_STANDBY_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 }
 
 impl Limits {
@@ -336,6 +344,7 @@ impl Default for Limits {
             failover_hold: Self::DEFAULT_FAILOVER_HOLD,
             rejoin_interval: Self::DEFAULT_REJOIN_INTERVAL,
             rejoin_window: Self::DEFAULT_REJOIN_WINDOW,
+            standby_probe_interval: Self::DEFAULT_STANDBY_PROBE_INTERVAL,
         }
     }
 }

@@ -102,6 +102,12 @@ impl Collector for Snapshot {
             "Catalog entries quarantined now, over all relays.",
             m.quarantined_entries as f64,
         )?;
+        gauge(
+            &mut encoder,
+            "standbys_unreachable",
+            "Relays of pairs not followed now whose last probe failed: no working standby.",
+            m.standbys_unreachable as f64,
+        )?;
         let counters = [
             (
                 "quarantined",
@@ -152,6 +158,11 @@ impl Collector for Snapshot {
                 "relay_stalls",
                 "Followed relays of a pair left because their catalog named a stalled pool.",
                 m.relay_stalls,
+            ),
+            (
+                "standby_probe_failures",
+                "Probes of a relay pair's standby that it did not answer.",
+                m.standby_probe_failures,
             ),
             (
                 "catalogs_applied",
@@ -278,6 +289,8 @@ mod tests {
             ("relay_failovers", "counter"),
             ("relay_silences", "counter"),
             ("relay_stalls", "counter"),
+            ("standby_probe_failures", "counter"),
+            ("standbys_unreachable", "gauge"),
             ("catalogs_applied", "counter"),
             ("snapshots_installed", "counter"),
             ("deltas_applied", "counter"),

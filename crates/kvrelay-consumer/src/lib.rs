@@ -79,7 +79,7 @@ pub use scoring::{
 pub use served::{ServedModel, served_base_models};
 pub use state::{
     CatalogChange, CatalogError, CheckedPoolFrame, ConsumerState, FrameOutcome, PoolFrameRefused,
-    PoolStatus, RelayStatus,
+    PoolStatus, RelayStatus, StandbyStatus,
 };
 pub use store::StoreError;
 pub use weights::{ScoreWeights, WeightError};

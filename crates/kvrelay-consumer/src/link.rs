@@ -221,6 +221,43 @@ impl RelayLink {
     }
 }
 
+/// When to check that a DC's other relays (a pair's standby) would answer if the followed
+/// one failed: every `interval`, half of it jitter (so consumers do not probe in step). A
+/// standby that died is then known before it is needed, not at the failover.
+#[derive(Debug, Clone)]
+pub(crate) struct StandbyProbe {
+    interval: Duration,
+    next_at: Option<Instant>,
+}
+
+impl StandbyProbe {
+    /// The schedule of a DC of `addresses` relays from `now`: off for a lone relay or a
+    /// zero interval.
+    pub(crate) fn new(interval: Duration, addresses: usize, now: Instant, jitter: f64) -> Self {
+        let on = addresses > 1 && !interval.is_zero();
+        Self {
+            interval,
+            next_at: on.then(|| now + equal_jitter(interval, jitter)),
+        }
+    }
+
+    /// When the next probe is due (`None`: never).
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.next_at
+    }
+
+    /// Whether a probe is due at `now`; when it is, the next one is scheduled.
+    pub(crate) fn handle_timeout(&mut self, now: Instant, jitter: f64) -> bool {
+        match self.next_at {
+            Some(at) if now >= at => {
+                self.next_at = Some(now + equal_jitter(self.interval, jitter));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Whether the followed relay of a DC with a standby went silent: alive enough to keep
 /// its connections open (stopped, wedged, or behind a partition whose sockets never
 /// reset) but sending nothing. Its load stream is the pulse: the relay closes a load
@@ -516,6 +553,34 @@ mod tests {
         let mut single = RelayLink::new(config(), HOLD, hold, 1);
         assert!(!single.handle_stalled(start, 5));
         assert!(!single.handle_silent(start));
+    }
+
+    /// A pair's standby is probed every interval (half of it jitter), from the start; a
+    /// lone relay, or a zero interval, never.
+    #[test]
+    fn a_standby_is_probed_every_interval_and_a_lone_relay_never() {
+        let start = Instant::now();
+        let interval = Duration::from_secs(10);
+        let mut probe = StandbyProbe::new(interval, 2, start, 0.0);
+        assert_eq!(probe.poll_timeout(), Some(start + Duration::from_secs(5)));
+        assert!(!probe.handle_timeout(start + Duration::from_millis(4_999), 1.0));
+        let first = start + Duration::from_secs(5);
+        assert!(probe.handle_timeout(first, 1.0));
+        assert_eq!(probe.poll_timeout(), Some(first + interval));
+        assert!(!probe.handle_timeout(first + Duration::from_secs(9), 1.0));
+        assert!(probe.handle_timeout(first + interval, 0.5));
+        assert_eq!(
+            probe.poll_timeout(),
+            Some(first + interval + Duration::from_millis(7_500))
+        );
+        for never in [
+            StandbyProbe::new(interval, 1, start, 1.0),
+            StandbyProbe::new(Duration::ZERO, 2, start, 1.0),
+        ] {
+            let mut never = never;
+            assert_eq!(never.poll_timeout(), None);
+            assert!(!never.handle_timeout(start + Duration::from_secs(3_600), 1.0));
+        }
     }
 
     /// A pair: a relay that was followed and broke is replaced at once; the other is

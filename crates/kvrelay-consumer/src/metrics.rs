@@ -141,6 +141,12 @@ pub struct ConsumerMetrics {
     /// Followed relays of a pair left because their catalog named a stalled pool, each
     /// also a failover.
     pub relay_stalls: u64,
+    /// Probes of a pair's standby that it did not answer
+    /// ([`crate::Limits::standby_probe_interval`]).
+    pub standby_probe_failures: u64,
+    /// Relays of pairs not followed now whose last probe failed (or that were just left
+    /// because they failed): the DC has no working standby until they answer again.
+    pub standbys_unreachable: u64,
     /// Complete catalogs applied.
     pub catalogs_applied: u64,
     /// Snapshots installed.
@@ -186,6 +192,7 @@ pub(crate) struct MetricsRecorder {
     relay_failovers: AtomicU64,
     relay_silences: AtomicU64,
     relay_stalls: AtomicU64,
+    standby_probe_failures: AtomicU64,
     catalogs_applied: AtomicU64,
     snapshots_installed: AtomicU64,
     deltas_applied: AtomicU64,
@@ -210,6 +217,7 @@ pub(crate) enum Counter {
     RelayFailovers,
     RelaySilences,
     RelayStalls,
+    StandbyProbeFailures,
     CatalogsApplied,
     SnapshotsInstalled,
     DeltasApplied,
@@ -235,6 +243,7 @@ impl MetricsRecorder {
             Counter::RelayFailovers => &self.relay_failovers,
             Counter::RelaySilences => &self.relay_silences,
             Counter::RelayStalls => &self.relay_stalls,
+            Counter::StandbyProbeFailures => &self.standby_probe_failures,
             Counter::CatalogsApplied => &self.catalogs_applied,
             Counter::SnapshotsInstalled => &self.snapshots_installed,
             Counter::DeltasApplied => &self.deltas_applied,
@@ -278,6 +287,7 @@ impl MetricsRecorder {
         out.relay_failovers = load(&self.relay_failovers);
         out.relay_silences = load(&self.relay_silences);
         out.relay_stalls = load(&self.relay_stalls);
+        out.standby_probe_failures = load(&self.standby_probe_failures);
         out.catalogs_applied = load(&self.catalogs_applied);
         out.snapshots_installed = load(&self.snapshots_installed);
         out.deltas_applied = load(&self.deltas_applied);

@@ -259,6 +259,25 @@ pub struct RelayStatus {
     /// Why the relay's last connection epoch ended, if one has; filled by
     /// [`crate::Consumer::relays`] (the sans-IO state does not see connections).
     pub last_error: Option<String>,
+    /// The DC's addresses not followed now (a pair's standby), each with its last probe;
+    /// filled by [`crate::Consumer::relays`], empty for a lone relay.
+    pub standbys: Vec<StandbyStatus>,
+}
+
+/// A relay of a pair that is not followed now, as last checked
+/// ([`crate::Limits::standby_probe_interval`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbyStatus {
+    /// Its configured `host:port`.
+    pub addr: String,
+    /// Whether it answered its last probe; `None` before the first one.
+    pub reachable: Option<bool>,
+    /// Time since that probe ended.
+    pub checked_ago: Option<Duration>,
+    /// The relay incarnation it reported, when it answered.
+    pub incarnation: Option<u64>,
+    /// Why it did not answer (or why the consumer left it), when it did not.
+    pub error: Option<String>,
 }
 
 /// One relay's catalog as last applied.
@@ -917,6 +936,7 @@ impl ConsumerState {
                 quarantined_entries: view.quarantined.len(),
                 stalled_pools: view.stalled,
                 last_error: None,
+                standbys: Vec::new(),
             })
             .collect()
     }

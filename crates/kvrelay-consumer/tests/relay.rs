@@ -737,12 +737,21 @@ async fn a_stalled_pool_at_the_followed_relay_moves_a_pair_once() {
     let pair = format!("{}+{}=dc-a", first.addr, second.addr);
     let mut config = config(&[]);
     config.relays = vec![pair.parse().unwrap()];
-    // The fakes send load windows only when told: no silence watch here.
+    // The fakes send load windows only when told: no silence watch here; and no standby
+    // probe, so the relay left stays as it was left.
     config.limits.relay_silence_windows = 0;
+    config.limits.standby_probe_interval = Duration::ZERO;
     let consumer = Consumer::start(config).unwrap();
     assert!(
         consumer.wait_until(WAIT, converged(&first, 2)).await,
         "following the first relay"
+    );
+    let standbys = consumer.relays()[0].standbys.clone();
+    assert_eq!(standbys.len(), 1);
+    assert_eq!(
+        (standbys[0].addr.clone(), standbys[0].reachable),
+        (second.addr.to_string(), None),
+        "never probed"
     );
 
     first.set_stalled(1, true);
@@ -753,8 +762,15 @@ async fn a_stalled_pool_at_the_followed_relay_moves_a_pair_once() {
     );
     let metrics = consumer.metrics();
     assert_eq!((metrics.relay_stalls, metrics.relay_failovers), (1, 1));
-    let error = consumer.relays()[0].last_error.clone().unwrap_or_default();
+    let status = consumer.relays().remove(0);
+    let error = status.last_error.clone().unwrap_or_default();
     assert!(error.contains("withholds 1 stalled pool"), "{error}");
+    // The relay left is now the standby, not working until a probe hears from it.
+    assert_eq!(status.standbys.len(), 1);
+    assert_eq!(status.standbys[0].addr, first.addr.to_string());
+    assert_eq!(status.standbys[0].reachable, Some(false));
+    assert_eq!(status.standbys[0].error.as_deref(), Some(error.as_str()));
+    assert_eq!(metrics.standbys_unreachable, 1);
 
     // The second relay stalls as well, within the hold: the consumer stays, serving the
     // pool that is not stalled.
@@ -775,4 +791,61 @@ async fn a_stalled_pool_at_the_followed_relay_moves_a_pair_once() {
     consumer.shutdown().await;
     first.stop().await;
     second.stop().await;
+}
+
+/// Polls `condition` every 10 ms until it holds, within the test's bound.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    within(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// A pair's standby is probed while it is not needed: it shows as reachable with the
+/// incarnation it reported, and as unreachable (status, gauge, counter) once it stops
+/// answering, while the followed relay keeps serving.
+#[tokio::test]
+async fn a_pairs_standby_is_probed_and_shows_when_it_dies() {
+    let pools = || vec![PoolSpec::aggregated("alpha", "llama")];
+    let first = FakeRelay::start("dc-a", 11, pools()).await;
+    let second = FakeRelay::start("dc-a", 12, pools()).await;
+    let pair = format!("{}+{}=dc-a", first.addr, second.addr);
+    let mut config = config(&[]);
+    config.relays = vec![pair.parse().unwrap()];
+    config.limits.relay_silence_windows = 0;
+    config.limits.standby_probe_interval = Duration::from_millis(50);
+    let consumer = Consumer::start(config).unwrap();
+    assert!(
+        consumer.wait_until(WAIT, converged(&first, 1)).await,
+        "following the first relay"
+    );
+    let standby = || consumer.relays()[0].standbys.clone();
+    eventually("the standby's first answer", || {
+        standby().first().and_then(|s| s.reachable) == Some(true)
+    })
+    .await;
+    let seen = standby();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].addr, second.addr.to_string());
+    assert_eq!(seen[0].incarnation, Some(12));
+    assert_eq!(seen[0].error, None);
+    assert_eq!(consumer.metrics().standbys_unreachable, 0);
+
+    second.stop().await;
+    eventually("the standby's failed probe", || {
+        standby().first().and_then(|s| s.reachable) == Some(false)
+    })
+    .await;
+    let seen = standby();
+    assert!(seen[0].error.is_some(), "{seen:?}");
+    assert_eq!(seen[0].incarnation, None);
+    let metrics = consumer.metrics();
+    assert_eq!(metrics.standbys_unreachable, 1);
+    assert!(metrics.standby_probe_failures >= 1);
+    assert_eq!(metrics.relay_failovers, 0, "the followed relay is kept");
+    assert!(consumer.wait_until(WAIT, converged(&first, 1)).await);
+    consumer.shutdown().await;
+    first.stop().await;
 }

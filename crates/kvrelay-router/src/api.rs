@@ -462,6 +462,21 @@ pub struct RelayView {
     pub stalled_pools: usize,
     /// Why its last connection ended, if one has.
     pub last_error: Option<String>,
+    /// A relay pair's addresses not followed now, each as last probed.
+    pub standbys: Vec<StandbyView>,
+}
+
+/// One standby relay in [`RelayView`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StandbyView {
+    /// Its address.
+    pub address: String,
+    /// Whether it answered its last probe (`null` before the first).
+    pub reachable: Option<bool>,
+    /// Seconds since that probe.
+    pub checked_seconds_ago: Option<f64>,
+    /// Why it did not answer, when it did not.
+    pub error: Option<String>,
 }
 
 /// One pool in [`PoolsView`].
@@ -515,6 +530,16 @@ impl PoolsView {
                     quarantined_entries: relay.quarantined_entries,
                     stalled_pools: relay.stalled_pools,
                     last_error: relay.last_error.clone(),
+                    standbys: relay
+                        .standbys
+                        .iter()
+                        .map(|standby| StandbyView {
+                            address: standby.addr.clone(),
+                            reachable: standby.reachable,
+                            checked_seconds_ago: standby.checked_ago.map(|ago| ago.as_secs_f64()),
+                            error: standby.error.clone(),
+                        })
+                        .collect(),
                 })
                 .collect(),
             pools: pools

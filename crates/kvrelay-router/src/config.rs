@@ -248,6 +248,8 @@ pub struct ConsumerSection {
     pub rejoin_interval_ms: u64,
     /// How long after the break `rejoin_interval_ms` applies before the backoff, ms (0: off).
     pub rejoin_window_ms: u64,
+    /// A relay pair's standby is probed every this long (half jitter), ms (0: off).
+    pub standby_probe_interval_ms: u64,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -273,6 +275,7 @@ impl Default for ConsumerSection {
             failover_hold_ms: millis(limits.failover_hold),
             rejoin_interval_ms: millis(limits.rejoin_interval),
             rejoin_window_ms: millis(limits.rejoin_window),
+            standby_probe_interval_ms: millis(limits.standby_probe_interval),
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -308,6 +311,7 @@ impl ConsumerSection {
             failover_hold: Duration::from_millis(self.failover_hold_ms),
             rejoin_interval: Duration::from_millis(self.rejoin_interval_ms),
             rejoin_window: Duration::from_millis(self.rejoin_window_ms),
+            standby_probe_interval: Duration::from_millis(self.standby_probe_interval_ms),
         }
     }
 }

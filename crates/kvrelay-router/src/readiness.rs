@@ -120,6 +120,7 @@ mod tests {
             quarantined_entries: 0,
             stalled_pools: 0,
             last_error: suspended.then(|| "connection reset".to_owned()),
+            standbys: Vec::new(),
         }
     }
 

@@ -311,7 +311,8 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
          min_relay_silence_ms = 6666\n\
          failover_hold_ms = 8888\n\
          rejoin_interval_ms = 99\n\
-         rejoin_window_ms = 9999\n",
+         rejoin_window_ms = 9999\n\
+         standby_probe_interval_ms = 7777\n",
     )
     .unwrap();
     assert_eq!(
@@ -332,6 +333,7 @@ fn the_router_keeps_every_consumer_bound_and_its_default() {
             failover_hold: Duration::from_millis(8888),
             rejoin_interval: Duration::from_millis(99),
             rejoin_window: Duration::from_millis(9999),
+            standby_probe_interval: Duration::from_millis(7777),
         }
     );
 }
