@@ -50,6 +50,10 @@ use fleet::{
 /// (ai-dynamo/dynamo#11225), by DC count.
 const REFERENCE_RATIOS: [(usize, f64); 3] = [(4, 0.345), (16, 0.165), (64, 0.084)];
 
+/// The reference's router RSS at 64 DCs (2.0 GiB for about 640 M resident memberships,
+/// ai-dynamo/dynamo#11225), per membership: the yardstick for ours at whatever size fits.
+const REFERENCE_ROUTER_BYTES_PER_MEMBERSHIP: f64 = 2.0 * (1u64 << 30) as f64 / 640e6;
+
 /// How often each lane receives a delta in the applying phase.
 const DELTA_PERIOD: Duration = Duration::from_millis(1);
 
@@ -409,8 +413,77 @@ fn run(
     }))
 }
 
+/// The router's side alone, in a process of its own (`--replicas-only`): every DC's
+/// filter is built as in [`run`], its snapshot installed into one lane of a query table
+/// (as a router's replicas are), and everything else freed (the producer filter, the
+/// builder's maps; no exact index is built). Prints the process's resident bytes then,
+/// one JSON line: what a router's replicas of this fleet cost in memory, without its HTTP
+/// service and runtime.
+fn replicas_only(template: &[Vec<u32>], n_dcs: usize, blocks_per_dc: u64) -> Result<()> {
+    let zipf = Zipf::new(TENANTS);
+    let config = CkfConfig::new(blocks_per_dc);
+    let format = config.format().context("sizing the DC filters")?;
+    let mut table = QueryTable::new(format, QueryConfig::default()).context("query table")?;
+    let mut memberships = 0u64;
+    for dc in 0..n_dcs {
+        let mut filter = PoolFilter::new(config).context("a DC filter")?;
+        let mut exact = ExactMap::default();
+        let built = build_dc(dc, template, &zipf, blocks_per_dc, &mut filter, &mut exact)?;
+        drop(exact);
+        memberships += built.resident;
+        let lane = table.add_lane().context("a query lane")?;
+        for chunk in &filter.snapshot().context("a DC snapshot")?.chunks {
+            table
+                .install_chunk(lane, chunk)
+                .map_err(|err| anyhow::anyhow!("installing DC {dc}: {err}"))?;
+        }
+    }
+    let memory = process_memory(std::process::id()).context("reading /proc/self/status")?;
+    println!(
+        "{}",
+        json!({
+            "rss_bytes": memory.current_bytes,
+            "table_bytes": table.table_bytes(),
+            "memberships": memberships,
+        })
+    );
+    Ok(())
+}
+
+/// Runs [`replicas_only`] in a child process and returns its JSON line.
+fn measure_replicas_process(
+    trace: &std::path::Path,
+    n_dcs: usize,
+    blocks_per_dc: u64,
+) -> Result<Value> {
+    let output = std::process::Command::new(std::env::current_exe()?)
+        .arg("--replicas-only")
+        .arg("--trace")
+        .arg(trace)
+        .arg("--dcs")
+        .arg(n_dcs.to_string())
+        .arg("--blocks-per-dc")
+        .arg(blocks_per_dc.to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("starting the replicas-only process")?;
+    if !output.status.success() {
+        bail!("the replicas-only process failed: {}", output.status);
+    }
+    let line = String::from_utf8(output.stdout).context("its output")?;
+    serde_json::from_str(line.trim()).context("its JSON line")
+}
+
 /// Flags of `fleet-bench`.
-const FLAGS: [&str; 6] = ["quick", "trace", "json", "dcs", "blocks-per-dc", "help"];
+const FLAGS: [&str; 7] = [
+    "quick",
+    "trace",
+    "json",
+    "dcs",
+    "blocks-per-dc",
+    "replicas-only",
+    "help",
+];
 
 fn main() -> Result<()> {
     let flags = Flags::from_env();
@@ -443,6 +516,12 @@ fn main() -> Result<()> {
         bail!("DC counts must be 1..=64 (one bitmask word in the exact index)");
     }
     let template = load_trace(&trace)?;
+    if flags.switch("replicas-only") {
+        let (&[n_dcs], Some(blocks_per_dc)) = (dc_counts.as_slice(), blocks_override) else {
+            bail!("--replicas-only needs one --dcs count and --blocks-per-dc");
+        };
+        return replicas_only(&template, n_dcs, blocks_per_dc);
+    }
     let n_requests = if quick { 20_000 } else { 100_000 };
     let mut runs = Vec::new();
     for &n_dcs in &dc_counts {
@@ -453,14 +532,26 @@ fn main() -> Result<()> {
             (false, _) => 2_500_000,
         });
         eprintln!("==> fleet: {n_dcs} DCs x {blocks_per_dc} blocks, {n_requests} requests");
-        runs.push(run(&template, n_dcs, blocks_per_dc, n_requests)?);
+        let mut figures = run(&template, n_dcs, blocks_per_dc, n_requests)?;
+        eprintln!("==> fleet: the router's replicas alone, in a process of their own");
+        let replicas = measure_replicas_process(&trace, n_dcs, blocks_per_dc)?;
+        let rss = replicas["rss_bytes"].as_u64().unwrap_or(0);
+        let memberships = replicas["memberships"].as_u64().unwrap_or(0).max(1);
+        let per_membership = rss as f64 / memberships as f64;
+        figures["router_rss_bytes"] = json!(rss);
+        figures["router_rss_bytes_per_membership"] = json!(rounded(per_membership, 3));
+        figures["router_rss_vs_reference_per_membership"] = json!(rounded(
+            per_membership / REFERENCE_ROUTER_BYTES_PER_MEMBERSHIP,
+            3
+        ));
+        runs.push(figures);
     }
     let mut table = String::from(
-        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | under | over | wrong best | score p99 applying/idle (write-locked baseline) | deltas/s | longest score during a snapshot µs (write-locked) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | router RSS MiB (B/membership; vs reference) | under | over | wrong best | score p99 applying/idle (write-locked baseline) | deltas/s | longest score during a snapshot µs (write-locked) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for run in &runs {
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} ({}) | {} | {} ({}) |\n",
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {:.0} ({}; {}×) | {} | {} | {} | {} ({}) | {} | {} ({}) |\n",
             run["dcs"],
             run["blocks_per_dc"],
             run["query_per_s"],
@@ -470,6 +561,9 @@ fn main() -> Result<()> {
             run["query_p99_us"],
             run["exact_p99_us"],
             run["bits_per_membership"],
+            run["router_rss_bytes"].as_u64().unwrap_or(0) as f64 / f64::from(1u32 << 20),
+            run["router_rss_bytes_per_membership"],
+            run["router_rss_vs_reference_per_membership"],
             run["underestimates"],
             run["overestimates"],
             run["wrong_best_dc"],
