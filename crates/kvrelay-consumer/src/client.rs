@@ -14,7 +14,10 @@
 //!
 //! Task tree: `Consumer` owns a `TaskTracker` and a `CancellationToken`; each relay task
 //! owns a child token and a tracker for its subscriptions, cancelled and awaited when its
-//! epoch ends. Nothing outlives [`Consumer::shutdown`].
+//! epoch ends. Nothing outlives [`Consumer::shutdown`]. With a relay pair, one more task
+//! per DC probes the addresses it does not follow (`standby.rs`).
+
+mod standby;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,8 +38,6 @@ use crate::scoring::{Ranking, ScoreError, ScoreRequest};
 use crate::state::{CheckedPoolFrame, ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
 use crate::store::StoreError;
 use crate::wire::{Endpoint, WireError, WireStream};
-
-mod standby;
 use kvrelay_pacing::Backoff;
 use standby::{StandbyRecord, run_standby_probe};
 

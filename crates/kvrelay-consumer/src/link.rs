@@ -661,46 +661,22 @@ mod tests {
             link.handle_epoch_end(start + at, EpochEnd::Broken, healthy_for, reach, jitter)
                 .1
         };
-        assert_eq!(
-            end_at(Duration::ZERO, Duration::ZERO, Reach::Unreachable, 1.0),
-            ms(500),
-            "never followed yet: the backoff"
-        );
         let broke = Duration::from_secs(60);
-        assert_eq!(
-            end_at(broke, Duration::from_secs(60), Reach::Answered, 1.0),
-            ms(500),
-            "the break itself: the backoff (reset by the healthy epoch)"
-        );
-        for step in 0..5 {
-            assert_eq!(
-                end_at(
-                    broke + ms(200) * step,
-                    Duration::ZERO,
-                    Reach::Unreachable,
-                    1.0
-                ),
-                ms(200)
-            );
+        // (at, epoch healthy for, reach, jitter, delay ms, why)
+        #[rustfmt::skip]
+        let steps = [
+            (Duration::ZERO, Duration::ZERO, Reach::Unreachable, 1.0, 500, "never followed yet: the backoff"),
+            (broke, broke, Reach::Answered, 1.0, 500, "the break itself: the backoff (reset by the healthy epoch)"),
+            (broke, Duration::ZERO, Reach::Unreachable, 1.0, 200, "in the window"),
+            (broke + ms(800), Duration::ZERO, Reach::Unreachable, 1.0, 200, "in the window"),
+            (broke + ms(1_000), Duration::ZERO, Reach::Unreachable, 0.0, 100, "half of it is jitter"),
+            (broke + ms(2_000), Duration::ZERO, Reach::Declined, 1.0, 1_000, "declined: the backoff, not grown by the rejoin"),
+            (broke + ms(9_999), Duration::ZERO, Reach::Unreachable, 1.0, 200, "the window's last moment"),
+            (broke + ms(10_000), Duration::ZERO, Reach::Unreachable, 1.0, 2_000, "the window closed"),
+        ];
+        for (at, healthy_for, reach, jitter, delay, why) in steps {
+            assert_eq!(end_at(at, healthy_for, reach, jitter), ms(delay), "{why}");
         }
-        assert_eq!(
-            end_at(broke + ms(1_000), Duration::ZERO, Reach::Unreachable, 0.0),
-            ms(100)
-        );
-        assert_eq!(
-            end_at(broke + ms(2_000), Duration::ZERO, Reach::Declined, 1.0),
-            ms(1_000),
-            "a relay that declined: the backoff, which the rejoin did not grow"
-        );
-        assert_eq!(
-            end_at(broke + ms(9_999), Duration::ZERO, Reach::Unreachable, 1.0),
-            ms(200)
-        );
-        assert_eq!(
-            end_at(broke + ms(10_000), Duration::ZERO, Reach::Unreachable, 1.0),
-            ms(2_000),
-            "the window closed"
-        );
         let restarted = start + Duration::from_secs(100);
         link.handle_epoch_end(
             restarted,

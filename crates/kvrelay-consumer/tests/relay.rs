@@ -732,14 +732,8 @@ async fn a_stalled_pool_at_the_followed_relay_moves_a_pair_once() {
             PoolSpec::aggregated("beta", "llama"),
         ]
     };
-    let first = FakeRelay::start("dc-a", 11, pools()).await;
-    let second = FakeRelay::start("dc-a", 12, pools()).await;
-    let pair = format!("{}+{}=dc-a", first.addr, second.addr);
-    let mut config = config(&[]);
-    config.relays = vec![pair.parse().unwrap()];
-    // The fakes send load windows only when told: no silence watch here; and no standby
-    // probe, so the relay left stays as it was left.
-    config.limits.relay_silence_windows = 0;
+    let (first, second, mut config) = fake_pair(pools).await;
+    // No standby probe: the relay left stays as it was left.
     config.limits.standby_probe_interval = Duration::ZERO;
     let consumer = Consumer::start(config).unwrap();
     assert!(
@@ -793,6 +787,19 @@ async fn a_stalled_pool_at_the_followed_relay_moves_a_pair_once() {
     second.stop().await;
 }
 
+/// Two fake relays of one DC (incarnations 11 and 12) serving `pools`, and a consumer
+/// configuration following them as a pair. The fakes send load windows only when told, so
+/// the silence watch is off.
+async fn fake_pair(pools: impl Fn() -> Vec<PoolSpec>) -> (FakeRelay, FakeRelay, ConsumerConfig) {
+    let first = FakeRelay::start("dc-a", 11, pools()).await;
+    let second = FakeRelay::start("dc-a", 12, pools()).await;
+    let pair = format!("{}+{}=dc-a", first.addr, second.addr);
+    let mut config = config(&[]);
+    config.relays = vec![pair.parse().unwrap()];
+    config.limits.relay_silence_windows = 0;
+    (first, second, config)
+}
+
 /// Polls `condition` every 10 ms until it holds, within the test's bound.
 async fn eventually(what: &str, condition: impl Fn() -> bool) {
     within(what, async {
@@ -808,13 +815,8 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
 /// answering, while the followed relay keeps serving.
 #[tokio::test]
 async fn a_pairs_standby_is_probed_and_shows_when_it_dies() {
-    let pools = || vec![PoolSpec::aggregated("alpha", "llama")];
-    let first = FakeRelay::start("dc-a", 11, pools()).await;
-    let second = FakeRelay::start("dc-a", 12, pools()).await;
-    let pair = format!("{}+{}=dc-a", first.addr, second.addr);
-    let mut config = config(&[]);
-    config.relays = vec![pair.parse().unwrap()];
-    config.limits.relay_silence_windows = 0;
+    let (first, second, mut config) =
+        fake_pair(|| vec![PoolSpec::aggregated("alpha", "llama")]).await;
     config.limits.standby_probe_interval = Duration::from_millis(50);
     let consumer = Consumer::start(config).unwrap();
     assert!(
