@@ -463,12 +463,19 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
 
 impl EpochError {
     /// Whether the attempt reached no relay: refused, timed out or broken at the transport
-    /// before any answer (retrying costs the relay nothing; a TLS failure or a refusal
-    /// would cost it a handshake each time).
+    /// before any answer, on either protocol (retrying costs the relay nothing; a TLS
+    /// failure or a refusal would cost it a handshake each time).
     fn unreachable(&self) -> bool {
         matches!(
             self,
-            Self::Wire(WireError::ConnectTimeout { .. } | WireError::Io { .. })
+            Self::Wire(
+                WireError::ConnectTimeout { .. }
+                    | WireError::Io { .. }
+                    | WireError::Contract {
+                        source: kvrelay_dynamo::ClientError::Transport(_),
+                        ..
+                    }
+            )
         )
     }
 
@@ -963,6 +970,60 @@ async fn subscription_frames(
                 warn!(dc = %dc, pool = key.as_u64(), error = %err, "pool frame refused; resubscribing");
                 return Some(err.reason);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only an attempt that reached no relay (on either protocol) may be retried at the
+    /// rejoin interval: a TLS failure, a refusal or a closed stream cost the relay work.
+    #[test]
+    fn only_attempts_that_reached_no_relay_are_unreachable() {
+        let addr = || "127.0.0.1:9".to_owned();
+        let io = |kind| std::io::Error::from(kind);
+        let unreachable = [
+            EpochError::Wire(WireError::ConnectTimeout {
+                addr: addr(),
+                timeout: Duration::from_secs(5),
+            }),
+            EpochError::Wire(WireError::Io {
+                addr: addr(),
+                source: io(std::io::ErrorKind::ConnectionRefused),
+            }),
+            EpochError::Wire(WireError::Contract {
+                addr: addr(),
+                source: kvrelay_dynamo::ClientError::Transport(Box::new(
+                    tonic::Status::unavailable("tcp connect error"),
+                )),
+            }),
+        ];
+        for error in &unreachable {
+            assert!(error.unreachable(), "{error}");
+        }
+        let declined = [
+            EpochError::Wire(WireError::Tls {
+                addr: addr(),
+                source: io(std::io::ErrorKind::InvalidData),
+            }),
+            EpochError::Refused {
+                addr: addr(),
+                reason: ErrorReason::ResourceLimit,
+                message: "max_connections".to_owned(),
+            },
+            EpochError::Closed {
+                addr: addr(),
+                stream: "relay info",
+            },
+            EpochError::Wire(WireError::Contract {
+                addr: addr(),
+                source: kvrelay_dynamo::ClientError::Token,
+            }),
+        ];
+        for error in &declined {
+            assert!(!error.unreachable(), "{error}");
         }
     }
 }

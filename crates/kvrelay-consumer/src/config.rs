@@ -254,7 +254,7 @@ pub struct Limits {
     pub rejoin_interval: Duration,
     /// How long after a followed relay's connection broke [`Limits::rejoin_interval`]
     /// applies; then (and to attempts a relay refused, or whose TLS handshake failed) the
-    /// backoff. 0 turns it off. Relays followed over the Dynamo contract always back off.
+    /// backoff. 0 turns it off.
     pub rejoin_window: Duration,
     /// A DC followed through a relay pair has each relay it does not follow asked for its
     /// relay info every this long (half of it jitter), so a dead standby shows in
