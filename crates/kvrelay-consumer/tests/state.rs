@@ -566,6 +566,7 @@ fn scores_beside_applies_keep_finding_the_installed_prefix() {
         .collect();
     let state = parking_lot::RwLock::new(state);
     let done = std::sync::atomic::AtomicBool::new(false);
+    let scoring = std::sync::atomic::AtomicBool::new(false);
     let scores = std::thread::scope(|scope| {
         let scorer = scope.spawn(|| {
             let request = request(prefix.clone());
@@ -576,9 +577,17 @@ fn scores_beside_applies_keep_finding_the_installed_prefix() {
                 assert_eq!(leg.replica, ReplicaStatus::Current);
                 assert_eq!(leg.prefix_blocks, Some(64 / leg.block_size));
                 scores += 1;
+                scoring.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             scores
         });
+        // The applies start once the scorer runs (on a loaded machine it may start after
+        // 2,000 applies would have finished, and the test would show nothing).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !scoring.load(std::sync::atomic::Ordering::Relaxed) {
+            assert!(Instant::now() < deadline, "the scorer never started");
+            std::thread::yield_now();
+        }
         for delta in &deltas {
             state
                 .upgradable_read()
