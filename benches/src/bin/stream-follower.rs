@@ -106,6 +106,7 @@ async fn main() -> Result<()> {
         "idle-scores",
         "live-ms",
         "window-s",
+        "rejoin-window-ms",
     ])?;
     let relay: String = flags.get("relay")?;
     let trace: String = flags.get("trace")?;
@@ -140,6 +141,10 @@ async fn main() -> Result<()> {
     };
     let mut config = ConsumerConfig::new(vec![endpoint]);
     config.subscriber_id = "stream-follower".to_owned();
+    if let Some(window_ms) = flags.raw("rejoin-window-ms") {
+        let window_ms: u64 = window_ms.parse().context("--rejoin-window-ms")?;
+        config.limits.rejoin_window = Duration::from_millis(window_ms);
+    }
     let consumer = Arc::new(Consumer::start(config)?);
     let installed = consumer
         .wait_until(install_timeout, |state, now| {

@@ -73,7 +73,8 @@ paced and flat runs through kvrelay's gRPC door and through Dynamo's relay, each
 same gRPC follower; --python, default target/interop/venv/bin/python, and
 --dynamo-scripts, default benches/dynamo); join-live, join-live-noreplay,
 join-live-ring8, join-idle, join-idle-noreplay, restart-checkpoint, restart-cold,
-pair-kill, pair-upgrade (opt-in). --engine-nice (default 19)
+restart-checkpoint-backoff (its follower rejoins on the backoff only: the baseline of the
+consumer's rejoin interval), pair-kill, pair-upgrade (opt-in). --engine-nice (default 19)
 lowers the engine processes' CPU priority, as engines on their own hosts would not take
 the relay's CPU; 0 runs them at the relay's priority. See docs/benchmarks.md.
 ";
@@ -363,7 +364,8 @@ async fn main() -> Result<()> {
         rate: low,
         publish_s: if quick { 20.0 } else { 30.0 },
         replay_batches: 10,
-        checkpoint: name == "restart-checkpoint",
+        checkpoint: name != "restart-cold",
+        rejoin: name != "restart-checkpoint-backoff",
     });
     let mut restart_results = Vec::new();
     if restart_runs.iter().any(|spec| wanted.contains(&spec.name)) {
@@ -375,12 +377,17 @@ async fn main() -> Result<()> {
             .filter(|spec| wanted.contains(&spec.name))
         {
             eprintln!(
-                "==> restart run `{}`: engines publish {:.0} s at {:.0} events/s (ring {} batches), relay killed at 40 % and restarted 1 s later, checkpoints {}",
+                "==> restart run `{}`: engines publish {:.0} s at {:.0} events/s (ring {} batches), relay killed at 40 % and restarted 1 s later, checkpoints {}, follower rejoins {}",
                 spec.name,
                 spec.publish_s,
                 spec.rate,
                 spec.replay_batches,
-                if spec.checkpoint { "on" } else { "off" }
+                if spec.checkpoint { "on" } else { "off" },
+                if spec.rejoin {
+                    "at its rejoin interval"
+                } else {
+                    "on its backoff only"
+                }
             );
             let result = restart::run(&setup, spec, &requests)
                 .await

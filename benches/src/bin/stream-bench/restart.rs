@@ -20,7 +20,11 @@ use super::{
 };
 
 /// The restart runs, by name.
-pub(crate) const RESTART_RUNS: [&str; 2] = ["restart-checkpoint", "restart-cold"];
+pub(crate) const RESTART_RUNS: [&str; 3] = [
+    "restart-checkpoint",
+    "restart-cold",
+    "restart-checkpoint-backoff",
+];
 
 /// One restart run's settings.
 #[derive(Debug, Clone)]
@@ -34,6 +38,9 @@ pub(crate) struct RestartSpec {
     pub(crate) replay_batches: usize,
     /// Whether the relay checkpoints to `[state]`.
     pub(crate) checkpoint: bool,
+    /// Whether the follower rejoins the restarted relay at its rejoin interval (the
+    /// default) or only on its reconnect backoff (the baseline: `rejoin_window` 0).
+    pub(crate) rejoin: bool,
 }
 
 /// Downtime between the kill and the restart.
@@ -58,11 +65,15 @@ pub(crate) async fn run(
     let (wan, admin_port) = (free_port()?, free_port()?);
     let (mut relay, admin) = start_relay_on(setup, &dir, &cards, &sources, wan, admin_port)?;
     wait_ready(&mut relay, &admin, &dir).await?;
+    let mut follower_flags = vec!["--sample-ms", "1"];
+    if !spec.rejoin {
+        follower_flags.extend(["--rejoin-window-ms", "0"]);
+    }
     let mut follower = start_follower(
         setup,
         &format!("127.0.0.1:{wan}"),
         &stamp_paths,
-        &["--sample-ms", "1"],
+        &follower_flags,
     )
     .await?;
     for engine in &mut engines {
@@ -130,6 +141,7 @@ pub(crate) async fn run(
         "publish_s": spec.publish_s,
         "replay_batches": spec.replay_batches,
         "checkpoint": spec.checkpoint,
+        "rejoin": spec.rejoin,
         "engine_batches": batches,
         "killed_at_s": spec.publish_s * KILL_AT,
         "events_applied_before_kill": before_kill.events_applied,
