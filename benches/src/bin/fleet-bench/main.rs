@@ -251,20 +251,17 @@ fn run(
     n_requests: usize,
 ) -> Result<Value> {
     let started = Instant::now();
-    let zipf = Zipf::new(TENANTS);
-    let config = CkfConfig::new(blocks_per_dc);
-    let format = config.format().context("sizing the DC filters")?;
-    let mut table = QueryTable::new(format, QueryConfig::default()).context("query table")?;
+    let mut fleet = Fleet::new(template, blocks_per_dc)?;
     let mut exact = ExactMap::default();
     let mut dcs = Vec::with_capacity(n_dcs);
     let mut relay_pool = Value::Null;
     let mut first_snapshot = Vec::new();
     for dc in 0..n_dcs {
-        let mut filter = PoolFilter::new(config).context("a DC filter")?;
-        let built = build_dc(dc, template, &zipf, blocks_per_dc, &mut filter, &mut exact)?;
-        let lane = table.add_lane().context("a query lane")?;
-        let snapshotting = Instant::now();
-        let snapshot = filter.snapshot().context("a DC snapshot")?;
+        let (built, mut filter) = fleet.build(dc, &mut exact)?;
+        let Installed {
+            chunks,
+            snapshot_copy,
+        } = fleet.install(dc, &mut filter)?;
         if dc == 0 {
             // The relay's side of one DC-sized pool: what its producer costs.
             let memory = filter.memory();
@@ -272,8 +269,8 @@ fn run(
             relay_pool = json!({
                 "blocks": built.resident,
                 "apply_blocks_per_s": (built.blocks_applied as f64 / built.apply_time.as_secs_f64()).round() as u64,
-                "snapshot_copy_ms": rounded(snapshotting.elapsed().as_secs_f64() * 1e3, 1),
-                "snapshot_chunks": snapshot.chunks.len(),
+                "snapshot_copy_ms": rounded(snapshot_copy.as_secs_f64() * 1e3, 1),
+                "snapshot_chunks": chunks.len(),
                 "memory_bytes": memory.total_bytes(),
                 "bytes_per_block": per_block(memory.total_bytes()),
                 "table_bytes_per_block": per_block(memory.table_bytes),
@@ -282,13 +279,8 @@ fn run(
                 "dirty_window_bytes": memory.dirty_window_bytes,
             });
         }
-        for chunk in &snapshot.chunks {
-            table
-                .install_chunk(lane, chunk)
-                .map_err(|err| anyhow::anyhow!("installing DC {dc}: {err}"))?;
-        }
         if dc == 0 {
-            first_snapshot = snapshot.chunks;
+            first_snapshot = chunks;
         }
         eprintln!(
             "  DC {:>2}/{n_dcs}: {} blocks from {} tenants, load {:.2}, {:.0} s",
@@ -300,6 +292,7 @@ fn run(
         );
         dcs.push(built);
     }
+    let table = fleet.table;
     let memberships: u64 = dcs.iter().map(|dc| dc.resident).sum();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     let requests = requests(template, &dcs, n_requests, &mut rng);
@@ -413,6 +406,70 @@ fn run(
     }))
 }
 
+/// The fleet as a router sees it, one DC at a time: each DC's filter is built by the
+/// relay's producer ([`Fleet::build`]) and its snapshot installed into one lane of
+/// `table` ([`Fleet::install`]).
+struct Fleet<'a> {
+    template: &'a [Vec<u32>],
+    zipf: Zipf,
+    blocks_per_dc: u64,
+    config: CkfConfig,
+    table: QueryTable,
+}
+
+/// A DC's snapshot as [`Fleet::install`] installed it into the DC's lane.
+struct Installed {
+    chunks: Vec<SnapshotChunk>,
+    /// How long the producer took to copy the snapshot.
+    snapshot_copy: Duration,
+}
+
+impl<'a> Fleet<'a> {
+    /// An empty fleet of DCs of `blocks_per_dc` blocks shaped by `template`.
+    fn new(template: &'a [Vec<u32>], blocks_per_dc: u64) -> Result<Self> {
+        let config = CkfConfig::new(blocks_per_dc);
+        let format = config.format().context("sizing the DC filters")?;
+        Ok(Self {
+            template,
+            zipf: Zipf::new(TENANTS),
+            blocks_per_dc,
+            config,
+            table: QueryTable::new(format, QueryConfig::default()).context("query table")?,
+        })
+    }
+
+    /// Builds DC `dc`'s producer filter, marking its blocks in `exact`.
+    fn build(&self, dc: usize, exact: &mut ExactMap) -> Result<(BuiltDc, PoolFilter)> {
+        let mut filter = PoolFilter::new(self.config).context("a DC filter")?;
+        let built = build_dc(
+            dc,
+            self.template,
+            &self.zipf,
+            self.blocks_per_dc,
+            &mut filter,
+            exact,
+        )?;
+        Ok((built, filter))
+    }
+
+    /// Installs DC `dc`'s snapshot from `filter` into a new lane, as a router's replica.
+    fn install(&mut self, dc: usize, filter: &mut PoolFilter) -> Result<Installed> {
+        let lane = self.table.add_lane().context("a query lane")?;
+        let copying = Instant::now();
+        let chunks = filter.snapshot().context("a DC snapshot")?.chunks;
+        let snapshot_copy = copying.elapsed();
+        for chunk in &chunks {
+            self.table
+                .install_chunk(lane, chunk)
+                .map_err(|err| anyhow::anyhow!("installing DC {dc}: {err}"))?;
+        }
+        Ok(Installed {
+            chunks,
+            snapshot_copy,
+        })
+    }
+}
+
 /// The router's side alone, in a process of its own (`--replicas-only`): every DC's
 /// filter is built as in [`run`], its snapshot installed into one lane of a query table
 /// (as a router's replicas are), and everything else freed (the producer filter, the
@@ -420,24 +477,17 @@ fn run(
 /// one JSON line: what a router's replicas of this fleet cost in memory, without its HTTP
 /// service and runtime.
 fn replicas_only(template: &[Vec<u32>], n_dcs: usize, blocks_per_dc: u64) -> Result<()> {
-    let zipf = Zipf::new(TENANTS);
-    let config = CkfConfig::new(blocks_per_dc);
-    let format = config.format().context("sizing the DC filters")?;
-    let mut table = QueryTable::new(format, QueryConfig::default()).context("query table")?;
+    let mut fleet = Fleet::new(template, blocks_per_dc)?;
     let mut memberships = 0u64;
     for dc in 0..n_dcs {
-        let mut filter = PoolFilter::new(config).context("a DC filter")?;
+        // Everything but the lane is freed, the builder's map before the install.
         let mut exact = ExactMap::default();
-        let built = build_dc(dc, template, &zipf, blocks_per_dc, &mut filter, &mut exact)?;
+        let (built, mut filter) = fleet.build(dc, &mut exact)?;
         drop(exact);
         memberships += built.resident;
-        let lane = table.add_lane().context("a query lane")?;
-        for chunk in &filter.snapshot().context("a DC snapshot")?.chunks {
-            table
-                .install_chunk(lane, chunk)
-                .map_err(|err| anyhow::anyhow!("installing DC {dc}: {err}"))?;
-        }
+        fleet.install(dc, &mut filter)?;
     }
+    let table = fleet.table;
     let memory = process_memory(std::process::id()).context("reading /proc/self/status")?;
     println!(
         "{}",
