@@ -107,6 +107,7 @@ async fn main() -> Result<()> {
         "live-ms",
         "window-s",
         "rejoin-window-ms",
+        "standby-mode",
     ])?;
     let relay: String = flags.get("relay")?;
     let trace: String = flags.get("trace")?;
@@ -144,6 +145,9 @@ async fn main() -> Result<()> {
     if let Some(window_ms) = flags.raw("rejoin-window-ms") {
         let window_ms: u64 = window_ms.parse().context("--rejoin-window-ms")?;
         config.limits.rejoin_window = Duration::from_millis(window_ms);
+    }
+    if let Some(mode) = flags.raw("standby-mode") {
+        config.standby = mode.parse().context("--standby-mode")?;
     }
     let consumer = Arc::new(Consumer::start(config)?);
     let installed = consumer

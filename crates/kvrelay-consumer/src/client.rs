@@ -32,10 +32,12 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::catalog::{PoolKey, QuarantinedEntry};
-use crate::config::{ConfigError, ConsumerConfig};
+use crate::config::{ConfigError, ConsumerConfig, RelayEndpoint};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
 use crate::scoring::{Ranking, ScoreError, ScoreRequest};
-use crate::state::{CheckedPoolFrame, ConsumerState, FrameOutcome, PoolStatus, RelayStatus};
+use crate::state::{
+    CheckedPoolFrame, ConsumerState, FrameOutcome, PoolStatus, RelayStatus, StandbyStatus,
+};
 use crate::store::StoreError;
 use crate::wire::{Endpoint, WireError, WireStream};
 use kvrelay_pacing::Backoff;
@@ -74,16 +76,20 @@ pub struct Consumer {
 #[derive(Debug)]
 struct Shared {
     config: ConsumerConfig,
-    /// How to reach each DC's relays (same order as `config.relays`; per DC its
-    /// addresses, the primary first), TLS material loaded.
+    /// The followed relays (`ConsumerConfig::followed_relays`: one per DC, or one per
+    /// address with hot standbys), each with its DC's index; every `relay` index below
+    /// is into this.
+    relays: Vec<(usize, RelayEndpoint)>,
+    /// How to reach each followed relay (per relay its addresses, the primary first; one
+    /// with hot standbys), TLS material loaded.
     endpoints: Vec<Vec<Endpoint>>,
-    /// Per DC: which of its addresses is followed now (its `RelayLink` decides).
+    /// Per relay: which of its addresses is followed now (its `RelayLink` decides).
     active: Vec<std::sync::atomic::AtomicUsize>,
     state: RwLock<ConsumerState>,
     /// Shared with the Dynamo-contract streams, which count what they leave out.
     metrics: Arc<MetricsRecorder>,
     /// Why each relay's last epoch ended (`None` until one ends), same order as
-    /// `config.relays`; kept after a reconnect, so a flapping relay still explains itself.
+    /// `relays`; kept after a reconnect, so a flapping relay still explains itself.
     last_errors: Mutex<Vec<Option<String>>>,
     /// Per DC, per address: the last check of it as a standby (`standby.rs`).
     standbys: Mutex<Vec<Vec<Option<StandbyRecord>>>>,
@@ -111,6 +117,28 @@ impl Shared {
         self.changed
             .send_modify(|version| *version = version.wrapping_add(1));
     }
+
+    /// The DC name of followed relay `relay`.
+    fn dc(&self, relay: usize) -> &str {
+        &self.relays[relay].1.dc
+    }
+
+    /// Runs `change` on the state, then logs and counts each DC whose scored relay it
+    /// moved (hot standbys: a failover that costs no connection and no snapshot).
+    fn update<R>(&self, change: impl FnOnce(&mut ConsumerState) -> R) -> R {
+        let mut state = self.state.write();
+        let result = change(&mut state);
+        while let Some(switch) = state.poll_switch() {
+            self.metrics.incr(Counter::RelayFailovers);
+            info!(
+                dc = %self.config.relays[switch.dc].dc,
+                from = %self.relays[switch.from].1.addr,
+                to = %self.relays[switch.to].1.addr,
+                "scoring the DC through its hot standby"
+            );
+        }
+        result
+    }
 }
 
 impl Consumer {
@@ -118,10 +146,10 @@ impl Consumer {
     /// relay on the current tokio runtime.
     pub fn start(config: ConsumerConfig) -> Result<Self, ConfigError> {
         let state = ConsumerState::new(&config)?;
-        let endpoints = config
-            .relays
+        let relays = config.followed_relays();
+        let endpoints = relays
             .iter()
-            .map(|relay| {
+            .map(|(_, relay)| {
                 relay
                     .addresses()
                     .map(|addr| {
@@ -141,7 +169,7 @@ impl Consumer {
             .map(|_| std::sync::atomic::AtomicUsize::new(0))
             .collect();
         let (changed, _) = watch::channel(0);
-        let n_relays = config.relays.len();
+        let n_relays = relays.len();
         let pool_streams = (0..n_relays)
             .map(|_| {
                 Arc::new(tokio::sync::Semaphore::new(
@@ -160,6 +188,7 @@ impl Consumer {
             pool_streams_warned,
             table_budget_warned: std::sync::atomic::AtomicBool::new(false),
             config,
+            relays,
             last_errors: Mutex::new(vec![None; endpoints.len()]),
             standbys: Mutex::new(
                 endpoints
@@ -175,7 +204,7 @@ impl Consumer {
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
-        for relay in 0..shared.config.relays.len() {
+        for relay in 0..shared.relays.len() {
             let shared = Arc::clone(&shared);
             let cancel = cancel.child_token();
             tracker.spawn(run_relay(Arc::clone(&shared), relay, cancel.clone()));
@@ -223,7 +252,12 @@ impl Consumer {
     pub fn metrics(&self) -> ConsumerMetrics {
         let mut out = ConsumerMetrics::default();
         self.shared.metrics.fill(&mut out);
-        out.standbys_unreachable = self.shared.standbys_unreachable();
+        out.standbys_unreachable = self
+            .relays()
+            .iter()
+            .flat_map(|relay| &relay.standbys)
+            .filter(|standby| standby.reachable == Some(false))
+            .count() as u64;
         self.shared
             .state
             .read()
@@ -236,30 +270,64 @@ impl Consumer {
         self.shared.state.read().pools(Instant::now())
     }
 
-    /// Per relay (in configuration order): its DC and why its last connection epoch
-    /// ended, e.g. a TLS handshake or token refusal; `None` if none has ended yet.
+    /// Per DC (in configuration order): its name and why the last connection epoch of
+    /// the relay it is scored through ended, e.g. a TLS handshake or token refusal;
+    /// `None` if none has ended yet.
     pub fn relay_errors(&self) -> Vec<(String, Option<String>)> {
-        let errors = self.shared.last_errors.lock();
-        self.shared
-            .config
-            .relays
-            .iter()
-            .zip(errors.iter())
-            .map(|(relay, error)| (relay.dc.clone(), error.clone()))
+        self.relays()
+            .into_iter()
+            .map(|relay| (relay.dc, relay.last_error))
             .collect()
     }
 
-    /// Every configured relay's catalog state and last connection error, in
-    /// configuration order.
+    /// Every configured DC's catalog state and last connection error, in configuration
+    /// order: the status of the relay it is scored through, with its other relays in
+    /// [`RelayStatus::standbys`] (probed ones as last probed; hot standbys as followed
+    /// now).
     pub fn relays(&self) -> Vec<RelayStatus> {
-        let mut relays = self.shared.state.read().relay_statuses();
-        let errors = self.shared.last_errors.lock().clone();
         let now = Instant::now();
-        for (idx, (relay, error)) in relays.iter_mut().zip(errors).enumerate() {
+        let (mut followed, scored, incarnations) = {
+            let state = self.shared.state.read();
+            let scored: Vec<usize> = (0..self.shared.config.relays.len())
+                .map(|dc| state.scored_relay(dc).unwrap_or(dc))
+                .collect();
+            let incarnations: Vec<Option<u64>> = (0..self.shared.relays.len())
+                .map(|relay| {
+                    state
+                        .relay_identity(relay)
+                        .map(|identity| identity.relay_incarnation)
+                })
+                .collect();
+            (state.relay_statuses(), scored, incarnations)
+        };
+        let errors = self.shared.last_errors.lock().clone();
+        for (idx, (relay, error)) in followed.iter_mut().zip(errors).enumerate() {
             relay.last_error = error;
             relay.standbys = self.shared.standby_statuses(idx, now);
         }
-        relays
+        scored
+            .iter()
+            .enumerate()
+            .map(|(dc, &scored)| {
+                let mut status = followed[scored].clone();
+                let hot = followed
+                    .iter()
+                    .enumerate()
+                    .filter(|(relay, _)| *relay != scored && self.shared.relays[*relay].0 == dc);
+                for (relay, other) in hot {
+                    let reachable = !other.suspended && other.catalog_revision.is_some();
+                    status.standbys.push(StandbyStatus {
+                        addr: other.addr.clone(),
+                        reachable: Some(reachable),
+                        checked_ago: None,
+                        incarnation: incarnations[relay].filter(|_| reachable),
+                        error: other.last_error.clone().filter(|_| !reachable),
+                        followed: true,
+                    });
+                }
+                status
+            })
+            .collect()
     }
 
     /// Every quarantined catalog entry.
@@ -384,11 +452,11 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
         shared.config.limits.rejoin_interval,
         shared.config.limits.rejoin_window,
     );
-    let dc = shared.config.relays[relay].dc.clone();
+    let dc = shared.dc(relay).to_owned();
     loop {
         if link.handle_epoch_start(Instant::now()) == Some(ViewAfterEpoch::StartOver) {
             // Held too long to be worth resuming: start this relay over.
-            shared.state.write().reset_relay(relay);
+            shared.update(|state| state.reset_relay(relay));
         }
         let addr = shared.endpoint(relay).addr.clone();
         let started = Instant::now();
@@ -423,9 +491,9 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
             info!(dc = %dc, from = %addr, to = %shared.endpoint(relay).addr, delay_ms = delay.as_millis() as u64, "following the DC's other relay");
         }
         let dropped = match view {
-            ViewAfterEpoch::StartOver => shared.state.write().reset_relay(relay),
+            ViewAfterEpoch::StartOver => shared.update(|state| state.reset_relay(relay)),
             ViewAfterEpoch::Suspend => {
-                shared.state.write().suspend_relay(relay);
+                shared.update(|state| state.suspend_relay(relay));
                 Vec::new()
             }
         };
@@ -533,8 +601,7 @@ async fn relay_epoch(
     let limits = shared.config.limits;
     let identity = relay_info(shared, relay).await?;
     *connected = true;
-    {
-        let mut state = shared.state.write();
+    shared.update(|state| {
         if state
             .relay_identity(relay)
             .is_some_and(|kept| kept != identity)
@@ -544,9 +611,9 @@ async fn relay_epoch(
                 shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
             }
         }
-    }
+    });
     shared.metrics.incr(Counter::RelayConnects);
-    info!(dc = %shared.config.relays[relay].dc, peer = %addr, incarnation = identity.relay_incarnation, "relay connected");
+    info!(dc = %shared.dc(relay), peer = %addr, incarnation = identity.relay_incarnation, "relay connected");
 
     let mut catalog = open(shared, relay, "catalog", StreamRpc::WatchCatalog).await?;
     // The load stream is independent: losing it clears this relay's load samples and
@@ -565,6 +632,8 @@ async fn relay_epoch(
     // catalog that trickles in a byte at a time, must not keep a silent catalog alive.
     let mut catalog_deadline = tokio::time::Instant::now() + limits.catalog_staleness_bound;
     let mut silence = SilenceWatch::new(&limits);
+    // Whether this relay was marked silent in the state (it stays followed).
+    let mut marked_silent = false;
 
     let result = loop {
         tokio::select! {
@@ -586,7 +655,7 @@ async fn relay_epoch(
                 if update.relay != identity {
                     break Err(EpochError::RelayRestart { addr: addr.clone(), previous: identity, current: update.relay });
                 }
-                let change = shared.state.write().apply_catalog(relay, &update);
+                let change = shared.update(|state| state.apply_catalog(relay, &update));
                 let change = match change {
                     Ok(change) => change,
                     Err(err) => break Err(err.into()),
@@ -624,6 +693,10 @@ async fn relay_epoch(
                 let failure = match message {
                     Ok(Some(Message::LoadWindow(window))) => {
                         silence.handle_window(Instant::now(), window.window_ms);
+                        if marked_silent {
+                            marked_silent = false;
+                            shared.update(|state| state.set_silent(relay, false));
+                        }
                         shared.state.write().apply_load_window(relay, &window);
                         shared.metrics.incr(Counter::LoadWindows);
                         shared.bump();
@@ -634,9 +707,15 @@ async fn relay_epoch(
                     Err(err) => Some(err.to_string()),
                 };
                 if let Some(failure) = failure {
-                    warn!(dc = %shared.config.relays[relay].dc, peer = %addr, error = %failure, "load stream lost; loads unknown until it reopens");
+                    warn!(dc = %shared.dc(relay), peer = %addr, error = %failure, "load stream lost; loads unknown until it reopens");
                     load = None;
                     silence.disarm();
+                    if marked_silent {
+                        // Silence is not known without windows: the catalog deadline
+                        // still watches the relay.
+                        marked_silent = false;
+                        shared.update(|state| state.set_silent(relay, false));
+                    }
                     shared.state.write().clear_loads(relay);
                     shared.bump();
                     load_link.handle_lost(Instant::now(), rand::random::<f64>());
@@ -647,7 +726,7 @@ async fn relay_epoch(
                     Ok(Some(Message::TopologyUpdate(update))) => {
                         let n_invalid = shared.state.write().apply_topology(relay, &update);
                         if n_invalid > 0 {
-                            warn!(dc = %shared.config.relays[relay].dc, peer = %addr, n_invalid, "topology entries failed validation; their readiness is unknown");
+                            warn!(dc = %shared.dc(relay), peer = %addr, n_invalid, "topology entries failed validation; their readiness is unknown");
                         }
                         shared.metrics.incr(Counter::TopologiesApplied);
                         shared.bump();
@@ -658,7 +737,7 @@ async fn relay_epoch(
                     Err(err) => Some(err.to_string()),
                 };
                 if let Some(failure) = failure {
-                    warn!(dc = %shared.config.relays[relay].dc, peer = %addr, error = %failure, "topology stream lost; readiness unknown until it reopens");
+                    warn!(dc = %shared.dc(relay), peer = %addr, error = %failure, "topology stream lost; readiness unknown until it reopens");
                     topology = None;
                     shared.state.write().clear_topology(relay);
                     shared.bump();
@@ -673,7 +752,16 @@ async fn relay_epoch(
                     }
                     // Not left (a lone relay, or a move for silence or a stall was just
                     // made): stay, and watch again from the next window; the catalog
-                    // deadline still applies.
+                    // deadline still applies. A hot standby of the DC that is not silent
+                    // is scored instead meanwhile.
+                    if !marked_silent {
+                        marked_silent = true;
+                        if !shared.config.relays[shared.relays[relay].0].standby.is_empty() {
+                            // A hot standby's DC: counted like a pair's silent relay.
+                            shared.metrics.incr(Counter::RelaySilences);
+                        }
+                        shared.update(|state| state.set_silent(relay, true));
+                    }
                     silence.disarm();
                 }
             }
@@ -822,7 +910,7 @@ async fn subscription_frames(
     identity: RelayIdentity,
     cancel: &CancellationToken,
 ) -> Option<ResubscribeReason> {
-    let dc = &shared.config.relays[relay].dc;
+    let dc = &shared.dc(relay);
     let begun = {
         // A new lane may grow its format's table (allocate and copy every row): that
         // runs under the upgradable lock, which queries share, so scoring goes on while

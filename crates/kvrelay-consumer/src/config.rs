@@ -56,6 +56,46 @@ impl RelayProtocol {
     }
 }
 
+/// How a DC's further relays (a pair's standby, [`RelayEndpoint::standby`]) are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StandbyMode {
+    /// Followed only when the followed relay fails (then one snapshot per pool, or a
+    /// resume): half the WAN bytes and replica memory of [`StandbyMode::Hot`], a failover
+    /// of one connection and snapshot. Idle standbys are probed
+    /// ([`Limits::standby_probe_interval`]).
+    #[default]
+    OnDemand,
+    /// Every address of a DC is followed all along, each with its own replicas, and only
+    /// one of them is scored: a failover is a switch of which one, with no connection or
+    /// snapshot, so the DC never leaves the ranking while one relay of it is current. Costs
+    /// each relay's pool streams and replica memory once per address.
+    Hot,
+}
+
+impl StandbyMode {
+    /// The name used in configuration (`on-demand`, `hot`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OnDemand => "on-demand",
+            Self::Hot => "hot",
+        }
+    }
+}
+
+impl FromStr for StandbyMode {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        match text {
+            "on-demand" => Ok(Self::OnDemand),
+            "hot" => Ok(Self::Hot),
+            _ => Err(ConfigError::StandbyMode {
+                text: text.to_owned(),
+            }),
+        }
+    }
+}
+
 impl FromStr for RelayProtocol {
     type Err = ConfigError;
 
@@ -234,7 +274,9 @@ pub struct Limits {
     /// window says how long it is; 1 s by default): a relay that is stopped, wedged or
     /// behind a partition keeps its sockets open and would otherwise be noticed only by
     /// `catalog_staleness_bound`. 0 turns it off. A lone relay is never left for silence
-    /// (there is nowhere to go; its replicas keep `staleness_bound`).
+    /// (there is nowhere to go; its replicas keep `staleness_bound`). With
+    /// [`StandbyMode::Hot`] a silent relay stays followed and its DC is scored through
+    /// another of its relays that is not silent.
     pub relay_silence_windows: u32,
     /// The least silence [`Limits::relay_silence_windows`] allows, whatever window length
     /// the relay announces (a relay announcing 0 ms is not left at once). Must be > 0.
@@ -362,6 +404,8 @@ pub struct ConsumerConfig {
     pub limits: Limits,
     /// Diagnostic label sent with every stream request (suffixed per stream).
     pub subscriber_id: String,
+    /// How a DC's standby relays are kept: followed on demand, or all along.
+    pub standby: StandbyMode,
 }
 
 impl ConsumerConfig {
@@ -373,6 +417,34 @@ impl ConsumerConfig {
             backoff: BackoffConfig::default(),
             limits: Limits::default(),
             subscriber_id: "kvrelay-consumer".to_owned(),
+            standby: StandbyMode::OnDemand,
+        }
+    }
+
+    /// The relays the consumer follows, each with the index of its DC in
+    /// [`ConsumerConfig::relays`]: one per DC (its standbys tried in turn) with
+    /// [`StandbyMode::OnDemand`], one per address (each a lone relay) with
+    /// [`StandbyMode::Hot`].
+    pub fn followed_relays(&self) -> Vec<(usize, RelayEndpoint)> {
+        match self.standby {
+            StandbyMode::OnDemand => self.relays.iter().cloned().enumerate().collect(),
+            StandbyMode::Hot => self
+                .relays
+                .iter()
+                .enumerate()
+                .flat_map(|(dc, relay)| {
+                    relay.addresses().map(move |addr| {
+                        (
+                            dc,
+                            RelayEndpoint {
+                                addr: addr.to_owned(),
+                                standby: Vec::new(),
+                                ..relay.clone()
+                            },
+                        )
+                    })
+                })
+                .collect(),
         }
     }
 
@@ -438,6 +510,12 @@ impl ConsumerConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// A standby mode other than `on-demand` or `hot`.
+    #[error("unknown standby mode {text:?} (expected on-demand or hot)")]
+    StandbyMode {
+        /// The mode as written.
+        text: String,
+    },
     /// A relay address names a protocol other than `kvrelay` or `dynamo-grpc`.
     #[error("unknown relay protocol {text:?} (expected kvrelay or dynamo-grpc)")]
     RelayProtocol {

@@ -108,6 +108,12 @@ impl Collector for Snapshot {
             "Relays of pairs not followed now whose last probe failed: no working standby.",
             m.standbys_unreachable as f64,
         )?;
+        gauge(
+            &mut encoder,
+            "standby_replicas_current",
+            "Current replicas of hot standbys (followed, not scored): what a switch scores at once.",
+            m.standby_replicas_current as f64,
+        )?;
         let counters = [
             (
                 "quarantined",
@@ -291,6 +297,7 @@ mod tests {
             ("relay_stalls", "counter"),
             ("standby_probe_failures", "counter"),
             ("standbys_unreachable", "gauge"),
+            ("standby_replicas_current", "gauge"),
             ("catalogs_applied", "counter"),
             ("snapshots_installed", "counter"),
             ("deltas_applied", "counter"),

@@ -57,7 +57,7 @@ mod wire;
 pub use candidate::CandidateShape;
 pub use catalog::{Coverage, PoolKey, QuarantinedEntry};
 pub use client::Consumer;
-pub use config::{ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayProtocol};
+pub use config::{ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayProtocol, StandbyMode};
 
 /// The old name of [`RelayEndpoint`], kept for one release.
 #[deprecated(
@@ -79,7 +79,7 @@ pub use scoring::{
 pub use served::{ServedModel, served_base_models};
 pub use state::{
     CatalogChange, CatalogError, CheckedPoolFrame, ConsumerState, FrameOutcome, PoolFrameRefused,
-    PoolStatus, RelayStatus, StandbyStatus,
+    PoolStatus, RelayStatus, ScoredSwitch, StandbyStatus,
 };
 pub use store::StoreError;
 pub use weights::{ScoreWeights, WeightError};

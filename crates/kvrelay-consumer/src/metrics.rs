@@ -147,6 +147,10 @@ pub struct ConsumerMetrics {
     /// Relays of pairs not followed now whose last probe failed (or that were just left
     /// because they failed): the DC has no working standby until they answer again.
     pub standbys_unreachable: u64,
+    /// Replicas of hot standbys ([`crate::StandbyMode::Hot`]: relays followed all along
+    /// but not scored now) that are current: what a switch would score at once. Below
+    /// the scored pools' count, a failover now would leave some pools out.
+    pub standby_replicas_current: u64,
     /// Complete catalogs applied.
     pub catalogs_applied: u64,
     /// Snapshots installed.

@@ -236,13 +236,16 @@ pub struct PoolStatus {
     pub age: Option<Duration>,
 }
 
-/// One configured relay as the consumer sees it (for status output and readiness).
+/// One followed relay as the consumer sees it (for status output and readiness).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RelayStatus {
     /// The DC name configured for the relay.
     pub dc: String,
     /// The relay's configured `host:port`.
     pub addr: String,
+    /// Whether its pools are the DC's scored ones: always for a relay followed on demand;
+    /// with [`crate::StandbyMode::Hot`], for one relay of each DC at a time.
+    pub scored: bool,
     /// The revision of the catalog applied this epoch; `None` before the first one (or
     /// after the relay's view was forgotten).
     pub catalog_revision: Option<u64>,
@@ -278,6 +281,22 @@ pub struct StandbyStatus {
     pub incarnation: Option<u64>,
     /// Why it did not answer (or why the consumer left it), when it did not.
     pub error: Option<String>,
+    /// Whether it is followed all along ([`crate::StandbyMode::Hot`]), its replicas
+    /// kept current to take over at once; then `reachable` says whether its catalog
+    /// stream is up now and `checked_ago` is `None`.
+    pub followed: bool,
+}
+
+/// A DC's scored relay changed ([`crate::StandbyMode::Hot`]): its pools are now
+/// answered from another of its relays' replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScoredSwitch {
+    /// The DC's index in [`ConsumerConfig::relays`].
+    pub dc: usize,
+    /// The relay (index of [`ConsumerState::relays`]) scored before.
+    pub from: usize,
+    /// The relay scored now.
+    pub to: usize,
 }
 
 /// One relay's catalog as last applied.
@@ -295,10 +314,28 @@ struct RelayView {
     suspended: bool,
 }
 
-/// The consumer's state: catalogs, loads and replicas of every configured relay.
+/// The consumer's state: catalogs, loads and replicas of every followed relay.
+///
+/// A relay index names one followed relay ([`ConsumerConfig::followed_relays`]): a DC
+/// (its standbys tried in turn by the client) with [`crate::StandbyMode::OnDemand`], one
+/// address with [`crate::StandbyMode::Hot`]. Then every relay of a DC keeps its own view
+/// and replicas and exactly one of them is scored ([`ConsumerState::scored_relay`]), so a
+/// DC is never counted twice.
 #[derive(Debug)]
 pub struct ConsumerState {
     relays: Vec<RelayEndpoint>,
+    /// Per relay: its DC's index in the configuration.
+    relay_dcs: Vec<usize>,
+    /// Per DC: the relay whose pools are scored.
+    scored: Vec<usize>,
+    /// Per relay: whether it stopped sending load windows ([`ConsumerState::set_silent`]).
+    silent: Vec<bool>,
+    /// Per DC: a change of its scored relay not yet taken ([`ConsumerState::poll_switch`]);
+    /// one per DC at most, so a caller that never takes them holds nothing more.
+    switches: Vec<Option<ScoredSwitch>>,
+    /// Per DC: whether it was ever scored through a fit relay. Until then a move is the
+    /// start (whichever relay answered first), not a failover, and is not reported.
+    settled: Vec<bool>,
     dcs: Vec<Arc<str>>,
     weights: ScoreWeights,
     max_pools_per_relay: usize,
@@ -325,18 +362,23 @@ impl ConsumerState {
     /// An empty state for `config` (validated).
     pub fn new(config: &ConsumerConfig) -> Result<Self, ConfigError> {
         config.validate()?;
+        let (relay_dcs, relays): (Vec<usize>, Vec<RelayEndpoint>) =
+            config.followed_relays().into_iter().unzip();
+        let scored = (0..config.relays.len())
+            .map(|dc| relay_dcs.iter().position(|&of| of == dc).unwrap_or(0))
+            .collect();
         Ok(Self {
-            relays: config.relays.clone(),
-            dcs: config
-                .relays
-                .iter()
-                .map(|r| Arc::from(r.dc.as_str()))
-                .collect(),
+            silent: vec![false; relays.len()],
+            switches: vec![None; config.relays.len()],
+            settled: vec![false; config.relays.len()],
+            scored,
+            dcs: relays.iter().map(|r| Arc::from(r.dc.as_str())).collect(),
+            relay_dcs,
             weights: config.weights,
             max_pools_per_relay: config.limits.max_pools_per_relay,
             max_replica_bytes_per_relay: config.limits.max_replica_bytes_per_relay,
-            relay_views: config.relays.iter().map(|_| RelayView::default()).collect(),
-            relay_dc_ids: vec![None; config.relays.len()],
+            relay_views: relays.iter().map(|_| RelayView::default()).collect(),
+            relay_dc_ids: vec![None; relays.len()],
             entries: Vec::new(),
             loads: hashbrown::HashMap::new(),
             producers: HashMap::new(),
@@ -346,14 +388,87 @@ impl ConsumerState {
             ),
             next_key: 1,
             tie_ranks: Vec::new(),
-            topologies: config.relays.iter().map(|_| None).collect(),
+            topologies: relays.iter().map(|_| None).collect(),
             scratches: ScratchPool::default(),
+            relays,
         })
     }
 
-    /// The configured relays, by index.
+    /// The followed relays, by index ([`ConsumerConfig::followed_relays`]).
     pub fn relays(&self) -> &[RelayEndpoint] {
         &self.relays
+    }
+
+    /// The index in [`ConsumerConfig::relays`] of relay `relay`'s DC.
+    pub fn relay_dc(&self, relay: usize) -> Option<usize> {
+        self.relay_dcs.get(relay).copied()
+    }
+
+    /// The relay whose pools DC `dc` (its index in [`ConsumerConfig::relays`]) is scored
+    /// with now.
+    pub fn scored_relay(&self, dc: usize) -> Option<usize> {
+        self.scored.get(dc).copied()
+    }
+
+    /// Marks relay `relay` silent (it stopped sending load windows) or heard again. A
+    /// silent relay's pools keep their replicas; with [`crate::StandbyMode::Hot`] its DC
+    /// is scored through another of its relays that is not.
+    pub fn set_silent(&mut self, relay: usize, silent: bool) {
+        if let Some(flag) = self.silent.get_mut(relay)
+            && *flag != silent
+        {
+            *flag = silent;
+            self.rebuild_entries();
+        }
+    }
+
+    /// Takes a change of some DC's scored relay, if one happened since the last call (the
+    /// first relay each DC was scored with and the one it is scored with now).
+    pub fn poll_switch(&mut self) -> Option<ScoredSwitch> {
+        self.switches.iter_mut().find_map(Option::take)
+    }
+
+    /// How fit relay `relay` is to be scored: a relay with no catalog or a broken
+    /// connection not at all, then a silent one, then one withholding stalled pools.
+    fn fitness(&self, relay: usize) -> u8 {
+        let view = &self.relay_views[relay];
+        if view.suspended || view.revision.is_none() {
+            0
+        } else if self.silent[relay] {
+            1
+        } else if view.stalled > 0 {
+            2
+        } else {
+            3
+        }
+    }
+
+    /// Moves each DC's scoring to its fittest relay when that one is strictly fitter than
+    /// the relay scored now (the first in configuration order among equals): two relays
+    /// that are both fine never swap, and one that comes back is not preferred again.
+    fn choose_scored(&mut self) {
+        for dc in 0..self.scored.len() {
+            let current = self.scored[dc];
+            let best = (0..self.relays.len())
+                .filter(|&relay| self.relay_dcs[relay] == dc)
+                .fold(current, |best, relay| {
+                    if self.fitness(relay) > self.fitness(best) {
+                        relay
+                    } else {
+                        best
+                    }
+                });
+            if best != current {
+                self.scored[dc] = best;
+                if self.settled[dc] {
+                    let from = self.switches[dc].map_or(current, |pending| pending.from);
+                    self.switches[dc] = Some(ScoredSwitch { dc, from, to: best });
+                }
+            }
+            if self.fitness(best) > 0 {
+                self.settled[dc] = true;
+            }
+        }
     }
 
     /// The revision of relay `relay`'s last applied catalog, if any this epoch.
@@ -373,20 +488,34 @@ impl ConsumerState {
         relay: usize,
         projected: &mut ProjectedCatalog,
     ) -> Option<u64> {
+        // Relays of one DC (hot standbys) serve the same pools; any other relay does not.
+        let dc_index = self.relay_dcs[relay];
         let served_elsewhere = |dc_id: u64| {
             self.relay_dc_ids
                 .iter()
                 .enumerate()
-                .find(|(other, pinned)| *other != relay && **pinned == Some(dc_id))
+                .find(|(other, pinned)| {
+                    self.relay_dcs[*other] != dc_index && **pinned == Some(dc_id)
+                })
                 .map(|(other, _)| other)
         };
-        let own = self.relay_dc_ids[relay].or_else(|| {
-            projected
-                .admitted
+        let sibling_pinned = || {
+            self.relay_dc_ids
                 .iter()
-                .map(|pool| pool.producer.pool_id.dc_id)
-                .find(|dc_id| served_elsewhere(*dc_id).is_none())
-        });
+                .enumerate()
+                .find_map(|(other, pinned)| {
+                    (self.relay_dcs[other] == dc_index).then_some(*pinned)?
+                })
+        };
+        let own = self.relay_dc_ids[relay]
+            .or_else(sibling_pinned)
+            .or_else(|| {
+                projected
+                    .admitted
+                    .iter()
+                    .map(|pool| pool.producer.pool_id.dc_id)
+                    .find(|dc_id| served_elsewhere(*dc_id).is_none())
+            });
         let dc = &self.relays[relay].dc;
         let (kept, foreign): (Vec<AdmittedPool>, Vec<AdmittedPool>) =
             std::mem::take(&mut projected.admitted)
@@ -550,6 +679,7 @@ impl ConsumerState {
             self.forget(key);
         }
         self.topologies[relay] = None;
+        self.silent[relay] = false;
         self.rebuild_entries();
         dropped
     }
@@ -568,6 +698,8 @@ impl ConsumerState {
             self.loads.remove(key);
         }
         self.topologies[relay] = None;
+        // Silence is a fact of a connection: the next one watches afresh.
+        self.silent[relay] = false;
         self.relay_views[relay].suspended = true;
         self.rebuild_entries();
         keys
@@ -922,14 +1054,16 @@ impl ConsumerState {
         out
     }
 
-    /// Every configured relay's catalog state, in configuration order.
+    /// Every followed relay's catalog state, in [`ConsumerState::relays`] order.
     pub fn relay_statuses(&self) -> Vec<RelayStatus> {
         self.relays
             .iter()
             .zip(&self.relay_views)
-            .map(|(relay, view)| RelayStatus {
+            .enumerate()
+            .map(|(idx, (relay, view))| RelayStatus {
                 dc: relay.dc.clone(),
                 addr: relay.addr.clone(),
+                scored: self.scored[self.relay_dcs[idx]] == idx,
                 catalog_revision: view.revision,
                 suspended: view.suspended,
                 admitted_pools: view.pools.len(),
@@ -972,6 +1106,17 @@ impl ConsumerState {
                 out.pools_incomplete += 1;
             }
         }
+        // Hot standbys' replicas: what a switch of the scored relay would score at once.
+        out.standby_replicas_current = self
+            .relay_views
+            .iter()
+            .enumerate()
+            .filter(|(relay, view)| {
+                self.scored[self.relay_dcs[*relay]] != *relay && !view.suspended
+            })
+            .flat_map(|(_, view)| view.pools.values())
+            .filter(|entry| self.store.status(entry.key, now) == ReplicaStatus::Current)
+            .count() as u64;
         out.query_table_bytes = self.store.table_bytes();
         out.max_replica_age = max_age;
         out.max_replica_sequence_lag = max_lag;
@@ -988,12 +1133,18 @@ impl ConsumerState {
         self.producers.remove(&key);
     }
 
+    /// Rebuilds the scored entries: the pools of each DC's scored relay (chosen first),
+    /// unless its connection is broken.
     fn rebuild_entries(&mut self) {
+        self.choose_scored();
         let mut entries: Vec<PoolEntry> = self
             .relay_views
             .iter()
-            .filter(|view| !view.suspended)
-            .flat_map(|view| view.pools.values().cloned())
+            .enumerate()
+            .filter(|(relay, view)| {
+                !view.suspended && self.scored[self.relay_dcs[*relay]] == *relay
+            })
+            .flat_map(|(_, view)| view.pools.values().cloned())
             .collect();
         entries.sort_by(|a, b| {
             a.relay

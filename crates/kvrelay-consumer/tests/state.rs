@@ -12,7 +12,8 @@ use kvrelay_ckf::{ExactIndex, PrefixQuery};
 use kvrelay_codec::v1::{CoverageState, PoolCoverage, ProducerIdentity};
 use kvrelay_consumer::{
     CatalogError, CheckedPoolFrame, ConsumerConfig, ConsumerState, Coverage, FrameOutcome, PoolKey,
-    RelayEndpoint, ReplicaStatus, ResubscribeReason, ScoreRequest, ServedModel, served_base_models,
+    RelayEndpoint, ReplicaStatus, ResubscribeReason, ScoreRequest, ScoredSwitch, ServedModel,
+    StandbyMode, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
@@ -1168,4 +1169,171 @@ proptest::proptest! {
             chain_depths(&whole, &chains, now)
         );
     }
+}
+
+/// A hot pair (`dc-0` at A and B, followed all along) and a lone relay (`dc-1`).
+fn hot_pair() -> ConsumerState {
+    let mut config = ConsumerConfig::new(vec![
+        RelayEndpoint::new("127.0.0.1:7400", "dc-0").with_standby(vec!["127.0.0.1:7401".into()]),
+        RelayEndpoint::new("127.0.0.1:7500", "dc-1"),
+    ]);
+    config.standby = StandbyMode::Hot;
+    ConsumerState::new(&config).unwrap()
+}
+
+/// The keys of the pools scored now.
+fn scored_keys(state: &ConsumerState, now: Instant) -> Vec<PoolKey> {
+    state.pools(now).iter().map(|pool| pool.key).collect()
+}
+
+#[test]
+fn a_hot_pair_scores_one_relay_and_switches_to_the_other_at_once_without_flapping() {
+    let mut state = hot_pair();
+    let addrs: Vec<&str> = state.relays().iter().map(|r| r.addr.as_str()).collect();
+    assert_eq!(
+        addrs,
+        ["127.0.0.1:7400", "127.0.0.1:7401", "127.0.0.1:7500"]
+    );
+    assert_eq!(
+        (0..3).map(|r| state.relay_dc(r)).collect::<Vec<_>>(),
+        [Some(0), Some(0), Some(1)]
+    );
+    let (at_a, at_b) = (relay_identity(1), relay_identity(2));
+    let spec = PoolSpec::aggregated("alpha", "llama");
+    let mut a = Producer::new(&spec, "dc-0", at_a, 1);
+    let mut b = Producer::new(&spec, "dc-0", at_b, 1);
+    // Both relays saw the same engine events.
+    let tokens: Vec<u32> = (0..64).collect();
+    a.store(1, &tokens, HashSalt::default());
+    b.store(1, &tokens, HashSalt::default());
+    let now = Instant::now();
+    let key_a = state
+        .apply_catalog(0, &catalog_of(at_a, 1, &[&a]))
+        .unwrap()
+        .added[0]
+        .0;
+    let key_b = state
+        .apply_catalog(1, &catalog_of(at_b, 1, &[&b]))
+        .unwrap()
+        .added[0]
+        .0;
+    assert!(state.quarantined().is_empty(), "one DC's two relays");
+    install(&mut state, key_a, &mut a, now);
+    install(&mut state, key_b, &mut b, now);
+    let depth = |state: &ConsumerState| {
+        let ranking = state.score(&request(tokens.clone()), now).unwrap();
+        assert_eq!(ranking.candidates.len(), 1, "the DC is counted once");
+        ranking.candidates[0].legs[0].prefix_blocks
+    };
+    let full = depth(&state);
+    assert!(full.is_some_and(|blocks| blocks > 0));
+    assert_eq!(scored_keys(&state, now), [key_a], "A first");
+    assert_eq!(state.poll_switch(), None);
+    let scored: Vec<bool> = state.relay_statuses().iter().map(|r| r.scored).collect();
+    assert_eq!(scored, [true, false, true]);
+
+    // A's connection breaks: B's replica answers at once, nothing to install.
+    state.suspend_relay(0);
+    assert_eq!(scored_keys(&state, now), [key_b]);
+    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    assert_eq!(depth(&state), full);
+    assert_eq!(
+        state.poll_switch(),
+        Some(ScoredSwitch {
+            dc: 0,
+            from: 0,
+            to: 1
+        })
+    );
+    assert_eq!(state.poll_switch(), None, "taken once");
+
+    // A comes back: B stays scored (two fit relays never swap).
+    state.apply_catalog(0, &catalog_of(at_a, 1, &[&a])).unwrap();
+    assert_eq!(scored_keys(&state, now), [key_b]);
+    assert_eq!(state.poll_switch(), None);
+
+    // B goes silent: A is scored; B heard again: A stays.
+    state.set_silent(1, true);
+    assert_eq!(scored_keys(&state, now), [key_a]);
+    state.set_silent(1, false);
+    assert_eq!(scored_keys(&state, now), [key_a]);
+    assert_eq!(
+        state.poll_switch(),
+        Some(ScoredSwitch {
+            dc: 0,
+            from: 1,
+            to: 0
+        })
+    );
+
+    // A withholds a stalled pool and B does not: B. Both stalled: no move back.
+    let other = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", at_a, 1);
+    let mut stalled = catalog_of(at_a, 2, &[&a]);
+    stalled.stalled = vec![other.descriptor.producer.pool_id];
+    state.apply_catalog(0, &stalled).unwrap();
+    assert_eq!(scored_keys(&state, now), [key_b]);
+    let mut stalled_b = catalog_of(at_b, 2, &[&b]);
+    stalled_b.stalled = vec![other.descriptor.producer.pool_id];
+    state.apply_catalog(1, &stalled_b).unwrap();
+    assert_eq!(scored_keys(&state, now), [key_b]);
+    // Both relays gone: the DC is out of the ranking, never scored through a broken one.
+    state.suspend_relay(1);
+    state.reset_relay(0);
+    assert!(scored_keys(&state, now).is_empty());
+}
+
+#[test]
+fn a_hot_standby_serving_another_dc_is_quarantined_and_a_dc_is_never_served_by_two_dcs() {
+    let mut state = hot_pair();
+    let spec = PoolSpec::aggregated("alpha", "llama");
+    let a = Producer::new(&spec, "dc-0", relay_identity(1), 1);
+    state
+        .apply_catalog(0, &catalog_of(relay_identity(1), 1, &[&a]))
+        .unwrap();
+    // B, configured as dc-0's standby, presents dc-9's pools.
+    let foreign = Producer::new(&spec, "dc-9", relay_identity(2), 1);
+    let change = state
+        .apply_catalog(1, &catalog_of(relay_identity(2), 1, &[&foreign]))
+        .unwrap();
+    assert!(change.added.is_empty());
+    assert_eq!(change.newly_quarantined, 1);
+    // dc-1's relay presents dc-0's pools (which A and B serve).
+    let copy = Producer::new(&spec, "dc-0", relay_identity(3), 1);
+    let change = state
+        .apply_catalog(2, &catalog_of(relay_identity(3), 1, &[&copy]))
+        .unwrap();
+    assert!(change.added.is_empty());
+    let reasons: Vec<String> = state.quarantined().into_iter().map(|q| q.reason).collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(reasons[1].contains("already serves"), "{reasons:?}");
+    assert_eq!(state.pools(Instant::now()).len(), 1);
+}
+
+#[test]
+fn a_hot_pair_whose_standby_answers_first_starts_there_without_a_failover() {
+    let mut state = hot_pair();
+    let spec = PoolSpec::aggregated("alpha", "llama");
+    let b = Producer::new(&spec, "dc-0", relay_identity(2), 1);
+    let key_b = state
+        .apply_catalog(1, &catalog_of(relay_identity(2), 1, &[&b]))
+        .unwrap()
+        .added[0]
+        .0;
+    assert_eq!(scored_keys(&state, Instant::now()), [key_b]);
+    assert_eq!(state.poll_switch(), None, "the start is not a failover");
+    let a = Producer::new(&spec, "dc-0", relay_identity(1), 1);
+    state
+        .apply_catalog(0, &catalog_of(relay_identity(1), 1, &[&a]))
+        .unwrap();
+    assert_eq!(scored_keys(&state, Instant::now()), [key_b], "no move back");
+    // From now on a move is a failover.
+    state.suspend_relay(1);
+    assert_eq!(
+        state.poll_switch(),
+        Some(ScoredSwitch {
+            dc: 0,
+            from: 1,
+            to: 0
+        })
+    );
 }

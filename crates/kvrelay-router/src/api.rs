@@ -462,7 +462,8 @@ pub struct RelayView {
     pub stalled_pools: usize,
     /// Why its last connection ended, if one has.
     pub last_error: Option<String>,
-    /// A relay pair's addresses not followed now, each as last probed.
+    /// A relay pair's other addresses: each as last probed, or (hot standbys) as
+    /// followed now.
     pub standbys: Vec<StandbyView>,
 }
 
@@ -477,6 +478,9 @@ pub struct StandbyView {
     pub checked_seconds_ago: Option<f64>,
     /// Why it did not answer, when it did not.
     pub error: Option<String>,
+    /// Whether it is followed all along (a hot standby: `reachable` is whether its
+    /// catalog stream is up now, and it has no probe age).
+    pub followed: bool,
 }
 
 /// One pool in [`PoolsView`].
@@ -538,6 +542,7 @@ impl PoolsView {
                             reachable: standby.reachable,
                             checked_seconds_ago: standby.checked_ago.map(|ago| ago.as_secs_f64()),
                             error: standby.error.clone(),
+                            followed: standby.followed,
                         })
                         .collect(),
                 })

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kvrelay_consumer::{
     BackoffConfig, BearerToken, ConfigError, ConsumerConfig, Limits, RelayEndpoint, RelayProtocol,
-    RelayTls, ScoreWeights, TokenError,
+    RelayTls, ScoreWeights, StandbyMode, TokenError,
 };
 use kvrelay_http::HttpBounds;
 use serde::Deserialize;
@@ -250,6 +250,9 @@ pub struct ConsumerSection {
     pub rejoin_window_ms: u64,
     /// A relay pair's standby is probed every this long (half jitter), ms (0: off).
     pub standby_probe_interval_ms: u64,
+    /// How a relay pair's standby is kept: `on-demand` (followed when the followed relay
+    /// fails) or `hot` (followed all along, scored the moment the other is not fit).
+    pub standby_mode: StandbyModeKey,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -276,8 +279,29 @@ impl Default for ConsumerSection {
             rejoin_interval_ms: millis(limits.rejoin_interval),
             rejoin_window_ms: millis(limits.rejoin_window),
             standby_probe_interval_ms: millis(limits.standby_probe_interval),
+            standby_mode: StandbyModeKey::default(),
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
+        }
+    }
+}
+
+/// `standby_mode` of `[consumer]`, as written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StandbyModeKey {
+    /// [`StandbyMode::OnDemand`].
+    #[default]
+    OnDemand,
+    /// [`StandbyMode::Hot`].
+    Hot,
+}
+
+impl From<StandbyModeKey> for StandbyMode {
+    fn from(key: StandbyModeKey) -> Self {
+        match key {
+            StandbyModeKey::OnDemand => Self::OnDemand,
+            StandbyModeKey::Hot => Self::Hot,
         }
     }
 }
@@ -520,6 +544,7 @@ impl RouterConfig {
             .collect::<Result<Vec<_>, _>>()?;
         let mut config = ConsumerConfig::new(relays);
         config.limits = self.consumer.limits();
+        config.standby = self.consumer.standby_mode.into();
         config.backoff = BackoffConfig {
             initial: Duration::from_millis(self.consumer.backoff_initial_ms),
             max: Duration::from_millis(self.consumer.backoff_max_ms),

@@ -114,6 +114,7 @@ mod tests {
         RelayStatus {
             dc: dc.to_owned(),
             addr: format!("127.0.0.1:{}", dc.len()),
+            scored: true,
             catalog_revision: revision,
             suspended,
             admitted_pools: 1,

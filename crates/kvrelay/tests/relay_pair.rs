@@ -195,3 +195,79 @@ async fn a_silent_followed_relay_is_left_for_the_standby_once_it_misses_its_load
     kill(first).await;
     kill(second).await;
 }
+
+/// With hot standbys both relays are followed all along and one is scored: SIGKILL of the
+/// scored relay leaves every pool current through the other without a connection or a
+/// snapshot (the replicas were there), the DC listed once; a scored relay that goes silent
+/// (SIGSTOP) is switched away from, and the relays never swap back by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_pair_switches_at_once_when_its_scored_relay_dies_or_goes_silent() {
+    let first = RelayProcess::start(&[], WORKLOAD, &[]).await;
+    let second = RelayProcess::start(&[], WORKLOAD, &[]).await;
+    let pair = RelayEndpoint::new(&first.wan.to_string(), "dc-proc")
+        .with_standby(vec![second.wan.to_string()]);
+    let mut config = kvrelay_consumer::ConsumerConfig::new(vec![pair]);
+    config.standby = kvrelay_consumer::StandbyMode::Hot;
+    config.backoff = kvrelay_consumer::BackoffConfig {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..kvrelay_consumer::BackoffConfig::default()
+    };
+    config.limits.catalog_staleness_bound = Duration::from_secs(60);
+    let consumer = Consumer::start(config).unwrap();
+    all_current(&consumer).await;
+    let standby_ready = consumer
+        .wait_for_metrics(DEADLINE, |metrics| {
+            metrics.standby_replicas_current == EXAMPLE_POOLS as u64
+        })
+        .await;
+    assert!(standby_ready, "{:?}", consumer.metrics());
+    let status = consumer.relays();
+    assert_eq!(status.len(), 1, "one DC");
+    assert_eq!(status[0].standbys.len(), 1);
+    assert!(status[0].standbys[0].followed);
+    assert_eq!(status[0].standbys[0].reachable, Some(true));
+    let through_first = followed_incarnation(&consumer);
+    let connects = consumer.metrics().relay_connects;
+    let first_wan = first.wan;
+
+    // SIGKILL of the scored relay: the standby's replicas are scored as soon as the
+    // connection's end is seen, with no new connection and no snapshot.
+    let snapshots = consumer.metrics().snapshots_installed;
+    kill(first).await;
+    let unusable_for = current_through_another(&consumer, &[through_first]).await;
+    eprintln!("replicas current through the hot standby {unusable_for:?} after the kill");
+    let metrics = consumer.metrics();
+    assert_eq!(metrics.relay_failovers, 1);
+    assert_eq!(
+        metrics.snapshots_installed, snapshots,
+        "no snapshot to take over"
+    );
+    assert_eq!(
+        metrics.relay_connects, connects,
+        "no connection to take over"
+    );
+    let through_second = followed_incarnation(&consumer);
+
+    // The first relay comes back (a new incarnation, followed again, not scored).
+    let first = RelayProcess::start_on(first_wan, WORKLOAD).await;
+    let standby_back = consumer
+        .wait_for_metrics(DEADLINE, |metrics| {
+            metrics.standby_replicas_current == EXAMPLE_POOLS as u64
+        })
+        .await;
+    assert!(standby_back, "{:?}", consumer.relays());
+    stays_on(&consumer, through_second).await;
+
+    // The scored relay stops (its sockets stay open): silence switches to the first.
+    signal(&second, "STOP");
+    current_through_another(&consumer, &[through_first, through_second]).await;
+    let metrics = consumer.metrics();
+    assert_eq!((metrics.relay_silences, metrics.relay_failovers), (1, 2));
+    let through_restarted = followed_incarnation(&consumer);
+    signal(&second, "CONT");
+    stays_on(&consumer, through_restarted).await;
+    consumer.shutdown().await;
+    kill(first).await;
+    kill(second).await;
+}

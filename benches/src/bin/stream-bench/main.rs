@@ -74,7 +74,8 @@ same gRPC follower; --python, default target/interop/venv/bin/python, and
 --dynamo-scripts, default benches/dynamo); join-live, join-live-noreplay,
 join-live-ring8, join-idle, join-idle-noreplay, restart-checkpoint, restart-cold,
 restart-checkpoint-backoff (its follower rejoins on the backoff only: the baseline of the
-consumer's rejoin interval), pair-kill, pair-upgrade (opt-in). --engine-nice (default 19)
+consumer's rejoin interval), pair-kill, pair-kill-hot (its follower keeps the standby hot),
+pair-upgrade (opt-in). --engine-nice (default 19)
 lowers the engine processes' CPU priority, as engines on their own hosts would not take
 the relay's CPU; 0 runs them at the relay's priority. See docs/benchmarks.md.
 ";
@@ -401,6 +402,7 @@ async fn main() -> Result<()> {
         rate: low,
         publish_s: if quick { 20.0 } else { 40.0 },
         upgrade: name == "pair-upgrade",
+        hot: name == "pair-kill-hot",
     });
     let mut pair_results = Vec::new();
     if pair_runs.iter().any(|spec| wanted.contains(&spec.name)) {
@@ -413,10 +415,11 @@ async fn main() -> Result<()> {
                 spec.name,
                 spec.publish_s,
                 spec.rate,
-                if spec.upgrade {
-                    "rolling upgrade (SIGTERM and restart of each in turn)"
-                } else {
-                    "the followed relay SIGKILLed at 40 %"
+                match (spec.upgrade, spec.hot) {
+                    (true, _) => "rolling upgrade (SIGTERM and restart of each in turn)",
+                    (false, false) => "the followed relay SIGKILLed at 40 %",
+                    (false, true) =>
+                        "both relays followed (hot standby), the scored one SIGKILLed at 40 %",
                 }
             );
             let result = pair::run(&setup, spec, &requests)

@@ -5,6 +5,8 @@
 //!
 //! - `pair-kill`: the followed relay (A) is SIGKILLed at 40 % of the publishing time and
 //!   stays down; the follower moves to B.
+//! - `pair-kill-hot`: the same with the follower's standby hot (`--standby-mode hot`): it
+//!   follows both relays all along, scores A, and switches its scoring to B's replicas.
 //! - `pair-upgrade`: a rolling upgrade. A is stopped with SIGTERM at 30 % and started
 //!   again on its ports 1 s later (restoring its checkpoint); B, followed by then, is
 //!   stopped at 65 % and started again the same way.
@@ -31,7 +33,7 @@ use super::{
 };
 
 /// The pair runs, by name.
-pub(crate) const PAIR_RUNS: [&str; 2] = ["pair-kill", "pair-upgrade"];
+pub(crate) const PAIR_RUNS: [&str; 3] = ["pair-kill", "pair-kill-hot", "pair-upgrade"];
 
 /// One pair run's settings.
 #[derive(Debug, Clone)]
@@ -44,6 +46,8 @@ pub(crate) struct PairSpec {
     /// A rolling upgrade (both relays stopped gracefully and started again in turn)
     /// rather than one SIGKILL.
     pub(crate) upgrade: bool,
+    /// The follower keeps its standby hot (follows both relays all along).
+    pub(crate) hot: bool,
 }
 
 /// How long a stopped relay stays down in the upgrade run.
@@ -150,7 +154,11 @@ pub(crate) async fn run(
     let mut second = PairRelay::start(setup, "b", &dir, &cards, &sources).await?;
     let pair = format!("127.0.0.1:{}+127.0.0.1:{}=dc-bench", first.wan, second.wan);
     // Sampled every probe tick (2 ms) rather than every 10 ms: a failover takes a few ms.
-    let mut follower = start_follower(setup, &pair, &stamp_paths, &["--sample-ms", "1"]).await?;
+    let mut follower_args = vec!["--sample-ms", "1"];
+    if spec.hot {
+        follower_args.extend(["--standby-mode", "hot"]);
+    }
+    let mut follower = start_follower(setup, &pair, &stamp_paths, &follower_args).await?;
 
     for engine in &mut engines {
         engine.send("go")?;
@@ -195,6 +203,7 @@ pub(crate) async fn run(
         bytes = json!({
             "followed_pool_bytes_per_s": followed_bytes / followed_for.max(1e-9),
             "standby_bytes_before_takeover": standby_before,
+            "standby_bytes_per_s_before_takeover": standby_before / followed_for.max(1e-9),
             "standby_bytes_first_2s": standby_takeover,
         });
         (second.name, second.admin())
@@ -249,8 +258,8 @@ pub(crate) async fn run(
 /// The pair runs as a Markdown table.
 pub(crate) fn render(results: &[Value]) -> String {
     let mut out = String::from(
-        "\n| pair run | steps | longest not current | live recall 30 s after each step (found ≤ 1 s / probes) | pools listed at most | failovers | current after stop s | truth blocks | missing at end | standby bytes at takeover (first 2 s) | followed pool stream B/s (a hot standby's extra) |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "\n| pair run | steps | longest not current | live recall 30 s after each step (found ≤ 1 s / probes) | pools listed at most | failovers | current after stop s | truth blocks | missing at end | standby bytes at takeover (first 2 s) | followed pool stream B/s | standby pool stream B/s before the kill |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for result in results {
         let follower = &result["follower"];
@@ -276,7 +285,7 @@ pub(crate) fn render(results: &[Value]) -> String {
             .unwrap_or_default();
         let recall = recall_cell(follower);
         out.push_str(&format!(
-            "| {} | {} | {} ms | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} ms | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             result["run"].as_str().unwrap_or("?"),
             steps,
             number(&follower["longest_unusable_ms"], 0),
@@ -290,6 +299,7 @@ pub(crate) fn render(results: &[Value]) -> String {
             number(&result["missing_blocks"], 0),
             number(&result["bytes"]["standby_bytes_first_2s"], 0),
             number(&result["bytes"]["followed_pool_bytes_per_s"], 0),
+            number(&result["bytes"]["standby_bytes_per_s_before_takeover"], 0),
         ));
     }
     out

@@ -37,7 +37,7 @@ impl Shared {
         now: Instant,
         outcome: Result<u64, String>,
     ) {
-        let dc = &self.config.relays[relay].dc;
+        let dc = self.dc(relay);
         let peer = &self.endpoints[relay][addr].addr;
         let mut records = self.standbys.lock();
         let was_reachable = records[relay][addr]
@@ -76,23 +76,9 @@ impl Shared {
                 error: record
                     .as_ref()
                     .and_then(|record| record.outcome.as_ref().err().cloned()),
+                followed: false,
             })
             .collect()
-    }
-
-    /// Addresses not followed now whose last check failed, over every DC.
-    pub(super) fn standbys_unreachable(&self) -> u64 {
-        let records = self.standbys.lock();
-        let mut unreachable = 0;
-        for (relay, addresses) in records.iter().enumerate() {
-            let active = self.active[relay].load(Ordering::Relaxed);
-            for (addr, record) in addresses.iter().enumerate() {
-                if addr != active && record.as_ref().is_some_and(|r| r.outcome.is_err()) {
-                    unreachable += 1;
-                }
-            }
-        }
-        unreachable
     }
 }
 

@@ -372,3 +372,30 @@ fn a_dc_can_be_followed_through_a_relay_pair() {
             .is_err()
     );
 }
+
+/// `standby_mode` picks how a pair's standby is kept: on demand by default, `hot` when
+/// asked; any other word is refused, naming the choices.
+#[test]
+fn a_pairs_standby_mode_is_on_demand_unless_hot_is_asked() {
+    let pair = r#"
+        [[relays]]
+        address = "10.0.0.1:7400"
+        standby = ["10.0.0.2:7400"]
+        dc = "us-east"
+    "#;
+    let mode = |consumer: &str| {
+        RouterConfig::from_toml(&format!("[consumer]\n{consumer}\n{pair}"))
+            .map(|config| config.consumer_config(no_env).unwrap().standby)
+    };
+    assert_eq!(mode("").unwrap(), StandbyMode::OnDemand);
+    assert_eq!(
+        mode("standby_mode = \"on-demand\"").unwrap(),
+        StandbyMode::OnDemand
+    );
+    assert_eq!(mode("standby_mode = \"hot\"").unwrap(), StandbyMode::Hot);
+    let refused = mode("standby_mode = \"warm\"").unwrap_err().to_string();
+    assert!(
+        refused.contains("on-demand") && refused.contains("hot"),
+        "{refused}"
+    );
+}
