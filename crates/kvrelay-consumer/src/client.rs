@@ -281,7 +281,8 @@ impl Consumer {
     }
 
     /// Every configured DC's catalog state and last connection error, in configuration
-    /// order: the status of the relay it is scored through, with its other relays in
+    /// order: the status of the relay it is scored through (its `addr` the address
+    /// followed now), with its other relays in
     /// [`RelayStatus::standbys`] (probed ones as last probed; hot standbys as followed
     /// now).
     pub fn relays(&self) -> Vec<RelayStatus> {
@@ -303,6 +304,8 @@ impl Consumer {
         let errors = self.shared.last_errors.lock().clone();
         for (idx, (relay, error)) in followed.iter_mut().zip(errors).enumerate() {
             relay.last_error = error;
+            // The address followed now (a pair on demand may have moved to its standby).
+            relay.addr.clone_from(&self.shared.endpoint(idx).addr);
             relay.standbys = self.shared.standby_statuses(idx, now);
         }
         scored

@@ -180,6 +180,9 @@ pub enum ScoreError {
 /// Everything the pure scoring function reads.
 pub(crate) struct ScoreInputs<'a> {
     pub(crate) entries: &'a [PoolEntry],
+    /// Per entry, a hot standby's replica of the same pool that answers while the entry's
+    /// own replica cannot; empty when there are none.
+    pub(crate) alternates: &'a [Option<PoolKey>],
     pub(crate) relays: &'a [RelayEndpoint],
     /// The relays' DC names, shared into results.
     pub(crate) dcs: &'a [Arc<str>],
@@ -391,6 +394,30 @@ pub(crate) fn rank_into(
         depths.probe(keys, &hashes, now, probe_out, probe);
         for (&idx, &depth) in members.iter().zip(probe_out.iter()) {
             depth_of[idx] = depth;
+        }
+        // A pool whose replica cannot answer (resubscribing, a snapshot in flight) is
+        // answered by its hot standby's replica, when that one is current.
+        if !inputs.alternates.is_empty() {
+            members.retain(|&idx| {
+                matches!(depth_of[idx], ReplicaDepth::Unusable(_))
+                    && inputs.alternates.get(idx).is_some_and(Option::is_some)
+            });
+            if !members.is_empty() {
+                keys.clear();
+                keys.extend(
+                    members
+                        .iter()
+                        .filter_map(|&idx| inputs.alternates.get(idx).copied().flatten()),
+                );
+                probe_out.clear();
+                probe_out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaStatus::Missing));
+                depths.probe(keys, &hashes, now, probe_out, probe);
+                for (&idx, &depth) in members.iter().zip(probe_out.iter()) {
+                    if matches!(depth, ReplicaDepth::Current(_)) {
+                        depth_of[idx] = depth;
+                    }
+                }
+            }
         }
     }
 
@@ -773,6 +800,7 @@ mod tests {
         let dcs: Vec<Arc<str>> = relays.iter().map(|r| Arc::from(r.dc.as_str())).collect();
         let inputs = ScoreInputs {
             entries,
+            alternates: &[],
             relays: &relays,
             dcs: &dcs,
             loads,
@@ -962,6 +990,7 @@ mod tests {
         let loads = HashMap::new();
         let inputs = ScoreInputs {
             entries,
+            alternates: &[],
             relays: &relays,
             dcs: &dcs,
             loads: &loads,

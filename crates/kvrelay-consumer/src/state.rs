@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kvrelay_ckf::GrownRows;
 use kvrelay_codec::v1::{
-    CatalogUpdate, LoadWindow, PoolFrame, PoolPayload, ProducerIdentity, RelayIdentity,
+    CatalogUpdate, LoadWindow, PoolFrame, PoolId, PoolPayload, ProducerIdentity, RelayIdentity,
     TopologyUpdate,
 };
 use kvrelay_identity::CkfFormat;
@@ -234,6 +234,12 @@ pub struct PoolStatus {
     /// Time since the replica last heard from its stream (snapshot, delta or
     /// heartbeat); `None` before it first did.
     pub age: Option<Duration>,
+    /// Whether the pool is answered by a hot standby's replica now
+    /// ([`crate::StandbyMode::Hot`]): the scored relay's own replica of it is not current
+    /// (a resubscription, a snapshot in flight) and another relay of the DC has it
+    /// current. `replica`, `sequence`, `announced_sequence` and `age` are then that
+    /// replica's.
+    pub through_standby: bool,
 }
 
 /// One followed relay as the consumer sees it (for status output and readiness).
@@ -241,7 +247,8 @@ pub struct PoolStatus {
 pub struct RelayStatus {
     /// The DC name configured for the relay.
     pub dc: String,
-    /// The relay's configured `host:port`.
+    /// The relay's `host:port`: with a pair followed on demand, the address followed now
+    /// (as [`crate::Consumer::relays`] reports it; the state reports the first).
     pub addr: String,
     /// Whether its pools are the DC's scored ones: always for a relay followed on demand;
     /// with [`crate::StandbyMode::Hot`], for one relay of each DC at a time.
@@ -346,6 +353,9 @@ pub struct ConsumerState {
     relay_dc_ids: Vec<Option<u64>>,
     /// Every admitted entry of every relay, rebuilt when a catalog changes.
     entries: Vec<PoolEntry>,
+    /// Per entry (empty when no DC has a hot standby): the same pool's replica at the
+    /// fittest other relay of its DC, which answers while the entry's own cannot.
+    alternates: Vec<Option<PoolKey>>,
     loads: hashbrown::HashMap<PoolKey, LoadSample>,
     producers: HashMap<PoolKey, (usize, ProducerIdentity)>,
     store: ReplicaStore,
@@ -380,6 +390,7 @@ impl ConsumerState {
             relay_views: relays.iter().map(|_| RelayView::default()).collect(),
             relay_dc_ids: vec![None; relays.len()],
             entries: Vec::new(),
+            alternates: Vec::new(),
             loads: hashbrown::HashMap::new(),
             producers: HashMap::new(),
             store: ReplicaStore::new(
@@ -1018,6 +1029,7 @@ impl ConsumerState {
     ) -> Result<(), ScoreError> {
         let inputs = ScoreInputs {
             entries: &self.entries,
+            alternates: &self.alternates,
             relays: &self.relays,
             dcs: &self.dcs,
             loads: &self.loads,
@@ -1035,18 +1047,21 @@ impl ConsumerState {
         let mut out: Vec<PoolStatus> = self
             .entries
             .iter()
-            .filter_map(|entry| {
+            .enumerate()
+            .filter_map(|(idx, entry)| {
                 let (_, producer) = *self.producers.get(&entry.key)?;
+                let (answering, through_standby) = self.answering(idx, now);
                 Some(PoolStatus {
                     key: entry.key,
                     dc: self.relays[entry.relay].dc.clone(),
                     pool: entry.pool_label.to_string(),
                     producer,
-                    replica: self.store.status(entry.key, now),
+                    replica: self.store.status(answering, now),
                     coverage: entry.coverage,
-                    sequence: self.store.sequence(entry.key),
-                    announced_sequence: self.store.announced(entry.key),
-                    age: self.store.age(entry.key, now),
+                    sequence: self.store.sequence(answering),
+                    announced_sequence: self.store.announced(answering),
+                    age: self.store.age(answering, now),
+                    through_standby,
                 })
             })
             .collect();
@@ -1087,19 +1102,20 @@ impl ConsumerState {
     pub(crate) fn fill_gauges(&self, out: &mut ConsumerMetrics, now: Instant) {
         let mut max_age = Duration::ZERO;
         let mut max_lag = 0u64;
-        for entry in &self.entries {
-            match self.store.status(entry.key, now) {
+        for (idx, entry) in self.entries.iter().enumerate() {
+            let (key, _) = self.answering(idx, now);
+            match self.store.status(key, now) {
                 ReplicaStatus::Current => {
                     out.replicas_current += 1;
-                    let installed = self.store.sequence(entry.key).unwrap_or(0);
-                    let announced = self.store.announced(entry.key).unwrap_or(installed);
+                    let installed = self.store.sequence(key).unwrap_or(0);
+                    let announced = self.store.announced(key).unwrap_or(installed);
                     max_lag = max_lag.max(announced.saturating_sub(installed));
                 }
                 ReplicaStatus::Assembling => out.replicas_assembling += 1,
                 ReplicaStatus::Stale => out.replicas_stale += 1,
                 ReplicaStatus::Missing => {}
             }
-            if let Some(age) = self.store.age(entry.key, now) {
+            if let Some(age) = self.store.age(key, now) {
                 max_age = max_age.max(age);
             }
             if !entry.coverage.is_complete() {
@@ -1152,7 +1168,60 @@ impl ConsumerState {
                 .then_with(|| a.pool_label.cmp(&b.pool_label))
         });
         self.tie_ranks = scoring::tie_ranks(&entries, &self.dcs);
+        self.alternates = self.hot_alternates(&entries);
         self.entries = entries;
+    }
+
+    /// Per scored entry, the same pool (same pool id, block size and hash format) at the
+    /// fittest other unbroken relay of its DC, if any; empty when no DC has one, so a
+    /// consumer without hot standbys pays nothing for this.
+    fn hot_alternates(&self, entries: &[PoolEntry]) -> Vec<Option<PoolKey>> {
+        let mut standby: HashMap<(usize, PoolId), (u8, &PoolEntry)> = HashMap::new();
+        for (relay, view) in self.relay_views.iter().enumerate() {
+            let dc = self.relay_dcs[relay];
+            if self.scored[dc] == relay || view.suspended {
+                continue;
+            }
+            let fitness = self.fitness(relay);
+            for (producer, entry) in &view.pools {
+                let slot = standby
+                    .entry((dc, producer.pool_id))
+                    .or_insert((fitness, entry));
+                if fitness > slot.0 {
+                    *slot = (fitness, entry);
+                }
+            }
+        }
+        if standby.is_empty() {
+            return Vec::new();
+        }
+        entries
+            .iter()
+            .map(|entry| {
+                let (_, producer) = self.producers.get(&entry.key)?;
+                let (_, alternate) =
+                    standby.get(&(self.relay_dcs[entry.relay], producer.pool_id))?;
+                (alternate.block_size == entry.block_size
+                    && alternate.hash_format == entry.hash_format)
+                    .then_some(alternate.key)
+            })
+            .collect()
+    }
+
+    /// The replica that answers for scored entry `idx` at `now`: its own, or (hot
+    /// standbys) the same pool's replica at another relay of its DC while its own is not
+    /// current and that one is; `true` for the latter.
+    fn answering(&self, idx: usize, now: Instant) -> (PoolKey, bool) {
+        let own = self.entries[idx].key;
+        match self.alternates.get(idx) {
+            Some(Some(alternate))
+                if self.store.status(own, now) != ReplicaStatus::Current
+                    && self.store.status(*alternate, now) == ReplicaStatus::Current =>
+            {
+                (*alternate, true)
+            }
+            _ => (own, false),
+        }
     }
 }
 

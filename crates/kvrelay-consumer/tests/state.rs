@@ -1337,3 +1337,67 @@ fn a_hot_pair_whose_standby_answers_first_starts_there_without_a_failover() {
         })
     );
 }
+
+#[test]
+fn a_hot_standbys_replica_answers_for_a_scored_pool_that_cannot() {
+    let mut state = hot_pair();
+    let spec = PoolSpec::aggregated("alpha", "llama");
+    let (at_a, at_b) = (relay_identity(1), relay_identity(2));
+    let mut a = Producer::new(&spec, "dc-0", at_a, 1);
+    let mut b = Producer::new(&spec, "dc-0", at_b, 1);
+    let tokens: Vec<u32> = (0..64).collect();
+    a.store(1, &tokens, HashSalt::default());
+    b.store(1, &tokens, HashSalt::default());
+    let now = Instant::now();
+    let key_a = state
+        .apply_catalog(0, &catalog_of(at_a, 1, &[&a]))
+        .unwrap()
+        .added[0]
+        .0;
+    let key_b = state
+        .apply_catalog(1, &catalog_of(at_b, 1, &[&b]))
+        .unwrap()
+        .added[0]
+        .0;
+    install(&mut state, key_a, &mut a, now);
+    let depth = |state: &ConsumerState| {
+        let ranking = state.score(&request(tokens.clone()), now).unwrap();
+        assert_eq!(ranking.candidates.len(), 1, "the DC is counted once");
+        ranking.candidates[0].legs[0].prefix_blocks
+    };
+    let full = depth(&state);
+    assert!(full.is_some_and(|blocks| blocks > 0));
+    assert!(!state.pools(now)[0].through_standby);
+
+    // A's replica of the pool is dropped (a resubscription) while B's is not installed
+    // yet: nothing answers.
+    state.invalidate(key_a);
+    assert_eq!(depth(&state), None);
+    assert_ne!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    // B's replica is current: it answers for A's, the DC still scored through A.
+    install(&mut state, key_b, &mut b, now);
+    assert_eq!(depth(&state), full);
+    let pool = &state.pools(now)[0];
+    assert_eq!((pool.key, pool.replica), (key_a, ReplicaStatus::Current));
+    assert!(pool.through_standby);
+    // A's own replica is back: it answers again.
+    install(&mut state, key_a, &mut a, now);
+    assert_eq!(depth(&state), full);
+    assert!(!state.pools(now)[0].through_standby);
+
+    // On demand there is no second replica to answer.
+    let mut config = ConsumerConfig::new(vec![
+        RelayEndpoint::new("127.0.0.1:7400", "dc-0").with_standby(vec!["127.0.0.1:7401".into()]),
+    ]);
+    config.standby = StandbyMode::OnDemand;
+    let mut on_demand = ConsumerState::new(&config).unwrap();
+    assert_eq!(on_demand.relays().len(), 1);
+    let key = on_demand
+        .apply_catalog(0, &catalog_of(at_a, 1, &[&a]))
+        .unwrap()
+        .added[0]
+        .0;
+    install(&mut on_demand, key, &mut a, now);
+    on_demand.invalidate(key);
+    assert_eq!(depth(&on_demand), None);
+}

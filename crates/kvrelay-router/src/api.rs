@@ -502,6 +502,9 @@ pub struct PoolView {
     pub announced_sequence: Option<u64>,
     /// Seconds since the replica last heard from its stream.
     pub age_seconds: Option<f64>,
+    /// Whether a hot standby's replica answers for the pool now (its scored relay's is not
+    /// current).
+    pub through_standby: bool,
 }
 
 /// One quarantined catalog entry in [`PoolsView`].
@@ -558,6 +561,7 @@ impl PoolsView {
                     sequence: pool.sequence,
                     announced_sequence: pool.announced_sequence,
                     age_seconds: pool.age.map(|age: Duration| age.as_secs_f64()),
+                    through_standby: pool.through_standby,
                 })
                 .collect(),
             quarantined: quarantined
