@@ -1186,45 +1186,55 @@ fn scored_keys(state: &ConsumerState, now: Instant) -> Vec<PoolKey> {
     state.pools(now).iter().map(|pool| pool.key).collect()
 }
 
+/// The tokens both relays of the hot pair saw stored.
+fn hot_tokens() -> Vec<u32> {
+    (0..64).collect()
+}
+
+/// A hot pair whose relays A and B each publish the same pool `alpha` of `dc-0`, holding
+/// [`hot_tokens`] (both saw the same engine events), with both catalogs applied and no
+/// replica installed: the producers and their keys.
+fn hot_pair_with_one_pool() -> (ConsumerState, [Producer; 2], [PoolKey; 2]) {
+    let mut state = hot_pair();
+    let spec = PoolSpec::aggregated("alpha", "llama");
+    let producers = [1, 2].map(|incarnation| {
+        let mut producer = Producer::new(&spec, "dc-0", relay_identity(incarnation), 1);
+        producer.store(1, &hot_tokens(), HashSalt::default());
+        producer
+    });
+    let keys = [0, 1].map(|relay| {
+        let catalog = catalog_of(relay_identity(relay as u64 + 1), 1, &[&producers[relay]]);
+        state.apply_catalog(relay, &catalog).unwrap().added[0].0
+    });
+    assert!(state.quarantined().is_empty(), "one DC's two relays");
+    (state, producers, keys)
+}
+
+/// The DC's depth for [`hot_tokens`], asserting the DC is ranked once.
+fn hot_depth(state: &ConsumerState, now: Instant) -> Option<u32> {
+    let ranking = state.score(&request(hot_tokens()), now).unwrap();
+    assert_eq!(ranking.candidates.len(), 1, "the DC is counted once");
+    ranking.candidates[0].legs[0].prefix_blocks
+}
+
 #[test]
 fn a_hot_pair_scores_one_relay_and_switches_to_the_other_at_once_without_flapping() {
-    let mut state = hot_pair();
-    let addrs: Vec<&str> = state.relays().iter().map(|r| r.addr.as_str()).collect();
+    let layout = hot_pair();
+    let addrs: Vec<&str> = layout.relays().iter().map(|r| r.addr.as_str()).collect();
     assert_eq!(
         addrs,
         ["127.0.0.1:7400", "127.0.0.1:7401", "127.0.0.1:7500"]
     );
     assert_eq!(
-        (0..3).map(|r| state.relay_dc(r)).collect::<Vec<_>>(),
+        (0..3).map(|r| layout.relay_dc(r)).collect::<Vec<_>>(),
         [Some(0), Some(0), Some(1)]
     );
+    let (mut state, [mut a, mut b], [key_a, key_b]) = hot_pair_with_one_pool();
     let (at_a, at_b) = (relay_identity(1), relay_identity(2));
-    let spec = PoolSpec::aggregated("alpha", "llama");
-    let mut a = Producer::new(&spec, "dc-0", at_a, 1);
-    let mut b = Producer::new(&spec, "dc-0", at_b, 1);
-    // Both relays saw the same engine events.
-    let tokens: Vec<u32> = (0..64).collect();
-    a.store(1, &tokens, HashSalt::default());
-    b.store(1, &tokens, HashSalt::default());
     let now = Instant::now();
-    let key_a = state
-        .apply_catalog(0, &catalog_of(at_a, 1, &[&a]))
-        .unwrap()
-        .added[0]
-        .0;
-    let key_b = state
-        .apply_catalog(1, &catalog_of(at_b, 1, &[&b]))
-        .unwrap()
-        .added[0]
-        .0;
-    assert!(state.quarantined().is_empty(), "one DC's two relays");
     install(&mut state, key_a, &mut a, now);
     install(&mut state, key_b, &mut b, now);
-    let depth = |state: &ConsumerState| {
-        let ranking = state.score(&request(tokens.clone()), now).unwrap();
-        assert_eq!(ranking.candidates.len(), 1, "the DC is counted once");
-        ranking.candidates[0].legs[0].prefix_blocks
-    };
+    let depth = |state: &ConsumerState| hot_depth(state, now);
     let full = depth(&state);
     assert!(full.is_some_and(|blocks| blocks > 0));
     assert_eq!(scored_keys(&state, now), [key_a], "A first");
@@ -1340,31 +1350,11 @@ fn a_hot_pair_whose_standby_answers_first_starts_there_without_a_failover() {
 
 #[test]
 fn a_hot_standbys_replica_answers_for_a_scored_pool_that_cannot() {
-    let mut state = hot_pair();
-    let spec = PoolSpec::aggregated("alpha", "llama");
-    let (at_a, at_b) = (relay_identity(1), relay_identity(2));
-    let mut a = Producer::new(&spec, "dc-0", at_a, 1);
-    let mut b = Producer::new(&spec, "dc-0", at_b, 1);
-    let tokens: Vec<u32> = (0..64).collect();
-    a.store(1, &tokens, HashSalt::default());
-    b.store(1, &tokens, HashSalt::default());
+    let (mut state, [mut a, mut b], [key_a, key_b]) = hot_pair_with_one_pool();
+    let at_a = relay_identity(1);
     let now = Instant::now();
-    let key_a = state
-        .apply_catalog(0, &catalog_of(at_a, 1, &[&a]))
-        .unwrap()
-        .added[0]
-        .0;
-    let key_b = state
-        .apply_catalog(1, &catalog_of(at_b, 1, &[&b]))
-        .unwrap()
-        .added[0]
-        .0;
     install(&mut state, key_a, &mut a, now);
-    let depth = |state: &ConsumerState| {
-        let ranking = state.score(&request(tokens.clone()), now).unwrap();
-        assert_eq!(ranking.candidates.len(), 1, "the DC is counted once");
-        ranking.candidates[0].legs[0].prefix_blocks
-    };
+    let depth = |state: &ConsumerState| hot_depth(state, now);
     let full = depth(&state);
     assert!(full.is_some_and(|blocks| blocks > 0));
     assert!(!state.pools(now)[0].through_standby);

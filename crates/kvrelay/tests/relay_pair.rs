@@ -16,7 +16,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use kvrelay_consumer::{Consumer, RelayEndpoint, ReplicaStatus};
+use kvrelay_consumer::{
+    BackoffConfig, Consumer, ConsumerConfig, RelayEndpoint, ReplicaStatus, StandbyMode,
+};
 use support::{RelayProcess, quick_consumer};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -76,6 +78,23 @@ async fn stays_on(consumer: &Consumer, incarnation: u64) {
         assert_eq!(followed_incarnation(consumer), incarnation);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A consumer following `first` and `second` as one DC's pair with `mode`, with a quick
+/// backoff and a catalog deadline (60 s) past every wait here: only a broken connection
+/// or silence can move it.
+fn pair_consumer(first: &RelayProcess, second: &RelayProcess, mode: StandbyMode) -> Consumer {
+    let pair = RelayEndpoint::new(&first.wan.to_string(), "dc-proc")
+        .with_standby(vec![second.wan.to_string()]);
+    let mut config = ConsumerConfig::new(vec![pair]);
+    config.standby = mode;
+    config.backoff = BackoffConfig {
+        initial: Duration::from_millis(20),
+        max: Duration::from_millis(200),
+        ..BackoffConfig::default()
+    };
+    config.limits.catalog_staleness_bound = Duration::from_secs(60);
+    Consumer::start(config).unwrap()
 }
 
 fn signal(relay: &RelayProcess, name: &str) {
@@ -169,16 +188,7 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
 async fn a_silent_followed_relay_is_left_for_the_standby_once_it_misses_its_load_windows() {
     let first = RelayProcess::start(&[], WORKLOAD, &[]).await;
     let second = RelayProcess::start(&[], WORKLOAD, &[]).await;
-    let pair = RelayEndpoint::new(&first.wan.to_string(), "dc-proc")
-        .with_standby(vec![second.wan.to_string()]);
-    let mut config = kvrelay_consumer::ConsumerConfig::new(vec![pair]);
-    config.backoff = kvrelay_consumer::BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..kvrelay_consumer::BackoffConfig::default()
-    };
-    config.limits.catalog_staleness_bound = Duration::from_secs(60);
-    let consumer = Consumer::start(config).unwrap();
+    let consumer = pair_consumer(&first, &second, StandbyMode::OnDemand);
     all_current(&consumer).await;
     let through_first = followed_incarnation(&consumer);
 
@@ -209,17 +219,7 @@ async fn a_silent_followed_relay_is_left_for_the_standby_once_it_misses_its_load
 async fn a_hot_pair_switches_at_once_when_its_scored_relay_dies_or_goes_silent() {
     let first = RelayProcess::start(&[], WORKLOAD, &[]).await;
     let second = RelayProcess::start(&[], WORKLOAD, &[]).await;
-    let pair = RelayEndpoint::new(&first.wan.to_string(), "dc-proc")
-        .with_standby(vec![second.wan.to_string()]);
-    let mut config = kvrelay_consumer::ConsumerConfig::new(vec![pair]);
-    config.standby = kvrelay_consumer::StandbyMode::Hot;
-    config.backoff = kvrelay_consumer::BackoffConfig {
-        initial: Duration::from_millis(20),
-        max: Duration::from_millis(200),
-        ..kvrelay_consumer::BackoffConfig::default()
-    };
-    config.limits.catalog_staleness_bound = Duration::from_secs(60);
-    let consumer = Consumer::start(config).unwrap();
+    let consumer = pair_consumer(&first, &second, StandbyMode::Hot);
     all_current(&consumer).await;
     let standby_ready = consumer
         .wait_for_metrics(DEADLINE, |metrics| {
