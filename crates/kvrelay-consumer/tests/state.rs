@@ -1391,3 +1391,130 @@ fn a_hot_standbys_replica_answers_for_a_scored_pool_that_cannot() {
     on_demand.invalidate(key);
     assert_eq!(depth(&on_demand), None);
 }
+
+/// What happens to one relay of a hot DC.
+#[derive(Debug, Clone)]
+enum HotStep {
+    /// A catalog (listing `alpha`; naming a stalled pool or not).
+    Catalog { relay: usize, stalled: bool },
+    /// Its connection broke (view kept, suspended).
+    Suspend { relay: usize },
+    /// Its view was dropped (a restart, or held past the resume hold).
+    Reset { relay: usize },
+    /// Its load windows stopped or came back.
+    Silent { relay: usize, silent: bool },
+}
+
+fn hot_step(relays: usize) -> impl proptest::strategy::Strategy<Value = HotStep> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0..relays, any::<bool>()).prop_map(|(relay, stalled)| HotStep::Catalog { relay, stalled }),
+        2 => (0..relays).prop_map(|relay| HotStep::Suspend { relay }),
+        1 => (0..relays).prop_map(|relay| HotStep::Reset { relay }),
+        2 => (0..relays, any::<bool>()).prop_map(|(relay, silent)| HotStep::Silent { relay, silent }),
+    ]
+}
+
+/// The model of one relay's fitness to be scored.
+#[derive(Debug, Clone, Copy, Default)]
+struct HotModel {
+    catalog: bool,
+    suspended: bool,
+    silent: bool,
+    stalled: bool,
+}
+
+impl HotModel {
+    fn fitness(self) -> u8 {
+        if !self.catalog || self.suspended {
+            0
+        } else if self.silent {
+            1
+        } else if self.stalled {
+            2
+        } else {
+            3
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// A DC followed through three hot relays, under random catalogs, breaks, resets,
+    /// silences and stalls: exactly one relay is scored, always one of the fittest; the
+    /// scored relay moves only when another is strictly fitter (never between equals);
+    /// the DC's pools are that relay's, listed once, and none while it is unfit; and
+    /// every move after the DC was first scored through a fit relay is reported once.
+    #[test]
+    fn a_hot_dc_is_scored_through_one_of_its_fittest_relays_and_never_flaps(
+        steps in proptest::collection::vec(hot_step(3), 1..80),
+    ) {
+        let mut config = ConsumerConfig::new(vec![RelayEndpoint::new("127.0.0.1:7400", "dc-0")
+            .with_standby(vec!["127.0.0.1:7401".into(), "127.0.0.1:7402".into()])]);
+        config.standby = StandbyMode::Hot;
+        let mut state = ConsumerState::new(&config).unwrap();
+        let spec = PoolSpec::aggregated("alpha", "llama");
+        let producers: Vec<Producer> = (1..=3)
+            .map(|incarnation| Producer::new(&spec, "dc-0", relay_identity(incarnation), 1))
+            .collect();
+        let withheld = Producer::new(&PoolSpec::aggregated("beta", "llama"), "dc-0", relay_identity(1), 1)
+            .descriptor
+            .producer
+            .pool_id;
+        let mut model = [HotModel::default(); 3];
+        let mut revisions = [0u64; 3];
+        let mut scored = 0usize;
+        let mut settled = false;
+        for step in steps {
+            match step {
+                HotStep::Catalog { relay, stalled } => {
+                    revisions[relay] += 1;
+                    let mut update = catalog_of(relay_identity(relay as u64 + 1), revisions[relay], &[&producers[relay]]);
+                    if stalled {
+                        update.stalled = vec![withheld];
+                    }
+                    state.apply_catalog(relay, &update).unwrap();
+                    model[relay] = HotModel { catalog: true, suspended: false, stalled, ..model[relay] };
+                }
+                HotStep::Suspend { relay } => {
+                    state.suspend_relay(relay);
+                    model[relay].suspended = true;
+                    model[relay].silent = false;
+                }
+                HotStep::Reset { relay } => {
+                    state.reset_relay(relay);
+                    model[relay] = HotModel::default();
+                }
+                HotStep::Silent { relay, silent } => {
+                    state.set_silent(relay, silent);
+                    model[relay].silent = silent;
+                }
+            }
+            let best = model.iter().map(|m| m.fitness()).max().unwrap_or(0);
+            let flags: Vec<bool> = state.relay_statuses().iter().map(|r| r.scored).collect();
+            proptest::prop_assert_eq!(flags.iter().filter(|f| **f).count(), 1);
+            let now_scored = flags.iter().position(|f| *f).unwrap();
+            proptest::prop_assert_eq!(model[now_scored].fitness(), best, "{:?}", model);
+            if model[scored].fitness() == best {
+                proptest::prop_assert_eq!(now_scored, scored, "moved between equals: {:?}", model);
+            }
+            let switch = state.poll_switch();
+            if now_scored != scored && settled {
+                proptest::prop_assert_eq!(switch, Some(ScoredSwitch { dc: 0, from: scored, to: now_scored }));
+            } else {
+                proptest::prop_assert_eq!(switch, None);
+            }
+            proptest::prop_assert_eq!(state.poll_switch(), None);
+            scored = now_scored;
+            settled |= best > 0;
+            let pools = state.pools(Instant::now());
+            if best > 0 {
+                proptest::prop_assert_eq!(pools.len(), 1);
+                proptest::prop_assert_eq!(pools[0].producer, producers[scored].descriptor.producer);
+            } else {
+                proptest::prop_assert!(pools.is_empty());
+            }
+        }
+    }
+}
