@@ -32,7 +32,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::catalog::{PoolKey, QuarantinedEntry};
-use crate::config::{ConfigError, ConsumerConfig, RelayEndpoint};
+use crate::config::{ConfigError, ConsumerConfig, RelayEndpoint, StandbyMode};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
 use crate::scoring::{Ranking, ScoreError, ScoreRequest};
 use crate::state::{
@@ -759,8 +759,10 @@ async fn relay_epoch(
                     // is scored instead meanwhile.
                     if !marked_silent {
                         marked_silent = true;
-                        if !shared.config.relays[shared.relays[relay].0].standby.is_empty() {
-                            // A hot standby's DC: counted like a pair's silent relay.
+                        let dc = &shared.config.relays[shared.relays[relay].0];
+                        if shared.config.standby == StandbyMode::Hot && !dc.standby.is_empty() {
+                            // A hot pair's relay: counted like a pair's relay left for
+                            // silence (its DC is scored through another meanwhile).
                             shared.metrics.incr(Counter::RelaySilences);
                         }
                         shared.update(|state| state.set_silent(relay, true));

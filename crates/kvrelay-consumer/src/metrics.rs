@@ -136,7 +136,8 @@ pub struct ConsumerMetrics {
     /// Times a DC's followed relay was replaced by another of its relays (a pair).
     pub relay_failovers: u64,
     /// Followed relays of a pair left because they went silent (no load window for
-    /// `relay_silence_windows` of their window lengths), each also a failover.
+    /// `relay_silence_windows` of their window lengths), each also a failover; with hot
+    /// standbys, relays of a pair that went silent (kept followed, not scored meanwhile).
     pub relay_silences: u64,
     /// Followed relays of a pair left because their catalog named a stalled pool, each
     /// also a failover.
