@@ -693,6 +693,38 @@ mod tests {
     }
 
     #[test]
+    fn standby_modes_parse_from_their_names_and_hot_follows_every_address() {
+        for mode in [StandbyMode::OnDemand, StandbyMode::Hot] {
+            assert_eq!(mode.name().parse::<StandbyMode>(), Ok(mode));
+        }
+        assert_eq!(
+            "warm".parse::<StandbyMode>(),
+            Err(ConfigError::StandbyMode {
+                text: "warm".into()
+            })
+        );
+        let mut config = ConsumerConfig::new(vec![
+            "10.0.0.1:7400+10.0.0.2:7400=us-east".parse().unwrap(),
+            "10.0.0.3:7400=eu-west".parse().unwrap(),
+        ]);
+        assert_eq!(config.followed_relays().len(), 2, "one per DC on demand");
+        config.standby = StandbyMode::Hot;
+        let followed: Vec<(usize, String, usize)> = config
+            .followed_relays()
+            .into_iter()
+            .map(|(dc, relay)| (dc, relay.addr, relay.standby.len()))
+            .collect();
+        assert_eq!(
+            followed,
+            [
+                (0, "10.0.0.1:7400".to_owned(), 0),
+                (0, "10.0.0.2:7400".to_owned(), 0),
+                (1, "10.0.0.3:7400".to_owned(), 0)
+            ]
+        );
+    }
+
+    #[test]
     fn relay_argument_with_empty_parts_is_rejected() {
         assert!(matches!(
             "=dc".parse::<RelayEndpoint>(),

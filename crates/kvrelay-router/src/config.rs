@@ -286,23 +286,15 @@ impl Default for ConsumerSection {
     }
 }
 
-/// `standby_mode` of `[consumer]`, as written in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StandbyModeKey {
-    /// [`StandbyMode::OnDemand`].
-    #[default]
-    OnDemand,
-    /// [`StandbyMode::Hot`].
-    Hot,
-}
+/// `standby_mode` of `[consumer]`: read with the consumer's own parser
+/// (`StandbyMode::from_str`), so the names and the refusal are the consumer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StandbyModeKey(pub StandbyMode);
 
-impl From<StandbyModeKey> for StandbyMode {
-    fn from(key: StandbyModeKey) -> Self {
-        match key {
-            StandbyModeKey::OnDemand => Self::OnDemand,
-            StandbyModeKey::Hot => Self::Hot,
-        }
+impl<'de> Deserialize<'de> for StandbyModeKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map(Self).map_err(serde::de::Error::custom)
     }
 }
 
@@ -544,7 +536,7 @@ impl RouterConfig {
             .collect::<Result<Vec<_>, _>>()?;
         let mut config = ConsumerConfig::new(relays);
         config.limits = self.consumer.limits();
-        config.standby = self.consumer.standby_mode.into();
+        config.standby = self.consumer.standby_mode.0;
         config.backoff = BackoffConfig {
             initial: Duration::from_millis(self.consumer.backoff_initial_ms),
             max: Duration::from_millis(self.consumer.backoff_max_ms),
