@@ -287,19 +287,12 @@ impl Consumer {
     /// now).
     pub fn relays(&self) -> Vec<RelayStatus> {
         let now = Instant::now();
-        let (mut followed, scored, incarnations) = {
+        let (mut followed, scored) = {
             let state = self.shared.state.read();
             let scored: Vec<usize> = (0..self.shared.config.relays.len())
                 .map(|dc| state.scored_relay(dc).unwrap_or(dc))
                 .collect();
-            let incarnations: Vec<Option<u64>> = (0..self.shared.relays.len())
-                .map(|relay| {
-                    state
-                        .relay_identity(relay)
-                        .map(|identity| identity.relay_incarnation)
-                })
-                .collect();
-            (state.relay_statuses(), scored, incarnations)
+            (state.relay_statuses(), scored)
         };
         let errors = self.shared.last_errors.lock().clone();
         for (idx, (relay, error)) in followed.iter_mut().zip(errors).enumerate() {
@@ -317,13 +310,13 @@ impl Consumer {
                     .iter()
                     .enumerate()
                     .filter(|(relay, _)| *relay != scored && self.shared.relays[*relay].0 == dc);
-                for (relay, other) in hot {
-                    let reachable = !other.suspended && other.catalog_revision.is_some();
+                for (_, other) in hot {
+                    let reachable = other.in_view();
                     status.standbys.push(StandbyStatus {
                         addr: other.addr.clone(),
                         reachable: Some(reachable),
                         checked_ago: None,
-                        incarnation: incarnations[relay].filter(|_| reachable),
+                        incarnation: other.incarnation.filter(|_| reachable),
                         error: other.last_error.clone().filter(|_| !reachable),
                         followed: true,
                     });

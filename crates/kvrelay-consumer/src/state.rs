@@ -256,6 +256,9 @@ pub struct RelayStatus {
     /// The revision of the catalog applied this epoch; `None` before the first one (or
     /// after the relay's view was forgotten).
     pub catalog_revision: Option<u64>,
+    /// The relay incarnation its view was learned from; `None` before its first answer
+    /// (or after the view was forgotten).
+    pub incarnation: Option<u64>,
     /// True while the relay's connection is broken: its view is kept only for resuming,
     /// and its pools are neither listed nor scored.
     pub suspended: bool,
@@ -272,6 +275,15 @@ pub struct RelayStatus {
     /// The DC's addresses not followed now (a pair's standby), each with its last probe;
     /// filled by [`crate::Consumer::relays`], empty for a lone relay.
     pub standbys: Vec<StandbyStatus>,
+}
+
+impl RelayStatus {
+    /// Whether the relay's pools can be scored: its connection is up and it sent a
+    /// catalog this epoch (the one rule for a relay in view; readiness, the router's
+    /// answers and hot standbys' statuses use it).
+    pub fn in_view(&self) -> bool {
+        !self.suspended && self.catalog_revision.is_some()
+    }
 }
 
 /// A relay of a pair that is not followed now, as last checked
@@ -1080,6 +1092,7 @@ impl ConsumerState {
                 addr: relay.addr.clone(),
                 scored: self.scored[self.relay_dcs[idx]] == idx,
                 catalog_revision: view.revision,
+                incarnation: view.identity.map(|identity| identity.relay_incarnation),
                 suspended: view.suspended,
                 admitted_pools: view.pools.len(),
                 quarantined_entries: view.quarantined.len(),

@@ -116,6 +116,7 @@ mod tests {
             addr: format!("127.0.0.1:{}", dc.len()),
             scored: true,
             catalog_revision: revision,
+            incarnation: revision.map(|_| 1),
             suspended,
             admitted_pools: 1,
             quarantined_entries: 0,

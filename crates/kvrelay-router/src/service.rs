@@ -241,7 +241,7 @@ fn scoring_error(state: &AppState, err: &ScoreError) -> ApiError {
             .consumer
             .relays()
             .into_iter()
-            .filter(|relay| relay.suspended || relay.catalog_revision.is_none())
+            .filter(|relay| !relay.in_view())
             .map(|relay| relay.dc)
             .collect();
         if !out_of_view.is_empty() {
