@@ -77,3 +77,110 @@ impl std::fmt::Display for SourceId {
         write!(f, "worker {} rank {}", self.worker_id, self.dp_rank)
     }
 }
+
+/// Where a worker keeps a block: the tier a filter lane describes.
+///
+/// Device memory is the pool's main lane (today's filter). Lower tiers (host memory,
+/// local disk or storage) hold blocks an engine offloaded; restoring one costs a copy
+/// rather than a prefill, so routers weight a hit there below a device hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CacheTier {
+    /// GPU (device) memory: the pool's main filter.
+    Device,
+    /// Host memory (vLLM `CPU`, `CPU_PINNED`; Dynamo KVBM `host_pinned`).
+    Host,
+    /// Local disk or storage (vLLM `DISK`; Dynamo KVBM `disk`).
+    Disk,
+}
+
+impl CacheTier {
+    /// Every tier, device first (the order lanes are searched in).
+    pub const ALL: [CacheTier; 3] = [CacheTier::Device, CacheTier::Host, CacheTier::Disk];
+
+    /// The tier's wire code (device 0, host 1, disk 2).
+    pub const fn code(self) -> u8 {
+        match self {
+            CacheTier::Device => 0,
+            CacheTier::Host => 1,
+            CacheTier::Disk => 2,
+        }
+    }
+
+    /// The tier with wire code `code`, if one is defined.
+    pub const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(CacheTier::Device),
+            1 => Some(CacheTier::Host),
+            2 => Some(CacheTier::Disk),
+            _ => None,
+        }
+    }
+
+    /// The tier's name in configuration, metrics and JSON (`device`, `host`, `disk`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            CacheTier::Device => "device",
+            CacheTier::Host => "host",
+            CacheTier::Disk => "disk",
+        }
+    }
+}
+
+impl std::fmt::Display for CacheTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CacheTier {
+    type Err = UnknownTier;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        CacheTier::ALL
+            .into_iter()
+            .find(|tier| tier.name() == text)
+            .ok_or_else(|| UnknownTier(text.to_owned()))
+    }
+}
+
+/// A tier name that is not `device`, `host` or `disk`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown cache tier {0:?} (expected \"device\", \"host\" or \"disk\")")]
+pub struct UnknownTier(pub String);
+
+/// One KV-cache event about a tier below device memory, from one source.
+///
+/// Device events stay [`RouterEvent`]s (the pool's main filter is unchanged by tiers);
+/// these feed the pool's lower-tier lanes (see [`crate::tier::TierLane`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierEvent {
+    /// The source that reported the event.
+    pub source: SourceId,
+    /// The engine's event id (diagnostics only).
+    pub event_id: u64,
+    /// The tier the event is about; never [`CacheTier::Device`].
+    pub tier: CacheTier,
+    /// What happened there.
+    pub change: TierChange,
+}
+
+/// What a lower-tier event reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TierChange {
+    /// Blocks stored with their tokens' hashes, a chain inside the tier: the parent is a
+    /// block this source reported on the same tier (SGLang's hierarchical cache, Dynamo's
+    /// KVBM, whose events carry token hashes).
+    Stored(StoredBlocks),
+    /// Blocks copied from device memory, each named by the engine id of the device block
+    /// its tokens end with (vLLM's offloading connector: its events carry no tokens, and
+    /// an offloaded block of `k` device blocks is keyed by the last one's hash). The lane
+    /// takes each block's canonical hash from the source's device lineage.
+    Offloaded {
+        /// The engine ids of the device blocks that end the offloaded blocks.
+        engine_block_ids: Vec<u64>,
+    },
+    /// Blocks evicted from the tier, named by engine block id.
+    Removed(RemovedBlocks),
+    /// The source dropped everything it held on the tier.
+    Cleared,
+}

@@ -6,6 +6,8 @@
 //! - **Events in** ([`event`]): [`RouterEvent`] = [`SourceId`] `{worker_id, dp_rank}` +
 //!   `event_id` + [`EventPayload`] (`Stored` chain with optional parent engine block id and
 //!   per-block `engine_block_id` + `token_hash`; `Removed` engine block ids; `AllCleared`).
+//! - **Lower tiers** ([`tier`]): [`TierEvent`]s (host memory, disk) feed a [`TierLane`]
+//!   per tier beside the device filter; offloads resolve through the device lineage.
 //! - **Producer** ([`ownership`]): [`PoolFilter::new`]`(`[`CkfConfig`]`)`, then
 //!   [`PoolFilter::apply`] per event ([`ApplyError`] = rejected, nothing changed),
 //!   [`PoolFilter::clear_source`], [`PoolFilter::remove_worker`],
@@ -52,10 +54,14 @@ mod search;
 mod slots;
 pub mod stream;
 mod table;
+pub mod tier;
 
 pub use addressing::{Address, Addressing};
 pub use counters::{ApplyOutcome, FilterCounters, MemoryUsage};
-pub use event::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+pub use event::{
+    CacheTier, EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    TierChange, TierEvent, UnknownTier,
+};
 pub use format::{CkfConfig, ConfigError};
 pub use image::{BucketImage, Delta, MAX_BUCKET_COUNT, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
 pub use ownership::{ApplyError, BarrierSnapshot, PoolFilter, PublishError};
@@ -63,3 +69,4 @@ pub use query::{
     ExactIndex, GrownRows, PrefixDepths, PrefixQuery, QueryConfig, QueryConfigError, QueryTable,
 };
 pub use replica::{Replica, ReplicaError, ReplicaStatus};
+pub use tier::{TierApplyError, TierCounters, TierLane, TierOutcome};

@@ -139,26 +139,93 @@ impl PoolFilter {
 
     /// Applies one router event. On `Err` nothing changed except the rejection counters.
     pub fn apply(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, ApplyError> {
-        let counters = &mut self.state.counters;
         match &event.payload {
-            EventPayload::Stored(_) => counters.stored_events += 1,
-            EventPayload::Removed(_) => counters.removed_events += 1,
-            EventPayload::AllCleared => counters.cleared_events += 1,
-        }
-        let result = match &event.payload {
-            EventPayload::Stored(stored) => self.apply_stored(event.source, stored),
+            EventPayload::Stored(stored) => self.apply_stored_event(event.source, stored),
             EventPayload::Removed(removed) => {
-                self.apply_removed(event.source, &removed.engine_block_ids)
+                self.apply_removed_event(event.source, &removed.engine_block_ids)
             }
-            EventPayload::AllCleared => self.clear_source_inner(event.source),
-        };
-        match &result {
+            EventPayload::AllCleared => self.apply_cleared_event(event.source),
+        }
+    }
+
+    /// [`PoolFilter::apply`] of a stored chain, without building a [`RouterEvent`].
+    pub(crate) fn apply_stored_event(
+        &mut self,
+        source: SourceId,
+        stored: &StoredBlocks,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        self.state.counters.stored_events += 1;
+        let result = self.apply_stored(source, stored, chain::Links::Chain);
+        self.finish_event(&result);
+        result
+    }
+
+    /// [`PoolFilter::apply`] of a removal, without building a [`RouterEvent`].
+    pub(crate) fn apply_removed_event(
+        &mut self,
+        source: SourceId,
+        engine_block_ids: &[u64],
+    ) -> Result<ApplyOutcome, ApplyError> {
+        self.state.counters.removed_events += 1;
+        let result = self.apply_removed(source, engine_block_ids);
+        self.finish_event(&result);
+        result
+    }
+
+    /// [`PoolFilter::apply`] of an all-cleared event, without building a [`RouterEvent`].
+    pub(crate) fn apply_cleared_event(
+        &mut self,
+        source: SourceId,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        self.state.counters.cleared_events += 1;
+        let result = self.clear_source_inner(source);
+        self.finish_event(&result);
+        result
+    }
+
+    /// Counts an event's disposition; an applied event joins the pending delta.
+    fn finish_event(&mut self, result: &Result<ApplyOutcome, ApplyError>) {
+        match result {
             Ok(_) => {
                 self.state.counters.events_applied += 1;
                 self.pending_events += 1;
             }
             Err(err) => self.state.counters.count_rejection(err),
         }
+    }
+
+    /// Maps each `(engine block id, canonical hash)` of `blocks` for `source` as one
+    /// stored event whose blocks are independent (no chain, no parent): for blocks whose
+    /// canonical hash is already known, such as a lower tier's copies of device blocks.
+    /// Validated like a stored event (an id mapped to another hash is rejected); on `Err`
+    /// nothing changed except the rejection counters.
+    ///
+    /// ```
+    /// use kvrelay_ckf::{CkfConfig, PoolFilter, SourceId};
+    /// let mut filter = PoolFilter::new(CkfConfig::new(1024))?;
+    /// filter.store_canonical(SourceId::new(7, 0), &[(100, 0xAB), (101, 0xCD)])?;
+    /// assert!(filter.contains(0xAB) && filter.contains(0xCD));
+    /// assert_eq!(filter.canonical_of(SourceId::new(7, 0), 101), Some(0xCD));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn store_canonical(
+        &mut self,
+        source: SourceId,
+        blocks: &[(u64, u64)],
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let stored = StoredBlocks {
+            parent_engine_block_id: None,
+            blocks: blocks
+                .iter()
+                .map(|&(engine_block_id, canonical)| crate::event::StoredBlock {
+                    engine_block_id,
+                    token_hash: canonical,
+                })
+                .collect(),
+        };
+        self.state.counters.stored_events += 1;
+        let result = self.apply_stored(source, &stored, chain::Links::Unchained);
+        self.finish_event(&result);
         result
     }
 

@@ -16,6 +16,15 @@ use crate::owners::GrowFailed;
 /// Stored batches up to this length check repeated engine ids by a linear scan.
 const LINEAR_SCAN_MAX: usize = 16;
 
+/// How a stored event's blocks relate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Links {
+    /// A chain: each block extends the one before it (or the event's parent).
+    Chain,
+    /// Independent blocks whose token hash field already is their canonical hash.
+    Unchained,
+}
+
 /// One validated stored block.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PlannedBlock {
@@ -33,12 +42,13 @@ impl PoolFilter {
         &mut self,
         source: SourceId,
         stored: &StoredBlocks,
+        links: Links,
     ) -> Result<ApplyOutcome, ApplyError> {
         let mut plan = std::mem::take(&mut self.plan);
         // The planned vacant lineage slots hold only while the lineage keeps this size.
         let planned_slots = self.lineage.get(&source).map_or(0, LineageMap::capacity);
         let result = self
-            .plan_stored(source, stored, &mut plan)
+            .plan_stored(source, stored, links, &mut plan)
             .and_then(|n_new| {
                 self.reserve_for_store(source, n_new, plan.len() - n_new)?;
                 Ok(self.commit_stored(source, &plan, planned_slots))
@@ -54,6 +64,7 @@ impl PoolFilter {
         &self,
         source: SourceId,
         stored: &StoredBlocks,
+        links: Links,
         plan: &mut Vec<PlannedBlock>,
     ) -> Result<usize, ApplyError> {
         let lineage = self.lineage.get(&source);
@@ -77,9 +88,9 @@ impl PoolFilter {
         // slot and table rows can be prefetched before the first of them is read: the
         // event waits for one round of misses instead of one per pass.
         for block in &stored.blocks {
-            let canonical = match parent {
-                None => canonical_root(block.token_hash),
-                Some(parent) => canonical_child(parent, block.token_hash),
+            let canonical = match (links, parent) {
+                (Links::Unchained, _) | (Links::Chain, None) => canonical_root(block.token_hash),
+                (Links::Chain, Some(parent)) => canonical_child(parent, block.token_hash),
             };
             parent = Some(canonical);
             if let Some(lineage) = lineage {
