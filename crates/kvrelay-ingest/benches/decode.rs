@@ -59,10 +59,7 @@ fn batch(seed: u64) -> EngineBatch {
 }
 
 fn decode_benches(c: &mut Criterion) {
-    let config = CanonicalConfig {
-        block_size: BLOCK_SIZE,
-        hash_format: KvQueryHashFormat::DynamoStandardV1,
-    };
+    let config = CanonicalConfig::new(BLOCK_SIZE, KvQueryHashFormat::DynamoStandardV1);
     let limits = Limits::default();
     for (name, map_events) in [("vllm-map", true), ("vllm-array", false)] {
         let layout = EngineLayout {

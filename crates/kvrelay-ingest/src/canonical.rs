@@ -18,12 +18,25 @@
 //!   (group 0 until one is learned).
 //!
 //! Filtered events are counted, never errors.
+//!
+//! # Lower tiers
+//!
+//! With [`CanonicalConfig::lower_tiers`] set, events about host memory (`CPU`,
+//! `CPU_PINNED`, `HOST`) and disk (`DISK`) become [`TierEvent`]s instead of being
+//! filtered, under the same attention-group rule. A lower-tier store that carries tokens
+//! is hashed exactly like a device store (a chain inside the tier, the pool's block
+//! size); one without tokens (vLLM's offloading connector) names device blocks and
+//! becomes [`TierChange::Offloaded`], resolved by the pool against the device lineage.
+//! A medium no tier is known for (`EXTERNAL`, `STORAGE`, anything else) stays filtered.
 
-use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_ckf::{
+    CacheTier, EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    TierChange, TierEvent,
+};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hash, block_window_len, mm_hash_from_identifier};
 
-use crate::engine::{BlockRemoved, BlockStored, EngineBatch, EngineEvent, ExtraKey, TokenIds};
+use crate::engine::{BlockStored, EngineBatch, EngineEvent, ExtraKey, TokenIds};
 use crate::error::CanonicalizeError;
 
 /// The pool's token-hashing rules events are canonicalized with.
@@ -33,12 +46,92 @@ pub struct CanonicalConfig {
     pub block_size: u32,
     /// Standard or Eagle windows.
     pub hash_format: KvQueryHashFormat,
+    /// Whether events about host memory and disk become [`TierEvent`]s (the pool keeps
+    /// lower-tier lanes) instead of being filtered.
+    pub lower_tiers: bool,
+}
+
+impl CanonicalConfig {
+    /// Device-only hashing with `block_size`-token blocks and `hash_format` windows.
+    pub const fn new(block_size: u32, hash_format: KvQueryHashFormat) -> Self {
+        Self {
+            block_size,
+            hash_format,
+            lower_tiers: false,
+        }
+    }
+}
+
+/// One canonical event of a source, in the source's order: device and lower-tier events
+/// interleave as the engine reported them (an offload resolves against the device
+/// lineage as it stands at that point).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CanonicalEvent {
+    /// An event about device memory, for the pool's filter.
+    Device(RouterEvent),
+    /// An event about a lower tier, for the pool's lane of that tier.
+    Tier(TierEvent),
+}
+
+impl CanonicalEvent {
+    /// The event of `change` on `tier`: a router event for device memory, a tier event
+    /// otherwise. `None` for an offload to the device (offloads leave the device).
+    pub fn new(
+        source: SourceId,
+        event_id: u64,
+        tier: CacheTier,
+        change: TierChange,
+    ) -> Option<Self> {
+        if tier != CacheTier::Device {
+            return Some(CanonicalEvent::Tier(TierEvent {
+                source,
+                event_id,
+                tier,
+                change,
+            }));
+        }
+        let payload = match change {
+            TierChange::Stored(stored) => EventPayload::Stored(stored),
+            TierChange::Removed(removed) => EventPayload::Removed(removed),
+            TierChange::Cleared => EventPayload::AllCleared,
+            TierChange::Offloaded { .. } => return None,
+        };
+        Some(CanonicalEvent::Device(RouterEvent {
+            source,
+            event_id,
+            payload,
+        }))
+    }
+
+    /// The source the event belongs to.
+    pub fn source(&self) -> SourceId {
+        match self {
+            CanonicalEvent::Device(event) => event.source,
+            CanonicalEvent::Tier(event) => event.source,
+        }
+    }
+
+    /// The event id the canonicalizer gave it.
+    pub fn event_id(&self) -> u64 {
+        match self {
+            CanonicalEvent::Device(event) => event.event_id,
+            CanonicalEvent::Tier(event) => event.event_id,
+        }
+    }
+
+    /// The router event, when this is about device memory.
+    pub fn as_device(&self) -> Option<&RouterEvent> {
+        match self {
+            CanonicalEvent::Device(event) => Some(event),
+            CanonicalEvent::Tier(_) => None,
+        }
+    }
 }
 
 /// What canonicalizing one batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
-    /// Router events produced.
+    /// Events produced (device and lower tiers).
     pub n_events: usize,
     /// Engine events dropped by the filtering rule.
     pub n_filtered: usize,
@@ -92,30 +185,41 @@ impl Canonicalizer {
     /// ```
     /// use kvrelay_ingest::{CanonicalConfig, Canonicalizer, EngineBatch, EngineEvent};
     /// use kvrelay_identity::KvQueryHashFormat;
-    /// let config = CanonicalConfig { block_size: 16, hash_format: KvQueryHashFormat::DynamoStandardV1 };
+    /// let config = CanonicalConfig::new(16, KvQueryHashFormat::DynamoStandardV1);
     /// let mut canonicalizer = Canonicalizer::new(7, 0, config);
     /// let batch = EngineBatch { ts: 0.0, events: vec![EngineEvent::AllBlocksCleared], dp_rank: Some(2) };
     /// let mut out = Vec::new();
     /// let outcome = canonicalizer.canonicalize(&batch, &mut out);
     /// assert_eq!(outcome.n_events, 1);
-    /// assert_eq!(out[0].source.dp_rank, 2);
+    /// assert_eq!(out[0].source().dp_rank, 2);
     /// ```
     pub fn canonicalize(
         &mut self,
         batch: &EngineBatch,
-        out: &mut Vec<RouterEvent>,
+        out: &mut Vec<CanonicalEvent>,
     ) -> BatchOutcome {
         let source = self.source_of(batch);
         let mut outcome = BatchOutcome::default();
         for (event_idx, event) in batch.events.iter().enumerate() {
-            let payload = match event {
+            let (tier, change) = match event {
                 EngineEvent::BlockStored(stored) => {
-                    if !self.keeps_stored(stored) {
+                    let Some(tier) = self.kept_tier(stored.medium.as_deref()) else {
+                        outcome.n_filtered += 1;
+                        continue;
+                    };
+                    if !self.keeps_stored_group(stored) {
                         outcome.n_filtered += 1;
                         continue;
                     }
-                    match stored_payload(stored, event_idx, self.config) {
-                        Ok(payload) => payload,
+                    let change = if tier != CacheTier::Device && stored.token_ids.is_empty() {
+                        Ok(TierChange::Offloaded {
+                            engine_block_ids: stored.block_hashes.iter().map(|h| h.value).collect(),
+                        })
+                    } else {
+                        stored_blocks(stored, event_idx, self.config).map(TierChange::Stored)
+                    };
+                    match change {
+                        Ok(change) => (tier, change),
                         Err(err) => {
                             outcome.rejected.push(err);
                             continue;
@@ -123,21 +227,30 @@ impl Canonicalizer {
                     }
                 }
                 EngineEvent::BlockRemoved(removed) => {
-                    if !self.keeps_removed(removed) {
+                    let Some(tier) = self.kept_tier(removed.medium.as_deref()) else {
+                        outcome.n_filtered += 1;
+                        continue;
+                    };
+                    if !self.in_full_attention_group(removed.group_idx) {
                         outcome.n_filtered += 1;
                         continue;
                     }
-                    EventPayload::Removed(RemovedBlocks {
-                        engine_block_ids: removed.block_hashes.iter().map(|h| h.value).collect(),
-                    })
+                    let engine_block_ids = removed.block_hashes.iter().map(|h| h.value).collect();
+                    (
+                        tier,
+                        TierChange::Removed(RemovedBlocks { engine_block_ids }),
+                    )
                 }
-                EngineEvent::AllBlocksCleared => EventPayload::AllCleared,
+                // A clear names no medium; the pool drops every tier of the source.
+                EngineEvent::AllBlocksCleared => (CacheTier::Device, TierChange::Cleared),
             };
-            out.push(RouterEvent {
-                source,
-                event_id: self.next_event_id,
-                payload,
-            });
+            // A device store without tokens was rejected by the token count check, so
+            // no offload reaches the device here.
+            let Some(event) = CanonicalEvent::new(source, self.next_event_id, tier, change) else {
+                outcome.n_filtered += 1;
+                continue;
+            };
+            out.push(event);
             self.next_event_id += 1;
             outcome.n_events += 1;
         }
@@ -155,10 +268,15 @@ impl Canonicalizer {
         event
     }
 
-    fn keeps_stored(&mut self, stored: &BlockStored) -> bool {
-        if !is_device_medium(stored.medium.as_deref()) {
-            return false;
+    /// The tier an event's medium names, when this canonicalizer keeps it.
+    fn kept_tier(&self, medium: Option<&str>) -> Option<CacheTier> {
+        match tier_of_medium(medium)? {
+            CacheTier::Device => Some(CacheTier::Device),
+            lower => self.config.lower_tiers.then_some(lower),
         }
+    }
+
+    fn keeps_stored_group(&mut self, stored: &BlockStored) -> bool {
         match stored.kv_cache_spec_kind.as_deref() {
             Some(kind) if kind.eq_ignore_ascii_case("full_attention") => {
                 if let Some(group) = stored.group_idx {
@@ -171,11 +289,6 @@ impl Canonicalizer {
         }
     }
 
-    fn keeps_removed(&self, removed: &BlockRemoved) -> bool {
-        is_device_medium(removed.medium.as_deref())
-            && self.in_full_attention_group(removed.group_idx)
-    }
-
     fn in_full_attention_group(&self, group_idx: Option<u32>) -> bool {
         match group_idx {
             None => true,
@@ -186,9 +299,25 @@ impl Canonicalizer {
 
 /// Whether a medium string names device (GPU) memory; absent means device.
 pub fn is_device_medium(medium: Option<&str>) -> bool {
-    match medium {
-        None => true,
-        Some(text) => text.eq_ignore_ascii_case("GPU") || text.eq_ignore_ascii_case("DEVICE"),
+    tier_of_medium(medium) == Some(CacheTier::Device)
+}
+
+/// The tier an engine's medium string names (any case): absent, `GPU` or `DEVICE` is
+/// device memory; `CPU`, `CPU_PINNED` or `HOST` host memory; `DISK` disk. Any other
+/// medium (`EXTERNAL`, `STORAGE`, ...) names no tier this relay keeps.
+pub fn tier_of_medium(medium: Option<&str>) -> Option<CacheTier> {
+    let Some(text) = medium else {
+        return Some(CacheTier::Device);
+    };
+    let is = |name: &str| text.eq_ignore_ascii_case(name);
+    if is("GPU") || is("DEVICE") {
+        Some(CacheTier::Device)
+    } else if is("CPU") || is("CPU_PINNED") || is("HOST") {
+        Some(CacheTier::Host)
+    } else if is("DISK") {
+        Some(CacheTier::Disk)
+    } else {
+        None
     }
 }
 
@@ -276,11 +405,11 @@ fn block_salt<'a>(keys: &'a [ExtraKey], lora_name: Option<&str>) -> Option<&'a s
     })
 }
 
-fn stored_payload(
+fn stored_blocks(
     stored: &BlockStored,
     event_idx: usize,
     config: CanonicalConfig,
-) -> Result<EventPayload, CanonicalizeError> {
+) -> Result<StoredBlocks, CanonicalizeError> {
     let token_hashes = stored_token_hashes(stored, event_idx, config)?;
     let blocks = stored
         .block_hashes
@@ -291,8 +420,8 @@ fn stored_payload(
             token_hash,
         })
         .collect();
-    Ok(EventPayload::Stored(StoredBlocks {
+    Ok(StoredBlocks {
         parent_engine_block_id: stored.parent_block_hash.map(|h| h.value),
         blocks,
-    }))
+    })
 }

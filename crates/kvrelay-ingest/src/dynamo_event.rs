@@ -12,7 +12,9 @@
 //! `"cleared"`; fields added by newer runtimes (`residency_domain`, `start_position`,
 //! `mm_extra_info`) are ignored. Dynamo's `tokens_hash` is the same block hash this crate
 //! computes (XXH3, seed 1337), so it is passed through. Events whose `storage_tier` is
-//! present and not `device` are filtered (the same media rule as engine events). A payload
+//! present and not `device` are filtered (the same media rule as engine events), unless
+//! the caller keeps lower tiers: then `host_pinned` (KVBM's host memory) and `disk`
+//! events become [`TierEvent`]s (`external` and unknown tiers stay filtered). A payload
 //! with more than `max_events_per_batch` events, or an event with more than
 //! `max_blocks_per_event` blocks, is rejected whole, as an engine batch would be.
 //!
@@ -21,10 +23,11 @@
 //! so memory stays proportional to the events, and so bounded by the payload size the
 //! transport already checked.
 
-use kvrelay_ckf::{EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_ckf::{CacheTier, RemovedBlocks, SourceId, StoredBlock, StoredBlocks, TierChange};
 use serde::Deserialize;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use crate::canonical::CanonicalEvent;
 use crate::error::RejectionKind;
 use crate::limits::Limits;
 
@@ -63,18 +66,20 @@ impl DynamoEventError {
 /// What decoding one payload produced.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DynamoDecoded {
-    /// Canonical router events, in payload order.
-    pub events: Vec<RouterEvent>,
+    /// Canonical events, in payload order.
+    pub events: Vec<CanonicalEvent>,
     /// Events dropped by the storage-tier rule.
     pub n_filtered: usize,
 }
 
-/// Decodes a JSON payload of Dynamo router events (NATS).
+/// Decodes a JSON payload of Dynamo router events (NATS); `lower_tiers` keeps host and
+/// disk events as [`TierEvent`]s instead of filtering them.
 pub fn decode_dynamo_events(
     payload: &[u8],
     limits: &Limits,
+    lower_tiers: bool,
 ) -> Result<DynamoDecoded, DynamoEventError> {
-    convert(serde_json::from_slice(payload), limits)
+    convert(serde_json::from_slice(payload), limits, lower_tiers)
 }
 
 /// Decodes a msgpack payload of Dynamo router events (the payload of an event-plane
@@ -82,8 +87,9 @@ pub fn decode_dynamo_events(
 pub fn decode_dynamo_events_msgpack(
     payload: &[u8],
     limits: &Limits,
+    lower_tiers: bool,
 ) -> Result<DynamoDecoded, DynamoEventError> {
-    convert(rmp_serde::from_slice(payload), limits)
+    convert(rmp_serde::from_slice(payload), limits, lower_tiers)
 }
 
 /// The one rule from wire events to canonical ones, whatever the encoding (a parse error
@@ -91,6 +97,7 @@ pub fn decode_dynamo_events_msgpack(
 fn convert<E: std::fmt::Display>(
     parsed: Result<OneOrMany, E>,
     limits: &Limits,
+    lower_tiers: bool,
 ) -> Result<DynamoDecoded, DynamoEventError> {
     let parsed = parsed.map_err(|err| DynamoEventError::Malformed {
         reason: err.to_string(),
@@ -110,16 +117,20 @@ fn convert<E: std::fmt::Display>(
     }
     let mut decoded = DynamoDecoded::default();
     for event in wire {
-        if event
+        let tier = match event
             .storage_tier
             .as_deref()
-            .is_some_and(|tier| !tier.eq_ignore_ascii_case("device"))
+            .map_or(Some(CacheTier::Device), tier_of_storage_tier)
         {
-            decoded.n_filtered += 1;
-            continue;
-        }
-        let payload = match event.event.data {
-            WireData::Stored(stored) => EventPayload::Stored(StoredBlocks {
+            Some(CacheTier::Device) => CacheTier::Device,
+            Some(lower) if lower_tiers => lower,
+            _ => {
+                decoded.n_filtered += 1;
+                continue;
+            }
+        };
+        let change = match event.event.data {
+            WireData::Stored(stored) => TierChange::Stored(StoredBlocks {
                 parent_engine_block_id: stored.parent_hash,
                 blocks: stored
                     .blocks
@@ -130,18 +141,34 @@ fn convert<E: std::fmt::Display>(
                     })
                     .collect(),
             }),
-            WireData::Removed(removed) => EventPayload::Removed(RemovedBlocks {
+            WireData::Removed(removed) => TierChange::Removed(RemovedBlocks {
                 engine_block_ids: removed.block_hashes,
             }),
-            WireData::Cleared => EventPayload::AllCleared,
+            WireData::Cleared => TierChange::Cleared,
         };
-        decoded.events.push(RouterEvent {
-            source: SourceId::new(event.worker_id, event.event.dp_rank),
-            event_id: event.event.event_id,
-            payload,
-        });
+        let source = SourceId::new(event.worker_id, event.event.dp_rank);
+        let event_id = event.event.event_id;
+        // Dynamo events always carry token hashes: no offload is built here.
+        decoded
+            .events
+            .extend(CanonicalEvent::new(source, event_id, tier, change));
     }
     Ok(decoded)
+}
+
+/// The tier a Dynamo `storage_tier` names (any case): `device`, `host_pinned` (KVBM's
+/// host memory) or `disk`; `external` and unknown names keep no tier.
+pub fn tier_of_storage_tier(name: &str) -> Option<CacheTier> {
+    let is = |tier: &str| name.eq_ignore_ascii_case(tier);
+    if is("device") {
+        Some(CacheTier::Device)
+    } else if is("host_pinned") || is("host") {
+        Some(CacheTier::Host)
+    } else if is("disk") {
+        Some(CacheTier::Disk)
+    } else {
+        None
+    }
 }
 
 fn check_count(field: &'static str, n: usize, max: u32) -> Result<(), DynamoEventError> {
@@ -294,6 +321,19 @@ struct WireRemoved {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test")]
     use super::*;
+    use kvrelay_ckf::EventPayload;
+
+    /// The device events of a decoded payload (every test payload is device-only).
+    fn device(decoded: &DynamoDecoded) -> Vec<kvrelay_ckf::RouterEvent> {
+        decoded
+            .events
+            .iter()
+            .map(|event| match event {
+                CanonicalEvent::Device(event) => event.clone(),
+                CanonicalEvent::Tier(event) => panic!("unexpected tier event {event:?}"),
+            })
+            .collect()
+    }
 
     #[test]
     fn stored_removed_and_cleared_decode_in_order() {
@@ -302,12 +342,12 @@ mod tests {
             {"worker_id": 7, "event": {"event_id": 2, "data": {"removed": {"block_hashes": [11]}}}},
             {"worker_id": 7, "event": {"event_id": 3, "data": "cleared"}}
         ]"#;
-        let decoded = decode_dynamo_events(payload, &Limits::default()).unwrap();
+        let decoded = decode_dynamo_events(payload, &Limits::default(), false).unwrap();
         assert_eq!(decoded.events.len(), 3);
-        assert_eq!(decoded.events[0].source, SourceId::new(7, 2));
-        assert_eq!(decoded.events[1].source, SourceId::new(7, 0));
+        assert_eq!(device(&decoded)[0].source, SourceId::new(7, 2));
+        assert_eq!(device(&decoded)[1].source, SourceId::new(7, 0));
         assert_eq!(
-            decoded.events[0].payload,
+            device(&decoded)[0].payload,
             EventPayload::Stored(StoredBlocks {
                 parent_engine_block_id: None,
                 blocks: vec![StoredBlock {
@@ -316,13 +356,13 @@ mod tests {
                 }],
             })
         );
-        assert_eq!(decoded.events[2].payload, EventPayload::AllCleared);
+        assert_eq!(device(&decoded)[2].payload, EventPayload::AllCleared);
     }
 
     #[test]
     fn host_tier_events_are_filtered() {
         let payload = br#"{"worker_id": 1, "storage_tier": "host_pinned", "event": {"event_id": 1, "data": "cleared"}}"#;
-        let decoded = decode_dynamo_events(payload, &Limits::default()).unwrap();
+        let decoded = decode_dynamo_events(payload, &Limits::default(), false).unwrap();
         assert!(decoded.events.is_empty());
         assert_eq!(decoded.n_filtered, 1);
     }
@@ -330,7 +370,7 @@ mod tests {
     #[test]
     fn malformed_payload_is_a_typed_error() {
         assert!(matches!(
-            decode_dynamo_events(b"{\"worker_id\": -1}", &Limits::default()),
+            decode_dynamo_events(b"{\"worker_id\": -1}", &Limits::default(), false),
             Err(DynamoEventError::Malformed { .. })
         ));
     }
@@ -338,9 +378,9 @@ mod tests {
     #[test]
     fn tagged_cleared_and_single_object_decode() {
         let payload = br#"{"worker_id": 3, "event": {"event_id": 9, "data": {"cleared": null}}}"#;
-        let decoded = decode_dynamo_events(payload, &Limits::default()).unwrap();
+        let decoded = decode_dynamo_events(payload, &Limits::default(), false).unwrap();
         assert_eq!(decoded.events.len(), 1);
-        assert_eq!(decoded.events[0].payload, EventPayload::AllCleared);
+        assert_eq!(device(&decoded)[0].payload, EventPayload::AllCleared);
     }
 
     #[test]
@@ -349,7 +389,7 @@ mod tests {
         let unknown = br#"{"worker_id": 3, "event": {"event_id": 9, "data": {"moved": {}}}}"#;
         for payload in [&two[..], &unknown[..]] {
             assert!(matches!(
-                decode_dynamo_events(payload, &Limits::default()),
+                decode_dynamo_events(payload, &Limits::default(), false),
                 Err(DynamoEventError::Malformed { .. })
             ));
         }

@@ -143,6 +143,7 @@ struct Envelope<'a> {
 pub fn decode_event_plane_frame(
     message: &EventPlaneMessage,
     limits: &Limits,
+    lower_tiers: bool,
 ) -> Result<DynamoDecoded, EventPlaneError> {
     let frame = &message.frame[..];
     let (Some(&version), Some(length), Some(body)) = (
@@ -180,7 +181,11 @@ pub fn decode_event_plane_frame(
             });
         }
     }
-    Ok(decode_dynamo_events_msgpack(envelope.payload, limits)?)
+    Ok(decode_dynamo_events_msgpack(
+        envelope.payload,
+        limits,
+        lower_tiers,
+    )?)
 }
 
 /// Encodes `events` as the event-plane message `sequence` of publisher `publisher_id`, the
@@ -287,6 +292,18 @@ fn write_key_uint(out: &mut Vec<u8>, key: &str, value: u64) {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test")]
     use super::*;
+
+    /// The device events of a decoded payload (every test payload is device-only).
+    fn device(decoded: &DynamoDecoded) -> Vec<kvrelay_ckf::RouterEvent> {
+        decoded
+            .events
+            .iter()
+            .map(|event| match event {
+                crate::CanonicalEvent::Device(event) => event.clone(),
+                crate::CanonicalEvent::Tier(event) => panic!("unexpected tier event {event:?}"),
+            })
+            .collect()
+    }
     use kvrelay_ckf::{RemovedBlocks, SourceId, StoredBlock, StoredBlocks};
     use proptest::prelude::*;
 
@@ -350,10 +367,10 @@ mod tests {
         .unwrap();
         assert_eq!(message.publisher_id, 0x001a_a34c_1462_3e6e);
         assert_eq!(message.sequence, 0);
-        let decoded = decode_event_plane_frame(&message, &Limits::default()).unwrap();
+        let decoded = decode_event_plane_frame(&message, &Limits::default(), false).unwrap();
         assert_eq!(decoded.n_filtered, 0);
         assert_eq!(decoded.events.len(), 1);
-        let event = &decoded.events[0];
+        let event = &device(&decoded)[0];
         assert_eq!(event.source, SourceId::new(14_836_952_846_273_569_127, 0));
         assert_eq!(event.event_id, 1);
         let EventPayload::Stored(stored) = &event.payload else {
@@ -404,17 +421,18 @@ mod tests {
         let decoded = decode_event_plane_frame(
             &message(5, 7, &envelope(5, 7, &payload)),
             &Limits::default(),
+            false,
         )
         .unwrap();
         assert_eq!(decoded.events.len(), 2);
-        assert_eq!(decoded.events[0].source, SourceId::new(9, 1));
+        assert_eq!(device(&decoded)[0].source, SourceId::new(9, 1));
         assert_eq!(
-            decoded.events[0].payload,
+            device(&decoded)[0].payload,
             EventPayload::Removed(RemovedBlocks {
                 engine_block_ids: vec![1002]
             })
         );
-        assert_eq!(decoded.events[1].payload, EventPayload::AllCleared);
+        assert_eq!(device(&decoded)[1].payload, EventPayload::AllCleared);
     }
 
     #[test]
@@ -426,6 +444,7 @@ mod tests {
             let err = decode_event_plane_frame(
                 &message(frames_publisher, frames_sequence, &envelope(5, 7, &payload)),
                 &Limits::default(),
+                false,
             )
             .unwrap_err();
             assert!(
@@ -437,6 +456,7 @@ mod tests {
         let ok = decode_event_plane_frame(
             &message(5, 7, &envelope(5, 7, &payload)),
             &Limits::default(),
+            false,
         )
         .unwrap();
         assert!(ok.events.is_empty());
@@ -455,19 +475,19 @@ mod tests {
         long_declared.frame = long_declared.frame.slice(..long_declared.frame.len() - 1);
         let limits = Limits::default();
         assert!(matches!(
-            decode_event_plane_frame(&wrong_version, &limits),
+            decode_event_plane_frame(&wrong_version, &limits, false),
             Err(EventPlaneError::Version { version: 2 })
         ));
         assert!(matches!(
-            decode_event_plane_frame(&short, &limits),
+            decode_event_plane_frame(&short, &limits, false),
             Err(EventPlaneError::Truncated { len: 3 })
         ));
         assert!(matches!(
-            decode_event_plane_frame(&long_declared, &limits),
+            decode_event_plane_frame(&long_declared, &limits, false),
             Err(EventPlaneError::Length { .. })
         ));
         let garbage = message(5, 7, &[0xc1, 0xc1]);
-        let err = decode_event_plane_frame(&garbage, &limits).unwrap_err();
+        let err = decode_event_plane_frame(&garbage, &limits, false).unwrap_err();
         assert!(matches!(err, EventPlaneError::Envelope { .. }), "{err}");
         assert_eq!(err.rejection_kind(), RejectionKind::Malformed);
     }
@@ -510,7 +530,7 @@ mod tests {
         };
         let two_events = encode_event_plane(5, 7, &[cleared.clone(), cleared]);
         let message = parse_event_plane(&two_events, usize::MAX).unwrap();
-        let err = decode_event_plane_frame(&message, &limits).unwrap_err();
+        let err = decode_event_plane_frame(&message, &limits, false).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -525,7 +545,7 @@ mod tests {
         assert_eq!(err.rejection_kind(), RejectionKind::Schema);
         let json = br#"{"worker_id": 9, "event": {"event_id": 1, "data": {"removed": {"block_hashes": [1, 2]}}}}"#;
         assert!(matches!(
-            crate::decode_dynamo_events(json, &limits),
+            crate::decode_dynamo_events(json, &limits, false),
             Err(DynamoEventError::TooMany {
                 field: "blocks",
                 n: 2,
@@ -575,17 +595,17 @@ mod tests {
             let message = parse_event_plane(&frames, usize::MAX).unwrap();
             prop_assert_eq!(message.publisher_id, publisher);
             prop_assert_eq!(message.sequence, sequence);
-            let decoded = decode_event_plane_frame(&message, &Limits::default()).unwrap();
+            let decoded = decode_event_plane_frame(&message, &Limits::default(), false).unwrap();
             prop_assert_eq!(decoded.n_filtered, 0);
-            prop_assert_eq!(decoded.events, events);
+            prop_assert_eq!(device(&decoded), events);
         }
 
         /// Any bytes in the frame are an answer or a typed error, never a panic.
         #[test]
         fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = decode_event_plane_frame(&message(1, 2, &body), &Limits::default());
+            let _ = decode_event_plane_frame(&message(1, 2, &body), &Limits::default(), false);
             // Also behind a valid envelope, as the events payload.
-            let _ = decode_event_plane_frame(&message(1, 2, &envelope(1, 2, &body)), &Limits::default());
+            let _ = decode_event_plane_frame(&message(1, 2, &envelope(1, 2, &body)), &Limits::default(), false);
         }
     }
 }

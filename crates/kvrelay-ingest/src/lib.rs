@@ -38,11 +38,12 @@ mod zmq_source;
 mod zmq_transport;
 
 pub use canonical::{
-    BatchOutcome, CanonicalConfig, Canonicalizer, is_device_medium, stored_token_hashes,
+    BatchOutcome, CanonicalConfig, CanonicalEvent, Canonicalizer, is_device_medium,
+    stored_token_hashes, tier_of_medium,
 };
 pub use dynamo_event::{
     DynamoDecoded, DynamoEventError, decode_dynamo_events, decode_dynamo_events_msgpack,
-    dynamo_kv_event_subject,
+    dynamo_kv_event_subject, tier_of_storage_tier,
 };
 pub use engine::{
     BlockRemoved, BlockStored, EngineBatch, EngineBlockHash, EngineEvent, EngineKind, ExtraKey,

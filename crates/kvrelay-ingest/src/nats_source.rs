@@ -90,6 +90,9 @@ pub struct NatsSourceConfig {
     pub subject: String,
     /// Bounds; `max_payload_bytes` is the largest payload decoded ([`Limits::nats`]).
     pub limits: Limits,
+    /// Whether host and disk events become tier events (the pool keeps lower-tier
+    /// lanes) instead of being filtered.
+    pub lower_tiers: bool,
     /// Credentials.
     pub auth: NatsAuth,
     /// TLS options.
@@ -167,6 +170,7 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
     state.set_transport(SourceState::Connected);
     info!(peer = %config.server, subject = %config.subject, "nats source subscribed");
     let limits = config.limits;
+    let lower_tiers = config.lower_tiers;
     let counters = Counters::shared();
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -216,7 +220,7 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
                     reject(RejectionKind::Framing, &reason);
                     continue;
                 }
-                let decoded = match decode_dynamo_events(&message.payload, &limits) {
+                let decoded = match decode_dynamo_events(&message.payload, &limits, lower_tiers) {
                     Ok(decoded) => decoded,
                     Err(err) => {
                         reject(err.rejection_kind(), &err);
@@ -226,7 +230,7 @@ pub async fn spawn_nats_source(config: NatsSourceConfig) -> Result<SourceHandle,
                 task_counters.filtered(decoded.n_filtered);
                 task_counters.events(decoded.events.len());
                 for event in decoded.events {
-                    if !emit(&tx, &task_cancel, SourceOutput::Event(event)).await {
+                    if !emit(&tx, &task_cancel, event.into()).await {
                         return;
                     }
                 }

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvrelay_ckf::{RouterEvent, SourceId};
+use kvrelay_ckf::{RouterEvent, SourceId, TierEvent};
+
+use crate::canonical::CanonicalEvent;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,8 +17,11 @@ use crate::stats::{Counters, SourceStats};
 /// One item a source yields, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceOutput {
-    /// A canonical router event.
+    /// A canonical router event (device memory).
     Event(RouterEvent),
+    /// An event about a lower tier (host memory, disk), in order with the device events;
+    /// yielded only by sources whose `CanonicalConfig::lower_tiers` is set.
+    Tier(TierEvent),
     /// A lifecycle signal.
     Signal(SourceSignal),
     /// Every event of the engine batch `seq` has been yielded (this follows them; sent
@@ -30,6 +35,15 @@ pub enum SourceOutput {
         /// the engine's replay of this batch with it.
         digest: u64,
     },
+}
+
+impl From<CanonicalEvent> for SourceOutput {
+    fn from(event: CanonicalEvent) -> Self {
+        match event {
+            CanonicalEvent::Device(event) => SourceOutput::Event(event),
+            CanonicalEvent::Tier(event) => SourceOutput::Tier(event),
+        }
+    }
 }
 
 /// Source lifecycle signals.

@@ -601,7 +601,7 @@ impl Driver {
         self.counters.events(events.len());
         for event in events {
             self.batch_events += 1;
-            if !emit(&self.out, &self.cancel, SourceOutput::Event(event)).await {
+            if !emit(&self.out, &self.cancel, event.into()).await {
                 return false;
             }
         }
@@ -614,7 +614,8 @@ impl Driver {
     /// and a declared rank, or the whole message is rejected (nothing of it applied).
     async fn apply_event_plane(&mut self, message: &EventPlaneMessage) -> bool {
         let seq = message.sequence;
-        let decoded = match decode_event_plane_frame(message, &self.config.limits) {
+        let lower_tiers = self.config.canonical.lower_tiers;
+        let decoded = match decode_event_plane_frame(message, &self.config.limits, lower_tiers) {
             Ok(decoded) => decoded,
             Err(err) => {
                 self.reject(err.rejection_kind(), seq, &err);
@@ -625,11 +626,12 @@ impl Driver {
         if let Some(foreign) = decoded
             .events
             .iter()
-            .find(|event| event.source.worker_id != self.config.worker_id)
+            .find(|event| event.source().worker_id != self.config.worker_id)
         {
             let reason = format!(
                 "worker {} on the publisher advertised for worker {}",
-                foreign.source.worker_id, self.config.worker_id
+                foreign.source().worker_id,
+                self.config.worker_id
             );
             self.reject(RejectionKind::UndeclaredWorker, seq, &reason);
             return true;
@@ -637,11 +639,13 @@ impl Driver {
         if let Some(foreign) = decoded
             .events
             .iter()
-            .find(|event| !declared.contains(&event.source.dp_rank))
+            .find(|event| !declared.contains(&event.source().dp_rank))
         {
             let reason = format!(
                 "dp_rank {} outside the declared ranks {}..{}",
-                foreign.source.dp_rank, declared.start, declared.end
+                foreign.source().dp_rank,
+                declared.start,
+                declared.end
             );
             self.reject(RejectionKind::UndeclaredRank, seq, &reason);
             return true;
@@ -649,9 +653,9 @@ impl Driver {
         self.counters.filtered(decoded.n_filtered);
         self.counters.events(decoded.events.len());
         for event in decoded.events {
-            self.seen_sources.insert(event.source);
+            self.seen_sources.insert(event.source());
             self.batch_events += 1;
-            if !emit(&self.out, &self.cancel, SourceOutput::Event(event)).await {
+            if !emit(&self.out, &self.cancel, event.into()).await {
                 return false;
             }
         }

@@ -1,25 +1,25 @@
 //! Canonicalization: token hashes per pool semantics, salts, Eagle windows, SGLang bigram
-//! pages, and the media / attention-group filtering rule.
+//! pages, the media / attention-group filtering rule and lower tiers.
 #![allow(clippy::unwrap_used, clippy::panic, reason = "test")]
 
 use std::path::PathBuf;
 
-use kvrelay_ckf::{EventPayload, RouterEvent, SourceId};
+use kvrelay_ckf::{
+    CacheTier, EventPayload, RemovedBlocks, RouterEvent, SourceId, TierChange, TierEvent,
+};
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hashes, block_hashes_with_mm};
 use kvrelay_ingest::{
-    BlockRemoved, BlockStored, CanonicalConfig, CanonicalizeError, Canonicalizer, EngineBatch,
-    EngineBlockHash, EngineEvent, EngineKind, ExtraKey, Limits, TokenIds, decode_engine_batch,
+    BlockRemoved, BlockStored, CanonicalConfig, CanonicalEvent, CanonicalizeError, Canonicalizer,
+    EngineBatch, EngineBlockHash, EngineEvent, EngineKind, ExtraKey, Limits, TokenIds,
+    decode_engine_batch,
 };
 
 const STANDARD: KvQueryHashFormat = KvQueryHashFormat::DynamoStandardV1;
 const EAGLE: KvQueryHashFormat = KvQueryHashFormat::DynamoEagleV1;
 
 fn config(block_size: u32, hash_format: KvQueryHashFormat) -> CanonicalConfig {
-    CanonicalConfig {
-        block_size,
-        hash_format,
-    }
+    CanonicalConfig::new(block_size, hash_format)
 }
 
 fn fixture(name: &str, engine: EngineKind) -> EngineBatch {
@@ -33,7 +33,14 @@ fn canonicalize(batch: &EngineBatch, config: CanonicalConfig) -> Vec<RouterEvent
     let mut out = Vec::new();
     let outcome = Canonicalizer::new(9, 0, config).canonicalize(batch, &mut out);
     assert!(outcome.rejected.is_empty(), "{:?}", outcome.rejected);
-    out
+    device(&out)
+}
+
+/// The device events of `out` (the test fails on a tier event).
+fn device(out: &[CanonicalEvent]) -> Vec<RouterEvent> {
+    out.iter()
+        .map(|event| event.as_device().cloned().unwrap())
+        .collect()
 }
 
 fn token_hashes(event: &RouterEvent) -> Vec<u64> {
@@ -240,7 +247,7 @@ fn block_size_mismatch_is_rejected_and_the_rest_of_the_batch_applies() {
         }]
     );
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].source, SourceId::new(1, 3));
+    assert_eq!(out[0].source(), SourceId::new(1, 3));
 }
 
 #[test]
@@ -310,8 +317,8 @@ fn non_full_attention_groups_are_filtered_and_removals_follow_the_learned_group(
     let outcome = canonicalizer.canonicalize(&batch, &mut out);
     assert_eq!(outcome.n_filtered, 2);
     assert_eq!(out.len(), 2);
-    assert!(matches!(out[0].payload, EventPayload::Stored(_)));
-    assert!(matches!(out[1].payload, EventPayload::Removed(_)));
+    assert!(matches!(device(&out)[0].payload, EventPayload::Stored(_)));
+    assert!(matches!(device(&out)[1].payload, EventPayload::Removed(_)));
 }
 
 #[test]
@@ -337,6 +344,197 @@ fn event_ids_increase_per_canonicalizer() {
     let mut out = Vec::new();
     canonicalizer.canonicalize(&batch, &mut out);
     canonicalizer.canonicalize(&batch, &mut out);
-    let ids: Vec<u64> = out.iter().map(|e| e.event_id).collect();
+    let ids: Vec<u64> = out.iter().map(CanonicalEvent::event_id).collect();
     assert_eq!(ids, vec![0, 1, 2, 3]);
+}
+
+fn tiered(block_size: u32) -> CanonicalConfig {
+    CanonicalConfig {
+        lower_tiers: true,
+        ..CanonicalConfig::new(block_size, STANDARD)
+    }
+}
+
+fn on(medium: &str, stored: BlockStored) -> EngineEvent {
+    EngineEvent::BlockStored(BlockStored {
+        medium: Some(medium.to_owned()),
+        ..stored
+    })
+}
+
+fn removed_on(medium: &str, ids: &[u64]) -> EngineEvent {
+    EngineEvent::BlockRemoved(BlockRemoved {
+        block_hashes: ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
+        medium: Some(medium.to_owned()),
+        group_idx: None,
+    })
+}
+
+/// vLLM's offloading connector: no tokens, no parent, `block_size` 0, medium `CPU`.
+fn connector_store(ids: &[u64]) -> EngineEvent {
+    on(
+        "CPU",
+        BlockStored::new(
+            ids.iter().copied().map(EngineBlockHash::unsigned).collect(),
+            None,
+            TokenIds::Flat(Vec::new()),
+            0,
+        ),
+    )
+}
+
+#[test]
+fn lower_tier_events_are_filtered_unless_the_pool_keeps_tiers() {
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![
+            connector_store(&[1]),
+            on("CPU_PINNED", stored(1, 4)),
+            removed_on("DISK", &[1]),
+        ],
+        dp_rank: None,
+    };
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(1, 0, config(4, STANDARD)).canonicalize(&batch, &mut out);
+    assert_eq!((outcome.n_filtered, out.len()), (3, 0));
+    let outcome = Canonicalizer::new(1, 0, tiered(4)).canonicalize(&batch, &mut out);
+    assert_eq!((outcome.n_filtered, out.len()), (0, 3));
+    let tiers: Vec<CacheTier> = out
+        .iter()
+        .map(|event| match event {
+            CanonicalEvent::Tier(event) => event.tier,
+            CanonicalEvent::Device(event) => panic!("{event:?}"),
+        })
+        .collect();
+    assert_eq!(tiers, [CacheTier::Host, CacheTier::Host, CacheTier::Disk]);
+}
+
+/// Device and tier events keep the engine's order: an offload between a device store and
+/// its eviction must resolve against the device lineage of that moment.
+#[test]
+fn device_and_tier_events_interleave_in_engine_order() {
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![
+            on("GPU", stored(2, 4)),
+            connector_store(&[1]),
+            removed_on("GPU", &[0, 1]),
+            removed_on("CPU", &[1]),
+            EngineEvent::AllBlocksCleared,
+        ],
+        dp_rank: Some(3),
+    };
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(9, 0, tiered(4)).canonicalize(&batch, &mut out);
+    assert!(outcome.rejected.is_empty(), "{:?}", outcome.rejected);
+    let source = SourceId::new(9, 3);
+    let expected_tokens = block_hashes(
+        &(0..8).collect::<Vec<u32>>(),
+        4,
+        STANDARD,
+        HashSalt::default(),
+    );
+    assert_eq!(token_hashes(out[0].as_device().unwrap()), expected_tokens);
+    assert_eq!(
+        out[1],
+        CanonicalEvent::Tier(TierEvent {
+            source,
+            event_id: 1,
+            tier: CacheTier::Host,
+            change: TierChange::Offloaded {
+                engine_block_ids: vec![1]
+            },
+        })
+    );
+    assert!(matches!(
+        out[2].as_device().map(|e| &e.payload),
+        Some(EventPayload::Removed(_))
+    ));
+    assert_eq!(
+        out[3],
+        CanonicalEvent::Tier(TierEvent {
+            source,
+            event_id: 3,
+            tier: CacheTier::Host,
+            change: TierChange::Removed(RemovedBlocks {
+                engine_block_ids: vec![1]
+            }),
+        })
+    );
+    // A clear names no medium: a device clear (the pool drops every tier of the source).
+    assert_eq!(
+        out[4].as_device().map(|e| &e.payload),
+        Some(&EventPayload::AllCleared)
+    );
+}
+
+/// A lower-tier store that carries tokens is hashed exactly as the device would hash
+/// them (SGLang's host tier), as a chain inside the tier.
+#[test]
+fn a_tier_store_with_tokens_chains_inside_the_tier_with_device_hashes() {
+    let batch = fixture("sglang-0.5.19-medium-cpu.msgpack", EngineKind::Sglang);
+    let device = fixture("sglang-0.5.19-basic.msgpack", EngineKind::Sglang);
+    let mut out = Vec::new();
+    Canonicalizer::new(9, 0, tiered(16)).canonicalize(&batch, &mut out);
+    let on_device = canonicalize(&device, config(16, STANDARD));
+    let mut n_stored = 0;
+    for (tier_event, device_event) in out.iter().zip(&on_device) {
+        let CanonicalEvent::Tier(tier_event) = tier_event else {
+            // The fixture's clear names no medium: a device clear.
+            assert_eq!(device_event.payload, EventPayload::AllCleared);
+            continue;
+        };
+        assert_eq!(tier_event.tier, CacheTier::Host);
+        match (&tier_event.change, &device_event.payload) {
+            (TierChange::Stored(tier), EventPayload::Stored(device)) => {
+                assert_eq!(tier, device);
+                n_stored += 1;
+            }
+            (TierChange::Removed(tier), EventPayload::Removed(device)) => assert_eq!(tier, device),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(n_stored, 2);
+}
+
+/// Tier events follow the attention-group rule, and a medium no tier is known for stays
+/// filtered; a tier store whose tokens do not fit the pool's blocks is rejected.
+#[test]
+fn tier_events_keep_the_group_rule_and_unknown_media_stay_filtered() {
+    let sliding = BlockStored {
+        kv_cache_spec_kind: Some("sliding_window".to_owned()),
+        ..stored(1, 4)
+    };
+    let batch = EngineBatch {
+        ts: 0.0,
+        events: vec![
+            on("CPU", sliding),
+            on("EXTERNAL", stored(1, 4)),
+            on("STORAGE", stored(1, 4)),
+            removed_on("EXTERNAL", &[0]),
+            on("CPU", stored(1, 8)),
+        ],
+        dp_rank: None,
+    };
+    let mut out = Vec::new();
+    let outcome = Canonicalizer::new(1, 0, tiered(4)).canonicalize(&batch, &mut out);
+    assert_eq!(outcome.n_filtered, 4);
+    assert!(out.is_empty());
+    assert_eq!(
+        outcome.rejected,
+        vec![CanonicalizeError::BlockSizeMismatch {
+            event_idx: 4,
+            block_size: 8,
+            expected: 4
+        }]
+    );
+    for (medium, tier) in [
+        (None, Some(CacheTier::Device)),
+        (Some("gpu"), Some(CacheTier::Device)),
+        (Some("cpu_pinned"), Some(CacheTier::Host)),
+        (Some("Disk"), Some(CacheTier::Disk)),
+        (Some("EXTERNAL"), None),
+    ] {
+        assert_eq!(kvrelay_ingest::tier_of_medium(medium), tier, "{medium:?}");
+    }
 }

@@ -12,7 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvrelay_ckf::{EventPayload, SourceId, StoredBlock, StoredBlocks};
+use kvrelay_ckf::{
+    CacheTier, EventPayload, RemovedBlocks, SourceId, StoredBlock, StoredBlocks, TierChange,
+    TierEvent,
+};
 use kvrelay_ingest::{
     Limits, NatsSourceConfig, RejectionKind, SourceOutput, SourceSignal, dynamo_kv_event_subject,
     spawn_nats_source,
@@ -85,6 +88,7 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
         server: server.url.clone(),
         subject: subject.clone(),
         limits: Limits::nats(),
+        lower_tiers: true,
         auth: Default::default(),
         tls: Default::default(),
     })
@@ -95,6 +99,9 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
         r#"[{"worker_id": 5, "event": {"event_id": 1, "dp_rank": 1, "data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": 100, "tokens_hash": 200}, {"block_hash": 101, "tokens_hash": 201}]}}}}]"#,
         "not json",
         r#"{"worker_id": 5, "event": {"event_id": 2, "dp_rank": 1, "data": {"removed": {"block_hashes": [101]}}}}"#,
+        // KVBM's host tier becomes a tier event; an external tier stays filtered.
+        r#"{"worker_id": 5, "storage_tier": "host_pinned", "event": {"event_id": 3, "dp_rank": 1, "data": {"removed": {"block_hashes": [100]}}}}"#,
+        r#"{"worker_id": 5, "storage_tier": "external", "event": {"event_id": 4, "dp_rank": 1, "data": "cleared"}}"#,
         r#"{"worker_id": 6, "event": {"event_id": 1, "data": "cleared"}}"#,
     ];
     for payload in payloads {
@@ -106,6 +113,7 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
     publisher.flush().await.unwrap();
 
     let mut events = Vec::new();
+    let mut tiers = Vec::new();
     while events.len() < 3 {
         let output = tokio::time::timeout(Duration::from_secs(10), source.next())
             .await
@@ -113,6 +121,7 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
             .expect("source stopped");
         match output {
             SourceOutput::Event(event) => events.push(event),
+            SourceOutput::Tier(event) => tiers.push(event),
             SourceOutput::Signal(signal) => {
                 assert!(matches!(signal, SourceSignal::Connected { .. }))
             }
@@ -137,7 +146,23 @@ async fn router_events_published_on_nats_are_ingested_in_order() {
         })
     );
     assert!(matches!(events[1].payload, EventPayload::Removed(_)));
+    assert_eq!(
+        tiers,
+        vec![TierEvent {
+            source: SourceId::new(5, 1),
+            event_id: 3,
+            tier: CacheTier::Host,
+            change: TierChange::Removed(RemovedBlocks {
+                engine_block_ids: vec![100]
+            }),
+        }]
+    );
     assert_eq!(events[2].source, SourceId::new(6, 0));
     assert_eq!(source.stats().rejected(RejectionKind::Malformed), 1);
+    assert_eq!(
+        source.stats().n_filtered,
+        1,
+        "the external tier is filtered"
+    );
     assert!(source.shutdown().await);
 }

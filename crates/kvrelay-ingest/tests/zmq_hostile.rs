@@ -47,10 +47,7 @@ fn config(endpoint: String, worker_id: u64, fault: FaultInjection) -> ZmqSourceC
         endpoint,
         replay_endpoint: None,
         topic: String::new(),
-        canonical: CanonicalConfig {
-            block_size: 4,
-            hash_format: KvQueryHashFormat::DynamoStandardV1,
-        },
+        canonical: CanonicalConfig::new(4, KvQueryHashFormat::DynamoStandardV1),
         limits: limits(),
         fault,
         resume_after: None,

@@ -32,10 +32,7 @@ const LAYOUT: EngineLayout = EngineLayout {
 };
 
 fn canonical() -> CanonicalConfig {
-    CanonicalConfig {
-        block_size: BLOCK_SIZE,
-        hash_format: KvQueryHashFormat::DynamoStandardV1,
-    }
+    CanonicalConfig::new(BLOCK_SIZE, KvQueryHashFormat::DynamoStandardV1)
 }
 
 /// Exact per-source state: engine block id → token hash.
@@ -113,7 +110,10 @@ impl FakeEngine {
         let mut out = Vec::new();
         self.canonicalizer.canonicalize(&batch, &mut out);
         for event in &out {
-            apply(&mut self.truth, event);
+            apply(
+                &mut self.truth,
+                event.as_device().expect("device events only"),
+            );
         }
         let mut payload = Vec::new();
         encode_engine_batch(&batch, LAYOUT, &mut payload);
@@ -246,6 +246,7 @@ async fn drive_until_truth(
                 SourceOutput::Event(event) => apply(state, &event),
                 SourceOutput::Signal(signal) => signals.push(signal),
                 SourceOutput::Applied { .. } => {}
+                SourceOutput::Tier(event) => panic!("{what}: lower tiers are off: {event:?}"),
             },
             _ = tick.tick(), if idle_batches => engine.publish(Vec::new(), false).await,
         }
@@ -833,6 +834,7 @@ async fn a_source_resumed_after_a_checkpoint_catches_up_past_a_short_ring() {
                 last_digest = digest;
             }
             Ok(Some(SourceOutput::Signal(_))) | Err(_) => {}
+            Ok(Some(SourceOutput::Tier(event))) => panic!("lower tiers are off: {event:?}"),
             Ok(None) => panic!("source stopped"),
         }
     }

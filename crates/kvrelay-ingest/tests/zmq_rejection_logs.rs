@@ -54,10 +54,7 @@ async fn ten_thousand_malformed_messages_count_ten_thousand_and_log_a_few_lines(
         endpoint,
         replay_endpoint: None,
         topic: String::new(),
-        canonical: CanonicalConfig {
-            block_size: 4,
-            hash_format: KvQueryHashFormat::DynamoStandardV1,
-        },
+        canonical: CanonicalConfig::new(4, KvQueryHashFormat::DynamoStandardV1),
         limits: Limits::default(),
         fault: FaultInjection::default(),
         resume_after: None,

@@ -340,10 +340,7 @@ mod tests {
             endpoint: "tcp://127.0.0.1:9".to_owned(),
             replay_endpoint: None,
             topic: String::new(),
-            canonical: CanonicalConfig {
-                block_size: 4,
-                hash_format: KvQueryHashFormat::DynamoStandardV1,
-            },
+            canonical: CanonicalConfig::new(4, KvQueryHashFormat::DynamoStandardV1),
             limits: Limits::default(),
             fault: FaultInjection::default(),
             resume_after: None,

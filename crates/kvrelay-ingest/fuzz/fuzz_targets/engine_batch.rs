@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         };
         assert!(batch.events.len() <= limits.max_events_per_batch as usize);
         for format in [KvQueryHashFormat::DynamoStandardV1, KvQueryHashFormat::DynamoEagleV1] {
-            let config = CanonicalConfig { block_size: 4, hash_format: format };
+            let config = CanonicalConfig::new(4, format);
             let mut canonicalizer = Canonicalizer::new(1, 0, config);
             let mut out = Vec::new();
             let outcome = canonicalizer.canonicalize(&batch, &mut out);

@@ -153,10 +153,7 @@ pub(crate) fn spawn_zmq(
         endpoint: config.zmq.clone(),
         replay_endpoint: config.replay.clone(),
         topic: String::new(),
-        canonical: CanonicalConfig {
-            block_size: semantics.kv_block_size(),
-            hash_format: semantics.hash_format(),
-        },
+        canonical: CanonicalConfig::new(semantics.kv_block_size(), semantics.hash_format()),
         limits,
         // A `[[sources]]` entry or an advertised source names one rank.
         declared_ranks: config.dp_rank..config.dp_rank.saturating_add(1),
@@ -202,6 +199,7 @@ pub(crate) fn spawn_nats(
             endpoint.name(),
         ),
         limits,
+        lower_tiers: false,
         // Validated when the configuration was loaded.
         auth: nats.auth().unwrap_or_default(),
         tls: nats.tls(),
@@ -311,6 +309,11 @@ async fn forward(
                 if let (Some(point), SourceKey::Engine(engine)) = (applied, key) {
                     state.positions.record(*engine, point);
                 }
+            }
+            Some(SourceOutput::Tier(_)) => {
+                // Sources start with lower tiers off (`CanonicalConfig::lower_tiers`), so
+                // none arrives; one that did would have no lane to go to.
+                count_events(state, "dropped", 1);
             }
             Some(SourceOutput::Applied { seq, digest }) => {
                 // Everything before it was submitted (in order) above.
@@ -467,7 +470,7 @@ mod tests {
                     bursts.push((source, burst.iter().map(|event| event.event_id).collect()));
                 }
                 SourceOutput::Signal(signal) => signals.push(signal),
-                SourceOutput::Applied { .. } => {}
+                SourceOutput::Applied { .. } | SourceOutput::Tier(_) => {}
             }
         }
         panic!("the queue never drained");

@@ -57,9 +57,8 @@ pub(crate) fn run(args: &EngineBatchArgs) -> Result<()> {
         .with_context(|| format!("read engine batch {}", args.file.display()))?;
     let batch = decode_engine_batch(&bytes, engine, &Limits::default())
         .map_err(|err| usage(format!("{}: {err}", args.file.display())))?;
-    let config = args.block_size.map(|block_size| CanonicalConfig {
-        block_size,
-        hash_format: KvQueryHashFormat::from_enable_eagle(args.eagle),
+    let config = args.block_size.map(|block_size| {
+        CanonicalConfig::new(block_size, KvQueryHashFormat::from_enable_eagle(args.eagle))
     });
     let output = BatchOutput {
         engine: engine.as_str(),
@@ -75,10 +74,8 @@ pub(crate) fn run(args: &EngineBatchArgs) -> Result<()> {
 fn describe_events(batch: &EngineBatch, config: Option<CanonicalConfig>) -> Vec<Value> {
     // The filtering rule is stateful (it learns the full-attention group), so run the
     // real canonicalizer one event at a time to report what it keeps.
-    let filter_config = config.unwrap_or(CanonicalConfig {
-        block_size: 0,
-        hash_format: KvQueryHashFormat::DynamoStandardV1,
-    });
+    let filter_config =
+        config.unwrap_or(CanonicalConfig::new(0, KvQueryHashFormat::DynamoStandardV1));
     let mut canonicalizer = Canonicalizer::new(0, 0, filter_config);
     let mut sequence_by_engine_id: HashMap<u64, u64> = HashMap::new();
     let mut out = Vec::with_capacity(batch.events.len());
@@ -204,10 +201,7 @@ mod tests {
     #[test]
     fn chained_stored_event_gets_sequence_hashes_from_its_parent_in_the_batch() {
         let batch = fixture("sglang-0.5.23-basic.msgpack");
-        let config = CanonicalConfig {
-            block_size: 16,
-            hash_format: KvQueryHashFormat::DynamoStandardV1,
-        };
+        let config = CanonicalConfig::new(16, KvQueryHashFormat::DynamoStandardV1);
         let events = describe_events(&batch, Some(config));
         let first_seq = events[0]["sequence_hashes"].as_array().unwrap();
         let second_token = events[1]["token_hashes"][0].as_u64().unwrap();
