@@ -20,7 +20,7 @@
 //! probe it at that stride (the catalog names each lane's block size).
 
 use crate::counters::ApplyOutcome;
-use crate::event::{CacheTier, SourceId, TierChange, TierEvent};
+use crate::event::{CacheTier, SourceId, StoredBlocks, TierChange, TierEvent};
 use crate::format::{CkfConfig, ConfigError};
 use crate::ownership::{ApplyError, PoolFilter};
 
@@ -93,8 +93,6 @@ pub struct TierLane {
     tier: CacheTier,
     filter: PoolFilter,
     counters: TierCounters,
-    /// Scratch: the resolved `(engine id, canonical)` pairs of the offload being applied.
-    resolved: Vec<(u64, u64)>,
 }
 
 impl TierLane {
@@ -109,7 +107,6 @@ impl TierLane {
             tier,
             filter,
             counters: TierCounters::default(),
-            resolved: Vec::new(),
         }
     }
 
@@ -135,7 +132,8 @@ impl TierLane {
     }
 
     /// Applies one event about this lane's tier; offloads resolve through `device`, the
-    /// pool's device filter as it stands when the event arrives. On `Err` nothing
+    /// pool's device filter as it stands when the event arrives ([`resolve`] then
+    /// [`apply_resolved`], the two halves a relay runs in two actors). On `Err` nothing
     /// changed except counters.
     pub fn apply(
         &mut self,
@@ -148,50 +146,87 @@ impl TierLane {
                 event: event.tier,
             });
         }
-        let applied = match &event.change {
-            TierChange::Stored(stored) => self.filter.apply_stored_event(event.source, stored)?,
-            TierChange::Removed(removed) => self
-                .filter
-                .apply_removed_event(event.source, &removed.engine_block_ids)?,
-            TierChange::Cleared => self.filter.apply_cleared_event(event.source)?,
-            TierChange::Offloaded { engine_block_ids } => {
-                return self.apply_offload(device, event.source, engine_block_ids);
-            }
-        };
+        let resolved = resolve(device, event)?;
+        self.counters.offloads_unmapped += resolved.unmapped;
+        let applied = apply_resolved(&mut self.filter, event.source, &resolved.change)?;
+        if let ResolvedChange::Canonical(pairs) = &resolved.change {
+            self.counters.offloads_resolved += pairs.len() as u64;
+        }
         Ok(TierOutcome {
             applied,
-            unmapped: 0,
+            unmapped: resolved.unmapped,
         })
     }
+}
 
-    fn apply_offload(
-        &mut self,
-        device: &PoolFilter,
-        source: SourceId,
-        engine_block_ids: &[u64],
-    ) -> Result<TierOutcome, TierApplyError> {
-        self.resolved.clear();
-        self.resolved
-            .try_reserve(engine_block_ids.len())
-            .map_err(|_| ApplyError::AllocationFailed {
-                what: "offload plan",
-                bytes: (engine_block_ids.len() * std::mem::size_of::<(u64, u64)>()) as u64,
+/// A tier event with its offload resolved: what a lane's filter applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolvedChange {
+    /// A chain inside the tier (token hashes, parent on the same tier).
+    Stored(StoredBlocks),
+    /// Independent blocks whose canonical hashes are known: `(engine id, canonical)`.
+    Canonical(Vec<(u64, u64)>),
+    /// Blocks evicted from the tier.
+    Removed(Vec<u64>),
+    /// Everything the source held on the tier.
+    Cleared,
+}
+
+/// [`resolve`]'s answer: the change and how many offloaded ids were dropped as unmapped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// What the lane applies.
+    pub change: ResolvedChange,
+    /// Offloaded ids the device lineage did not hold (dropped, never guessed).
+    pub unmapped: u64,
+}
+
+/// Resolves `event` against `device` as it stands now: an offload's ids take the
+/// canonical hashes the source's device lineage holds for them; other changes pass
+/// through. Reads `device` only.
+pub fn resolve(device: &PoolFilter, event: &TierEvent) -> Result<Resolved, ApplyError> {
+    let change = match &event.change {
+        TierChange::Stored(stored) => ResolvedChange::Stored(stored.clone()),
+        TierChange::Removed(removed) => ResolvedChange::Removed(removed.engine_block_ids.clone()),
+        TierChange::Cleared => ResolvedChange::Cleared,
+        TierChange::Offloaded { engine_block_ids } => {
+            let mut pairs = Vec::new();
+            pairs.try_reserve(engine_block_ids.len()).map_err(|_| {
+                ApplyError::AllocationFailed {
+                    what: "offload plan",
+                    bytes: (engine_block_ids.len() * std::mem::size_of::<(u64, u64)>()) as u64,
+                }
             })?;
-        self.resolved.extend(
-            engine_block_ids
-                .iter()
-                .filter_map(|&id| device.canonical_of(source, id).map(|c| (id, c))),
-        );
-        let unmapped = (engine_block_ids.len() - self.resolved.len()) as u64;
-        self.counters.offloads_unmapped += unmapped;
-        if self.resolved.is_empty() {
-            return Ok(TierOutcome {
-                applied: ApplyOutcome::default(),
+            pairs.extend(
+                engine_block_ids
+                    .iter()
+                    .filter_map(|&id| device.canonical_of(event.source, id).map(|c| (id, c))),
+            );
+            let unmapped = (engine_block_ids.len() - pairs.len()) as u64;
+            return Ok(Resolved {
+                change: ResolvedChange::Canonical(pairs),
                 unmapped,
             });
         }
-        let applied = self.filter.store_canonical(source, &self.resolved)?;
-        self.counters.offloads_resolved += self.resolved.len() as u64;
-        Ok(TierOutcome { applied, unmapped })
+    };
+    Ok(Resolved {
+        change,
+        unmapped: 0,
+    })
+}
+
+/// Applies a resolved change of `source` to a lane's `filter` as one event. An empty
+/// offload (every id unmapped) changes nothing and counts no event.
+pub fn apply_resolved(
+    filter: &mut PoolFilter,
+    source: SourceId,
+    change: &ResolvedChange,
+) -> Result<ApplyOutcome, ApplyError> {
+    match change {
+        ResolvedChange::Stored(stored) => filter.apply_stored_event(source, stored),
+        ResolvedChange::Canonical(pairs) if pairs.is_empty() => Ok(ApplyOutcome::default()),
+        ResolvedChange::Canonical(pairs) => filter.store_canonical(source, pairs),
+        ResolvedChange::Removed(ids) => filter.apply_removed_event(source, ids),
+        ResolvedChange::Cleared => filter.apply_cleared_event(source),
     }
 }

@@ -27,6 +27,42 @@ impl PoolId {
     pub const fn relies_on_defaults(&self) -> bool {
         self.indexer_domain.relies_on_defaults()
     }
+
+    /// The pool id of this pool's lane for the cache tier with wire code `tier_code`
+    /// (a lower tier: host memory, disk): the same cache semantics and DC, and a routing
+    /// scope digest derived from this pool's and the tier, so a lane never collides with a
+    /// pool and is the same across relay restarts.
+    ///
+    /// ```
+    /// # use kvrelay_identity::*;
+    /// # let semantics = KvQuerySemantics::new(16, KvQueryHashFormat::DynamoStandardV1).unwrap();
+    /// # let endpoint: EndpointId = "prod.backend.generate".parse().unwrap();
+    /// let pool = PoolId {
+    ///     indexer_domain: resolve_indexer_domain("m", &IndexerIdentitySpec::default(), semantics, &endpoint),
+    ///     dc_id: DcId::from_dc_name("dc-a"),
+    /// };
+    /// let host = pool.tier_lane(1);
+    /// assert_ne!(host, pool);
+    /// assert_eq!(host, pool.tier_lane(1));
+    /// assert_ne!(host, pool.tier_lane(2));
+    /// assert_eq!(host.indexer_domain.cache_semantics, pool.indexer_domain.cache_semantics);
+    /// ```
+    pub fn tier_lane(&self, tier_code: u8) -> PoolId {
+        let scope = self.indexer_domain.routing_scope;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"kvrelay tier lane v1\0");
+        hasher.update(scope.digest());
+        hasher.update(&[tier_code]);
+        let mut digest = [0u8; crate::digest::DIGEST_LEN];
+        digest.copy_from_slice(&hasher.finalize().as_bytes()[..crate::digest::DIGEST_LEN]);
+        PoolId {
+            indexer_domain: IndexerDomainId {
+                cache_semantics: self.indexer_domain.cache_semantics,
+                routing_scope: crate::digest::RoutingScopeId::new(digest, scope.source()),
+            },
+            dc_id: self.dc_id,
+        }
+    }
 }
 
 impl fmt::Display for PoolId {

@@ -22,12 +22,12 @@
 //! # Lower tiers
 //!
 //! With [`CanonicalConfig::lower_tiers`] set, events about host memory (`CPU`,
-//! `CPU_PINNED`, `HOST`) and disk (`DISK`) become [`TierEvent`]s instead of being
-//! filtered, under the same attention-group rule. A lower-tier store that carries tokens
+//! `CPU_PINNED`, `HOST`) and disk (`DISK`, `STORAGE`) become [`TierEvent`]s instead of
+//! being filtered, under the same attention-group rule. A lower-tier store that carries tokens
 //! is hashed exactly like a device store (a chain inside the tier, the pool's block
 //! size); one without tokens (vLLM's offloading connector) names device blocks and
 //! becomes [`TierChange::Offloaded`], resolved by the pool against the device lineage.
-//! A medium no tier is known for (`EXTERNAL`, `STORAGE`, anything else) stays filtered.
+//! A medium no tier is known for (`EXTERNAL`, anything else) stays filtered.
 
 use kvrelay_ckf::{
     CacheTier, EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks,
@@ -303,8 +303,9 @@ pub fn is_device_medium(medium: Option<&str>) -> bool {
 }
 
 /// The tier an engine's medium string names (any case): absent, `GPU` or `DEVICE` is
-/// device memory; `CPU`, `CPU_PINNED` or `HOST` host memory; `DISK` disk. Any other
-/// medium (`EXTERNAL`, `STORAGE`, ...) names no tier this relay keeps.
+/// device memory; `CPU`, `CPU_PINNED` or `HOST` host memory; `DISK` or `STORAGE` (vLLM's
+/// local storage tier) disk. Any other medium (SGLang's `EXTERNAL` remote store, ...)
+/// names no tier this relay keeps.
 pub fn tier_of_medium(medium: Option<&str>) -> Option<CacheTier> {
     let Some(text) = medium else {
         return Some(CacheTier::Device);
@@ -314,7 +315,7 @@ pub fn tier_of_medium(medium: Option<&str>) -> Option<CacheTier> {
         Some(CacheTier::Device)
     } else if is("CPU") || is("CPU_PINNED") || is("HOST") {
         Some(CacheTier::Host)
-    } else if is("DISK") {
+    } else if is("DISK") || is("STORAGE") {
         Some(CacheTier::Disk)
     } else {
         None

@@ -510,7 +510,7 @@ fn tier_events_keep_the_group_rule_and_unknown_media_stay_filtered() {
         events: vec![
             on("CPU", sliding),
             on("EXTERNAL", stored(1, 4)),
-            on("STORAGE", stored(1, 4)),
+            on("REMOTE", stored(1, 4)),
             removed_on("EXTERNAL", &[0]),
             on("CPU", stored(1, 8)),
         ],
@@ -533,6 +533,7 @@ fn tier_events_keep_the_group_rule_and_unknown_media_stay_filtered() {
         (Some("gpu"), Some(CacheTier::Device)),
         (Some("cpu_pinned"), Some(CacheTier::Host)),
         (Some("Disk"), Some(CacheTier::Disk)),
+        (Some("STORAGE"), Some(CacheTier::Disk)),
         (Some("EXTERNAL"), None),
     ] {
         assert_eq!(kvrelay_ingest::tier_of_medium(medium), tier, "{medium:?}");

@@ -70,6 +70,7 @@ fn attach_request() -> AttachRequest {
         roles: vec![WorkerRole::Aggregated],
         expected_unique_blocks: 1 << 20,
         load_capacity: None,
+        tier_lanes: Vec::new(),
     }
 }
 

@@ -49,6 +49,7 @@ async fn attach(registry: &PoolRegistry, name: &str, blocks: u64) -> PoolAttachm
             roles: vec![WorkerRole::Aggregated],
             expected_unique_blocks: blocks,
             load_capacity: None,
+            tier_lanes: Vec::new(),
         })
         .await
         .unwrap()

@@ -34,7 +34,11 @@
 
 use std::sync::Arc;
 
-use kvrelay_ckf::{ApplyError, ApplyOutcome, Delta, EventPayload, RouterEvent, SourceId};
+use kvrelay_ckf::tier::ResolvedChange;
+use kvrelay_ckf::{
+    ApplyError, ApplyOutcome, CacheTier, Delta, EventPayload, RouterEvent, SourceId, TierChange,
+    TierEvent,
+};
 use kvrelay_identity::ProducerIdentity;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -159,6 +163,13 @@ pub struct PoolActorStats {
     pub contradiction_resets: u64,
     /// Blocks owned but not resident because the filter was full (lossy, not a fault).
     pub capacity_omissions: u64,
+    /// Lower-tier events received (a pool's actor): resolved and forwarded to their lane.
+    pub tier_events: u64,
+    /// Lower-tier events for a tier the pool keeps no lane of (dropped).
+    pub tier_events_without_lane: u64,
+    /// Offloaded blocks whose device block this filter did not hold when the offload
+    /// arrived (dropped, never guessed).
+    pub offloads_unmapped: u64,
     /// The filter's own statistics (load, omissions, unknown removals, resident blocks),
     /// all O(1) to read.
     pub filter: FilterStats,
@@ -230,6 +241,18 @@ enum Command {
         events: Vec<RouterEvent>,
         _permit: OwnedSemaphorePermit,
     },
+    /// A lower-tier event for a pool's actor: resolved against its filter, forwarded.
+    ApplyTier {
+        event: TierEvent,
+        _permit: OwnedSemaphorePermit,
+    },
+    /// A resolved lower-tier change for a lane's actor.
+    ApplyLane {
+        source: SourceId,
+        event_id: u64,
+        change: ResolvedChange,
+        _permit: OwnedSemaphorePermit,
+    },
     ClearSource {
         source: SourceId,
         reply: oneshot::Sender<()>,
@@ -292,6 +315,7 @@ impl PoolActorHandle {
         tracker: &TaskTracker,
         registry: &CancellationToken,
         generation: CancellationToken,
+        lanes: Vec<(CacheTier, PoolActorHandle)>,
     ) -> Self {
         let (mailbox, commands) = mpsc::channel(limits.actor_mailbox);
         let shared = Arc::new(ActorShared {
@@ -320,6 +344,7 @@ impl PoolActorHandle {
             next_lease: 1,
             shutdown_replies: Vec::new(),
             stats: PoolActorStats::default(),
+            lanes,
         };
         let span = tracing::info_span!(
             "pool_actor",
@@ -354,6 +379,55 @@ impl PoolActorHandle {
         self.shared.health.enqueue(Instant::now(), || {
             slot.send(Command::Apply {
                 event,
+                _permit: permit,
+            });
+        });
+        Ok(())
+    }
+
+    /// Queues one lower-tier event (in order with the source's device events); returns
+    /// once queued. The actor resolves it against its filter (an offload takes the
+    /// canonical hashes its device blocks have at that point) and forwards it to the
+    /// pool's lane of that tier; a tier the pool keeps no lane of is counted and dropped.
+    /// Weighs its block count in permits, like [`PoolActorHandle::submit`].
+    pub async fn submit_tier(&self, event: TierEvent) -> Result<(), ActorError> {
+        let blocks = match &event.change {
+            TierChange::Stored(stored) => stored.blocks.len(),
+            TierChange::Offloaded { engine_block_ids } => engine_block_ids.len(),
+            TierChange::Removed(removed) => removed.engine_block_ids.len(),
+            TierChange::Cleared => 1,
+        };
+        let weight = clamp_weight(blocks, self.shared.max_weight);
+        let (permit, slot) = self.admit(weight).await?;
+        self.shared.health.enqueue(Instant::now(), || {
+            slot.send(Command::ApplyTier {
+                event,
+                _permit: permit,
+            });
+        });
+        Ok(())
+    }
+
+    /// Queues a resolved change for this lane's actor (from its pool's actor).
+    async fn submit_lane(
+        &self,
+        source: SourceId,
+        event_id: u64,
+        change: ResolvedChange,
+    ) -> Result<(), ActorError> {
+        let blocks = match &change {
+            ResolvedChange::Stored(stored) => stored.blocks.len(),
+            ResolvedChange::Canonical(pairs) => pairs.len(),
+            ResolvedChange::Removed(ids) => ids.len(),
+            ResolvedChange::Cleared => 1,
+        };
+        let weight = clamp_weight(blocks, self.shared.max_weight);
+        let (permit, slot) = self.admit(weight).await?;
+        self.shared.health.enqueue(Instant::now(), || {
+            slot.send(Command::ApplyLane {
+                source,
+                event_id,
+                change,
                 _permit: permit,
             });
         });
@@ -597,6 +671,11 @@ fn event_weight(event: &RouterEvent, max: u32) -> u32 {
         kvrelay_ckf::EventPayload::Removed(removed) => removed.engine_block_ids.len(),
         kvrelay_ckf::EventPayload::AllCleared => 1,
     };
+    clamp_weight(blocks, max)
+}
+
+/// A block count as a permit weight: at least 1, at most `max`.
+fn clamp_weight(blocks: usize, max: u32) -> u32 {
     u32::try_from(blocks)
         .unwrap_or(u32::MAX)
         .clamp(1, max.max(1))
@@ -636,6 +715,8 @@ struct Actor {
     next_lease: u64,
     shutdown_replies: Vec<oneshot::Sender<()>>,
     stats: PoolActorStats,
+    /// A pool's lower-tier lanes (empty for a lane, or a device-only pool).
+    lanes: Vec<(CacheTier, PoolActorHandle)>,
 }
 
 /// Most commands one wake of the actor runs before it records health and looks at its
@@ -690,7 +771,9 @@ impl Actor {
         let mut command = first;
         for handled in 1..=MAX_COMMANDS_PER_WAKE {
             let events = match &command {
-                Command::Apply { .. } => Some(1),
+                Command::Apply { .. } | Command::ApplyTier { .. } | Command::ApplyLane { .. } => {
+                    Some(1)
+                }
                 Command::ApplyBatch { events, .. } => Some(events.len()),
                 _ => None,
             };
@@ -717,14 +800,33 @@ impl Actor {
             Command::Apply { event, _permit } => {
                 let result = self.state.apply(&event);
                 drop(_permit);
-                self.after_apply(&event, result).await;
+                self.after_device_event(&event, result).await;
             }
             Command::ApplyBatch { events, _permit } => {
                 for event in &events {
                     let result = self.state.apply(event);
-                    self.after_apply(event, result).await;
+                    self.after_device_event(event, result).await;
                 }
                 drop(_permit);
+            }
+            Command::ApplyTier { event, _permit } => {
+                drop(_permit);
+                self.forward_tier_event(event).await;
+            }
+            Command::ApplyLane {
+                source,
+                event_id,
+                change,
+                _permit,
+            } => {
+                let result = self.state.apply_resolved(source, &change);
+                drop(_permit);
+                let stored_blocks = match &change {
+                    ResolvedChange::Stored(stored) => stored.blocks.len() as u64,
+                    _ => 0,
+                };
+                self.after_apply(source, event_id, stored_blocks, result)
+                    .await;
             }
             Command::ClearSource { source, reply } => {
                 if let Err(fault) = self.state.clear_source(source) {
@@ -734,6 +836,7 @@ impl Actor {
                         fault,
                     });
                 }
+                self.clear_lanes(source, 0).await;
                 self.publish().await;
                 let _ = reply.send(());
             }
@@ -809,7 +912,81 @@ impl Actor {
         );
     }
 
-    async fn after_apply(&mut self, event: &RouterEvent, result: Result<ApplyOutcome, PoolFault>) {
+    /// After a device event: its lanes lose whatever a clear of the source drops (a clear
+    /// names no tier; every tier of the source is dropped with it).
+    async fn after_device_event(
+        &mut self,
+        event: &RouterEvent,
+        result: Result<ApplyOutcome, PoolFault>,
+    ) {
+        let stored_blocks = match &event.payload {
+            EventPayload::Stored(stored) => stored.blocks.len() as u64,
+            EventPayload::Removed(_) | EventPayload::AllCleared => 0,
+        };
+        let cleared = matches!(event.payload, EventPayload::AllCleared) && result.is_ok();
+        self.after_apply(event.source, event.event_id, stored_blocks, result)
+            .await;
+        if cleared {
+            self.clear_lanes(event.source, event.event_id).await;
+        }
+    }
+
+    /// Resolves a lower-tier event against the device filter now and queues it to the
+    /// lane of its tier (waiting for the lane's permits: a slow lane slows its pool, it
+    /// never loses an event). A fence ends the wait.
+    async fn forward_tier_event(&mut self, event: TierEvent) {
+        self.stats.tier_events += 1;
+        let Some(lane) = self.lane(event.tier) else {
+            self.stats.tier_events_without_lane += 1;
+            return;
+        };
+        let resolved = match self.state.resolve_tier(&event) {
+            Ok(resolved) => resolved,
+            Err(fault) => {
+                self.report(ActorFault {
+                    source: event.source,
+                    event_id: event.event_id,
+                    fault,
+                });
+                return;
+            }
+        };
+        self.stats.offloads_unmapped += resolved.unmapped;
+        let fence = self.fence.clone();
+        tokio::select! {
+            biased;
+            () = fence.cancelled() => {}
+            // A lane that stopped is retiring with this generation: nothing to keep.
+            _ = lane.submit_lane(event.source, event.event_id, resolved.change) => {}
+        }
+    }
+
+    /// Queues a clear of `source` to every lane.
+    async fn clear_lanes(&mut self, source: SourceId, event_id: u64) {
+        let fence = self.fence.clone();
+        for (_, lane) in &self.lanes {
+            tokio::select! {
+                biased;
+                () = fence.cancelled() => return,
+                _ = lane.submit_lane(source, event_id, ResolvedChange::Cleared) => {}
+            }
+        }
+    }
+
+    fn lane(&self, tier: CacheTier) -> Option<PoolActorHandle> {
+        self.lanes
+            .iter()
+            .find(|(lane_tier, _)| *lane_tier == tier)
+            .map(|(_, lane)| lane.clone())
+    }
+
+    async fn after_apply(
+        &mut self,
+        source: SourceId,
+        event_id: u64,
+        stored_blocks: u64,
+        result: Result<ApplyOutcome, PoolFault>,
+    ) {
         match result {
             Ok(outcome) => {
                 self.stats.events_applied += 1;
@@ -819,8 +996,8 @@ impl Actor {
                     // Logged on the first omission, then at powers of two.
                     if total.is_power_of_two() || total == outcome.capacity_omissions {
                         tracing::warn!(
-                            worker_id = event.source.worker_id,
-                            dp_rank = event.source.dp_rank,
+                            worker_id = source.worker_id,
+                            dp_rank = source.dp_rank,
                             omissions = total,
                             "filter full: blocks owned but not resident"
                         );
@@ -829,7 +1006,7 @@ impl Actor {
             }
             Err(PoolFault::Apply(ApplyError::ParentNotFound { .. })) => {
                 self.stats.events_rejected += 1;
-                self.count_unroutable(event);
+                self.count_unroutable(source, stored_blocks);
             }
             Err(fault) => {
                 self.stats.events_rejected += 1;
@@ -838,12 +1015,13 @@ impl Actor {
                     PoolFault::Apply(ApplyError::ContradictoryBlockId { .. })
                 );
                 self.report(ActorFault {
-                    source: event.source,
-                    event_id: event.event_id,
+                    source,
+                    event_id,
                     fault,
                 });
                 if contradiction {
-                    self.reset_contradicting_source(event.source);
+                    self.reset_contradicting_source(source);
+                    self.clear_lanes(source, event_id).await;
                 }
             }
         }
@@ -877,19 +1055,15 @@ impl Actor {
     /// Counts a stored event whose parent its source never reported. Its blocks cannot be
     /// keyed (a canonical hash needs the parent's), so they are dropped; later events are
     /// unaffected.
-    fn count_unroutable(&mut self, event: &RouterEvent) {
-        let blocks = match &event.payload {
-            EventPayload::Stored(stored) => stored.blocks.len() as u64,
-            EventPayload::Removed(_) | EventPayload::AllCleared => 0,
-        };
+    fn count_unroutable(&mut self, source: SourceId, blocks: u64) {
         self.stats.unroutable_events += 1;
         self.stats.unroutable_blocks = self.stats.unroutable_blocks.saturating_add(blocks);
         let total = self.stats.unroutable_events;
         // Logged on the first, then at powers of two.
         if total.is_power_of_two() {
             tracing::warn!(
-                worker_id = event.source.worker_id,
-                dp_rank = event.source.dp_rank,
+                worker_id = source.worker_id,
+                dp_rank = source.dp_rank,
                 unroutable_events = total,
                 "stored blocks with an unknown parent dropped as unroutable"
             );

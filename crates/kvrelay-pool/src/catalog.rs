@@ -27,6 +27,29 @@ pub struct PoolDescriptor {
     pub query_semantics: KvQuerySemantics,
     /// The declared worker roles, sorted and unique.
     pub pool_roles: Vec<WorkerRole>,
+    /// The pool's lower-tier lanes (host memory, disk), by tier; empty when the pool
+    /// keeps only device memory. Each is subscribed to like a pool, by its producer.
+    pub tier_lanes: Vec<TierLaneDescriptor>,
+}
+
+/// One lower-tier lane of a pool: a filter of what its workers hold on that tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TierLaneDescriptor {
+    /// The tier (never device).
+    #[serde(serialize_with = "serialize_tier")]
+    pub tier: kvrelay_ckf::CacheTier,
+    /// The lane's producer generation: its subscription key.
+    pub producer: ProducerIdentity,
+    /// Tokens per lane block: a multiple of the pool's block size (an offloaded block of
+    /// `k` device blocks holds every `k`-th prefix position).
+    pub block_size: u32,
+}
+
+fn serialize_tier<S: Serializer>(
+    tier: &kvrelay_ckf::CacheTier,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(tier.name())
 }
 
 impl PoolDescriptor {

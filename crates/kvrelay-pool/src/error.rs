@@ -175,6 +175,17 @@ pub enum AttachError {
     /// Layout generations are exhausted (`u64::MAX` attaches).
     #[error("layout generation space exhausted")]
     GenerationsExhausted,
+    /// A lower-tier lane request is invalid (device tier, repeated tier, a block size
+    /// that is not a positive multiple of the pool's, or no expected blocks).
+    #[error("pool {pool}: invalid {tier} lane: {reason}")]
+    InvalidLane {
+        /// The pool.
+        pool: PoolId,
+        /// The lane's tier.
+        tier: kvrelay_ckf::CacheTier,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// The filter could not be built.
     #[error("pool {pool} filter could not be built: {error}")]
     Filter {
@@ -220,6 +231,7 @@ impl AttachError {
             AttachError::PoolLimit { .. } => "pool_limit",
             AttachError::FilterMemoryLimit { .. } => "filter_memory_limit",
             AttachError::GenerationsExhausted => "generations_exhausted",
+            AttachError::InvalidLane { .. } => "invalid_lane",
             AttachError::Filter { .. } => "filter",
             AttachError::FilterTask { .. } => "filter_task",
             AttachError::Identity { .. } => "identity",

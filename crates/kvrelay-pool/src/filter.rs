@@ -5,8 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use kvrelay_ckf::tier::{Resolved, ResolvedChange};
 use kvrelay_ckf::{
     ApplyOutcome, CkfConfig, ConfigError, Delta, FilterCounters, PoolFilter, RouterEvent, SourceId,
+    TierEvent,
 };
 use kvrelay_identity::CkfFormat;
 
@@ -78,6 +80,23 @@ impl FilterState {
     pub(crate) fn apply(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, PoolFault> {
         let outcome = self.filter.apply(event)?;
         self.account(event.source, &outcome);
+        Ok(outcome)
+    }
+
+    /// Resolves a lower-tier event against this (device) filter as it stands now.
+    pub(crate) fn resolve_tier(&self, event: &TierEvent) -> Result<Resolved, PoolFault> {
+        Ok(kvrelay_ckf::tier::resolve(&self.filter, event)?)
+    }
+
+    /// Applies a resolved lower-tier change of `source` (this is a lane's filter); on
+    /// `Err` nothing changed.
+    pub(crate) fn apply_resolved(
+        &mut self,
+        source: SourceId,
+        change: &ResolvedChange,
+    ) -> Result<ApplyOutcome, PoolFault> {
+        let outcome = kvrelay_ckf::tier::apply_resolved(&mut self.filter, source, change)?;
+        self.account(source, &outcome);
         Ok(outcome)
     }
 

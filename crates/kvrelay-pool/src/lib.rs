@@ -84,6 +84,7 @@
 //!         roles: vec![WorkerRole::Aggregated],
 //!         expected_unique_blocks: 1024,
 //!         load_capacity: None,
+//!         tier_lanes: Vec::new(),
 //!     })
 //!     .await?;
 //! assert_eq!(registry.catalog().len(), 1);
@@ -114,7 +115,7 @@ pub use actor::{
     ActorFault, EventChunk, FaultCategory, FaultCounts, MAX_EVENTS_PER_BATCH, PoolActorHandle,
     PoolActorStats,
 };
-pub use catalog::{PoolCatalog, PoolDescriptor};
+pub use catalog::{PoolCatalog, PoolDescriptor, TierLaneDescriptor};
 pub use checkpoint::{
     CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CheckpointError, MAX_CHECKPOINT_IDENTITY_BYTES,
     PoolCheckpoint, SourceCheckpoint,
@@ -138,7 +139,7 @@ pub use load::{
     PoolLoadState, WorkerCapacity,
 };
 pub use registry::{
-    AttachRequest, PoolAttachment, PoolRegistry, RegistryConfig, RegistryStats, RetirementMode,
-    StreamStatsReader,
+    AttachRequest, LaneAttachment, LaneRequest, PoolAttachment, PoolRegistry, RegistryConfig,
+    RegistryStats, RetirementMode, StreamStatsReader,
 };
 pub use subscription::{PoolFrame, PoolFrameKind, PoolSubscription};

@@ -33,7 +33,7 @@ mod slot;
 
 use self::slot::HubSlot;
 pub(crate) use self::slot::{HubStep, InitOutcome, SlotHub};
-use crate::catalog::{PoolCatalog, PoolDescriptor};
+use crate::catalog::{PoolCatalog, PoolDescriptor, TierLaneDescriptor};
 use crate::error::{AttachError, PoolError, SubscribeError};
 use crate::load::{
     LoadObservation, LoadObservationOutcome, PoolLoadSnapshot, PoolLoadState, WorkerCapacity,
@@ -97,6 +97,10 @@ pub(crate) struct Commit<A> {
     pub(crate) roles: Arc<[WorkerRole]>,
     pub(crate) load: Option<PoolLoadState>,
     pub(crate) cancel: CancellationToken,
+    /// For a lower-tier lane: the pool it belongs to (not published on its own).
+    pub(crate) lane_of: Option<PoolId>,
+    /// For a pool: its lanes, published in its descriptor.
+    pub(crate) tier_lanes: Vec<TierLaneDescriptor>,
 }
 
 struct PoolEntry<A> {
@@ -112,6 +116,11 @@ struct PoolEntry<A> {
     load: Option<PoolLoadState>,
     /// Its filter table's bytes, counted against `max_filter_bytes`.
     filter_bytes: u64,
+    /// For a lower-tier lane: the pool it belongs to. A lane is subscribable like a pool
+    /// but never in the catalog on its own (its pool's descriptor names it) and has no
+    /// endpoint of its own.
+    lane_of: Option<PoolId>,
+    tier_lanes: Vec<TierLaneDescriptor>,
 }
 
 impl<A> PoolEntry<A> {
@@ -122,7 +131,13 @@ impl<A> PoolEntry<A> {
             registrations: self.registrations.to_vec(),
             query_semantics: self.query_semantics,
             pool_roles: self.roles.to_vec(),
+            tier_lanes: self.tier_lanes.clone(),
         }
+    }
+
+    /// Whether the catalog and load views show this entry (a pool, not a lane).
+    fn is_published(&self) -> bool {
+        self.lane_of.is_none()
     }
 }
 
@@ -130,6 +145,8 @@ struct Reservation {
     endpoint: EndpointId,
     generation: u64,
     filter_bytes: u64,
+    /// A lane's reservation: it shares its pool's endpoint, so it owns no endpoint.
+    lane: bool,
 }
 
 /// The registry's state; see the module docs.
@@ -209,6 +226,27 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         endpoint: &EndpointId,
         filter_bytes: u64,
     ) -> Result<Reserved, AttachError> {
+        self.reserve_entry(pool, endpoint, filter_bytes, false)
+    }
+
+    /// Reserves a lower-tier lane of the pool `endpoint` is reserving: the same bounds
+    /// (pools, filter bytes), but the endpoint stays its pool's.
+    pub(crate) fn reserve_lane(
+        &mut self,
+        lane: PoolId,
+        endpoint: &EndpointId,
+        filter_bytes: u64,
+    ) -> Result<Reserved, AttachError> {
+        self.reserve_entry(lane, endpoint, filter_bytes, true)
+    }
+
+    fn reserve_entry(
+        &mut self,
+        pool: PoolId,
+        endpoint: &EndpointId,
+        filter_bytes: u64,
+        lane: bool,
+    ) -> Result<Reserved, AttachError> {
         if !self.accepting {
             return Err(AttachError::ShuttingDown);
         }
@@ -219,7 +257,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
                 endpoint: Box::new(endpoint.clone()),
             });
         }
-        if let Some(assigned) = self.endpoint_pool(endpoint) {
+        if let Some(assigned) = self.endpoint_pool(endpoint).filter(|_| !lane) {
             return Err(AttachError::EndpointAlreadyAssigned {
                 endpoint: Box::new(endpoint.clone()),
                 assigned,
@@ -251,6 +289,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
                 endpoint: endpoint.clone(),
                 generation,
                 filter_bytes,
+                lane,
             },
         );
         Ok(Reserved { pool, generation })
@@ -301,10 +340,16 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             state: EntryState::Active,
             load: commit.load,
             filter_bytes,
+            lane_of: commit.lane_of,
+            tier_lanes: commit.tier_lanes,
         };
         let descriptor = entry.descriptor();
+        let published = entry.is_published();
         self.pools.insert(reserved.pool, entry);
         self.slots.insert(reserved.generation, HubSlot::new());
+        if !published {
+            return Ok(());
+        }
         let revision = self.advance_revision();
         self.outbox.push_back(Publication::CatalogUpsert {
             revision,
@@ -430,12 +475,13 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             .get_mut(&pool)
             .filter(|entry| entry.generation == generation)?;
         let was_active = entry.state == EntryState::Active;
+        let published = entry.is_published();
         entry.state = match (entry.state, mode) {
             (EntryState::Fenced, _) | (_, RetirementMode::Fenced) => EntryState::Fenced,
             _ => EntryState::Withdrawn,
         };
         entry.cancel.cancel();
-        if was_active {
+        if was_active && published {
             let revision = self.advance_revision();
             self.outbox
                 .push_back(Publication::CatalogRemove { revision, pool });
@@ -454,12 +500,14 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         let was_active = entry.state == EntryState::Active;
         let entry = self.pools.remove(&pool)?;
         entry.cancel.cancel();
-        if was_active {
+        if was_active && entry.is_published() {
             let revision = self.advance_revision();
             self.outbox
                 .push_back(Publication::CatalogRemove { revision, pool });
         }
-        self.outbox.push_back(Publication::LoadRemove { pool });
+        if entry.is_published() {
+            self.outbox.push_back(Publication::LoadRemove { pool });
+        }
         self.collect_slot(generation);
         Some(entry.actor)
     }
@@ -582,10 +630,12 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     fn endpoint_pool(&self, endpoint: &EndpointId) -> Option<PoolId> {
         self.pools
             .iter()
-            .find_map(|(pool, entry)| (&entry.endpoint == endpoint).then_some(*pool))
+            .find_map(|(pool, entry)| {
+                (entry.is_published() && &entry.endpoint == endpoint).then_some(*pool)
+            })
             .or_else(|| {
                 self.reservations.iter().find_map(|(pool, reservation)| {
-                    (&reservation.endpoint == endpoint).then_some(*pool)
+                    (!reservation.lane && &reservation.endpoint == endpoint).then_some(*pool)
                 })
             })
     }

@@ -15,6 +15,8 @@
 mod admission;
 pub(crate) mod core;
 #[cfg(test)]
+mod lane_tests;
+#[cfg(test)]
 mod publication_tests;
 pub(crate) mod registration;
 #[cfg(test)]
@@ -24,7 +26,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use kvrelay_ckf::ConfigError;
+use kvrelay_ckf::{CacheTier, ConfigError};
 use kvrelay_identity::{
     CanonicalModelRegistration, DcRelayIdentity, EndpointId, KvQuerySemantics, PoolId,
     ProducerIdentity, WorkerRole,
@@ -37,7 +39,7 @@ use tokio_util::task::TaskTracker;
 pub use self::core::RetirementMode;
 use self::core::{Commit, RegistryCore, Reserved};
 use crate::actor::PoolActorHandle;
-use crate::catalog::PoolCatalog;
+use crate::catalog::{PoolCatalog, TierLaneDescriptor};
 use crate::error::{AttachError, LimitsError, PoolError, SubscribeError};
 use crate::filter::FilterState;
 use crate::hub::HubHandle;
@@ -71,6 +73,34 @@ pub struct AttachRequest {
     /// Load capacity of the pool's workers; `None` publishes no load for this pool.
     /// Invalid capacity does not block the attach: the load snapshot is degraded.
     pub load_capacity: Option<Vec<WorkerCapacity>>,
+    /// Lower-tier lanes (host memory, disk) attached and retired with the pool; empty
+    /// for a device-only pool.
+    pub tier_lanes: Vec<LaneRequest>,
+}
+
+/// One lower-tier lane of a pool to attach: a filter of what the pool's workers hold on
+/// `tier`, fed the tier events the pool's actor resolves and forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneRequest {
+    /// The tier (host or disk; never device).
+    pub tier: CacheTier,
+    /// Filter sizing: expected unique blocks resident on the tier (> 0).
+    pub expected_unique_blocks: u64,
+    /// Tokens per lane block: a positive multiple of the pool's block size.
+    pub block_size: u32,
+}
+
+/// An attached lane of a pool generation (retired with it).
+#[derive(Debug)]
+pub struct LaneAttachment {
+    /// The lane's tier.
+    pub tier: CacheTier,
+    /// The lane's pool id ([`PoolId::tier_lane`]).
+    pub pool: PoolId,
+    /// Its layout generation.
+    pub generation: u64,
+    /// The lane's actor (fed by the pool's actor; read its stats and health here).
+    pub actor: PoolActorHandle,
 }
 
 /// An attached pool generation, owned by whoever attached it.
@@ -88,6 +118,9 @@ pub struct PoolAttachment {
     pub actor: PoolActorHandle,
     /// Cancelled when the generation stops being publishable.
     pub generation_cancel: CancellationToken,
+    /// The pool's lower-tier lanes, in tier order (shared token: a lane that fails takes
+    /// its pool's generation down, and the pool's retirement retires them).
+    pub tier_lanes: Vec<LaneAttachment>,
     registrations: Arc<[CanonicalModelRegistration]>,
     roles: Arc<[WorkerRole]>,
 }
@@ -282,6 +315,7 @@ impl PoolRegistry {
                 error,
             })?
             .saturating_mul(8);
+        let lanes = validate_lanes(&request)?;
         let reserved =
             self.inner
                 .core
@@ -292,6 +326,19 @@ impl PoolRegistry {
             reserved,
             armed: true,
         };
+        let mut lane_guards = Vec::with_capacity(lanes.len());
+        for (lane, lane_bytes) in &lanes {
+            let reserved = self.inner.core.lock().reserve_lane(
+                request.pool.tier_lane(lane.tier.code()),
+                &request.endpoint,
+                *lane_bytes,
+            )?;
+            lane_guards.push(ReservationGuard {
+                inner: &self.inner,
+                reserved,
+                armed: true,
+            });
+        }
 
         let permit = self
             .inner
@@ -321,16 +368,95 @@ impl PoolRegistry {
             state.format(),
         )
         .map_err(|error| AttachError::Identity { pool, error })?;
+        let mut lane_states = Vec::with_capacity(lanes.len());
+        for ((lane, _), lane_guard) in lanes.iter().zip(&lane_guards) {
+            let lane_pool = lane_guard.reserved.pool;
+            let expected = lane.expected_unique_blocks;
+            let permit = self
+                .inner
+                .allocation
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| AttachError::ShuttingDown)?;
+            let lane_state = self
+                .inner
+                .tracker
+                .spawn_blocking(move || {
+                    let result = FilterState::build(expected);
+                    drop(permit);
+                    result
+                })
+                .await
+                .map_err(|_| AttachError::FilterTask { pool: lane_pool })?
+                .map_err(|error| AttachError::Filter {
+                    pool: lane_pool,
+                    error,
+                })?;
+            let lane_identity = ProducerIdentity::new(
+                lane_pool,
+                self.relay().relay_incarnation(),
+                lane_guard.reserved.generation,
+                lane_state.format(),
+            )
+            .map_err(|error| AttachError::Identity {
+                pool: lane_pool,
+                error,
+            })?;
+            lane_states.push((*lane, lane_state, lane_identity, lane_guard.reserved));
+        }
         let registrations: Arc<[CanonicalModelRegistration]> = request.registrations.into();
         let roles: Arc<[WorkerRole]> = request.roles.into();
         // A child of the registry token: dropping the owner's last handle retires it too.
         let generation_cancel = self.inner.shutdown.child_token();
-        let actor = {
+        let (actor, tier_lanes) = {
             let mut core = self.inner.core.lock();
-            if !core.is_reserved(reserved) {
+            let unreserved = std::iter::once(reserved)
+                .chain(lane_states.iter().map(|(_, _, _, reserved)| *reserved))
+                .find(|reserved| !core.is_reserved(*reserved));
+            if let Some(reserved) = unreserved {
                 return Err(AttachError::RetiredBeforeCommit {
-                    pool,
+                    pool: reserved.pool,
                     generation: reserved.generation,
+                });
+            }
+            // Lanes first: the pool's actor forwards to them from its first event, and
+            // its descriptor names them.
+            let mut tier_lanes = Vec::with_capacity(lane_states.len());
+            let mut descriptors = Vec::with_capacity(lane_states.len());
+            for (lane, lane_state, lane_identity, lane_reserved) in lane_states {
+                let lane_actor = PoolActorHandle::spawn(
+                    lane_state,
+                    lane_identity,
+                    &self.inner.limits,
+                    &self.inner.tracker,
+                    &self.inner.shutdown,
+                    generation_cancel.clone(),
+                    Vec::new(),
+                );
+                core.commit(Commit {
+                    reserved: lane_reserved,
+                    endpoint: request.endpoint.clone(),
+                    actor: lane_actor.clone(),
+                    identity: lane_identity,
+                    registrations: registrations.clone(),
+                    query_semantics: request.query_semantics,
+                    roles: roles.clone(),
+                    load: None,
+                    cancel: generation_cancel.clone(),
+                    lane_of: Some(pool),
+                    tier_lanes: Vec::new(),
+                })?;
+                descriptors.push(TierLaneDescriptor {
+                    tier: lane.tier,
+                    producer: lane_identity,
+                    block_size: lane.block_size,
+                });
+                tier_lanes.push(LaneAttachment {
+                    tier: lane.tier,
+                    pool: lane_reserved.pool,
+                    generation: lane_reserved.generation,
+                    actor: lane_actor,
                 });
             }
             let actor = PoolActorHandle::spawn(
@@ -340,6 +466,10 @@ impl PoolRegistry {
                 &self.inner.tracker,
                 &self.inner.shutdown,
                 generation_cancel.clone(),
+                tier_lanes
+                    .iter()
+                    .map(|lane| (lane.tier, lane.actor.clone()))
+                    .collect(),
             );
             core.commit(Commit {
                 reserved,
@@ -351,17 +481,23 @@ impl PoolRegistry {
                 roles: roles.clone(),
                 load,
                 cancel: generation_cancel.clone(),
+                lane_of: None,
+                tier_lanes: descriptors,
             })?;
             self.publish(&mut core);
-            actor
+            (actor, tier_lanes)
         };
         guard.armed = false;
+        for lane_guard in &mut lane_guards {
+            lane_guard.armed = false;
+        }
         tracing::info!(pool = %pool.indexer_domain, generation = reserved.generation, "pool attached");
         Ok(PoolAttachment {
             pool,
             generation: reserved.generation,
             actor,
             generation_cancel,
+            tier_lanes,
             registrations,
             roles,
         })
@@ -381,18 +517,29 @@ impl PoolRegistry {
             pool,
             generation,
             actor,
+            tier_lanes,
             ..
         } = attachment;
+        // The pool leaves the catalog first (its descriptor names its lanes), then the
+        // lanes; its actor stops before theirs, since it forwards to them while draining.
         self.withdraw(pool, generation, mode).await;
-        match mode {
-            RetirementMode::Graceful => {
-                if actor.shutdown().await.is_err() {
-                    actor.fence().await;
+        for lane in &tier_lanes {
+            self.withdraw(lane.pool, lane.generation, mode).await;
+        }
+        for actor in std::iter::once(&actor).chain(tier_lanes.iter().map(|lane| &lane.actor)) {
+            match mode {
+                RetirementMode::Graceful => {
+                    if actor.shutdown().await.is_err() {
+                        actor.fence().await;
+                    }
                 }
+                RetirementMode::Fenced => actor.fence().await,
             }
-            RetirementMode::Fenced => actor.fence().await,
         }
         self.remove(pool, generation).await;
+        for lane in &tier_lanes {
+            self.remove(lane.pool, lane.generation).await;
+        }
     }
 
     /// Withdraws a generation from catalog and load and stops its hub (subscribers end
@@ -640,6 +787,44 @@ impl PoolRegistry {
 }
 
 /// Rolls an attach's reservation back unless disarmed (cancelled or failed attach).
+/// Checks a request's lanes and sizes their filters: a lower tier each, at most once,
+/// with a block size that is a positive multiple of the pool's and expected blocks.
+fn validate_lanes(request: &AttachRequest) -> Result<Vec<(LaneRequest, u64)>, AttachError> {
+    let pool_block_size = request.query_semantics.kv_block_size();
+    let mut lanes = Vec::with_capacity(request.tier_lanes.len());
+    for (index, lane) in request.tier_lanes.iter().enumerate() {
+        let invalid = |reason| AttachError::InvalidLane {
+            pool: request.pool,
+            tier: lane.tier,
+            reason,
+        };
+        if lane.tier == CacheTier::Device {
+            return Err(invalid("the device tier is the pool itself"));
+        }
+        if request.tier_lanes[..index]
+            .iter()
+            .any(|earlier| earlier.tier == lane.tier)
+        {
+            return Err(invalid("tier listed twice"));
+        }
+        if lane.block_size == 0 || lane.block_size % pool_block_size != 0 {
+            return Err(invalid(
+                "block size is not a positive multiple of the pool's",
+            ));
+        }
+        let lane_pool = request.pool.tier_lane(lane.tier.code());
+        let bytes = kvrelay_ckf::format::bucket_count_for(lane.expected_unique_blocks)
+            .map_err(|error| AttachError::Filter {
+                pool: lane_pool,
+                error,
+            })?
+            .saturating_mul(8);
+        lanes.push((*lane, bytes));
+    }
+    lanes.sort_by_key(|(lane, _)| lane.tier);
+    Ok(lanes)
+}
+
 struct ReservationGuard<'a> {
     inner: &'a RegistryInner,
     reserved: Reserved,

@@ -197,6 +197,7 @@ pub(super) mod behaviour {
             roles: vec![WorkerRole::Aggregated],
             expected_unique_blocks: 32,
             load_capacity: Some(Vec::new()),
+            tier_lanes: Vec::new(),
         }
     }
 

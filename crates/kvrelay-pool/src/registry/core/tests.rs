@@ -56,6 +56,8 @@ fn attach(core: &mut Core, seed: u8) -> ProducerIdentity {
         roles: Arc::from(vec![WorkerRole::Aggregated]),
         load: None,
         cancel: CancellationToken::new(),
+        lane_of: None,
+        tier_lanes: Vec::new(),
     })
     .unwrap();
     while core.poll_publication().is_some() {}

@@ -702,6 +702,7 @@ impl SupervisionCore {
                 roles: roles_of(membership),
                 expected_unique_blocks: expected_unique_blocks(membership),
                 load_capacity: Some(capacities(membership)),
+                tier_lanes: Vec::new(),
             };
             self.slots.insert(
                 endpoint.clone(),

@@ -1,0 +1,222 @@
+//! Lower-tier lanes: attached, published in their pool's descriptor, fed through their
+//! pool's actor and retired with it.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "test")]
+
+use kvrelay_ckf::{
+    CacheTier, EventPayload, RouterEvent, SourceId, StoredBlock, StoredBlocks, TierChange,
+    TierEvent,
+};
+
+use super::tests::Gates;
+use super::tests::behaviour::{pool, registry_with, request, stored_event, test_limits};
+use super::*;
+use crate::error::AttachError;
+use crate::subscription::PoolFrameKind;
+
+fn lane(tier: CacheTier, block_size: u32) -> LaneRequest {
+    LaneRequest {
+        tier,
+        expected_unique_blocks: 64,
+        block_size,
+    }
+}
+
+fn tier_event(tier: CacheTier, change: TierChange) -> TierEvent {
+    TierEvent {
+        source: SourceId::new(1, 0),
+        event_id: 0,
+        tier,
+        change,
+    }
+}
+
+#[tokio::test]
+async fn a_host_lane_is_named_by_its_pool_and_fed_the_offloads_its_pool_resolves() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let mut attach = request(pool(1), "ns.c.e", "llama");
+    // The test pools hash 64-token blocks; the host tier keeps 2-block chunks.
+    attach.tier_lanes = vec![lane(CacheTier::Host, 128)];
+    let attachment = registry.attach(attach).await.unwrap();
+    let host = &attachment.tier_lanes[0];
+    assert_eq!(host.tier, CacheTier::Host);
+    assert_eq!(host.pool, pool(1).tier_lane(CacheTier::Host.code()));
+
+    // One pool in the catalog; its descriptor names the lane, which is not a pool.
+    let catalog = registry.catalog();
+    assert_eq!(catalog.len(), 1);
+    let descriptor = catalog.pool(pool(1)).unwrap();
+    assert_eq!(
+        descriptor.tier_lanes,
+        vec![TierLaneDescriptor {
+            tier: CacheTier::Host,
+            producer: host.actor.identity(),
+            block_size: 128,
+        }]
+    );
+    assert!(catalog.pool(host.pool).is_none());
+
+    // A device store, then the engine offloads it (and a block it never reported), and
+    // reports a disk tier the pool keeps no lane of.
+    attachment.actor.submit(stored_event(5)).await.unwrap();
+    let offload = TierChange::Offloaded {
+        engine_block_ids: vec![5, 99],
+    };
+    let pool_actor = &attachment.actor;
+    pool_actor
+        .submit_tier(tier_event(CacheTier::Host, offload))
+        .await
+        .unwrap();
+    pool_actor
+        .submit_tier(tier_event(CacheTier::Disk, TierChange::Cleared))
+        .await
+        .unwrap();
+    pool_actor.flush().await.unwrap();
+    host.actor.flush().await.unwrap();
+    let stats = pool_actor.stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.tier_events,
+            stats.tier_events_without_lane,
+            stats.offloads_unmapped
+        ),
+        (2, 1, 1)
+    );
+    let host_stats = host.actor.stats().await.unwrap();
+    assert_eq!(host_stats.filter.resident_blocks, 1);
+    assert_eq!(host_stats.events_applied, 1);
+
+    // The lane is subscribed to like a pool.
+    let mut subscription = registry.subscribe(host.actor.identity()).await.unwrap();
+    let first = subscription.next_frame().await.unwrap();
+    assert_eq!(first.kind, PoolFrameKind::SnapshotChunk);
+
+    // A device eviction leaves the host copy; a clear of the source (no tier named)
+    // drops every tier of it.
+    pool_actor
+        .submit(RouterEvent {
+            source: SourceId::new(1, 0),
+            event_id: 7,
+            payload: EventPayload::Removed(kvrelay_ckf::RemovedBlocks {
+                engine_block_ids: vec![5],
+            }),
+        })
+        .await
+        .unwrap();
+    pool_actor.flush().await.unwrap();
+    host.actor.flush().await.unwrap();
+    assert_eq!(host.actor.stats().await.unwrap().filter.resident_blocks, 1);
+    pool_actor
+        .submit(RouterEvent {
+            source: SourceId::new(1, 0),
+            event_id: 8,
+            payload: EventPayload::AllCleared,
+        })
+        .await
+        .unwrap();
+    pool_actor.flush().await.unwrap();
+    host.actor.flush().await.unwrap();
+    assert_eq!(host.actor.stats().await.unwrap().filter.resident_blocks, 0);
+
+    // Retiring the pool retires its lane: its subscribers end, nothing is left.
+    registry.detach(attachment).await;
+    assert!(registry.catalog().is_empty());
+    let mut ended = false;
+    for _ in 0..16 {
+        if subscription.next_frame().await.is_err() {
+            ended = true;
+            break;
+        }
+    }
+    assert!(ended, "the lane's subscription ends with its pool");
+    let stats = registry.stats();
+    assert_eq!((stats.pools, stats.reservations), (0, 0));
+}
+
+#[tokio::test]
+async fn a_stored_chain_on_a_tier_chains_inside_the_lane() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let mut attach = request(pool(2), "ns.c.e", "llama");
+    attach.tier_lanes = vec![lane(CacheTier::Disk, 64), lane(CacheTier::Host, 64)];
+    let attachment = registry.attach(attach).await.unwrap();
+    // Lanes come back in tier order whatever the request's order.
+    let tiers: Vec<CacheTier> = attachment.tier_lanes.iter().map(|l| l.tier).collect();
+    assert_eq!(tiers, [CacheTier::Host, CacheTier::Disk]);
+    let chain = StoredBlocks {
+        parent_engine_block_id: None,
+        blocks: vec![
+            StoredBlock {
+                engine_block_id: 1,
+                token_hash: 10,
+            },
+            StoredBlock {
+                engine_block_id: 2,
+                token_hash: 20,
+            },
+        ],
+    };
+    attachment
+        .actor
+        .submit_tier(tier_event(CacheTier::Disk, TierChange::Stored(chain)))
+        .await
+        .unwrap();
+    attachment.actor.flush().await.unwrap();
+    let disk = &attachment.tier_lanes[1];
+    disk.actor.flush().await.unwrap();
+    assert_eq!(disk.actor.stats().await.unwrap().filter.resident_blocks, 2);
+    // Nothing reached the device filter or the host lane.
+    assert_eq!(
+        attachment
+            .actor
+            .stats()
+            .await
+            .unwrap()
+            .filter
+            .resident_blocks,
+        0
+    );
+    let host = &attachment.tier_lanes[0];
+    host.actor.flush().await.unwrap();
+    assert_eq!(host.actor.stats().await.unwrap().filter.resident_blocks, 0);
+    registry.detach(attachment).await;
+}
+
+#[tokio::test]
+async fn invalid_lanes_are_refused_before_anything_is_reserved() {
+    let registry = registry_with(test_limits(), Gates::default());
+    for (lanes, reason) in [
+        (vec![lane(CacheTier::Device, 64)], "device"),
+        (
+            vec![lane(CacheTier::Host, 64), lane(CacheTier::Host, 128)],
+            "twice",
+        ),
+        (vec![lane(CacheTier::Host, 96)], "multiple"),
+        (vec![lane(CacheTier::Host, 0)], "multiple"),
+    ] {
+        let mut attach = request(pool(3), "ns.c.e", "llama");
+        attach.tier_lanes = lanes;
+        match registry.attach(attach).await {
+            Err(AttachError::InvalidLane { reason: got, .. }) => {
+                assert!(got.contains(reason), "{got} vs {reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let stats = registry.stats();
+        assert_eq!((stats.pools, stats.reservations), (0, 0));
+    }
+    // The endpoint stays free for a valid attach, and a lane does not take its endpoint
+    // from another pool.
+    let mut attach = request(pool(3), "ns.c.e", "llama");
+    attach.tier_lanes = vec![lane(CacheTier::Host, 64)];
+    let attachment = registry.attach(attach).await.unwrap();
+    assert!(matches!(
+        registry.attach(request(pool(4), "ns.c.e", "llama")).await,
+        Err(AttachError::EndpointAlreadyAssigned { .. })
+    ));
+    let other = registry
+        .attach(request(pool(4), "ns.c.other", "llama"))
+        .await
+        .unwrap();
+    registry.detach(attachment).await;
+    registry.detach(other).await;
+}
