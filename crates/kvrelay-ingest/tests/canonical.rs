@@ -539,3 +539,99 @@ fn tier_events_keep_the_group_rule_and_unknown_media_stay_filtered() {
         assert_eq!(kvrelay_ingest::tier_of_medium(medium), tier, "{medium:?}");
     }
 }
+
+/// vLLM 0.33.0's offloading connector, as its own code publishes it (fixtures made by
+/// vLLM's offload manager and event translator, see tests/fixtures/vllm-offload): the
+/// default events name a chunk by its last device block and carry no tokens; the opt-in
+/// self-describing events carry the chunk's tokens. Through a device filter and a host
+/// lane, both put exactly the chunk's canonical prefix hashes in the lane, and the
+/// tier's eviction takes them out again.
+#[test]
+fn vllm_offloading_connector_events_land_in_the_host_lane_at_their_prefix_positions() {
+    use kvrelay_ckf::{CkfConfig, PoolFilter, TierLane};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm-offload");
+    let tokens: Vec<u32> = (0..48).collect();
+    let token_hashes = block_hashes(&tokens, 16, STANDARD, HashSalt::default());
+    let mut prefix = Vec::new();
+    for (position, token_hash) in token_hashes.iter().enumerate() {
+        prefix.push(match position {
+            0 => kvrelay_identity::hashing::canonical_root(*token_hash),
+            _ => kvrelay_identity::hashing::canonical_child(prefix[position - 1], *token_hash),
+        });
+    }
+    for (name, expected_in_lane) in [
+        ("offload-basic.msgpack", vec![prefix[1]]),
+        (
+            "offload-self-describing.msgpack",
+            vec![prefix[0], prefix[1]],
+        ),
+    ] {
+        let payload = std::fs::read(dir.join(name)).unwrap();
+        let batch = decode_engine_batch(&payload, EngineKind::Vllm, &Limits::default()).unwrap();
+        let mut out = Vec::new();
+        let outcome = Canonicalizer::new(1, 0, tiered(16)).canonicalize(&batch, &mut out);
+        assert!(
+            outcome.rejected.is_empty(),
+            "{name}: {:?}",
+            outcome.rejected
+        );
+        assert_eq!(outcome.n_filtered, 0, "{name}");
+        let mut device = PoolFilter::new(CkfConfig::new(1024)).unwrap();
+        let mut host = TierLane::new(CacheTier::Host, CkfConfig::new(1024)).unwrap();
+        // Apply all but the tier's final eviction, then check, then evict.
+        let (last, rest) = out.split_last().unwrap();
+        for event in rest {
+            match event {
+                CanonicalEvent::Device(event) => {
+                    device.apply(event).unwrap();
+                }
+                CanonicalEvent::Tier(event) => {
+                    assert_eq!(host.apply(&device, event).unwrap().unmapped, 0, "{name}");
+                }
+            }
+        }
+        assert_eq!(
+            host.filter().n_canonicals(),
+            expected_in_lane.len() as u64,
+            "{name}"
+        );
+        for hash in &expected_in_lane {
+            assert!(host.filter().contains(*hash), "{name}: {hash:#x}");
+        }
+        // The device evicted its third block; the host copy is independent of that.
+        assert!(!device.contains(prefix[2]) && device.contains(prefix[1]));
+        let CanonicalEvent::Tier(eviction) = last else {
+            panic!("{name}: the last event is the tier's eviction")
+        };
+        host.apply(&device, eviction).unwrap();
+        assert_eq!(host.filter().n_canonicals(), 0, "{name}");
+    }
+}
+
+/// The connector's events without any device store (a step where the GPU published
+/// nothing): offloads of blocks the device lineage does not hold are dropped and counted,
+/// never guessed.
+#[test]
+fn offloads_of_blocks_the_device_never_reported_are_counted_and_dropped() {
+    use kvrelay_ckf::{CkfConfig, PoolFilter, TierLane};
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vllm-offload/offload-only.msgpack");
+    let batch = decode_engine_batch(
+        &std::fs::read(path).unwrap(),
+        EngineKind::Vllm,
+        &Limits::default(),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    Canonicalizer::new(1, 0, tiered(16)).canonicalize(&batch, &mut out);
+    let device = PoolFilter::new(CkfConfig::new(1024)).unwrap();
+    let mut host = TierLane::new(CacheTier::Host, CkfConfig::new(1024)).unwrap();
+    for event in &out {
+        let CanonicalEvent::Tier(event) = event else {
+            panic!("{event:?}")
+        };
+        host.apply(&device, event).unwrap();
+    }
+    assert_eq!(host.counters().offloads_unmapped, 2);
+    assert_eq!(host.filter().n_canonicals(), 0);
+}
