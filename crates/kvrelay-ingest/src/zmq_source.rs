@@ -561,6 +561,17 @@ impl Driver {
         }
     }
 
+    /// Why `source` may not publish here: a rank outside the declared ones.
+    fn undeclared_rank(&self, source: SourceId) -> Option<String> {
+        let declared = &self.config.declared_ranks;
+        (!declared.contains(&source.dp_rank)).then(|| {
+            format!(
+                "dp_rank {} outside the declared ranks {}..{}",
+                source.dp_rank, declared.start, declared.end
+            )
+        })
+    }
+
     async fn apply(&mut self, seq: u64, payload: &Metered) -> bool {
         let payload = payload.bytes();
         let engine = match self.config.wire {
@@ -582,12 +593,7 @@ impl Driver {
             }
         };
         let source = self.canonicalizer.source_of(&batch);
-        if !self.config.declared_ranks.contains(&source.dp_rank) {
-            let declared = &self.config.declared_ranks;
-            let reason = format!(
-                "dp_rank {} outside the declared ranks {}..{}",
-                source.dp_rank, declared.start, declared.end
-            );
+        if let Some(reason) = self.undeclared_rank(source) {
             self.reject(RejectionKind::UndeclaredRank, seq, &reason);
             return true;
         }
@@ -622,7 +628,7 @@ impl Driver {
                 return true;
             }
         };
-        let declared = self.config.declared_ranks.clone();
+
         if let Some(foreign) = decoded
             .events
             .iter()
@@ -636,17 +642,11 @@ impl Driver {
             self.reject(RejectionKind::UndeclaredWorker, seq, &reason);
             return true;
         }
-        if let Some(foreign) = decoded
+        let undeclared = decoded
             .events
             .iter()
-            .find(|event| !declared.contains(&event.source().dp_rank))
-        {
-            let reason = format!(
-                "dp_rank {} outside the declared ranks {}..{}",
-                foreign.source().dp_rank,
-                declared.start,
-                declared.end
-            );
+            .find_map(|event| self.undeclared_rank(event.source()));
+        if let Some(reason) = undeclared {
             self.reject(RejectionKind::UndeclaredRank, seq, &reason);
             return true;
         }

@@ -16,6 +16,7 @@ mod admission;
 pub(crate) mod core;
 #[cfg(test)]
 mod lane_tests;
+mod lanes;
 #[cfg(test)]
 mod publication_tests;
 pub(crate) mod registration;
@@ -26,7 +27,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use kvrelay_ckf::{CacheTier, ConfigError};
+use kvrelay_ckf::ConfigError;
 use kvrelay_identity::{
     CanonicalModelRegistration, DcRelayIdentity, EndpointId, KvQuerySemantics, PoolId,
     ProducerIdentity, WorkerRole,
@@ -38,6 +39,8 @@ use tokio_util::task::TaskTracker;
 
 pub use self::core::RetirementMode;
 use self::core::{Commit, RegistryCore, Reserved};
+use self::lanes::validate_lanes;
+pub use self::lanes::{LaneAttachment, LaneRequest};
 use crate::actor::PoolActorHandle;
 use crate::catalog::{PoolCatalog, TierLaneDescriptor};
 use crate::error::{AttachError, LimitsError, PoolError, SubscribeError};
@@ -76,31 +79,6 @@ pub struct AttachRequest {
     /// Lower-tier lanes (host memory, disk) attached and retired with the pool; empty
     /// for a device-only pool.
     pub tier_lanes: Vec<LaneRequest>,
-}
-
-/// One lower-tier lane of a pool to attach: a filter of what the pool's workers hold on
-/// `tier`, fed the tier events the pool's actor resolves and forwards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneRequest {
-    /// The tier (host or disk; never device).
-    pub tier: CacheTier,
-    /// Filter sizing: expected unique blocks resident on the tier (> 0).
-    pub expected_unique_blocks: u64,
-    /// Tokens per lane block: a positive multiple of the pool's block size.
-    pub block_size: u32,
-}
-
-/// An attached lane of a pool generation (retired with it).
-#[derive(Debug)]
-pub struct LaneAttachment {
-    /// The lane's tier.
-    pub tier: CacheTier,
-    /// The lane's pool id ([`PoolId::tier_lane`]).
-    pub pool: PoolId,
-    /// Its layout generation.
-    pub generation: u64,
-    /// The lane's actor (fed by the pool's actor; read its stats and health here).
-    pub actor: PoolActorHandle,
 }
 
 /// An attached pool generation, owned by whoever attached it.
@@ -368,43 +346,9 @@ impl PoolRegistry {
             state.format(),
         )
         .map_err(|error| AttachError::Identity { pool, error })?;
-        let mut lane_states = Vec::with_capacity(lanes.len());
-        for ((lane, _), lane_guard) in lanes.iter().zip(&lane_guards) {
-            let lane_pool = lane_guard.reserved.pool;
-            let expected = lane.expected_unique_blocks;
-            let permit = self
-                .inner
-                .allocation
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| AttachError::ShuttingDown)?;
-            let lane_state = self
-                .inner
-                .tracker
-                .spawn_blocking(move || {
-                    let result = FilterState::build(expected);
-                    drop(permit);
-                    result
-                })
-                .await
-                .map_err(|_| AttachError::FilterTask { pool: lane_pool })?
-                .map_err(|error| AttachError::Filter {
-                    pool: lane_pool,
-                    error,
-                })?;
-            let lane_identity = ProducerIdentity::new(
-                lane_pool,
-                self.relay().relay_incarnation(),
-                lane_guard.reserved.generation,
-                lane_state.format(),
-            )
-            .map_err(|error| AttachError::Identity {
-                pool: lane_pool,
-                error,
-            })?;
-            lane_states.push((*lane, lane_state, lane_identity, lane_guard.reserved));
-        }
+        let reserved_lanes: Vec<Reserved> =
+            lane_guards.iter().map(|guard| guard.reserved).collect();
+        let lane_states = self.build_lanes(&lanes, &reserved_lanes).await?;
         let registrations: Arc<[CanonicalModelRegistration]> = request.registrations.into();
         let roles: Arc<[WorkerRole]> = request.roles.into();
         // A child of the registry token: dropping the owner's last handle retires it too.
@@ -787,44 +731,6 @@ impl PoolRegistry {
 }
 
 /// Rolls an attach's reservation back unless disarmed (cancelled or failed attach).
-/// Checks a request's lanes and sizes their filters: a lower tier each, at most once,
-/// with a block size that is a positive multiple of the pool's and expected blocks.
-fn validate_lanes(request: &AttachRequest) -> Result<Vec<(LaneRequest, u64)>, AttachError> {
-    let pool_block_size = request.query_semantics.kv_block_size();
-    let mut lanes = Vec::with_capacity(request.tier_lanes.len());
-    for (index, lane) in request.tier_lanes.iter().enumerate() {
-        let invalid = |reason| AttachError::InvalidLane {
-            pool: request.pool,
-            tier: lane.tier,
-            reason,
-        };
-        if lane.tier == CacheTier::Device {
-            return Err(invalid("the device tier is the pool itself"));
-        }
-        if request.tier_lanes[..index]
-            .iter()
-            .any(|earlier| earlier.tier == lane.tier)
-        {
-            return Err(invalid("tier listed twice"));
-        }
-        if lane.block_size == 0 || lane.block_size % pool_block_size != 0 {
-            return Err(invalid(
-                "block size is not a positive multiple of the pool's",
-            ));
-        }
-        let lane_pool = request.pool.tier_lane(lane.tier.code());
-        let bytes = kvrelay_ckf::format::bucket_count_for(lane.expected_unique_blocks)
-            .map_err(|error| AttachError::Filter {
-                pool: lane_pool,
-                error,
-            })?
-            .saturating_mul(8);
-        lanes.push((*lane, bytes));
-    }
-    lanes.sort_by_key(|(lane, _)| lane.tier);
-    Ok(lanes)
-}
-
 struct ReservationGuard<'a> {
     inner: &'a RegistryInner,
     reserved: Reserved,

@@ -1,0 +1,130 @@
+//! Lower-tier lanes of a pool: what an attach asks for, what it returns, and the checks
+//! a request's lanes pass before anything is reserved.
+
+use kvrelay_ckf::CacheTier;
+use kvrelay_identity::PoolId;
+
+use kvrelay_identity::ProducerIdentity;
+
+use super::core::Reserved;
+use super::{AttachRequest, PoolRegistry};
+use crate::actor::PoolActorHandle;
+use crate::error::AttachError;
+use crate::filter::FilterState;
+
+/// One lower-tier lane of a pool to attach: a filter of what the pool's workers hold on
+/// `tier`, fed the tier events the pool's actor resolves and forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneRequest {
+    /// The tier (host or disk; never device).
+    pub tier: CacheTier,
+    /// Filter sizing: expected unique blocks resident on the tier (> 0).
+    pub expected_unique_blocks: u64,
+    /// Tokens per lane block: a positive multiple of the pool's block size.
+    pub block_size: u32,
+}
+
+/// An attached lane of a pool generation (retired with it).
+#[derive(Debug)]
+pub struct LaneAttachment {
+    /// The lane's tier.
+    pub tier: CacheTier,
+    /// The lane's pool id ([`PoolId::tier_lane`]).
+    pub pool: PoolId,
+    /// Its layout generation.
+    pub generation: u64,
+    /// The lane's actor (fed by the pool's actor; read its stats and health here).
+    pub actor: PoolActorHandle,
+}
+
+/// Checks a request's lanes and sizes their filters: a lower tier each, at most once,
+/// with a block size that is a positive multiple of the pool's and expected blocks.
+pub(super) fn validate_lanes(
+    request: &AttachRequest,
+) -> Result<Vec<(LaneRequest, u64)>, AttachError> {
+    let pool_block_size = request.query_semantics.kv_block_size();
+    let mut lanes = Vec::with_capacity(request.tier_lanes.len());
+    for (index, lane) in request.tier_lanes.iter().enumerate() {
+        let invalid = |reason| AttachError::InvalidLane {
+            pool: request.pool,
+            tier: lane.tier,
+            reason,
+        };
+        if lane.tier == CacheTier::Device {
+            return Err(invalid("the device tier is the pool itself"));
+        }
+        if request.tier_lanes[..index]
+            .iter()
+            .any(|earlier| earlier.tier == lane.tier)
+        {
+            return Err(invalid("tier listed twice"));
+        }
+        if lane.block_size == 0 || lane.block_size % pool_block_size != 0 {
+            return Err(invalid(
+                "block size is not a positive multiple of the pool's",
+            ));
+        }
+        let lane_pool = request.pool.tier_lane(lane.tier.code());
+        let bytes = kvrelay_ckf::format::bucket_count_for(lane.expected_unique_blocks)
+            .map_err(|error| AttachError::Filter {
+                pool: lane_pool,
+                error,
+            })?
+            .saturating_mul(8);
+        lanes.push((*lane, bytes));
+    }
+    lanes.sort_by_key(|(lane, _)| lane.tier);
+    Ok(lanes)
+}
+
+/// A lane built and named, waiting for its commit.
+pub(super) type BuiltLane = (LaneRequest, FilterState, ProducerIdentity, Reserved);
+
+impl PoolRegistry {
+    /// Builds each reserved lane's filter on a blocking thread (under the same allocation
+    /// permits as pools) and forms its producer identity.
+    pub(super) async fn build_lanes(
+        &self,
+        lanes: &[(LaneRequest, u64)],
+        reserved: &[Reserved],
+    ) -> Result<Vec<BuiltLane>, AttachError> {
+        let mut built = Vec::with_capacity(lanes.len());
+        for ((lane, _), reserved) in lanes.iter().zip(reserved) {
+            let lane_pool = reserved.pool;
+            let expected = lane.expected_unique_blocks;
+            let permit = self
+                .inner
+                .allocation
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| AttachError::ShuttingDown)?;
+            let state = self
+                .inner
+                .tracker
+                .spawn_blocking(move || {
+                    let result = FilterState::build(expected);
+                    drop(permit);
+                    result
+                })
+                .await
+                .map_err(|_| AttachError::FilterTask { pool: lane_pool })?
+                .map_err(|error| AttachError::Filter {
+                    pool: lane_pool,
+                    error,
+                })?;
+            let identity = ProducerIdentity::new(
+                lane_pool,
+                self.relay().relay_incarnation(),
+                reserved.generation,
+                state.format(),
+            )
+            .map_err(|error| AttachError::Identity {
+                pool: lane_pool,
+                error,
+            })?;
+            built.push((*lane, state, identity, *reserved));
+        }
+        Ok(built)
+    }
+}
