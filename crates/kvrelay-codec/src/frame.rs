@@ -28,8 +28,9 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 /// The protocol minor version this crate writes. Minors only add: new message kinds, new
 /// enum codes and fields appended to the end of a message body. Minor 1 added coalesced
 /// deltas; minor 2 the catalog's pool coverage ([`crate::v1::PoolCoverage`]); minor 3 the
-/// catalog's stalled (withheld) pools ([`crate::v1::CatalogUpdate::stalled`]).
-pub const PROTOCOL_MINOR: u16 = 3;
+/// catalog's stalled (withheld) pools ([`crate::v1::CatalogUpdate::stalled`]); minor 4 the
+/// catalog's lower-tier lanes ([`crate::v1::CatalogUpdate::tier_lanes`]).
+pub const PROTOCOL_MINOR: u16 = 4;
 
 /// Frame header length, in bytes.
 pub const FRAME_HEADER_LEN: usize = 16;

@@ -9,7 +9,7 @@ use kvrelay_codec::v1::{
     self, CatalogUpdate, CkfFormat, CoverageState, DecodeError, DigestId, EndpointId, EntryError,
     ErrorMessage, ErrorReason, HashFormat, IdentitySource, Message, ModelRegistration,
     PoolCoverage, PoolDescriptor, PoolId, ProducerIdentity, QuerySemantics, RelayIdentity,
-    StreamRequest, StreamRpc, ValidationError, WorkerRole,
+    StreamRequest, StreamRpc, TierLaneDescriptor, ValidationError, WorkerRole,
 };
 use kvrelay_codec::{FrameError, Limits};
 
@@ -69,6 +69,7 @@ fn catalog(pools: Vec<PoolDescriptor>) -> CatalogUpdate {
         pools,
         coverage: Vec::new(),
         stalled: Vec::new(),
+        tier_lanes: Vec::new(),
     }
 }
 
@@ -421,8 +422,9 @@ fn coverage_is_a_minor_2_field_and_older_catalogs_still_decode() {
     without.coverage.clear();
     let mut old_body = BytesMut::new();
     without.encode_body(&mut old_body).unwrap();
-    // Without its two empty lists (coverage, minor 2; stalled, minor 3): one byte each.
-    let minor1_body = &old_body[..old_body.len() - 2];
+    // Without its three empty lists (coverage, minor 2; stalled, minor 3; tier lanes,
+    // minor 4): one byte each.
+    let minor1_body = &old_body[..old_body.len() - 3];
     assert_eq!(CatalogUpdate::decode_body(minor1_body, 1).unwrap(), without);
     // A minor-1 relay may not append anything.
     assert!(matches!(
@@ -441,17 +443,24 @@ fn stalled_is_a_minor_3_field_and_minor_2_catalogs_still_decode() {
     ];
     let mut body = BytesMut::new();
     update.encode_body(&mut body).unwrap();
-    assert_eq!(CatalogUpdate::decode_body(&body, 3).unwrap(), update);
+    assert_eq!(CatalogUpdate::decode_body(&body, 4).unwrap(), update);
+    // A minor-3 relay writes stalled and nothing after it (its body ends one empty list
+    // earlier).
+    assert_eq!(
+        CatalogUpdate::decode_body(&body[..body.len() - 1], 3).unwrap(),
+        update
+    );
+    let body = &body[..body.len() - 1];
     // A minor-2 relay writes coverage and nothing after it: no pool named stalled.
     let mut minor2 = update.clone();
     minor2.stalled.clear();
     let mut minor2_body = BytesMut::new();
     minor2.encode_body(&mut minor2_body).unwrap();
-    let minor2_body = &minor2_body[..minor2_body.len() - 1];
+    let minor2_body = &minor2_body[..minor2_body.len() - 2];
     assert_eq!(CatalogUpdate::decode_body(minor2_body, 2).unwrap(), minor2);
     // A minor-2 relay may not append the stalled list.
     assert!(matches!(
-        CatalogUpdate::decode_body(&body, 2),
+        CatalogUpdate::decode_body(body, 2),
         Err(DecodeError::TrailingBytes { .. })
     ));
     // What a minor-2 consumer decodes of a minor-3 catalog: every older field, the stalled
@@ -464,7 +473,7 @@ fn stalled_is_a_minor_3_field_and_minor_2_catalogs_still_decode() {
     }
     let config = bincode::config::standard();
     let (old, used): (Minor2Catalog, usize) =
-        bincode::serde::decode_from_slice(&body, config).unwrap();
+        bincode::serde::decode_from_slice(body, config).unwrap();
     let (coverage, more): (Vec<PoolCoverage>, usize) =
         bincode::serde::decode_from_slice(&body[used..], config).unwrap();
     assert!(
@@ -475,6 +484,108 @@ fn stalled_is_a_minor_3_field_and_minor_2_catalogs_still_decode() {
         (old.relay, old.revision, old.pools, coverage),
         (update.relay, update.revision, update.pools, update.coverage)
     );
+}
+
+fn lane_of(pool: &PoolDescriptor, tier: u8, block_size: u32) -> TierLaneDescriptor {
+    let mut producer = pool.producer.clone();
+    producer.pool_id.routing_scope.digest[0] ^= 0x80 | tier;
+    TierLaneDescriptor {
+        pool_id: pool.producer.pool_id.clone(),
+        tier,
+        block_size,
+        producer,
+    }
+}
+
+#[test]
+fn tier_lanes_are_a_minor_4_field_that_older_consumers_skip() {
+    let mut update = catalog(vec![descriptor(1), descriptor(2)]);
+    update.tier_lanes = vec![
+        lane_of(&update.pools[0], 1, 32),
+        lane_of(&update.pools[1], 2, 16),
+    ];
+    assert!(update.validate().is_ok());
+    let mut body = BytesMut::new();
+    update.encode_body(&mut body).unwrap();
+    assert_eq!(
+        CatalogUpdate::decode_body(&body, frame::PROTOCOL_MINOR).unwrap(),
+        update
+    );
+    // A minor-3 relay's catalog ends after `stalled`: it decodes with no lanes.
+    let mut minor3 = update.clone();
+    minor3.tier_lanes.clear();
+    let mut minor3_body = BytesMut::new();
+    minor3.encode_body(&mut minor3_body).unwrap();
+    let minor3_body = &minor3_body[..minor3_body.len() - 1];
+    assert_eq!(CatalogUpdate::decode_body(minor3_body, 3).unwrap(), minor3);
+    // What a minor-3 consumer decodes of a minor-4 catalog: every older field; the lanes
+    // are trailing bytes of a newer sender, so it keeps scoring device memory only.
+    #[derive(serde::Deserialize)]
+    struct Minor3Catalog {
+        relay: RelayIdentity,
+        revision: u64,
+        pools: Vec<PoolDescriptor>,
+    }
+    let config = bincode::config::standard();
+    let (old, mut used): (Minor3Catalog, usize) =
+        bincode::serde::decode_from_slice(&body, config).unwrap();
+    let (coverage, more): (Vec<PoolCoverage>, usize) =
+        bincode::serde::decode_from_slice(&body[used..], config).unwrap();
+    used += more;
+    let (stalled, more): (Vec<PoolId>, usize) =
+        bincode::serde::decode_from_slice(&body[used..], config).unwrap();
+    used += more;
+    assert!(used < body.len(), "the lanes follow the minor-3 fields");
+    assert_eq!(
+        (old.pools, coverage, stalled),
+        (update.pools, update.coverage, update.stalled)
+    );
+}
+
+#[test]
+fn a_tier_lane_names_a_listed_pool_once_per_tier_with_a_multiple_block_size() {
+    let update = catalog(vec![descriptor(1), descriptor(2)]);
+    let cases: Vec<(Vec<TierLaneDescriptor>, &str)> = vec![
+        (vec![lane_of(&descriptor(3), 1, 16)], "not listed"),
+        (vec![lane_of(&update.pools[0], 1, 24)], "multiple"),
+        (vec![lane_of(&update.pools[0], 1, 0)], "multiple"),
+        (
+            vec![
+                lane_of(&update.pools[0], 1, 16),
+                lane_of(&update.pools[0], 1, 32),
+            ],
+            "twice",
+        ),
+        (
+            vec![TierLaneDescriptor {
+                producer: update.pools[1].producer.clone(),
+                ..lane_of(&update.pools[0], 1, 16)
+            }],
+            "listed pool",
+        ),
+        (
+            (0..=2 * kvrelay_codec::v1::MAX_TIER_LANES_PER_POOL as u8)
+                .map(|tier| lane_of(&update.pools[0], tier, 16))
+                .collect(),
+            "more lanes",
+        ),
+    ];
+    for (lanes, expected) in cases {
+        let mut bad = update.clone();
+        bad.tier_lanes = lanes;
+        let err = bad.validate().unwrap_err();
+        assert_eq!(err.collection, "tier_lanes");
+        match &err.error {
+            ValidationError::InvalidTierLane { detail, .. } => {
+                assert!(detail.contains(expected), "{detail} vs {expected}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // An unknown tier code is a newer relay's tier: valid here, skipped by consumers.
+    let mut newer = update.clone();
+    newer.tier_lanes = vec![lane_of(&update.pools[0], 9, 16)];
+    assert!(newer.validate().is_ok());
 }
 
 #[test]

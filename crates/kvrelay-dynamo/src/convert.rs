@@ -399,6 +399,7 @@ impl TryFrom<proto::KvPoolCatalogUpdate> for ReceivedCatalog {
                 pools,
                 coverage: Vec::new(),
                 stalled: Vec::new(),
+                tier_lanes: Vec::new(),
             },
             unsupported,
         })
@@ -814,6 +815,7 @@ mod tests {
                 pools: vec![pool],
                 coverage: Vec::new(),
                 stalled: Vec::new(),
+                tier_lanes: Vec::new(),
             };
             let sent = proto::KvPoolCatalogUpdate::from(&catalog);
             prop_assert_eq!(sent.contract_marker, CONTRACT_MARKER);

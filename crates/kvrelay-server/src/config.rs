@@ -15,6 +15,7 @@ mod listeners;
 mod overrides;
 mod sources;
 mod state;
+mod tiers;
 
 pub(crate) use listeners::AuthTable;
 pub use listeners::{
@@ -30,6 +31,10 @@ pub use sources::{
 pub use state::{
     DEFAULT_CHECKPOINT_INTERVAL_MS, DEFAULT_CHECKPOINT_MAX_AGE_MS,
     DEFAULT_CHECKPOINT_MAX_FILE_BYTES, DEFAULT_CHECKPOINT_SHUTDOWN_TIMEOUT_MS, StateConfig,
+};
+pub use tiers::{
+    DEFAULT_TIER_CAPACITY_RATIO, MAX_BLOCKS_PER_CHUNK, MAX_TIER_CAPACITY_RATIO, TierConfig,
+    TiersConfig,
 };
 
 /// Default datacenter name.
@@ -125,6 +130,8 @@ pub struct RelayConfig {
     pub ingest: kvrelay_ingest::Limits,
     /// Pool checkpoints for warm restarts, when present.
     pub state: Option<StateConfig>,
+    /// Lower cache tiers (host memory, disk) every pool keeps a lane of; none by default.
+    pub tiers: TiersConfig,
 }
 
 impl Default for RelayConfig {
@@ -141,6 +148,7 @@ impl Default for RelayConfig {
             limits: Limits::default(),
             ingest: kvrelay_ingest::Limits::default(),
             state: None,
+            tiers: TiersConfig::default(),
         }
     }
 }
@@ -271,6 +279,7 @@ impl RelayConfig {
         if let Some(state) = &self.state {
             state.validate()?;
         }
+        self.tiers.validate()?;
         self.ingest
             .validate()
             .map_err(|error| ConfigError::InvalidIngestLimit {

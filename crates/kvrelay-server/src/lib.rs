@@ -36,9 +36,10 @@ pub use config::{
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_CHECKPOINT_INTERVAL_MS, DEFAULT_CHECKPOINT_MAX_AGE_MS,
     DEFAULT_CHECKPOINT_MAX_FILE_BYTES, DEFAULT_CHECKPOINT_SHUTDOWN_TIMEOUT_MS, DEFAULT_DC_ID,
-    DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED, DEFAULT_WAN_LISTEN, DiscoveryBackend,
-    DiscoveryConfig, DynamoConfig, EngineKind, ExposureWarning, NatsConfig, RelayConfig,
-    RelayOverrides, SourceConfig, StateConfig, WanConfig, WorkloadConfig,
+    DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED, DEFAULT_TIER_CAPACITY_RATIO, DEFAULT_WAN_LISTEN,
+    DiscoveryBackend, DiscoveryConfig, DynamoConfig, EngineKind, ExposureWarning,
+    MAX_BLOCKS_PER_CHUNK, MAX_TIER_CAPACITY_RATIO, NatsConfig, RelayConfig, RelayOverrides,
+    SourceConfig, StateConfig, TierConfig, TiersConfig, WanConfig, WorkloadConfig,
 };
 pub use host::{
     DiscoveryStartError, PoolReport, ProducerTable, Relay, RelayError, RelayProgress,

@@ -128,6 +128,7 @@ fn catalog(relay: RelayIdentity, n_pools: usize, bucket_count: u64) -> CatalogUp
         pools,
         coverage: Vec::new(),
         stalled: Vec::new(),
+        tier_lanes: Vec::new(),
     }
 }
 

@@ -38,6 +38,30 @@ pub struct CatalogUpdate {
     /// stalled. Protocol minor 3 appends it after `coverage`.
     #[serde(default)]
     pub stalled: Vec<PoolId>,
+    /// Lower-tier lanes (host memory, disk) of listed pools, each subscribed to like a
+    /// pool by its producer. Protocol minor 4 appends it after `stalled`: an older
+    /// sender's catalog decodes with none, an older receiver skips it and keeps scoring
+    /// device memory only.
+    #[serde(default)]
+    pub tier_lanes: Vec<TierLaneDescriptor>,
+}
+
+/// Most lanes one pool may list (one per tier; a newer relay's tiers included).
+pub const MAX_TIER_LANES_PER_POOL: usize = 4;
+
+/// One lower-tier lane of a listed pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierLaneDescriptor {
+    /// The pool the lane belongs to (listed in `pools`).
+    pub pool_id: PoolId,
+    /// The tier's code: 1 host memory, 2 disk. An unknown code is a newer relay's tier;
+    /// a consumer skips that lane.
+    pub tier: u8,
+    /// Tokens per lane block: a positive multiple of the pool's block size. A lane of
+    /// `k`-block chunks holds every `k`-th prefix position.
+    pub block_size: u32,
+    /// The lane's producer generation (its subscription key).
+    pub producer: ProducerIdentity,
 }
 
 /// A pool whose filter is known to be incomplete, and by how much.
@@ -141,7 +165,68 @@ impl CatalogUpdate {
         }
         self.validate_coverage()?;
         self.validate_stalled()?;
+        self.validate_tier_lanes()?;
         Ok(verdict)
+    }
+
+    /// Checks `tier_lanes` alone: each names a listed pool, at most once per tier and at
+    /// most [`MAX_TIER_LANES_PER_POOL`] per pool, with a block size that is a positive
+    /// multiple of the pool's and a producer of its own (not a listed pool's). The work is
+    /// `O(lanes log pools)`, whatever a peer sends.
+    pub fn validate_tier_lanes(&self) -> Result<(), EntryError> {
+        let entry_error = |index: usize, pool: &PoolId, detail| EntryError {
+            collection: "tier_lanes",
+            index,
+            error: ValidationError::InvalidTierLane {
+                pool: pool.to_string(),
+                detail,
+            },
+        };
+        if self.tier_lanes.len() > self.pools.len().saturating_mul(MAX_TIER_LANES_PER_POOL) {
+            let index = self.pools.len().saturating_mul(MAX_TIER_LANES_PER_POOL);
+            return Err(entry_error(
+                index,
+                &self.tier_lanes[index].pool_id,
+                "more lanes than the pools may have",
+            ));
+        }
+        let block_sizes: std::collections::BTreeMap<&PoolId, u32> = self
+            .pools
+            .iter()
+            .map(|pool| (pool.pool_id(), pool.query_semantics.kv_block_size))
+            .collect();
+        for (index, lane) in self.tier_lanes.iter().enumerate() {
+            lane.producer.validate().map_err(|error| EntryError {
+                collection: "tier_lanes",
+                index,
+                error,
+            })?;
+            let Some(&pool_block_size) = block_sizes.get(&lane.pool_id) else {
+                return Err(entry_error(index, &lane.pool_id, "the pool is not listed"));
+            };
+            if lane.block_size == 0 || lane.block_size % pool_block_size.max(1) != 0 {
+                return Err(entry_error(
+                    index,
+                    &lane.pool_id,
+                    "block size is not a positive multiple of the pool's",
+                ));
+            }
+            if block_sizes.contains_key(&lane.producer.pool_id) {
+                return Err(entry_error(
+                    index,
+                    &lane.pool_id,
+                    "the lane's producer is a listed pool",
+                ));
+            }
+        }
+        let keys = self
+            .tier_lanes
+            .iter()
+            .map(|lane| (&lane.pool_id, lane.tier));
+        if let Some((index, (pool_id, _))) = first_duplicate(keys) {
+            return Err(entry_error(index, pool_id, "tier listed twice"));
+        }
+        Ok(())
     }
 
     /// Checks `stalled` alone: each pool named once, none of them listed in `pools`. The
@@ -222,13 +307,14 @@ impl CatalogUpdate {
         Ok(())
     }
 
-    /// Appends the body to `dst`: the fields of minor 0, then `coverage` (minor 2), then
-    /// `stalled` (minor 3).
+    /// Appends the body to `dst`: the fields of minor 0, then `coverage` (minor 2),
+    /// `stalled` (minor 3) and `tier_lanes` (minor 4).
     pub fn encode_body(&self, dst: &mut BytesMut) -> Result<(), EncodeError> {
         let kind = MessageKind::CatalogUpdate;
         encode_body(kind, &(&self.relay, self.revision, &self.pools), dst)?;
         encode_body(kind, &self.coverage, dst)?;
-        encode_body(kind, &self.stalled, dst)
+        encode_body(kind, &self.stalled, dst)?;
+        encode_body(kind, &self.tier_lanes, dst)
     }
 
     /// Decodes a body sent with protocol minor `minor`. A body of minor 0 or 1 ends after
@@ -240,16 +326,22 @@ impl CatalogUpdate {
             decode_prefix::<(RelayIdentity, u64, Vec<PoolDescriptor>)>(kind, body)?;
         let rest = &body[used..];
         let (coverage, used) = decode_appended_prefix(kind, rest, minor, COVERAGE_MINOR)?;
-        let stalled = decode_appended(kind, &rest[used..], minor, STALLED_MINOR)?;
+        let rest = &rest[used..];
+        let (stalled, used) = decode_appended_prefix(kind, rest, minor, STALLED_MINOR)?;
+        let tier_lanes = decode_appended(kind, &rest[used..], minor, TIER_LANES_MINOR)?;
         Ok(Self {
             relay,
             revision,
             pools,
             coverage,
             stalled,
+            tier_lanes,
         })
     }
 }
+
+/// The protocol minor that appended `tier_lanes` to the catalog body.
+const TIER_LANES_MINOR: u16 = 4;
 
 /// The protocol minor that appended `stalled` to the catalog body.
 const STALLED_MINOR: u16 = 3;

@@ -19,7 +19,9 @@ pub mod topology;
 pub mod validation;
 
 pub use body::{DecodeError, EncodeError};
-pub use catalog::{CatalogUpdate, PoolCoverage, PoolDescriptor};
+pub use catalog::{
+    CatalogUpdate, MAX_TIER_LANES_PER_POOL, PoolCoverage, PoolDescriptor, TierLaneDescriptor,
+};
 pub use code::{
     CoverageState, ErrorReason, HashFormat, IdentitySource, PoolFrameKind, ReadinessState,
     WorkerRole,

@@ -157,6 +157,16 @@ pub enum ValidationError {
         /// The pool id.
         pool: String,
     },
+    /// A tier lane of a pool the catalog does not list, or a lane that is not usable for
+    /// its pool (block size not a positive multiple of the pool's, or the lane's producer
+    /// names a listed pool).
+    #[error("tier lane of pool {pool}: {detail}")]
+    InvalidTierLane {
+        /// The pool, displayed.
+        pool: String,
+        /// What is wrong.
+        detail: &'static str,
+    },
     /// A coverage share above 100 percent.
     #[error("coverage: unroutable_percent {percent} is above 100")]
     CoverageShare {

@@ -164,6 +164,7 @@ pub(crate) fn catalog() -> impl Strategy<Value = CatalogUpdate> {
                     pools: pools.clone(),
                     coverage,
                     stalled: stalled.clone(),
+                    tier_lanes: Vec::new(),
                 }
             })
         })

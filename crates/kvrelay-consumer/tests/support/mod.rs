@@ -284,6 +284,7 @@ impl Core {
                 .iter()
                 .map(|(_, p)| p.descriptor.producer.pool_id)
                 .collect(),
+            tier_lanes: Vec::new(),
         }
     }
 
@@ -354,6 +355,7 @@ impl FakeRelay {
             pools: Vec::new(),
             coverage: Vec::new(),
             stalled: Vec::new(),
+            tier_lanes: Vec::new(),
         };
         let (catalog_tx, _) = watch::channel(empty_catalog);
         let (load_tx, _) = watch::channel(LoadWindow {
@@ -1172,5 +1174,6 @@ pub(crate) fn catalog_of(
         pools: producers.iter().map(|p| p.descriptor.clone()).collect(),
         coverage: Vec::new(),
         stalled: Vec::new(),
+        tier_lanes: Vec::new(),
     }
 }

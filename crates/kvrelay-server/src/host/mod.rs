@@ -202,6 +202,7 @@ impl Relay {
                 nats: config.nats.is_some(),
                 stall_bound: limits.pool_stall_timeout(),
                 degraded_readings: supervisor::degraded_readings(&limits),
+                tiers: config.tiers.clone(),
             },
             configured_sources,
             source_updates,

@@ -25,16 +25,19 @@ impl PoolPublisher for RegistryPublisher {
             // The catalog lookup already matched the wire identity; find the domain identity
             // whose wire form it is.
             let catalog = registry.catalog();
-            let Some(descriptor) = catalog
+            let pools = catalog.pools().map(|pool| pool.producer);
+            let lanes = catalog
                 .pools()
-                .find(|pool| v1::ProducerIdentity::from(pool.producer) == expected)
+                .flat_map(|pool| pool.tier_lanes.iter().map(|lane| lane.producer));
+            let Some(identity) = pools
+                .chain(lanes)
+                .find(|producer| v1::ProducerIdentity::from(*producer) == expected)
             else {
                 return Err(StreamFailure::new(
                     ErrorReason::ProducerChanged,
                     "producer is no longer current",
                 ));
             };
-            let identity = descriptor.producer;
             drop(catalog);
             let subscription = registry
                 .subscribe_with(identity, options)

@@ -120,6 +120,8 @@ pub(crate) struct EngineSource<'a> {
     pub(crate) semantics: KvQuerySemantics,
     /// The batch it resumes after, when its state was restored from a checkpoint.
     pub(crate) resume_after: Option<kvrelay_ingest::ResumePoint>,
+    /// Whether its pool keeps lower-tier lanes (the source then yields tier events).
+    pub(crate) lower_tiers: bool,
 }
 
 /// Starts the ZMQ source of `source`, until `cancel` fires.
@@ -135,6 +137,7 @@ pub(crate) fn spawn_zmq(
         limits,
         semantics,
         resume_after,
+        lower_tiers,
     } = source;
     let key = SourceKey::Engine(SourceId::new(config.worker_id, config.dp_rank));
     // Dotted, as the pool's stats view names it (configured and advertised alike).
@@ -153,7 +156,10 @@ pub(crate) fn spawn_zmq(
         endpoint: config.zmq.clone(),
         replay_endpoint: config.replay.clone(),
         topic: String::new(),
-        canonical: CanonicalConfig::new(semantics.kv_block_size(), semantics.hash_format()),
+        canonical: CanonicalConfig {
+            lower_tiers,
+            ..CanonicalConfig::new(semantics.kv_block_size(), semantics.hash_format())
+        },
         limits,
         // A `[[sources]]` entry or an advertised source names one rank.
         declared_ranks: config.dp_rank..config.dp_rank.saturating_add(1),
@@ -183,6 +189,7 @@ pub(crate) fn spawn_nats(
     tracker: &TaskTracker,
     nats: &crate::config::NatsConfig,
     limits: kvrelay_ingest::Limits,
+    lower_tiers: bool,
     endpoint: &EndpointId,
     state: Arc<HostState>,
     states: SourceStates,
@@ -199,7 +206,7 @@ pub(crate) fn spawn_nats(
             endpoint.name(),
         ),
         limits,
-        lower_tiers: false,
+        lower_tiers,
         // Validated when the configuration was loaded.
         auth: nats.auth().unwrap_or_default(),
         tls: nats.tls(),
@@ -310,10 +317,19 @@ async fn forward(
                     state.positions.record(*engine, point);
                 }
             }
-            Some(SourceOutput::Tier(_)) => {
-                // Sources start with lower tiers off (`CanonicalConfig::lower_tiers`), so
-                // none arrives; one that did would have no lane to go to.
-                count_events(state, "dropped", 1);
+            Some(SourceOutput::Tier(event)) => {
+                // In order behind the source's device events: the pool's actor resolves
+                // an offload against the device blocks of that moment.
+                let route = state.routes.borrow().routes.get(&event.source).cloned();
+                let queued = match route {
+                    Some(route) => tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => break,
+                        queued = route.actor.submit_tier(event) => queued.is_ok(),
+                    },
+                    None => false,
+                };
+                count_events(state, if queued { "submitted" } else { "dropped" }, 1);
             }
             Some(SourceOutput::Applied { seq, digest }) => {
                 // Everything before it was submitted (in order) above.

@@ -104,6 +104,7 @@ impl HostState {
                 pools: Vec::new(),
                 coverage: Vec::new(),
                 stalled: Vec::new(),
+                tier_lanes: Vec::new(),
             })),
             load: watch::Sender::new(Arc::new(LoadWindow {
                 relay,

@@ -466,6 +466,7 @@ impl Pumps {
             );
             let (engines, limits, cancel) =
                 (engines.to_vec(), supervisor.ingest_limits, cancel.clone());
+            let lower_tiers = supervisor.core.tiers.any();
             move |resume: BTreeMap<SourceId, kvrelay_ingest::ResumePoint>| {
                 for source in &engines {
                     let id = SourceId::new(source.worker_id, source.dp_rank);
@@ -476,6 +477,7 @@ impl Pumps {
                             limits,
                             semantics,
                             resume_after: resume.get(&id).copied(),
+                            lower_tiers,
                         },
                         state.clone(),
                         states.clone(),
@@ -520,6 +522,7 @@ impl Pumps {
                 &self.tracker,
                 server,
                 server.limits(supervisor.ingest_limits),
+                supervisor.core.tiers.any(),
                 endpoint,
                 supervisor.state.clone(),
                 self.states.clone(),

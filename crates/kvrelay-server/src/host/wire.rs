@@ -41,7 +41,8 @@ fn roles(roles: &[WorkerRole]) -> Vec<v1::WorkerRole> {
     roles.iter().copied().map(v1::WorkerRole::from).collect()
 }
 
-/// The advertised catalog: the registry's pools except `withheld` ones (stalled pools
+/// The advertised catalog: the registry's pools (with their lower-tier lanes) except
+/// `withheld` ones (stalled pools
 /// consumers must not trust; named apart in `stalled`, so a consumer following a relay
 /// pair can move to the other relay), those known incomplete named in its `coverage`, under
 /// `revision` (the registry revision plus the times the withheld set or the coverage
@@ -55,6 +56,7 @@ pub(crate) fn catalog_update(
     // One pass: each registry pool is withheld (named in `stalled`; a pool that left the
     // registry while stalled is simply gone) or advertised, with its coverage if known.
     let (mut pools, mut known_incomplete, mut stalled) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tier_lanes = Vec::new();
     for pool in catalog.pools() {
         let pool_id = pool.pool_id();
         if withheld.contains(&pool_id) {
@@ -74,6 +76,13 @@ pub(crate) fn catalog_update(
                 unroutable_percent,
             });
         }
+        // A withheld pool's lanes are withheld with it (skipped above).
+        tier_lanes.extend(pool.tier_lanes.iter().map(|lane| v1::TierLaneDescriptor {
+            pool_id: pool_id.into(),
+            tier: lane.tier.code(),
+            block_size: lane.block_size,
+            producer: lane.producer.into(),
+        }));
         pools.push(v1::PoolDescriptor {
             producer: pool.producer.into(),
             serving_endpoint: (&pool.serving_endpoint).into(),
@@ -88,6 +97,7 @@ pub(crate) fn catalog_update(
         pools,
         coverage: known_incomplete,
         stalled,
+        tier_lanes,
     }
 }
 

@@ -116,17 +116,19 @@ impl StreamOpener {
     /// A pool request must name the producer generation the catalog advertises now.
     fn check_producer(&self, expected: &ProducerIdentity) -> Result<(), StreamFailure> {
         let catalog = self.views.catalog.borrow().clone();
-        let Some(current) = catalog
-            .pools
-            .iter()
-            .find(|pool| pool.producer.pool_id == expected.pool_id)
+        // A pool, or a lower-tier lane of one: both are subscribed to by producer.
+        let pools = catalog.pools.iter().map(|pool| &pool.producer);
+        let lanes = catalog.tier_lanes.iter().map(|lane| &lane.producer);
+        let Some(current) = pools
+            .chain(lanes)
+            .find(|producer| producer.pool_id == expected.pool_id)
         else {
             return Err(StreamFailure::new(
                 ErrorReason::PoolNotFound,
                 format!("pool {} is not in the catalog", expected.pool_id),
             ));
         };
-        if current.producer != *expected {
+        if current != expected {
             return Err(StreamFailure::new(
                 ErrorReason::ProducerChanged,
                 format!(
@@ -134,8 +136,8 @@ impl StreamOpener {
                     expected.pool_id,
                     expected.layout_generation,
                     expected.producer_incarnation,
-                    current.producer.layout_generation,
-                    current.producer.producer_incarnation
+                    current.layout_generation,
+                    current.producer_incarnation
                 ),
             ));
         }

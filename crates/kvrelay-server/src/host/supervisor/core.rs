@@ -62,6 +62,8 @@ pub(crate) struct CoreConfig {
     pub(crate) stall_bound: Duration,
     /// Health readings a pool's unroutable share is judged over (at least 1).
     pub(crate) degraded_readings: usize,
+    /// The lower-tier lanes every pool keeps.
+    pub(crate) tiers: crate::config::TiersConfig,
 }
 
 /// Identifies one event source.
@@ -702,7 +704,10 @@ impl SupervisionCore {
                 roles: roles_of(membership),
                 expected_unique_blocks: expected_unique_blocks(membership),
                 load_capacity: Some(capacities(membership)),
-                tier_lanes: Vec::new(),
+                tier_lanes: self.config.tiers.lanes(
+                    binding.query_semantics.kv_block_size(),
+                    expected_unique_blocks(membership),
+                ),
             };
             self.slots.insert(
                 endpoint.clone(),

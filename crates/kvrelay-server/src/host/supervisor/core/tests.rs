@@ -80,6 +80,7 @@ fn config() -> CoreConfig {
         nats: false,
         stall_bound: Duration::from_secs(10),
         degraded_readings: 3,
+        tiers: crate::config::TiersConfig::default(),
     }
 }
 
