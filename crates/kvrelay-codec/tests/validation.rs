@@ -487,10 +487,10 @@ fn stalled_is_a_minor_3_field_and_minor_2_catalogs_still_decode() {
 }
 
 fn lane_of(pool: &PoolDescriptor, tier: u8, block_size: u32) -> TierLaneDescriptor {
-    let mut producer = pool.producer.clone();
+    let mut producer = pool.producer;
     producer.pool_id.routing_scope.digest[0] ^= 0x80 | tier;
     TierLaneDescriptor {
-        pool_id: pool.producer.pool_id.clone(),
+        pool_id: pool.producer.pool_id,
         tier,
         block_size,
         producer,
@@ -537,8 +537,14 @@ fn tier_lanes_are_a_minor_4_field_that_older_consumers_skip() {
     used += more;
     assert!(used < body.len(), "the lanes follow the minor-3 fields");
     assert_eq!(
-        (old.pools, coverage, stalled),
-        (update.pools, update.coverage, update.stalled)
+        (old.relay, old.revision, old.pools, coverage, stalled),
+        (
+            update.relay,
+            update.revision,
+            update.pools,
+            update.coverage,
+            update.stalled
+        )
     );
 }
 
@@ -558,7 +564,7 @@ fn a_tier_lane_names_a_listed_pool_once_per_tier_with_a_multiple_block_size() {
         ),
         (
             vec![TierLaneDescriptor {
-                producer: update.pools[1].producer.clone(),
+                producer: update.pools[1].producer,
                 ..lane_of(&update.pools[0], 1, 16)
             }],
             "listed pool",

@@ -183,18 +183,29 @@ pub(crate) fn spawn_zmq(
     );
 }
 
+/// What one endpoint's NATS subscription is started with.
+pub(crate) struct NatsSource<'a> {
+    pub(crate) server: &'a crate::config::NatsConfig,
+    pub(crate) limits: kvrelay_ingest::Limits,
+    /// Whether the endpoint's pool keeps lower-tier lanes.
+    pub(crate) lower_tiers: bool,
+}
+
 /// Subscribes to `endpoint`'s Dynamo KV-event subject on `server` (reconnecting under the
 /// `[ingest] restart_backoff_*` backoff, like every engine source) until `cancel` fires.
 pub(crate) fn spawn_nats(
     tracker: &TaskTracker,
-    nats: &crate::config::NatsConfig,
-    limits: kvrelay_ingest::Limits,
-    lower_tiers: bool,
+    source: NatsSource<'_>,
     endpoint: &EndpointId,
     state: Arc<HostState>,
     states: SourceStates,
     cancel: CancellationToken,
 ) {
+    let NatsSource {
+        server: nats,
+        limits,
+        lower_tiers,
+    } = source;
     let key = SourceKey::Nats(endpoint.clone());
     let mut backoff = Backoff::new(limits.restart_backoff());
     let pool_endpoint = endpoint.dotted();

@@ -520,9 +520,11 @@ impl Pumps {
         if let Some(server) = nats_server {
             pump::spawn_nats(
                 &self.tracker,
-                server,
-                server.limits(supervisor.ingest_limits),
-                supervisor.core.tiers.any(),
+                pump::NatsSource {
+                    server,
+                    limits: server.limits(supervisor.ingest_limits),
+                    lower_tiers: supervisor.core.tiers.any(),
+                },
                 endpoint,
                 supervisor.state.clone(),
                 self.states.clone(),
