@@ -67,3 +67,40 @@ pub(crate) fn admit_within(
     }
     n_over
 }
+
+/// Drops the lanes of admitted pools that do not fit in what `budget` leaves after the
+/// pools themselves (lanes never displace a pool), in catalog order, each named in
+/// `projected.quarantined`. Returns how many lanes were dropped.
+pub(crate) fn admit_lanes_within(projected: &mut ProjectedCatalog, dc: &str, budget: u64) -> usize {
+    let mut taken = projected
+        .admitted
+        .iter()
+        .map(|pool| replica_bytes(&pool.producer))
+        .fold(0u64, u64::saturating_add);
+    let mut dropped = Vec::new();
+    for pool in &mut projected.admitted {
+        pool.entry.tier_lanes.retain(|lane| {
+            let bytes = replica_bytes(&lane.producer);
+            match taken.checked_add(bytes) {
+                Some(total) if total <= budget => {
+                    taken = total;
+                    true
+                }
+                _ => {
+                    dropped.push(QuarantinedEntry {
+                        dc: dc.to_owned(),
+                        entry: format!("{} {} lane", pool.entry.pool_label, lane.tier),
+                        reason: format!(
+                            "over budget: lane replica needs {bytes} bytes, more than remains \
+                             of max_replica_bytes_per_relay {budget}"
+                        ),
+                    });
+                    false
+                }
+            }
+        });
+    }
+    let n_dropped = dropped.len();
+    projected.quarantined.extend(dropped);
+    n_dropped
+}

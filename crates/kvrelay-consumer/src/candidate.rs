@@ -286,6 +286,7 @@ mod tests {
             hash_format: KvQueryHashFormat::DynamoStandardV1,
             roles,
             coverage: crate::catalog::Coverage::Complete,
+            tier_lanes: Vec::new(),
         }
     }
 

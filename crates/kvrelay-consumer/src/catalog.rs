@@ -65,6 +65,29 @@ pub(crate) struct PoolEntry {
     pub(crate) roles: Roles,
     /// What the relay says of the pool's filter (catalog coverage, protocol minor 2).
     pub(crate) coverage: Coverage,
+    /// The pool's lower-tier lanes this consumer follows (catalog protocol minor 4), in
+    /// tier order (host, then disk); empty for a device-only pool.
+    pub(crate) tier_lanes: Vec<TierLaneEntry>,
+}
+
+impl PoolEntry {
+    /// The pool's replica key and those of its lanes: everything subscribed for it.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = PoolKey> + '_ {
+        std::iter::once(self.key).chain(self.tier_lanes.iter().map(|lane| lane.key))
+    }
+}
+
+/// One lower-tier lane of a pool: a replica of what the pool's workers hold on the tier.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TierLaneEntry {
+    /// Host memory or disk.
+    pub(crate) tier: kvrelay_ckf::CacheTier,
+    /// Pool blocks per lane block: the lane holds every `stride`-th prefix position.
+    pub(crate) stride: u32,
+    /// The lane's producer generation (its subscription key on the wire).
+    pub(crate) producer: kvrelay_codec::v1::ProducerIdentity,
+    /// Its replica key (assigned when admitted, like a pool's).
+    pub(crate) key: PoolKey,
 }
 
 /// How completely a pool's filter covers what its engines cache, as its relay says

@@ -6,7 +6,9 @@ use kvrelay_codec::v1::{
 };
 use kvrelay_identity::{CkfFormat, KvQueryHashFormat};
 
-use crate::catalog::{Coverage, PoolEntry, PoolKey, QuarantinedEntry, Registration, Roles, Target};
+use crate::catalog::{
+    Coverage, PoolEntry, PoolKey, QuarantinedEntry, Registration, Roles, Target, TierLaneEntry,
+};
 use crate::load::LoadSample;
 
 /// A descriptor that passed validation, ready to be admitted.
@@ -135,7 +137,49 @@ fn project_descriptor(descriptor: &PoolDescriptor) -> Result<PoolEntry, String> 
         hash_format,
         roles,
         coverage: Coverage::Complete,
+        tier_lanes: Vec::new(),
     })
+}
+
+/// Attaches to each admitted pool the lanes `update` names for it that this consumer can
+/// follow: a known tier (host, disk; a newer relay's tiers are skipped) whose replica
+/// format it speaks. A catalog whose lanes break the rules (an unlisted pool, a tier
+/// twice, a block size that is not a multiple of the pool's) keeps its pools and loses
+/// every lane, with one quarantine entry saying why: pools score as device-only.
+pub(crate) fn attach_lanes(dc: &str, update: &CatalogUpdate, out: &mut ProjectedCatalog) {
+    if update.tier_lanes.is_empty() {
+        return;
+    }
+    if let Err(err) = update.validate_tier_lanes() {
+        out.quarantined.push(QuarantinedEntry {
+            dc: dc.to_owned(),
+            entry: "tier_lanes".to_owned(),
+            reason: format!("malformed: {err}; pools scored on device memory only"),
+        });
+        return;
+    }
+    for pool in &mut out.admitted {
+        let pool_id = pool.producer.pool_id;
+        let block_size = pool.entry.block_size.max(1);
+        let mut lanes: Vec<TierLaneEntry> = update
+            .tier_lanes
+            .iter()
+            .filter(|lane| lane.pool_id == pool_id)
+            .filter_map(|lane| {
+                let tier = kvrelay_ckf::CacheTier::from_code(lane.tier)
+                    .filter(|tier| *tier != kvrelay_ckf::CacheTier::Device)?;
+                domain_format(&lane.producer)?;
+                Some(TierLaneEntry {
+                    tier,
+                    stride: lane.block_size / block_size,
+                    producer: lane.producer,
+                    key: PoolKey(0),
+                })
+            })
+            .collect();
+        lanes.sort_by_key(|lane| lane.tier);
+        pool.entry.tier_lanes = lanes;
+    }
 }
 
 /// The load samples of a window, by producer (entries failing validation are skipped).

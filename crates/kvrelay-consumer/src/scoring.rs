@@ -101,6 +101,12 @@ pub struct ScoredLeg {
     pub prefix_blocks: Option<u32>,
     /// Estimated cached leading tokens (blocks × block size, clamped to the prompt).
     pub prefix_tokens: Option<u32>,
+    /// Blocks past `prefix_blocks` the pool holds in host memory (the continuation found
+    /// in its host lane); `None` when it has no host lane this consumer follows, the
+    /// lane's replica cannot answer, or the device replica cannot.
+    pub host_blocks: Option<u32>,
+    /// Blocks past those the pool holds on disk; `None` as for `host_blocks`.
+    pub disk_blocks: Option<u32>,
     /// KV occupancy in `[0, 1]`; `None` when unknown.
     pub load: Option<f64>,
 }
@@ -276,6 +282,10 @@ pub(crate) struct ScoreScratch {
     /// Per candidate, its sort key (score, then tie rank and index), in rank order.
     order: Vec<(u64, u64)>,
     probe: ProbeScratch,
+    /// Per entry: blocks found in its host and disk lanes past its device prefix.
+    lower_of: Vec<[Option<u32>; 2]>,
+    /// The sequence hashes a lane of some stride is probed with.
+    strided: Vec<u64>,
 }
 
 /// A small pool of [`ScoreScratch`] shared by concurrent readers of one state. It is a
@@ -336,6 +346,8 @@ pub(crate) fn rank_into(
         terms,
         order,
         probe,
+        lower_of,
+        strided,
     } = scratch;
     candidate::candidates_into(inputs.entries, &resolved, serving, candidates);
     readiness.clear();
@@ -380,6 +392,8 @@ pub(crate) fn rank_into(
     };
     depth_of.clear();
     depth_of.resize(n_entries, ReplicaDepth::Unusable(ReplicaStatus::Missing));
+    lower_of.clear();
+    lower_of.resize(n_entries, [None; 2]);
     for &(block_size, format) in semantics.iter() {
         let hashes = sequence_hashes(&block_hashes(&request.tokens, block_size, format, salt));
         members.clear();
@@ -419,6 +433,21 @@ pub(crate) fn rank_into(
                 }
             }
         }
+        // Past the device prefix, each lower tier's lane continues it (host, then disk).
+        for idx in 0..n_entries {
+            let entry = &inputs.entries[idx];
+            if !needed[idx]
+                || entry.tier_lanes.is_empty()
+                || entry.block_size != block_size
+                || entry.hash_format != format
+            {
+                continue;
+            }
+            if let ReplicaDepth::Current(device) = depth_of[idx] {
+                lower_of[idx] =
+                    continue_in_lanes(entry, device, &hashes, now, depths, strided, probe);
+            }
+        }
     }
 
     let n_tokens = request.tokens.len();
@@ -427,7 +456,9 @@ pub(crate) fn rank_into(
         candidates
             .iter()
             .zip(readiness.iter())
-            .map(|(cand, &ready)| candidate_terms(inputs, cand, ready, depth_of, n_tokens)),
+            .map(|(cand, &ready)| {
+                candidate_terms(inputs, cand, ready, depth_of, lower_of, n_tokens)
+            }),
     );
     // Rank small integer keys, not results: best score first, then DC name, then the
     // first leg's pool id (both folded into the entry's precomputed tie rank), then
@@ -465,10 +496,13 @@ pub(crate) fn rank_into(
     for (rank, &(_, tie_and_idx)) in order.iter().enumerate() {
         let cand_terms = &terms[(tie_and_idx & u64::from(u32::MAX)) as usize];
         match out.candidates.get_mut(rank) {
-            Some(slot) => fill_candidate(slot, inputs, cand_terms, depth_of, n_tokens),
-            None => out
-                .candidates
-                .push(new_candidate(inputs, cand_terms, depth_of, n_tokens)),
+            Some(slot) => fill_candidate(slot, inputs, cand_terms, (depth_of, lower_of), n_tokens),
+            None => out.candidates.push(new_candidate(
+                inputs,
+                cand_terms,
+                (depth_of, lower_of),
+                n_tokens,
+            )),
         }
     }
     Ok(())
@@ -505,14 +539,23 @@ fn candidate_terms(
     cand: &Candidate,
     readiness: CandidateReadiness,
     depth_of: &[ReplicaDepth],
+    lower_of: &[[Option<u32>; 2]],
     n_tokens: usize,
 ) -> CandidateTerms {
     let fraction = |idx: usize| {
-        prefix_tokens(&inputs.entries[idx], depth_of[idx], n_tokens).map(|tokens| {
+        let entry = &inputs.entries[idx];
+        credited_tokens(
+            entry,
+            depth_of[idx],
+            lower_of[idx],
+            inputs.weights,
+            n_tokens,
+        )
+        .map(|tokens| {
             if n_tokens == 0 {
                 0.0
             } else {
-                f64::from(tokens) / n_tokens as f64
+                tokens / n_tokens as f64
             }
         })
     };
@@ -548,6 +591,86 @@ fn candidate_terms(
     }
 }
 
+/// Blocks found past `device` in each of `entry`'s lanes, in tier order: a lane of stride
+/// `k` holds every `k`-th prefix position, so it is probed from the chunk holding the
+/// first block the device lacks, one hash per chunk; whatever it finds extends the reach
+/// the next tier continues from. A lane that cannot answer finds nothing (`None`).
+fn continue_in_lanes(
+    entry: &PoolEntry,
+    device: u32,
+    hashes: &[u64],
+    now: Instant,
+    depths: &dyn DepthProbe,
+    strided: &mut Vec<u64>,
+    probe: &mut ProbeScratch,
+) -> [Option<u32>; 2] {
+    let mut found = [None; 2];
+    let mut reached = device;
+    for lane in &entry.tier_lanes {
+        let Some(slot) = tier_slot(lane.tier) else {
+            continue;
+        };
+        let stride = lane.stride.max(1) as usize;
+        let first_chunk = reached as usize / stride;
+        strided.clear();
+        strided.extend(
+            hashes
+                .iter()
+                .skip((first_chunk + 1) * stride - 1)
+                .step_by(stride),
+        );
+        let mut out = [ReplicaDepth::Unusable(ReplicaStatus::Missing)];
+        depths.probe(&[lane.key], strided, now, &mut out, probe);
+        let ReplicaDepth::Current(chunks) = out[0] else {
+            continue;
+        };
+        let continued = u32::try_from((first_chunk + chunks as usize) * stride).unwrap_or(u32::MAX);
+        let gained = continued.saturating_sub(reached);
+        found[slot] = Some(gained);
+        reached += gained;
+    }
+    found
+}
+
+/// Where a lower tier's blocks are kept per entry (`None` for the device).
+fn tier_slot(tier: kvrelay_ckf::CacheTier) -> Option<usize> {
+    match tier {
+        kvrelay_ckf::CacheTier::Device => None,
+        kvrelay_ckf::CacheTier::Host => Some(0),
+        kvrelay_ckf::CacheTier::Disk => Some(1),
+    }
+}
+
+/// The prefix `entry` holds for a request of `n_tokens` tokens, in tokens credited:
+/// device tokens count whole, host and disk tokens (past the device prefix, clamped to
+/// the prompt) at their tier weights. `None` when the device replica cannot answer.
+fn credited_tokens(
+    entry: &PoolEntry,
+    depth: ReplicaDepth,
+    lower: [Option<u32>; 2],
+    weights: &ScoreWeights,
+    n_tokens: usize,
+) -> Option<f64> {
+    let device = prefix_tokens(entry, depth, n_tokens)?;
+    let n_tokens = u32::try_from(n_tokens).unwrap_or(u32::MAX);
+    let mut blocks = match depth {
+        ReplicaDepth::Current(blocks) => blocks,
+        ReplicaDepth::Unusable(_) => 0,
+    };
+    let mut counted = device;
+    let mut credited = f64::from(device);
+    for (found, weight) in lower
+        .into_iter()
+        .zip([weights.host_tier, weights.disk_tier])
+    {
+        blocks = blocks.saturating_add(found.unwrap_or(0));
+        let reach = blocks.saturating_mul(entry.block_size).min(n_tokens);
+        credited += weight * f64::from(reach.saturating_sub(counted));
+        counted = counted.max(reach);
+    }
+    Some(credited)
+}
+
 /// Estimated cached leading tokens of `entry` (blocks × block size, clamped to the prompt).
 fn prefix_tokens(entry: &PoolEntry, depth: ReplicaDepth, n_tokens: usize) -> Option<u32> {
     match depth {
@@ -566,6 +689,7 @@ struct LegValues {
     replica: ReplicaStatus,
     prefix_blocks: Option<u32>,
     prefix_tokens: Option<u32>,
+    lower: [Option<u32>; 2],
     load: Option<f64>,
 }
 
@@ -581,6 +705,8 @@ impl LegValues {
             coverage: entry.coverage,
             prefix_blocks: self.prefix_blocks,
             prefix_tokens: self.prefix_tokens,
+            host_blocks: self.lower[0],
+            disk_blocks: self.lower[1],
             load: self.load,
         }
     }
@@ -601,7 +727,7 @@ fn legs_of(terms: &CandidateTerms) -> impl Iterator<Item = (usize, &'static str,
 fn leg_values(
     entry: &PoolEntry,
     role: &'static str,
-    depth: ReplicaDepth,
+    (depth, lower): (ReplicaDepth, [Option<u32>; 2]),
     load: Option<f64>,
     n_tokens: usize,
 ) -> LegValues {
@@ -615,6 +741,7 @@ fn leg_values(
         replica,
         prefix_blocks,
         prefix_tokens: prefix_tokens(entry, depth, n_tokens),
+        lower,
         load,
     }
 }
@@ -622,13 +749,14 @@ fn leg_values(
 fn new_candidate(
     inputs: &ScoreInputs<'_>,
     terms: &CandidateTerms,
-    depth_of: &[ReplicaDepth],
+    depths: (&[ReplicaDepth], &[[Option<u32>; 2]]),
     n_tokens: usize,
 ) -> ScoredCandidate {
+    let (depth_of, lower_of) = depths;
     let legs = legs_of(terms)
         .map(|(idx, role, load)| {
             let entry = &inputs.entries[idx];
-            leg_values(entry, role, depth_of[idx], load, n_tokens).into_leg(entry)
+            leg_values(entry, role, (depth_of[idx], lower_of[idx]), load, n_tokens).into_leg(entry)
         })
         .collect();
     let relay = inputs.entries[terms.candidate.first].relay;
@@ -650,9 +778,10 @@ fn fill_candidate(
     slot: &mut ScoredCandidate,
     inputs: &ScoreInputs<'_>,
     terms: &CandidateTerms,
-    depth_of: &[ReplicaDepth],
+    depths: (&[ReplicaDepth], &[[Option<u32>; 2]]),
     n_tokens: usize,
 ) {
+    let (depth_of, lower_of) = depths;
     let relay = inputs.entries[terms.candidate.first].relay;
     share(&mut slot.dc, &inputs.dcs[relay]);
     slot.shape = terms.candidate.shape;
@@ -665,7 +794,7 @@ fn fill_candidate(
     slot.legs.truncate(n_legs);
     for (leg_idx, (idx, role, load)) in legs_of(terms).enumerate() {
         let entry = &inputs.entries[idx];
-        let values = leg_values(entry, role, depth_of[idx], load, n_tokens);
+        let values = leg_values(entry, role, (depth_of[idx], lower_of[idx]), load, n_tokens);
         match slot.legs.get_mut(leg_idx) {
             Some(leg) => {
                 share(&mut leg.pool, &entry.pool_label);
@@ -675,6 +804,8 @@ fn fill_candidate(
                 leg.replica = values.replica;
                 leg.prefix_blocks = values.prefix_blocks;
                 leg.prefix_tokens = values.prefix_tokens;
+                leg.host_blocks = values.lower[0];
+                leg.disk_blocks = values.lower[1];
                 leg.load = values.load;
             }
             None => slot.legs.push(values.into_leg(entry)),
@@ -768,6 +899,7 @@ mod tests {
             hash_format: KvQueryHashFormat::DynamoStandardV1,
             roles,
             coverage: Coverage::Complete,
+            tier_lanes: Vec::new(),
         }
     }
 
@@ -792,7 +924,7 @@ mod tests {
     fn run(
         entries: &[PoolEntry],
         loads: &HashMap<PoolKey, LoadSample>,
-        depths: &FixedDepths,
+        depths: &impl DepthSource,
         req: &ScoreRequest,
     ) -> Ranking {
         let relays = relays();
@@ -821,6 +953,144 @@ mod tests {
         )
         .unwrap();
         out
+    }
+
+    /// Answers by membership: a key's depth is how many leading hashes its set holds.
+    #[derive(Default)]
+    struct SetDepths {
+        sets: HashMap<PoolKey, std::collections::HashSet<u64>>,
+        unusable: std::collections::HashSet<PoolKey>,
+    }
+
+    impl DepthSource for SetDepths {
+        fn depths(
+            &self,
+            keys: &[PoolKey],
+            hashes: &[u64],
+            _now: Instant,
+            out: &mut [ReplicaDepth],
+        ) {
+            for (key, slot) in keys.iter().zip(out) {
+                *slot = match self.sets.get(key) {
+                    _ if self.unusable.contains(key) => {
+                        ReplicaDepth::Unusable(ReplicaStatus::Assembling)
+                    }
+                    Some(set) => ReplicaDepth::Current(
+                        hashes.iter().take_while(|h| set.contains(h)).count() as u32,
+                    ),
+                    None => ReplicaDepth::Unusable(ReplicaStatus::Missing),
+                };
+            }
+        }
+    }
+
+    fn lane(tier: kvrelay_ckf::CacheTier, key: u64, stride: u32) -> crate::catalog::TierLaneEntry {
+        crate::catalog::TierLaneEntry {
+            tier,
+            stride,
+            producer: kvrelay_codec::v1::ProducerIdentity {
+                pool_id: kvrelay_codec::v1::PoolId {
+                    identity_version: 1,
+                    cache_semantics: kvrelay_codec::v1::DigestId {
+                        digest: [key as u8; 16],
+                        source: kvrelay_codec::v1::IdentitySource::Explicit,
+                    },
+                    routing_scope: kvrelay_codec::v1::DigestId {
+                        digest: [key as u8; 16],
+                        source: kvrelay_codec::v1::IdentitySource::Explicit,
+                    },
+                    dc_id: 1,
+                },
+                producer_incarnation: 1,
+                layout_generation: key,
+                ckf_format: kvrelay_codec::v1::CkfFormat {
+                    format_version: 1,
+                    seed: 1,
+                    bucket_count: 16,
+                    fingerprint_bits: 16,
+                    slots_per_bucket: 4,
+                },
+            },
+            key: PoolKey(key),
+        }
+    }
+
+    /// A pool whose device holds 2 of 8 blocks, its host lane (2-block chunks) 4 more and
+    /// its disk 1 more outranks a pool holding 3 on its device: 8 + 0.9 × 16 + 0.6 × 4
+    /// credited tokens of 32 against 12. The legs report each tier's blocks; a lane that
+    /// cannot answer finds nothing and the pool scores on its device alone.
+    #[test]
+    fn a_prefix_continued_in_lower_tiers_is_credited_at_their_weights() {
+        use kvrelay_ckf::CacheTier;
+        let mut tiered = entry(1, 0, "a", AGG, 4);
+        tiered.tier_lanes = vec![lane(CacheTier::Host, 11, 2), lane(CacheTier::Disk, 12, 1)];
+        let entries = vec![tiered, entry(2, 0, "b", AGG, 4)];
+        let req = request(32);
+        let hashes = sequence_hashes(&block_hashes(
+            &req.tokens,
+            4,
+            KvQueryHashFormat::DynamoStandardV1,
+            HashSalt::default(),
+        ));
+        let at = |positions: &[usize]| positions.iter().map(|p| hashes[p - 1]).collect();
+        let mut depths = SetDepths::default();
+        depths.sets.insert(PoolKey(1), at(&[1, 2]));
+        // Every second position: each 2-block chunk is keyed by its last block.
+        depths.sets.insert(PoolKey(11), at(&[2, 4, 6]));
+        depths.sets.insert(PoolKey(12), at(&[7]));
+        depths.sets.insert(PoolKey(2), at(&[1, 2, 3]));
+        let ranking = run(&entries, &HashMap::new(), &depths, &req);
+        let best = &ranking.candidates[0];
+        assert_eq!(&*best.legs[0].pool, "pool-1");
+        let leg = &best.legs[0];
+        assert_eq!(
+            (leg.prefix_blocks, leg.host_blocks, leg.disk_blocks),
+            (Some(2), Some(4), Some(1))
+        );
+        let expected = (8.0 + 0.9 * 16.0 + 0.6 * 4.0) / 32.0;
+        assert!((best.prefix_fraction.unwrap() - expected).abs() < 1e-9);
+        let other = &ranking.candidates[1].legs[0];
+        assert_eq!((other.host_blocks, other.disk_blocks), (None, None));
+
+        // The host lane assembling: nothing found there; the disk lane continues from the
+        // device prefix (position 3 onward: it holds 7 only, so nothing either).
+        depths.unusable.insert(PoolKey(11));
+        let ranking = run(&entries, &HashMap::new(), &depths, &req);
+        let leg = ranking
+            .candidates
+            .iter()
+            .flat_map(|c| &c.legs)
+            .find(|leg| &*leg.pool == "pool-1")
+            .unwrap();
+        assert_eq!((leg.host_blocks, leg.disk_blocks), (None, Some(0)));
+        assert_eq!(&*ranking.candidates[0].legs[0].pool, "pool-2");
+    }
+
+    /// A lane chunk that straddles the device prefix counts from the device's end: the
+    /// host's 4-block chunk ending at block 4 holds blocks 1-4, the device 1-3, so the
+    /// host adds 1 block, not 4.
+    #[test]
+    fn a_chunk_straddling_the_device_prefix_counts_only_past_it() {
+        use kvrelay_ckf::CacheTier;
+        let mut tiered = entry(1, 0, "a", AGG, 4);
+        tiered.tier_lanes = vec![lane(CacheTier::Host, 11, 4)];
+        let req = request(32);
+        let hashes = sequence_hashes(&block_hashes(
+            &req.tokens,
+            4,
+            KvQueryHashFormat::DynamoStandardV1,
+            HashSalt::default(),
+        ));
+        let mut depths = SetDepths::default();
+        depths
+            .sets
+            .insert(PoolKey(1), hashes[..3].iter().copied().collect());
+        depths
+            .sets
+            .insert(PoolKey(11), [hashes[3]].into_iter().collect());
+        let ranking = run(&[tiered], &HashMap::new(), &depths, &req);
+        let leg = &ranking.candidates[0].legs[0];
+        assert_eq!((leg.prefix_blocks, leg.host_blocks), (Some(3), Some(1)));
     }
 
     #[test]

@@ -604,6 +604,7 @@ impl ConsumerState {
             .map_err(CatalogError::MalformedStalled)?;
         let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
+        projection::attach_lanes(&config.dc, update, &mut projected);
         let dc_id = self.quarantine_foreign_dcs(relay, &mut projected);
         let view = &self.relay_views[relay];
         let n_over_budget = budget::admit_within(
@@ -611,6 +612,11 @@ impl ConsumerState {
             &config.dc,
             self.max_replica_bytes_per_relay,
             |producer| view.pools.contains_key(producer),
+        );
+        let n_lanes_over_budget = budget::admit_lanes_within(
+            &mut projected,
+            &config.dc,
+            self.max_replica_bytes_per_relay,
         );
         if let Some(previous) = view.identity
             && previous != update.relay
@@ -639,6 +645,7 @@ impl ConsumerState {
         let is_new = |q: &&QuarantinedEntry| !view.quarantined.contains(q);
         let newly_quarantined = projected.quarantined.iter().filter(is_new).count();
         // `admit_within` appended the entries over budget last.
+        let n_over_budget = n_over_budget + n_lanes_over_budget;
         let newly_over_budget = projected.quarantined
             [projected.quarantined.len() - n_over_budget..]
             .iter()
@@ -650,6 +657,16 @@ impl ConsumerState {
             ..CatalogChange::default()
         };
         let mut previous = std::mem::take(&mut self.relay_views[relay].pools);
+        // Lane keys by producer, like pools': a lane kept keeps its replica.
+        let mut previous_lanes: HashMap<ProducerIdentity, PoolKey> = previous
+            .values()
+            .flat_map(|entry| {
+                entry
+                    .tier_lanes
+                    .iter()
+                    .map(|lane| (lane.producer, lane.key))
+            })
+            .collect();
         let mut next = HashMap::with_capacity(projected.admitted.len());
         for AdmittedPool {
             producer,
@@ -659,19 +676,23 @@ impl ConsumerState {
             entry.relay = relay;
             entry.key = match previous.remove(&producer) {
                 Some(old) => old.key,
-                None => {
-                    let key = PoolKey(self.next_key);
-                    self.next_key += 1;
-                    self.producers.insert(key, (relay, producer));
-                    change.added.push((key, producer));
-                    key
-                }
+                None => self.new_key(relay, producer, &mut change),
             };
+            for lane in &mut entry.tier_lanes {
+                lane.key = match previous_lanes.remove(&lane.producer) {
+                    Some(key) => key,
+                    None => self.new_key(relay, lane.producer, &mut change),
+                };
+            }
             next.insert(producer, entry);
         }
         for gone in previous.into_values() {
             self.forget(gone.key);
             change.removed.push(gone.key);
+        }
+        for (_, gone) in previous_lanes {
+            self.forget(gone);
+            change.removed.push(gone);
         }
         if !next.is_empty() {
             self.relay_dc_ids[relay] = dc_id;
@@ -695,8 +716,8 @@ impl ConsumerState {
         };
         let dropped: Vec<PoolKey> = std::mem::take(view)
             .pools
-            .into_values()
-            .map(|e| e.key)
+            .values()
+            .flat_map(PoolEntry::keys)
             .collect();
         for &key in &dropped {
             self.forget(key);
@@ -715,7 +736,7 @@ impl ConsumerState {
         let Some(view) = self.relay_views.get(relay) else {
             return Vec::new();
         };
-        let keys: Vec<PoolKey> = view.pools.values().map(|entry| entry.key).collect();
+        let keys: Vec<PoolKey> = view.pools.values().flat_map(PoolEntry::keys).collect();
         for key in &keys {
             self.store.suspend(*key);
             self.loads.remove(key);
@@ -737,7 +758,7 @@ impl ConsumerState {
     pub fn relay_keys(&self, relay: usize) -> Vec<PoolKey> {
         self.relay_views
             .get(relay)
-            .map(|view| view.pools.values().map(|entry| entry.key).collect())
+            .map(|view| view.pools.values().flat_map(PoolEntry::keys).collect())
             .unwrap_or_default()
     }
 
@@ -1156,6 +1177,21 @@ impl ConsumerState {
             .sum();
     }
 
+    /// A new replica key for `producer` of relay `relay`, announced in `change` (subscribe
+    /// to it).
+    fn new_key(
+        &mut self,
+        relay: usize,
+        producer: ProducerIdentity,
+        change: &mut CatalogChange,
+    ) -> PoolKey {
+        let key = PoolKey(self.next_key);
+        self.next_key += 1;
+        self.producers.insert(key, (relay, producer));
+        change.added.push((key, producer));
+        key
+    }
+
     fn forget(&mut self, key: PoolKey) {
         self.store.remove(key);
         self.loads.remove(&key);
@@ -1248,9 +1284,15 @@ fn same_content(
         && view.quarantined == quarantined
         && admitted.iter().all(|pool| {
             view.pools.get(&pool.producer).is_some_and(|old| {
+                // Keys are assigned on admission: compare lanes by everything else.
+                let mut tier_lanes = pool.entry.tier_lanes.clone();
+                for (lane, old_lane) in tier_lanes.iter_mut().zip(&old.tier_lanes) {
+                    lane.key = old_lane.key;
+                }
                 PoolEntry {
                     key: old.key,
                     relay: old.relay,
+                    tier_lanes,
                     ..pool.entry.clone()
                 } == *old
             })

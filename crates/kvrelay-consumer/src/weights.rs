@@ -11,7 +11,10 @@
 //! ```
 //!
 //! `prefix_fraction` is the estimated cached prefix in tokens divided by the request's
-//! token count, in `[0, 1]`; an unusable replica (missing, assembling or stale) contributes
+//! token count, in `[0, 1]`: the prefix found in device memory, then its continuation in
+//! the pool's lower tiers (host memory, then disk; relays with `[tiers]`) weighted by
+//! [`ScoreWeights::host_tier`] and [`ScoreWeights::disk_tier`], the share of a prefill a
+//! hit there saves; an unusable replica (missing, assembling or stale) contributes
 //! 0 and is reported as unknown, never as a zero match. An unknown load (incomplete rank
 //! coverage or no window yet) is replaced by [`ScoreWeights::unknown_load`], so missing
 //! load is never mistaken for an idle pool. Ties break by DC name, then pool order.
@@ -30,6 +33,15 @@ pub struct ScoreWeights {
     /// Weight of the per-DC cost (e.g. milliseconds of network latency). Default 0.01,
     /// so 10 ms of cost offsets 10 % of the prompt being cached.
     pub dc_cost: f64,
+    /// What a cached token in host memory is worth against one in device memory, in
+    /// `[0, 1]`: the share of its prefill a host hit saves. Default 0.9: restoring over
+    /// PCIe 4 x16 (about 25 GB/s) moves an 8B model's 128 KiB of KV per token at about
+    /// 190 k tokens/s, against an H100's prefill of about 10–20 k tokens/s, so a restore
+    /// costs 5–10 % of recomputing.
+    pub host_tier: f64,
+    /// The same for local disk or storage, in `[0, 1]`. Default 0.6: an NVMe drive
+    /// (about 5 GB/s) restores about 38 k tokens/s, a quarter to a half of a prefill.
+    pub disk_tier: f64,
 }
 
 impl ScoreWeights {
@@ -43,6 +55,10 @@ impl ScoreWeights {
     pub const DEFAULT_UNKNOWN_LOAD: f64 = 0.5;
     /// Default [`ScoreWeights::dc_cost`].
     pub const DEFAULT_DC_COST: f64 = 0.01;
+    /// Default [`ScoreWeights::host_tier`].
+    pub const DEFAULT_HOST_TIER: f64 = 0.9;
+    /// Default [`ScoreWeights::disk_tier`].
+    pub const DEFAULT_DISK_TIER: f64 = 0.6;
 
     /// Checks every weight is finite and `unknown_load` lies in `[0, 1]`.
     pub fn validate(&self) -> Result<(), WeightError> {
@@ -52,10 +68,17 @@ impl ScoreWeights {
             ("load", self.load),
             ("unknown_load", self.unknown_load),
             ("dc_cost", self.dc_cost),
+            ("host_tier", self.host_tier),
+            ("disk_tier", self.disk_tier),
         ];
         for (name, value) in named {
             if !value.is_finite() {
                 return Err(WeightError::NotFinite { name, value });
+            }
+        }
+        for (name, value) in [("host_tier", self.host_tier), ("disk_tier", self.disk_tier)] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(WeightError::TierWeightOutOfRange { name, value });
             }
         }
         if !(0.0..=1.0).contains(&self.unknown_load) {
@@ -84,6 +107,8 @@ impl Default for ScoreWeights {
             load: Self::DEFAULT_LOAD,
             unknown_load: Self::DEFAULT_UNKNOWN_LOAD,
             dc_cost: Self::DEFAULT_DC_COST,
+            host_tier: Self::DEFAULT_HOST_TIER,
+            disk_tier: Self::DEFAULT_DISK_TIER,
         }
     }
 }
@@ -108,6 +133,15 @@ pub enum WeightError {
     /// A weight is NaN or infinite.
     #[error("score weight {name} must be finite, got {value}")]
     NotFinite {
+        /// The weight's field name.
+        name: &'static str,
+        /// The rejected value.
+        value: f64,
+    },
+    /// A tier weight lies outside `[0, 1]` (a lower tier is never worth more than device
+    /// memory, nor less than nothing).
+    #[error("score weight {name} must lie in [0, 1], got {value}")]
+    TierWeightOutOfRange {
         /// The weight's field name.
         name: &'static str,
         /// The rejected value.
@@ -193,5 +227,33 @@ mod tests {
             w.validate(),
             Err(WeightError::UnknownLoadOutOfRange { value: 1.5 })
         );
+    }
+
+    #[test]
+    fn tier_weights_outside_the_unit_interval_are_rejected_by_name() {
+        for (w, name, value) in [
+            (
+                ScoreWeights {
+                    host_tier: 1.5,
+                    ..ScoreWeights::default()
+                },
+                "host_tier",
+                1.5,
+            ),
+            (
+                ScoreWeights {
+                    disk_tier: -0.1,
+                    ..ScoreWeights::default()
+                },
+                "disk_tier",
+                -0.1,
+            ),
+        ] {
+            assert_eq!(
+                w.validate(),
+                Err(WeightError::TierWeightOutOfRange { name, value })
+            );
+        }
+        assert!(ScoreWeights::default().validate().is_ok());
     }
 }

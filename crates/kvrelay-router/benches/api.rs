@@ -80,6 +80,8 @@ fn ranking(n: usize) -> Ranking {
                     coverage: Coverage::Complete,
                     prefix_blocks: Some(i as u32 % 65),
                     prefix_tokens: Some(i as u32 % 65 * 16),
+                    host_blocks: None,
+                    disk_blocks: None,
                     load: Some(0.1 + i as f64 / 1_000.0),
                 }],
                 prefix_fraction: Some(f64::from(i as u32 % 65) / 64.0),

@@ -385,6 +385,11 @@ pub struct LegView<'a> {
     pub prefix_blocks: Option<u32>,
     /// Estimated cached leading tokens; `null` when the replica is unusable.
     pub prefix_tokens: Option<u32>,
+    /// Blocks past `prefix_blocks` the pool holds in host memory; `null` when it has no
+    /// host lane, or that lane's (or the device's) replica cannot answer.
+    pub host_blocks: Option<u32>,
+    /// Blocks past those held on disk; `null` as for `host_blocks`.
+    pub disk_blocks: Option<u32>,
     /// KV occupancy in `[0, 1]`; `null` when unknown.
     pub load: Option<f64>,
 }
@@ -427,6 +432,8 @@ impl<'a> From<&'a ScoredLeg> for LegView<'a> {
             unroutable_percent: leg.coverage.unroutable_percent(),
             prefix_blocks: leg.prefix_blocks,
             prefix_tokens: leg.prefix_tokens,
+            host_blocks: leg.host_blocks,
+            disk_blocks: leg.disk_blocks,
             load: leg.load,
         }
     }

@@ -346,6 +346,11 @@ pub struct WeightsSection {
     pub unknown_load: f64,
     /// Weight of the per-DC cost.
     pub dc_cost: f64,
+    /// What a token cached in a pool's host memory is worth against device memory, in
+    /// `[0, 1]` (relays with `[tiers.host]`).
+    pub host_tier: f64,
+    /// The same for disk, in `[0, 1]` (relays with `[tiers.disk]`).
+    pub disk_tier: f64,
 }
 
 impl Default for WeightsSection {
@@ -357,6 +362,8 @@ impl Default for WeightsSection {
             load: weights.load,
             unknown_load: weights.unknown_load,
             dc_cost: weights.dc_cost,
+            host_tier: weights.host_tier,
+            disk_tier: weights.disk_tier,
         }
     }
 }
@@ -548,6 +555,8 @@ impl RouterConfig {
             load: self.weights.load,
             unknown_load: self.weights.unknown_load,
             dc_cost: self.weights.dc_cost,
+            host_tier: self.weights.host_tier,
+            disk_tier: self.weights.disk_tier,
         };
         config.subscriber_id = "kvrelay-router".to_owned();
         config.validate()?;

@@ -85,6 +85,10 @@ fn write_leg(out: &mut Vec<u8>, leg: &ScoredLeg) {
     or_null(out, leg.prefix_blocks, integer);
     out.extend_from_slice(b",\"prefix_tokens\":");
     or_null(out, leg.prefix_tokens, integer);
+    out.extend_from_slice(b",\"host_blocks\":");
+    or_null(out, leg.host_blocks, integer);
+    out.extend_from_slice(b",\"disk_blocks\":");
+    or_null(out, leg.disk_blocks, integer);
     out.extend_from_slice(b",\"load\":");
     or_null(out, leg.load, float);
     out.push(b'}');

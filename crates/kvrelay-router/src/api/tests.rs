@@ -406,6 +406,8 @@ mod direct_encoding {
             (
                 prop::option::of(any::<u32>()),
                 prop::option::of(any::<u32>()),
+                prop::option::of(any::<u32>()),
+                prop::option::of(any::<u32>()),
             ),
             prop::option::of(float()),
         )
@@ -415,7 +417,7 @@ mod direct_encoding {
                     (pool, endpoint),
                     block_size,
                     (replica, coverage),
-                    (blocks, tokens),
+                    (blocks, tokens, host_blocks, disk_blocks),
                     load,
                 )| ScoredLeg {
                     role,
@@ -426,6 +428,8 @@ mod direct_encoding {
                     coverage,
                     prefix_blocks: blocks,
                     prefix_tokens: tokens,
+                    host_blocks,
+                    disk_blocks,
                     load,
                 },
             )
