@@ -51,6 +51,7 @@ pub mod scoring;
 mod served;
 mod state;
 mod store;
+mod tiers;
 pub mod weights;
 mod wire;
 
