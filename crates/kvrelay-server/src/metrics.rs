@@ -69,6 +69,12 @@ pub(crate) struct RpcReasonLabels {
     pub(crate) reason: &'static str,
 }
 
+/// A lower cache tier (`host`, `disk`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TierLabel {
+    pub(crate) tier: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct CategoryLabel {
     pub(crate) category: &'static str,
@@ -104,6 +110,12 @@ pub(crate) struct RelayMetrics {
     pub(crate) pool_unroutable_blocks: Counter,
     /// Sources cleared because they contradicted their own block ids.
     pub(crate) pool_contradiction_resets: Counter,
+    /// Lower-tier events for a tier the pool keeps no lane of (dropped).
+    pub(crate) tier_events_without_lane: Counter,
+    /// Offloaded blocks whose device block the pool did not hold (dropped, never guessed).
+    pub(crate) tier_offloads_unmapped: Counter,
+    /// Blocks resident in each tier's lanes, summed over pools.
+    pub(crate) tier_lane_resident_blocks: Family<TierLabel, Gauge>,
     /// Pools withheld from the catalog as stalled.
     pub(crate) pools_stalled: Gauge,
     /// Pools whose recent events were mostly unroutable (history lost).
@@ -368,6 +380,24 @@ impl RelayMetrics {
             "Sources cleared because they contradicted their own block ids",
             pool_contradiction_resets.clone(),
         );
+        let tier_events_without_lane = Counter::default();
+        registry.register(
+            "tier_events_without_lane",
+            "Lower-tier (host, disk) events for a tier the pool keeps no lane of: dropped (add the tier under [tiers] to keep them)",
+            tier_events_without_lane.clone(),
+        );
+        let tier_offloads_unmapped = Counter::default();
+        registry.register(
+            "tier_offloads_unmapped",
+            "Offloaded blocks whose device block the pool did not hold when the offload arrived: dropped, never guessed",
+            tier_offloads_unmapped.clone(),
+        );
+        let tier_lane_resident_blocks = Family::<TierLabel, Gauge>::default();
+        registry.register(
+            "tier_lane_resident_blocks",
+            "Blocks resident in the lower-tier lanes of every pool, by tier",
+            tier_lane_resident_blocks.clone(),
+        );
         let pools_stalled = Gauge::default();
         registry.register(
             "pools_stalled",
@@ -560,6 +590,9 @@ impl RelayMetrics {
             pool_faults,
             pool_unroutable_blocks,
             pool_contradiction_resets,
+            tier_events_without_lane,
+            tier_offloads_unmapped,
+            tier_lane_resident_blocks,
             pools_stalled,
             pools_degraded,
             checkpoint_writes,

@@ -85,6 +85,8 @@ struct CountedHealth {
     faults: [u64; 3],
     unroutable_blocks: u64,
     contradiction_resets: u64,
+    tier_events_without_lane: u64,
+    offloads_unmapped: u64,
 }
 
 impl HostState {
@@ -184,9 +186,9 @@ impl HostState {
             .clone()
     }
 
-    /// Folds one health reading per attached pool generation into the metrics: counters
-    /// grow by what each generation added since its last reading; gauges are relay-wide
-    /// maxima and sums (no per-pool labels).
+    /// Folds one health reading per attached pool generation (and per lower-tier lane)
+    /// into the metrics: counters grow by what each generation added since its last
+    /// reading; gauges are relay-wide maxima and sums (no per-pool labels).
     pub(crate) fn record_health(&self, healths: &[(String, u64, PoolHealth)]) {
         let mut omissions = 0u64;
         let mut load_max = 0f64;
@@ -217,6 +219,8 @@ impl HostState {
                 faults: FaultCategory::ALL.map(|category| stats.faults.get(category)),
                 unroutable_blocks: stats.unroutable_blocks,
                 contradiction_resets: stats.contradiction_resets,
+                tier_events_without_lane: stats.tier_events_without_lane,
+                offloads_unmapped: stats.offloads_unmapped,
             };
             for (index, category) in FaultCategory::ALL.into_iter().enumerate() {
                 self.metrics
@@ -233,6 +237,14 @@ impl HostState {
             self.metrics.pool_contradiction_resets.inc_by(
                 now.contradiction_resets
                     .saturating_sub(before.contradiction_resets),
+            );
+            self.metrics.tier_events_without_lane.inc_by(
+                now.tier_events_without_lane
+                    .saturating_sub(before.tier_events_without_lane),
+            );
+            self.metrics.tier_offloads_unmapped.inc_by(
+                now.offloads_unmapped
+                    .saturating_sub(before.offloads_unmapped),
             );
             next.insert(key.clone(), now);
         }

@@ -357,6 +357,7 @@ impl Supervisor {
         let now = Instant::now();
         let mut readings = Vec::with_capacity(attachments.len());
         let mut healths = Vec::with_capacity(attachments.len());
+        let mut lane_resident: BTreeMap<&'static str, u64> = BTreeMap::new();
         for (endpoint, attachment) in attachments {
             let health = attachment.actor.health(now);
             readings.push((
@@ -374,8 +375,24 @@ impl Supervisor {
                 attachment.generation,
                 health,
             ));
+            // A lane's faults, omissions and backlog count like its pool's; its stall
+            // shows through its pool (the pool's actor waits for the lane's permits).
+            for lane in &attachment.tier_lanes {
+                let health = lane.actor.health(now);
+                *lane_resident.entry(lane.tier.name()).or_default() +=
+                    health.stats.filter.resident_blocks;
+                healths.push((wire::pool_key(&lane.pool), lane.generation, health));
+            }
         }
         self.state.record_health(&healths);
+        for tier in [kvrelay_ckf::CacheTier::Host, kvrelay_ckf::CacheTier::Disk] {
+            let resident = lane_resident.get(tier.name()).copied().unwrap_or(0);
+            self.state
+                .metrics
+                .tier_lane_resident_blocks
+                .get_or_create(&crate::metrics::TierLabel { tier: tier.name() })
+                .set(i64::try_from(resident).unwrap_or(i64::MAX));
+        }
         readings
     }
 }
