@@ -231,6 +231,8 @@ fn pick_kv_aware(workers: &[WorkerCache], hash_ids: &[u64]) -> usize {
 pub struct CacheChange {
     /// Engine ids of the blocks evicted to make room, least recently used first.
     pub evicted: Vec<u64>,
+    /// The trace blocks (hash ids) of `evicted`, in the same order.
+    pub evicted_hash_ids: Vec<u64>,
     /// Runs of newly stored blocks, in request order.
     pub stored: Vec<StoredRun>,
     /// Leading blocks of the request cached after it (hits plus stores; less than the
@@ -343,7 +345,10 @@ impl WorkerCache {
             }
             if self.blocks.len() >= self.capacity {
                 match self.evict_before(request_start) {
-                    Some(engine_id) => change.evicted.push(engine_id),
+                    Some((evicted, engine_id)) => {
+                        change.evicted.push(engine_id);
+                        change.evicted_hash_ids.push(evicted);
+                    }
                     None => break,
                 }
             }
@@ -368,7 +373,14 @@ impl WorkerCache {
     /// Serves one request whose prefix blocks are `hash_ids`; returns its events in order
     /// (the eviction first, then the stored runs). A full hit returns none.
     pub fn serve(&mut self, hash_ids: &[u64]) -> Vec<RouterEvent> {
-        let change = self.apply(hash_ids);
+        self.serve_evicting(hash_ids).0
+    }
+
+    /// [`WorkerCache::serve`], also returning the trace blocks (hash ids) it evicted, for
+    /// an engine that offloads them to a lower tier.
+    pub fn serve_evicting(&mut self, hash_ids: &[u64]) -> (Vec<RouterEvent>, Vec<u64>) {
+        let mut change = self.apply(hash_ids);
+        let evicted_hash_ids = std::mem::take(&mut change.evicted_hash_ids);
         let mut events = Vec::with_capacity(change.stored.len() + 1);
         if !change.evicted.is_empty() {
             events.push(self.event(EventPayload::Removed(RemovedBlocks {
@@ -389,7 +401,7 @@ impl WorkerCache {
                 blocks,
             })));
         }
-        events
+        (events, evicted_hash_ids)
     }
 
     fn event(&mut self, payload: EventPayload) -> RouterEvent {
@@ -418,14 +430,22 @@ impl WorkerCache {
         self.by_tick.insert(tick, hash_id);
     }
 
-    /// Evicts the least recently used block last used before `tick`.
-    fn evict_before(&mut self, tick: u64) -> Option<u64> {
+    /// Evicts the least recently used block last used before `tick`: its hash id and
+    /// engine id.
+    fn evict_before(&mut self, tick: u64) -> Option<(u64, u64)> {
         let (&oldest, &hash_id) = self.by_tick.iter().next()?;
         if oldest > tick {
             return None;
         }
         self.by_tick.remove(&oldest);
-        self.blocks.remove(&hash_id).map(|(engine_id, _)| engine_id)
+        self.blocks
+            .remove(&hash_id)
+            .map(|(engine_id, _)| (hash_id, engine_id))
+    }
+
+    /// The engine id this cache gives trace block `hash_id` (whether cached or not).
+    pub fn engine_id(&self, hash_id: u64) -> u64 {
+        engine_block_id(self.source, hash_id, self.seed)
     }
 
     fn next_tick(&mut self) -> u64 {

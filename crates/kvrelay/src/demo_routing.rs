@@ -12,11 +12,18 @@
 //! hold. Each policy runs on fresh relays, on the same requests:
 //! - `kvrelay`: the router's ranking (`POST /v1/route` semantics); the best candidate
 //!   whose replica found a cached prefix, else (no DC holds any of it) the least-loaded;
+//! - `kvrelay, GPU only`: the same, with relays that keep no host lane (what a router
+//!   sees without cache tiers: only the GPU);
 //! - `round robin`: the candidates in turn;
 //! - `least load`: the candidate whose pool did the least prefill work lately (prompt
 //!   tokens computed, decayed by [`LOAD_DECAY`] per request), what a load balancer sees.
 //!
-//! The report compares the prompt tokens found in cache.
+//! Each simulated engine also offloads the blocks its GPU cache evicts to host memory (an
+//! LRU of [`POOL_HOST_BLOCKS`], as vLLM's offloading connector does) and restores a
+//! request's prefix from there when its GPU lacks it; it publishes those offloads and host
+//! evictions as tier events. The report compares the prompt tokens found in cache, on the
+//! GPU and in host memory (a prefill saved either way), against round robin and against
+//! routing that sees the GPU only.
 //!
 //! The WAN is secured as operators run it (docs/operations.md): each relay serves TLS with
 //! a certificate from a CA generated into a temporary directory and requires a bearer
@@ -29,7 +36,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use kvrelay_ckf::{RouterEvent, SourceId};
+use kvrelay_ckf::{CacheTier, RouterEvent, SourceId, TierChange, TierEvent};
 use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
 use kvrelay_ingest::{RequestRecord, WorkerCache};
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
@@ -38,9 +45,12 @@ use serde::Serialize;
 
 /// The simulated DCs: name and per-DC cost.
 const DCS: [(&str, f64); 3] = [("dc-a", 0.0), ("dc-b", 5.0), ("dc-c", 20.0)];
-/// Prefix cache of each simulated pool, in blocks (small next to the trace's working set,
-/// so where a request goes decides what stays cached).
-pub(crate) const POOL_CACHE_BLOCKS: usize = 1024;
+/// GPU prefix cache of each simulated pool, in blocks (small next to the trace's working
+/// set, so where a request goes decides what stays cached, and evictions reach host
+/// memory).
+pub(crate) const POOL_CACHE_BLOCKS: usize = 256;
+/// Host memory of each simulated pool, in blocks: where its GPU's evictions go.
+pub(crate) const POOL_HOST_BLOCKS: usize = 4 * POOL_CACHE_BLOCKS;
 /// Per-request decay of the `least load` policy's recent-work figure.
 const LOAD_DECAY: f64 = 0.9;
 /// Bound on waiting for relays, replicas and the router.
@@ -55,7 +65,10 @@ pub(crate) struct PolicyLine {
     pub(crate) policy: &'static str,
     pub(crate) requests: usize,
     pub(crate) prompt_tokens: u64,
+    /// Prompt tokens found cached (GPU plus host memory): prefill saved.
     pub(crate) cached_tokens: u64,
+    /// Of those, found in host memory (restored instead of recomputed).
+    pub(crate) host_tokens: u64,
     pub(crate) cached_fraction: f64,
     /// `cached_tokens` over round robin's.
     pub(crate) vs_round_robin: f64,
@@ -68,6 +81,7 @@ pub(crate) struct PolicyLine {
 pub(crate) struct RoutingReport {
     pub(crate) model: String,
     pub(crate) pool_cache_blocks: usize,
+    pub(crate) pool_host_blocks: usize,
     /// Whether the relays served TLS with a bearer token.
     pub(crate) secured: bool,
     pub(crate) policies: Vec<PolicyLine>,
@@ -77,6 +91,7 @@ pub(crate) struct RoutingReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Policy {
     Kvrelay,
+    KvrelayGpuOnly,
     RoundRobin,
     LeastLoad,
 }
@@ -85,9 +100,15 @@ impl Policy {
     fn label(self) -> &'static str {
         match self {
             Self::Kvrelay => "kvrelay",
+            Self::KvrelayGpuOnly => "kvrelay, GPU only",
             Self::RoundRobin => "round robin",
             Self::LeastLoad => "least load",
         }
+    }
+
+    /// Whether its relays keep host lanes (the router then sees host memory too).
+    fn sees_host_tier(self) -> bool {
+        self != Self::KvrelayGpuOnly
     }
 }
 
@@ -145,7 +166,12 @@ pub(crate) async fn compare(
     };
     let mut lines = Vec::new();
     let mut model = String::new();
-    for policy in [Policy::Kvrelay, Policy::RoundRobin, Policy::LeastLoad] {
+    for policy in [
+        Policy::Kvrelay,
+        Policy::KvrelayGpuOnly,
+        Policy::RoundRobin,
+        Policy::LeastLoad,
+    ] {
         let (served_model, line) = run_policy(policy, cards, records, secured.as_ref())
             .await
             .with_context(|| format!("routing comparison, policy {}", policy.label()))?;
@@ -166,6 +192,7 @@ pub(crate) async fn compare(
     Ok(RoutingReport {
         model,
         pool_cache_blocks: POOL_CACHE_BLOCKS,
+        pool_host_blocks: POOL_HOST_BLOCKS,
         secured: secured.is_some(),
         policies: lines,
         elapsed_s: started.elapsed().as_secs_f64(),
@@ -173,30 +200,155 @@ pub(crate) async fn compare(
 }
 
 /// A simulated engine pool: the workload's LRU prefix cache
-/// ([`kvrelay_ingest::WorkerCache`], the one cache model of the project) publishing its
-/// stores and evictions as one source of its pool, plus the recent prefill work the
+/// ([`kvrelay_ingest::WorkerCache`], the one cache model of the project) on its GPU, a
+/// host-memory LRU its GPU's evictions are offloaded to, publishing its stores,
+/// evictions and offloads as one source of its pool, plus the recent prefill work the
 /// `least load` policy reads.
 struct Engine {
     dc: usize,
     cache: WorkerCache,
+    host: HostTier,
     /// Recent prefill work (tokens computed), decayed per request.
     recent_work: f64,
 }
 
+/// What serving one request found and published.
+struct Served {
+    /// Leading blocks found on the GPU.
+    gpu: usize,
+    /// Blocks past those found in host memory (restored, not recomputed).
+    host: usize,
+    /// Offloads of the blocks the GPU evicts (before their device eviction, so the relay
+    /// resolves them while the GPU still holds them), then the host's own evictions.
+    offloads: Vec<TierEvent>,
+    /// The GPU cache's events.
+    events: Vec<RouterEvent>,
+    host_evictions: Vec<TierEvent>,
+}
+
 impl Engine {
     fn new(dc: usize, source: SourceId, block_size: u32) -> Self {
+        Self::with_capacity(dc, source, block_size, POOL_CACHE_BLOCKS, POOL_HOST_BLOCKS)
+    }
+
+    fn with_capacity(
+        dc: usize,
+        source: SourceId,
+        block_size: u32,
+        gpu_blocks: usize,
+        host_blocks: usize,
+    ) -> Self {
         Self {
             dc,
-            cache: WorkerCache::new(source, POOL_CACHE_BLOCKS, block_size, WORKLOAD_TOKEN_SEED),
+            cache: WorkerCache::new(source, gpu_blocks, block_size, WORKLOAD_TOKEN_SEED),
+            host: HostTier::new(host_blocks),
             recent_work: 0.0,
         }
     }
 
-    /// Serves a request of trace blocks `hash_ids`: returns how many leading blocks the
-    /// cache already held and the events its cache change publishes.
-    fn serve(&mut self, hash_ids: &[u64]) -> (usize, Vec<RouterEvent>) {
-        let found = self.cache.prefix_depth(hash_ids);
-        (found, self.cache.serve(hash_ids))
+    /// Serves a request of trace blocks `hash_ids`: the prefix found on the GPU, its
+    /// continuation in host memory, and the events the caches' changes publish.
+    fn serve(&mut self, hash_ids: &[u64]) -> Served {
+        let gpu = self.cache.prefix_depth(hash_ids);
+        let host = self.host.continuation(&hash_ids[gpu..]);
+        for &hash_id in &hash_ids[gpu..gpu + host] {
+            self.host.touch(hash_id);
+        }
+        let (events, evicted) = self.cache.serve_evicting(hash_ids);
+        let mut offloaded = Vec::with_capacity(evicted.len());
+        let mut host_evicted = Vec::new();
+        for hash_id in evicted {
+            offloaded.push(self.cache.engine_id(hash_id));
+            if let Some(dropped) = self.host.insert(hash_id) {
+                host_evicted.push(self.cache.engine_id(dropped));
+            }
+        }
+        let source = self.cache.source();
+        let tier_event = |change| TierEvent {
+            source,
+            event_id: 0,
+            tier: CacheTier::Host,
+            change,
+        };
+        Served {
+            gpu,
+            host,
+            offloads: (!offloaded.is_empty())
+                .then(|| {
+                    tier_event(TierChange::Offloaded {
+                        engine_block_ids: offloaded,
+                    })
+                })
+                .into_iter()
+                .collect(),
+            events,
+            host_evictions: (!host_evicted.is_empty())
+                .then(|| {
+                    tier_event(TierChange::Removed(kvrelay_ckf::RemovedBlocks {
+                        engine_block_ids: host_evicted,
+                    }))
+                })
+                .into_iter()
+                .collect(),
+        }
+    }
+}
+
+/// Host memory: an LRU of trace blocks the GPU evicted.
+struct HostTier {
+    capacity: usize,
+    /// hash id → last use tick.
+    blocks: HashMap<u64, u64>,
+    /// last use tick → hash id.
+    by_tick: BTreeMap<u64, u64>,
+    tick: u64,
+}
+
+impl HostTier {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            blocks: HashMap::new(),
+            by_tick: BTreeMap::new(),
+            tick: 0,
+        }
+    }
+
+    /// How many leading blocks of `hash_ids` host memory holds.
+    fn continuation(&self, hash_ids: &[u64]) -> usize {
+        hash_ids
+            .iter()
+            .take_while(|id| self.blocks.contains_key(id))
+            .count()
+    }
+
+    fn touch(&mut self, hash_id: u64) {
+        self.tick += 1;
+        if let Some(tick) = self.blocks.get_mut(&hash_id) {
+            self.by_tick.remove(tick);
+            *tick = self.tick;
+            self.by_tick.insert(self.tick, hash_id);
+        }
+    }
+
+    /// Stores `hash_id` (or refreshes it); returns the block evicted to make room.
+    fn insert(&mut self, hash_id: u64) -> Option<u64> {
+        if self.blocks.contains_key(&hash_id) {
+            self.touch(hash_id);
+            return None;
+        }
+        let evicted = (self.blocks.len() >= self.capacity)
+            .then(|| {
+                let (&oldest, &victim) = self.by_tick.iter().next()?;
+                self.by_tick.remove(&oldest);
+                self.blocks.remove(&victim);
+                Some(victim)
+            })
+            .flatten();
+        self.tick += 1;
+        self.blocks.insert(hash_id, self.tick);
+        self.by_tick.insert(self.tick, hash_id);
+        evicted
     }
 }
 
@@ -247,6 +399,7 @@ fn dc_card_dir(cards: &Path, dc: usize, root: &Path) -> Result<std::path::PathBu
 async fn start_relays(
     cards: &Path,
     secured: Option<&Secured>,
+    host_lanes: bool,
 ) -> Result<(Vec<Relay>, tempfile::TempDir)> {
     let dir = tempfile::tempdir().context("a temporary directory for the setup trace")?;
     let trace = dir.path().join("setup.jsonl");
@@ -272,6 +425,13 @@ async fn start_relays(
             });
         }
         config.discovery.dir = Some(dc_cards);
+        if host_lanes {
+            // The lane is sized like the engines' host memory: 4× the GPU's.
+            config.tiers.host = Some(kvrelay_server::TierConfig {
+                capacity_ratio: (POOL_HOST_BLOCKS / POOL_CACHE_BLOCKS) as f64,
+                blocks_per_chunk: 1,
+            });
+        }
         config.workload = Some(kvrelay_server::WorkloadConfig {
             trace: Some(trace.clone()),
             speed: 0.0,
@@ -295,7 +455,7 @@ async fn run_policy(
     records: &[RequestRecord],
     secured: Option<&Secured>,
 ) -> Result<(String, PolicyLine)> {
-    let (relays, relay_dir) = start_relays(cards, secured).await?;
+    let (relays, relay_dir) = start_relays(cards, secured, policy.sees_host_tier()).await?;
     let mut config = RouterConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         ..RouterConfig::default()
@@ -351,6 +511,7 @@ async fn run_policy(
         requests: 0,
         prompt_tokens: 0,
         cached_tokens: 0,
+        host_tokens: 0,
         cached_fraction: 0.0,
         vs_round_robin: 0.0,
         requests_per_dc: DCS.iter().map(|(dc, _)| ((*dc).to_owned(), 0)).collect(),
@@ -401,7 +562,7 @@ async fn run_policy(
                 .map(|(key, _)| key.clone())
         };
         let chosen = match policy {
-            Policy::Kvrelay => candidates
+            Policy::Kvrelay | Policy::KvrelayGpuOnly => candidates
                 .iter()
                 .find(|(_, prefix)| prefix.is_some_and(|fraction| fraction > 0.0))
                 .map(|(key, _)| key.clone())
@@ -420,15 +581,24 @@ async fn run_policy(
         let engine = engines
             .get_mut(&chosen)
             .with_context(|| format!("no engine for {chosen:?}"))?;
-        let (found, events) = engine.serve(&record.hash_ids);
+        let served = engine.serve(&record.hash_ids);
         let block = u64::from(model.kv_block_size);
         let prompt = request.tokens.len() as u64;
-        let cached = (found as u64 * block).min(prompt);
+        let on_gpu = (served.gpu as u64 * block).min(prompt);
+        let cached = ((served.gpu + served.host) as u64 * block).min(prompt);
         engine.recent_work += (prompt - cached) as f64;
         let relay = &relays[engine.dc];
-        for event in events {
+        // Offloads first: the relay resolves them while the GPU still holds the blocks.
+        for event in served.offloads {
+            relay.submit_tier(event).await?;
+        }
+        for event in served.events {
             relay.submit(event).await?;
         }
+        for event in served.host_evictions {
+            relay.submit_tier(event).await?;
+        }
+        line.host_tokens += cached - on_gpu;
         relay.flush().await;
         tokio::time::sleep(PUBLISH_WAIT).await;
         line.requests += 1;
@@ -452,7 +622,7 @@ async fn run_policy(
 /// The comparison as a table.
 pub(crate) fn print_table(report: &RoutingReport) {
     println!(
-        "\nrouting value: {} requests for {}, 3 DCs (costs 0/5/20, WAN {}), {} cached blocks per pool",
+        "\nrouting value: {} requests for {}, 3 DCs (costs 0/5/20, WAN {}), {} GPU and {} host blocks per pool",
         report.policies.first().map_or(0, |line| line.requests),
         report.model,
         if report.secured {
@@ -460,11 +630,12 @@ pub(crate) fn print_table(report: &RoutingReport) {
         } else {
             "plaintext"
         },
-        report.pool_cache_blocks
+        report.pool_cache_blocks,
+        report.pool_host_blocks
     );
     println!(
-        "{:<12} {:>14} {:>14} {:>8} {:>8}  requests per DC",
-        "policy", "prompt tokens", "found cached", "cached", "vs RR"
+        "{:<18} {:>13} {:>12} {:>12} {:>14} {:>8} {:>8}  requests per DC",
+        "policy", "prompt tokens", "found GPU", "found host", "prefill saved", "saved", "vs RR"
     );
     for line in &report.policies {
         let per_dc: Vec<String> = line
@@ -473,13 +644,30 @@ pub(crate) fn print_table(report: &RoutingReport) {
             .map(|(dc, n)| format!("{dc} {n}"))
             .collect();
         println!(
-            "{:<12} {:>14} {:>14} {:>7.1}% {:>7.2}x  {}",
+            "{:<18} {:>13} {:>12} {:>12} {:>14} {:>7.1}% {:>7.2}x  {}",
             line.policy,
             line.prompt_tokens,
+            line.cached_tokens - line.host_tokens,
+            line.host_tokens,
             line.cached_tokens,
             line.cached_fraction * 100.0,
             line.vs_round_robin,
             per_dc.join(", ")
+        );
+    }
+    let saved = |policy: Policy| {
+        report
+            .policies
+            .iter()
+            .find(|line| line.policy == policy.label())
+            .map_or(0, |line| line.cached_tokens)
+    };
+    let (tiered, gpu_only) = (saved(Policy::Kvrelay), saved(Policy::KvrelayGpuOnly));
+    if gpu_only > 0 {
+        println!(
+            "routing that sees host memory saved {} more prefill tokens than GPU-only routing ({:.2}x)",
+            tiered as i64 - gpu_only as i64,
+            tiered as f64 / gpu_only as f64
         );
     }
 }
@@ -549,8 +737,8 @@ mod tests {
             KvQueryHashFormat::DynamoStandardV1,
             HashSalt::default(),
         );
-        let (found, events) = engine.serve(&hash_ids);
-        assert_eq!(found, 0);
+        let Served { gpu, events, .. } = engine.serve(&hash_ids);
+        assert_eq!(gpu, 0);
         let published: Vec<u64> = events
             .iter()
             .flat_map(|event| match &event.payload {
@@ -561,9 +749,51 @@ mod tests {
             })
             .collect();
         assert_eq!(published, expected);
-        let (found, events) = engine.serve(&hash_ids);
-        assert_eq!(found, 4, "the second request finds the whole prefix");
+        let Served { gpu, events, .. } = engine.serve(&hash_ids);
+        assert_eq!(gpu, 4, "the second request finds the whole prefix");
         assert!(events.is_empty());
+    }
+
+    /// What the GPU evicts goes to host memory (offloaded before its device eviction is
+    /// published), a later request restores its prefix from there, and host memory
+    /// evicts its least recently used block when full.
+    #[test]
+    fn an_engine_offloads_gpu_evictions_to_host_memory_and_restores_from_there() {
+        let source = SourceId::new(1, 0);
+        let mut engine = Engine::with_capacity(0, source, 16, 2, 3);
+        engine.serve(&[1, 2]);
+        let served = engine.serve(&[3, 4]);
+        let ids = |hash_ids: &[u64]| -> Vec<u64> {
+            hash_ids
+                .iter()
+                .map(|&h| engine.cache.engine_id(h))
+                .collect()
+        };
+        assert_eq!(
+            served.offloads,
+            vec![TierEvent {
+                source,
+                event_id: 0,
+                tier: CacheTier::Host,
+                change: TierChange::Offloaded {
+                    engine_block_ids: ids(&[1, 2]),
+                },
+            }]
+        );
+        assert!(matches!(served.events[0].payload, EventPayload::Removed(_)));
+        let served = engine.serve(&[1, 2, 5]);
+        assert_eq!(
+            (served.gpu, served.host),
+            (0, 2),
+            "restored from host memory"
+        );
+        // Blocks 3 and 4 left the GPU for host memory, which holds 3 blocks: the oldest
+        // host blocks make room.
+        assert_eq!(served.host_evictions.len(), 1);
+        let TierChange::Removed(removed) = &served.host_evictions[0].change else {
+            panic!("{:?}", served.host_evictions)
+        };
+        assert_eq!(removed.engine_block_ids.len(), 1);
     }
 
     #[test]
@@ -593,6 +823,7 @@ mod tests {
             requests: 10,
             prompt_tokens: 100,
             cached_tokens: (fraction * 100.0) as u64,
+            host_tokens: 0,
             cached_fraction: fraction,
             vs_round_robin: 1.0,
             requests_per_dc: BTreeMap::new(),
@@ -600,6 +831,7 @@ mod tests {
         let report = RoutingReport {
             model: "m<1>".into(),
             pool_cache_blocks: 8,
+            pool_host_blocks: 32,
             secured: false,
             policies: vec![line("kvrelay", 0.6), line("round robin", 0.2)],
             elapsed_s: 0.0,

@@ -540,6 +540,26 @@ impl Relay {
             })
     }
 
+    /// Submits one lower-tier event of a connected source to its pool actor, in order with
+    /// the source's [`Relay::submit`]ted device events (the pool resolves an offload
+    /// against its device blocks of that moment; a tier the pool keeps no lane of is
+    /// counted and dropped). Waits for mailbox room.
+    pub async fn submit_tier(&self, event: kvrelay_ckf::TierEvent) -> Result<(), RelayError> {
+        let source_id = event.source;
+        let route = self.state.routes.borrow().routes.get(&source_id).cloned();
+        let Some(route) = route else {
+            return Err(RelayError::UnknownSource { source_id });
+        };
+        route
+            .actor
+            .submit_tier(event)
+            .await
+            .map_err(|err| RelayError::Submit {
+                source_id,
+                message: err.to_string(),
+            })
+    }
+
     /// The connected sources, in order.
     pub fn sources(&self) -> Vec<SourceId> {
         self.state.routes.borrow().routes.keys().copied().collect()
