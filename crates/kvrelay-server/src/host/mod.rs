@@ -526,38 +526,30 @@ impl Relay {
     /// benchmarks that bring their own event source). Waits for mailbox room.
     pub async fn submit(&self, event: kvrelay_ckf::RouterEvent) -> Result<(), RelayError> {
         let source_id = event.source;
-        let route = self.state.routes.borrow().routes.get(&source_id).cloned();
-        let Some(route) = route else {
-            return Err(RelayError::UnknownSource { source_id });
-        };
-        route
-            .actor
-            .submit(event)
-            .await
-            .map_err(|err| RelayError::Submit {
-                source_id,
-                message: err.to_string(),
-            })
+        let submitted = self.actor_of(source_id)?.submit(event).await;
+        submitted.map_err(|err| RelayError::Submit {
+            source_id,
+            message: err.to_string(),
+        })
     }
 
-    /// Submits one lower-tier event of a connected source to its pool actor, in order with
-    /// the source's [`Relay::submit`]ted device events (the pool resolves an offload
-    /// against its device blocks of that moment; a tier the pool keeps no lane of is
-    /// counted and dropped). Waits for mailbox room.
+    /// The actor of the pool `source_id` feeds now.
+    fn actor_of(&self, source_id: SourceId) -> Result<kvrelay_pool::PoolActorHandle, RelayError> {
+        let route = self.state.routes.borrow().routes.get(&source_id).cloned();
+        route
+            .map(|route| route.actor)
+            .ok_or(RelayError::UnknownSource { source_id })
+    }
+
+    /// [`Relay::submit`] for a lower-tier event, in order with the source's device events
+    /// (an offload resolves against the device blocks of that moment).
     pub async fn submit_tier(&self, event: kvrelay_ckf::TierEvent) -> Result<(), RelayError> {
         let source_id = event.source;
-        let route = self.state.routes.borrow().routes.get(&source_id).cloned();
-        let Some(route) = route else {
-            return Err(RelayError::UnknownSource { source_id });
-        };
-        route
-            .actor
-            .submit_tier(event)
-            .await
-            .map_err(|err| RelayError::Submit {
-                source_id,
-                message: err.to_string(),
-            })
+        let submitted = self.actor_of(source_id)?.submit_tier(event).await;
+        submitted.map_err(|err| RelayError::Submit {
+            source_id,
+            message: err.to_string(),
+        })
     }
 
     /// The connected sources, in order.
