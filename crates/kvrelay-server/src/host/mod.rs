@@ -11,6 +11,7 @@
 mod admin_view;
 mod checkpoint;
 mod discovery;
+mod embed;
 mod event_scan;
 mod publisher;
 mod pump;
@@ -520,36 +521,6 @@ impl Relay {
             .collect();
         reports.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
         reports
-    }
-
-    /// Submits one event of a connected source to its pool actor (for embedders and
-    /// benchmarks that bring their own event source). Waits for mailbox room.
-    pub async fn submit(&self, event: kvrelay_ckf::RouterEvent) -> Result<(), RelayError> {
-        let source_id = event.source;
-        let submitted = self.actor_of(source_id)?.submit(event).await;
-        submitted.map_err(|err| RelayError::Submit {
-            source_id,
-            message: err.to_string(),
-        })
-    }
-
-    /// The actor of the pool `source_id` feeds now.
-    fn actor_of(&self, source_id: SourceId) -> Result<kvrelay_pool::PoolActorHandle, RelayError> {
-        let route = self.state.routes.borrow().routes.get(&source_id).cloned();
-        route
-            .map(|route| route.actor)
-            .ok_or(RelayError::UnknownSource { source_id })
-    }
-
-    /// [`Relay::submit`] for a lower-tier event, in order with the source's device events
-    /// (an offload resolves against the device blocks of that moment).
-    pub async fn submit_tier(&self, event: kvrelay_ckf::TierEvent) -> Result<(), RelayError> {
-        let source_id = event.source;
-        let submitted = self.actor_of(source_id)?.submit_tier(event).await;
-        submitted.map_err(|err| RelayError::Submit {
-            source_id,
-            message: err.to_string(),
-        })
     }
 
     /// The connected sources, in order.
