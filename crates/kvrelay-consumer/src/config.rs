@@ -406,6 +406,10 @@ pub struct ConsumerConfig {
     pub subscriber_id: String,
     /// How a DC's standby relays are kept: followed on demand, or all along.
     pub standby: StandbyMode,
+    /// Whether pools' lower-tier lanes (host memory, disk; relays with `[tiers]`) are
+    /// followed and scored. Off: device memory only, as with a relay that keeps no lanes
+    /// (no lane replica memory). Default on.
+    pub follow_tier_lanes: bool,
 }
 
 impl ConsumerConfig {
@@ -418,6 +422,7 @@ impl ConsumerConfig {
             limits: Limits::default(),
             subscriber_id: "kvrelay-consumer".to_owned(),
             standby: StandbyMode::OnDemand,
+            follow_tier_lanes: true,
         }
     }
 

@@ -359,6 +359,8 @@ pub struct ConsumerState {
     weights: ScoreWeights,
     max_pools_per_relay: usize,
     max_replica_bytes_per_relay: u64,
+    /// Whether pools' lower-tier lanes are followed ([`ConsumerConfig::follow_tier_lanes`]).
+    follow_tier_lanes: bool,
     relay_views: Vec<RelayView>,
     /// Per relay: the DC id its pools carry, pinned by the first catalog that admitted
     /// one (kept across reconnects and restarts: a relay address serves one DC).
@@ -399,6 +401,7 @@ impl ConsumerState {
             weights: config.weights,
             max_pools_per_relay: config.limits.max_pools_per_relay,
             max_replica_bytes_per_relay: config.limits.max_replica_bytes_per_relay,
+            follow_tier_lanes: config.follow_tier_lanes,
             relay_views: relays.iter().map(|_| RelayView::default()).collect(),
             relay_dc_ids: vec![None; relays.len()],
             entries: Vec::new(),
@@ -604,7 +607,9 @@ impl ConsumerState {
             .map_err(CatalogError::MalformedStalled)?;
         let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
-        projection::attach_lanes(&config.dc, update, &mut projected);
+        if self.follow_tier_lanes {
+            projection::attach_lanes(&config.dc, update, &mut projected);
+        }
         let dc_id = self.quarantine_foreign_dcs(relay, &mut projected);
         let view = &self.relay_views[relay];
         let n_over_budget = budget::admit_within(

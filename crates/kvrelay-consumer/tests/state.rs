@@ -1518,3 +1518,96 @@ proptest::proptest! {
         }
     }
 }
+
+/// A catalog naming `lane` as `pool`'s host lane (`block_size` tokens per lane block).
+fn with_host_lane(
+    mut catalog: kvrelay_codec::v1::CatalogUpdate,
+    pool: &Producer,
+    lane: &Producer,
+    block_size: u32,
+) -> kvrelay_codec::v1::CatalogUpdate {
+    catalog.tier_lanes = vec![kvrelay_codec::v1::TierLaneDescriptor {
+        pool_id: pool.descriptor.producer.pool_id,
+        tier: 1,
+        block_size,
+        producer: lane.descriptor.producer,
+    }];
+    catalog
+}
+
+#[test]
+fn a_pools_host_lane_is_followed_scored_and_dropped_with_the_catalog() {
+    let mut state = state(1);
+    let relay = relay_identity(1);
+    let mut pool = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let mut host = Producer::new(
+        &PoolSpec::aggregated("alpha-host", "llama"),
+        "dc-0",
+        relay,
+        2,
+    );
+    let catalog = with_host_lane(catalog_of(relay, 1, &[&pool]), &pool, &host, 4);
+    let change = state.apply_catalog(0, &catalog).unwrap();
+    assert_eq!(
+        change.added.len(),
+        2,
+        "the pool and its lane are subscribed"
+    );
+    let pool_key = key_of(&change, &pool);
+    let lane_key = key_of(&change, &host);
+    let now = Instant::now();
+    // The device holds 2 blocks of a 4-block prompt; host memory all 4.
+    let tokens: Vec<u32> = (0..16).collect();
+    pool.store(1, &tokens[..8], HashSalt::default());
+    host.store(1, &tokens, HashSalt::default());
+    install(&mut state, pool_key, &mut pool, now);
+    install(&mut state, lane_key, &mut host, now);
+    let ranking = state.score(&request(tokens.clone()), now).unwrap();
+    let leg = &ranking.candidates[0].legs[0];
+    assert_eq!((leg.prefix_blocks, leg.host_blocks), (Some(2), Some(2)));
+    // Only pools are listed; the lane rides with its pool.
+    assert_eq!(state.pools(now).len(), 1);
+    assert_eq!(state.relay_keys(0).len(), 2);
+
+    // The same catalog again keeps both keys; without the lane, the lane is dropped.
+    let change = state.apply_catalog(0, &catalog).unwrap();
+    assert!(change.added.is_empty() && change.removed.is_empty());
+    let change = state
+        .apply_catalog(0, &catalog_of(relay, 2, &[&pool]))
+        .unwrap();
+    assert_eq!(change.removed, vec![lane_key]);
+    let ranking = state.score(&request(tokens.clone()), now).unwrap();
+    assert_eq!(ranking.candidates[0].legs[0].host_blocks, None);
+
+    // Lanes that break the rules (a block size that is no multiple of the pool's) are
+    // dropped whole and said so; the pool stays.
+    let bad = with_host_lane(catalog_of(relay, 3, &[&pool]), &pool, &host, 6);
+    let change = state.apply_catalog(0, &bad).unwrap();
+    assert!(change.added.is_empty() && change.removed.is_empty());
+    assert_eq!(change.newly_quarantined, 1);
+    assert!(
+        state.quarantined()[0].reason.contains("tier lane"),
+        "{:?}",
+        state.quarantined()
+    );
+}
+
+#[test]
+fn a_consumer_that_follows_device_memory_only_ignores_lanes() {
+    let relays = vec![RelayEndpoint::new("127.0.0.1:7400", "dc-0")];
+    let mut config = ConsumerConfig::new(relays);
+    config.follow_tier_lanes = false;
+    let mut state = ConsumerState::new(&config).unwrap();
+    let relay = relay_identity(1);
+    let pool = Producer::new(&PoolSpec::aggregated("alpha", "llama"), "dc-0", relay, 1);
+    let host = Producer::new(
+        &PoolSpec::aggregated("alpha-host", "llama"),
+        "dc-0",
+        relay,
+        2,
+    );
+    let catalog = with_host_lane(catalog_of(relay, 1, &[&pool]), &pool, &host, 4);
+    let change = state.apply_catalog(0, &catalog).unwrap();
+    assert_eq!(change.added.len(), 1);
+    assert!(state.quarantined().is_empty());
+}

@@ -253,6 +253,9 @@ pub struct ConsumerSection {
     /// How a relay pair's standby is kept: `on-demand` (followed when the followed relay
     /// fails) or `hot` (followed all along, scored the moment the other is not fit).
     pub standby_mode: StandbyModeKey,
+    /// Whether pools' lower-tier lanes (host memory, disk) are followed and scored
+    /// (relays with `[tiers]`); `false` scores device memory only.
+    pub follow_tier_lanes: bool,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -280,6 +283,7 @@ impl Default for ConsumerSection {
             rejoin_window_ms: millis(limits.rejoin_window),
             standby_probe_interval_ms: millis(limits.standby_probe_interval),
             standby_mode: StandbyModeKey::default(),
+            follow_tier_lanes: true,
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -544,6 +548,7 @@ impl RouterConfig {
         let mut config = ConsumerConfig::new(relays);
         config.limits = self.consumer.limits();
         config.standby = self.consumer.standby_mode.0;
+        config.follow_tier_lanes = self.consumer.follow_tier_lanes;
         config.backoff = BackoffConfig {
             initial: Duration::from_millis(self.consumer.backoff_initial_ms),
             max: Duration::from_millis(self.consumer.backoff_max_ms),

@@ -149,10 +149,20 @@ async fn host_tier_offloads_reach_the_consumer_as_a_continuation_of_the_device_p
     engine.publish(offloaded(4));
     engine.publish(removed(&[3, 4]));
 
-    let consumer = quick_consumer(vec![RelayEndpoint::new(&relay.wan.to_string(), "dc-proc")]);
+    let relays = vec![RelayEndpoint::new(&relay.wan.to_string(), "dc-proc")];
+    let consumer = quick_consumer(relays.clone());
     let leg = leg_until(&consumer, |leg| leg.host_blocks == Some(2)).await;
     assert_eq!(leg.prefix_blocks, Some(2), "{leg:?}");
     assert_eq!(leg.disk_blocks, None, "no disk lane: {leg:?}");
+    // A consumer that follows device memory only (as one that predates tiers) keeps
+    // working against the tiered relay: the same device prefix, no lane.
+    let mut device_only = kvrelay_consumer::ConsumerConfig::new(relays);
+    device_only.follow_tier_lanes = false;
+    let device_only = Consumer::start(device_only).unwrap();
+    let leg = leg_until(&device_only, |leg| leg.prefix_blocks == Some(2)).await;
+    assert_eq!((leg.host_blocks, leg.disk_blocks), (None, None), "{leg:?}");
+    assert_eq!(device_only.pools().len(), 1);
+    device_only.shutdown().await;
 
     // The host evicts the chunk of blocks 3-4: nothing continues the device prefix.
     engine.publish(evicted_from_host(4));
