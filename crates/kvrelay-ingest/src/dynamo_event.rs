@@ -14,7 +14,7 @@
 //! computes (XXH3, seed 1337), so it is passed through. Events whose `storage_tier` is
 //! present and not `device` are filtered (the same media rule as engine events), unless
 //! the caller keeps lower tiers: then `host_pinned` (KVBM's host memory) and `disk`
-//! events become [`TierEvent`]s (`external` and unknown tiers stay filtered). A payload
+//! events become tier events (`external` and unknown tiers stay filtered). A payload
 //! with more than `max_events_per_batch` events, or an event with more than
 //! `max_blocks_per_event` blocks, is rejected whole, as an engine batch would be.
 //!
@@ -73,7 +73,7 @@ pub struct DynamoDecoded {
 }
 
 /// Decodes a JSON payload of Dynamo router events (NATS); `lower_tiers` keeps host and
-/// disk events as [`TierEvent`]s instead of filtering them.
+/// disk events as tier events instead of filtering them.
 pub fn decode_dynamo_events(
     payload: &[u8],
     limits: &Limits,
