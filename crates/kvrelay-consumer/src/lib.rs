@@ -80,7 +80,7 @@ pub use scoring::{
 pub use served::{ServedModel, served_base_models};
 pub use state::{
     CatalogChange, CatalogError, CheckedPoolFrame, ConsumerState, FrameOutcome, PoolFrameRefused,
-    PoolStatus, RelayStatus, ScoredSwitch, StandbyStatus,
+    PoolStatus, RelayStatus, ScoredSwitch, StandbyStatus, TierLaneStatus,
 };
 pub use store::StoreError;
 pub use weights::{ScoreWeights, WeightError};

@@ -240,6 +240,21 @@ pub struct PoolStatus {
     /// current. `replica`, `sequence`, `announced_sequence` and `age` are then that
     /// replica's.
     pub through_standby: bool,
+    /// The pool's lower-tier lanes this consumer follows, in tier order (empty without).
+    pub tier_lanes: Vec<TierLaneStatus>,
+}
+
+/// One lower-tier lane of a pool as the consumer holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierLaneStatus {
+    /// Host memory or disk.
+    pub tier: kvrelay_ckf::CacheTier,
+    /// The lane's consumer-local key.
+    pub key: PoolKey,
+    /// The lane replica's state now.
+    pub replica: ReplicaStatus,
+    /// The installed sequence, when ready.
+    pub sequence: Option<u64>,
 }
 
 /// One followed relay as the consumer sees it (for status output and readiness).
@@ -1100,6 +1115,16 @@ impl ConsumerState {
                     announced_sequence: self.store.announced(answering),
                     age: self.store.age(answering, now),
                     through_standby,
+                    tier_lanes: entry
+                        .tier_lanes
+                        .iter()
+                        .map(|lane| TierLaneStatus {
+                            tier: lane.tier,
+                            key: lane.key,
+                            replica: self.store.status(lane.key, now),
+                            sequence: self.store.sequence(lane.key),
+                        })
+                        .collect(),
                 })
             })
             .collect();

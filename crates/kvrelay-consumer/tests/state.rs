@@ -1567,6 +1567,16 @@ fn a_pools_host_lane_is_followed_scored_and_dropped_with_the_catalog() {
     assert_eq!((leg.prefix_blocks, leg.host_blocks), (Some(2), Some(2)));
     // Only pools are listed; the lane rides with its pool.
     assert_eq!(state.pools(now).len(), 1);
+    let lanes = &state.pools(now)[0].tier_lanes;
+    assert_eq!(lanes.len(), 1);
+    assert_eq!(
+        (lanes[0].tier, lanes[0].key, lanes[0].replica),
+        (
+            kvrelay_ckf::CacheTier::Host,
+            lane_key,
+            ReplicaStatus::Current
+        )
+    );
     assert_eq!(state.relay_keys(0).len(), 2);
 
     // The same catalog again keeps both keys; without the lane, the lane is dropped.

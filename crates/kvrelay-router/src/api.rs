@@ -512,6 +512,19 @@ pub struct PoolView {
     /// Whether a hot standby's replica answers for the pool now (its scored relay's is not
     /// current).
     pub through_standby: bool,
+    /// The pool's lower-tier lanes (relays with `[tiers]`): tier, replica state, sequence.
+    pub tier_lanes: Vec<TierLaneView>,
+}
+
+/// One lower-tier lane of a pool in [`PoolView`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TierLaneView {
+    /// `host` or `disk`.
+    pub tier: &'static str,
+    /// The lane replica's state.
+    pub replica: &'static str,
+    /// The installed sequence, when ready.
+    pub sequence: Option<u64>,
 }
 
 /// One quarantined catalog entry in [`PoolsView`].
@@ -569,6 +582,15 @@ impl PoolsView {
                     announced_sequence: pool.announced_sequence,
                     age_seconds: pool.age.map(|age: Duration| age.as_secs_f64()),
                     through_standby: pool.through_standby,
+                    tier_lanes: pool
+                        .tier_lanes
+                        .iter()
+                        .map(|lane| TierLaneView {
+                            tier: lane.tier.name(),
+                            replica: lane.replica.as_str(),
+                            sequence: lane.sequence,
+                        })
+                        .collect(),
                 })
                 .collect(),
             quarantined: quarantined

@@ -191,3 +191,143 @@ async fn host_tier_offloads_reach_the_consumer_as_a_continuation_of_the_device_p
     }
     consumer.shutdown().await;
 }
+
+/// An embedded relay with a host lane fed device and tier events: an independent replica
+/// of the lane over its own TCP stream equals the relay's lane table bit for bit, and both
+/// equal an exact model (a device filter and a `TierLane` fed the same events).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_replica_is_bit_identical_to_the_relays_lane_and_to_an_exact_model() {
+    use kvrelay_ckf::{
+        CacheTier, CkfConfig, EventPayload, PoolFilter, RemovedBlocks, RouterEvent, StoredBlock,
+        StoredBlocks, TierChange, TierEvent, TierLane,
+    };
+    use kvrelay_codec::v1::{StreamRequest, StreamRpc};
+    use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, TierConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cards = dir.path().join("cards");
+    std::fs::create_dir_all(&cards).unwrap();
+    write_card(&cards, 1024);
+    // A one-block trace: replaying it connects the card's source, whose events follow.
+    let trace = dir.path().join("setup.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\":0,\"input_length\":16,\"output_length\":1,\"hash_ids\":[987654321]}\n",
+    )
+    .unwrap();
+    let mut config = RelayConfig::default();
+    config.wan.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.admin.enabled = false;
+    config.discovery.dir = Some(cards);
+    config.workload = Some(kvrelay_server::WorkloadConfig {
+        trace: Some(trace),
+        speed: 0.0,
+        loops: 1,
+    });
+    config.tiers.host = Some(TierConfig {
+        capacity_ratio: 4.0,
+        blocks_per_chunk: 1,
+    });
+    let relay = Relay::start(config).await.unwrap();
+    tokio::time::timeout(DEADLINE, relay.workload_finished())
+        .await
+        .expect("the setup trace replays");
+    let source = relay.sources()[0];
+
+    let stored = RouterEvent {
+        source,
+        event_id: 1,
+        payload: EventPayload::Stored(StoredBlocks {
+            parent_engine_block_id: None,
+            blocks: (1..=8)
+                .map(|id| StoredBlock {
+                    engine_block_id: id,
+                    token_hash: 0x5eed_0000 + id,
+                })
+                .collect(),
+        }),
+    };
+    let tier = |change| TierEvent {
+        source,
+        event_id: 2,
+        tier: CacheTier::Host,
+        change,
+    };
+    let offload = tier(TierChange::Offloaded {
+        engine_block_ids: vec![2, 4, 6, 99],
+    });
+    let device_eviction = RouterEvent {
+        source,
+        event_id: 3,
+        payload: EventPayload::Removed(RemovedBlocks {
+            engine_block_ids: (5..=8).collect(),
+        }),
+    };
+    let reoffload = tier(TierChange::Offloaded {
+        engine_block_ids: vec![8],
+    });
+    let host_eviction = tier(TierChange::Removed(RemovedBlocks {
+        engine_block_ids: vec![4],
+    }));
+    relay.submit(stored.clone()).await.unwrap();
+    relay.submit_tier(offload.clone()).await.unwrap();
+    relay.submit(device_eviction.clone()).await.unwrap();
+    relay.submit_tier(reoffload.clone()).await.unwrap();
+    relay.submit_tier(host_eviction.clone()).await.unwrap();
+    relay.flush().await;
+
+    // The exact model: the same events through a device filter and a host lane.
+    let lane_producer = relay.catalog().tier_lanes[0].producer;
+    let mut device = PoolFilter::new(CkfConfig::new(1024)).unwrap();
+    let mut host = TierLane::new(CacheTier::Host, CkfConfig::new(4096)).unwrap();
+    assert_eq!(
+        kvrelay_codec::v1::CkfFormat::from(host.filter().format()),
+        lane_producer.ckf_format,
+        "the model is sized like the relay's lane"
+    );
+    device.apply(&stored).unwrap();
+    host.apply(&device, &offload).unwrap();
+    device.apply(&device_eviction).unwrap();
+    assert_eq!(host.apply(&device, &reoffload).unwrap().unmapped, 1);
+    host.apply(&device, &host_eviction).unwrap();
+    assert_eq!(
+        host.filter().n_canonicals(),
+        2,
+        "blocks 2 and 6 stay in host memory"
+    );
+
+    // The relay's lane, through its own publication, and an independent replica.
+    let table = relay.producer_table(&lane_producer).await.unwrap();
+    assert_eq!(
+        table.words,
+        host.filter().words(),
+        "the relay's lane is the model's"
+    );
+    let request = StreamRequest {
+        subscriber_id: "tiers-test".to_owned(),
+        rpc: StreamRpc::SubscribePool {
+            expected_producer: lane_producer,
+            resume_from_sequence: None,
+        },
+        auth_token: None,
+    };
+    let mut stream = ProbeStream::connect(relay.wan_addr(), &request)
+        .await
+        .unwrap();
+    let mut mirror = PoolMirror::new(lane_producer).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while !(mirror.words().is_some() && mirror.sequence() >= table.sequence) {
+        assert!(
+            Instant::now() < deadline,
+            "the lane replica never caught up"
+        );
+        let frame = tokio::time::timeout(DEADLINE, stream.next_frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the relay keeps the lane stream open");
+        mirror.handle_frame(&frame).unwrap();
+    }
+    assert_eq!(mirror.words().unwrap(), &table.words[..]);
+    relay.shutdown().await.unwrap();
+}

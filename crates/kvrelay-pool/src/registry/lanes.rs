@@ -81,8 +81,7 @@ pub(super) fn validate_lanes(
 pub(super) type BuiltLane = (LaneRequest, FilterState, ProducerIdentity, Reserved);
 
 impl PoolRegistry {
-    /// Builds each reserved lane's filter on a blocking thread (under the same allocation
-    /// permits as pools) and forms its producer identity.
+    /// Builds each reserved lane's filter and forms its producer identity.
     pub(super) async fn build_lanes(
         &self,
         lanes: &[(LaneRequest, u64)],
@@ -90,41 +89,64 @@ impl PoolRegistry {
     ) -> Result<Vec<BuiltLane>, AttachError> {
         let mut built = Vec::with_capacity(lanes.len());
         for ((lane, _), reserved) in lanes.iter().zip(reserved) {
-            let lane_pool = reserved.pool;
-            let expected = lane.expected_unique_blocks;
-            let permit = self
-                .inner
-                .allocation
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| AttachError::ShuttingDown)?;
             let state = self
-                .inner
-                .tracker
-                .spawn_blocking(move || {
-                    let result = FilterState::build(expected);
-                    drop(permit);
-                    result
-                })
-                .await
-                .map_err(|_| AttachError::FilterTask { pool: lane_pool })?
-                .map_err(|error| AttachError::Filter {
-                    pool: lane_pool,
-                    error,
-                })?;
-            let identity = ProducerIdentity::new(
-                lane_pool,
-                self.relay().relay_incarnation(),
-                reserved.generation,
-                state.format(),
-            )
-            .map_err(|error| AttachError::Identity {
-                pool: lane_pool,
-                error,
-            })?;
+                .build_filter(
+                    reserved.pool,
+                    lane.expected_unique_blocks,
+                    FilterState::build,
+                )
+                .await?;
+            let identity = self.producer_identity(*reserved, &state)?;
             built.push((*lane, state, identity, *reserved));
         }
         Ok(built)
+    }
+
+    /// Builds a filter for `expected` blocks with `builder` on a blocking thread, at most
+    /// `allocation_concurrency` at once (pools and lanes alike).
+    pub(super) async fn build_filter<B>(
+        &self,
+        pool: PoolId,
+        expected: u64,
+        builder: B,
+    ) -> Result<FilterState, AttachError>
+    where
+        B: FnOnce(u64) -> Result<FilterState, kvrelay_ckf::ConfigError> + Send + 'static,
+    {
+        let permit = self
+            .inner
+            .allocation
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| AttachError::ShuttingDown)?;
+        self.inner
+            .tracker
+            .spawn_blocking(move || {
+                let result = builder(expected);
+                drop(permit);
+                result
+            })
+            .await
+            .map_err(|_| AttachError::FilterTask { pool })?
+            .map_err(|error| AttachError::Filter { pool, error })
+    }
+
+    /// The producer identity of the reserved generation whose filter is `state`.
+    pub(super) fn producer_identity(
+        &self,
+        reserved: Reserved,
+        state: &FilterState,
+    ) -> Result<ProducerIdentity, AttachError> {
+        ProducerIdentity::new(
+            reserved.pool,
+            self.relay().relay_incarnation(),
+            reserved.generation,
+            state.format(),
+        )
+        .map_err(|error| AttachError::Identity {
+            pool: reserved.pool,
+            error,
+        })
     }
 }

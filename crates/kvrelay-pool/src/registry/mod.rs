@@ -318,34 +318,11 @@ impl PoolRegistry {
             });
         }
 
-        let permit = self
-            .inner
-            .allocation
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| AttachError::ShuttingDown)?;
-        let expected = request.expected_unique_blocks;
         let pool = request.pool;
         let state = self
-            .inner
-            .tracker
-            .spawn_blocking(move || {
-                let result = builder(expected);
-                drop(permit);
-                result
-            })
-            .await
-            .map_err(|_| AttachError::FilterTask { pool })?
-            .map_err(|error| AttachError::Filter { pool, error })?;
-
-        let identity = ProducerIdentity::new(
-            request.pool,
-            self.relay().relay_incarnation(),
-            reserved.generation,
-            state.format(),
-        )
-        .map_err(|error| AttachError::Identity { pool, error })?;
+            .build_filter(pool, request.expected_unique_blocks, builder)
+            .await?;
+        let identity = self.producer_identity(reserved, &state)?;
         let reserved_lanes: Vec<Reserved> =
             lane_guards.iter().map(|guard| guard.reserved).collect();
         let lane_states = self.build_lanes(&lanes, &reserved_lanes).await?;

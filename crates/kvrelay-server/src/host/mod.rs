@@ -565,13 +565,18 @@ impl Relay {
             message,
         };
         let catalog = self.registry.catalog();
-        let Some(descriptor) = catalog
+        // A pool, or a lower-tier lane of one.
+        let lanes = catalog
             .pools()
-            .find(|entry| v1::ProducerIdentity::from(entry.producer) == *producer)
+            .flat_map(|entry| entry.tier_lanes.iter().map(|lane| lane.producer));
+        let Some(identity) = catalog
+            .pools()
+            .map(|entry| entry.producer)
+            .chain(lanes)
+            .find(|identity| v1::ProducerIdentity::from(*identity) == *producer)
         else {
             return Err(RelayError::UnknownPool { pool });
         };
-        let identity = descriptor.producer;
         drop(catalog);
         let mut subscription = self
             .registry
