@@ -184,3 +184,15 @@ pub enum TierChange {
     /// The source dropped everything it held on the tier.
     Cleared,
 }
+
+impl TierChange {
+    /// Blocks the change names (1 for a clear): what it weighs in a pool's permits.
+    pub fn n_blocks(&self) -> usize {
+        match self {
+            TierChange::Stored(stored) => stored.blocks.len(),
+            TierChange::Offloaded { engine_block_ids } => engine_block_ids.len(),
+            TierChange::Removed(removed) => removed.engine_block_ids.len(),
+            TierChange::Cleared => 1,
+        }
+    }
+}

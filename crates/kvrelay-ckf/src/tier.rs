@@ -172,6 +172,18 @@ pub enum ResolvedChange {
     Cleared,
 }
 
+impl ResolvedChange {
+    /// Blocks the change names (1 for a clear): what it weighs in a lane's permits.
+    pub fn n_blocks(&self) -> usize {
+        match self {
+            ResolvedChange::Stored(stored) => stored.blocks.len(),
+            ResolvedChange::Canonical(pairs) => pairs.len(),
+            ResolvedChange::Removed(ids) => ids.len(),
+            ResolvedChange::Cleared => 1,
+        }
+    }
+}
+
 /// [`resolve`]'s answer: the change and how many offloaded ids were dropped as unmapped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {

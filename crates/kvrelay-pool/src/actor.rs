@@ -36,8 +36,7 @@ use std::sync::Arc;
 
 use kvrelay_ckf::tier::ResolvedChange;
 use kvrelay_ckf::{
-    ApplyError, ApplyOutcome, CacheTier, Delta, EventPayload, RouterEvent, SourceId, TierChange,
-    TierEvent,
+    ApplyError, ApplyOutcome, CacheTier, Delta, EventPayload, RouterEvent, SourceId, TierEvent,
 };
 use kvrelay_identity::ProducerIdentity;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -165,7 +164,8 @@ pub struct PoolActorStats {
     pub capacity_omissions: u64,
     /// Lower-tier events received (a pool's actor): resolved and forwarded to their lane.
     pub tier_events: u64,
-    /// Lower-tier events for a tier the pool keeps no lane of (dropped).
+    /// Lower-tier events for a tier the pool keeps no lane of, or whose lane had stopped
+    /// (retiring with the pool): dropped.
     pub tier_events_without_lane: u64,
     /// Offloaded blocks whose device block this filter did not hold when the offload
     /// arrived (dropped, never guessed).
@@ -374,14 +374,24 @@ impl PoolActorHandle {
     /// before it returns queues nothing.
     pub async fn submit(&self, event: RouterEvent) -> Result<(), ActorError> {
         let weight = event_weight(&event, self.shared.max_weight);
+        self.enqueue_one(weight, |permit| Command::Apply {
+            event,
+            _permit: permit,
+        })
+        .await
+    }
+
+    /// Admits `weight` permits and queues the one-event command `command` makes of them,
+    /// stamped and sent in one step, so stamps leave in mailbox order.
+    async fn enqueue_one(
+        &self,
+        weight: u32,
+        command: impl FnOnce(OwnedSemaphorePermit) -> Command,
+    ) -> Result<(), ActorError> {
         let (permit, slot) = self.admit(weight).await?;
-        // Stamped and sent in one step, so stamps leave in mailbox order.
-        self.shared.health.enqueue(Instant::now(), || {
-            slot.send(Command::Apply {
-                event,
-                _permit: permit,
-            });
-        });
+        self.shared
+            .health
+            .enqueue(Instant::now(), || slot.send(command(permit)));
         Ok(())
     }
 
@@ -391,21 +401,12 @@ impl PoolActorHandle {
     /// pool's lane of that tier; a tier the pool keeps no lane of is counted and dropped.
     /// Weighs its block count in permits, like [`PoolActorHandle::submit`].
     pub async fn submit_tier(&self, event: TierEvent) -> Result<(), ActorError> {
-        let blocks = match &event.change {
-            TierChange::Stored(stored) => stored.blocks.len(),
-            TierChange::Offloaded { engine_block_ids } => engine_block_ids.len(),
-            TierChange::Removed(removed) => removed.engine_block_ids.len(),
-            TierChange::Cleared => 1,
-        };
-        let weight = clamp_weight(blocks, self.shared.max_weight);
-        let (permit, slot) = self.admit(weight).await?;
-        self.shared.health.enqueue(Instant::now(), || {
-            slot.send(Command::ApplyTier {
-                event,
-                _permit: permit,
-            });
-        });
-        Ok(())
+        let weight = clamp_weight(event.change.n_blocks(), self.shared.max_weight);
+        self.enqueue_one(weight, |permit| Command::ApplyTier {
+            event,
+            _permit: permit,
+        })
+        .await
     }
 
     /// Queues a resolved change for this lane's actor (from its pool's actor).
@@ -415,23 +416,14 @@ impl PoolActorHandle {
         event_id: u64,
         change: ResolvedChange,
     ) -> Result<(), ActorError> {
-        let blocks = match &change {
-            ResolvedChange::Stored(stored) => stored.blocks.len(),
-            ResolvedChange::Canonical(pairs) => pairs.len(),
-            ResolvedChange::Removed(ids) => ids.len(),
-            ResolvedChange::Cleared => 1,
-        };
-        let weight = clamp_weight(blocks, self.shared.max_weight);
-        let (permit, slot) = self.admit(weight).await?;
-        self.shared.health.enqueue(Instant::now(), || {
-            slot.send(Command::ApplyLane {
-                source,
-                event_id,
-                change,
-                _permit: permit,
-            });
-        });
-        Ok(())
+        let weight = clamp_weight(change.n_blocks(), self.shared.max_weight);
+        self.enqueue_one(weight, |permit| Command::ApplyLane {
+            source,
+            event_id,
+            change,
+            _permit: permit,
+        })
+        .await
     }
 
     /// Splits `events` into the chunks [`PoolActorHandle::submit_chunk`] queues, in order.
@@ -953,11 +945,14 @@ impl Actor {
         };
         self.stats.offloads_unmapped += resolved.unmapped;
         let fence = self.fence.clone();
-        tokio::select! {
+        let queued = tokio::select! {
             biased;
-            () = fence.cancelled() => {}
-            // A lane that stopped is retiring with this generation: nothing to keep.
-            _ = lane.submit_lane(event.source, event.event_id, resolved.change) => {}
+            () = fence.cancelled() => true,
+            queued = lane.submit_lane(event.source, event.event_id, resolved.change) => queued.is_ok(),
+        };
+        if !queued {
+            // The lane stopped (it retires with this generation): counted, not kept.
+            self.stats.tier_events_without_lane += 1;
         }
     }
 

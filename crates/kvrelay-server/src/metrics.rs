@@ -110,7 +110,7 @@ pub(crate) struct RelayMetrics {
     pub(crate) pool_unroutable_blocks: Counter,
     /// Sources cleared because they contradicted their own block ids.
     pub(crate) pool_contradiction_resets: Counter,
-    /// Lower-tier events for a tier the pool keeps no lane of (dropped).
+    /// Lower-tier events for a tier the pool keeps no lane of, or whose lane had stopped.
     pub(crate) tier_events_without_lane: Counter,
     /// Offloaded blocks whose device block the pool did not hold (dropped, never guessed).
     pub(crate) tier_offloads_unmapped: Counter,
@@ -383,7 +383,7 @@ impl RelayMetrics {
         let tier_events_without_lane = Counter::default();
         registry.register(
             "tier_events_without_lane",
-            "Lower-tier (host, disk) events for a tier the pool keeps no lane of: dropped (add the tier under [tiers] to keep them)",
+            "Lower-tier (host, disk) events for a tier the pool keeps no lane of (add the tier under [tiers] to keep them), or whose lane had stopped with its retiring pool: dropped",
             tier_events_without_lane.clone(),
         );
         let tier_offloads_unmapped = Counter::default();

@@ -220,3 +220,23 @@ async fn invalid_lanes_are_refused_before_anything_is_reserved() {
     registry.detach(attachment).await;
     registry.detach(other).await;
 }
+
+/// A tier event whose lane has stopped (it retires with its pool) is counted, not lost
+/// silently.
+#[tokio::test]
+async fn a_tier_event_for_a_stopped_lane_is_counted() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let mut attach = request(pool(5), "ns.c.e", "llama");
+    attach.tier_lanes = vec![lane(CacheTier::Host, 64)];
+    let attachment = registry.attach(attach).await.unwrap();
+    attachment.tier_lanes[0].actor.fence().await;
+    attachment
+        .actor
+        .submit_tier(tier_event(CacheTier::Host, TierChange::Cleared))
+        .await
+        .unwrap();
+    attachment.actor.flush().await.unwrap();
+    let stats = attachment.actor.stats().await.unwrap();
+    assert_eq!((stats.tier_events, stats.tier_events_without_lane), (1, 1));
+    registry.detach(attachment).await;
+}
