@@ -15,8 +15,11 @@
 //! [`coalesce`]). A subscriber that falls behind gets fewer, larger deltas; it is cut off
 //! only when its coalesced backlog exceeds [`StreamLimits::max_backlog_bytes`] (by
 //! default one snapshot's size: beyond that a snapshot is cheaper) or its snapshot stops
-//! progressing. Subscribers that cannot take coalesced deltas (protocol minor 0) get every
-//! delta one by one and are cut off at the same byte bound.
+//! progressing. Subscribers that cannot take coalesced deltas (protocol minor 0, and
+//! Dynamo's relay contract) get every delta one by one; their backlog cannot shrink by
+//! coalescing, so they are cut off only past the larger of that bound and
+//! [`StreamLimits::min_uncoalesced_backlog_bytes`] (by default 16 MiB, the queue bound of
+//! Dynamo's own relay, so a contract follower lags out no sooner than it would there).
 //!
 //! # Resumption
 //!
@@ -45,6 +48,9 @@ pub const DELTA_FRAME_OVERHEAD: u64 = 256;
 /// The smallest backlog bound used when it defaults to one snapshot's size (1 MiB), so
 /// a tiny table does not cut a subscriber off after a handful of frames.
 pub const MIN_DEFAULT_BACKLOG_BYTES: u64 = 1 << 20;
+/// Default [`StreamLimits::min_uncoalesced_backlog_bytes`] (16 MiB): the default
+/// `publication_queue_bytes` of Dynamo's relay, whose contract has no coalesced delta.
+pub const DEFAULT_MIN_UNCOALESCED_BACKLOG_BYTES: u64 = 16 << 20;
 /// Default bytes of recent deltas retained for resumption (16 MiB).
 pub const DEFAULT_RESUME_WINDOW_BYTES: u64 = 16 << 20;
 /// Default quiet time after which a subscriber gets a heartbeat (10 s).
@@ -100,6 +106,12 @@ pub struct StreamLimits {
     /// `None` (the default): one snapshot's size (`bucket_count × 8`), at least
     /// [`MIN_DEFAULT_BACKLOG_BYTES`].
     pub max_backlog_bytes: Option<u64>,
+    /// The backlog bound of a subscriber that takes every delta one by one (no
+    /// coalescing) is at least this ([`DEFAULT_MIN_UNCOALESCED_BACKLOG_BYTES`]): its
+    /// backlog is a sum of deltas that cannot fold, so a bound of one snapshot would cut
+    /// it off after a short burst. 0: the same bound as a coalescing subscriber. The
+    /// pending deltas are shared with the retained window and the other subscribers.
+    pub min_uncoalesced_backlog_bytes: u64,
     /// Bytes of recent deltas retained for resumption ([`DEFAULT_RESUME_WINDOW_BYTES`];
     /// 0 disables resumption).
     pub resume_window_bytes: u64,
@@ -124,6 +136,7 @@ impl Default for StreamLimits {
         Self {
             max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
             max_backlog_bytes: None,
+            min_uncoalesced_backlog_bytes: DEFAULT_MIN_UNCOALESCED_BACKLOG_BYTES,
             resume_window_bytes: DEFAULT_RESUME_WINDOW_BYTES,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             snapshot_progress_timeout: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
@@ -180,6 +193,12 @@ impl StreamLimits {
         self.max_backlog_bytes.unwrap_or_else(|| {
             ((bucket_count as u64).saturating_mul(8)).max(MIN_DEFAULT_BACKLOG_BYTES)
         })
+    }
+
+    /// The backlog bound of a subscriber that does not take coalesced deltas.
+    pub fn uncoalesced_backlog_bound(&self, bucket_count: usize) -> u64 {
+        self.backlog_bound(bucket_count)
+            .max(self.min_uncoalesced_backlog_bytes)
     }
 }
 
@@ -407,11 +426,29 @@ struct Cursor<T> {
     cut_off: Option<CutOff>,
 }
 
+/// A publisher's backlog bounds, by whether the subscriber coalesces.
+#[derive(Debug, Clone, Copy)]
+struct BacklogBounds {
+    coalesced: u64,
+    /// Never below `coalesced`.
+    uncoalesced: u64,
+}
+
+impl BacklogBounds {
+    fn of(self, coalesce: bool) -> u64 {
+        if coalesce {
+            self.coalesced
+        } else {
+            self.uncoalesced
+        }
+    }
+}
+
 /// The publication state machine of one producer generation: see the module docs.
 #[derive(Debug)]
 pub struct Publisher<T> {
     limits: StreamLimits,
-    backlog_bound: u64,
+    backlog: BacklogBounds,
     sequence: u64,
     mirror: Arc<Vec<u64>>,
     /// Recent deltas (with their encodings) for resumption, oldest first.
@@ -431,7 +468,10 @@ impl<T: Clone> Publisher<T> {
     ) -> Result<Self, StreamLimitsError> {
         limits.validate()?;
         Ok(Self {
-            backlog_bound: limits.backlog_bound(words.len()),
+            backlog: BacklogBounds {
+                coalesced: limits.backlog_bound(words.len()),
+                uncoalesced: limits.uncoalesced_backlog_bound(words.len()),
+            },
             limits,
             sequence,
             mirror: Arc::new(words),
@@ -497,9 +537,14 @@ impl<T: Clone> Publisher<T> {
             .count()
     }
 
-    /// The backlog bound in effect.
+    /// The backlog bound in effect for subscribers that coalesce.
     pub fn backlog_bound(&self) -> u64 {
-        self.backlog_bound
+        self.backlog.coalesced
+    }
+
+    /// The backlog bound in effect for subscribers that take every delta one by one.
+    pub fn uncoalesced_backlog_bound(&self) -> u64 {
+        self.backlog.uncoalesced
     }
 
     /// Accepts the producer's next delta: checks it against the mirror, applies it, keeps
@@ -541,7 +586,7 @@ impl<T: Clone> Publisher<T> {
                 self.window_bytes -= evicted.bytes;
             }
         }
-        let bound = self.backlog_bound;
+        let backlog = self.backlog;
         for cursor in self.cursors.values_mut() {
             if cursor.cut_off.is_some() {
                 continue;
@@ -553,7 +598,7 @@ impl<T: Clone> Publisher<T> {
                 covers: 1,
             });
             cursor.pending_bytes = cursor.pending_bytes.saturating_add(bytes);
-            if let Err(cut) = cursor.fit_backlog(bound) {
+            if let Err(cut) = cursor.fit_backlog(backlog.of(cursor.coalesce)) {
                 self.stats.cut_offs_backlog += 1;
                 cursor.cut(cut);
             }
@@ -736,7 +781,10 @@ impl<T: Clone> Publisher<T> {
             });
             cursor.pending_bytes = cursor.pending_bytes.saturating_add(pending.bytes);
         }
-        if cursor.fit_backlog(self.backlog_bound).is_err() {
+        if cursor
+            .fit_backlog(self.backlog.of(cursor.coalesce))
+            .is_err()
+        {
             cursor.pending.clear();
             cursor.pending_bytes = 0;
             return None;

@@ -119,6 +119,10 @@ pub struct Limits {
     /// as lagged; unset: one snapshot of the pool's table (at least 1 MiB), capped so a
     /// coalesced delta fits `max_frame_len`.
     pub subscriber_backlog_bytes: Option<u64>,
+    /// The backlog bound of a subscriber that takes every delta one by one (the gRPC door
+    /// of Dynamo's contract, protocol minor 0) is at least this many bytes; 0: the same
+    /// bound as everyone. Default: the stream's own (16 MiB, Dynamo's relay queue bound).
+    pub uncoalesced_backlog_bytes: u64,
     /// Bytes of recent deltas each pool keeps for resuming consumers (0: never resume).
     pub resume_window_bytes: u64,
     /// Table versions one pool's snapshots in flight may pin, each a whole copy of the
@@ -162,6 +166,7 @@ impl Default for Limits {
             load_window_ms: DEFAULT_LOAD_WINDOW_MS,
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             subscriber_backlog_bytes: None,
+            uncoalesced_backlog_bytes: kvrelay_ckf::stream::DEFAULT_MIN_UNCOALESCED_BACKLOG_BYTES,
             resume_window_bytes: DEFAULT_RESUME_WINDOW_BYTES,
             max_pinned_snapshots_per_pool: kvrelay_pool::StreamLimits::default()
                 .max_pinned_snapshots as u32,
@@ -312,6 +317,7 @@ impl Limits {
             stream: kvrelay_pool::StreamLimits {
                 max_subscribers: self.max_subscribers_per_pool as usize,
                 max_backlog_bytes: self.subscriber_backlog_bytes,
+                min_uncoalesced_backlog_bytes: self.uncoalesced_backlog_bytes,
                 resume_window_bytes: self.resume_window_bytes,
                 max_pinned_snapshots: self.max_pinned_snapshots_per_pool as usize,
                 heartbeat_interval: self.heartbeat_interval(),
@@ -386,6 +392,24 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         assert_eq!(Limits::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn subscribers_without_coalescing_get_their_own_backlog_floor() {
+        let limits: Limits = toml::from_str("subscriber_backlog_bytes = 1048576").unwrap();
+        let stream = limits.pool().stream;
+        assert_eq!(
+            (
+                stream.backlog_bound(1024),
+                stream.uncoalesced_backlog_bound(1024)
+            ),
+            (1 << 20, 16 << 20)
+        );
+        let same: Limits =
+            toml::from_str("subscriber_backlog_bytes = 1048576\nuncoalesced_backlog_bytes = 0")
+                .unwrap();
+        assert_eq!(same.validate(), Ok(()));
+        assert_eq!(same.pool().stream.uncoalesced_backlog_bound(1024), 1 << 20);
     }
 
     #[test]

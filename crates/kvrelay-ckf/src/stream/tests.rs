@@ -204,6 +204,7 @@ fn a_subscriber_without_coalescing_is_cut_off_at_the_byte_bound() {
     let bound = 3 * (DELTA_FRAME_OVERHEAD + IMAGE_WIRE_BYTES);
     let stream_limits = StreamLimits {
         max_backlog_bytes: Some(bound),
+        min_uncoalesced_backlog_bytes: 0,
         ..limits(8)
     };
     let mut publisher: Publisher<u64> = Publisher::new(0, vec![0; 8], stream_limits).unwrap();
@@ -230,6 +231,63 @@ fn a_subscriber_without_coalescing_is_cut_off_at_the_byte_bound() {
     assert_eq!((delta.base_sequence, delta.sequence, covers), (0, 4, 4));
     assert_eq!(publisher.stats().cut_offs_backlog, 1);
     assert_eq!(publisher.live_subscriber_count(), 1);
+}
+
+#[test]
+fn a_subscriber_without_coalescing_keeps_up_to_its_own_larger_bound() {
+    let now = Instant::now();
+    let frame = DELTA_FRAME_OVERHEAD + IMAGE_WIRE_BYTES;
+    let stream_limits = StreamLimits {
+        max_backlog_bytes: Some(frame),
+        min_uncoalesced_backlog_bytes: 4 * frame,
+        ..limits(8)
+    };
+    let mut publisher: Publisher<u64> = Publisher::new(0, vec![0; 8], stream_limits).unwrap();
+    assert_eq!(
+        (
+            publisher.backlog_bound(),
+            publisher.uncoalesced_backlog_bound()
+        ),
+        (frame, 4 * frame)
+    );
+    let (uncoalesced, _) = publisher.handle_subscribe(None, false, now).unwrap();
+    let publish = |publisher: &mut Publisher<u64>, base: u64| {
+        publisher
+            .handle_delta(delta(base, &[(1, base + 1)]), now, |d| d.sequence)
+            .unwrap();
+    };
+    for base in 0..4 {
+        publish(&mut publisher, base);
+    }
+    // Four separate deltas: within its own bound, though four times the coalesced one.
+    assert!(matches!(
+        publisher.poll_transmit(uncoalesced, now),
+        Poll::Transmit(Transmit::SnapshotChunk { .. })
+    ));
+    for sequence in 1..=4 {
+        let Poll::Transmit(Transmit::Delta { delta, covers, .. }) =
+            publisher.poll_transmit(uncoalesced, now)
+        else {
+            panic!("expected delta {sequence}");
+        };
+        assert_eq!((delta.sequence, covers), (sequence, 1));
+    }
+    // A fifth pending delta passes it.
+    for base in 4..9 {
+        publish(&mut publisher, base);
+    }
+    assert!(matches!(
+        publisher.poll_transmit(uncoalesced, now),
+        Poll::CutOff(CutOff::Backlog { limit, .. }) if limit == 4 * frame
+    ));
+    // A bound below the coalesced one never lowers it.
+    let floor_below = StreamLimits {
+        max_backlog_bytes: Some(4 * frame),
+        min_uncoalesced_backlog_bytes: frame,
+        ..limits(8)
+    };
+    let publisher: Publisher<u64> = Publisher::new(0, vec![0; 8], floor_below).unwrap();
+    assert_eq!(publisher.uncoalesced_backlog_bound(), 4 * frame);
 }
 
 #[test]

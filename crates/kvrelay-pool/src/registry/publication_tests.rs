@@ -256,6 +256,8 @@ async fn the_byte_bound_cuts_off_a_subscriber_that_cannot_coalesce() {
         Limits {
             stream: StreamLimits {
                 max_backlog_bytes: Some(2 * (kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD + 64)),
+                // No larger floor for it: the bound above cuts it off too.
+                min_uncoalesced_backlog_bytes: 0,
                 ..StreamLimits::default()
             },
             ..test_limits()
@@ -286,6 +288,41 @@ async fn the_byte_bound_cuts_off_a_subscriber_that_cannot_coalesce() {
     follow_until(&mut coalescing, &mut replica, sequence).await;
     assert_eq!(replica.words(), words.as_slice());
     drop(coalescing);
+    registry.detach(attachment).await;
+}
+
+#[tokio::test]
+async fn a_subscriber_that_cannot_coalesce_keeps_up_to_its_own_floor() {
+    // The same tight coalesced bound, with the default floor for subscribers that take
+    // every delta (16 MiB): the four deltas are its backlog, and it is not cut off.
+    let registry = registry_with(
+        Limits {
+            stream: StreamLimits {
+                max_backlog_bytes: Some(2 * (kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD + 64)),
+                ..StreamLimits::default()
+            },
+            ..test_limits()
+        },
+        Gates::default(),
+    );
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let options = SubscribeOptions {
+        resume_from: None,
+        coalesce: false,
+    };
+    let mut minor0 = registry
+        .subscribe_with(attachment.identity(), options)
+        .await
+        .unwrap();
+    for id in 1..=4 {
+        attachment.actor.submit(stored_event(id)).await.unwrap();
+        attachment.actor.flush().await.unwrap();
+    }
+    let (sequence, words) = attachment.actor.words().await.unwrap();
+    let mut replica = WireReplica::new(&attachment.identity());
+    follow_until(&mut minor0, &mut replica, sequence).await;
+    assert_eq!(replica.words(), words.as_slice());
+    drop(minor0);
     registry.detach(attachment).await;
 }
 
