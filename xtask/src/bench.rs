@@ -94,7 +94,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         let mut rest: Vec<String> = args.iter().filter(|a| *a != "dynamo").cloned().collect();
         rest.extend([
             "--runs".to_owned(),
-            "dynamo-paced,dynamo-flat".to_owned(),
+            "dynamo-paced,dynamo-flat,dynamo-burst".to_owned(),
             "--python".to_owned(),
             crate::interop::python().display().to_string(),
             "--dynamo-scripts".to_owned(),

@@ -12,6 +12,12 @@
 //! answering replays until `quit` (or stdin closes). Pacing: batch k is sent when the
 //! events before it, at `--rate / --workers` events/s, are due (so each request's batch
 //! goes out at once: the trace's natural bursts); `--rate 0` is flat out.
+//!
+//! `--precompute` serves and encodes every batch before `ready`, so that after `go` the
+//! engine only hands bytes to libzmq: the offered rate is then far above what any relay
+//! drains, and a run measures the relay's own sustained rate rather than the engines'.
+//! `--max-events N` stops after the batch that brings this engine's events to `N` (in
+//! either mode). A precomputed batch's stamp is still taken when it is sent.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Write};
@@ -42,6 +48,8 @@ fn main() -> Result<()> {
         "stamps",
         "replay-batches",
         "send-hwm",
+        "precompute",
+        "max-events",
     ])?;
     let index: usize = flags.get("index")?;
     let workers: usize = flags.get_or("workers", 4)?;
@@ -56,6 +64,8 @@ fn main() -> Result<()> {
     // vLLM's defaults: `buffer_steps = 10_000` batches kept for replay, PUB `hwm = 100_000`.
     let replay_batches: usize = flags.get_or("replay-batches", 10_000)?;
     let send_hwm: i32 = flags.get_or("send-hwm", 100_000)?;
+    let precompute = flags.switch("precompute");
+    let max_events: u64 = flags.get_or("max-events", u64::MAX)?;
 
     let text = std::fs::read_to_string(&trace).with_context(|| format!("reading {trace}"))?;
     let requests = kvrelay_ingest::parse_request_trace(&text)?;
@@ -77,6 +87,24 @@ fn main() -> Result<()> {
         std::fs::File::create(&stamps_path).with_context(|| format!("creating {stamps_path}"))?,
     );
 
+    let layout = EngineLayout {
+        engine: EngineKind::Vllm,
+        map_events: false,
+        map_batch: false,
+    };
+    let mut batches = Batches {
+        requests: &requests,
+        fresh: &fresh,
+        index,
+        workers: workers.max(1),
+        next: 0,
+        cache: VllmWorker::new(worker_id, capacity),
+        layout,
+        events: 0,
+        max_events,
+    };
+    let precomputed: Option<Vec<Batch>> = precompute.then(|| batches.by_ref().collect());
+
     let commands = stdin_lines();
     say("ready")?;
     loop {
@@ -87,30 +115,19 @@ fn main() -> Result<()> {
         }
     }
 
-    let layout = EngineLayout {
-        engine: EngineKind::Vllm,
-        map_events: false,
-        map_batch: false,
-    };
     let per_engine_rate = rate / workers.max(1) as f64;
-    let mut cache = VllmWorker::new(worker_id, capacity);
     let mut ring: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
     let mut seq = 0u64;
     let mut events_sent = 0u64;
     let started = Instant::now();
     let mut next_progress = Duration::from_secs(1);
-    for (at, request) in requests.iter().enumerate() {
-        if at % workers.max(1) != index {
-            continue;
-        }
+    let source: Box<dyn Iterator<Item = Batch> + '_> = match precomputed {
+        Some(ready) => Box::new(ready.into_iter()),
+        None => Box::new(batches),
+    };
+    for batch in source {
         if started.elapsed().as_secs_f64() >= max_seconds {
             break;
-        }
-        let keys = request_keys(request);
-        let served = cache.serve(&keys);
-        if served.events.is_empty() {
-            // A full hit: vLLM publishes nothing for it.
-            continue;
         }
         if per_engine_rate > 0.0 {
             let due = Duration::from_secs_f64(events_sent as f64 / per_engine_rate);
@@ -127,27 +144,19 @@ fn main() -> Result<()> {
         } else {
             serve_replay(&replay, &ring, Duration::ZERO)?;
         }
-        let n_events = served.events.len() as u64;
         let sent_unix_ns = unix_ns();
-        let batch = EngineBatch {
-            ts: sent_unix_ns as f64 / 1e9,
-            events: served.events,
-            dp_rank: Some(0),
-        };
-        let mut payload = Vec::new();
-        encode_engine_batch(&batch, layout, &mut payload);
         let seq_bytes = seq.to_be_bytes();
-        publisher.send_multipart([TOPIC, &seq_bytes[..], &payload[..]], 0)?;
-        ring.push_back((seq, payload));
+        publisher.send_multipart([TOPIC, &seq_bytes[..], &batch.payload[..]], 0)?;
+        ring.push_back((seq, batch.payload));
         while ring.len() > replay_batches {
             ring.pop_front();
         }
         seq += 1;
-        events_sent += n_events;
-        if fresh.get(at).copied().unwrap_or(false) && served.stored_blocks > 0 {
+        events_sent += batch.events;
+        if batch.probe {
             // The probe is the request's first block (see `sim::first_block_new`).
             let stamp = Stamp {
-                request: at,
+                request: batch.request,
                 sent_unix_ns,
                 blocks: 1,
             };
@@ -170,6 +179,71 @@ fn main() -> Result<()> {
             Err(mpsc::TryRecvError::Disconnected) => return Ok(()),
         }
         serve_replay(&replay, &ring, Duration::from_millis(50))?;
+    }
+}
+
+/// One request's events, encoded as the batch vLLM would publish.
+struct Batch {
+    /// The request's index in the trace.
+    request: usize,
+    /// Events in the batch.
+    events: u64,
+    /// The encoded `KVEventBatch`.
+    payload: Vec<u8>,
+    /// Whether the request's first block is new to the fleet (a latency probe).
+    probe: bool,
+}
+
+/// This engine's batches in trace order: its round-robin share of the requests, each
+/// served through its cache; a full hit publishes nothing (as vLLM) and is skipped.
+struct Batches<'a> {
+    requests: &'a [kvrelay_ingest::RequestRecord],
+    fresh: &'a [bool],
+    index: usize,
+    workers: usize,
+    /// The next request to look at.
+    next: usize,
+    cache: VllmWorker,
+    layout: EngineLayout,
+    /// Events in the batches made so far.
+    events: u64,
+    /// No batch is made once `events` reaches this.
+    max_events: u64,
+}
+
+impl Iterator for Batches<'_> {
+    type Item = Batch;
+
+    fn next(&mut self) -> Option<Batch> {
+        while self.events < self.max_events {
+            let at = self.next;
+            let request = self.requests.get(at)?;
+            self.next += 1;
+            if at % self.workers != self.index {
+                continue;
+            }
+            let served = self.cache.serve(&request_keys(request));
+            if served.events.is_empty() {
+                continue;
+            }
+            let events = served.events.len() as u64;
+            let probe = self.fresh.get(at).copied().unwrap_or(false) && served.stored_blocks > 0;
+            let batch = EngineBatch {
+                ts: unix_ns() as f64 / 1e9,
+                events: served.events,
+                dp_rank: Some(0),
+            };
+            let mut payload = Vec::new();
+            encode_engine_batch(&batch, self.layout, &mut payload);
+            self.events += events;
+            return Some(Batch {
+                request: at,
+                events,
+                payload,
+                probe,
+            });
+        }
+        None
     }
 }
 

@@ -8,8 +8,9 @@
 //! sequence, and prints a Markdown table (stdout) and writes every figure as JSON
 //! (`--out-dir`, default `target/`, file `stream-bench.json`). Runs: `paced` (48 k
 //! events/s), `low` (5 k events/s) and `flat` (as fast as the engines go); see
-//! docs/benchmarks.md for the columns. The opt-in `dynamo-paced` and `dynamo-flat` runs
-//! compare kvrelay with Dynamo's relay (`vs_dynamo.rs`, `cargo xtask bench dynamo`).
+//! docs/benchmarks.md for the columns. The opt-in `dynamo-paced`, `dynamo-flat` and
+//! `dynamo-burst` runs compare kvrelay with Dynamo's relay (`vs_dynamo.rs`, `cargo xtask
+//! bench dynamo`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -37,7 +38,7 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// The stream runs, the opt-in runs against Dynamo's relay and the opt-in join runs, by
 /// name.
 const STREAM_RUNS: [&str; 3] = ["paced", "low", "flat"];
-const DYNAMO_RUNS: [&str; 2] = ["dynamo-paced", "dynamo-flat"];
+const DYNAMO_RUNS: [&str; 3] = ["dynamo-paced", "dynamo-flat", "dynamo-burst"];
 const JOIN_RUNS: [&str; 5] = [
     "join-live",
     "join-live-noreplay",
@@ -68,9 +69,9 @@ usage: stream-bench [--runs paced,low,flat] [--quick] [--seconds N]
                     [--workers N] [--capacity BLOCKS] [--paced-rate EV/S] [--low-rate EV/S]
                     [--engine-nice N] [--relay-limits key=value,...]
 
-Runs: paced, low, flat (default all three); dynamo-paced, dynamo-flat (opt-in: the
-paced and flat runs through kvrelay's gRPC door and through Dynamo's relay, each to the
-same gRPC follower; --python, default target/interop/venv/bin/python, and
+Runs: paced, low, flat (default all three); dynamo-paced, dynamo-flat, dynamo-burst
+(opt-in: the paced and flat runs, and the whole trace made before it is sent, through
+kvrelay's gRPC door and through Dynamo's relay, each to the same gRPC follower; --python, default target/interop/venv/bin/python, and
 --dynamo-scripts, default benches/dynamo); join-live, join-live-noreplay,
 join-live-ring8, join-idle, join-idle-noreplay, restart-checkpoint, restart-cold,
 restart-checkpoint-backoff (its follower rejoins on the backoff only: the baseline of the
@@ -88,6 +89,10 @@ struct RunSpec {
     rate: f64,
     /// Longest publishing time; the trace may end sooner.
     max_seconds: f64,
+    /// Whether the engines serve and encode every batch before `go` and then only send
+    /// (`stream-engine --precompute`): the offered rate is then far above what a relay
+    /// drains, so the run measures the relay's sustained rate, not the engines'.
+    precompute: bool,
 }
 
 /// A join run: the engines publish first and the relay starts `join_after_s` later.
@@ -281,16 +286,19 @@ async fn main() -> Result<()> {
             name: "paced".into(),
             rate: paced,
             max_seconds,
+            precompute: false,
         },
         RunSpec {
             name: "low".into(),
             rate: low,
             max_seconds,
+            precompute: false,
         },
         RunSpec {
             name: "flat".into(),
             rate: 0.0,
             max_seconds,
+            precompute: false,
         },
     ];
     let wanted: Vec<String> = flags
@@ -454,7 +462,13 @@ async fn main() -> Result<()> {
         scripts: PathBuf::from(flags.raw("dynamo-scripts").unwrap_or("benches/dynamo")),
     };
     let mut dynamo_results = Vec::new();
-    for (name, spec) in DYNAMO_RUNS.iter().zip([&all_runs[0], &all_runs[2]]) {
+    // The burst is the flat run with the engines' work done before `go`: the whole trace
+    // (quick too: it drains in seconds).
+    let burst = RunSpec {
+        precompute: true,
+        ..all_runs[2].clone()
+    };
+    for (name, spec) in DYNAMO_RUNS.iter().zip([&all_runs[0], &all_runs[2], &burst]) {
         if !wanted.iter().any(|wanted| wanted == name) {
             continue;
         }
@@ -634,7 +648,8 @@ struct EngineAddr {
 const ENGINE_START_ATTEMPTS: usize = 4;
 
 /// Starts `setup.workers` engines publishing at `rate` for at most `max_seconds` once told
-/// `go`, and waits until each has bound its sockets. An engine that exits before binding is
+/// `go` (with `precompute`, every batch is made before `ready`; see [`RunSpec`]), and
+/// waits until each has bound its sockets. An engine that exits before binding is
 /// started again on fresh ports (see [`ENGINE_START_ATTEMPTS`]); when it keeps failing the
 /// error carries the end of its log.
 async fn spawn_engines(
@@ -643,6 +658,7 @@ async fn spawn_engines(
     rate: f64,
     max_seconds: f64,
     replay_batches: usize,
+    precompute: bool,
 ) -> Result<(Vec<Proc>, Vec<EngineAddr>, Vec<String>)> {
     let mut engines = Vec::new();
     let mut addrs = Vec::new();
@@ -694,6 +710,9 @@ async fn spawn_engines(
                 .arg(&stamps)
                 .arg("--replay-batches")
                 .arg(replay_batches.to_string());
+            if precompute {
+                command.arg("--precompute");
+            }
             let mut engine = Proc::spawn(
                 &format!("stream-engine {index}"),
                 &mut command,
@@ -899,7 +918,7 @@ async fn run(setup: &Setup, spec: &RunSpec) -> Result<Value> {
 
     // Engines first: their sockets are bound before the relay dials them.
     let (mut engines, addrs, stamp_paths) =
-        spawn_engines(setup, &dir, spec.rate, spec.max_seconds, 10_000).await?;
+        spawn_engines(setup, &dir, spec.rate, spec.max_seconds, 10_000, false).await?;
     let (mut relay, admin, wan) = start_relay(setup, &dir, &cards, &sources_toml(&addrs, true))?;
     wait_ready(&mut relay, &admin, &dir).await?;
 
@@ -1133,8 +1152,15 @@ async fn run_join(
     requests: &[kvrelay_ingest::RequestRecord],
 ) -> Result<Value> {
     let (dir, cards) = run_dir(setup, &spec.name)?;
-    let (mut engines, addrs, _) =
-        spawn_engines(setup, &dir, spec.rate, spec.publish_s, spec.replay_batches).await?;
+    let (mut engines, addrs, _) = spawn_engines(
+        setup,
+        &dir,
+        spec.rate,
+        spec.publish_s,
+        spec.replay_batches,
+        false,
+    )
+    .await?;
     for engine in &mut engines {
         engine.send("go")?;
     }

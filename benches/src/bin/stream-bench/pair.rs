@@ -148,7 +148,7 @@ pub(crate) async fn run(
 ) -> Result<Value> {
     let (dir, cards) = run_dir(setup, &spec.name)?;
     let (mut engines, addrs, stamp_paths) =
-        spawn_engines(setup, &dir, spec.rate, spec.publish_s, 10_000).await?;
+        spawn_engines(setup, &dir, spec.rate, spec.publish_s, 10_000, false).await?;
     let sources = sources_toml(&addrs, true);
     let mut first = PairRelay::start(setup, "a", &dir, &cards, &sources).await?;
     let mut second = PairRelay::start(setup, "b", &dir, &cards, &sources).await?;

@@ -55,8 +55,15 @@ pub(crate) async fn run(
     requests: &[kvrelay_ingest::RequestRecord],
 ) -> Result<Value> {
     let (dir, cards) = run_dir(setup, &spec.name)?;
-    let (mut engines, addrs, stamp_paths) =
-        spawn_engines(setup, &dir, spec.rate, spec.publish_s, spec.replay_batches).await?;
+    let (mut engines, addrs, stamp_paths) = spawn_engines(
+        setup,
+        &dir,
+        spec.rate,
+        spec.publish_s,
+        spec.replay_batches,
+        false,
+    )
+    .await?;
     let mut sources = sources_toml(&addrs, true);
     if spec.checkpoint {
         sources = with_checkpoints(&sources, &dir);
