@@ -390,8 +390,48 @@ pub struct StreamStats {
     pub retained_deltas: u64,
     /// Gauge: bytes in the resume window.
     pub retained_bytes: u64,
-    /// Gauge: bytes pending across subscribers.
+    /// Gauge: bytes pending across subscribers (a delta pending for several is counted
+    /// for each, though they share it: an upper bound).
     pub pending_bytes: u64,
+    /// Gauge: bytes of the mirror (the table as last published).
+    pub mirror_bytes: u64,
+}
+
+impl StreamStats {
+    /// The gauges of `self`, each raised by `current`'s and lowered by `before`'s: how a
+    /// sum over publishers follows one of them from its `before` reading to `current`.
+    /// The counters are left as they are.
+    pub fn move_gauges(&mut self, before: &StreamStats, current: &StreamStats) {
+        let moved = |total: u64, before: u64, current: u64| {
+            total.saturating_sub(before).saturating_add(current)
+        };
+        self.pinned_copies = moved(
+            self.pinned_copies,
+            before.pinned_copies,
+            current.pinned_copies,
+        );
+        self.pinned_copy_bytes = moved(
+            self.pinned_copy_bytes,
+            before.pinned_copy_bytes,
+            current.pinned_copy_bytes,
+        );
+        self.retained_deltas = moved(
+            self.retained_deltas,
+            before.retained_deltas,
+            current.retained_deltas,
+        );
+        self.retained_bytes = moved(
+            self.retained_bytes,
+            before.retained_bytes,
+            current.retained_bytes,
+        );
+        self.pending_bytes = moved(
+            self.pending_bytes,
+            before.pending_bytes,
+            current.pending_bytes,
+        );
+        self.mirror_bytes = moved(self.mirror_bytes, before.mirror_bytes, current.mirror_bytes);
+    }
 }
 
 #[derive(Debug)]
@@ -506,6 +546,7 @@ impl<T: Clone> Publisher<T> {
             .count() as u64;
         stats.pinned_copies = copies;
         stats.pinned_copy_bytes = copies.saturating_mul(self.mirror.len() as u64 * 8);
+        stats.mirror_bytes = self.mirror.len() as u64 * 8;
         stats
     }
 

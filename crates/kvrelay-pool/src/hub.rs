@@ -269,6 +269,7 @@ impl HubTask {
                             self.shared.finish(SubscriptionEnd::InvalidPublication { reason: reason.clone() });
                             (self.context.on_failure)(reason);
                             self.answer_barriers();
+                            self.retire_gauges();
                             return;
                         }
                     }
@@ -283,6 +284,7 @@ impl HubTask {
         };
         self.shared.finish(end);
         self.report_stats();
+        self.retire_gauges();
         self.answer_barriers();
         // Retire the actor's lease while our feed is still open, so it stops publishing.
         self.actor.detach_publication(self.lease);
@@ -320,8 +322,28 @@ impl HubTask {
         );
         totals.snapshots_shared += gained(current.snapshots_shared, before.snapshots_shared);
         totals.snapshot_refusals += gained(current.snapshot_refusals, before.snapshot_refusals);
+        totals.move_gauges(&before, &current);
         drop(totals);
         self.reported = current;
+    }
+
+    /// Takes this hub's gauges (mirror, resume window, pinned copies, backlogs) out of the
+    /// registry's totals: it holds none of that once it has ended.
+    fn retire_gauges(&mut self) {
+        let retired = kvrelay_ckf::stream::StreamStats {
+            pinned_copies: 0,
+            pinned_copy_bytes: 0,
+            retained_deltas: 0,
+            retained_bytes: 0,
+            pending_bytes: 0,
+            mirror_bytes: 0,
+            ..self.reported
+        };
+        self.context
+            .totals
+            .lock()
+            .move_gauges(&self.reported, &retired);
+        self.reported = retired;
     }
 
     fn cancel_reason(&self) -> SubscriptionEnd {

@@ -75,6 +75,34 @@ pub(crate) struct TierLabel {
     pub(crate) tier: &'static str,
 }
 
+/// A part of the relay's memory (`kvrelay_memory_bytes{component}`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ComponentLabel {
+    pub(crate) component: &'static str,
+}
+
+/// Every pool's and lane's producer state: its table, dirty window, exact ownership index
+/// and lineage maps (read with the pools' health).
+pub(crate) const MEMORY_POOL_FILTERS: ComponentLabel = ComponentLabel {
+    component: "pool_filters",
+};
+/// The other parts, read from the publication hubs' and sources' gauges at each scrape.
+const MEMORY_PUBLICATION_MIRRORS: ComponentLabel = ComponentLabel {
+    component: "publication_mirrors",
+};
+const MEMORY_PINNED_SNAPSHOTS: ComponentLabel = ComponentLabel {
+    component: "pinned_snapshots",
+};
+const MEMORY_RESUME_WINDOWS: ComponentLabel = ComponentLabel {
+    component: "resume_windows",
+};
+const MEMORY_SUBSCRIBER_BACKLOGS: ComponentLabel = ComponentLabel {
+    component: "subscriber_backlogs",
+};
+const MEMORY_INGEST_QUEUES: ComponentLabel = ComponentLabel {
+    component: "ingest_queues",
+};
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct CategoryLabel {
     pub(crate) category: &'static str,
@@ -116,6 +144,8 @@ pub(crate) struct RelayMetrics {
     pub(crate) tier_offloads_unmapped: Counter,
     /// Blocks resident in each tier's lanes, summed over pools.
     pub(crate) tier_lane_resident_blocks: Family<TierLabel, Gauge>,
+    /// Bytes the relay holds, by component (see [`ComponentLabel`]).
+    pub(crate) memory: Family<ComponentLabel, Gauge>,
     /// Pools withheld from the catalog as stalled.
     pub(crate) pools_stalled: Gauge,
     /// Pools whose recent events were mostly unroutable (history lost).
@@ -267,10 +297,10 @@ impl StreamMetrics {
         let _ = self.source.set(reader);
     }
 
-    fn refresh(&self) {
-        let Some(reader) = self.source.get() else {
-            return;
-        };
+    /// Adds what the totals gained since the last refresh and returns them (`None`
+    /// before the registry exists).
+    fn refresh(&self) -> Option<kvrelay_pool::StreamStats> {
+        let reader = self.source.get()?;
         let now = reader.get();
         let mut seen = self
             .seen
@@ -302,6 +332,7 @@ impl StreamMetrics {
         self.snapshot_refusals
             .inc_by(gained(now.snapshot_refusals, seen.snapshot_refusals));
         *seen = now;
+        Some(now)
     }
 }
 
@@ -398,6 +429,22 @@ impl RelayMetrics {
             "Blocks resident in the lower-tier lanes of every pool, by tier",
             tier_lane_resident_blocks.clone(),
         );
+        let memory = Family::<ComponentLabel, Gauge>::default();
+        registry.register(
+            "memory_bytes",
+            "Bytes the relay holds, by component: pool_filters (tables, exact ownership index and lineage of every pool and lane), publication_mirrors, pinned_snapshots, resume_windows, subscriber_backlogs (an upper bound: shared deltas count once per subscriber), ingest_queues. Allocator slack, libzmq's own queues and the runtime are not counted",
+            memory.clone(),
+        );
+        for component in [
+            MEMORY_POOL_FILTERS,
+            MEMORY_PUBLICATION_MIRRORS,
+            MEMORY_PINNED_SNAPSHOTS,
+            MEMORY_RESUME_WINDOWS,
+            MEMORY_SUBSCRIBER_BACKLOGS,
+            MEMORY_INGEST_QUEUES,
+        ] {
+            let _ = memory.get_or_create(&component);
+        }
         let pools_stalled = Gauge::default();
         registry.register(
             "pools_stalled",
@@ -593,6 +640,7 @@ impl RelayMetrics {
             tier_events_without_lane,
             tier_offloads_unmapped,
             tier_lane_resident_blocks,
+            memory,
             pools_stalled,
             pools_degraded,
             checkpoint_writes,
@@ -628,8 +676,19 @@ impl RelayMetrics {
 
     /// The OpenMetrics text exposition of every metric.
     pub(crate) fn encode(&self) -> String {
-        self.ingest.refresh();
-        self.stream.refresh();
+        let queued_bytes = self.ingest.refresh();
+        let set = |component: &ComponentLabel, bytes: u64| {
+            self.memory
+                .get_or_create(component)
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        };
+        set(&MEMORY_INGEST_QUEUES, queued_bytes);
+        if let Some(stream) = self.stream.refresh() {
+            set(&MEMORY_PUBLICATION_MIRRORS, stream.mirror_bytes);
+            set(&MEMORY_PINNED_SNAPSHOTS, stream.pinned_copy_bytes);
+            set(&MEMORY_RESUME_WINDOWS, stream.retained_bytes);
+            set(&MEMORY_SUBSCRIBER_BACKLOGS, stream.pending_bytes);
+        }
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);

@@ -267,7 +267,8 @@ impl SourceMetrics {
     }
 
     /// Brings the families up to date with the sources' counters and states.
-    pub(crate) fn refresh(&self) {
+    /// Re-reads every live source; returns the bytes they hold queued.
+    pub(crate) fn refresh(&self) -> u64 {
         for (state, n) in self.state_counts() {
             self.sources
                 .get_or_create(&StateLabel {
@@ -314,6 +315,7 @@ impl SourceMetrics {
         );
         delta(&self.late_copies, totals.late_copies, before.late_copies);
         inner.exported = totals;
+        queued_bytes
     }
 }
 

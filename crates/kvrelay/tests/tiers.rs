@@ -189,6 +189,28 @@ async fn host_tier_offloads_reach_the_consumer_as_a_continuation_of_the_device_p
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Where the relay's memory goes: the pool's and the lane's producer state, the
+    // mirrors of the two hubs the consumer follows, the deltas kept for resuming.
+    let memory = |metrics: &str, component: &str| {
+        support::sample(
+            metrics,
+            &format!("kvrelay_memory_bytes{{component=\"{component}\"}}"),
+        )
+        .unwrap_or(0)
+    };
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (_, metrics) = http_get(admin, "/metrics").await.unwrap();
+        let parts = ["pool_filters", "publication_mirrors", "resume_windows"]
+            .map(|component| memory(&metrics, component));
+        // Two tables of 1,024 buckets at least (the pool's and its lane's).
+        if parts.iter().all(|&bytes| bytes > 0) && parts[1] >= 2 * 1024 * 8 {
+            assert!(parts[0] >= parts[1], "{parts:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "memory gauges: {parts:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     consumer.shutdown().await;
 }
 

@@ -34,7 +34,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use kvrelay_benches::{process_cpu_seconds, process_memory};
+use kvrelay_benches::{http_get, metric_by_label, process_cpu_seconds, process_memory};
 use serde_json::{Value, json};
 
 use crate::{
@@ -160,6 +160,32 @@ fn bytes_received_from(port: u16) -> Option<u64> {
     total
 }
 
+/// The largest value each of our relay's `kvrelay_memory_bytes` components reached,
+/// sampled from its `/metrics` while the run goes on (every 100 ms).
+#[derive(Debug, Default)]
+struct MemoryPeaks(std::collections::BTreeMap<String, f64>);
+
+impl MemoryPeaks {
+    fn sample(&mut self, admin: &str) {
+        let Ok((200, text)) = http_get(admin, "/metrics", Duration::from_secs(1)) else {
+            return;
+        };
+        for (component, bytes) in metric_by_label(&text, "kvrelay_memory_bytes", "component") {
+            let peak = self.0.entry(component).or_insert(0.0);
+            *peak = peak.max(bytes);
+        }
+    }
+
+    /// Each component's peak in MB.
+    fn to_json(&self) -> Value {
+        self.0
+            .iter()
+            .map(|(component, bytes)| (component.clone(), json!(bytes / (1024.0 * 1024.0))))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
+
 /// CPU seconds of each process (0 for one that is gone).
 fn cpu_of(procs: &[Proc]) -> Vec<f64> {
     procs
@@ -186,7 +212,8 @@ async fn run_side(
     )
     .await?;
     // The relay's processes: ours is one; Dynamo's is the relay, then its workers.
-    let (relays, follow) = match kind {
+    // Our relay's admin address, for its memory gauges (Dynamo's has no such gauges).
+    let (relays, follow, admin) = match kind {
         RelayKind::Kvrelay => {
             let door = free_port()?;
             let extra = format!(
@@ -195,7 +222,7 @@ async fn run_side(
             );
             let (mut relay, admin, _wan) = start_relay(setup, &dir, &cards, &extra)?;
             wait_ready(&mut relay, &admin, &dir).await?;
-            (vec![relay], ("127.0.0.1".to_owned(), door))
+            (vec![relay], ("127.0.0.1".to_owned(), door), Some(admin))
         }
         RelayKind::Dynamo => {
             let discovery = dir.join("discovery");
@@ -239,7 +266,7 @@ async fn run_side(
                 Stdio::from(std::fs::File::create(dir.join("dynamo-workers.log"))?),
             )?;
             workers.expect("ready", Duration::from_secs(60)).await?;
-            (vec![relay, workers], addr)
+            (vec![relay, workers], addr, None)
         }
     };
     let relay_address = format!("dynamo-grpc://{}:{}=dc-bench", follow.0, follow.1);
@@ -257,8 +284,12 @@ async fn run_side(
     let mut done: Vec<Option<(u64, u64)>> = vec![None; engines.len()];
     let hard_stop = Duration::from_secs_f64(spec.max_seconds + 120.0);
     let mut next_progress = started + Duration::from_secs(1);
+    let mut memory_peaks = MemoryPeaks::default();
     while done.iter().any(Option::is_none) {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(admin) = &admin {
+            memory_peaks.sample(admin);
+        }
         crate::poll_engines(&mut engines, &mut sent, &mut done)?;
         if Instant::now() >= next_progress {
             next_progress += Duration::from_secs(1);
@@ -285,6 +316,9 @@ async fn run_side(
     let report_line = loop {
         if let Some(bytes) = bytes_received_from(follow.1) {
             received_after = Some(bytes);
+        }
+        if let Some(admin) = &admin {
+            memory_peaks.sample(admin);
         }
         match follower.lines.try_recv() {
             Ok(line) if line.starts_with('{') => break line,
@@ -345,6 +379,8 @@ async fn run_side(
         "workers_cpu_s": relay_cpu.get(1).copied().unwrap_or(0.0),
         "ingest_path_cpu_us_per_event": per_event_us(ingest_path_cpu_s),
         "relay_rss_peak_mb": memory.first().copied().unwrap_or(0.0),
+        // Ours only: the peak of each `kvrelay_memory_bytes` component, in MB.
+        "relay_memory_peak_mb": memory_peaks.to_json(),
         "workers_rss_peak_mb": memory.get(1).copied().unwrap_or(0.0),
         "follower_cpu_s": follower_cpu,
         "follower_cpu_us_per_event": per_event_us(follower_cpu),
@@ -411,6 +447,24 @@ pub(crate) fn render(results: &[Value]) -> String {
             cell(&ratio["follower_bytes_per_s"], 2),
             cell(&ratio["latency_p50_ms"], 2),
             cell(&ratio["latency_p99_ms"], 2),
+        ));
+    }
+    for result in results {
+        let Some(parts) = result["kvrelay"]["relay_memory_peak_mb"].as_object() else {
+            continue;
+        };
+        if parts.is_empty() {
+            continue;
+        }
+        let listed: Vec<String> = parts
+            .iter()
+            .map(|(component, mb)| format!("{component} {}", cell(mb, 1)))
+            .collect();
+        out.push_str(&format!(
+            "\n{}: our relay's memory by component, each at its peak (MB): {}; RSS peak {} MB\n",
+            result["run"].as_str().unwrap_or("?"),
+            listed.join(", "),
+            cell(&result["kvrelay"]["relay_rss_peak_mb"], 0),
         ));
     }
     out

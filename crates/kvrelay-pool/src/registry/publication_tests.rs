@@ -327,6 +327,54 @@ async fn a_subscriber_that_cannot_coalesce_keeps_up_to_its_own_floor() {
 }
 
 #[tokio::test]
+async fn the_registry_sums_its_hubs_memory_gauges_and_drops_a_retired_hubs() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let reader = registry.stream_stats_reader();
+    let attachment = attach_llama(&registry, 1, "a.b.c").await;
+    let mut subscription = registry.subscribe(attachment.identity()).await.unwrap();
+    for id in 1..=3 {
+        attachment.actor.submit(stored_event(id)).await.unwrap();
+        attachment.actor.flush().await.unwrap();
+    }
+    let (sequence, words) = attachment.actor.words().await.unwrap();
+    let mut replica = WireReplica::new(&attachment.identity());
+    follow_until(&mut subscription, &mut replica, sequence).await;
+    // The hub reports on its timeout tick (1 s).
+    let table_bytes = words.len() as u64 * 8;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reader.get().mirror_bytes != table_bytes || reader.get().retained_deltas != 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gauges never reported: {:?}",
+            reader.get()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reader.get().retained_bytes > 0);
+    drop(subscription);
+    registry.detach(attachment).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = reader.get();
+        if (
+            stats.mirror_bytes,
+            stats.retained_bytes,
+            stats.retained_deltas,
+        ) == (0, 0, 0)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a retired hub's gauges stayed: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its counters stay.
+    assert_eq!(reader.get().deltas, 3);
+}
+
+#[tokio::test]
 async fn a_subscriber_resumes_from_its_sequence_without_a_snapshot() {
     let registry = registry_with(test_limits(), Gates::default());
     let attachment = attach_llama(&registry, 1, "a.b.c").await;

@@ -358,8 +358,10 @@ impl Supervisor {
         let mut readings = Vec::with_capacity(attachments.len());
         let mut healths = Vec::with_capacity(attachments.len());
         let mut lane_resident: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut filter_bytes = 0u64;
         for (endpoint, attachment) in attachments {
             let health = attachment.actor.health(now);
+            filter_bytes = filter_bytes.saturating_add(health.stats.filter.memory_bytes);
             readings.push((
                 endpoint.clone(),
                 attachment.generation,
@@ -381,10 +383,16 @@ impl Supervisor {
                 let health = lane.actor.health(now);
                 *lane_resident.entry(lane.tier.name()).or_default() +=
                     health.stats.filter.resident_blocks;
+                filter_bytes = filter_bytes.saturating_add(health.stats.filter.memory_bytes);
                 healths.push((wire::pool_key(&lane.pool), lane.generation, health));
             }
         }
         self.state.record_health(&healths);
+        self.state
+            .metrics
+            .memory
+            .get_or_create(&crate::metrics::MEMORY_POOL_FILTERS)
+            .set(i64::try_from(filter_bytes).unwrap_or(i64::MAX));
         for tier in [kvrelay_ckf::CacheTier::Host, kvrelay_ckf::CacheTier::Disk] {
             let resident = lane_resident.get(tier.name()).copied().unwrap_or(0);
             self.state
