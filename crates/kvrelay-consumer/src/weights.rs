@@ -20,7 +20,11 @@
 //! load is never mistaken for an idle pool. Ties break by DC name, then pool order.
 
 /// Weights of the ranking formula (see the module docs). All must be finite.
-#[derive(Debug, Clone, Copy, PartialEq)]
+///
+/// Deserializes from a table of these fields (the router's `[weights]`), each optional
+/// (its default), unknown keys refused; [`ScoreWeights::validate`] checks the values.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ScoreWeights {
     /// Weight of the cached-prefix fraction of the prefill (or only) leg. Default 1.0.
     pub prefix: f64,

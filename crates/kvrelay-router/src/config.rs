@@ -33,7 +33,7 @@ pub struct RouterConfig {
     /// Bounds and timeouts of the consumer that follows the relays.
     pub consumer: ConsumerSection,
     /// Ranking weights (see `kvrelay_consumer::weights`).
-    pub weights: WeightsSection,
+    pub weights: ScoreWeights,
     /// Authentication of the router's own API.
     pub auth: AuthSection,
     /// `[tls]`: TLS on the router's own listener (PEM files read at start; with
@@ -60,7 +60,7 @@ impl Default for RouterConfig {
             relays: Vec::new(),
             http: HttpSection::default(),
             consumer: ConsumerSection::default(),
-            weights: WeightsSection::default(),
+            weights: ScoreWeights::default(),
             auth: AuthSection::default(),
             tls: None,
         }
@@ -336,41 +336,9 @@ impl ConsumerSection {
     }
 }
 
-/// `[weights]`: the ranking formula's weights (defaults are `ScoreWeights`'s).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WeightsSection {
-    /// Weight of the prefill (or only) leg's cached-prefix fraction.
-    pub prefix: f64,
-    /// Weight of a pair's decode-leg cached-prefix fraction.
-    pub decode_leg: f64,
-    /// Weight of the KV occupancy fraction.
-    pub load: f64,
-    /// Occupancy assumed when unknown, in `[0, 1]`.
-    pub unknown_load: f64,
-    /// Weight of the per-DC cost.
-    pub dc_cost: f64,
-    /// What a token cached in a pool's host memory is worth against device memory, in
-    /// `[0, 1]` (relays with `[tiers.host]`).
-    pub host_tier: f64,
-    /// The same for disk, in `[0, 1]` (relays with `[tiers.disk]`).
-    pub disk_tier: f64,
-}
-
-impl Default for WeightsSection {
-    fn default() -> Self {
-        let weights = ScoreWeights::default();
-        Self {
-            prefix: weights.prefix,
-            decode_leg: weights.decode_leg,
-            load: weights.load,
-            unknown_load: weights.unknown_load,
-            dc_cost: weights.dc_cost,
-            host_tier: weights.host_tier,
-            disk_tier: weights.disk_tier,
-        }
-    }
-}
+/// `[weights]`: the ranking formula's weights, read straight into the consumer's own type.
+#[deprecated(note = "use kvrelay_consumer::ScoreWeights: `[weights]` is read into it directly")]
+pub type WeightsSection = ScoreWeights;
 
 /// A router configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -554,15 +522,7 @@ impl RouterConfig {
             max: Duration::from_millis(self.consumer.backoff_max_ms),
             ..BackoffConfig::default()
         };
-        config.weights = ScoreWeights {
-            prefix: self.weights.prefix,
-            decode_leg: self.weights.decode_leg,
-            load: self.weights.load,
-            unknown_load: self.weights.unknown_load,
-            dc_cost: self.weights.dc_cost,
-            host_tier: self.weights.host_tier,
-            disk_tier: self.weights.disk_tier,
-        };
+        config.weights = self.weights;
         config.subscriber_id = "kvrelay-router".to_owned();
         config.validate()?;
         Ok(config)

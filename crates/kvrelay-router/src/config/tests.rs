@@ -82,6 +82,39 @@ fn the_shipped_example_loads_with_the_documented_defaults() {
 }
 
 #[test]
+fn every_weight_has_a_key_and_an_unset_one_keeps_the_consumers_default() {
+    let config = RouterConfig::from_toml(
+        "[[relays]]\naddress = \"127.0.0.1:1\"\ndc = \"x\"\n\n[weights]\nprefix = 2.0\n\
+         decode_leg = 0.5\nload = 0.25\nunknown_load = 0.75\nhost_tier = 0.8\ndisk_tier = 0.4\n",
+    )
+    .unwrap();
+    let weights = config.consumer_config(no_env).unwrap().weights;
+    assert_eq!(
+        weights,
+        ScoreWeights {
+            prefix: 2.0,
+            decode_leg: 0.5,
+            load: 0.25,
+            unknown_load: 0.75,
+            dc_cost: ScoreWeights::DEFAULT_DC_COST,
+            host_tier: 0.8,
+            disk_tier: 0.4,
+        }
+    );
+    let err = RouterConfig::from_toml("[weights]\nhost = 0.5\n").unwrap_err();
+    assert!(
+        matches!(&err, RouterConfigError::Syntax { message } if message.contains("host")),
+        "{err}"
+    );
+    // The consumer checks the values.
+    let config = RouterConfig::from_toml(
+        "[[relays]]\naddress = \"127.0.0.1:1\"\ndc = \"x\"\n\n[weights]\nhost_tier = 1.5\n",
+    )
+    .unwrap();
+    assert!(config.consumer_config(no_env).is_err());
+}
+
+#[test]
 fn defaults_listen_on_loopback() {
     let config = RouterConfig::from_toml("").unwrap();
     assert_eq!(config.listen, DEFAULT_LISTEN);
