@@ -205,10 +205,20 @@ async fn main() -> Result<()> {
     let mut marks: Vec<(String, u64)> = Vec::new();
     let mut ticker = tokio::time::interval(probe_every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // The longest time between two probe rounds while the publishers run: a block that
+    // lives in the replica for less than that can be missed (an unseen probe).
+    let mut longest_probe_gap = Duration::ZERO;
+    let mut last_round: Option<Instant> = None;
 
     loop {
         ticker.tick().await;
         let now = Instant::now();
+        if final_target.is_none()
+            && let Some(last) = last_round
+        {
+            longest_probe_gap = longest_probe_gap.max(now.duration_since(last));
+        }
+        last_round = Some(now);
         if now.duration_since(last_sample) >= sample_every {
             let pools = consumer.pools();
             let status = pools.first().map(|pool| (pool.replica, pool.sequence));
@@ -463,6 +473,7 @@ async fn main() -> Result<()> {
         },
         "time_to_current_after_stop_s": time_to_current,
         "longest_unusable_ms": longest_unusable.as_secs_f64() * 1e3,
+        "longest_probe_gap_ms": longest_probe_gap.as_secs_f64() * 1e3,
         "max_pools_listed": max_pools_listed,
         "relay_failovers": metrics.relay_failovers,
         "relay_silences": metrics.relay_silences,

@@ -392,6 +392,7 @@ async fn run_side(
         "latency_p50_ms": report["latency"]["p50_ms"],
         "latency_p99_ms": report["latency"]["p99_ms"],
         "unseen_probes": report["latency"]["unseen"],
+        "longest_probe_gap_ms": report["longest_probe_gap_ms"],
         "final_sequence": report["final_sequence"],
         "follower": report,
     }))
