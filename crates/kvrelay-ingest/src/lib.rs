@@ -33,6 +33,7 @@ mod source;
 mod stats;
 mod trace_replay;
 mod workload;
+mod zmq_config;
 mod zmq_frames;
 mod zmq_source;
 mod zmq_transport;
@@ -63,6 +64,7 @@ pub use event_trace::{
     parse_event_trace, parse_header, parse_request_trace,
 };
 pub use limits::{LimitError, Limits};
+pub use metered::QueueBudget;
 pub use nats_source::{NatsAuth, NatsSourceConfig, NatsTls, spawn_nats_source};
 pub use sequence::{
     ResetReason, ResumePoint, SequenceAction, SequenceConfig, SequenceTracker, batch_digest,
@@ -75,5 +77,6 @@ pub use workload::{
     WorkerCache, WorkloadConfig, block_token_hash, block_tokens, request_tokens,
     route_by_first_block,
 };
+pub use zmq_config::{FaultInjection, ZmqSourceConfig, ZmqWire};
 pub use zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
-pub use zmq_source::{FaultInjection, ZmqSourceConfig, ZmqWire, spawn_zmq_source};
+pub use zmq_source::spawn_zmq_source;

@@ -51,7 +51,11 @@ pub const DEFAULT_TAIL_PROBE_IDLE_MS: u64 = 1_000;
 /// Default [`Limits::max_queued_bytes`] (128 MiB): two messages of the largest default
 /// payload.
 pub const DEFAULT_MAX_QUEUED_BYTES: usize = 128 << 20;
-/// Largest accepted [`Limits::max_queued_bytes`] (64 GiB).
+/// Default [`Limits::max_queued_bytes_total`] (1 GiB): eight sources at their own
+/// default bound at once.
+pub const DEFAULT_MAX_QUEUED_BYTES_TOTAL: usize = 1 << 30;
+/// Largest accepted [`Limits::max_queued_bytes`] and [`Limits::max_queued_bytes_total`]
+/// (64 GiB).
 pub const MAX_QUEUED_BYTES_CAP: usize = 1 << 36;
 /// Default payload limit of a Dynamo NATS source (1 MiB): one JSON router event list.
 pub const DEFAULT_NATS_MAX_PAYLOAD_BYTES: usize = 1 << 20;
@@ -103,6 +107,12 @@ pub struct Limits {
     /// would pass it is dropped on arrival and counted (`overflow`), so the source sees a gap
     /// (replayed, or a reset). At least `max_payload_bytes`.
     pub max_queued_bytes: usize,
+    /// Bytes of received ZMQ messages all the sources of one relay hold together (its
+    /// owner makes one [`crate::QueueBudget`] of it and gives it to every source): past
+    /// it a message is dropped on arrival and counted (`overflow`) like one over
+    /// `max_queued_bytes`. Without it the relay's memory for queued messages would grow
+    /// with the number of engines. At least `max_payload_bytes`.
+    pub max_queued_bytes_total: usize,
     /// How long one replay may take before it counts as failed (ms).
     pub replay_timeout_ms: u64,
     /// How long shutdown waits for a source's tasks (ms).
@@ -144,6 +154,7 @@ impl Default for Limits {
             live_queue_depth: DEFAULT_LIVE_QUEUE_DEPTH,
             max_buffered_during_replay: DEFAULT_MAX_BUFFERED_DURING_REPLAY,
             max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
+            max_queued_bytes_total: DEFAULT_MAX_QUEUED_BYTES_TOTAL,
             replay_timeout_ms: DEFAULT_REPLAY_TIMEOUT_MS,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -221,6 +232,11 @@ impl Limits {
                 widen(self.max_queued_bytes),
                 widen(MAX_QUEUED_BYTES_CAP),
             ),
+            (
+                "max_queued_bytes_total",
+                widen(self.max_queued_bytes_total),
+                widen(MAX_QUEUED_BYTES_CAP),
+            ),
         ];
         for (name, value, cap) in counts {
             if value == 0 {
@@ -238,12 +254,17 @@ impl Limits {
                 });
             }
         }
-        if self.max_queued_bytes < self.max_payload_bytes {
-            return Err(LimitError {
-                name: "max_queued_bytes",
-                value: widen(self.max_queued_bytes),
-                reason: "is below max_payload_bytes (a largest message could never be held)",
-            });
+        for (name, bytes) in [
+            ("max_queued_bytes", self.max_queued_bytes),
+            ("max_queued_bytes_total", self.max_queued_bytes_total),
+        ] {
+            if bytes < self.max_payload_bytes {
+                return Err(LimitError {
+                    name,
+                    value: widen(bytes),
+                    reason: "is below max_payload_bytes (a largest message could never be held)",
+                });
+            }
         }
         let durations = [
             ("replay_timeout_ms", self.replay_timeout_ms),
@@ -319,6 +340,30 @@ mod tests {
         let err = limits.validate().unwrap_err();
         assert_eq!(err.name, "receive_high_water_mark");
         assert_eq!(err.reason, "must be nonzero");
+    }
+
+    #[test]
+    fn the_relay_wide_byte_budget_holds_a_largest_message_and_has_a_cap() {
+        let below = Limits {
+            max_queued_bytes_total: DEFAULT_MAX_PAYLOAD_BYTES - 1,
+            ..Limits::default()
+        };
+        assert_eq!(below.validate().unwrap_err().name, "max_queued_bytes_total");
+        let above = Limits {
+            max_queued_bytes_total: MAX_QUEUED_BYTES_CAP + 1,
+            ..Limits::default()
+        };
+        let err = above.validate().unwrap_err();
+        assert_eq!(
+            (err.name, err.reason),
+            ("max_queued_bytes_total", "is above its documented cap")
+        );
+        // Below one source's own bound is allowed: the smaller bound wins.
+        let tight = Limits {
+            max_queued_bytes_total: DEFAULT_MAX_PAYLOAD_BYTES,
+            ..Limits::default()
+        };
+        assert_eq!(tight.validate(), Ok(()));
     }
 
     #[test]

@@ -17,9 +17,7 @@
 //! the previous reset, once. Rejections are counted per kind and logged rate-limited.
 
 use std::collections::BTreeSet;
-use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kvrelay_ckf::SourceId;
@@ -29,103 +27,23 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::canonical::{CanonicalConfig, Canonicalizer};
-use crate::engine::EngineKind;
+use crate::canonical::Canonicalizer;
 use crate::engine_decoder::decode_engine_batch;
 use crate::error::RejectionKind;
 use crate::event_plane::{EventPlaneMessage, decode_event_plane_frame};
 use crate::limits::Limits;
 use crate::log_limit::RejectionLog;
 use crate::metered::{ByteBudget, Metered};
-use crate::sequence::{
-    ResetReason, ResumePoint, SequenceAction, SequenceConfig, SequenceTracker, batch_digest,
-};
+use crate::sequence::{ResetReason, SequenceAction, SequenceConfig, SequenceTracker, batch_digest};
 use crate::source::{
     SourceHandle, SourceOutput, SourceSignal, SourceState, StateCell, Transport, emit,
 };
 use crate::stats::{Counters, ReplayOutcome};
+use crate::zmq_config::{ZmqSourceConfig, ZmqWire};
 use crate::zmq_transport::{
     ReaderEvent, ReaderExit, ReaderParams, ReplayError, ReplayEvent, ReplayJob, run_reader,
     run_replay,
 };
-
-/// Where and how to subscribe to one engine publisher (one DP rank's PUB socket).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ZmqSourceConfig {
-    /// The worker the publisher belongs to.
-    pub worker_id: u64,
-    /// The rank used when a batch names none.
-    pub dp_rank: u32,
-    /// The ranks the source's card declares (`data_parallel_start_rank` ..
-    /// `+data_parallel_size`); batches naming any other rank are rejected and counted.
-    pub declared_ranks: Range<u32>,
-    /// What the publisher sends: an engine's batches, or Dynamo's event plane.
-    pub wire: ZmqWire,
-    /// The PUB endpoint to connect to, e.g. `tcp://10.0.0.5:5557`.
-    pub endpoint: String,
-    /// The ROUTER replay endpoint, if the engine has one, e.g. `tcp://10.0.0.5:5558`.
-    pub replay_endpoint: Option<String>,
-    /// The subscription topic prefix (`""` for all).
-    pub topic: String,
-    /// The pool's hashing rules.
-    pub canonical: CanonicalConfig,
-    /// Bounds and timeouts.
-    pub limits: Limits,
-    /// Fault injection for tests; the default injects nothing.
-    pub fault: FaultInjection,
-    /// The last batch already applied, when the owner restored the source's state (a
-    /// checkpoint): the source continues after it (see [`SequenceTracker::resumed`])
-    /// instead of treating its first batch as a join, once the engine's replay of that
-    /// batch matched its digest.
-    pub resume_after: Option<ResumePoint>,
-}
-
-/// What a ZMQ publisher sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ZmqWire {
-    /// An engine's own batches, `[topic, seq, msgpack batch]`, in vLLM's or SGLang's
-    /// positional layout; token ids are hashed with the pool's rules.
-    Engine(EngineKind),
-    /// Dynamo's event plane, as a Dynamo worker's `KvEventPublisher` publishes it on the
-    /// channel it advertises ([`crate::parse_event_plane`]): only events of the source's
-    /// worker and declared ranks are applied. Dynamo hashes the blocks itself (XXH3, seed
-    /// 1337, no salt), so the pool's hash format must be the default one for its answers to
-    /// match Dynamo's.
-    DynamoEventPlane {
-        /// The advertised publisher id (the `EventSource` record's `publisher_id`):
-        /// messages of any other publisher are rejected.
-        publisher_id: u64,
-    },
-}
-
-/// Test-only faults a source can be told to suffer (the default injects none).
-#[derive(Debug, Clone, Default)]
-pub struct FaultInjection {
-    panic_reader: Arc<AtomicBool>,
-}
-
-impl FaultInjection {
-    /// Makes the source's reader panic once, at its next poll.
-    pub fn panic_reader_once(&self) {
-        self.panic_reader.store(true, Ordering::Relaxed);
-    }
-
-    /// Panics if a reader panic was requested (and clears the request).
-    #[allow(clippy::panic)]
-    pub(crate) fn check_reader(&self) {
-        if self.panic_reader.swap(false, Ordering::Relaxed) {
-            panic!("injected reader panic");
-        }
-    }
-}
-
-impl PartialEq for FaultInjection {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.panic_reader, &other.panic_reader)
-    }
-}
-
-impl Eq for FaultInjection {}
 
 /// Starts a ZMQ source; must be called inside a tokio runtime.
 pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
@@ -141,7 +59,8 @@ pub fn spawn_zmq_source(config: ZmqSourceConfig) -> SourceHandle {
         worker_id = config.worker_id,
         dp_rank = config.dp_rank
     );
-    let budget = ByteBudget::new(limits.max_queued_bytes, counters.clone());
+    let shared = config.queue_budget.clone();
+    let budget = ByteBudget::new(limits.max_queued_bytes, counters.clone(), shared);
     let params = ReaderParams {
         endpoint: config.endpoint.clone(),
         topic: config.topic.clone(),

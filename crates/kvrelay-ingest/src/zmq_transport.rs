@@ -32,8 +32,8 @@ use crate::log_limit::RejectionLog;
 use crate::metered::{ByteBudget, Metered};
 use crate::source::{SourceState, StateCell};
 use crate::stats::Counters;
+use crate::zmq_config::{FaultInjection, ZmqWire};
 use crate::zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
-use crate::zmq_source::{FaultInjection, ZmqWire};
 
 /// How long one poll waits before cancellation is checked again.
 const POLL_INTERVAL_MS: i64 = 50;
@@ -277,10 +277,9 @@ fn read(
                     let len = payload.len();
                     let Some(payload) = params.budget.admit(payload) else {
                         counters.reject(RejectionKind::Overflow);
-                        let held = params.budget.held();
                         let reason = format!(
-                            "message of {len} bytes dropped: the source holds {held} bytes, max_queued_bytes {}",
-                            limits.max_queued_bytes
+                            "message of {len} bytes dropped: {}",
+                            params.budget.describe()
                         );
                         log_rejection(&mut rejections, RejectionKind::Overflow, peer, &reason);
                         continue;
@@ -415,8 +414,8 @@ pub(crate) fn run_replay(
                         // The replay comes back incomplete; the tracker decides (a reset).
                         counters.reject(RejectionKind::Overflow);
                         let reason = format!(
-                            "replayed message of {len} bytes dropped: over max_queued_bytes {}",
-                            limits.max_queued_bytes
+                            "replayed message of {len} bytes dropped: {}",
+                            budget.describe()
                         );
                         log_rejection(&mut rejections, RejectionKind::Overflow, endpoint, &reason);
                         continue;

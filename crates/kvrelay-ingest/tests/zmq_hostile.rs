@@ -17,8 +17,8 @@ use std::time::Duration;
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_ingest::{
     CanonicalConfig, EngineBatch, EngineEvent, EngineKind, EngineLayout, FaultInjection, Limits,
-    RejectionKind, SourceHandle, SourceOutput, SourceSignal, SourceState, ZmqSourceConfig, ZmqWire,
-    encode_engine_batch, spawn_zmq_source,
+    QueueBudget, RejectionKind, SourceHandle, SourceOutput, SourceSignal, SourceState,
+    ZmqSourceConfig, ZmqWire, encode_engine_batch, spawn_zmq_source,
 };
 
 const PAYLOAD_LIMIT: usize = 64 << 10;
@@ -51,6 +51,7 @@ fn config(endpoint: String, worker_id: u64, fault: FaultInjection) -> ZmqSourceC
         limits: limits(),
         fault,
         resume_after: None,
+        queue_budget: None,
     }
 }
 
@@ -414,18 +415,45 @@ async fn undeclared_ranks_are_rejected_and_counted_in_bounded_memory() {
 /// sent), and once its output is read again it gives the bytes back and goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_beyond_the_byte_budget_are_dropped_and_counted() {
+    overflow_against(Budget::OwnBound).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_beyond_the_relay_wide_budget_are_dropped_and_counted() {
+    overflow_against(Budget::Shared).await;
+}
+
+/// Which bound the overflow runs into.
+#[derive(Clone, Copy, PartialEq)]
+enum Budget {
+    /// The source's own `max_queued_bytes`.
+    OwnBound,
+    /// A `QueueBudget` shared with other sources, its own bound set far above it.
+    Shared,
+}
+
+/// Floods a stalled source with large messages: what the bound holds is kept, the rest
+/// is dropped on arrival and counted, and everything comes back once it reads again.
+async fn overflow_against(budget: Budget) {
     const MESSAGE: usize = 4 << 20;
     const SENT: u64 = 64; // 256 MiB offered against a 12 MiB budget
+    // Three large messages and the two small batches below.
+    let bound = 3 * MESSAGE + 1024;
     let limits = Limits {
         max_payload_bytes: MESSAGE + 1024,
-        // Three large messages and the two small batches below.
-        max_queued_bytes: 3 * MESSAGE + 1024,
+        max_queued_bytes: if budget == Budget::Shared {
+            64 * MESSAGE
+        } else {
+            bound
+        },
         output_queue_depth: 1,
         ..limits()
     };
     let (socket, endpoint) = publisher();
     let mut config = config(endpoint, 1, FaultInjection::default());
     config.limits = limits;
+    let shared = (budget == Budget::Shared).then(|| QueueBudget::new(bound));
+    config.queue_budget = shared.clone();
     let mut source = spawn_zmq_source(config);
     wait_for(&source, "connected", |s| {
         s.state() == SourceState::Connected
@@ -451,10 +479,9 @@ async fn large_messages_beyond_the_byte_budget_are_dropped_and_counted() {
     .await;
     let stats = source.stats();
     assert!(
-        stats.peak_queued_bytes <= limits.max_queued_bytes as u64,
-        "held {} bytes at most, budget {}",
+        stats.peak_queued_bytes <= bound as u64,
+        "held {} bytes at most, budget {bound}",
         stats.peak_queued_bytes,
-        limits.max_queued_bytes
     );
     assert_eq!(
         stats.queued_bytes,
@@ -480,5 +507,8 @@ async fn large_messages_beyond_the_byte_budget_are_dropped_and_counted() {
     let stats = source.stats();
     assert!(events >= 2, "the source stopped: {stats:?}");
     assert_eq!(stats.queued_bytes, 0, "{stats:?}");
+    if let Some(shared) = &shared {
+        assert_eq!(shared.held(), 0, "the shared budget gets every byte back");
+    }
     assert!(source.shutdown().await);
 }

@@ -277,6 +277,7 @@ fn source_without_replay(pub_endpoint: String) -> SourceHandle {
         declared_ranks: 0..1,
         fault: Default::default(),
         resume_after: None,
+        queue_budget: None,
     })
 }
 
@@ -301,6 +302,7 @@ fn probing_config(pub_endpoint: String, replay_endpoint: String) -> ZmqSourceCon
         declared_ranks: 0..1,
         fault: Default::default(),
         resume_after: None,
+        queue_budget: None,
     }
 }
 
@@ -344,6 +346,7 @@ async fn gaps_are_replayed_and_a_restart_resets_to_the_new_truth() {
         declared_ranks: 0..1,
         fault: Default::default(),
         resume_after: None,
+        queue_budget: None,
     });
     let mut state = State::new();
     let mut signals = Vec::new();
@@ -419,6 +422,7 @@ async fn malformed_messages_are_counted_per_kind_and_the_source_continues() {
         declared_ranks: 0..1,
         fault: Default::default(),
         resume_after: None,
+        queue_budget: None,
     });
     let mut state = State::new();
     let mut signals = Vec::new();
@@ -688,6 +692,7 @@ async fn a_dynamo_event_plane_publisher_feeds_the_source_and_strangers_are_refus
         declared_ranks: 0..1,
         fault: Default::default(),
         resume_after: None,
+        queue_budget: None,
     });
     let stored = |worker: u64, event_id: u64, ids: &[u64]| RouterEvent {
         source: SourceId::new(worker, 0),

@@ -58,6 +58,7 @@ async fn ten_thousand_malformed_messages_count_ten_thousand_and_log_a_few_lines(
         limits: Limits::default(),
         fault: FaultInjection::default(),
         resume_after: None,
+        queue_budget: None,
     });
     for _ in 0..400 {
         if source.state() == SourceState::Connected {

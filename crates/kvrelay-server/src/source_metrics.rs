@@ -346,6 +346,7 @@ mod tests {
             limits: Limits::default(),
             fault: FaultInjection::default(),
             resume_after: None,
+            queue_budget: None,
         });
         let registration = metrics
             .ingest

@@ -140,6 +140,7 @@ impl Relay {
             limits.clone(),
             metrics.clone(),
             limits.load_window_ms,
+            kvrelay_ingest::QueueBudget::new(config.ingest.max_queued_bytes_total),
         ));
         let admission = Admission::new(&limits);
 

@@ -165,6 +165,7 @@ pub(crate) fn spawn_zmq(
         declared_ranks: config.dp_rank..config.dp_rank.saturating_add(1),
         fault: kvrelay_ingest::FaultInjection::default(),
         resume_after,
+        queue_budget: Some(state.ingest_budget.clone()),
     };
     let span = info_span!(
         "source",

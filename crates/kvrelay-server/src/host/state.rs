@@ -72,6 +72,8 @@ pub(crate) struct HostState {
     pub(crate) live: AtomicBool,
     /// The last batch each engine source applied (for checkpoints).
     pub(crate) positions: SourcePositions,
+    /// What all ZMQ sources hold queued together (`[ingest] max_queued_bytes_total`).
+    pub(crate) ingest_budget: kvrelay_ingest::QueueBudget,
     pools: Mutex<BTreeMap<String, PoolStatus>>,
     facts: Mutex<HostFacts>,
     /// Cumulative figures of each pool generation already added to the metric counters.
@@ -95,6 +97,7 @@ impl HostState {
         limits: Limits,
         metrics: Arc<RelayMetrics>,
         window_ms: u64,
+        ingest_budget: kvrelay_ingest::QueueBudget,
     ) -> Self {
         Self {
             relay,
@@ -124,6 +127,7 @@ impl HostState {
             workload: WorkloadCounters::default(),
             live: AtomicBool::new(true),
             positions: SourcePositions::default(),
+            ingest_budget,
             pools: Mutex::new(BTreeMap::new()),
             facts: Mutex::new(HostFacts {
                 unready: vec!["discovery has not listed yet".to_owned()],
