@@ -251,79 +251,61 @@ async fn a_slow_subscriber_catches_up_with_one_coalesced_delta_while_others_keep
 }
 
 #[tokio::test]
-async fn the_byte_bound_cuts_off_a_subscriber_that_cannot_coalesce() {
-    let registry = registry_with(
-        Limits {
-            stream: StreamLimits {
-                max_backlog_bytes: Some(2 * (kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD + 64)),
-                // No larger floor for it: the bound above cuts it off too.
-                min_uncoalesced_backlog_bytes: 0,
-                ..StreamLimits::default()
+async fn a_subscriber_that_cannot_coalesce_is_cut_off_past_its_own_bound() {
+    // A coalesced bound of two one-image deltas; four deltas follow. With no floor of its
+    // own the subscriber that takes every delta is cut off at that bound; with the
+    // default floor (16 MiB) the four deltas are its backlog and it keeps up.
+    let floors = [
+        (0, true),
+        (
+            kvrelay_ckf::stream::DEFAULT_MIN_UNCOALESCED_BACKLOG_BYTES,
+            false,
+        ),
+    ];
+    for (floor, cut_off) in floors {
+        let registry = registry_with(
+            Limits {
+                stream: StreamLimits {
+                    max_backlog_bytes: Some(2 * (kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD + 64)),
+                    min_uncoalesced_backlog_bytes: floor,
+                    ..StreamLimits::default()
+                },
+                ..test_limits()
             },
-            ..test_limits()
-        },
-        Gates::default(),
-    );
-    let attachment = attach_llama(&registry, 1, "a.b.c").await;
-    let options = SubscribeOptions {
-        resume_from: None,
-        coalesce: false,
-    };
-    let mut minor0 = registry
-        .subscribe_with(attachment.identity(), options)
-        .await
-        .unwrap();
-    let mut coalescing = registry.subscribe(attachment.identity()).await.unwrap();
-    for id in 1..=4 {
-        attachment.actor.submit(stored_event(id)).await.unwrap();
-        attachment.actor.flush().await.unwrap();
+            Gates::default(),
+        );
+        let attachment = attach_llama(&registry, 1, "a.b.c").await;
+        let options = SubscribeOptions {
+            resume_from: None,
+            coalesce: false,
+        };
+        let mut minor0 = registry
+            .subscribe_with(attachment.identity(), options)
+            .await
+            .unwrap();
+        let mut coalescing = registry.subscribe(attachment.identity()).await.unwrap();
+        for id in 1..=4 {
+            attachment.actor.submit(stored_event(id)).await.unwrap();
+            attachment.actor.flush().await.unwrap();
+        }
+        let (sequence, words) = attachment.actor.words().await.unwrap();
+        if cut_off {
+            assert_eq!(
+                next_end(&mut minor0).await,
+                SubscriptionEnd::SubscriberLagged
+            );
+        } else {
+            let mut replica = WireReplica::new(&attachment.identity());
+            follow_until(&mut minor0, &mut replica, sequence).await;
+            assert_eq!(replica.words(), words.as_slice(), "floor {floor}");
+        }
+        // The same backlog coalesced (one image per bucket) stays within the bound.
+        let mut replica = WireReplica::new(&attachment.identity());
+        follow_until(&mut coalescing, &mut replica, sequence).await;
+        assert_eq!(replica.words(), words.as_slice());
+        drop((minor0, coalescing));
+        registry.detach(attachment).await;
     }
-    assert_eq!(
-        next_end(&mut minor0).await,
-        SubscriptionEnd::SubscriberLagged
-    );
-    // The same backlog coalesced (one image per bucket) stays within the bound.
-    let (sequence, words) = attachment.actor.words().await.unwrap();
-    let mut replica = WireReplica::new(&attachment.identity());
-    follow_until(&mut coalescing, &mut replica, sequence).await;
-    assert_eq!(replica.words(), words.as_slice());
-    drop(coalescing);
-    registry.detach(attachment).await;
-}
-
-#[tokio::test]
-async fn a_subscriber_that_cannot_coalesce_keeps_up_to_its_own_floor() {
-    // The same tight coalesced bound, with the default floor for subscribers that take
-    // every delta (16 MiB): the four deltas are its backlog, and it is not cut off.
-    let registry = registry_with(
-        Limits {
-            stream: StreamLimits {
-                max_backlog_bytes: Some(2 * (kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD + 64)),
-                ..StreamLimits::default()
-            },
-            ..test_limits()
-        },
-        Gates::default(),
-    );
-    let attachment = attach_llama(&registry, 1, "a.b.c").await;
-    let options = SubscribeOptions {
-        resume_from: None,
-        coalesce: false,
-    };
-    let mut minor0 = registry
-        .subscribe_with(attachment.identity(), options)
-        .await
-        .unwrap();
-    for id in 1..=4 {
-        attachment.actor.submit(stored_event(id)).await.unwrap();
-        attachment.actor.flush().await.unwrap();
-    }
-    let (sequence, words) = attachment.actor.words().await.unwrap();
-    let mut replica = WireReplica::new(&attachment.identity());
-    follow_until(&mut minor0, &mut replica, sequence).await;
-    assert_eq!(replica.words(), words.as_slice());
-    drop(minor0);
-    registry.detach(attachment).await;
 }
 
 #[tokio::test]
