@@ -7,7 +7,8 @@
 //! answers replay requests from its ring of recent batches (vLLM's replay protocol: the
 //! batches from the requested sequence on, then the end marker, sequence -1).
 //!
-//! Protocol with the driver: prints `ready` once bound, waits for `go` on stdin, prints
+//! Protocol with the driver: prints `ready` once bound, waits for `go` on stdin (answering
+//! replays meanwhile, from an empty ring), prints
 //! `sent EVENTS BATCHES` about once a second, then `done EVENTS BATCHES UNIX_NS` and keeps
 //! answering replays until `quit` (or stdin closes). Pacing: batch k is sent when the
 //! events before it, at `--rate / --workers` events/s, are due (so each request's batch
@@ -107,16 +108,21 @@ fn main() -> Result<()> {
 
     let commands = stdin_lines();
     say("ready")?;
+    // Waiting for `go` is spent answering replay requests, as an idle vLLM engine does: a
+    // relay that joins now asks for the history from sequence 0 and gets the end marker at
+    // once (unanswered, its replay would time out and reset the source).
+    let ring: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
     loop {
-        match commands.recv() {
+        match commands.try_recv() {
             Ok(line) if line == "go" => break,
-            Ok(_) => continue,
-            Err(_) => return Ok(()),
+            Ok(_) | Err(mpsc::TryRecvError::Empty) => {}
+            Err(mpsc::TryRecvError::Disconnected) => return Ok(()),
         }
+        serve_replay(&replay, &ring, Duration::from_millis(20))?;
     }
 
     let per_engine_rate = rate / workers.max(1) as f64;
-    let mut ring: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
+    let mut ring = ring;
     let mut seq = 0u64;
     let mut events_sent = 0u64;
     let started = Instant::now();
