@@ -301,6 +301,9 @@ fn run(
     let mut truth = vec![0u32; n_dcs];
     let mut ours = PrefixDepths::default();
     let (mut under, mut over, mut wrong_best, mut probes_total) = (0u64, 0u64, 0u64, 0u64);
+    // Wrong picks that tie a truly best DC's estimate (the pick is the first of equals),
+    // against those whose estimate passes every truly best DC's.
+    let mut wrong_best_ties = 0u64;
     for hashes in &requests {
         truth.iter_mut().for_each(|depth| *depth = 0);
         exact_depths(&exact, hashes, n_dcs, &mut truth);
@@ -316,7 +319,14 @@ fn run(
             }
         }
         let best = truth.iter().copied().max().unwrap_or(0);
-        wrong_best += u64::from(best > 0 && truth[pick.0] < best);
+        if best > 0 && truth[pick.0] < best {
+            wrong_best += 1;
+            let tied = truth
+                .iter()
+                .enumerate()
+                .any(|(dc, &depth)| depth == best && ours.depth(dc).unwrap_or(0) == pick.1);
+            wrong_best_ties += u64::from(tied);
+        }
     }
 
     // Throughput: paired rounds, median of each.
@@ -401,6 +411,7 @@ fn run(
         "underestimates": under,
         "overestimates": over,
         "wrong_best_dc": wrong_best,
+        "wrong_best_dc_ties": wrong_best_ties,
         "build_seconds": rounded(started.elapsed().as_secs_f64(), 1),
         "relay_pool": relay_pool,
     }))
