@@ -398,39 +398,90 @@ pub struct StreamStats {
 }
 
 impl StreamStats {
-    /// The gauges of `self`, each raised by `current`'s and lowered by `before`'s: how a
-    /// sum over publishers follows one of them from its `before` reading to `current`.
-    /// The counters are left as they are.
-    pub fn move_gauges(&mut self, before: &StreamStats, current: &StreamStats) {
-        let moved = |total: u64, before: u64, current: u64| {
-            total.saturating_sub(before).saturating_add(current)
+    /// Follows one publisher from its `before` reading to `current` in `self`, a sum over
+    /// publishers: each counter gains what it gained (never less), each gauge drops
+    /// `before`'s value and takes `current`'s.
+    pub fn advance(&mut self, before: &StreamStats, current: &StreamStats) {
+        let gained = |total: &mut u64, before: u64, current: u64| {
+            *total = total.saturating_add(current.saturating_sub(before));
         };
-        self.pinned_copies = moved(
-            self.pinned_copies,
+        gained(&mut self.deltas, before.deltas, current.deltas);
+        gained(&mut self.snapshots, before.snapshots, current.snapshots);
+        gained(&mut self.resumes, before.resumes, current.resumes);
+        gained(
+            &mut self.resume_misses,
+            before.resume_misses,
+            current.resume_misses,
+        );
+        gained(
+            &mut self.delta_frames,
+            before.delta_frames,
+            current.delta_frames,
+        );
+        gained(
+            &mut self.coalesced_frames,
+            before.coalesced_frames,
+            current.coalesced_frames,
+        );
+        gained(
+            &mut self.coalesced_deltas,
+            before.coalesced_deltas,
+            current.coalesced_deltas,
+        );
+        gained(&mut self.heartbeats, before.heartbeats, current.heartbeats);
+        gained(
+            &mut self.cut_offs_backlog,
+            before.cut_offs_backlog,
+            current.cut_offs_backlog,
+        );
+        gained(
+            &mut self.cut_offs_snapshot_stalled,
+            before.cut_offs_snapshot_stalled,
+            current.cut_offs_snapshot_stalled,
+        );
+        gained(
+            &mut self.snapshots_shared,
+            before.snapshots_shared,
+            current.snapshots_shared,
+        );
+        gained(
+            &mut self.snapshot_refusals,
+            before.snapshot_refusals,
+            current.snapshot_refusals,
+        );
+        let moved = |total: &mut u64, before: u64, current: u64| {
+            *total = total.saturating_sub(before).saturating_add(current);
+        };
+        moved(
+            &mut self.pinned_copies,
             before.pinned_copies,
             current.pinned_copies,
         );
-        self.pinned_copy_bytes = moved(
-            self.pinned_copy_bytes,
+        moved(
+            &mut self.pinned_copy_bytes,
             before.pinned_copy_bytes,
             current.pinned_copy_bytes,
         );
-        self.retained_deltas = moved(
-            self.retained_deltas,
+        moved(
+            &mut self.retained_deltas,
             before.retained_deltas,
             current.retained_deltas,
         );
-        self.retained_bytes = moved(
-            self.retained_bytes,
+        moved(
+            &mut self.retained_bytes,
             before.retained_bytes,
             current.retained_bytes,
         );
-        self.pending_bytes = moved(
-            self.pending_bytes,
+        moved(
+            &mut self.pending_bytes,
             before.pending_bytes,
             current.pending_bytes,
         );
-        self.mirror_bytes = moved(self.mirror_bytes, before.mirror_bytes, current.mirror_bytes);
+        moved(
+            &mut self.mirror_bytes,
+            before.mirror_bytes,
+            current.mirror_bytes,
+        );
     }
 }
 

@@ -301,29 +301,11 @@ impl HubTask {
         }
     }
 
-    /// Adds what the counters gained since the last report to the registry's totals.
+    /// Adds what this hub's counters gained and its gauges now read to the registry's totals.
     fn report_stats(&mut self) {
         let current = self.shared.publisher.lock().stats();
         let before = self.reported;
-        let mut totals = self.context.totals.lock();
-        let gained = |now: u64, then: u64| now.saturating_sub(then);
-        totals.deltas += gained(current.deltas, before.deltas);
-        totals.snapshots += gained(current.snapshots, before.snapshots);
-        totals.resumes += gained(current.resumes, before.resumes);
-        totals.resume_misses += gained(current.resume_misses, before.resume_misses);
-        totals.delta_frames += gained(current.delta_frames, before.delta_frames);
-        totals.coalesced_frames += gained(current.coalesced_frames, before.coalesced_frames);
-        totals.coalesced_deltas += gained(current.coalesced_deltas, before.coalesced_deltas);
-        totals.heartbeats += gained(current.heartbeats, before.heartbeats);
-        totals.cut_offs_backlog += gained(current.cut_offs_backlog, before.cut_offs_backlog);
-        totals.cut_offs_snapshot_stalled += gained(
-            current.cut_offs_snapshot_stalled,
-            before.cut_offs_snapshot_stalled,
-        );
-        totals.snapshots_shared += gained(current.snapshots_shared, before.snapshots_shared);
-        totals.snapshot_refusals += gained(current.snapshot_refusals, before.snapshot_refusals);
-        totals.move_gauges(&before, &current);
-        drop(totals);
+        self.context.totals.lock().advance(&before, &current);
         self.reported = current;
     }
 
@@ -339,10 +321,7 @@ impl HubTask {
             mirror_bytes: 0,
             ..self.reported
         };
-        self.context
-            .totals
-            .lock()
-            .move_gauges(&self.reported, &retired);
+        self.context.totals.lock().advance(&self.reported, &retired);
         self.reported = retired;
     }
 
