@@ -1,4 +1,6 @@
-//! Format v1 addressing: fingerprint, primary bucket and XOR alternate bucket of a hash.
+//! Addressing: fingerprint, primary bucket and alternate bucket of a hash, for format 1
+//! (power-of-two count, XOR alternate) and the dense format 2 (any count, multiply-shift
+//! primary, reflected alternate).
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -9,14 +11,17 @@ const ALTERNATE_SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Where a hash lives: its nonzero 16-bit fingerprint and its two candidate buckets.
 ///
-/// `primary != alternate`, and each is the other's alternate for this fingerprint.
+/// Each is the other's alternate for this fingerprint. In format 1 `primary != alternate`
+/// always; in the dense format the two coincide for about one hash in `bucket_count / 2`
+/// (the hash then has one candidate bucket).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Address {
     /// The 16-bit fingerprint, never 0 (0 marks an empty slot).
     pub fingerprint: u16,
     /// The primary bucket index.
     pub primary: u32,
-    /// The alternate bucket index (`primary XOR offset(fingerprint)`).
+    /// The alternate bucket index (format 1: `primary XOR offset(fingerprint)`; dense:
+    /// `(offset(fingerprint) - primary) mod bucket_count`).
     pub alternate: u32,
 }
 
@@ -30,7 +35,14 @@ pub(crate) struct Home {
     pub(crate) primary: u32,
 }
 
-/// Computes [`Address`]es for one [`CkfFormat`] (seed and bucket count).
+/// Computes [`Address`]es for one [`CkfFormat`] (version, seed and bucket count).
+///
+/// Both formats take the fingerprint from the low 16 bits of `m = xxh3_64(le(h), seed)`
+/// and the offset from `xxh3_64(le16(fp), seed XOR 0x9E37_79B9_7F4A_7C15)`. Format 1
+/// masks (`primary = (m >> 16) & (n - 1)`, `alternate = primary XOR offset`, offset 0 →
+/// 1); the dense format reduces by multiply-shift (`primary = (u32(m >> 16) · n) >> 32`,
+/// `offset' = (u32(offset) · n) >> 32`, `alternate = (offset' - primary) mod n`, an
+/// involution for any `n`).
 ///
 /// ```
 /// use kvrelay_ckf::Addressing;
@@ -44,7 +56,9 @@ pub(crate) struct Home {
 pub struct Addressing {
     seed: u64,
     alternate_seed: u64,
-    mask: u64,
+    /// Format 1: `bucket_count - 1`. Dense: the bucket count.
+    reduce: u64,
+    dense: bool,
 }
 
 impl Addressing {
@@ -53,7 +67,12 @@ impl Addressing {
         Self {
             seed: format.seed(),
             alternate_seed: format.seed() ^ ALTERNATE_SEED_MIX,
-            mask: u64::from(format.bucket_mask()),
+            reduce: if format.is_dense() {
+                u64::from(format.bucket_count())
+            } else {
+                u64::from(format.bucket_count()) - 1
+            },
+            dense: format.is_dense(),
         }
     }
 
@@ -76,19 +95,38 @@ impl Addressing {
     pub(crate) fn home(&self, hash: u64) -> Home {
         let mixed = xxh3_64_with_seed(&hash.to_le_bytes(), self.seed);
         let low = (mixed & 0xFFFF) as u16;
-        // Masked by a bucket count <= 2^24, so it fits in u32.
+        // Masked by, or scaled into, a bucket count <= 2^24, so it fits in u32.
+        let primary = if self.dense {
+            ((mixed >> 16) as u32 as u64 * self.reduce) >> 32
+        } else {
+            (mixed >> 16) & self.reduce
+        };
         Home {
             fingerprint: if low == 0 { 1 } else { low },
-            primary: ((mixed >> 16) & self.mask) as u32,
+            primary: primary as u32,
         }
     }
 
     /// The other candidate bucket of `fingerprint` when it sits in `bucket_idx`.
     #[inline]
     pub fn alternate(&self, bucket_idx: u32, fingerprint: u16) -> u32 {
-        let offset = xxh3_64_with_seed(&fingerprint.to_le_bytes(), self.alternate_seed) & self.mask;
-        let offset = if offset == 0 { 1 } else { offset as u32 };
-        bucket_idx ^ offset
+        let offset = xxh3_64_with_seed(&fingerprint.to_le_bytes(), self.alternate_seed);
+        if self.dense {
+            // `bucket_idx` is a bucket of this table (an address's or a slot's), so both
+            // are below the count (<= 2^24) and one conditional add wraps the difference
+            // (no division on the relocation and removal paths).
+            let offset = ((offset as u32 as u64 * self.reduce) >> 32) as u32;
+            let reflected = offset.wrapping_sub(bucket_idx);
+            if reflected >= self.reduce as u32 {
+                reflected.wrapping_add(self.reduce as u32)
+            } else {
+                reflected
+            }
+        } else {
+            let offset = offset & self.reduce;
+            let offset = if offset == 0 { 1 } else { offset as u32 };
+            bucket_idx ^ offset
+        }
     }
 }
 
@@ -121,5 +159,54 @@ mod tests {
             );
             assert_ne!(address.fingerprint, 0);
         }
+    }
+
+    #[test]
+    fn dense_alternate_is_an_involution_within_the_table() {
+        for bucket_count in [2u32, 3, 7, 1000, 263_159, 1 << 24] {
+            let addressing =
+                Addressing::new(CkfFormat::dense(DEFAULT_CKF_SEED, bucket_count).unwrap());
+            let mut same = 0;
+            for hash in 0..5000u64 {
+                let address = addressing.address(hash);
+                assert!(address.primary < bucket_count && address.alternate < bucket_count);
+                assert_eq!(
+                    addressing.alternate(address.alternate, address.fingerprint),
+                    address.primary,
+                    "{bucket_count} buckets, hash {hash}"
+                );
+                same += usize::from(address.primary == address.alternate);
+            }
+            if bucket_count >= 1000 {
+                assert!(same < 50, "{same} of 5000 hashes have one candidate bucket");
+            }
+        }
+    }
+
+    #[test]
+    fn dense_primary_buckets_are_spread_evenly() {
+        let bucket_count = 1000u32;
+        let addressing = Addressing::new(CkfFormat::dense(DEFAULT_CKF_SEED, bucket_count).unwrap());
+        let mut counts = vec![0u32; bucket_count as usize];
+        for hash in 0..200_000u64 {
+            counts[addressing.address(hash).primary as usize] += 1;
+        }
+        // 200 expected per bucket; a Poisson tail past 300 or under 110 is ~1e-10.
+        assert!(
+            counts.iter().all(|&c| (110..=300).contains(&c)),
+            "{:?}",
+            counts.iter().max()
+        );
+    }
+
+    #[test]
+    fn dense_and_v1_address_differently() {
+        let v1 = Addressing::new(CkfFormat::v1(DEFAULT_CKF_SEED, 1024).unwrap());
+        let dense = Addressing::new(CkfFormat::dense(DEFAULT_CKF_SEED, 1024).unwrap());
+        let differ = (0..1000u64)
+            .filter(|&h| v1.address(h) != dense.address(h))
+            .count();
+        assert!(differ > 900, "{differ}");
+        assert_eq!(v1.address(7).fingerprint, dense.address(7).fingerprint);
     }
 }

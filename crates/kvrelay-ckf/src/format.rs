@@ -1,5 +1,5 @@
-//! Filter sizing: the v1 [`CkfFormat`] for an expected number of unique blocks, the seed
-//! and the relocation budget.
+//! Filter sizing: the v1 or dense [`CkfFormat`] for an expected number of unique blocks,
+//! the seed and the relocation budget.
 
 use kvrelay_identity::{CkfFormat, DEFAULT_CKF_SEED};
 
@@ -13,6 +13,16 @@ pub const MAX_KICKS: u32 = 4096;
 
 /// Smallest bucket count.
 pub const MIN_BUCKET_COUNT: u64 = 2;
+
+/// Default design load of the dense format, in percent: the table is full to this share
+/// of its slots when the pool holds its expected number of unique blocks. At 95 % a
+/// 16-bit fingerprint costs 16.8 bits per membership and a probe's false-positive rate is
+/// about `8 · 0.95 / 65,535 ≈ 1.16e-4`.
+pub const DEFAULT_DENSE_LOAD_PERCENT: u8 = 95;
+
+/// Accepted dense design loads, in percent. Above 97 % inserts start to fail well before
+/// the expected count (a 4-slot cuckoo table's threshold is about 97–98 %).
+pub const DENSE_LOAD_PERCENT_RANGE: std::ops::RangeInclusive<u8> = 50..=97;
 
 /// Errors building a filter layout or a producer filter.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,6 +42,12 @@ pub enum ConfigError {
     CapacityOverflow {
         /// The rejected capacity.
         expected_unique_blocks: u64,
+    },
+    /// The dense design load is outside [`DENSE_LOAD_PERCENT_RANGE`].
+    #[error("dense design load {load_percent} % is outside 50..=97 %")]
+    InvalidDenseLoad {
+        /// The rejected load, in percent.
+        load_percent: u8,
     },
     /// The bucket count exceeds `MAX_BUCKET_COUNT`.
     #[error("bucket count {bucket_count} exceeds the largest table {MAX_BUCKET_COUNT}")]
@@ -80,6 +96,62 @@ pub fn bucket_count_for(expected_unique_blocks: u64) -> Result<u64, ConfigError>
     Ok(bucket_count)
 }
 
+/// The dense-format bucket count for `expected_unique_blocks` at `load_percent`:
+/// `max(2, ceil(100 n / (4 · load)))`, any count (not rounded to a power of two), so the
+/// table is `load_percent` full at `n` live blocks.
+///
+/// ```
+/// use kvrelay_ckf::format::dense_bucket_count_for;
+/// assert_eq!(dense_bucket_count_for(1, 95), Ok(2));
+/// assert_eq!(dense_bucket_count_for(1_000_000, 95), Ok(263_158));
+/// ```
+pub fn dense_bucket_count_for(
+    expected_unique_blocks: u64,
+    load_percent: u8,
+) -> Result<u64, ConfigError> {
+    if expected_unique_blocks == 0 {
+        return Err(ConfigError::ExpectedUniqueBlocksZero);
+    }
+    if !DENSE_LOAD_PERCENT_RANGE.contains(&load_percent) {
+        return Err(ConfigError::InvalidDenseLoad { load_percent });
+    }
+    let slots_per_load = 4 * u64::from(load_percent);
+    let bucket_count = expected_unique_blocks
+        .checked_mul(100)
+        .and_then(|x| x.checked_add(slots_per_load - 1))
+        .ok_or(ConfigError::CapacityOverflow {
+            expected_unique_blocks,
+        })?
+        / slots_per_load;
+    let bucket_count = bucket_count.max(MIN_BUCKET_COUNT);
+    if bucket_count > MAX_BUCKET_COUNT {
+        return Err(ConfigError::BucketCountTooLarge { bucket_count });
+    }
+    Ok(bucket_count)
+}
+
+/// Which format a producer filter is built in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FilterDensity {
+    /// CKF format 1 (the reference's): a power-of-two table 40–80 % full at the expected
+    /// count (about 27 bits per membership at 60 %).
+    #[default]
+    V1,
+    /// The dense format 2: a table sized to be `load_percent` full at the expected count
+    /// ([`DENSE_LOAD_PERCENT_RANGE`]; 95 % is 16.8 bits per membership).
+    Dense {
+        /// The design load, in percent.
+        load_percent: u8,
+    },
+}
+
+impl FilterDensity {
+    /// The dense format at [`DEFAULT_DENSE_LOAD_PERCENT`].
+    pub const DENSE: Self = Self::Dense {
+        load_percent: DEFAULT_DENSE_LOAD_PERCENT,
+    };
+}
+
 /// How to build a producer filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CkfConfig {
@@ -89,6 +161,8 @@ pub struct CkfConfig {
     pub seed: u64,
     /// Relocation budget per insert, `1..=MAX_KICKS`.
     pub max_kicks: u32,
+    /// The format: v1 (the default) or dense.
+    pub density: FilterDensity,
 }
 
 impl CkfConfig {
@@ -98,11 +172,38 @@ impl CkfConfig {
             expected_unique_blocks,
             seed: DEFAULT_CKF_SEED,
             max_kicks: DEFAULT_MAX_KICKS,
+            density: FilterDensity::V1,
         }
     }
 
-    /// Validates the config and returns its v1 format (seed and sized bucket count).
+    /// The same config in `density`.
+    pub fn with_density(self, density: FilterDensity) -> Self {
+        Self { density, ..self }
+    }
+
+    /// Validates the config and returns its format (version, seed and sized bucket count).
     pub fn format(&self) -> Result<CkfFormat, ConfigError> {
+        self.check_budget()?;
+        if let FilterDensity::Dense { load_percent } = self.density {
+            return self.dense_format(load_percent);
+        }
+        let bucket_count = bucket_count_for(self.expected_unique_blocks)?;
+        // bucket_count_for bounds the count by MAX_BUCKET_COUNT (2^24), a valid v1 count.
+        CkfFormat::v1(self.seed, bucket_count as u32)
+            .map_err(|_| ConfigError::BucketCountTooLarge { bucket_count })
+    }
+
+    /// The dense format (format 2), sized so the table is `load_percent` full at the
+    /// expected number of unique blocks.
+    fn dense_format(&self, load_percent: u8) -> Result<CkfFormat, ConfigError> {
+        let bucket_count = dense_bucket_count_for(self.expected_unique_blocks, load_percent)?;
+        // Bounded by MAX_BUCKET_COUNT (2^24) and at least 2: a valid dense count.
+        CkfFormat::dense(self.seed, bucket_count as u32)
+            .map_err(|_| ConfigError::BucketCountTooLarge { bucket_count })
+    }
+
+    /// The checks both formats share: a nonzero expected count, a budget in range.
+    fn check_budget(&self) -> Result<(), ConfigError> {
         if self.expected_unique_blocks == 0 {
             return Err(ConfigError::ExpectedUniqueBlocksZero);
         }
@@ -111,10 +212,7 @@ impl CkfConfig {
                 max_kicks: self.max_kicks,
             });
         }
-        let bucket_count = bucket_count_for(self.expected_unique_blocks)?;
-        // bucket_count_for bounds the count by MAX_BUCKET_COUNT (2^24), a valid v1 count.
-        CkfFormat::v1(self.seed, bucket_count as u32)
-            .map_err(|_| ConfigError::BucketCountTooLarge { bucket_count })
+        Ok(())
     }
 }
 
@@ -171,5 +269,66 @@ mod tests {
             bucket_count_for(60_000_000),
             Err(ConfigError::BucketCountTooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn dense_sizing_fills_to_the_design_load() {
+        for (n, load, expected) in [
+            (1, 95, 2),
+            (8, 95, 3),
+            (1_000_000, 95, 263_158),
+            (10_000_000, 95, 2_631_579),
+            (1_000_000, 50, 500_000),
+        ] {
+            assert_eq!(dense_bucket_count_for(n, load), Ok(expected), "n = {n}");
+            // The table holds n at no more than the design load, and one bucket fewer
+            // would be above it.
+            assert!(n * 100 <= expected * 4 * u64::from(load));
+            if expected > 2 {
+                assert!(n * 100 > (expected - 1) * 4 * u64::from(load));
+            }
+        }
+        let dense = |n| CkfConfig::new(n).with_density(FilterDensity::DENSE);
+        let format = dense(10_000_000).format().unwrap();
+        assert!(format.is_dense());
+        assert_eq!(format.bucket_count(), 2_631_579);
+        // Larger than v1 can size (2^24 buckets hold 63.7 M at 95 %).
+        assert!(CkfConfig::new(60_000_000).format().is_err());
+        assert!(dense(60_000_000).format().is_ok());
+    }
+
+    #[test]
+    fn dense_sizing_rejects_bad_loads_and_counts() {
+        for load_percent in [0, 49, 98, 255] {
+            assert_eq!(
+                dense_bucket_count_for(100, load_percent),
+                Err(ConfigError::InvalidDenseLoad { load_percent })
+            );
+        }
+        assert_eq!(
+            dense_bucket_count_for(0, 95),
+            Err(ConfigError::ExpectedUniqueBlocksZero)
+        );
+        assert!(matches!(
+            dense_bucket_count_for(u64::MAX, 95),
+            Err(ConfigError::CapacityOverflow { .. })
+        ));
+        assert!(matches!(
+            dense_bucket_count_for(64_000_000, 95),
+            Err(ConfigError::BucketCountTooLarge { .. })
+        ));
+        let config = CkfConfig {
+            max_kicks: 0,
+            ..CkfConfig::new(10)
+        };
+        assert_eq!(
+            config.with_density(FilterDensity::DENSE).format(),
+            Err(ConfigError::InvalidMaxKicks { max_kicks: 0 })
+        );
+        let config = CkfConfig::new(10).with_density(FilterDensity::Dense { load_percent: 99 });
+        assert_eq!(
+            config.format(),
+            Err(ConfigError::InvalidDenseLoad { load_percent: 99 })
+        );
     }
 }

@@ -62,7 +62,7 @@ pub use event::{
     CacheTier, EventPayload, RemovedBlocks, RouterEvent, SourceId, StoredBlock, StoredBlocks,
     TierChange, TierEvent, UnknownTier,
 };
-pub use format::{CkfConfig, ConfigError};
+pub use format::{CkfConfig, ConfigError, FilterDensity};
 pub use image::{BucketImage, Delta, MAX_BUCKET_COUNT, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
 pub use ownership::{ApplyError, BarrierSnapshot, PoolFilter, PublishError};
 pub use query::{

@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 
 use kvrelay_ckf::{
-    CkfConfig, Delta, EventPayload, PoolFilter, PrefixQuery, QueryConfig, QueryTable,
-    RemovedBlocks, Replica, ReplicaStatus, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    CkfConfig, Delta, EventPayload, FilterDensity, PoolFilter, PrefixQuery, QueryConfig,
+    QueryTable, RemovedBlocks, Replica, ReplicaStatus, RouterEvent, SourceId, StoredBlock,
+    StoredBlocks,
 };
 use kvrelay_identity::hashing::{canonical_child, canonical_root};
 use proptest::prelude::*;
@@ -226,9 +227,17 @@ impl Subscribers {
 }
 
 fn run(ops: Vec<Op>, expected_unique_blocks: u64) -> Result<(), TestCaseError> {
+    run_in(ops, expected_unique_blocks, FilterDensity::V1)
+}
+
+fn run_in(
+    ops: Vec<Op>,
+    expected_unique_blocks: u64,
+    density: FilterDensity,
+) -> Result<(), TestCaseError> {
     let config = CkfConfig {
         max_kicks: 16,
-        ..CkfConfig::new(expected_unique_blocks)
+        ..CkfConfig::new(expected_unique_blocks).with_density(density)
     };
     let mut filter = PoolFilter::new(config).unwrap();
     let mut model = Model::default();
@@ -325,6 +334,19 @@ proptest! {
     #[test]
     fn roomy_filter_matches_the_exact_model(ops in prop::collection::vec(op(), 1..120)) {
         run(ops, 256)?;
+    }
+
+    #[test]
+    fn tiny_dense_filter_matches_the_exact_model(ops in prop::collection::vec(op(), 1..120)) {
+        // 8 expected blocks at 95 % → 3 buckets: an odd count, so some hashes have one
+        // candidate bucket (primary = alternate), and the table saturates.
+        run_in(ops, 8, FilterDensity::DENSE)?;
+    }
+
+    #[test]
+    fn roomy_dense_filter_matches_the_exact_model(ops in prop::collection::vec(op(), 1..120)) {
+        // 256 at 95 % → 68 buckets, not a power of two.
+        run_in(ops, 256, FilterDensity::DENSE)?;
     }
 }
 

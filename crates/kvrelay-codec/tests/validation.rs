@@ -128,7 +128,7 @@ fn descriptor_rules_name_the_offending_value() {
 fn unknown_codes_and_versions_are_unsupported_not_malformed() {
     let mut cases = Vec::new();
     let mut pool = descriptor(1);
-    pool.producer.ckf_format.format_version = 2;
+    pool.producer.ckf_format.format_version = 3;
     cases.push(pool);
     let mut pool = descriptor(1);
     pool.query_semantics.hash_format = HashFormat::Unrecognized(9);
@@ -149,9 +149,35 @@ fn unknown_codes_and_versions_are_unsupported_not_malformed() {
 }
 
 #[test]
+fn a_dense_format_pool_is_valid_at_any_count_and_format_1_still_needs_a_power_of_two() {
+    let mut pool = descriptor(1);
+    pool.producer.ckf_format.format_version = 2;
+    pool.producer.ckf_format.bucket_count = 263_158;
+    check(pool.clone(), Ok(()));
+    let layout = pool.producer.ckf_format.layout().unwrap();
+    assert_eq!(
+        (layout.format_version(), layout.bucket_count()),
+        (2, 263_158)
+    );
+    pool.producer.ckf_format.bucket_count = 1;
+    check(
+        pool,
+        Err(ValidationError::InvalidBucketCount { bucket_count: 1 }),
+    );
+    let mut pool = descriptor(1);
+    pool.producer.ckf_format.bucket_count = 263_158;
+    check(
+        pool,
+        Err(ValidationError::InvalidBucketCount {
+            bucket_count: 263_158,
+        }),
+    );
+}
+
+#[test]
 fn unsupported_catalog_entry_is_quarantined_and_the_rest_kept() {
     let mut newer = descriptor(2);
-    newer.producer.ckf_format.format_version = 2;
+    newer.producer.ckf_format.format_version = 3;
     let verdict = catalog(vec![descriptor(1), newer, descriptor(3)])
         .validate()
         .unwrap();

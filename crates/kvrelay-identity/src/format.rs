@@ -1,9 +1,16 @@
-//! [`CkfFormat`]: the identity of a cuckoo-filter layout (CKF v1).
+//! [`CkfFormat`]: the identity of a cuckoo-filter layout (CKF v1, or our own dense CKF 2).
 
 use serde::{Deserialize, Serialize};
 
-/// The only CKF format version.
+/// CKF format 1, the reference's (Dynamo's) published format: a power-of-two bucket count,
+/// XOR alternate buckets.
 pub const CKF_FORMAT_V1: u16 = 1;
+
+/// CKF format 2, kvrelay's dense format: any bucket count in range (sized to the pool's
+/// capacity, not rounded up to a power of two), buckets by multiply-shift range reduction
+/// and the alternate bucket by reflection (`(offset - bucket) mod bucket_count`). Same
+/// fingerprints and slots as v1. Only kvrelay's own protocol carries it.
+pub const CKF_FORMAT_DENSE: u16 = 2;
 
 /// The default CKF seed.
 pub const DEFAULT_CKF_SEED: u64 = 0x5DEE_CE66_D1B5_4A33;
@@ -24,21 +31,28 @@ pub const MAX_CKF_BUCKET_COUNT: u32 = 16_777_216;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CkfFormatError {
-    /// The format version is not [`CKF_FORMAT_V1`].
-    #[error("ckf format version {version} is unsupported, expected {CKF_FORMAT_V1}")]
+    /// The format version is neither [`CKF_FORMAT_V1`] nor [`CKF_FORMAT_DENSE`].
+    #[error(
+        "ckf format version {version} is unsupported, expected {CKF_FORMAT_V1} or {CKF_FORMAT_DENSE}"
+    )]
     UnsupportedVersion {
         /// The version given.
         version: u16,
     },
-    /// The bucket count is not a power of two in
-    /// [`MIN_CKF_BUCKET_COUNT`]..=[`MAX_CKF_BUCKET_COUNT`].
+    /// The bucket count is outside
+    /// [`MIN_CKF_BUCKET_COUNT`]..=[`MAX_CKF_BUCKET_COUNT`], or (format 1) not a power of
+    /// two.
     #[error(
-        "ckf bucket count {bucket_count} must be a power of two in \
+        "ckf format {version} bucket count {bucket_count} must be {rule} in \
          {MIN_CKF_BUCKET_COUNT}..={MAX_CKF_BUCKET_COUNT}"
     )]
     InvalidBucketCount {
+        /// The format version given.
+        version: u16,
         /// The bucket count given.
         bucket_count: u32,
+        /// What the version requires ("a power of two" or "a count").
+        rule: &'static str,
     },
     /// The fingerprint width is not [`CKF_FINGERPRINT_BITS`].
     #[error("ckf fingerprint width {bits} bits is unsupported, expected {CKF_FINGERPRINT_BITS}")]
@@ -57,8 +71,9 @@ pub enum CkfFormatError {
 /// The layout identity of a CKF: `(format_version, seed, bucket_count, fingerprint_bits,
 /// slots_per_bucket)`. Two filters are interchangeable only if all five are equal.
 ///
-/// Invariants: version [`CKF_FORMAT_V1`]; bucket count a power of two in
-/// [`MIN_CKF_BUCKET_COUNT`]..=[`MAX_CKF_BUCKET_COUNT`] buckets; [`CKF_FINGERPRINT_BITS`]-bit
+/// Invariants: version [`CKF_FORMAT_V1`] (bucket count a power of two) or
+/// [`CKF_FORMAT_DENSE`] (any bucket count); the count in
+/// [`MIN_CKF_BUCKET_COUNT`]..=[`MAX_CKF_BUCKET_COUNT`]; [`CKF_FINGERPRINT_BITS`]-bit
 /// fingerprints; [`CKF_SLOTS_PER_BUCKET`] slots per bucket. Deserialising re-validates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "RawCkfFormat")]
@@ -89,6 +104,25 @@ impl CkfFormat {
         )
     }
 
+    /// A dense (format 2) format with `seed` and `bucket_count` buckets (any count in
+    /// range).
+    ///
+    /// ```
+    /// use kvrelay_identity::{CkfFormat, DEFAULT_CKF_SEED};
+    /// let format = CkfFormat::dense(DEFAULT_CKF_SEED, 263_159).unwrap();
+    /// assert!(format.is_dense());
+    /// assert!(CkfFormat::dense(DEFAULT_CKF_SEED, 1).is_err());
+    /// ```
+    pub const fn dense(seed: u64, bucket_count: u32) -> Result<Self, CkfFormatError> {
+        Self::from_parts(
+            CKF_FORMAT_DENSE,
+            seed,
+            bucket_count,
+            CKF_FINGERPRINT_BITS,
+            CKF_SLOTS_PER_BUCKET,
+        )
+    }
+
     /// Validates every field, as received from the wire.
     pub const fn from_parts(
         format_version: u16,
@@ -97,16 +131,24 @@ impl CkfFormat {
         fingerprint_bits: u8,
         slots_per_bucket: u8,
     ) -> Result<Self, CkfFormatError> {
-        if format_version != CKF_FORMAT_V1 {
-            return Err(CkfFormatError::UnsupportedVersion {
-                version: format_version,
-            });
-        }
-        if !bucket_count.is_power_of_two()
+        let needs_power_of_two = match format_version {
+            CKF_FORMAT_V1 => true,
+            CKF_FORMAT_DENSE => false,
+            version => return Err(CkfFormatError::UnsupportedVersion { version }),
+        };
+        if (needs_power_of_two && !bucket_count.is_power_of_two())
             || bucket_count < MIN_CKF_BUCKET_COUNT
             || bucket_count > MAX_CKF_BUCKET_COUNT
         {
-            return Err(CkfFormatError::InvalidBucketCount { bucket_count });
+            return Err(CkfFormatError::InvalidBucketCount {
+                version: format_version,
+                bucket_count,
+                rule: if needs_power_of_two {
+                    "a power of two"
+                } else {
+                    "a count"
+                },
+            });
         }
         if fingerprint_bits != CKF_FINGERPRINT_BITS {
             return Err(CkfFormatError::UnsupportedFingerprintBits {
@@ -127,9 +169,14 @@ impl CkfFormat {
         })
     }
 
-    /// The format version ([`CKF_FORMAT_V1`]).
+    /// The format version ([`CKF_FORMAT_V1`] or [`CKF_FORMAT_DENSE`]).
     pub const fn format_version(&self) -> u16 {
         self.format_version
+    }
+
+    /// Whether this is the dense format ([`CKF_FORMAT_DENSE`]).
+    pub const fn is_dense(&self) -> bool {
+        self.format_version == CKF_FORMAT_DENSE
     }
 
     /// The addressing seed.
@@ -137,14 +184,9 @@ impl CkfFormat {
         self.seed
     }
 
-    /// The number of buckets (a power of two).
+    /// The number of buckets (a power of two in format 1).
     pub const fn bucket_count(&self) -> u32 {
         self.bucket_count
-    }
-
-    /// `bucket_count - 1`, the mask that maps a hash to a bucket index.
-    pub const fn bucket_mask(&self) -> u32 {
-        self.bucket_count - 1
     }
 
     /// Fingerprint width in bits ([`CKF_FINGERPRINT_BITS`]).
@@ -193,7 +235,13 @@ mod tests {
 
     #[test]
     fn bucket_count_must_be_a_power_of_two_in_range() {
-        let invalid = |bucket_count| Err(CkfFormatError::InvalidBucketCount { bucket_count });
+        let invalid = |bucket_count| {
+            Err(CkfFormatError::InvalidBucketCount {
+                version: CKF_FORMAT_V1,
+                bucket_count,
+                rule: "a power of two",
+            })
+        };
         check(0, invalid(0));
         check(1, invalid(1));
         check(2, Ok(()));
@@ -205,10 +253,43 @@ mod tests {
     }
 
     #[test]
-    fn only_version_1_is_accepted() {
+    fn only_versions_1_and_2_are_accepted() {
         assert_eq!(
-            CkfFormat::from_parts(2, 0, 4, 16, 4),
-            Err(CkfFormatError::UnsupportedVersion { version: 2 })
+            CkfFormat::from_parts(3, 0, 4, 16, 4),
+            Err(CkfFormatError::UnsupportedVersion { version: 3 })
+        );
+        assert_eq!(
+            CkfFormat::from_parts(0, 0, 4, 16, 4),
+            Err(CkfFormatError::UnsupportedVersion { version: 0 })
+        );
+    }
+
+    #[test]
+    fn dense_takes_any_count_in_range() {
+        let invalid = |bucket_count| {
+            Err(CkfFormatError::InvalidBucketCount {
+                version: CKF_FORMAT_DENSE,
+                bucket_count,
+                rule: "a count",
+            })
+        };
+        let check = |bucket_count, expected: Result<(), CkfFormatError>| {
+            let got = CkfFormat::dense(DEFAULT_CKF_SEED, bucket_count).map(|_| ());
+            assert_eq!(got, expected, "bucket count {bucket_count}");
+        };
+        check(1, invalid(1));
+        check(2, Ok(()));
+        check(3, Ok(()));
+        check(263_159, Ok(()));
+        check(MAX_CKF_BUCKET_COUNT, Ok(()));
+        check(MAX_CKF_BUCKET_COUNT + 1, invalid(MAX_CKF_BUCKET_COUNT + 1));
+        let dense = CkfFormat::dense(9, 1000).unwrap();
+        assert!(dense.is_dense());
+        assert!(!CkfFormat::v1(9, 1024).unwrap().is_dense());
+        // Same seed and count, different addressing: never interchangeable.
+        assert_ne!(
+            CkfFormat::dense(9, 1024).unwrap(),
+            CkfFormat::v1(9, 1024).unwrap()
         );
     }
 
@@ -241,11 +322,10 @@ mod tests {
                 format.format_version(),
                 format.seed(),
                 format.bucket_count(),
-                format.bucket_mask(),
                 format.fingerprint_bits(),
                 format.slots_per_bucket()
             ),
-            (1, 9, 1024, 1023, 16, 4)
+            (1, 9, 1024, 16, 4)
         );
     }
 

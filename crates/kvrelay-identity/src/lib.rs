@@ -79,8 +79,8 @@ pub use endpoint::{
 };
 pub use error::IdentityError;
 pub use format::{
-    CKF_FINGERPRINT_BITS, CKF_FORMAT_V1, CKF_SLOTS_PER_BUCKET, CkfFormat, CkfFormatError,
-    DEFAULT_CKF_SEED, MAX_CKF_BUCKET_COUNT, MIN_CKF_BUCKET_COUNT,
+    CKF_FINGERPRINT_BITS, CKF_FORMAT_DENSE, CKF_FORMAT_V1, CKF_SLOTS_PER_BUCKET, CkfFormat,
+    CkfFormatError, DEFAULT_CKF_SEED, MAX_CKF_BUCKET_COUNT, MIN_CKF_BUCKET_COUNT,
 };
 pub use hashing::{
     HashSalt, XXH3_SEED, block_hash, block_hashes, block_hashes_with_mm, canonical_child,

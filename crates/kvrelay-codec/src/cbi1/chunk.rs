@@ -228,6 +228,48 @@ mod tests {
     }
 
     #[test]
+    fn a_dense_layout_round_trips_and_is_told_apart_from_format_1() {
+        use crate::cbi1::CKF_FORMAT_DENSE_VERSION;
+        let dense = Cbi1Layout::for_format(CKF_FORMAT_DENSE_VERSION, 0x5eed, 7).unwrap();
+        let table: Vec<u64> = (0..7).map(|i| i * 3 + 1).collect();
+        let mut dst = BytesMut::new();
+        encode_snapshot_chunk(&dense, 1, 9, &table, 0, &mut dst).unwrap();
+        assert_eq!(
+            u16::from_le_bytes([dst[10], dst[11]]),
+            CKF_FORMAT_DENSE_VERSION
+        );
+        let chunk = decode_chunk(dst.clone(), &dense).unwrap();
+        assert_eq!(chunk.words().collect::<Vec<_>>(), table);
+        assert_eq!(chunk.header().layout, dense);
+        // The same bytes against a format 1 subscription (of any count) are refused by
+        // format before the count is compared.
+        let v1 = layout(8);
+        assert_eq!(
+            decode_chunk(dst, &v1).unwrap_err(),
+            Cbi1Error::FormatMismatch {
+                expected: 1,
+                found: CKF_FORMAT_DENSE_VERSION
+            }
+        );
+        // Format 1 still needs a power of two; format 3 is unsupported.
+        assert_eq!(
+            Cbi1Layout::for_format(1, 0, 7),
+            Err(Cbi1Error::InvalidBucketCount { bucket_count: 7 })
+        );
+        assert!(matches!(
+            Cbi1Layout::for_format(3, 0, 8),
+            Err(Cbi1Error::UnsupportedFormat {
+                format_version: 3,
+                ..
+            })
+        ));
+        assert_eq!(
+            Cbi1Layout::for_format(CKF_FORMAT_DENSE_VERSION, 0, 1),
+            Err(Cbi1Error::InvalidBucketCount { bucket_count: 1 })
+        );
+    }
+
+    #[test]
     fn large_table_splits_into_fixed_size_chunks() {
         let bucket_count = 1u64 << 20;
         let layout = layout(bucket_count);

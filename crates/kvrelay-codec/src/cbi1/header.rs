@@ -7,7 +7,7 @@
 //! | 6 | 2 | frame type: 1 snapshot chunk, 2 delta |
 //! | 8 | 1 | fingerprint bits, 16 |
 //! | 9 | 1 | slots per bucket, 4 |
-//! | 10 | 2 | CKF format version, 1 |
+//! | 10 | 2 | CKF format version: 1, or 2 (kvrelay's dense format) |
 //! | 12 | 8 | seed |
 //! | 20 | 8 | bucket count |
 //! | 28 | 8 | `dc_id` of the pool |
@@ -26,8 +26,11 @@ pub const CBI1_MAGIC: [u8; 4] = *b"CBI1";
 pub const CBI1_WIRE_VERSION: u16 = 1;
 /// Header length, in bytes.
 pub const CBI1_HEADER_LEN: usize = 48;
-/// The only CKF format version CBI1 carries.
+/// CKF format 1, the reference's (power-of-two bucket count).
 pub const CKF_FORMAT_VERSION: u16 = 1;
+/// CKF format 2, kvrelay's dense format (any bucket count in range); only kvrelay's own
+/// protocol carries it.
+pub const CKF_FORMAT_DENSE_VERSION: u16 = 2;
 /// Fingerprint width of CKF format 1, in bits.
 pub const FINGERPRINT_BITS: u8 = 16;
 /// Slots per bucket of CKF format 1.
@@ -49,23 +52,56 @@ pub const MAX_CBI1_LEN: usize = CBI1_HEADER_LEN + CHUNK_HEADER_LEN + CHUNK_WORDS
 pub const MAX_DELTA_IMAGES: usize =
     (MAX_CBI1_LEN - CBI1_HEADER_LEN - DELTA_HEADER_LEN) / DELTA_IMAGE_LEN;
 
-/// The filter layout a payload must match: the seed and bucket count of a CKF format 1
-/// filter (fingerprint bits, slots and format version are fixed by CBI1).
+/// The filter layout a payload must match: the format version, seed and bucket count
+/// (fingerprint bits and slots are fixed by CBI1).
 ///
-/// Invariant: `bucket_count` is a power of two in `2..=MAX_BUCKET_COUNT`.
+/// Invariant: `bucket_count` is in `2..=MAX_BUCKET_COUNT`, a power of two in format 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cbi1Layout {
+    format_version: u16,
     seed: u64,
     bucket_count: u64,
 }
 
 impl Cbi1Layout {
-    /// A layout, if `bucket_count` is a power of two in `2..=MAX_BUCKET_COUNT`.
+    /// A format 1 layout, if `bucket_count` is a power of two in `2..=MAX_BUCKET_COUNT`.
     pub fn new(seed: u64, bucket_count: u64) -> Result<Self, Cbi1Error> {
-        if !bucket_count.is_power_of_two() || !(2..=MAX_BUCKET_COUNT).contains(&bucket_count) {
+        Self::for_format(CKF_FORMAT_VERSION, seed, bucket_count)
+    }
+
+    /// A layout of CKF format `format_version` (1 or 2): the bucket count must be in
+    /// `2..=MAX_BUCKET_COUNT`, and a power of two in format 1.
+    pub fn for_format(
+        format_version: u16,
+        seed: u64,
+        bucket_count: u64,
+    ) -> Result<Self, Cbi1Error> {
+        let needs_power_of_two = match format_version {
+            CKF_FORMAT_VERSION => true,
+            CKF_FORMAT_DENSE_VERSION => false,
+            _ => {
+                return Err(Cbi1Error::UnsupportedFormat {
+                    format_version,
+                    fingerprint_bits: FINGERPRINT_BITS,
+                    slots_per_bucket: SLOTS_PER_BUCKET,
+                });
+            }
+        };
+        if (needs_power_of_two && !bucket_count.is_power_of_two())
+            || !(2..=MAX_BUCKET_COUNT).contains(&bucket_count)
+        {
             return Err(Cbi1Error::InvalidBucketCount { bucket_count });
         }
-        Ok(Self { seed, bucket_count })
+        Ok(Self {
+            format_version,
+            seed,
+            bucket_count,
+        })
+    }
+
+    /// The CKF format version (1, or 2 for the dense format).
+    pub fn format_version(&self) -> u16 {
+        self.format_version
     }
 
     /// The filter seed.
@@ -73,7 +109,7 @@ impl Cbi1Layout {
         self.seed
     }
 
-    /// The number of buckets (a power of two).
+    /// The number of buckets (a power of two in format 1).
     pub fn bucket_count(&self) -> u64 {
         self.bucket_count
     }
@@ -172,7 +208,7 @@ pub enum Cbi1Error {
         /// The type code found.
         code: u16,
     },
-    /// A CKF format other than version 1 with 16-bit fingerprints and 4 slots
+    /// A CKF format other than version 1 or 2 with 16-bit fingerprints and 4 slots
     /// (unsupported).
     #[error(
         "ckf format version {format_version} with {fingerprint_bits}-bit fingerprints and {slots_per_bucket} slots is not supported"
@@ -185,8 +221,9 @@ pub enum Cbi1Error {
         /// Slots per bucket.
         slots_per_bucket: u8,
     },
-    /// The bucket count is not a power of two in `2..=MAX_BUCKET_COUNT`.
-    #[error("bucket count {bucket_count} is not a power of two in 2..=16777216")]
+    /// The bucket count is outside `2..=MAX_BUCKET_COUNT`, or not a power of two in
+    /// format 1.
+    #[error("bucket count {bucket_count} is outside 2..=16777216 or (format 1) not a power of two")]
     InvalidBucketCount {
         /// The bucket count.
         bucket_count: u64,
@@ -204,6 +241,14 @@ pub enum Cbi1Error {
         found_seed: u64,
         /// Bucket count in the payload.
         found_bucket_count: u64,
+    },
+    /// A supported CKF format other than the subscribed producer's.
+    #[error("cbi1 ckf format {found} differs from the expected format {expected}")]
+    FormatMismatch {
+        /// Expected format version.
+        expected: u16,
+        /// Format version in the payload.
+        found: u16,
     },
     /// A delta body shorter than its 12-byte header.
     #[error("delta body of {len} bytes is shorter than its 12-byte header")]
@@ -331,14 +376,22 @@ pub fn decode_cbi1(payload: &Bytes, expected: &Cbi1Layout) -> Result<Cbi1Payload
         return Err(Cbi1Error::ChecksumMismatch { declared, computed });
     }
     let (fingerprint_bits, slots_per_bucket, format_version) = (raw[8], raw[9], u16_at(raw, 10));
-    if format_version != CKF_FORMAT_VERSION
-        || fingerprint_bits != FINGERPRINT_BITS
+    if !matches!(
+        format_version,
+        CKF_FORMAT_VERSION | CKF_FORMAT_DENSE_VERSION
+    ) || fingerprint_bits != FINGERPRINT_BITS
         || slots_per_bucket != SLOTS_PER_BUCKET
     {
         return Err(Cbi1Error::UnsupportedFormat {
             format_version,
             fingerprint_bits,
             slots_per_bucket,
+        });
+    }
+    if format_version != expected.format_version {
+        return Err(Cbi1Error::FormatMismatch {
+            expected: expected.format_version,
+            found: format_version,
         });
     }
     let (found_seed, found_bucket_count) = (u64_at(raw, 12), u64_at(raw, 20));
@@ -381,7 +434,7 @@ pub(super) fn put_header(
     dst.put_u16_le(frame_type.code());
     dst.put_u8(FINGERPRINT_BITS);
     dst.put_u8(SLOTS_PER_BUCKET);
-    dst.put_u16_le(CKF_FORMAT_VERSION);
+    dst.put_u16_le(layout.format_version);
     dst.put_u64_le(layout.seed);
     dst.put_u64_le(layout.bucket_count);
     dst.put_u64_le(dc_id);

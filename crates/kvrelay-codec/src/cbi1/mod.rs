@@ -14,7 +14,7 @@ pub use chunk::{ChunkView, encode_snapshot_chunk, snapshot_chunk_count};
 pub use delta::{DeltaView, encode_delta};
 pub use header::{
     CBI1_HEADER_LEN, CBI1_MAGIC, CBI1_WIRE_VERSION, CHUNK_HEADER_LEN, CHUNK_WORDS,
-    CKF_FORMAT_VERSION, Cbi1Error, Cbi1FrameType, Cbi1Header, Cbi1Layout, Cbi1Payload,
-    DELTA_HEADER_LEN, DELTA_IMAGE_LEN, FINGERPRINT_BITS, MAX_BUCKET_COUNT, MAX_CBI1_LEN,
-    MAX_DELTA_IMAGES, SLOTS_PER_BUCKET, decode_cbi1,
+    CKF_FORMAT_DENSE_VERSION, CKF_FORMAT_VERSION, Cbi1Error, Cbi1FrameType, Cbi1Header, Cbi1Layout,
+    Cbi1Payload, DELTA_HEADER_LEN, DELTA_IMAGE_LEN, FINGERPRINT_BITS, MAX_BUCKET_COUNT,
+    MAX_CBI1_LEN, MAX_DELTA_IMAGES, SLOTS_PER_BUCKET, decode_cbi1,
 };

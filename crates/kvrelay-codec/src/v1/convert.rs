@@ -330,7 +330,7 @@ mod tests {
     #[test]
     fn unsupported_wire_producer_stays_unsupported_in_conversion() {
         let mut wire = ProducerIdentity::from(domain_producer());
-        wire.ckf_format.format_version = 2;
+        wire.ckf_format.format_version = 3;
         let err = domain::ProducerIdentity::try_from(wire).unwrap_err();
         assert!(err.is_unsupported());
     }

@@ -50,10 +50,12 @@ pub struct PoolId {
 }
 
 /// A filter's format: CKF format 1 is 16-bit fingerprints, 4 slots per bucket, a
-/// power-of-two bucket count in `2..=2^24`.
+/// power-of-two bucket count in `2..=2^24`; format 2 (kvrelay's dense format) the same
+/// with any bucket count in that range. A consumer that knows only format 1 quarantines
+/// a format 2 pool as unsupported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CkfFormat {
-    /// CKF format version (1).
+    /// CKF format version (1, or 2 dense).
     pub format_version: u32,
     /// Filter seed.
     pub seed: u64,
@@ -163,7 +165,8 @@ impl CkfFormat {
                 field: "ckf_format.format_version",
             });
         }
-        if self.format_version != u32::from(cbi1::CKF_FORMAT_VERSION)
+        let known = [cbi1::CKF_FORMAT_VERSION, cbi1::CKF_FORMAT_DENSE_VERSION];
+        if !known.iter().any(|&v| self.format_version == u32::from(v))
             || self.fingerprint_bits != u32::from(cbi1::FINGERPRINT_BITS)
             || self.slots_per_bucket != u32::from(cbi1::SLOTS_PER_BUCKET)
         {
@@ -178,7 +181,10 @@ impl CkfFormat {
 
     /// The CBI1 layout of a valid format.
     pub fn layout(&self) -> Result<Cbi1Layout, ValidationError> {
-        Cbi1Layout::new(self.seed, self.bucket_count).map_err(|_| {
+        // `validate` has checked the version is 1 or 2 before any caller gets here; a
+        // wider one fails the layout as unsupported.
+        let version = u16::try_from(self.format_version).unwrap_or(u16::MAX);
+        Cbi1Layout::for_format(version, self.seed, self.bucket_count).map_err(|_| {
             ValidationError::InvalidBucketCount {
                 bucket_count: self.bucket_count,
             }

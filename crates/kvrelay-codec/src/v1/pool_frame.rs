@@ -358,7 +358,9 @@ fn precheck(
 ) -> Result<cbi1::Cbi1Layout, EncodeError> {
     precheck_kind(header, kind)?;
     let format = &header.producer.ckf_format;
-    cbi1::Cbi1Layout::new(format.seed, format.bucket_count).map_err(EncodeError::Cbi1)
+    let version = u16::try_from(format.format_version).unwrap_or(u16::MAX);
+    cbi1::Cbi1Layout::for_format(version, format.seed, format.bucket_count)
+        .map_err(EncodeError::Cbi1)
 }
 
 fn in_frame(
