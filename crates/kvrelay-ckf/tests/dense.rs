@@ -87,7 +87,7 @@ fn dense_lanes_of_different_pools_answer_like_the_exact_index() {
         let exact_pool = exact.add_pool();
         let mut filter = PoolFilter::new(dense(4096)).unwrap();
         // Background blocks fill the table toward its design load.
-        fill(&mut filter, 3_800, pool as u64 + 1 << 40);
+        fill(&mut filter, 3_800, (pool as u64 + 1) << 40);
         if depth > 0 {
             let blocks = tokens[..depth]
                 .iter()

@@ -159,6 +159,9 @@ fn a_dense_format_pool_is_valid_at_any_count_and_format_1_still_needs_a_power_of
         (layout.format_version(), layout.bucket_count()),
         (2, 263_158)
     );
+    let domain = pool.producer.ckf_format.domain().unwrap();
+    assert!(domain.is_dense());
+    assert_eq!(domain.bucket_count(), 263_158);
     pool.producer.ckf_format.bucket_count = 1;
     check(
         pool,

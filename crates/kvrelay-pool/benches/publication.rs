@@ -69,6 +69,7 @@ fn attach_request() -> AttachRequest {
         query_semantics: semantics,
         roles: vec![WorkerRole::Aggregated],
         expected_unique_blocks: 1 << 20,
+        filter_density: kvrelay_ckf::FilterDensity::V1,
         load_capacity: None,
         tier_lanes: Vec::new(),
     }

@@ -48,6 +48,7 @@ async fn attach(registry: &PoolRegistry, name: &str, blocks: u64) -> PoolAttachm
             query_semantics: semantics,
             roles: vec![WorkerRole::Aggregated],
             expected_unique_blocks: blocks,
+            filter_density: kvrelay_ckf::FilterDensity::V1,
             load_capacity: None,
             tier_lanes: Vec::new(),
         })

@@ -57,15 +57,12 @@ pub(crate) struct FilterState {
 }
 
 impl FilterState {
-    /// Builds a filter sized for `expected_unique_blocks` (allocates the whole table).
+    /// Builds a filter as `config` sizes it (allocates the whole table).
     /// Its lineages and owner table place keys by a seed the engines cannot know (see
     /// `PoolFilter::with_placement_seed`), so crafted block ids or token hashes cannot
     /// lengthen probe runs; the seed changes no result, word or delta.
-    pub(crate) fn build(expected_unique_blocks: u64) -> Result<Self, ConfigError> {
-        let filter = PoolFilter::with_placement_seed(
-            CkfConfig::new(expected_unique_blocks),
-            unpredictable_seed(),
-        )?;
+    pub(crate) fn build(config: CkfConfig) -> Result<Self, ConfigError> {
+        let filter = PoolFilter::with_placement_seed(config, unpredictable_seed())?;
         Ok(Self {
             filter,
             blocks_per_source: BTreeMap::new(),

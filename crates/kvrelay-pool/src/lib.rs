@@ -83,6 +83,7 @@
 //!         query_semantics: semantics,
 //!         roles: vec![WorkerRole::Aggregated],
 //!         expected_unique_blocks: 1024,
+//!         filter_density: kvrelay_ckf::FilterDensity::V1,
 //!         load_capacity: None,
 //!         tier_lanes: Vec::new(),
 //!     })

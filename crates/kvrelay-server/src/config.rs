@@ -11,12 +11,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::Limits;
 
+mod filters;
 mod listeners;
 mod overrides;
 mod sources;
 mod state;
 mod tiers;
 
+pub use filters::{FilterFormat, FiltersConfig};
 pub(crate) use listeners::AuthTable;
 pub use listeners::{
     AdminConfig, AuthConfig, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,
@@ -132,6 +134,8 @@ pub struct RelayConfig {
     pub state: Option<StateConfig>,
     /// Lower cache tiers (host memory, disk) every pool keeps a lane of; none by default.
     pub tiers: TiersConfig,
+    /// The format of every pool's filter (v1 by default, or the dense format).
+    pub filters: FiltersConfig,
 }
 
 impl Default for RelayConfig {
@@ -149,6 +153,7 @@ impl Default for RelayConfig {
             ingest: kvrelay_ingest::Limits::default(),
             state: None,
             tiers: TiersConfig::default(),
+            filters: FiltersConfig::default(),
         }
     }
 }
@@ -280,6 +285,7 @@ impl RelayConfig {
             state.validate()?;
         }
         self.tiers.validate()?;
+        self.filters.validate(self.dynamo.is_some())?;
         self.ingest
             .validate()
             .map_err(|error| ConfigError::InvalidIngestLimit {

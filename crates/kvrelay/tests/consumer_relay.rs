@@ -217,6 +217,37 @@ async fn consumer_replicas_converge_on_a_real_relay() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_filters_are_published_followed_and_scored() {
+    let mut config = example_config("dc-test");
+    config.filters.format = kvrelay_server::FilterFormat::Dense;
+    let (relay, catalog) = start_relay(config).await;
+    for pool in &catalog.pools {
+        let format = &pool.producer.ckf_format;
+        assert_eq!(format.format_version, 2, "{:?}", pool.serving_endpoint);
+        // v1 would round the same pool up to a power of two.
+        let v1 = kvrelay_ckf::format::bucket_count_for(format.bucket_count * 4 * 95 / 100).unwrap();
+        assert!(format.bucket_count < v1, "{format:?} against v1's {v1}");
+    }
+    let addr = relay.wan_addr();
+    let consumer = start_consumer(addr);
+    let mut followers = followers_of(addr, &catalog).await;
+
+    // Replicas of the dense tables are bit-identical to their producers, and current.
+    assert_converged(&relay, &catalog, &consumer, &mut followers).await;
+
+    let (scored, current_legs, hits) = score_trace(&consumer, &catalog, 100);
+    assert!(scored > 0 && current_legs > 0, "dense replicas answer");
+    assert!(
+        hits > 0,
+        "scoring finds the replayed prefixes in dense filters"
+    );
+    assert_eq!(consumer.metrics().replicas_current, EXAMPLE_POOLS as u64);
+
+    consumer.shutdown().await;
+    relay.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_restart_is_seen_as_a_new_incarnation_and_replicas_converge_again() {
     let config = example_config("dc-test");
     let (first, before) = start_relay(config.clone()).await;

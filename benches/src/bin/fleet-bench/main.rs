@@ -11,8 +11,9 @@
 //! chains, so what it holds is prefix-closed and DCs hold different parts of one tenant).
 //! Tenants are added until the DC holds the target number of distinct blocks.
 //!
-//! **Each DC's filter** is built by the relay's own producer (`PoolFilter`, v1 format,
-//! sized for the target) from stored events (one per chain: its new suffix, parented on
+//! **Each DC's filter** is built by the relay's own producer (`PoolFilter`, in the dense
+//! format at its 95 % design load, then again in v1, each sized for the target) from
+//! stored events (one per chain: its new suffix, parented on
 //! the longest prefix already stored), then installed into one lane of a `QueryTable`, as
 //! a router's replicas are. **The exact baseline** is one hash map from sequence hash to a
 //! bitmask of the DCs holding it (keys are already uniform 64-bit hashes, so it uses them
@@ -23,28 +24,26 @@
 //! fresh chain cached nowhere. Reported per DC count: full-map query throughput of both
 //! (median of paired rounds, so both see the same machine state) and their ratio, p50/p99
 //! per request, accuracy of the filter's depths against the exact ones (underestimates
-//! must be 0), wrong best-DC picks, filter bits per resident membership and bytes.
+//! must be 0), wrong best-DC picks, filter bits per resident membership and bytes, and a
+//! probe's false-positive rate (never-stored hashes against every lane).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use kvrelay_benches::{Flags, percentile, process_memory};
+use kvrelay_benches::{Flags, process_memory};
 use kvrelay_ckf::{
-    BucketImage, CkfConfig, Delta, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
-    ReplicaStatus, SnapshotChunk,
+    CkfConfig, FilterDensity, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
+    SnapshotChunk,
 };
-use parking_lot::RwLock;
 use serde_json::{Value, json};
 
+mod applying;
 mod fleet;
 
-use fleet::{
-    BuiltDc, DELTAS_PER_DC, ExactMap, Rng, TENANTS, Zipf, build_dc, exact_depths, load_trace,
-    requests,
-};
+use applying::{quantile_us, scoring_while_applying};
+
+use fleet::{BuiltDc, ExactMap, Rng, TENANTS, Zipf, build_dc, exact_depths, load_trace, requests};
 
 /// The reference's published full-map ratios against its own exact index
 /// (ai-dynamo/dynamo#11225), by DC count.
@@ -54,194 +53,40 @@ const REFERENCE_RATIOS: [(usize, f64); 3] = [(4, 0.345), (16, 0.165), (64, 0.084
 /// ai-dynamo/dynamo#11225), per membership: the yardstick for ours at whatever size fits.
 const REFERENCE_ROUTER_BYTES_PER_MEMBERSHIP: f64 = 2.0 * (1u64 << 30) as f64 / 640e6;
 
-/// How often each lane receives a delta in the applying phase.
-const DELTA_PERIOD: Duration = Duration::from_millis(1);
-
-/// Score latency under the consumer's lock with no writer, then while one thread applies
-/// a delta to every lane each `DELTA_PERIOD` (flat out when it cannot keep up): first
-/// each delta under the write lock (the consumer before applies ran beside queries, the
-/// baseline), then under the upgradable read lock, which queries share (as the consumer
-/// applies deltas now).
-struct Applying {
-    idle_p99_us: f64,
-    write_locked_p99_us: f64,
-    beside_p99_us: f64,
-    deltas_per_s: f64,
-    snapshot: [SnapshotStall; 2],
-}
-
-/// The longest score call while lane 0 takes a whole snapshot again (after a reset, as a
-/// resubscribed replica does), and how long the install took.
-#[derive(Debug, Clone, Copy, Default)]
-struct SnapshotStall {
-    longest_score_us: f64,
-    install_ms: f64,
-}
-
-/// Lane 0's snapshot installed again while scoring: `[under the write lock (the
-/// baseline), beside queries (under the upgradable read, as the consumer installs a new
-/// replica's chunks)]`.
-fn scoring_while_installing(
-    table: &RwLock<QueryTable>,
-    requests: &[Vec<u64>],
-    chunks: &[SnapshotChunk],
-) -> Result<[SnapshotStall; 2]> {
-    let mut stalls = [SnapshotStall::default(); 2];
-    for (phase, beside_queries) in [false, true].into_iter().enumerate() {
-        table
-            .write()
-            .reset_lane(0)
-            .map_err(|err| anyhow::anyhow!("resetting lane 0: {err}"))?;
-        let done = AtomicBool::new(false);
-        let (longest, install) = std::thread::scope(|scope| {
-            let installer = scope.spawn(|| -> Result<Duration> {
-                let started = Instant::now();
-                let result = chunks.iter().try_for_each(|chunk| {
-                    let installed = if beside_queries {
-                        table
-                            .upgradable_read()
-                            .install_chunk_beside_queries(0, chunk)
-                            .context("lane 0 answered queries since its reset")?
-                    } else {
-                        table.write().install_chunk(0, chunk)
-                    };
-                    installed
-                        .map(|_| ())
-                        .map_err(|err| anyhow::anyhow!("installing lane 0: {err}"))
-                });
-                done.store(true, Ordering::Relaxed);
-                result.map(|()| started.elapsed())
-            });
-            let mut out = PrefixDepths::default();
-            let mut longest = Duration::ZERO;
-            for hashes in requests.iter().cycle() {
-                if done.load(Ordering::Relaxed) {
-                    break;
-                }
-                let t = Instant::now();
-                table.read().prefix_depths_into(hashes, &mut out);
-                longest = longest.max(t.elapsed());
-            }
-            let install = installer
-                .join()
-                .map_err(|_| anyhow::anyhow!("the installer panicked"))?;
-            install.map(|install| (longest, install))
-        })?;
-        stalls[phase] = SnapshotStall {
-            longest_score_us: longest.as_secs_f64() * 1e6,
-            install_ms: install.as_secs_f64() * 1e3,
-        };
-    }
-    Ok(stalls)
-}
-
-fn scoring_while_applying(
-    table: QueryTable,
-    requests: &[Vec<u64>],
-    dcs: &[BuiltDc],
-    n_dcs: usize,
-    first_snapshot: &[SnapshotChunk],
-) -> Result<Applying> {
-    const PHASE: Duration = Duration::from_millis(1500);
-    let mut sequences: Vec<u64> = Vec::with_capacity(n_dcs);
-    for lane in 0..n_dcs {
-        match table.lane_status(lane) {
-            Some(ReplicaStatus::Ready { sequence }) => sequences.push(sequence),
-            other => bail!("lane {lane} is not ready: {other:?}"),
-        }
-    }
-    let table = Arc::new(RwLock::new(table));
-    // Scores for `PHASE` as the consumer does (read lock per call), timing each call.
-    let score_phase = |table: &RwLock<QueryTable>| {
-        let mut out = PrefixDepths::default();
-        let mut latencies = Vec::with_capacity(1 << 20);
-        let started = Instant::now();
-        for hashes in requests.iter().cycle() {
-            let t = Instant::now();
-            table.read().prefix_depths_into(hashes, &mut out);
-            latencies.push(t.elapsed());
-            if started.elapsed() > PHASE {
-                break;
-            }
-        }
-        latencies.sort_unstable();
-        quantile_us(&latencies, 0.99)
-    };
-    let idle_p99_us = score_phase(&table);
-    let rewrites = Arc::new(
-        dcs.iter()
-            .map(|dc| dc.rewrites.clone())
-            .collect::<Vec<Vec<Vec<BucketImage>>>>(),
-    );
-    // Under the write lock first, then beside queries; the sequences carry over.
-    let mut applying = [(0.0, 0.0); 2];
-    for (phase, beside_queries) in [false, true].into_iter().enumerate() {
-        // The applier waits for its next round on the stop signal, with the round's
-        // deadline as the timeout.
-        let (stop, stopped) = mpsc::channel::<()>();
-        let applier = std::thread::spawn({
-            let table = Arc::clone(&table);
-            let rewrites = Arc::clone(&rewrites);
-            let mut sequences = std::mem::take(&mut sequences);
-            move || -> Result<(Vec<u64>, f64)> {
-                let started = Instant::now();
-                let mut applied = 0u64;
-                let mut round = 0usize;
-                loop {
-                    let due = started + DELTA_PERIOD * round as u32;
-                    let wait = due.saturating_duration_since(Instant::now());
-                    match stopped.recv_timeout(wait) {
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                    }
-                    for (lane, sequence) in sequences.iter_mut().enumerate() {
-                        let delta = Delta {
-                            base_sequence: *sequence,
-                            sequence: *sequence + 1,
-                            images: rewrites[lane][round % DELTAS_PER_DC].clone(),
-                        };
-                        let applied_delta = if beside_queries {
-                            table.upgradable_read().apply_delta(lane, &delta)
-                        } else {
-                            table.write().apply_delta(lane, &delta)
-                        };
-                        applied_delta
-                            .map_err(|err| anyhow::anyhow!("applying to lane {lane}: {err}"))?;
-                        *sequence += 1;
-                        applied += 1;
-                    }
-                    round += 1;
-                }
-                Ok((sequences, applied as f64 / started.elapsed().as_secs_f64()))
-            }
-        });
-        let p99 = score_phase(&table);
-        drop(stop);
-        let (returned, rate) = applier
-            .join()
-            .map_err(|_| anyhow::anyhow!("the applier panicked"))??;
-        sequences = returned;
-        applying[phase] = (p99, rate);
-    }
-    let snapshot = scoring_while_installing(&table, requests, first_snapshot)?;
-    Ok(Applying {
-        idle_p99_us,
-        write_locked_p99_us: applying[0].0,
-        beside_p99_us: applying[1].0,
-        deltas_per_s: applying[0].1.min(applying[1].1),
-        snapshot,
-    })
-}
-
-/// The `q`-quantile of sorted latencies, in µs (0 when there are none).
-fn quantile_us(sorted: &[Duration], q: f64) -> f64 {
-    let micros: Vec<f64> = sorted.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-    percentile(&micros, q).unwrap_or(0.0)
-}
-
 fn rounded(value: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (value * scale).round() / scale
+}
+
+/// The share of (probe, lane) pairs that find a hash no DC ever stored: a probe's
+/// false-positive rate, over `probes` random hashes against every lane.
+fn false_positive_rate(table: &QueryTable, n_lanes: usize, probes: u64) -> f64 {
+    let mut rng = Rng(0x0DDB_1A5E_5BAD_5EED);
+    let mut depths = PrefixDepths::default();
+    let mut hits = 0u64;
+    for _ in 0..probes {
+        table.prefix_depths_into(&[rng.next()], &mut depths);
+        hits += (0..n_lanes)
+            .filter(|&lane| depths.depth(lane) == Some(1))
+            .count() as u64;
+    }
+    hits as f64 / (probes * n_lanes as u64).max(1) as f64
+}
+
+/// The formats a run builds, by name.
+fn density_named(name: &str) -> Result<FilterDensity> {
+    match name {
+        "dense" => Ok(FilterDensity::DENSE),
+        "v1" => Ok(FilterDensity::V1),
+        other => bail!("--formats: `{other}` is not a format (dense, v1)"),
+    }
+}
+
+fn density_name(density: FilterDensity) -> &'static str {
+    match density {
+        FilterDensity::V1 => "v1",
+        FilterDensity::Dense { .. } => "dense",
+    }
 }
 
 fn run(
@@ -249,15 +94,18 @@ fn run(
     n_dcs: usize,
     blocks_per_dc: u64,
     n_requests: usize,
+    density: FilterDensity,
 ) -> Result<Value> {
     let started = Instant::now();
-    let mut fleet = Fleet::new(template, blocks_per_dc)?;
+    let mut fleet = Fleet::new(template, blocks_per_dc, density)?;
     let mut exact = ExactMap::default();
     let mut dcs = Vec::with_capacity(n_dcs);
     let mut relay_pool = Value::Null;
     let mut first_snapshot = Vec::new();
+    let mut capacity_omissions = 0u64;
     for dc in 0..n_dcs {
         let (built, mut filter) = fleet.build(dc, &mut exact)?;
+        capacity_omissions += filter.counters().capacity_omissions;
         let Installed {
             chunks,
             snapshot_copy,
@@ -304,6 +152,8 @@ fn run(
     // Wrong picks that tie a truly best DC's estimate (the pick is the first of equals),
     // against those whose estimate passes every truly best DC's.
     let mut wrong_best_ties = 0u64;
+    // How far overestimates go past the exact depth, in blocks (the depth inflation).
+    let mut inflation_blocks = 0u64;
     for hashes in &requests {
         truth.iter_mut().for_each(|depth| *depth = 0);
         exact_depths(&exact, hashes, n_dcs, &mut truth);
@@ -314,6 +164,7 @@ fn run(
             let depth = ours.depth(dc).unwrap_or(0);
             under += u64::from(depth < exact_depth);
             over += u64::from(depth > exact_depth);
+            inflation_blocks += u64::from(depth.saturating_sub(exact_depth));
             if depth > pick.1 {
                 pick = (dc, depth);
             }
@@ -370,6 +221,12 @@ fn run(
     table_lat.sort_unstable();
 
     let table_bytes = table.table_bytes();
+    let fp_probes = if n_requests >= 100_000 {
+        200_000
+    } else {
+        50_000
+    };
+    let fp_rate = false_positive_rate(&table, n_dcs, fp_probes);
     let applying = scoring_while_applying(table, &requests, &dcs, n_dcs, &first_snapshot)?;
     let exact_bytes = exact.allocation_size() as u64;
     let reference = REFERENCE_RATIOS
@@ -380,6 +237,7 @@ fn run(
         requests.iter().map(Vec::len).sum::<usize>() as f64 / requests.len().max(1) as f64;
     Ok(json!({
         "dcs": n_dcs,
+        "format": density_name(density),
         "blocks_per_dc": blocks_per_dc,
         "memberships": memberships,
         "distinct_blocks": exact.len(),
@@ -395,6 +253,9 @@ fn run(
         "exact_p99_us": rounded(quantile_us(&exact_lat, 0.99), 2),
         "probes_per_request": rounded(probes_total as f64 / n_requests as f64, 1),
         "bits_per_membership": rounded(table_bytes as f64 * 8.0 / memberships as f64, 2),
+        "false_positives_per_probe": fp_rate,
+        "capacity_omissions": capacity_omissions,
+        "depth_inflation_blocks_per_dc_answer": inflation_blocks as f64 / (n_requests * n_dcs) as f64,
         "query_table_bytes": table_bytes,
         "exact_index_bytes": exact_bytes,
         "process_rss_bytes": process_memory(std::process::id()).map_or(0, |m| m.current_bytes),
@@ -436,9 +297,10 @@ struct Installed {
 }
 
 impl<'a> Fleet<'a> {
-    /// An empty fleet of DCs of `blocks_per_dc` blocks shaped by `template`.
-    fn new(template: &'a [Vec<u32>], blocks_per_dc: u64) -> Result<Self> {
-        let config = CkfConfig::new(blocks_per_dc);
+    /// An empty fleet of DCs of `blocks_per_dc` blocks shaped by `template`, filters in
+    /// `density`.
+    fn new(template: &'a [Vec<u32>], blocks_per_dc: u64, density: FilterDensity) -> Result<Self> {
+        let config = CkfConfig::new(blocks_per_dc).with_density(density);
         let format = config.format().context("sizing the DC filters")?;
         Ok(Self {
             template,
@@ -487,8 +349,13 @@ impl<'a> Fleet<'a> {
 /// builder's maps; no exact index is built). Prints the process's resident bytes then,
 /// one JSON line: what a router's replicas of this fleet cost in memory, without its HTTP
 /// service and runtime.
-fn replicas_only(template: &[Vec<u32>], n_dcs: usize, blocks_per_dc: u64) -> Result<()> {
-    let mut fleet = Fleet::new(template, blocks_per_dc)?;
+fn replicas_only(
+    template: &[Vec<u32>],
+    n_dcs: usize,
+    blocks_per_dc: u64,
+    density: FilterDensity,
+) -> Result<()> {
+    let mut fleet = Fleet::new(template, blocks_per_dc, density)?;
     let mut memberships = 0u64;
     for dc in 0..n_dcs {
         // Everything but the lane is freed, the builder's map before the install.
@@ -516,9 +383,12 @@ fn measure_replicas_process(
     trace: &std::path::Path,
     n_dcs: usize,
     blocks_per_dc: u64,
+    density: FilterDensity,
 ) -> Result<Value> {
     let output = std::process::Command::new(std::env::current_exe()?)
         .arg("--replicas-only")
+        .arg("--formats")
+        .arg(density_name(density))
         .arg("--trace")
         .arg(trace)
         .arg("--dcs")
@@ -536,8 +406,9 @@ fn measure_replicas_process(
 }
 
 /// Flags of `fleet-bench`.
-const FLAGS: [&str; 7] = [
+const FLAGS: [&str; 8] = [
     "quick",
+    "formats",
     "trace",
     "json",
     "dcs",
@@ -550,7 +421,7 @@ fn main() -> Result<()> {
     let flags = Flags::from_env();
     if flags.wants_help() {
         println!(
-            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N]"
+            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N] [--formats dense,v1]"
         );
         return Ok(());
     }
@@ -576,15 +447,27 @@ fn main() -> Result<()> {
     if dc_counts.iter().any(|&n| n == 0 || n > 64) {
         bail!("DC counts must be 1..=64 (one bitmask word in the exact index)");
     }
+    let densities: Vec<FilterDensity> = flags
+        .raw("formats")
+        .unwrap_or("dense,v1")
+        .split(',')
+        .map(density_named)
+        .collect::<Result<_>>()?;
+    if densities.is_empty() || densities.len() > 2 {
+        bail!("--formats: one or two of dense, v1");
+    }
     let template = load_trace(&trace)?;
     if flags.switch("replicas-only") {
-        let (&[n_dcs], Some(blocks_per_dc)) = (dc_counts.as_slice(), blocks_override) else {
-            bail!("--replicas-only needs one --dcs count and --blocks-per-dc");
+        let (&[n_dcs], Some(blocks_per_dc), &[density]) =
+            (dc_counts.as_slice(), blocks_override, densities.as_slice())
+        else {
+            bail!("--replicas-only needs one --dcs count, --blocks-per-dc and one --formats");
         };
-        return replicas_only(&template, n_dcs, blocks_per_dc);
+        return replicas_only(&template, n_dcs, blocks_per_dc, density);
     }
     let n_requests = if quick { 20_000 } else { 100_000 };
     let mut runs = Vec::new();
+    let mut table_rows = Vec::new();
     for &n_dcs in &dc_counts {
         // 24 GiB here: 10 M blocks per DC up to 16 DCs, 2.5 M at 64 (160 M memberships).
         let blocks_per_dc: u64 = blocks_override.unwrap_or(match (quick, n_dcs) {
@@ -592,28 +475,42 @@ fn main() -> Result<()> {
             (false, n) if n <= 16 => 10_000_000,
             (false, _) => 2_500_000,
         });
-        eprintln!("==> fleet: {n_dcs} DCs x {blocks_per_dc} blocks, {n_requests} requests");
-        let mut figures = run(&template, n_dcs, blocks_per_dc, n_requests)?;
-        eprintln!("==> fleet: the router's replicas alone, in a process of their own");
-        let replicas = measure_replicas_process(&trace, n_dcs, blocks_per_dc)?;
-        let rss = replicas["rss_bytes"].as_u64().unwrap_or(0);
-        let memberships = replicas["memberships"].as_u64().unwrap_or(0).max(1);
-        let per_membership = rss as f64 / memberships as f64;
-        figures["router_rss_bytes"] = json!(rss);
-        figures["router_rss_bytes_per_membership"] = json!(rounded(per_membership, 3));
-        figures["router_rss_vs_reference_per_membership"] = json!(rounded(
-            per_membership / REFERENCE_ROUTER_BYTES_PER_MEMBERSHIP,
-            3
-        ));
-        runs.push(figures);
+        // The first format's figures are the run's; a second format's are nested under
+        // its name, for a comparison measured in the same run.
+        let mut first: Option<Value> = None;
+        for &density in &densities {
+            let name = density_name(density);
+            eprintln!(
+                "==> fleet: {n_dcs} DCs x {blocks_per_dc} blocks, {name} filters, {n_requests} requests"
+            );
+            let mut figures = run(&template, n_dcs, blocks_per_dc, n_requests, density)?;
+            eprintln!("==> fleet: the router's replicas alone ({name}), in a process of their own");
+            let replicas = measure_replicas_process(&trace, n_dcs, blocks_per_dc, density)?;
+            let rss = replicas["rss_bytes"].as_u64().unwrap_or(0);
+            let memberships = replicas["memberships"].as_u64().unwrap_or(0).max(1);
+            let per_membership = rss as f64 / memberships as f64;
+            figures["router_rss_bytes"] = json!(rss);
+            figures["router_rss_bytes_per_membership"] = json!(rounded(per_membership, 3));
+            figures["router_rss_vs_reference_per_membership"] = json!(rounded(
+                per_membership / REFERENCE_ROUTER_BYTES_PER_MEMBERSHIP,
+                3
+            ));
+            table_rows.push(figures.clone());
+            match &mut first {
+                None => first = Some(figures),
+                Some(run) => run[name] = figures,
+            }
+        }
+        runs.extend(first);
     }
     let mut table = String::from(
-        "| DCs | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | router RSS MiB (B/membership; vs reference) | under | over | wrong best | score p99 applying/idle (write-locked baseline) | deltas/s | longest score during a snapshot µs (write-locked) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| DCs | format | blocks/DC | query/s | exact/s | ratio | reference | p99 µs (ours / exact) | bits/membership | FP/probe | router RSS MiB (B/membership; vs reference) | under | over | wrong best (ties) | score p99 applying/idle (write-locked baseline) | deltas/s | longest score during a snapshot µs (write-locked) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    for run in &runs {
+    for run in &table_rows {
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {:.0} ({}; {}×) | {} | {} | {} | {} ({}) | {} | {} ({}) |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {:.2e} | {:.0} ({}; {}×) | {} | {} | {} ({}) | {} ({}) | {} | {} ({}) |\n",
             run["dcs"],
+            run["format"].as_str().unwrap_or("?"),
             run["blocks_per_dc"],
             run["query_per_s"],
             run["exact_per_s"],
@@ -622,12 +519,14 @@ fn main() -> Result<()> {
             run["query_p99_us"],
             run["exact_p99_us"],
             run["bits_per_membership"],
+            run["false_positives_per_probe"].as_f64().unwrap_or(0.0),
             run["router_rss_bytes"].as_u64().unwrap_or(0) as f64 / f64::from(1u32 << 20),
             run["router_rss_bytes_per_membership"],
             run["router_rss_vs_reference_per_membership"],
             run["underestimates"],
             run["overestimates"],
             run["wrong_best_dc"],
+            run["wrong_best_dc_ties"],
             run["score_p99_applying_vs_idle"],
             run["score_p99_applying_write_locked_vs_idle"],
             run["deltas_applied_per_s"],

@@ -194,12 +194,7 @@ impl CkfFormat {
     /// The domain format of a valid wire format: what `kvrelay-ckf` tables, replicas and
     /// query lanes are built for.
     pub fn domain(&self) -> Result<kvrelay_identity::CkfFormat, ValidationError> {
-        self.validate()?;
-        let invalid = || ValidationError::InvalidBucketCount {
-            bucket_count: self.bucket_count,
-        };
-        let bucket_count = u32::try_from(self.bucket_count).map_err(|_| invalid())?;
-        kvrelay_identity::CkfFormat::v1(self.seed, bucket_count).map_err(|_| invalid())
+        kvrelay_identity::CkfFormat::try_from(*self)
     }
 }
 

@@ -92,7 +92,7 @@ impl PoolRegistry {
             let state = self
                 .build_filter(
                     reserved.pool,
-                    lane.expected_unique_blocks,
+                    kvrelay_ckf::CkfConfig::new(lane.expected_unique_blocks),
                     FilterState::build,
                 )
                 .await?;
@@ -107,11 +107,13 @@ impl PoolRegistry {
     pub(super) async fn build_filter<B>(
         &self,
         pool: PoolId,
-        expected: u64,
+        config: kvrelay_ckf::CkfConfig,
         builder: B,
     ) -> Result<FilterState, AttachError>
     where
-        B: FnOnce(u64) -> Result<FilterState, kvrelay_ckf::ConfigError> + Send + 'static,
+        B: FnOnce(kvrelay_ckf::CkfConfig) -> Result<FilterState, kvrelay_ckf::ConfigError>
+            + Send
+            + 'static,
     {
         let permit = self
             .inner
@@ -123,7 +125,7 @@ impl PoolRegistry {
         self.inner
             .tracker
             .spawn_blocking(move || {
-                let result = builder(expected);
+                let result = builder(config);
                 drop(permit);
                 result
             })

@@ -27,7 +27,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use kvrelay_ckf::ConfigError;
+use kvrelay_ckf::{CkfConfig, ConfigError, FilterDensity};
 use kvrelay_identity::{
     CanonicalModelRegistration, DcRelayIdentity, EndpointId, KvQuerySemantics, PoolId,
     ProducerIdentity, WorkerRole,
@@ -73,6 +73,10 @@ pub struct AttachRequest {
     pub roles: Vec<WorkerRole>,
     /// Filter sizing: expected unique resident blocks (> 0).
     pub expected_unique_blocks: u64,
+    /// The filter's format: v1 (the reference's, what every consumer reads) or the dense
+    /// format (16.8 bits per membership at 95 %; consumers before it quarantine the pool
+    /// as unsupported). Tier lanes stay v1.
+    pub filter_density: FilterDensity,
     /// Load capacity of the pool's workers; `None` publishes no load for this pool.
     /// Invalid capacity does not block the attach: the load snapshot is degraded.
     pub load_capacity: Option<Vec<WorkerCapacity>>,
@@ -275,7 +279,7 @@ impl PoolRegistry {
         builder: B,
     ) -> Result<PoolAttachment, AttachError>
     where
-        B: FnOnce(u64) -> Result<FilterState, ConfigError> + Send + 'static,
+        B: FnOnce(CkfConfig) -> Result<FilterState, ConfigError> + Send + 'static,
     {
         registration::validate_registrations(request.pool, &request.registrations)?;
         registration::validate_roles(&request.roles)?;
@@ -287,12 +291,15 @@ impl PoolRegistry {
         });
         // The table's size is known before anything is allocated: refuse a pool that would
         // pass the memory budget here, not after building it.
-        let filter_bytes = kvrelay_ckf::format::bucket_count_for(request.expected_unique_blocks)
+        let filter_config =
+            CkfConfig::new(request.expected_unique_blocks).with_density(request.filter_density);
+        let filter_bytes = filter_config
+            .format()
             .map_err(|error| AttachError::Filter {
                 pool: request.pool,
                 error,
-            })?
-            .saturating_mul(8);
+            })
+            .map(|format| u64::from(format.bucket_count()).saturating_mul(8))?;
         let lanes = validate_lanes(&request)?;
         let reserved =
             self.inner
@@ -319,9 +326,7 @@ impl PoolRegistry {
         }
 
         let pool = request.pool;
-        let state = self
-            .build_filter(pool, request.expected_unique_blocks, builder)
-            .await?;
+        let state = self.build_filter(pool, filter_config, builder).await?;
         let identity = self.producer_identity(reserved, &state)?;
         let reserved_lanes: Vec<Reserved> =
             lane_guards.iter().map(|guard| guard.reserved).collect();

@@ -196,6 +196,7 @@ pub(super) mod behaviour {
             query_semantics: semantics(),
             roles: vec![WorkerRole::Aggregated],
             expected_unique_blocks: 32,
+            filter_density: kvrelay_ckf::FilterDensity::V1,
             load_capacity: Some(Vec::new()),
             tier_lanes: Vec::new(),
         }
@@ -245,7 +246,10 @@ pub(super) mod behaviour {
     }
 
     struct GatedBuilder {
-        builder: Box<dyn FnOnce(u64) -> Result<FilterState, kvrelay_ckf::ConfigError> + Send>,
+        builder: Box<
+            dyn FnOnce(kvrelay_ckf::CkfConfig) -> Result<FilterState, kvrelay_ckf::ConfigError>
+                + Send,
+        >,
         started: oneshot::Receiver<()>,
         release: std_mpsc::Sender<()>,
         finished: oneshot::Receiver<()>,
@@ -255,12 +259,12 @@ pub(super) mod behaviour {
         let (started_tx, started) = oneshot::channel();
         let (release, release_rx) = std_mpsc::channel::<()>();
         let (finished_tx, finished) = oneshot::channel();
-        let builder = move |expected: u64| {
+        let builder = move |config: kvrelay_ckf::CkfConfig| {
             let _ = started_tx.send(());
             release_rx
                 .recv_timeout(Duration::from_secs(5))
                 .expect("test must release the builder");
-            let result = FilterState::build(expected);
+            let result = FilterState::build(config);
             let _ = finished_tx.send(());
             result
         };

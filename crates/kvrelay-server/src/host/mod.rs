@@ -205,6 +205,7 @@ impl Relay {
                 stall_bound: limits.pool_stall_timeout(),
                 degraded_readings: supervisor::degraded_readings(&limits),
                 tiers: config.tiers.clone(),
+                filter_density: config.filters.density(),
             },
             configured_sources,
             source_updates,

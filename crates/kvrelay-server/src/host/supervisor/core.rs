@@ -64,6 +64,8 @@ pub(crate) struct CoreConfig {
     pub(crate) degraded_readings: usize,
     /// The lower-tier lanes every pool keeps.
     pub(crate) tiers: crate::config::TiersConfig,
+    /// The format every pool's filter is built in (`[filters]`).
+    pub(crate) filter_density: kvrelay_ckf::FilterDensity,
 }
 
 /// Identifies one event source.
@@ -703,6 +705,7 @@ impl SupervisionCore {
                 query_semantics: binding.query_semantics,
                 roles: roles_of(membership),
                 expected_unique_blocks: expected_unique_blocks(membership),
+                filter_density: self.config.filter_density,
                 load_capacity: Some(capacities(membership)),
                 tier_lanes: self.config.tiers.lanes(
                     binding.query_semantics.kv_block_size(),

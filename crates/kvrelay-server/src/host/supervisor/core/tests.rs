@@ -81,6 +81,7 @@ fn config() -> CoreConfig {
         stall_bound: Duration::from_secs(10),
         degraded_readings: 3,
         tiers: crate::config::TiersConfig::default(),
+        filter_density: kvrelay_ckf::FilterDensity::V1,
     }
 }
 

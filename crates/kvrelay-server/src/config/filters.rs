@@ -1,0 +1,125 @@
+//! `[filters]`: which CKF format every pool's filter is built in.
+
+use kvrelay_ckf::FilterDensity;
+use kvrelay_ckf::format::{DEFAULT_DENSE_LOAD_PERCENT, DENSE_LOAD_PERCENT_RANGE};
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// A pool filter's format, as `[filters] format` names it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FilterFormat {
+    /// CKF format 1, the reference's: every consumer reads it, and the Dynamo-contract
+    /// door can publish it. About 27 bits per membership at its usual 60 % load.
+    #[default]
+    V1,
+    /// CKF format 2, kvrelay's dense format: the table sized to be `dense_load_percent`
+    /// full at the pool's expected blocks (16.8 bits per membership at 95 %). Consumers
+    /// older than the format quarantine such a pool as unsupported (named and counted),
+    /// so upgrade routers first.
+    Dense,
+}
+
+/// `[filters]`: the format of every pool's filter (tier lanes stay v1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FiltersConfig {
+    /// `"v1"` (the default) or `"dense"`.
+    pub format: FilterFormat,
+    /// The dense table's design load, in percent of its slots at the pool's expected
+    /// blocks (50..=97; 95 by default). Ignored for v1.
+    pub dense_load_percent: u8,
+}
+
+impl Default for FiltersConfig {
+    fn default() -> Self {
+        Self {
+            format: FilterFormat::V1,
+            dense_load_percent: DEFAULT_DENSE_LOAD_PERCENT,
+        }
+    }
+}
+
+impl FiltersConfig {
+    /// Checks the load, and that a `[dynamo]` door (whose contract carries format 1
+    /// only) is not asked to publish dense filters.
+    pub fn validate(&self, dynamo_door: bool) -> Result<(), ConfigError> {
+        if !DENSE_LOAD_PERCENT_RANGE.contains(&self.dense_load_percent) {
+            return Err(ConfigError::InvalidField {
+                field: "filters.dense_load_percent",
+                value: self.dense_load_percent.to_string(),
+                reason: "must be in 50..=97",
+            });
+        }
+        if self.format == FilterFormat::Dense && dynamo_door {
+            return Err(ConfigError::InvalidField {
+                field: "filters.format",
+                value: "dense".to_owned(),
+                reason: "the [dynamo] door publishes the Dynamo contract, which carries CKF \
+                         format 1 only: use \"v1\" or remove [dynamo]",
+            });
+        }
+        Ok(())
+    }
+
+    /// The density pools are built in.
+    pub fn density(&self) -> FilterDensity {
+        match self.format {
+            FilterFormat::V1 => FilterDensity::V1,
+            FilterFormat::Dense => FilterDensity::Dense {
+                load_percent: self.dense_load_percent,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+
+    fn parse(text: &str) -> Result<FiltersConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    #[test]
+    fn v1_is_the_default_and_dense_is_sized_at_95_percent() {
+        let config = parse("").unwrap();
+        assert_eq!(config, FiltersConfig::default());
+        assert_eq!(config.density(), FilterDensity::V1);
+        let config = parse("format = \"dense\"").unwrap();
+        assert_eq!(config.density(), FilterDensity::DENSE);
+        let config = parse("format = \"dense\"\ndense_load_percent = 90").unwrap();
+        assert_eq!(config.density(), FilterDensity::Dense { load_percent: 90 });
+        assert_eq!(config.validate(false), Ok(()));
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_field() {
+        assert!(parse("format = \"sparse\"").is_err());
+        assert!(parse("density = \"dense\"").is_err());
+        for load in [0u8, 49, 98, 255] {
+            let config = FiltersConfig {
+                dense_load_percent: load,
+                ..FiltersConfig::default()
+            };
+            let Err(ConfigError::InvalidField { field, .. }) = config.validate(false) else {
+                panic!("load {load} accepted");
+            };
+            assert_eq!(field, "filters.dense_load_percent");
+        }
+    }
+
+    #[test]
+    fn the_dynamo_door_refuses_dense_filters() {
+        let dense = parse("format = \"dense\"").unwrap();
+        let Err(ConfigError::InvalidField { field, reason, .. }) = dense.validate(true) else {
+            panic!("dense accepted with a Dynamo door");
+        };
+        assert_eq!(field, "filters.format");
+        assert!(reason.contains("format 1 only"), "{reason}");
+        assert_eq!(FiltersConfig::default().validate(true), Ok(()));
+    }
+}
