@@ -1,5 +1,5 @@
-//! `kvrelay hash` and `kvrelay inspect dc-id` run as a binary against the reference
-//! vectors, and reject bad input with exit code 2.
+//! `kvrelay hash`, `kvrelay inspect dc-id` and `kvrelay inspect ckf-address` run as a
+//! binary against the reference vectors, and reject bad input with exit code 2.
 
 #![allow(
     clippy::unwrap_used,
@@ -236,4 +236,47 @@ fn unknown_format_exits_with_code_2() {
 fn hash_without_tokens_exits_with_code_2() {
     let output = kvrelay(&["hash", "--block-size", "4"]);
     assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn ckf_address_prints_v1_and_dense_addresses_and_refuses_bad_counts() {
+    // The worked example of docs/ckf.md (format 1, default seed).
+    let v1 = json_line(&["inspect", "ckf-address", "--bucket-count", "524288", "11"]);
+    assert_eq!(
+        v1,
+        serde_json::json!({"fingerprint": 0xD6F8, "primary": 410_005, "alternate": 65_990})
+    );
+    let dense = json_line(&[
+        "inspect",
+        "ckf-address",
+        "--format",
+        "dense",
+        "--bucket-count",
+        "263158",
+        "11",
+    ]);
+    // Same fingerprint, the dense format's own buckets, each the other's alternate.
+    assert_eq!(dense["fingerprint"], 0xD6F8);
+    let (primary, alternate) = (
+        dense["primary"].as_u64().unwrap(),
+        dense["alternate"].as_u64().unwrap(),
+    );
+    assert!(primary < 263_158 && alternate < 263_158, "{dense}");
+    assert_ne!((primary, alternate), (410_005, 65_990));
+    assert_usage_error(
+        &["inspect", "ckf-address", "--bucket-count", "263158", "11"],
+        "a power of two",
+    );
+    assert_usage_error(
+        &[
+            "inspect",
+            "ckf-address",
+            "--format",
+            "sparse",
+            "--bucket-count",
+            "8",
+            "11",
+        ],
+        "not v1 or dense",
+    );
 }

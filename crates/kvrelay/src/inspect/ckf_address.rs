@@ -1,4 +1,5 @@
-//! `kvrelay inspect ckf-address`: the CKF v1 address of one 64-bit hash.
+//! `kvrelay inspect ckf-address`: the CKF address (format 1, or the dense format 2) of one
+//! 64-bit hash.
 //!
 //! Prints one JSON line `{"fingerprint":F,"primary":A,"alternate":B}`.
 
@@ -12,9 +13,12 @@ use crate::usage::usage;
 /// Arguments of `kvrelay inspect ckf-address`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct CkfAddressArgs {
-    /// Buckets in the filter: a power of two in 2..=16777216.
+    /// Buckets in the filter: in 2..=16777216, a power of two for format 1.
     #[arg(long, value_name = "N")]
     bucket_count: String,
+    /// The filter's CKF format: `v1` (the reference's) or `dense` (format 2).
+    #[arg(long, value_name = "FORMAT", default_value = "v1")]
+    format: String,
     /// Addressing seed (decimal or 0x-prefixed hex); defaults to the reference seed.
     #[arg(long, value_name = "S")]
     seed: Option<String>,
@@ -38,14 +42,15 @@ pub(crate) fn run(args: &CkfAddressArgs) -> Result<()> {
         None => DEFAULT_CKF_SEED,
     };
     let hash = parse_u64("hash", &args.hash)?;
+    let (build, rule): (fn(u64, u32) -> _, _) = match args.format.as_str() {
+        "v1" => (CkfFormat::v1, "a power of two in 2..=16777216"),
+        "dense" => (CkfFormat::dense, "in 2..=16777216"),
+        other => return Err(usage(format!("format {other:?} is not v1 or dense"))),
+    };
     let format = u32::try_from(bucket_count)
         .ok()
-        .and_then(|bucket_count| CkfFormat::v1(seed, bucket_count).ok())
-        .ok_or_else(|| {
-            usage(format!(
-                "bucket count {bucket_count} must be a power of two in 2..=16777216"
-            ))
-        })?;
+        .and_then(|bucket_count| build(seed, bucket_count).ok())
+        .ok_or_else(|| usage(format!("bucket count {bucket_count} must be {rule}")))?;
     let address = Addressing::new(format).address(hash);
     let output = CkfAddressOutput {
         fingerprint: address.fingerprint,
