@@ -20,6 +20,9 @@ pub const MIN_BUCKET_COUNT: u64 = 2;
 /// about `8 · 0.95 / 65,535 ≈ 1.16e-4`.
 pub const DEFAULT_DENSE_LOAD_PERCENT: u8 = 95;
 
+/// Most size classes per octave of the dense format ([`FilterDensity::Dense`]).
+pub const MAX_DENSE_SIZE_CLASSES_PER_OCTAVE: u8 = 64;
+
 /// Accepted dense design loads, in percent. Above 97 % inserts start to fail well before
 /// the expected count (a 4-slot cuckoo table's threshold is about 97–98 %).
 pub const DENSE_LOAD_PERCENT_RANGE: std::ops::RangeInclusive<u8> = 50..=97;
@@ -48,6 +51,12 @@ pub enum ConfigError {
     InvalidDenseLoad {
         /// The rejected load, in percent.
         load_percent: u8,
+    },
+    /// More dense size classes per octave than [`MAX_DENSE_SIZE_CLASSES_PER_OCTAVE`].
+    #[error("dense size classes per octave {classes} must be 0 or a power of two up to 64")]
+    InvalidSizeClasses {
+        /// The rejected number of classes.
+        classes: u8,
     },
     /// The bucket count exceeds `MAX_BUCKET_COUNT`.
     #[error("bucket count {bucket_count} exceeds the largest table {MAX_BUCKET_COUNT}")]
@@ -142,6 +151,11 @@ pub enum FilterDensity {
     Dense {
         /// The design load, in percent.
         load_percent: u8,
+        /// 0: the bucket count is exactly what the load asks for. `c` (a power of two up
+        /// to 64): it is rounded up to one of `c` sizes per octave (`2^k + j · 2^k / c`), so pools of
+        /// similar capacity share a format, and a router one query table (one probe per
+        /// position) for them, at up to `1/c` more memory.
+        size_classes_per_octave: u8,
     },
 }
 
@@ -149,7 +163,40 @@ impl FilterDensity {
     /// The dense format at [`DEFAULT_DENSE_LOAD_PERCENT`].
     pub const DENSE: Self = Self::Dense {
         load_percent: DEFAULT_DENSE_LOAD_PERCENT,
+        size_classes_per_octave: 0,
     };
+}
+
+/// `bucket_count` rounded up to one of `classes` sizes per octave (`2^k + j · 2^k /
+/// classes`, `j < classes`; unchanged for 0 or below `2 · classes`, where every count is
+/// a class). `classes` is 0 or a power of two up to [`MAX_DENSE_SIZE_CLASSES_PER_OCTAVE`].
+///
+/// ```
+/// use kvrelay_ckf::format::size_class_of;
+/// assert_eq!(size_class_of(657_895, 0), Ok(657_895));
+/// assert_eq!(size_class_of(657_895, 8), Ok(720_896)); // 2^19 + 3 · 2^16
+/// assert_eq!(size_class_of(655_360, 8), Ok(655_360));
+/// assert_eq!(size_class_of(5, 4), Ok(5));
+/// ```
+pub fn size_class_of(bucket_count: u64, classes: u8) -> Result<u64, ConfigError> {
+    if classes > MAX_DENSE_SIZE_CLASSES_PER_OCTAVE || !(classes == 0 || classes.is_power_of_two()) {
+        return Err(ConfigError::InvalidSizeClasses { classes });
+    }
+    let classes = u64::from(classes);
+    if classes == 0 || bucket_count < 2 * classes {
+        return Ok(bucket_count);
+    }
+    // The octave [2^k, 2^(k+1)) holding the count, cut into `classes` equal steps (both
+    // powers of two, the octave at least twice the classes: the step is at least 2).
+    let octave = 1u64 << (63 - bucket_count.leading_zeros());
+    let step = octave / classes;
+    let rounded = bucket_count.div_ceil(step) * step;
+    if rounded > MAX_BUCKET_COUNT {
+        return Err(ConfigError::BucketCountTooLarge {
+            bucket_count: rounded,
+        });
+    }
+    Ok(rounded)
 }
 
 /// How to build a producer filter.
@@ -184,8 +231,12 @@ impl CkfConfig {
     /// Validates the config and returns its format (version, seed and sized bucket count).
     pub fn format(&self) -> Result<CkfFormat, ConfigError> {
         self.check_budget()?;
-        if let FilterDensity::Dense { load_percent } = self.density {
-            return self.dense_format(load_percent);
+        if let FilterDensity::Dense {
+            load_percent,
+            size_classes_per_octave,
+        } = self.density
+        {
+            return self.dense_format(load_percent, size_classes_per_octave);
         }
         let bucket_count = bucket_count_for(self.expected_unique_blocks)?;
         // bucket_count_for bounds the count by MAX_BUCKET_COUNT (2^24), a valid v1 count.
@@ -195,8 +246,9 @@ impl CkfConfig {
 
     /// The dense format (format 2), sized so the table is `load_percent` full at the
     /// expected number of unique blocks.
-    fn dense_format(&self, load_percent: u8) -> Result<CkfFormat, ConfigError> {
+    fn dense_format(&self, load_percent: u8, classes: u8) -> Result<CkfFormat, ConfigError> {
         let bucket_count = dense_bucket_count_for(self.expected_unique_blocks, load_percent)?;
+        let bucket_count = size_class_of(bucket_count, classes)?;
         // Bounded by MAX_BUCKET_COUNT (2^24) and at least 2: a valid dense count.
         CkfFormat::dense(self.seed, bucket_count as u32)
             .map_err(|_| ConfigError::BucketCountTooLarge { bucket_count })
@@ -298,6 +350,47 @@ mod tests {
     }
 
     #[test]
+    fn size_classes_round_up_within_an_octave_and_share_formats() {
+        // 8 classes per octave: 2^19 + j · 2^16.
+        for (count, expected) in [
+            (524_288, 524_288),
+            (524_289, 589_824),
+            (657_895, 720_896),
+            (1_048_575, 1_048_576),
+        ] {
+            assert_eq!(size_class_of(count, 8), Ok(expected), "{count}");
+        }
+        // Never more than one step (1/8 of the octave) above, never below.
+        for count in (2u64..200_000).step_by(997) {
+            let rounded = size_class_of(count, 8).unwrap();
+            let octave = 1u64 << (63 - count.leading_zeros());
+            assert!(
+                rounded >= count && rounded - count < (octave / 8).max(1),
+                "{count}"
+            );
+        }
+        // Pools within a step of each other get one format.
+        let classed = |n| {
+            CkfConfig::new(n)
+                .with_density(FilterDensity::Dense {
+                    load_percent: 95,
+                    size_classes_per_octave: 8,
+                })
+                .format()
+                .unwrap()
+        };
+        assert_eq!(classed(2_400_000), classed(2_450_000));
+        assert_eq!(classed(2_450_000).bucket_count(), 655_360);
+        assert_ne!(classed(2_450_000), classed(2_500_000));
+        for classes in [3u8, 65, 128] {
+            assert_eq!(
+                size_class_of(100, classes),
+                Err(ConfigError::InvalidSizeClasses { classes })
+            );
+        }
+    }
+
+    #[test]
     fn dense_sizing_rejects_bad_loads_and_counts() {
         for load_percent in [0, 49, 98, 255] {
             assert_eq!(
@@ -325,7 +418,10 @@ mod tests {
             config.with_density(FilterDensity::DENSE).format(),
             Err(ConfigError::InvalidMaxKicks { max_kicks: 0 })
         );
-        let config = CkfConfig::new(10).with_density(FilterDensity::Dense { load_percent: 99 });
+        let config = CkfConfig::new(10).with_density(FilterDensity::Dense {
+            load_percent: 99,
+            size_classes_per_octave: 0,
+        });
         assert_eq!(
             config.format(),
             Err(ConfigError::InvalidDenseLoad { load_percent: 99 })

@@ -18,7 +18,7 @@ mod sources;
 mod state;
 mod tiers;
 
-pub use filters::{FilterFormat, FiltersConfig};
+pub use filters::{DEFAULT_DENSE_SIZE_CLASSES_PER_OCTAVE, FilterFormat, FiltersConfig};
 pub(crate) use listeners::AuthTable;
 pub use listeners::{
     AdminConfig, AuthConfig, DEFAULT_ADMIN_CONNECTION_TIMEOUT_MS,

@@ -36,10 +36,11 @@ pub use config::{
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT_MS, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_CHECKPOINT_INTERVAL_MS, DEFAULT_CHECKPOINT_MAX_AGE_MS,
     DEFAULT_CHECKPOINT_MAX_FILE_BYTES, DEFAULT_CHECKPOINT_SHUTDOWN_TIMEOUT_MS, DEFAULT_DC_ID,
-    DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED, DEFAULT_TIER_CAPACITY_RATIO, DEFAULT_WAN_LISTEN,
-    DiscoveryBackend, DiscoveryConfig, DynamoConfig, EngineKind, ExposureWarning, FilterFormat,
-    FiltersConfig, MAX_BLOCKS_PER_CHUNK, MAX_TIER_CAPACITY_RATIO, NatsConfig, RelayConfig,
-    RelayOverrides, SourceConfig, StateConfig, TierConfig, TiersConfig, WanConfig, WorkloadConfig,
+    DEFAULT_DENSE_SIZE_CLASSES_PER_OCTAVE, DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED,
+    DEFAULT_TIER_CAPACITY_RATIO, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig,
+    DynamoConfig, EngineKind, ExposureWarning, FilterFormat, FiltersConfig, MAX_BLOCKS_PER_CHUNK,
+    MAX_TIER_CAPACITY_RATIO, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, StateConfig,
+    TierConfig, TiersConfig, WanConfig, WorkloadConfig,
 };
 pub use host::{
     DiscoveryStartError, PoolReport, ProducerTable, Relay, RelayError, RelayProgress,

@@ -290,3 +290,32 @@ pub(crate) fn requests(
         })
         .collect()
 }
+
+/// Runs every request through `exact` then `ours`, five rounds alternating (so both see the
+/// same machine state), and returns the median time of each. Each closure returns one
+/// depth, folded into a sink so the work is not optimised away.
+pub(crate) fn paired_medians(
+    requests: &[Vec<u64>],
+    mut exact: impl FnMut(&[u64]) -> u32,
+    mut ours: impl FnMut(&[u64]) -> u32,
+) -> (Duration, Duration) {
+    const ROUNDS: usize = 5;
+    let (mut exact_times, mut our_times) = (Vec::new(), Vec::new());
+    let mut sink = 0u64;
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for hashes in requests {
+            sink = sink.wrapping_add(u64::from(exact(hashes)));
+        }
+        exact_times.push(t.elapsed());
+        let t = Instant::now();
+        for hashes in requests {
+            sink = sink.wrapping_add(u64::from(ours(hashes)));
+        }
+        our_times.push(t.elapsed());
+    }
+    std::hint::black_box(sink);
+    exact_times.sort_unstable();
+    our_times.sort_unstable();
+    (exact_times[ROUNDS / 2], our_times[ROUNDS / 2])
+}

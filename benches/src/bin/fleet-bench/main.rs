@@ -40,10 +40,14 @@ use serde_json::{Value, json};
 
 mod applying;
 mod fleet;
+mod mixed;
 
 use applying::{quantile_us, scoring_while_applying};
 
-use fleet::{BuiltDc, ExactMap, Rng, TENANTS, Zipf, build_dc, exact_depths, load_trace, requests};
+use fleet::{
+    BuiltDc, ExactMap, Rng, TENANTS, Zipf, build_dc, exact_depths, load_trace, paired_medians,
+    requests,
+};
 
 /// The reference's published full-map ratios against its own exact index
 /// (ai-dynamo/dynamo#11225), by DC count.
@@ -85,9 +89,20 @@ fn density_named(name: &str) -> Result<FilterDensity> {
 fn density_name(density: FilterDensity) -> &'static str {
     match density {
         FilterDensity::V1 => "v1",
-        FilterDensity::Dense { .. } => "dense",
+        FilterDensity::Dense {
+            size_classes_per_octave: 0,
+            ..
+        } => "dense",
+        FilterDensity::Dense { .. } => "dense_classed",
     }
 }
+
+/// The dense format as the relay builds it by default: 95 %, rounded up to one of 8
+/// sizes per octave (`[filters] dense_size_classes_per_octave`).
+const DENSE_CLASSED: FilterDensity = FilterDensity::Dense {
+    load_percent: 95,
+    size_classes_per_octave: 8,
+};
 
 fn run(
     template: &[Vec<u32>],
@@ -181,30 +196,20 @@ fn run(
     }
 
     // Throughput: paired rounds, median of each.
-    let rounds = 5;
-    let mut exact_times = Vec::with_capacity(rounds);
-    let mut table_times = Vec::with_capacity(rounds);
-    let mut sink = 0u64;
-    for _ in 0..rounds {
-        let t = Instant::now();
-        for hashes in &requests {
+    let (exact_median, table_median) = paired_medians(
+        &requests,
+        |hashes| {
             exact_depths(&exact, hashes, n_dcs, &mut truth);
-            sink = sink.wrapping_add(u64::from(truth[0]));
-        }
-        exact_times.push(t.elapsed());
-        let t = Instant::now();
-        for hashes in &requests {
+            truth[0]
+        },
+        |hashes| {
             table.prefix_depths_into(hashes, &mut ours);
-            sink = sink.wrapping_add(u64::from(ours.depth(0).unwrap_or(0)));
-        }
-        table_times.push(t.elapsed());
-    }
-    std::hint::black_box(sink);
-    exact_times.sort_unstable();
-    table_times.sort_unstable();
+            ours.depth(0).unwrap_or(0)
+        },
+    );
     let per_second = |d: Duration| n_requests as f64 / d.as_secs_f64();
-    let exact_qps = per_second(exact_times[rounds / 2]);
-    let table_qps = per_second(table_times[rounds / 2]);
+    let exact_qps = per_second(exact_median);
+    let table_qps = per_second(table_median);
 
     // Per-request latency.
     let mut exact_lat = Vec::with_capacity(requests.len());
@@ -468,6 +473,7 @@ fn main() -> Result<()> {
     let n_requests = if quick { 20_000 } else { 100_000 };
     let mut runs = Vec::new();
     let mut table_rows = Vec::new();
+    let mut mixed_rows: Vec<(&str, Value)> = Vec::new();
     for &n_dcs in &dc_counts {
         // 24 GiB here: 10 M blocks per DC up to 16 DCs, 2.5 M at 64 (160 M memberships).
         let blocks_per_dc: u64 = blocks_override.unwrap_or(match (quick, n_dcs) {
@@ -501,6 +507,27 @@ fn main() -> Result<()> {
                 Some(run) => run[name] = figures,
             }
         }
+        // Pools of different sizes, at the largest DC count only (and at most 1 M blocks
+        // per DC): one query table per distinct format.
+        if let (Some(run), true) = (&mut first, Some(&n_dcs) == dc_counts.iter().max()) {
+            let mixed_blocks = blocks_per_dc.min(1_000_000);
+            let mut mixed = serde_json::Map::new();
+            let mut mixed_densities = densities.clone();
+            if densities.contains(&FilterDensity::DENSE) {
+                mixed_densities.push(DENSE_CLASSED);
+            }
+            for &density in &mixed_densities {
+                let name = density_name(density);
+                eprintln!(
+                    "==> fleet: {n_dcs} DCs of 0.75-1.25 x {mixed_blocks} blocks, {name} filters"
+                );
+                let figures =
+                    mixed::run_mixed(&template, n_dcs, mixed_blocks, n_requests / 5, density)?;
+                mixed_rows.push((name, figures.clone()));
+                mixed.insert(name.to_owned(), figures);
+            }
+            run["mixed_sizes"] = Value::Object(mixed);
+        }
         runs.extend(first);
     }
     let mut table = String::from(
@@ -533,6 +560,23 @@ fn main() -> Result<()> {
             run["score_longest_during_snapshot_us"],
             run["score_longest_during_snapshot_write_locked_us"],
         ));
+    }
+    if !mixed_rows.is_empty() {
+        table.push_str(
+            "\n| DCs of different sizes | format | query tables | query/s | exact/s | ratio | bits/membership | under |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        for (name, run) in &mixed_rows {
+            table.push_str(&format!(
+                "| {} | {name} | {} | {} | {} | {} | {} | {} |\n",
+                run["dcs"],
+                run["tables"],
+                run["query_per_s"],
+                run["exact_per_s"],
+                run["query_vs_exact"],
+                run["bits_per_membership"],
+                run["underestimates"],
+            ));
+        }
     }
     print!("{table}");
     let document = json!({ "runs": runs });

@@ -1,7 +1,9 @@
 //! `[filters]`: which CKF format every pool's filter is built in.
 
 use kvrelay_ckf::FilterDensity;
-use kvrelay_ckf::format::{DEFAULT_DENSE_LOAD_PERCENT, DENSE_LOAD_PERCENT_RANGE};
+use kvrelay_ckf::format::{
+    DEFAULT_DENSE_LOAD_PERCENT, DENSE_LOAD_PERCENT_RANGE, MAX_DENSE_SIZE_CLASSES_PER_OCTAVE,
+};
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -30,13 +32,23 @@ pub struct FiltersConfig {
     /// The dense table's design load, in percent of its slots at the pool's expected
     /// blocks (50..=97; 95 by default). Ignored for v1.
     pub dense_load_percent: u8,
+    /// Dense sizes per octave the bucket count is rounded up to (0, or a power of two up
+    /// to 64; 8 by default): pools of similar capacity then share a format, so a router
+    /// answers them from one query table with one probe per position, at up to 1/8 more
+    /// memory. 0 sizes every pool exactly (fewest bits; a router then keeps one table per
+    /// distinct pool size). Ignored for v1.
+    pub dense_size_classes_per_octave: u8,
 }
+
+/// Default [`FiltersConfig::dense_size_classes_per_octave`].
+pub const DEFAULT_DENSE_SIZE_CLASSES_PER_OCTAVE: u8 = 8;
 
 impl Default for FiltersConfig {
     fn default() -> Self {
         Self {
             format: FilterFormat::V1,
             dense_load_percent: DEFAULT_DENSE_LOAD_PERCENT,
+            dense_size_classes_per_octave: DEFAULT_DENSE_SIZE_CLASSES_PER_OCTAVE,
         }
     }
 }
@@ -50,6 +62,16 @@ impl FiltersConfig {
                 field: "filters.dense_load_percent",
                 value: self.dense_load_percent.to_string(),
                 reason: "must be in 50..=97",
+            });
+        }
+        let classes = self.dense_size_classes_per_octave;
+        if classes > MAX_DENSE_SIZE_CLASSES_PER_OCTAVE
+            || !(classes == 0 || classes.is_power_of_two())
+        {
+            return Err(ConfigError::InvalidField {
+                field: "filters.dense_size_classes_per_octave",
+                value: classes.to_string(),
+                reason: "must be 0 or a power of two up to 64",
             });
         }
         if self.format == FilterFormat::Dense && dynamo_door {
@@ -69,6 +91,7 @@ impl FiltersConfig {
             FilterFormat::V1 => FilterDensity::V1,
             FilterFormat::Dense => FilterDensity::Dense {
                 load_percent: self.dense_load_percent,
+                size_classes_per_octave: self.dense_size_classes_per_octave,
             },
         }
     }
@@ -90,9 +113,23 @@ mod tests {
         assert_eq!(config, FiltersConfig::default());
         assert_eq!(config.density(), FilterDensity::V1);
         let config = parse("format = \"dense\"").unwrap();
-        assert_eq!(config.density(), FilterDensity::DENSE);
-        let config = parse("format = \"dense\"\ndense_load_percent = 90").unwrap();
-        assert_eq!(config.density(), FilterDensity::Dense { load_percent: 90 });
+        assert_eq!(
+            config.density(),
+            FilterDensity::Dense {
+                load_percent: 95,
+                size_classes_per_octave: 8
+            }
+        );
+        let config =
+            parse("format = \"dense\"\ndense_load_percent = 90\ndense_size_classes_per_octave = 0")
+                .unwrap();
+        assert_eq!(
+            config.density(),
+            FilterDensity::Dense {
+                load_percent: 90,
+                size_classes_per_octave: 0
+            }
+        );
         assert_eq!(config.validate(false), Ok(()));
     }
 
@@ -109,6 +146,16 @@ mod tests {
                 panic!("load {load} accepted");
             };
             assert_eq!(field, "filters.dense_load_percent");
+        }
+        for classes in [3u8, 12, 128] {
+            let config = FiltersConfig {
+                dense_size_classes_per_octave: classes,
+                ..FiltersConfig::default()
+            };
+            let Err(ConfigError::InvalidField { field, .. }) = config.validate(false) else {
+                panic!("{classes} classes accepted");
+            };
+            assert_eq!(field, "filters.dense_size_classes_per_octave");
         }
     }
 
