@@ -76,21 +76,25 @@ impl Cbi1Layout {
         seed: u64,
         bucket_count: u64,
     ) -> Result<Self, Cbi1Error> {
-        let needs_power_of_two = match format_version {
-            CKF_FORMAT_VERSION => true,
-            CKF_FORMAT_DENSE_VERSION => false,
-            _ => {
+        // The per-version rules live with the format's identity (kvrelay-identity).
+        let invalid = Cbi1Error::InvalidBucketCount { bucket_count };
+        let count = u32::try_from(bucket_count).map_err(|_| invalid.clone())?;
+        match kvrelay_identity::CkfFormat::from_parts(
+            format_version,
+            seed,
+            count,
+            FINGERPRINT_BITS,
+            SLOTS_PER_BUCKET,
+        ) {
+            Ok(_) => {}
+            Err(kvrelay_identity::CkfFormatError::UnsupportedVersion { .. }) => {
                 return Err(Cbi1Error::UnsupportedFormat {
                     format_version,
                     fingerprint_bits: FINGERPRINT_BITS,
                     slots_per_bucket: SLOTS_PER_BUCKET,
                 });
             }
-        };
-        if (needs_power_of_two && !bucket_count.is_power_of_two())
-            || !(2..=MAX_BUCKET_COUNT).contains(&bucket_count)
-        {
-            return Err(Cbi1Error::InvalidBucketCount { bucket_count });
+            Err(_) => return Err(invalid),
         }
         Ok(Self {
             format_version,
