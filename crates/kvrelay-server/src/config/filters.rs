@@ -1,9 +1,7 @@
 //! `[filters]`: which CKF format every pool's filter is built in.
 
-use kvrelay_ckf::FilterDensity;
-use kvrelay_ckf::format::{
-    DEFAULT_DENSE_LOAD_PERCENT, DENSE_LOAD_PERCENT_RANGE, MAX_DENSE_SIZE_CLASSES_PER_OCTAVE,
-};
+use kvrelay_ckf::format::DEFAULT_DENSE_LOAD_PERCENT;
+use kvrelay_ckf::{CkfConfig, FilterDensity};
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -57,22 +55,29 @@ impl FiltersConfig {
     /// Checks the load, and that a `[dynamo]` door (whose contract carries format 1
     /// only) is not asked to publish dense filters.
     pub fn validate(&self, dynamo_door: bool) -> Result<(), ConfigError> {
-        if !DENSE_LOAD_PERCENT_RANGE.contains(&self.dense_load_percent) {
-            return Err(ConfigError::InvalidField {
-                field: "filters.dense_load_percent",
-                value: self.dense_load_percent.to_string(),
-                reason: "must be in 50..=97",
-            });
-        }
-        let classes = self.dense_size_classes_per_octave;
-        if classes > MAX_DENSE_SIZE_CLASSES_PER_OCTAVE
-            || !(classes == 0 || classes.is_power_of_two())
-        {
-            return Err(ConfigError::InvalidField {
-                field: "filters.dense_size_classes_per_octave",
-                value: classes.to_string(),
-                reason: "must be 0 or a power of two up to 64",
-            });
+        // The rules are ckf's (one place): both values are checked through its sizing,
+        // whatever the format, so a bad value is refused before anyone switches to dense.
+        let dense = FilterDensity::Dense {
+            load_percent: self.dense_load_percent,
+            size_classes_per_octave: self.dense_size_classes_per_octave,
+        };
+        match CkfConfig::new(1).with_density(dense).format() {
+            Err(kvrelay_ckf::ConfigError::InvalidDenseLoad { load_percent }) => {
+                return Err(ConfigError::InvalidField {
+                    field: "filters.dense_load_percent",
+                    value: load_percent.to_string(),
+                    reason: "must be in 50..=97",
+                });
+            }
+            Err(kvrelay_ckf::ConfigError::InvalidSizeClasses { classes }) => {
+                return Err(ConfigError::InvalidField {
+                    field: "filters.dense_size_classes_per_octave",
+                    value: classes.to_string(),
+                    reason: "must be 0 or a power of two up to 64",
+                });
+            }
+            // One block always sizes: nothing else can fail here.
+            Ok(_) | Err(_) => {}
         }
         if self.format == FilterFormat::Dense && dynamo_door {
             return Err(ConfigError::InvalidField {
