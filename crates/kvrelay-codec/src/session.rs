@@ -8,7 +8,8 @@
 //!   catalog and topology; only a newer load window), and re-sends the current catalog or
 //!   topology after a heartbeat interval without changes, so a consumer can tell a quiet
 //!   relay from a dead one. Load windows carry their own sequence and are never re-sent.
-//! - Pool streams: [`accepts_coalesced_deltas`] (a minor-1 client takes one delta spanning
+//! - Pool streams: [`PoolFrameEncoder`] (how a frame of a producer generation is encoded),
+//!   [`accepts_coalesced_deltas`] (a minor-1 client takes one delta spanning
 //!   several sequences) and the bound each frame write gets ([`WriteBound`]): a snapshot
 //!   chunk the client does not take in time is a `snapshot_progress_timeout`, any other
 //!   frame a `subscriber_lagged`.
@@ -16,9 +17,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use kvrelay_ckf::Delta;
+use kvrelay_ckf::stream::Transmit;
 
-use crate::v1::{CatalogUpdate, ErrorReason, LoadWindow, Message, TopologyUpdate};
+use crate::Limits;
+use crate::v1::{
+    CatalogUpdate, EncodeError, ErrorReason, LoadWindow, Message, PoolFrameHeader, PoolFrameKind,
+    ProducerIdentity, RelayIdentity, TopologyUpdate, encode_chunk_frame, encode_delta_frame,
+    encode_heartbeat_frame,
+};
 
 /// A value a watched stream carries.
 pub trait Watched {
@@ -85,6 +93,121 @@ impl EncodedPoolFrame {
     /// The bound its write gets.
     pub fn write_bound(&self) -> WriteBound {
         WriteBound::of_pool_frame(self.snapshot)
+    }
+}
+
+/// Encodes the frames of one producer generation, as every door sends them: each frame a
+/// complete codec frame (header included) ready to write, its CBI1 payload encoded in
+/// place. The relay's pool hub and any test relay encode through this one type, so a
+/// frame's header is built in one place.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolFrameEncoder {
+    relay: RelayIdentity,
+    producer: ProducerIdentity,
+    limits: Limits,
+}
+
+impl PoolFrameEncoder {
+    /// An encoder for `producer`, published by `relay`.
+    pub fn new(relay: RelayIdentity, producer: ProducerIdentity, limits: Limits) -> Self {
+        Self {
+            relay,
+            producer,
+            limits,
+        }
+    }
+
+    /// The producer generation it encodes for.
+    pub fn producer(&self) -> ProducerIdentity {
+        self.producer
+    }
+
+    /// Chunk `chunk_index` of the snapshot of `table` at `sequence`, sent at
+    /// `sent_unix_us` (the caller's clock).
+    pub fn snapshot_chunk(
+        &self,
+        sequence: u64,
+        table: &[u64],
+        chunk_index: u32,
+        sent_unix_us: u64,
+    ) -> Result<Bytes, EncodeError> {
+        let header = self.header(
+            PoolFrameKind::SnapshotChunk,
+            sequence,
+            sequence,
+            sent_unix_us,
+        );
+        let mut buf = BytesMut::new();
+        encode_chunk_frame(&header, table, chunk_index, &self.limits, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// One delta (coalesced or not).
+    pub fn delta(&self, delta: &Delta, sent_unix_us: u64) -> Result<Bytes, EncodeError> {
+        let header = self.header(
+            PoolFrameKind::Delta,
+            delta.base_sequence,
+            delta.sequence,
+            sent_unix_us,
+        );
+        let mut buf = BytesMut::with_capacity(128 + delta.images.len() * 12);
+        encode_delta_frame(&header, &delta.images, &self.limits, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// A heartbeat at `sequence`.
+    pub fn heartbeat(&self, sequence: u64, sent_unix_us: u64) -> Result<Bytes, EncodeError> {
+        let header = self.header(PoolFrameKind::Heartbeat, sequence, sequence, sent_unix_us);
+        let mut buf = BytesMut::with_capacity(128);
+        encode_heartbeat_frame(&header, &self.limits, &mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// What a publisher handed out for one subscriber, encoded (a delta's own encoding is
+    /// not reused here: the relay's hub shares it between subscribers itself).
+    pub fn transmit<T>(
+        &self,
+        transmit: &Transmit<T>,
+        sent_unix_us: u64,
+    ) -> Result<EncodedPoolFrame, EncodeError> {
+        let (frame, snapshot, heartbeat) = match transmit {
+            Transmit::SnapshotChunk {
+                words,
+                sequence,
+                chunk_index,
+                ..
+            } => (
+                self.snapshot_chunk(*sequence, words, *chunk_index, sent_unix_us)?,
+                true,
+                false,
+            ),
+            Transmit::Delta { delta, .. } => (self.delta(delta, sent_unix_us)?, false, false),
+            Transmit::Heartbeat { sequence } => {
+                (self.heartbeat(*sequence, sent_unix_us)?, false, true)
+            }
+        };
+        Ok(EncodedPoolFrame {
+            frame,
+            snapshot,
+            heartbeat,
+        })
+    }
+
+    fn header(
+        &self,
+        kind: PoolFrameKind,
+        base_sequence: u64,
+        sequence: u64,
+        sent_unix_us: u64,
+    ) -> PoolFrameHeader {
+        PoolFrameHeader {
+            relay: self.relay,
+            producer: self.producer,
+            base_sequence,
+            sequence,
+            kind,
+            sent_unix_us,
+        }
     }
 }
 

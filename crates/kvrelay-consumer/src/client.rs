@@ -35,18 +35,12 @@ use crate::catalog::{PoolKey, QuarantinedEntry};
 use crate::config::{ConfigError, ConsumerConfig, RelayEndpoint, StandbyMode};
 use crate::metrics::{ConsumerMetrics, Counter, MetricsRecorder, ResubscribeReason};
 use crate::scoring::{Ranking, ScoreError, ScoreRequest};
-use crate::state::{
-    CheckedPoolFrame, ConsumerState, FrameOutcome, PoolStatus, RelayStatus, StandbyStatus,
-};
-use crate::store::StoreError;
+use crate::state::{ConsumerState, FrameOutcome, PoolStatus, RelayStatus, StandbyStatus};
 use crate::wire::{Endpoint, WireError, WireStream};
-use kvrelay_pacing::Backoff;
 use standby::{StandbyRecord, run_standby_probe};
 
-use crate::link::{
-    EpochEnd, Reach, RelayLink, ReplicaAfterStream, SideStream, SilenceWatch, SnapshotAssembly,
-    ViewAfterEpoch, replica_after_stream, resubscribe_reason,
-};
+use crate::link::pool::{PoolFollow, PoolStream, ReplicaAfterStream, StreamEnd, begin_refused};
+use crate::link::{EpochEnd, Reach, RelayLink, SideStream, SilenceWatch, ViewAfterEpoch};
 
 /// How long [`Consumer::shutdown`] waits for its tasks.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
@@ -870,31 +864,34 @@ async fn run_subscription(
     identity: RelayIdentity,
     cancel: CancellationToken,
 ) {
-    let mut backoff = Backoff::new(shared.config.backoff);
+    let mut follow = PoolFollow::new(shared.config.backoff, Instant::now());
     loop {
-        let started = Instant::now();
+        follow.handle_attempt(Instant::now());
         let reason = subscription_frames(&shared, relay, key, identity, &cancel).await;
+        let after = follow.handle_ended(
+            Instant::now(),
+            reason,
+            cancel.is_cancelled(),
+            rand::random::<f64>(),
+        );
         {
             let mut state = shared.state.write();
-            match replica_after_stream(reason, cancel.is_cancelled()) {
+            match after.replica {
                 ReplicaAfterStream::Suspend => state.suspend(key),
                 ReplicaAfterStream::Invalidate => state.invalidate(key),
             }
         }
         shared.bump();
-        let Some(reason) = reason else { return };
-        if cancel.is_cancelled() {
+        let Some(retry_at) = after.retry_at else {
             return;
+        };
+        if let Some(reason) = reason {
+            shared.metrics.resubscribe(reason);
         }
-        shared.metrics.resubscribe(reason);
-        // No reset for reaching current: a relay that breaks every stream right after its
-        // snapshot must not get a snapshot download per base delay. The backoff resets
-        // itself once an attempt stayed up for `healthy_reset`.
-        let delay = backoff.on_failure(started.elapsed(), rand::random::<f64>());
         tokio::select! {
             biased;
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
+            () = tokio::time::sleep_until(retry_at.into()) => {}
         }
     }
 }
@@ -928,28 +925,31 @@ async fn subscription_frames(
     };
     let (producer, resume_from_sequence) = match begun {
         Ok(begun) => begun,
-        Err(err @ StoreError::Allocation { .. }) => {
-            // The replica is dropped (no slot); memory may come back, so retry later.
-            warn!(dc = %dc, pool = key.as_u64(), error = %err, "replica allocation failed; dropped, resubscribing");
-            shared.bump();
-            return Some(ResubscribeReason::Allocation);
-        }
-        Err(err @ StoreError::OverTableBudget { .. }) => {
-            // Pools may leave and free lanes, so retry after backoff; warn once, then
-            // only the `over_budget` resubscribe count says it goes on.
-            let first = !shared
-                .table_budget_warned
-                .swap(true, std::sync::atomic::Ordering::Relaxed);
-            if first {
-                warn!(dc = %dc, pool = key.as_u64(), error = %err, "replica not built: over max_query_table_bytes; retried after backoff (logged once, counted as resubscribes{{reason=over_budget}})");
-            } else {
-                debug!(dc = %dc, pool = key.as_u64(), error = %err, "replica not built: over max_query_table_bytes");
+        Err(err) => {
+            let reason = begin_refused(&err);
+            match reason {
+                Some(ResubscribeReason::OverBudget) => {
+                    // Pools may leave and free lanes; warn once, then only the
+                    // `over_budget` resubscribe count says it goes on.
+                    let first = !shared
+                        .table_budget_warned
+                        .swap(true, std::sync::atomic::Ordering::Relaxed);
+                    if first {
+                        warn!(dc = %dc, pool = key.as_u64(), error = %err, "replica not built: over max_query_table_bytes; retried after backoff (logged once, counted as resubscribes{{reason=over_budget}})");
+                    } else {
+                        debug!(dc = %dc, pool = key.as_u64(), error = %err, "replica not built: over max_query_table_bytes");
+                    }
+                }
+                Some(_) => {
+                    warn!(dc = %dc, pool = key.as_u64(), error = %err, "replica allocation failed; dropped, resubscribing");
+                }
+                None => {}
             }
-            shared.bump();
-            return Some(ResubscribeReason::OverBudget);
+            if reason.is_some() {
+                shared.bump();
+            }
+            return reason;
         }
-        // The generation left the catalog: stop for good.
-        Err(_) => return None,
     };
     shared.bump();
     let rpc = StreamRpc::SubscribePool {
@@ -986,61 +986,52 @@ async fn subscription_frames(
             return Some(ResubscribeReason::Disconnected);
         }
     };
-    let staleness = shared.config.limits.staleness_bound;
-    let assembly_timeout = shared.config.limits.snapshot_assembly_timeout;
-    let mut assembly = SnapshotAssembly::new(assembly_timeout);
-    loop {
+    let limits = &shared.config.limits;
+    let mut session = PoolStream::new(
+        identity,
+        producer,
+        limits.staleness_bound,
+        limits.snapshot_assembly_timeout,
+        Instant::now(),
+    );
+    let end = loop {
+        let stale_at = tokio::time::Instant::from_std(session.poll_timeout());
         let message = tokio::select! {
             biased;
             () = cancel.cancelled() => return None,
-            message = tokio::time::timeout(staleness, stream.next()) => message,
+            () = tokio::time::sleep_until(stale_at) => match session.handle_timeout(Instant::now()) {
+                Some(end) => break end,
+                None => continue,
+            },
+            message = stream.next() => message,
         };
-        let frame = match message {
-            Err(_) => return Some(ResubscribeReason::Stale),
-            Ok(Err(err)) => {
+        let message = match message {
+            Ok(Some(message)) => message,
+            Ok(None) => break StreamEnd::Disconnected,
+            Err(err) => {
                 warn!(dc = %dc, pool = key.as_u64(), error = %err, "pool stream failed");
-                return Some(ResubscribeReason::Disconnected);
+                break StreamEnd::Disconnected;
             }
-            Ok(Ok(None)) => return Some(ResubscribeReason::Disconnected),
-            Ok(Ok(Some(Message::PoolFrame(frame)))) => frame,
-            Ok(Ok(Some(Message::Error(err)))) => {
-                let reason = resubscribe_reason(err.effective_reason());
-                warn!(dc = %dc, pool = key.as_u64(), reason = %err.effective_reason(), message = ?err.message, "relay ended pool stream");
-                return Some(reason);
-            }
-            Ok(Ok(Some(_other))) => return Some(ResubscribeReason::Validation),
         };
-        if frame.header.relay != identity {
-            return Some(ResubscribeReason::RelayRestart);
-        }
         // Checksum and copy happen here, outside the lock. The frame is then applied
         // under the upgradable read, which `score` shares (it never waits for an apply)
         // and which keeps applies and a table's growth one at a time; only a snapshot
         // chunk over a replica that answered queries takes the write lock.
-        let outcome = match CheckedPoolFrame::check(&frame, &producer) {
-            Ok(checked) => {
-                let now = Instant::now();
-                let beside = shared
-                    .state
-                    .upgradable_read()
-                    .apply_beside_queries(key, &checked, now);
-                match beside {
-                    Some(outcome) => outcome,
-                    None => shared.state.write().apply_checked_frame(key, &checked, now),
-                }
-            }
-            Err(err) => {
-                shared.state.read().invalidate(key);
-                Err(err)
-            }
+        let checked = match session.handle_message(Instant::now(), &message) {
+            Ok(checked) => checked,
+            Err(end) => break end,
         };
-        match outcome {
+        let now = Instant::now();
+        let beside = shared
+            .state
+            .upgradable_read()
+            .apply_beside_queries(key, &checked, now);
+        let outcome = match beside {
+            Some(outcome) => outcome,
+            None => shared.state.write().apply_checked_frame(key, &checked, now),
+        };
+        match session.handle_applied(Instant::now(), outcome) {
             Ok(outcome) => {
-                let chunk_stored = matches!(outcome, FrameOutcome::ChunkStored);
-                if assembly.handle_frame(Instant::now(), chunk_stored) {
-                    warn!(dc = %dc, pool = key.as_u64(), timeout = ?assembly_timeout, "snapshot did not complete in time; resubscribing");
-                    return Some(ResubscribeReason::Stale);
-                }
                 let counter = match outcome {
                     FrameOutcome::ChunkStored => None,
                     FrameOutcome::SnapshotInstalled(_) => Some(Counter::SnapshotsInstalled),
@@ -1052,10 +1043,31 @@ async fn subscription_frames(
                 }
                 shared.bump();
             }
-            Err(err) => {
-                warn!(dc = %dc, pool = key.as_u64(), error = %err, "pool frame refused; resubscribing");
-                return Some(err.reason);
-            }
+            Err(end) => break end,
+        }
+    };
+    log_stream_end(dc, key, &end);
+    Some(end.reason())
+}
+
+/// One line per pool stream that ended with something to say.
+fn log_stream_end(dc: &str, key: PoolKey, end: &StreamEnd) {
+    let pool = key.as_u64();
+    match end {
+        StreamEnd::Refused { error, .. } => {
+            warn!(dc = %dc, pool, reason = %error.effective_reason(), message = ?error.message, "relay ended pool stream");
+        }
+        StreamEnd::FrameRefused(refused) => {
+            warn!(dc = %dc, pool, error = %refused, "pool frame refused; resubscribing");
+        }
+        StreamEnd::SnapshotOverdue { timeout } => {
+            warn!(dc = %dc, pool, timeout = ?timeout, "snapshot did not complete in time; resubscribing");
+        }
+        StreamEnd::Unexpected { kind } => {
+            warn!(dc = %dc, pool, kind, "pool stream carried a message of another kind; resubscribing");
+        }
+        StreamEnd::RelayRestarted | StreamEnd::Stale { .. } | StreamEnd::Disconnected => {
+            debug!(dc = %dc, pool, end = ?end, "pool stream ended");
         }
     }
 }

@@ -41,7 +41,7 @@ mod catalog;
 mod client;
 pub mod config;
 mod exposition;
-mod link;
+pub mod link;
 mod load;
 pub mod metrics;
 mod oneshot;

@@ -1,4 +1,5 @@
-//! The consumer side of the WAN link, sans-IO: what to do when a relay's connection epoch
+//! The consumer side of the WAN link, sans-IO (public so that a driver of another
+//! transport runs the same rules): what to do when a relay's connection epoch
 //! ends, when a pool stream ends, when a side stream (load, topology) is lost, and how
 //! long to wait before trying again. The tokio client (`client.rs`) only moves bytes and
 //! runs these decisions with its clock's `now` and a jitter sample, so every rule here is
@@ -8,8 +9,10 @@
 //!   [`Limits::resume_hold`](crate::Limits::resume_hold), so its next epoch can resume
 //!   them; a relay that restarted, broke the catalog rules or speaks another major version
 //!   starts over at once, and so does one held past the resume hold.
-//! - A pool stream that broke in transit (disconnected, cut off for lag, stale) leaves an
-//!   intact replica: it is suspended for resuming; anything else invalidates it.
+//! - One pool stream's rules (what a message means, staleness, the snapshot's assembly
+//!   deadline, what becomes of the replica, when to subscribe again) are in [`pool`]: a
+//!   stream that broke in transit (disconnected, cut off for lag, stale) leaves an intact
+//!   replica, suspended for resuming; anything else invalidates it.
 //! - Every retry waits on a [`Backoff`] that resets only after an attempt stayed healthy,
 //!   never for reaching current (a relay that breaks every stream after its snapshot must
 //!   not get a snapshot per base delay). The one exception is rejoining a relay that went
@@ -18,10 +21,9 @@
 
 use std::time::{Duration, Instant};
 
-use kvrelay_codec::v1::ErrorReason;
 use kvrelay_pacing::{Backoff, BackoffConfig, equal_jitter};
 
-use crate::metrics::ResubscribeReason;
+pub mod pool;
 
 /// What becomes of a relay's view (catalog, replicas) when its epoch ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,45 +332,6 @@ impl SilenceWatch {
     }
 }
 
-/// What becomes of a replica when its pool stream ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReplicaAfterStream {
-    /// Kept intact and not scored; the next subscription names its sequence to resume.
-    Suspend,
-    /// Dropped: the next subscription starts from a snapshot.
-    Invalidate,
-}
-
-/// A pool stream ended with `reason` (`None`: stopped without a fault), its relay's epoch
-/// being over (`epoch_ended`) or not.
-pub(crate) fn replica_after_stream(
-    reason: Option<ResubscribeReason>,
-    epoch_ended: bool,
-) -> ReplicaAfterStream {
-    match reason {
-        // Broken in transit: the replica is intact.
-        Some(
-            ResubscribeReason::Disconnected | ResubscribeReason::Lagged | ResubscribeReason::Stale,
-        ) => ReplicaAfterStream::Suspend,
-        // The relay's epoch ended: its next epoch may resume this pool.
-        None if epoch_ended => ReplicaAfterStream::Suspend,
-        _ => ReplicaAfterStream::Invalidate,
-    }
-}
-
-/// The resubscribe reason of an error frame that ended a pool stream: the one map from
-/// the relay's reasons to the consumer's.
-pub(crate) fn resubscribe_reason(reason: ErrorReason) -> ResubscribeReason {
-    match reason {
-        ErrorReason::SubscriberLagged => ResubscribeReason::Lagged,
-        ErrorReason::ProducerChanged | ErrorReason::PoolNotFound => {
-            ResubscribeReason::ProducerChanged
-        }
-        ErrorReason::InvalidPublication => ResubscribeReason::Validation,
-        _ => ResubscribeReason::Disconnected,
-    }
-}
-
 /// A stream that may come and go without ending the epoch (load, topology): while it is
 /// down, its data is unknown and it reopens after backoff.
 #[derive(Debug, Clone)]
@@ -414,34 +377,6 @@ impl SideStream {
         let at = now + self.backoff.on_failure(healthy_for, jitter);
         self.retry_at = Some(at);
         at
-    }
-}
-
-/// When a snapshot being assembled got its first chunk, to bound its assembly.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SnapshotAssembly {
-    timeout: Duration,
-    since: Option<Instant>,
-}
-
-impl SnapshotAssembly {
-    pub(crate) fn new(timeout: Duration) -> Self {
-        Self {
-            timeout,
-            since: None,
-        }
-    }
-
-    /// A frame was applied at `now`; `chunk_stored` when it was a snapshot chunk that did
-    /// not complete the snapshot. True when the snapshot has been assembling for longer
-    /// than the timeout: the stream must be renewed (`Stale`).
-    pub(crate) fn handle_frame(&mut self, now: Instant, chunk_stored: bool) -> bool {
-        if !chunk_stored {
-            self.since = None;
-            return false;
-        }
-        let since = *self.since.get_or_insert(now);
-        now.saturating_duration_since(since) > self.timeout
     }
 }
 
@@ -821,68 +756,6 @@ mod tests {
     }
 
     #[test]
-    fn streams_broken_in_transit_keep_their_replica() {
-        for reason in [
-            ResubscribeReason::Disconnected,
-            ResubscribeReason::Lagged,
-            ResubscribeReason::Stale,
-        ] {
-            assert_eq!(
-                replica_after_stream(Some(reason), false),
-                ReplicaAfterStream::Suspend
-            );
-        }
-        for reason in [
-            ResubscribeReason::Gap,
-            ResubscribeReason::ProducerChanged,
-            ResubscribeReason::Checksum,
-            ResubscribeReason::Validation,
-            ResubscribeReason::RelayRestart,
-            ResubscribeReason::Allocation,
-            ResubscribeReason::OverBudget,
-        ] {
-            assert_eq!(
-                replica_after_stream(Some(reason), true),
-                ReplicaAfterStream::Invalidate,
-                "{reason:?}"
-            );
-        }
-        assert_eq!(
-            replica_after_stream(None, true),
-            ReplicaAfterStream::Suspend
-        );
-        assert_eq!(
-            replica_after_stream(None, false),
-            ReplicaAfterStream::Invalidate,
-            "the generation left the catalog"
-        );
-    }
-
-    #[test]
-    fn relay_reasons_map_to_resubscribe_reasons() {
-        assert_eq!(
-            resubscribe_reason(ErrorReason::SubscriberLagged),
-            ResubscribeReason::Lagged
-        );
-        assert_eq!(
-            resubscribe_reason(ErrorReason::PoolNotFound),
-            ResubscribeReason::ProducerChanged
-        );
-        assert_eq!(
-            resubscribe_reason(ErrorReason::ProducerChanged),
-            ResubscribeReason::ProducerChanged
-        );
-        assert_eq!(
-            resubscribe_reason(ErrorReason::InvalidPublication),
-            ResubscribeReason::Validation
-        );
-        assert_eq!(
-            resubscribe_reason(ErrorReason::SnapshotProgressTimeout),
-            ResubscribeReason::Disconnected
-        );
-    }
-
-    #[test]
     fn a_lost_side_stream_reopens_after_backoff_and_resets_when_it_held() {
         let start = Instant::now();
         let mut side = SideStream::new(config(), start);
@@ -906,17 +779,5 @@ mod tests {
             side.handle_lost(much_later, 1.0),
             much_later + Duration::from_millis(500)
         );
-    }
-
-    #[test]
-    fn a_snapshot_assembling_too_long_is_renewed() {
-        let start = Instant::now();
-        let mut assembly = SnapshotAssembly::new(Duration::from_secs(120));
-        assert!(!assembly.handle_frame(start, true));
-        assert!(!assembly.handle_frame(start + Duration::from_secs(120), true));
-        assert!(assembly.handle_frame(start + Duration::from_secs(121), true));
-        // A completed snapshot (or any other frame) restarts the clock.
-        assert!(!assembly.handle_frame(start + Duration::from_secs(122), false));
-        assert!(!assembly.handle_frame(start + Duration::from_secs(300), true));
     }
 }

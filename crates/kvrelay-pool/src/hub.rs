@@ -31,10 +31,11 @@ use tracing::Instrument;
 
 use crate::actor::{FeedItem, PoolActorHandle, PublicationFeed};
 use crate::error::{SubscribeError, SubscriptionEnd};
-use crate::frame::FrameEncoder;
+use crate::frame::{encoder, sent_now_us};
 use crate::limits::Limits;
 use crate::registry::core::SlotHub;
 use crate::subscription::{self, PoolSubscription};
+use kvrelay_codec::session::PoolFrameEncoder;
 
 /// Called once with a reason when the hub fails terminally; fences the generation.
 pub(crate) type FailureCallback = Arc<dyn Fn(String) + Send + Sync>;
@@ -91,7 +92,7 @@ pub(crate) struct HubShared {
     /// Why the hub ended, once it has.
     pub(crate) end: OnceLock<SubscriptionEnd>,
     pub(crate) identity: ProducerIdentity,
-    pub(crate) encoder: FrameEncoder,
+    pub(crate) encoder: PoolFrameEncoder,
     pub(crate) encoding: Arc<Semaphore>,
     subscribers: Arc<AtomicUsize>,
     cancel: CancellationToken,
@@ -139,7 +140,7 @@ impl HubHandle {
             wake: watch::Sender::new(0),
             end: OnceLock::new(),
             identity: context.identity,
-            encoder: FrameEncoder::new(context.relay, &context.identity, context.limits.codec),
+            encoder: encoder(context.relay, &context.identity, context.limits.codec),
             encoding: context.encoding.clone(),
             subscribers: Arc::new(AtomicUsize::new(0)),
             cancel: context.shutdown.child_token(),
@@ -347,7 +348,7 @@ impl HubTask {
             let bytes = self
                 .shared
                 .encoder
-                .delta(&delta)
+                .delta(&delta, sent_now_us())
                 .map_err(|error| format!("delta encoding failed: {error}"))?;
             drop(permit);
             Some(bytes)

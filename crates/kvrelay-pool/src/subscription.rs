@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::SubscriptionEnd;
+use crate::frame::sent_now_us;
 use crate::hub::HubShared;
 
 /// What a [`PoolFrame`] carries.
@@ -205,7 +206,11 @@ impl PoolSubscription {
             }),
             Transmit::Delta { delta, covers, .. } => {
                 let _permit = self.permit().await?;
-                let bytes = self.hub.encoder.delta(&delta).map_err(internal)?;
+                let bytes = self
+                    .hub
+                    .encoder
+                    .delta(&delta, sent_now_us())
+                    .map_err(internal)?;
                 Ok(PoolFrame {
                     kind: PoolFrameKind::Delta,
                     base_sequence: delta.base_sequence,
@@ -224,7 +229,7 @@ impl PoolSubscription {
                 let bytes = self
                     .hub
                     .encoder
-                    .snapshot_chunk(sequence, &words, chunk_index)
+                    .snapshot_chunk(sequence, &words, chunk_index, sent_now_us())
                     .map_err(internal)?;
                 Ok(PoolFrame {
                     kind: PoolFrameKind::SnapshotChunk,
@@ -235,7 +240,11 @@ impl PoolSubscription {
                 })
             }
             Transmit::Heartbeat { sequence } => {
-                let bytes = self.hub.encoder.heartbeat(sequence).map_err(internal)?;
+                let bytes = self
+                    .hub
+                    .encoder
+                    .heartbeat(sequence, sent_now_us())
+                    .map_err(internal)?;
                 Ok(PoolFrame {
                     kind: PoolFrameKind::Heartbeat,
                     base_sequence: sequence,
