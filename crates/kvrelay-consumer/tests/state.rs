@@ -16,6 +16,7 @@ use kvrelay_consumer::{
     StandbyMode, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
+use support::pair::request;
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
 
 fn state(n_relays: usize) -> ConsumerState {
@@ -31,14 +32,6 @@ fn install(state: &mut ConsumerState, key: PoolKey, producer: &mut Producer, now
     let frames = producer.snapshot_frames();
     for frame in &frames {
         state.apply_pool_frame(key, frame, now).unwrap();
-    }
-}
-
-fn request(tokens: Vec<u32>) -> ScoreRequest {
-    ScoreRequest {
-        tokens,
-        model: "llama".into(),
-        ..ScoreRequest::default()
     }
 }
 
@@ -1021,154 +1014,6 @@ fn pools_of_another_dc_are_quarantined_never_counted_twice() {
     let mut dcs: Vec<&str> = ranking.candidates.iter().map(|c| c.dc.as_ref()).collect();
     dcs.sort_unstable();
     assert_eq!(dcs, ["dc-0", "dc-1"], "each DC once");
-}
-
-/// What happens to the frames between a producer and a replica, one step at a time.
-#[derive(Debug, Clone)]
-enum LinkStep {
-    /// The producer stores chain `chain` for `worker` (a delta, when a bucket changed).
-    Store { worker: u64, chain: usize },
-    /// The producer clears `worker`'s blocks (a delta, when it held any).
-    Clear { worker: u64 },
-    /// The oldest frame in flight arrives.
-    Deliver,
-    /// The oldest frame in flight is lost (a cut).
-    Lose,
-    /// The two oldest frames in flight swap places (one is delayed).
-    Delay,
-    /// The oldest frame in flight arrives twice (a late copy).
-    Duplicate,
-    /// The stream is dropped and opened again: what was in flight is gone, and the
-    /// replica takes a snapshot.
-    Resubscribe,
-}
-
-fn link_step() -> impl proptest::strategy::Strategy<Value = LinkStep> {
-    use proptest::prelude::*;
-    prop_oneof![
-        4 => (0..3u64, 0..6usize).prop_map(|(worker, chain)| LinkStep::Store { worker, chain }),
-        1 => (0..3u64).prop_map(|worker| LinkStep::Clear { worker }),
-        5 => Just(LinkStep::Deliver),
-        1 => Just(LinkStep::Lose),
-        1 => Just(LinkStep::Delay),
-        1 => Just(LinkStep::Duplicate),
-        1 => Just(LinkStep::Resubscribe),
-    ]
-}
-
-/// The depth each chain scores at in `state`'s one pool, or `None` when the replica does
-/// not answer.
-fn chain_depths(state: &ConsumerState, chains: &[Vec<u32>], now: Instant) -> Option<Vec<u32>> {
-    chains
-        .iter()
-        .map(|tokens| {
-            let ranking = state.score(&request(tokens.clone()), now).ok()?;
-            ranking.candidates.first()?.legs[0].prefix_blocks
-        })
-        .collect()
-}
-
-proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
-
-    /// Under random cuts, delays, late copies and resubscriptions, a replica that says it
-    /// is current always answers exactly like a replica that received every frame in order
-    /// at the same sequence (the producer at that sequence), and one that missed a frame
-    /// says so (it refuses what follows until a snapshot) instead of answering wrong. After
-    /// the steps, a resubscription brings it back to the producer's newest sequence.
-    #[test]
-    fn a_replica_under_cuts_equals_the_producer_at_its_sequence_or_says_it_is_invalid(
-        steps in proptest::collection::vec(link_step(), 1..60),
-    ) {
-        let now = Instant::now();
-        let relay = relay_identity(1);
-        let mut spec = PoolSpec::aggregated("alpha", "llama");
-        spec.expected_blocks = 1024;
-        let mut producer = Producer::new(&spec, "dc-0", relay, 1);
-        let catalog = catalog_of(relay, 1, &[&producer]);
-        // The replica under test, and the reference that gets every frame in order.
-        let mut cut = state(1);
-        let mut whole = state(1);
-        let key = cut.apply_catalog(0, &catalog).unwrap().added[0].0;
-        let whole_key = whole.apply_catalog(0, &catalog).unwrap().added[0].0;
-        install(&mut cut, key, &mut producer, now);
-        install(&mut whole, whole_key, &mut producer, now);
-        let chains: Vec<Vec<u32>> = (0..6u32)
-            .map(|chain| (0..16 * (2 + chain)).map(|t| chain * 100_000 + t).collect())
-            .collect();
-        // The reference's answers at each producer sequence.
-        let mut answers: HashMap<u64, Vec<u32>> = HashMap::new();
-        answers.insert(
-            producer.filter.sequence(),
-            chain_depths(&whole, &chains, now).unwrap(),
-        );
-        let mut in_flight: std::collections::VecDeque<kvrelay_codec::v1::PoolFrame> =
-            Default::default();
-        for step in steps {
-            let emitted = match step {
-                LinkStep::Store { worker, chain } => {
-                    producer.store(worker, &chains[chain], HashSalt::default()).1
-                }
-                LinkStep::Clear { worker } => producer.clear(worker),
-                LinkStep::Deliver => {
-                    if let Some(frame) = in_flight.pop_front() {
-                        // A refusal is the replica saying it missed something.
-                        let _ = cut.apply_pool_frame(key, &frame, now);
-                    }
-                    None
-                }
-                LinkStep::Lose => {
-                    in_flight.pop_front();
-                    None
-                }
-                LinkStep::Delay => {
-                    if in_flight.len() >= 2 {
-                        in_flight.swap(0, 1);
-                    }
-                    None
-                }
-                LinkStep::Duplicate => {
-                    if let Some(frame) = in_flight.front().cloned() {
-                        let _ = cut.apply_pool_frame(key, &frame, now);
-                        in_flight.push_front(frame);
-                    }
-                    None
-                }
-                LinkStep::Resubscribe => {
-                    in_flight.clear();
-                    install(&mut cut, key, &mut producer, now);
-                    None
-                }
-            };
-            if let Some(frame) = emitted {
-                whole.apply_pool_frame(whole_key, &frame, now).unwrap();
-                answers.insert(
-                    producer.filter.sequence(),
-                    chain_depths(&whole, &chains, now).unwrap(),
-                );
-                in_flight.push_back(frame);
-            }
-            let status = cut.pools(now).remove(0);
-            if status.replica == ReplicaStatus::Current {
-                let sequence = status.sequence.unwrap();
-                let expected = answers.get(&sequence);
-                proptest::prop_assert!(expected.is_some(), "current at a sequence never produced: {sequence}");
-                let depths = chain_depths(&cut, &chains, now);
-                proptest::prop_assert_eq!(depths.as_ref(), expected, "at sequence {}", sequence);
-            } else {
-                proptest::prop_assert_eq!(chain_depths(&cut, &chains, now), None, "a replica that is not current does not answer");
-            }
-        }
-        // Recovery: a resubscription catches up with the producer's newest sequence.
-        install(&mut cut, key, &mut producer, now);
-        let status = cut.pools(now).remove(0);
-        proptest::prop_assert_eq!(status.replica, ReplicaStatus::Current);
-        proptest::prop_assert_eq!(status.sequence, Some(producer.filter.sequence()));
-        proptest::prop_assert_eq!(
-            chain_depths(&cut, &chains, now),
-            chain_depths(&whole, &chains, now)
-        );
-    }
 }
 
 /// A hot pair (`dc-0` at A and B, followed all along) and a lone relay (`dc-1`).

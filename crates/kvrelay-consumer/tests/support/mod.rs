@@ -21,19 +21,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use kvrelay_ckf::stream::{Poll, Publisher, StreamLimits, SubscriberId, Transmit};
+use kvrelay_ckf::stream::{CutOff, Poll, Publisher, StreamLimits, SubscriberId, Transmit};
 use kvrelay_ckf::{
     CkfConfig, Delta, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
 };
 use kvrelay_codec::Limits;
 use kvrelay_codec::cbi1::snapshot_chunk_count;
-use kvrelay_codec::session::{WatchSession, Watched};
+use kvrelay_codec::session::{PoolFrameEncoder, WatchSession, Watched};
 use kvrelay_codec::v1::{
     CatalogUpdate, CkfFormat, DigestId, EndpointId, ErrorMessage, ErrorReason, HashFormat,
-    IdentitySource, LoadWindow, Message, ModelRegistration, PoolDescriptor, PoolFrameHeader,
-    PoolFrameKind, PoolId, PoolLoad, ProducerIdentity, QuerySemantics, RelayIdentity, RelayInfo,
-    StreamRpc, WorkerRole, decode_message, encode_chunk_frame, encode_delta_frame,
-    encode_heartbeat_frame, encode_message,
+    IdentitySource, LoadWindow, Message, ModelRegistration, PoolDescriptor, PoolId, PoolLoad,
+    ProducerIdentity, QuerySemantics, RelayIdentity, RelayInfo, StreamRpc, WorkerRole,
+    decode_message, encode_message,
 };
 use kvrelay_identity::KvQueryHashFormat;
 use kvrelay_identity::hashing::{HashSalt, block_hashes, sequence_hashes};
@@ -87,8 +86,6 @@ struct FakePool {
     /// Subscribers of the current generation.
     live: HashSet<SubscriberId>,
     /// One-shot wire faults per subscriber: skip or corrupt its next delta frame.
-    drop_next: HashSet<SubscriberId>,
-    corrupt_next: HashSet<SubscriberId>,
     /// Subscribers told to send a heartbeat once they have nothing else to send.
     heartbeat_now: HashSet<SubscriberId>,
     /// Subscribers whose connection is to be dropped (no error frame: a broken link).
@@ -114,8 +111,6 @@ impl FakePool {
             publisher,
             wake: watch::channel(0).0,
             live: HashSet::new(),
-            drop_next: HashSet::new(),
-            corrupt_next: HashSet::new(),
             heartbeat_now: HashSet::new(),
             cut_now: HashSet::new(),
             next_engine_id: 1,
@@ -127,21 +122,13 @@ impl FakePool {
     }
 }
 
-/// Knobs that make the fake misbehave once.
+/// Knobs that make the fake misbehave once. Frame-level faults (lost, repeated, corrupted
+/// frames, lag, a snapshot that never completes) are the sans-IO pair's (`pair.rs`); the
+/// fake keeps what only a connection shows.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Faults {
     /// Close the next pool subscription after this many snapshot chunk frames.
     pub(crate) cut_after_chunks: Option<u32>,
-    /// Cut the next pool subscription off with `subscriber_lagged` after its snapshot.
-    pub(crate) lag_next_subscriber: bool,
-    /// Skip the next delta frame of every current subscriber (a gap, seen at its next
-    /// delta or heartbeat).
-    pub(crate) drop_next_delta: bool,
-    /// Corrupt one payload byte of the next delta frame of every current subscriber.
-    pub(crate) corrupt_next_delta: bool,
-    /// The next pool subscription sends its first snapshot chunk again and again (every
-    /// 50 ms) and never the rest: a snapshot that never completes though frames flow.
-    pub(crate) repeat_first_chunk: bool,
 }
 
 struct Core {
@@ -296,18 +283,10 @@ impl Core {
 
     /// Hands the producer's next delta to the pool's publisher and wakes its subscribers.
     fn publish_delta(&mut self, pool: usize, delta: Delta) {
-        let drop = std::mem::take(&mut self.faults.drop_next_delta);
-        let corrupt = std::mem::take(&mut self.faults.corrupt_next_delta);
         let fake = &mut self.pools[pool];
         fake.publisher
             .handle_delta(delta, Instant::now(), |_| ())
             .expect("the fake's filter and publisher agree");
-        if drop {
-            fake.drop_next.extend(fake.live.iter().copied());
-        }
-        if corrupt {
-            fake.corrupt_next.extend(fake.live.iter().copied());
-        }
         fake.wake_all();
     }
 }
@@ -798,8 +777,6 @@ enum Step {
     Write(BytesMut),
     /// Write this, then end the stream.
     Finish(BytesMut),
-    /// Skip a frame (a wire fault) and poll again.
-    Again,
     Close,
     Wait(Option<Instant>),
 }
@@ -835,22 +812,11 @@ async fn serve_pool(
                 if socket.write_all(&frame).await.is_err() {
                     return;
                 }
-                if faults.repeat_first_chunk && chunks_sent == 1 {
-                    // Until the consumer gives up and closes.
-                    let mut again = tokio::time::interval(Duration::from_millis(50));
-                    loop {
-                        again.tick().await;
-                        if socket.write_all(&frame).await.is_err() {
-                            return;
-                        }
-                    }
-                }
             }
             Step::Finish(frame) => {
                 let _ = socket.write_all(&frame).await;
                 return;
             }
-            Step::Again => {}
             Step::Close => return,
             Step::Wait(deadline) => {
                 let sleep = async {
@@ -886,8 +852,6 @@ impl Drop for Unsubscribe {
         if fake.descriptor.producer == self.producer {
             fake.publisher.handle_unsubscribe(self.id);
             fake.live.remove(&self.id);
-            fake.drop_next.remove(&self.id);
-            fake.corrupt_next.remove(&self.id);
             fake.heartbeat_now.remove(&self.id);
             fake.cut_now.remove(&self.id);
         }
@@ -920,8 +884,6 @@ fn subscribe(
     };
     let faults = guard.faults;
     guard.faults.cut_after_chunks = None;
-    guard.faults.lag_next_subscriber = false;
-    guard.faults.repeat_first_chunk = false;
     let fake = &mut guard.pools[pool];
     let (id, _start) = fake
         .publisher
@@ -931,7 +893,15 @@ fn subscribe(
     Ok((pool, id, faults, fake.wake.subscribe()))
 }
 
-fn error_frame(reason: ErrorReason, message: &str) -> BytesMut {
+/// The error a relay ends a cut-off subscriber's stream with.
+pub(crate) fn cut_off_reason(cut: CutOff) -> ErrorReason {
+    match cut {
+        CutOff::Backlog { .. } => ErrorReason::SubscriberLagged,
+        CutOff::SnapshotStalled { .. } => ErrorReason::SnapshotProgressTimeout,
+    }
+}
+
+pub(crate) fn error_frame(reason: ErrorReason, message: &str) -> BytesMut {
     let mut frame = BytesMut::new();
     let error = Message::Error(ErrorMessage::new(reason, message));
     encode_message(&error, &limits(), &mut frame).expect("encode error");
@@ -957,59 +927,27 @@ fn next_step(
             "generation retired",
         ));
     }
-    let header = |kind, base_sequence, sequence| PoolFrameHeader {
-        relay,
-        producer: expected,
-        base_sequence,
-        sequence,
-        kind,
-        sent_unix_us: 0,
-    };
+    let encoder = PoolFrameEncoder::new(relay, expected, limits());
     if fake.cut_now.remove(&id) {
         return Step::Close;
     }
     let heartbeat = |sequence| {
-        let mut frame = BytesMut::new();
-        let header = header(PoolFrameKind::Heartbeat, sequence, sequence);
-        encode_heartbeat_frame(&header, &limits(), &mut frame).expect("heartbeat");
-        frame
+        let bytes = encoder.heartbeat(sequence, 0).expect("heartbeat");
+        BytesMut::from(&bytes[..])
     };
     match fake.publisher.poll_transmit(id, Instant::now()) {
-        Poll::Transmit(Transmit::SnapshotChunk {
-            words,
-            sequence,
-            chunk_index,
-            chunk_count,
-        }) => {
-            if faults.cut_after_chunks == Some(*chunks_sent) {
-                return Step::Close;
+        Poll::Transmit(transmit) => {
+            if let Transmit::SnapshotChunk { .. } = transmit {
+                if faults.cut_after_chunks == Some(*chunks_sent) {
+                    return Step::Close;
+                }
+                *chunks_sent += 1;
             }
-            *chunks_sent += 1;
-            let mut frame = BytesMut::new();
-            let header = header(PoolFrameKind::SnapshotChunk, sequence, sequence);
-            encode_chunk_frame(&header, &words, chunk_index, &limits(), &mut frame).expect("chunk");
-            if faults.lag_next_subscriber && chunk_index + 1 == chunk_count {
-                frame.extend_from_slice(&error_frame(ErrorReason::SubscriberLagged, "queue full"));
-                return Step::Finish(frame);
-            }
+            let encoded = encoder.transmit(&transmit, 0).expect("encode");
+            let frame = BytesMut::from(&encoded.frame[..]);
             Step::Write(frame)
         }
-        Poll::Transmit(Transmit::Delta { delta, .. }) => {
-            if fake.drop_next.remove(&id) {
-                return Step::Again;
-            }
-            let mut frame = BytesMut::new();
-            let header = header(PoolFrameKind::Delta, delta.base_sequence, delta.sequence);
-            encode_delta_frame(&header, &delta.images, &limits(), &mut frame)
-                .expect("encode delta");
-            if fake.corrupt_next.remove(&id) {
-                let last = frame.len() - 1;
-                frame[last] ^= 0x5a;
-            }
-            Step::Write(frame)
-        }
-        Poll::Transmit(Transmit::Heartbeat { sequence }) => Step::Write(heartbeat(sequence)),
-        Poll::CutOff(cut) => Step::Finish(error_frame(ErrorReason::SubscriberLagged, cut.label())),
+        Poll::CutOff(cut) => Step::Finish(error_frame(cut_off_reason(cut), cut.label())),
         Poll::Unknown => Step::Close,
         Poll::Idle => {
             if fake.heartbeat_now.remove(&id) {
@@ -1020,6 +958,8 @@ fn next_step(
     }
 }
 
+pub(crate) mod pair;
+
 /// Waits with a deadline; panics with `what` on timeout.
 pub(crate) async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(20), future)
@@ -1027,11 +967,12 @@ pub(crate) async fn within<T>(what: &str, future: impl std::future::Future<Outpu
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
-/// A producer without a network, for sans-IO tests: a filter plus frame encoding.
+/// A producer without a network, for sans-IO tests: a filter plus the relay's frame
+/// encoder.
 pub(crate) struct Producer {
     pub(crate) filter: PoolFilter,
     pub(crate) descriptor: PoolDescriptor,
-    relay: RelayIdentity,
+    pub(crate) encoder: PoolFrameEncoder,
     block_size: u32,
     next_engine_id: u64,
 }
@@ -1039,10 +980,11 @@ pub(crate) struct Producer {
 impl Producer {
     pub(crate) fn new(spec: &PoolSpec, dc: &str, relay: RelayIdentity, generation: u64) -> Self {
         let filter = PoolFilter::new(CkfConfig::new(spec.expected_blocks)).expect("filter");
+        let descriptor = descriptor(spec, dc, relay.relay_incarnation, generation, &filter);
         Self {
-            descriptor: descriptor(spec, dc, relay.relay_incarnation, generation, &filter),
+            encoder: PoolFrameEncoder::new(relay, descriptor.producer, limits()),
+            descriptor,
             filter,
-            relay,
             block_size: spec.block_size,
             next_engine_id: 1,
         }
@@ -1056,6 +998,17 @@ impl Producer {
         tokens: &[u32],
         salt: HashSalt<'_>,
     ) -> (Vec<u64>, Option<kvrelay_codec::v1::PoolFrame>) {
+        let (hashes, delta) = self.store_delta(worker, tokens, salt);
+        (hashes, delta.map(|delta| self.delta_frame(&delta)))
+    }
+
+    /// [`Producer::store`], handing out the delta itself.
+    pub(crate) fn store_delta(
+        &mut self,
+        worker: u64,
+        tokens: &[u32],
+        salt: HashSalt<'_>,
+    ) -> (Vec<u64>, Option<Delta>) {
         let hashes = block_hashes(
             tokens,
             self.block_size,
@@ -1082,33 +1035,32 @@ impl Producer {
             }),
         };
         self.filter.apply(&event).expect("apply");
-        (sequence_hashes(&hashes), self.take_delta_frame())
+        (
+            sequence_hashes(&hashes),
+            self.filter.take_delta().expect("delta"),
+        )
     }
 
     /// Clears `worker`'s blocks; returns the delta frame, if any.
     pub(crate) fn clear(&mut self, worker: u64) -> Option<kvrelay_codec::v1::PoolFrame> {
+        self.clear_delta(worker)
+            .map(|delta| self.delta_frame(&delta))
+    }
+
+    /// [`Producer::clear`], handing out the delta itself.
+    pub(crate) fn clear_delta(&mut self, worker: u64) -> Option<Delta> {
         let event = RouterEvent {
             source: SourceId::new(worker, 0),
             event_id: 0,
             payload: EventPayload::AllCleared,
         };
         self.filter.apply(&event).expect("apply");
-        self.take_delta_frame()
+        self.filter.take_delta().expect("delta")
     }
 
-    fn take_delta_frame(&mut self) -> Option<kvrelay_codec::v1::PoolFrame> {
-        let delta = self.filter.take_delta().expect("delta")?;
-        let header = PoolFrameHeader {
-            relay: self.relay,
-            producer: self.descriptor.producer,
-            base_sequence: delta.base_sequence,
-            sequence: delta.sequence,
-            kind: PoolFrameKind::Delta,
-            sent_unix_us: 0,
-        };
-        let mut bytes = BytesMut::new();
-        encode_delta_frame(&header, &delta.images, &limits(), &mut bytes).expect("encode delta");
-        Some(decode_pool_frame(&mut bytes))
+    fn delta_frame(&self, delta: &Delta) -> kvrelay_codec::v1::PoolFrame {
+        let bytes = self.encoder.delta(delta, 0).expect("encode delta");
+        decode_pool_frame(&mut BytesMut::from(&bytes[..]))
     }
 
     /// The snapshot chunk frames at the current sequence (pending changes must have been
@@ -1120,37 +1072,21 @@ impl Producer {
         );
         let sequence = self.filter.sequence();
         let table = self.filter.words().to_vec();
-        let header = PoolFrameHeader {
-            relay: self.relay,
-            producer: self.descriptor.producer,
-            base_sequence: sequence,
-            sequence,
-            kind: PoolFrameKind::SnapshotChunk,
-            sent_unix_us: 0,
-        };
         (0..snapshot_chunk_count(table.len() as u64))
             .map(|chunk_index| {
-                let mut bytes = BytesMut::new();
-                encode_chunk_frame(&header, &table, chunk_index, &limits(), &mut bytes)
+                let bytes = self
+                    .encoder
+                    .snapshot_chunk(sequence, &table, chunk_index, 0)
                     .expect("chunk");
-                decode_pool_frame(&mut bytes)
+                decode_pool_frame(&mut BytesMut::from(&bytes[..]))
             })
             .collect()
     }
 
     /// A heartbeat at `sequence`.
     pub(crate) fn heartbeat(&self, sequence: u64) -> kvrelay_codec::v1::PoolFrame {
-        let header = PoolFrameHeader {
-            relay: self.relay,
-            producer: self.descriptor.producer,
-            base_sequence: sequence,
-            sequence,
-            kind: PoolFrameKind::Heartbeat,
-            sent_unix_us: 0,
-        };
-        let mut bytes = BytesMut::new();
-        encode_heartbeat_frame(&header, &limits(), &mut bytes).expect("heartbeat");
-        decode_pool_frame(&mut bytes)
+        let bytes = self.encoder.heartbeat(sequence, 0).expect("heartbeat");
+        decode_pool_frame(&mut BytesMut::from(&bytes[..]))
     }
 }
 
