@@ -39,8 +39,9 @@ use crate::state::{ConsumerState, FrameOutcome, PoolStatus, RelayStatus, Standby
 use crate::wire::{Endpoint, WireError, WireStream};
 use standby::{StandbyRecord, run_standby_probe};
 
+use crate::link::epoch::{EpochFault, EpochSession, SilenceStep};
 use crate::link::pool::{PoolFollow, PoolStream, ReplicaAfterStream, StreamEnd, begin_refused};
-use crate::link::{EpochEnd, Reach, RelayLink, SideStream, SilenceWatch, ViewAfterEpoch};
+use crate::link::{EpochEnd, Reach, RelayLink, ViewAfterEpoch};
 
 /// How long [`Consumer::shutdown`] waits for its tasks.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(5);
@@ -395,14 +396,9 @@ enum EpochError {
     Wire(#[from] WireError),
     #[error("relay {addr} speaks protocol major {major}, we speak {PROTOCOL_MAJOR}")]
     ContractMismatch { addr: String, major: u16 },
-    #[error("relay {addr} restarted: incarnation {previous:?} became {current:?}")]
-    RelayRestart {
-        addr: String,
-        previous: RelayIdentity,
-        current: RelayIdentity,
-    },
-    #[error(transparent)]
-    Catalog(#[from] crate::state::CatalogError),
+    /// What the relay sent (or did not send) ended the epoch ([`EpochSession`] decides).
+    #[error("relay {addr} {fault}")]
+    Session { addr: String, fault: EpochFault },
     #[error("relay {addr} refused the connection ({reason}): {message}")]
     Refused {
         addr: String,
@@ -423,12 +419,6 @@ enum EpochError {
     },
     #[error("relay {addr} closed the {stream} stream")]
     Closed { addr: String, stream: &'static str },
-    #[error("relay {addr} sent no catalog for {timeout:?}")]
-    CatalogStale { addr: String, timeout: Duration },
-    #[error("relay {addr} sent no load window for {silent_for:?}: left for the DC's other relay")]
-    Silent { addr: String, silent_for: Duration },
-    #[error("relay {addr} withholds {stalled} stalled pool(s): left for the DC's other relay")]
-    Stalled { addr: String, stalled: usize },
 }
 
 async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken) {
@@ -497,12 +487,22 @@ async fn run_relay(shared: Arc<Shared>, relay: usize, cancel: CancellationToken)
                 shared.metrics.incr(Counter::RelayTlsFailures);
             }
             Err(EpochError::Refused { .. }) => shared.metrics.incr(Counter::RelayRefusals),
-            Err(EpochError::Silent { .. }) => shared.metrics.incr(Counter::RelaySilences),
-            Err(EpochError::Stalled { .. }) => shared.metrics.incr(Counter::RelayStalls),
+            Err(EpochError::Session {
+                fault: EpochFault::Silent { .. },
+                ..
+            }) => shared.metrics.incr(Counter::RelaySilences),
+            Err(EpochError::Session {
+                fault: EpochFault::Stalled { .. },
+                ..
+            }) => shared.metrics.incr(Counter::RelayStalls),
             _ => {}
         }
         shared.last_errors.lock()[relay] = Some(why);
-        if let Err(EpochError::RelayRestart { .. }) = &result {
+        if let Err(EpochError::Session {
+            fault: EpochFault::RelayRestart { .. },
+            ..
+        }) = &result
+        {
             for _ in &dropped {
                 shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
             }
@@ -543,7 +543,10 @@ impl EpochError {
     fn invalidates_view(&self) -> bool {
         matches!(
             self,
-            Self::RelayRestart { .. } | Self::Catalog(_) | Self::ContractMismatch { .. }
+            Self::Session {
+                fault: EpochFault::RelayRestart { .. } | EpochFault::Catalog(_),
+                ..
+            } | Self::ContractMismatch { .. }
         )
     }
 }
@@ -588,91 +591,74 @@ async fn relay_epoch(
     link: &mut RelayLink,
 ) -> Result<(), EpochError> {
     let addr = shared.endpoint(relay).addr.clone();
-    let limits = shared.config.limits;
     let identity = relay_info(shared, relay).await?;
     *connected = true;
-    shared.update(|state| {
-        if state
-            .relay_identity(relay)
-            .is_some_and(|kept| kept != identity)
-        {
-            // Restarted while we were away: what we kept is of another incarnation.
-            for _ in state.reset_relay(relay) {
-                shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
-            }
-        }
-    });
+    let mut session = EpochSession::new(
+        relay,
+        identity,
+        &shared.config.limits,
+        shared.config.backoff,
+        Instant::now(),
+    );
+    // Restarted while we were away: what we kept is of another incarnation.
+    let dropped = shared.update(|state| session.begin(state));
+    for _ in 0..dropped {
+        shared.metrics.resubscribe(ResubscribeReason::RelayRestart);
+    }
     shared.metrics.incr(Counter::RelayConnects);
     info!(dc = %shared.dc(relay), peer = %addr, incarnation = identity.relay_incarnation, "relay connected");
+    let fault = |fault: EpochFault| EpochError::Session {
+        addr: addr.clone(),
+        fault,
+    };
 
     let mut catalog = open(shared, relay, "catalog", StreamRpc::WatchCatalog).await?;
     // The load stream is independent: losing it clears this relay's load samples and
     // reopens it after backoff, without touching catalogs or replicas.
     let mut load = Some(open(shared, relay, "load", StreamRpc::WatchLoad).await?);
-    let mut load_link = SideStream::new(shared.config.backoff, Instant::now());
-    load_link.handle_opened(Instant::now());
     // The topology stream likewise: losing it (or never getting it) only makes
     // readiness unknown; it opens on the first loop turn and reopens with backoff.
     let mut topology: Option<WireStream> = None;
-    let mut topology_link = SideStream::new(shared.config.backoff, Instant::now());
     let epoch_cancel = cancel.child_token();
     let subscriptions = TaskTracker::new();
     let mut tokens: HashMap<PoolKey, CancellationToken> = HashMap::new();
-    // Re-armed by catalog frames only: frames of the load and topology streams, or a
-    // catalog that trickles in a byte at a time, must not keep a silent catalog alive.
-    let mut catalog_deadline = tokio::time::Instant::now() + limits.catalog_staleness_bound;
-    let mut silence = SilenceWatch::new(&limits);
-    // Whether this relay was marked silent in the state (it stays followed).
-    let mut marked_silent = false;
 
     let result = loop {
+        let catalog_deadline = tokio::time::Instant::from_std(session.catalog_deadline());
         tokio::select! {
             biased;
             () = cancel.cancelled() => break Ok(()),
-            // `WireStream::next` is cancel safe (its buffer lives in the stream).
-            message = tokio::time::timeout_at(catalog_deadline, catalog.next()) => {
-                let message = match message {
-                    Err(_) => break Err(EpochError::CatalogStale { addr: addr.clone(), timeout: limits.catalog_staleness_bound }),
-                    Ok(Err(err)) => break Err(err.into()),
-                    Ok(Ok(None)) => break Err(EpochError::Closed { addr: addr.clone(), stream: "catalog" }),
-                    Ok(Ok(Some(message))) => message,
-                };
-                catalog_deadline = tokio::time::Instant::now() + limits.catalog_staleness_bound;
-                let update = match message {
-                    Message::CatalogUpdate(update) => update,
-                    other => break Err(unexpected(&addr, &other, "catalog")),
-                };
-                if update.relay != identity {
-                    break Err(EpochError::RelayRestart { addr: addr.clone(), previous: identity, current: update.relay });
+            () = tokio::time::sleep_until(catalog_deadline) => {
+                if let Some(stale) = session.handle_catalog_timeout(Instant::now()) {
+                    break Err(fault(stale));
                 }
-                let change = shared.update(|state| state.apply_catalog(relay, &update));
-                let change = match change {
-                    Ok(change) => change,
+            }
+            // `WireStream::next` is cancel safe (its buffer lives in the stream).
+            message = catalog.next() => {
+                let message = match message {
                     Err(err) => break Err(err.into()),
+                    Ok(None) => break Err(EpochError::Closed { addr: addr.clone(), stream: "catalog" }),
+                    Ok(Some(message)) => message,
+                };
+                let step = shared.update(|state| session.handle_catalog(Instant::now(), &message, state, link));
+                let step = match step {
+                    Ok(step) => step,
+                    Err(err) => break Err(fault(err)),
                 };
                 shared.metrics.incr(Counter::CatalogsApplied);
-                if link.handle_stalled(Instant::now(), update.stalled.len()) {
-                    break Err(EpochError::Stalled { addr: addr.clone(), stalled: update.stalled.len() });
-                }
-                if change.newly_quarantined > 0 {
-                    shared.metrics.add(Counter::QuarantinedTotal, change.newly_quarantined as u64);
-                    shared.metrics.add(Counter::OverBudgetTotal, change.newly_over_budget as u64);
+                if step.newly_quarantined > 0 {
+                    shared.metrics.add(Counter::QuarantinedTotal, step.newly_quarantined as u64);
+                    shared.metrics.add(Counter::OverBudgetTotal, step.newly_over_budget as u64);
                     for entry in shared.state.read().quarantined() {
                         warn!(dc = %entry.dc, pool = %entry.entry, reason = %entry.reason, "catalog entry quarantined");
                     }
                 }
-                for key in &change.removed {
+                for key in &step.unsubscribe {
                     if let Some(token) = tokens.remove(key) {
                         token.cancel();
                     }
                 }
-                // New pools, and on an epoch's first catalog the pools kept (suspended)
-                // from the previous epoch, which resume.
-                let keys = shared.state.read().relay_keys(relay);
-                for key in keys {
-                    if tokens.contains_key(&key) {
-                        continue;
-                    }
+                for key in step.subscribe {
                     let token = epoch_cancel.child_token();
                     tokens.insert(key, token.clone());
                     subscriptions.spawn(run_subscription(Arc::clone(shared), relay, key, identity, token));
@@ -680,104 +666,101 @@ async fn relay_epoch(
                 shared.bump();
             }
             message = next_or_pending(&mut load) => {
-                let failure = match message {
-                    Ok(Some(Message::LoadWindow(window))) => {
-                        silence.handle_window(Instant::now(), window.window_ms);
-                        if marked_silent {
-                            marked_silent = false;
-                            shared.update(|state| state.set_silent(relay, false));
-                        }
-                        shared.state.write().apply_load_window(relay, &window);
-                        shared.metrics.incr(Counter::LoadWindows);
-                        shared.bump();
-                        None
+                let now = Instant::now();
+                let jitter = rand::random::<f64>();
+                // A message the session refuses loses the stream there; a closed or
+                // failed stream is reported lost here.
+                let lost = match message {
+                    Ok(Some(message)) => shared
+                        .update(|state| session.handle_load(now, &message, state, jitter))
+                        .err()
+                        .map(|loss| loss.to_string()),
+                    Ok(None) => {
+                        shared.update(|state| session.handle_load_lost(now, state, jitter));
+                        Some("load stream closed".to_owned())
                     }
-                    Ok(Some(other)) => Some(unexpected(&addr, &other, "load").to_string()),
-                    Ok(None) => Some("load stream closed".to_owned()),
-                    Err(err) => Some(err.to_string()),
+                    Err(err) => {
+                        shared.update(|state| session.handle_load_lost(now, state, jitter));
+                        Some(err.to_string())
+                    }
                 };
-                if let Some(failure) = failure {
-                    warn!(dc = %shared.dc(relay), peer = %addr, error = %failure, "load stream lost; loads unknown until it reopens");
-                    load = None;
-                    silence.disarm();
-                    if marked_silent {
-                        // Silence is not known without windows: the catalog deadline
-                        // still watches the relay.
-                        marked_silent = false;
-                        shared.update(|state| state.set_silent(relay, false));
+                match lost {
+                    None => shared.metrics.incr(Counter::LoadWindows),
+                    Some(failure) => {
+                        warn!(dc = %shared.dc(relay), peer = %addr, error = %failure, "load stream lost; loads unknown until it reopens");
+                        load = None;
                     }
-                    shared.state.write().clear_loads(relay);
-                    shared.bump();
-                    load_link.handle_lost(Instant::now(), rand::random::<f64>());
                 }
+                shared.bump();
             }
             message = next_or_pending(&mut topology) => {
-                let failure = match message {
-                    Ok(Some(Message::TopologyUpdate(update))) => {
-                        let n_invalid = shared.state.write().apply_topology(relay, &update);
-                        if n_invalid > 0 {
-                            warn!(dc = %shared.dc(relay), peer = %addr, n_invalid, "topology entries failed validation; their readiness is unknown");
+                let now = Instant::now();
+                let jitter = rand::random::<f64>();
+                let lost = match message {
+                    Ok(Some(message)) => {
+                        match shared.update(|state| session.handle_topology(now, &message, state, jitter)) {
+                            Ok(n_invalid) => {
+                                if n_invalid > 0 {
+                                    warn!(dc = %shared.dc(relay), peer = %addr, n_invalid, "topology entries failed validation; their readiness is unknown");
+                                }
+                                shared.metrics.incr(Counter::TopologiesApplied);
+                                None
+                            }
+                            Err(loss) => Some(loss.to_string()),
                         }
-                        shared.metrics.incr(Counter::TopologiesApplied);
-                        shared.bump();
-                        None
                     }
-                    Ok(Some(other)) => Some(unexpected(&addr, &other, "topology").to_string()),
-                    Ok(None) => Some("topology stream closed".to_owned()),
-                    Err(err) => Some(err.to_string()),
+                    Ok(None) => {
+                        shared.update(|state| session.handle_topology_lost(now, state, jitter));
+                        Some("topology stream closed".to_owned())
+                    }
+                    Err(err) => {
+                        shared.update(|state| session.handle_topology_lost(now, state, jitter));
+                        Some(err.to_string())
+                    }
                 };
-                if let Some(failure) = failure {
+                if let Some(failure) = lost {
                     warn!(dc = %shared.dc(relay), peer = %addr, error = %failure, "topology stream lost; readiness unknown until it reopens");
                     topology = None;
-                    shared.state.write().clear_topology(relay);
-                    shared.bump();
-                    topology_link.handle_lost(Instant::now(), rand::random::<f64>());
                 }
+                shared.bump();
             }
-            () = sleep_until_std(silence.poll_timeout()) => {
-                let now = Instant::now();
-                if let Some(silent_for) = silence.handle_timeout(now) {
-                    if link.handle_silent(now) {
-                        break Err(EpochError::Silent { addr: addr.clone(), silent_for });
-                    }
-                    // Not left (a lone relay, or a move for silence or a stall was just
-                    // made): stay, and watch again from the next window; the catalog
-                    // deadline still applies. A hot standby of the DC that is not silent
-                    // is scored instead meanwhile.
-                    if !marked_silent {
-                        marked_silent = true;
+            () = sleep_until_std(session.poll_silence()) => {
+                let step = shared.update(|state| session.handle_silence_timeout(Instant::now(), state, link));
+                match step {
+                    Err(silent) => break Err(fault(silent)),
+                    Ok(SilenceStep::Marked) => {
                         let dc = &shared.config.relays[shared.relays[relay].0];
                         if shared.config.standby == StandbyMode::Hot && !dc.standby.is_empty() {
                             // A hot pair's relay: counted like a pair's relay left for
                             // silence (its DC is scored through another meanwhile).
                             shared.metrics.incr(Counter::RelaySilences);
                         }
-                        shared.update(|state| state.set_silent(relay, true));
+                        shared.bump();
                     }
-                    silence.disarm();
+                    Ok(SilenceStep::Nothing) => {}
                 }
             }
-            () = sleep_until_std(topology_link.poll_timeout()), if topology.is_none() => {
+            () = sleep_until_std(session.poll_topology_open()), if topology.is_none() => {
                 match open(shared, relay, "topology", StreamRpc::WatchTopology).await {
                     Ok(stream) => {
                         topology = Some(stream);
-                        topology_link.handle_opened(Instant::now());
+                        session.handle_topology_opened(Instant::now());
                     }
                     Err(err) => {
                         debug!(peer = %addr, error = %err, "topology stream open failed");
-                        topology_link.handle_open_failed(Instant::now(), rand::random::<f64>());
+                        session.handle_topology_open_failed(Instant::now(), rand::random::<f64>());
                     }
                 }
             }
-            () = sleep_until_std(load_link.poll_timeout()), if load.is_none() => {
+            () = sleep_until_std(session.poll_load_reopen()), if load.is_none() => {
                 match open(shared, relay, "load", StreamRpc::WatchLoad).await {
                     Ok(stream) => {
                         load = Some(stream);
-                        load_link.handle_opened(Instant::now());
+                        session.handle_load_opened(Instant::now());
                     }
                     Err(err) => {
                         debug!(peer = %addr, error = %err, "load stream reopen failed");
-                        load_link.handle_open_failed(Instant::now(), rand::random::<f64>());
+                        session.handle_load_open_failed(Instant::now(), rand::random::<f64>());
                     }
                 }
             }

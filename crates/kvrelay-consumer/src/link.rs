@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use kvrelay_pacing::{Backoff, BackoffConfig, equal_jitter};
 
+pub mod epoch;
 pub mod pool;
 
 /// What becomes of a relay's view (catalog, replicas) when its epoch ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ViewAfterEpoch {
+pub enum ViewAfterEpoch {
     /// Drop everything kept from this relay: the next epoch starts from scratch.
     StartOver,
     /// Keep the view, suspended (not scored), for the next epoch to resume.
@@ -36,7 +37,7 @@ pub(crate) enum ViewAfterEpoch {
 
 /// How a relay's connection epoch ended, as far as the view is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EpochEnd {
+pub enum EpochEnd {
     /// The relay restarted, broke the catalog rules or speaks another major version:
     /// nothing kept is valid any more.
     Invalidated,
@@ -46,7 +47,7 @@ pub(crate) enum EpochEnd {
 
 /// How far an epoch's attempt got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reach {
+pub enum Reach {
     /// The relay answered (its relay info): the epoch was followed.
     Answered,
     /// No relay was reached: the connection was refused, timed out or broke before any
@@ -66,7 +67,7 @@ pub(crate) enum Reach {
 /// The link stays on whichever relay works (it never moves back by itself), so two healthy
 /// relays never flap.
 #[derive(Debug, Clone)]
-pub(crate) struct RelayLink {
+pub struct RelayLink {
     backoff: Backoff,
     resume_hold: Duration,
     suspended_since: Option<Instant>,
@@ -88,7 +89,10 @@ pub(crate) struct RelayLink {
 }
 
 impl RelayLink {
-    pub(crate) fn new(
+    /// A link to a DC's `addresses` relays (1 without a pair): retries on `backoff`, keeps
+    /// a broken epoch's view for `resume_hold` and moves for silence or a stalled pool at
+    /// most once per `failover_hold`.
+    pub fn new(
         backoff: BackoffConfig,
         resume_hold: Duration,
         failover_hold: Duration,
@@ -118,7 +122,7 @@ impl RelayLink {
     /// nothing (its port refuses them); one that reaches a relay and fails there waits on
     /// the backoff as before, so a relay that breaks every stream is never hammered. A zero
     /// window (the default here) turns it off.
-    pub(crate) fn with_rejoin(mut self, interval: Duration, window: Duration) -> Self {
+    pub fn with_rejoin(mut self, interval: Duration, window: Duration) -> Self {
         self.rejoin_interval = interval;
         self.rejoin_window = window;
         self
@@ -138,7 +142,7 @@ impl RelayLink {
     /// for the DC's next relay (the epoch then ends, and [`RelayLink::handle_epoch_end`]
     /// moves on at once). Only when some pool is stalled, and see
     /// [`RelayLink::handle_silent`].
-    pub(crate) fn handle_stalled(&mut self, now: Instant, stalled: usize) -> bool {
+    pub fn handle_stalled(&mut self, now: Instant, stalled: usize) -> bool {
         stalled > 0 && self.may_leave(now)
     }
 
@@ -146,7 +150,7 @@ impl RelayLink {
     /// Only with another address to go to, and not within the failover hold of the last
     /// move for silence or a stall, so two relays that are both late or stalled never
     /// bounce the consumer (and a snapshot of every pool) between them.
-    pub(crate) fn handle_silent(&mut self, now: Instant) -> bool {
+    pub fn handle_silent(&mut self, now: Instant) -> bool {
         self.may_leave(now)
     }
 
@@ -162,13 +166,13 @@ impl RelayLink {
     }
 
     /// The address (index into the DC's addresses) the next epoch connects to.
-    pub(crate) fn active(&self) -> usize {
+    pub fn active(&self) -> usize {
         self.active
     }
 
     /// Before an epoch opens at `now`: whether the suspended view was held past the
     /// resume hold and must start over.
-    pub(crate) fn handle_epoch_start(&mut self, now: Instant) -> Option<ViewAfterEpoch> {
+    pub fn handle_epoch_start(&mut self, now: Instant) -> Option<ViewAfterEpoch> {
         let expired = self
             .suspended_since
             .is_some_and(|since| now.saturating_duration_since(since) > self.resume_hold);
@@ -182,7 +186,7 @@ impl RelayLink {
     /// An epoch that started `healthy_for` before `now` ended as `end`, having got as far
     /// as `reach`: what becomes of the view, and how long to wait
     /// before the next epoch (`jitter` in `[0, 1]`), which goes to [`RelayLink::active`].
-    pub(crate) fn handle_epoch_end(
+    pub fn handle_epoch_end(
         &mut self,
         now: Instant,
         end: EpochEnd,
@@ -227,7 +231,7 @@ impl RelayLink {
 /// one failed: every `interval`, half of it jitter (so consumers do not probe in step). A
 /// standby that died is then known before it is needed, not at the failover.
 #[derive(Debug, Clone)]
-pub(crate) struct StandbyProbe {
+pub struct StandbyProbe {
     interval: Duration,
     next_at: Option<Instant>,
 }
@@ -235,7 +239,7 @@ pub(crate) struct StandbyProbe {
 impl StandbyProbe {
     /// The schedule of a DC of `addresses` relays from `now`: off for a lone relay or a
     /// zero interval.
-    pub(crate) fn new(interval: Duration, addresses: usize, now: Instant, jitter: f64) -> Self {
+    pub fn new(interval: Duration, addresses: usize, now: Instant, jitter: f64) -> Self {
         let on = addresses > 1 && !interval.is_zero();
         Self {
             interval,
@@ -244,12 +248,12 @@ impl StandbyProbe {
     }
 
     /// When the next probe is due (`None`: never).
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Instant> {
         self.next_at
     }
 
     /// Whether a probe is due at `now`; when it is, the next one is scheduled.
-    pub(crate) fn handle_timeout(&mut self, now: Instant, jitter: f64) -> bool {
+    pub fn handle_timeout(&mut self, now: Instant, jitter: f64) -> bool {
         match self.next_at {
             Some(at) if now >= at => {
                 self.next_at = Some(now + equal_jitter(self.interval, jitter));
@@ -279,7 +283,7 @@ impl StandbyProbe {
 /// [`Limits::min_relay_silence`]: crate::Limits::min_relay_silence
 /// [`Limits::catalog_staleness_bound`]: crate::Limits::catalog_staleness_bound
 #[derive(Debug, Clone)]
-pub(crate) struct SilenceWatch {
+pub struct SilenceWatch {
     /// Window lengths of silence allowed; 0 when the watch is off.
     windows: u32,
     floor: Duration,
@@ -292,7 +296,7 @@ impl SilenceWatch {
     /// A watch for one epoch (off when [`Limits::relay_silence_windows`] is 0).
     ///
     /// [`Limits::relay_silence_windows`]: crate::Limits::relay_silence_windows
-    pub(crate) fn new(limits: &crate::Limits) -> Self {
+    pub fn new(limits: &crate::Limits) -> Self {
         Self {
             windows: limits.relay_silence_windows,
             floor: limits.min_relay_silence,
@@ -303,7 +307,7 @@ impl SilenceWatch {
 
     /// A load window of `window_ms` arrived at `now`. The relay's figure is clamped, so a
     /// zero or absurd window length neither fails the relay at once nor disarms the watch.
-    pub(crate) fn handle_window(&mut self, now: Instant, window_ms: u64) {
+    pub fn handle_window(&mut self, now: Instant, window_ms: u64) {
         if self.windows == 0 {
             return;
         }
@@ -314,18 +318,18 @@ impl SilenceWatch {
 
     /// No pulse is due until the load stream brings a window again: the stream is down,
     /// or a silence was noticed but the link stays.
-    pub(crate) fn disarm(&mut self) {
+    pub fn disarm(&mut self) {
         self.pulse = None;
     }
 
     /// When the relay counts as silent unless a window arrives first.
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Instant> {
         self.pulse
             .and_then(|(heard, allowed)| heard.checked_add(allowed))
     }
 
     /// The deadline passed at `now`: how long the relay has been silent, if it is.
-    pub(crate) fn handle_timeout(&self, now: Instant) -> Option<Duration> {
+    pub fn handle_timeout(&self, now: Instant) -> Option<Duration> {
         let (heard, allowed) = self.pulse?;
         let silent_for = now.saturating_duration_since(heard);
         (silent_for >= allowed).then_some(silent_for)
@@ -335,7 +339,7 @@ impl SilenceWatch {
 /// A stream that may come and go without ending the epoch (load, topology): while it is
 /// down, its data is unknown and it reopens after backoff.
 #[derive(Debug, Clone)]
-pub(crate) struct SideStream {
+pub struct SideStream {
     backoff: Backoff,
     opened_at: Instant,
     retry_at: Option<Instant>,
@@ -343,7 +347,7 @@ pub(crate) struct SideStream {
 
 impl SideStream {
     /// A stream to open at once.
-    pub(crate) fn new(backoff: BackoffConfig, now: Instant) -> Self {
+    pub fn new(backoff: BackoffConfig, now: Instant) -> Self {
         Self {
             backoff: Backoff::new(backoff),
             opened_at: now,
@@ -352,24 +356,24 @@ impl SideStream {
     }
 
     /// It opened at `now`.
-    pub(crate) fn handle_opened(&mut self, now: Instant) {
+    pub fn handle_opened(&mut self, now: Instant) {
         self.opened_at = now;
         self.retry_at = None;
     }
 
     /// It was lost at `now` after running since it opened: reopen at the returned time.
-    pub(crate) fn handle_lost(&mut self, now: Instant, jitter: f64) -> Instant {
+    pub fn handle_lost(&mut self, now: Instant, jitter: f64) -> Instant {
         let healthy_for = now.saturating_duration_since(self.opened_at);
         self.retry_later(now, healthy_for, jitter)
     }
 
     /// Opening it failed at `now`: try again at the returned time.
-    pub(crate) fn handle_open_failed(&mut self, now: Instant, jitter: f64) -> Instant {
+    pub fn handle_open_failed(&mut self, now: Instant, jitter: f64) -> Instant {
         self.retry_later(now, Duration::ZERO, jitter)
     }
 
     /// When to (re)open it; `None` while it is open.
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Instant> {
         self.retry_at
     }
 
