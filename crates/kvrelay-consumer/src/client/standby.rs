@@ -14,7 +14,8 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{Shared, relay_info_at};
+use super::Shared;
+use super::epoch::relay_info_at;
 use crate::link::StandbyProbe;
 use crate::metrics::Counter;
 use crate::state::StandbyStatus;
