@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kvrelay_consumer::{ConsumerMetrics, Ranking, ReplicaStatus, ScoreRequest};
+use kvrelay_consumer::{ConsumerMetrics, Ranking, ReplicaState, ScoreRequest};
 use kvrelay_identity::hashing::HashSalt;
 use kvrelay_router::{RouterConfig, RouterService};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -85,7 +85,7 @@ async fn setup(n_pools: usize) -> Setup {
         .consumer()
         .wait_until(Duration::from_secs(60), |state, now| {
             let pools = state.pools(now);
-            pools.len() == n_pools && pools.iter().all(|p| p.replica == ReplicaStatus::Current)
+            pools.len() == n_pools && pools.iter().all(|p| p.replica == ReplicaState::Current)
         })
         .await;
     assert!(current, "every replica current");

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvrelay_benches::events::ChainGenerator;
-use kvrelay_consumer::{BackoffConfig, Consumer, ConsumerConfig, ReplicaStatus};
+use kvrelay_consumer::{BackoffConfig, Consumer, ConsumerConfig, ReplicaState};
 use kvrelay_server::{Relay, RelayConfig, WorkloadConfig};
 
 /// How long the network is down.
@@ -232,7 +232,7 @@ async fn run(resume_window_bytes: Option<u64>) -> Outcome {
     let current_at = |target: u64| {
         move |state: &kvrelay_consumer::ConsumerState, now: Instant| {
             state.pools(now).iter().any(|status| {
-                status.replica == ReplicaStatus::Current
+                status.replica == ReplicaState::Current
                     && status.sequence.is_some_and(|sequence| sequence >= target)
             })
         }

@@ -49,8 +49,7 @@ use kvrelay_benches::sim::{request_keys, request_tokens};
 use kvrelay_benches::stamps::{Stamp, unix_ns};
 use kvrelay_benches::{Flags, MODEL, percentile};
 use kvrelay_consumer::{
-    Consumer, ConsumerConfig, Ranking, RelayEndpoint, ReplicaStatus, ResubscribeReason,
-    ScoreRequest,
+    Consumer, ConsumerConfig, Ranking, RelayEndpoint, ReplicaState, ResubscribeReason, ScoreRequest,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -155,7 +154,7 @@ async fn main() -> Result<()> {
             state
                 .pools(now)
                 .iter()
-                .any(|pool| pool.replica == ReplicaStatus::Current)
+                .any(|pool| pool.replica == ReplicaState::Current)
         })
         .await;
     if !installed {
@@ -222,7 +221,7 @@ async fn main() -> Result<()> {
         if now.duration_since(last_sample) >= sample_every {
             let pools = consumer.pools();
             let status = pools.first().map(|pool| (pool.replica, pool.sequence));
-            let current = matches!(status, Some((ReplicaStatus::Current, _)));
+            let current = matches!(status, Some((ReplicaState::Current, _)));
             max_pools_listed = max_pools_listed.max(pools.len());
             match (current, unusable_since) {
                 (false, None) => unusable_since = Some(last_sample),

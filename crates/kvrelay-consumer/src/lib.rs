@@ -74,9 +74,14 @@ pub use metrics::{ConsumerMetrics, ResubscribeReason};
 pub use oneshot::{RouteError, RouteReport, route_once};
 pub use readiness::CandidateReadiness;
 pub use scoring::{
-    DepthSource, Ranking, ReplicaDepth, ReplicaStatus, ScoreError, ScoreRequest, ScoredCandidate,
+    DepthSource, Ranking, ReplicaDepth, ReplicaState, ScoreError, ScoreRequest, ScoredCandidate,
     ScoredLeg,
 };
+
+/// The old name of [`ReplicaState`] (kvrelay-ckf's `ReplicaStatus` is the replica's own
+/// state; this one is a candidate's replica as scoring reports it). Kept for one release.
+#[deprecated(note = "renamed `ReplicaState`")]
+pub type ReplicaStatus = ReplicaState;
 pub use served::{ServedModel, served_base_models};
 pub use state::{
     CatalogChange, CatalogError, CheckedPoolFrame, ConsumerState, FrameOutcome, PoolFrameRefused,

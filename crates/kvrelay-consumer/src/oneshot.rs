@@ -7,7 +7,7 @@ use crate::catalog::QuarantinedEntry;
 use crate::client::Consumer;
 use crate::config::{ConfigError, ConsumerConfig};
 use crate::metrics::ConsumerMetrics;
-use crate::scoring::{Ranking, ReplicaStatus, ScoreError, ScoreRequest};
+use crate::scoring::{Ranking, ReplicaState, ScoreError, ScoreRequest};
 use crate::state::PoolStatus;
 
 /// Everything one blocking route produced.
@@ -64,7 +64,7 @@ pub fn route_once(
                     && state
                         .pools(now)
                         .iter()
-                        .all(|pool| pool.replica == ReplicaStatus::Current)
+                        .all(|pool| pool.replica == ReplicaState::Current)
             })
             .await;
         let report = RouteReport {

@@ -37,7 +37,7 @@ pub struct ScoreRequest {
 
 /// How usable a pool's replica was for this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReplicaStatus {
+pub enum ReplicaState {
     /// Installed, in sequence and fresh: its depth is an estimate.
     Current,
     /// Subscribed, still assembling its first snapshot.
@@ -48,7 +48,7 @@ pub enum ReplicaStatus {
     Missing,
 }
 
-impl ReplicaStatus {
+impl ReplicaState {
     /// The snake_case name used in JSON and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -66,7 +66,7 @@ pub enum ReplicaDepth {
     /// A current replica estimates this many leading blocks as cached.
     Current(u32),
     /// No usable estimate, and why.
-    Unusable(ReplicaStatus),
+    Unusable(ReplicaState),
 }
 
 /// Anything that answers prefix depths for a group of pools sharing one hash chain.
@@ -94,7 +94,7 @@ pub struct ScoredLeg {
     /// The pool's block size, tokens.
     pub block_size: u32,
     /// Whether the replica could answer.
-    pub replica: ReplicaStatus,
+    pub replica: ReplicaState,
     /// What the relay says of the pool's filter: a degraded pool's depth is right where
     /// it finds a prefix but may miss one the engines cache.
     pub coverage: Coverage,
@@ -392,7 +392,7 @@ pub(crate) fn rank_into(
         cache_namespace: request.cache_namespace.as_deref(),
     };
     depth_of.clear();
-    depth_of.resize(n_entries, ReplicaDepth::Unusable(ReplicaStatus::Missing));
+    depth_of.resize(n_entries, ReplicaDepth::Unusable(ReplicaState::Missing));
     lower_of.clear();
     lower_of.resize(n_entries, [None; 2]);
     for &(block_size, format) in semantics.iter() {
@@ -405,7 +405,7 @@ pub(crate) fn rank_into(
         keys.clear();
         keys.extend(members.iter().map(|&idx| inputs.entries[idx].key));
         probe_out.clear();
-        probe_out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaStatus::Missing));
+        probe_out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaState::Missing));
         depths.probe(keys, &hashes, now, probe_out, probe);
         for (&idx, &depth) in members.iter().zip(probe_out.iter()) {
             depth_of[idx] = depth;
@@ -425,7 +425,7 @@ pub(crate) fn rank_into(
                         .filter_map(|&idx| inputs.alternates.get(idx).copied().flatten()),
                 );
                 probe_out.clear();
-                probe_out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaStatus::Missing));
+                probe_out.resize(keys.len(), ReplicaDepth::Unusable(ReplicaState::Missing));
                 depths.probe(keys, &hashes, now, probe_out, probe);
                 for (&idx, &depth) in members.iter().zip(probe_out.iter()) {
                     if matches!(depth, ReplicaDepth::Current(_)) {
@@ -611,7 +611,7 @@ pub(crate) fn prefix_tokens(
 struct LegValues {
     role: &'static str,
     block_size: u32,
-    replica: ReplicaStatus,
+    replica: ReplicaState,
     prefix_blocks: Option<u32>,
     prefix_tokens: Option<u32>,
     lower: [Option<u32>; 2],
@@ -657,7 +657,7 @@ fn leg_values(
     n_tokens: usize,
 ) -> LegValues {
     let (replica, prefix_blocks) = match depth {
-        ReplicaDepth::Current(blocks) => (ReplicaStatus::Current, Some(blocks)),
+        ReplicaDepth::Current(blocks) => (ReplicaState::Current, Some(blocks)),
         ReplicaDepth::Unusable(status) => (status, None),
     };
     LegValues {
@@ -777,7 +777,7 @@ mod tests {
                     .depths
                     .get(key)
                     .copied()
-                    .unwrap_or(ReplicaDepth::Unusable(ReplicaStatus::Missing));
+                    .unwrap_or(ReplicaDepth::Unusable(ReplicaState::Missing));
             }
         }
     }
@@ -898,12 +898,12 @@ mod tests {
             for (key, slot) in keys.iter().zip(out) {
                 *slot = match self.sets.get(key) {
                     _ if self.unusable.contains(key) => {
-                        ReplicaDepth::Unusable(ReplicaStatus::Assembling)
+                        ReplicaDepth::Unusable(ReplicaState::Assembling)
                     }
                     Some(set) => ReplicaDepth::Current(
                         hashes.iter().take_while(|h| set.contains(h)).count() as u32,
                     ),
-                    None => ReplicaDepth::Unusable(ReplicaStatus::Missing),
+                    None => ReplicaDepth::Unusable(ReplicaState::Missing),
                 };
             }
         }
@@ -1036,10 +1036,10 @@ mod tests {
         let mut depths = FixedDepths::default();
         depths
             .depths
-            .insert(PoolKey(1), ReplicaDepth::Unusable(ReplicaStatus::Stale));
+            .insert(PoolKey(1), ReplicaDepth::Unusable(ReplicaState::Stale));
         let ranking = run(&entries, &HashMap::new(), &depths, &request(16));
         let leg = &ranking.candidates[0].legs[0];
-        assert_eq!(leg.replica, ReplicaStatus::Stale);
+        assert_eq!(leg.replica, ReplicaState::Stale);
         assert_eq!(leg.prefix_blocks, None);
         assert_eq!(ranking.candidates[0].prefix_fraction, None);
     }

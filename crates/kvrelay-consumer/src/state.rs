@@ -24,7 +24,7 @@ use crate::metrics::{ConsumerMetrics, ResubscribeReason};
 use crate::projection::{self, AdmittedPool, ProjectedCatalog};
 use crate::readiness::TopologyView;
 use crate::scoring::{
-    self, Ranking, ReplicaStatus, ScoreError, ScoreInputs, ScoreRequest, ScratchPool,
+    self, Ranking, ReplicaState, ScoreError, ScoreInputs, ScoreRequest, ScratchPool,
 };
 use crate::store::{ReplicaStore, StoreError};
 use crate::weights::ScoreWeights;
@@ -223,7 +223,7 @@ pub struct PoolStatus {
     /// The producer generation.
     pub producer: ProducerIdentity,
     /// The replica's state now.
-    pub replica: ReplicaStatus,
+    pub replica: ReplicaState,
     /// What the relay says of the pool's filter: a current replica of a degraded pool
     /// answers, but may miss what the engines cache.
     pub coverage: Coverage,
@@ -252,7 +252,7 @@ pub struct TierLaneStatus {
     /// The lane's consumer-local key.
     pub key: PoolKey,
     /// The lane replica's state now.
-    pub replica: ReplicaStatus,
+    pub replica: ReplicaState,
     /// The installed sequence, when ready.
     pub sequence: Option<u64>,
 }
@@ -1169,15 +1169,15 @@ impl ConsumerState {
         for (idx, entry) in self.entries.iter().enumerate() {
             let (key, _) = self.answering(idx, now);
             match self.store.status(key, now) {
-                ReplicaStatus::Current => {
+                ReplicaState::Current => {
                     out.replicas_current += 1;
                     let installed = self.store.sequence(key).unwrap_or(0);
                     let announced = self.store.announced(key).unwrap_or(installed);
                     max_lag = max_lag.max(announced.saturating_sub(installed));
                 }
-                ReplicaStatus::Assembling => out.replicas_assembling += 1,
-                ReplicaStatus::Stale => out.replicas_stale += 1,
-                ReplicaStatus::Missing => {}
+                ReplicaState::Assembling => out.replicas_assembling += 1,
+                ReplicaState::Stale => out.replicas_stale += 1,
+                ReplicaState::Missing => {}
             }
             if let Some(age) = self.store.age(key, now) {
                 max_age = max_age.max(age);
@@ -1195,7 +1195,7 @@ impl ConsumerState {
                 self.scored[self.relay_dcs[*relay]] != *relay && !view.suspended
             })
             .flat_map(|(_, view)| view.pools.values())
-            .filter(|entry| self.store.status(entry.key, now) == ReplicaStatus::Current)
+            .filter(|entry| self.store.status(entry.key, now) == ReplicaState::Current)
             .count() as u64;
         out.query_table_bytes = self.store.table_bytes();
         out.max_replica_age = max_age;
@@ -1294,8 +1294,8 @@ impl ConsumerState {
         let own = self.entries[idx].key;
         match self.alternates.get(idx) {
             Some(Some(alternate))
-                if self.store.status(own, now) != ReplicaStatus::Current
-                    && self.store.status(*alternate, now) == ReplicaStatus::Current =>
+                if self.store.status(own, now) != ReplicaState::Current
+                    && self.store.status(*alternate, now) == ReplicaState::Current =>
             {
                 (*alternate, true)
             }

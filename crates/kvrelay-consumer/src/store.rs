@@ -23,7 +23,7 @@ use kvrelay_ckf::{
 use kvrelay_identity::CkfFormat;
 
 use crate::catalog::PoolKey;
-use crate::scoring::{DepthProbe, ReplicaDepth, ReplicaStatus};
+use crate::scoring::{DepthProbe, ReplicaDepth, ReplicaState};
 
 /// Why the store refused an operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -531,14 +531,14 @@ impl ReplicaStore {
     }
 
     /// How usable `key`'s replica is at `now`.
-    pub(crate) fn status(&self, key: PoolKey, now: Instant) -> ReplicaStatus {
+    pub(crate) fn status(&self, key: PoolKey, now: Instant) -> ReplicaState {
         match self.slots.get(&key) {
             Some(slot) => self.slot_status(slot, now),
-            None => ReplicaStatus::Missing,
+            None => ReplicaState::Missing,
         }
     }
 
-    fn slot_status(&self, slot: &Slot, now: Instant) -> ReplicaStatus {
+    fn slot_status(&self, slot: &Slot, now: Instant) -> ReplicaState {
         self.slot_status_in(slot, self.tables.get(&slot.format), now)
     }
 
@@ -548,28 +548,28 @@ impl ReplicaStore {
         slot: &Slot,
         table: Option<&FormatTable>,
         now: Instant,
-    ) -> ReplicaStatus {
+    ) -> ReplicaState {
         let Some(entry) = table.filter(|_| !slot.fresh.invalid()) else {
-            return ReplicaStatus::Missing;
+            return ReplicaState::Missing;
         };
         // The ready bit is one word and no lock (every query checks every candidate);
         // only a lane that is not ready has its stream state read.
         let ready = entry.table.lane_ready(slot.lane)
             || match entry.table.lane_status(slot.lane) {
-                Some(CkfStatus::Assembling { .. }) => return ReplicaStatus::Assembling,
+                Some(CkfStatus::Assembling { .. }) => return ReplicaState::Assembling,
                 Some(CkfStatus::Ready { .. }) => true,
                 None | Some(CkfStatus::Empty | CkfStatus::Invalid) => false,
             };
         if !ready {
-            return ReplicaStatus::Missing;
+            return ReplicaState::Missing;
         }
         let fresh = self
             .last_heard(slot)
             .is_some_and(|heard| now.saturating_duration_since(heard) <= self.staleness_bound);
         if fresh {
-            ReplicaStatus::Current
+            ReplicaState::Current
         } else {
-            ReplicaStatus::Stale
+            ReplicaState::Stale
         }
     }
 
@@ -667,7 +667,7 @@ impl DepthProbe for ReplicaStore {
         let mut last_table: Option<(CkfFormat, Option<&FormatTable>)> = None;
         for (key, slot_out) in keys.iter().zip(out.iter_mut()) {
             let Some(slot) = self.slots.get(key) else {
-                *slot_out = ReplicaDepth::Unusable(ReplicaStatus::Missing);
+                *slot_out = ReplicaDepth::Unusable(ReplicaState::Missing);
                 continue;
             };
             let table = match last_table {
@@ -679,7 +679,7 @@ impl DepthProbe for ReplicaStore {
                 }
             };
             let status = self.slot_status_in(slot, table, now);
-            if status != ReplicaStatus::Current {
+            if status != ReplicaState::Current {
                 *slot_out = ReplicaDepth::Unusable(status);
                 continue;
             }
@@ -705,7 +705,7 @@ impl DepthProbe for ReplicaStore {
             };
             *slot_out = match scratch.answers[idx].1.depth(slot.lane) {
                 Some(depth) => ReplicaDepth::Current(depth),
-                None => ReplicaDepth::Unusable(ReplicaStatus::Missing),
+                None => ReplicaDepth::Unusable(ReplicaState::Missing),
             };
         }
     }
@@ -732,7 +732,7 @@ mod tests {
         );
         assert_eq!(
             store.status(PoolKey(1), Instant::now()),
-            ReplicaStatus::Missing
+            ReplicaState::Missing
         );
         assert!(store.tables.is_empty(), "no empty table is left behind");
         // The allocator recovered: the next attempt gets a lane.
@@ -767,7 +767,7 @@ mod tests {
         );
         assert_eq!(
             store.status(PoolKey(3), Instant::now()),
-            ReplicaStatus::Missing
+            ReplicaState::Missing
         );
         assert_eq!(store.table_bytes(), two_lanes, "nothing grew");
 

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use crate::catalog::PoolEntry;
-use crate::scoring::{DepthProbe, ReplicaDepth, ReplicaStatus, prefix_tokens};
+use crate::scoring::{DepthProbe, ReplicaDepth, ReplicaState, prefix_tokens};
 use crate::store::ProbeScratch;
 use crate::weights::ScoreWeights;
 
@@ -36,7 +36,7 @@ pub(crate) fn continue_in_lanes(
                 .skip((first_chunk + 1) * stride - 1)
                 .step_by(stride),
         );
-        let mut out = [ReplicaDepth::Unusable(ReplicaStatus::Missing)];
+        let mut out = [ReplicaDepth::Unusable(ReplicaState::Missing)];
         depths.probe(&[lane.key], strided, now, &mut out, probe);
         let ReplicaDepth::Current(chunks) = out[0] else {
             continue;

@@ -14,7 +14,7 @@ use kvrelay_ckf::stream::StreamLimits;
 use kvrelay_codec::session::PoolFrameEncoder;
 use kvrelay_codec::v1::{ErrorMessage, ErrorReason, Message, encode_message};
 use kvrelay_consumer::link::pool::StreamEnd;
-use kvrelay_consumer::{Limits, ReplicaStatus, ResubscribeReason};
+use kvrelay_consumer::{Limits, ReplicaState, ResubscribeReason};
 use support::pair::{Opened, Pair, WireFault};
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -85,7 +85,7 @@ fn a_cut_mid_snapshot_never_serves_a_partial_replica_and_recovers() {
     pair.relay_sends(1);
     pair.consumer_reads(usize::MAX);
     assert_eq!(pair.frames_applied, 1);
-    assert_ne!(pair.replica(), ReplicaStatus::Current);
+    assert_ne!(pair.replica(), ReplicaState::Current);
     pair.check().unwrap();
     pair.cut();
     pair.check().unwrap();
@@ -103,7 +103,7 @@ fn a_broken_stream_resumes_from_the_replica_without_a_snapshot() {
     pair.cut();
     assert_ne!(
         pair.replica(),
-        ReplicaStatus::Current,
+        ReplicaState::Current,
         "suspended, not scored"
     );
     pair.check().unwrap();
@@ -150,7 +150,7 @@ fn a_silent_relay_makes_the_stream_stale_and_the_pool_resubscribes() {
     assert!(pair.ends.is_empty());
     pair.advance(Duration::from_secs(1));
     assert_eq!(pair.ends, vec![StreamEnd::Stale { bound }]);
-    assert_ne!(pair.replica(), ReplicaStatus::Current);
+    assert_ne!(pair.replica(), ReplicaState::Current);
     pair.check().unwrap();
     assert!(pair.settle(SETTLE));
     assert_eq!(pair.opened, vec![Opened::Snapshot, Opened::Resumed]);
@@ -181,7 +181,7 @@ fn a_lost_delta_is_a_gap_and_the_replica_starts_over_from_a_snapshot() {
     pair.relay_sends(usize::MAX);
     pair.consumer_reads(usize::MAX);
     assert_eq!(reasons(&pair), vec![ResubscribeReason::Gap]);
-    assert_eq!(pair.replica(), ReplicaStatus::Missing);
+    assert_eq!(pair.replica(), ReplicaState::Missing);
     pair.check().unwrap();
     assert!(pair.settle(SETTLE));
     assert_eq!(pair.opened, vec![Opened::Snapshot, Opened::Snapshot]);
@@ -197,7 +197,7 @@ fn a_corrupted_delta_fails_its_checksum_and_nothing_of_it_is_applied() {
     pair.consumer_reads(usize::MAX);
     assert_eq!(reasons(&pair), vec![ResubscribeReason::Checksum]);
     assert!(before.is_some());
-    assert_eq!(pair.replica(), ReplicaStatus::Missing);
+    assert_eq!(pair.replica(), ReplicaState::Missing);
     pair.check().unwrap();
     assert!(pair.settle(SETTLE));
     pair.check().unwrap();
@@ -217,7 +217,7 @@ fn a_frame_from_another_relay_incarnation_ends_the_stream_as_a_restart() {
     pair.inject(frame);
     pair.consumer_reads(1);
     assert_eq!(pair.ends, vec![StreamEnd::RelayRestarted]);
-    assert_eq!(pair.replica(), ReplicaStatus::Missing);
+    assert_eq!(pair.replica(), ReplicaState::Missing);
     pair.check().unwrap();
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvrelay_codec::v1::{HashFormat, WorkerRole};
 use kvrelay_consumer::{
-    Consumer, ConsumerConfig, ConsumerState, ReplicaStatus, ResubscribeReason, ScoreRequest,
+    Consumer, ConsumerConfig, ConsumerState, ReplicaState, ResubscribeReason, ScoreRequest,
 };
 use kvrelay_identity::hashing::HashSalt;
 use support::{FakeRelay, Faults, PoolSpec, within};
@@ -42,7 +42,7 @@ fn converged(relay: &FakeRelay, n_pools: usize) -> impl Fn(&ConsumerState, Insta
             let (sequence, _) = relay.producer_state(idx);
             pools.iter().any(|p| {
                 p.producer == producer
-                    && p.replica == ReplicaStatus::Current
+                    && p.replica == ReplicaState::Current
                     && p.sequence == Some(sequence)
             })
         })
@@ -142,7 +142,7 @@ async fn connection_cut_mid_snapshot_recovers_and_never_serves_a_partial_replica
         .wait_until(WAIT, |state, now| {
             let pools = state.pools(now);
             if let Some(pool) = pools.first()
-                && pool.replica != ReplicaStatus::Current
+                && pool.replica != ReplicaState::Current
             {
                 let ranking = state.score(&request("llama", tokens(3, 64)), now).unwrap();
                 if ranking.candidates[0].legs[0].prefix_blocks.is_some() {
@@ -584,7 +584,7 @@ async fn pool_streams_per_relay_are_bounded() {
                 state
                     .pools(now)
                     .iter()
-                    .filter(|pool| pool.replica == ReplicaStatus::Current)
+                    .filter(|pool| pool.replica == ReplicaState::Current)
                     .count()
                     == 2
             })
@@ -599,7 +599,7 @@ async fn pool_streams_per_relay_are_bounded() {
     let current = consumer
         .pools()
         .iter()
-        .filter(|p| p.replica == ReplicaStatus::Current)
+        .filter(|p| p.replica == ReplicaState::Current)
         .count();
     assert_eq!(current, 2, "the others wait for a free stream");
     consumer.shutdown().await;
@@ -664,7 +664,7 @@ async fn a_stalled_pool_at_the_followed_relay_moves_a_pair_once() {
             let pools = state.pools(now);
             pools.len() == 1
                 && pools[0].producer == second.producer(1)
-                && pools[0].replica == ReplicaStatus::Current
+                && pools[0].replica == ReplicaState::Current
                 && state.relay_statuses()[0].stalled_pools == 1
         })
         .await;

@@ -12,7 +12,7 @@ use kvrelay_ckf::{ExactIndex, PrefixQuery};
 use kvrelay_codec::v1::{CoverageState, PoolCoverage, ProducerIdentity};
 use kvrelay_consumer::{
     CatalogError, CheckedPoolFrame, ConsumerConfig, ConsumerState, Coverage, FrameOutcome, PoolKey,
-    RelayEndpoint, ReplicaStatus, ResubscribeReason, ScoreRequest, ScoredSwitch, ServedModel,
+    RelayEndpoint, ReplicaState, ResubscribeReason, ScoreRequest, ScoredSwitch, ServedModel,
     StandbyMode, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
@@ -53,7 +53,7 @@ fn metadata_only_change_keeps_the_replica_and_its_key() {
         .apply_catalog(0, &catalog_of(relay, 2, &[&producer]))
         .unwrap();
     assert!(change.added.is_empty() && change.removed.is_empty());
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Current);
     // The new alias resolves at once.
     let ranking = state
         .score(
@@ -188,7 +188,7 @@ fn a_degraded_pool_answers_and_says_so_until_the_relay_clears_it() {
     let status = &state.pools(now)[0];
     assert_eq!(
         status.replica,
-        ReplicaStatus::Current,
+        ReplicaState::Current,
         "its replica still answers"
     );
     assert_eq!(
@@ -316,7 +316,7 @@ fn replica_past_the_staleness_bound_is_not_used_until_it_hears_again() {
     };
     assert_eq!(depth(&state, t0), Some(2));
     let later = t0 + Duration::from_secs(31);
-    assert_eq!(state.pools(later)[0].replica, ReplicaStatus::Stale);
+    assert_eq!(state.pools(later)[0].replica, ReplicaState::Stale);
     assert_eq!(depth(&state, later), None, "stale replica is not used");
     let sequence = a.filter.sequence();
     assert_eq!(
@@ -348,7 +348,7 @@ fn heartbeat_at_another_sequence_invalidates_the_replica() {
         ResubscribeReason::Gap,
         "a lost tail delta shows as a gap"
     );
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Missing);
 }
 
 #[test]
@@ -369,10 +369,10 @@ fn delta_out_of_sequence_is_refused_and_nothing_is_half_applied() {
         .apply_pool_frame(key, &second.unwrap(), now)
         .unwrap_err();
     assert_eq!(err.reason, ResubscribeReason::Gap);
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Missing);
     // Even the delta that would have fit is refused until a new snapshot.
     assert!(state.apply_pool_frame(key, &first.unwrap(), now).is_err());
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Missing);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Missing);
     install(&mut state, key, &mut a, now);
     assert_eq!(state.pools(now)[0].sequence, Some(a.filter.sequence()));
 }
@@ -428,14 +428,14 @@ fn frames_checked_outside_the_state_apply_like_frames_applied_whole() {
             .find(|status| status.key == key)
             .unwrap()
     };
-    assert_eq!(status(&state, key_a).replica, ReplicaStatus::Current);
+    assert_eq!(status(&state, key_a).replica, ReplicaState::Current);
     assert_eq!(status(&state, key_a).sequence, Some(a.filter.sequence()));
     // A frame checked for one generation is refused under another's key, and that
     // replica is left unusable rather than half-written.
     let err = state.apply_checked_frame(key_b, &checked, now).unwrap_err();
     assert_eq!(err.reason, ResubscribeReason::ProducerChanged);
-    assert_eq!(status(&state, key_b).replica, ReplicaStatus::Missing);
-    assert_eq!(status(&state, key_a).replica, ReplicaStatus::Current);
+    assert_eq!(status(&state, key_b).replica, ReplicaState::Missing);
+    assert_eq!(status(&state, key_a).replica, ReplicaState::Current);
     // A frame of another producer fails the check itself.
     let frames = a.snapshot_frames();
     let producer_b = change.added[1].1;
@@ -475,7 +475,7 @@ fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_nee
             .unwrap()
             .unwrap();
     }
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Current);
     // A suspended replica resumes without a reset: it answered queries, so a snapshot
     // over it needs the write lock (a query may still be reading it).
     state.suspend(key);
@@ -490,7 +490,7 @@ fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_nee
     for frame in &checked {
         state.apply_checked_frame(key, frame, now).unwrap();
     }
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Current);
 
     // From here on only `&ConsumerState`, as under the consumer's shared lock.
     let shared: &ConsumerState = &state;
@@ -505,7 +505,7 @@ fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_nee
         FrameOutcome::DeltaApplied(a.filter.sequence())
     );
     let pool = &shared.pools(later)[0];
-    assert_eq!(pool.replica, ReplicaStatus::Current);
+    assert_eq!(pool.replica, ReplicaState::Current);
     assert_eq!(pool.sequence, Some(a.filter.sequence()));
     assert_eq!(pool.announced_sequence, Some(a.filter.sequence()));
     assert_eq!(
@@ -537,7 +537,7 @@ fn frames_apply_beside_queries_and_only_a_snapshot_over_an_answering_replica_nee
         .unwrap()
         .unwrap_err();
     assert_eq!(err.reason, ResubscribeReason::Gap);
-    assert_eq!(shared.pools(later)[0].replica, ReplicaStatus::Missing);
+    assert_eq!(shared.pools(later)[0].replica, ReplicaState::Missing);
 }
 
 /// Scoring beside applies, with the consumer's locking (scores under the read lock,
@@ -568,7 +568,7 @@ fn scores_beside_applies_keep_finding_the_installed_prefix() {
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let ranking = state.read().score(&request, now).unwrap();
                 let leg = &ranking.candidates[0].legs[0];
-                assert_eq!(leg.replica, ReplicaStatus::Current);
+                assert_eq!(leg.replica, ReplicaState::Current);
                 assert_eq!(leg.prefix_blocks, Some(64 / leg.block_size));
                 scores += 1;
                 scoring.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -914,7 +914,7 @@ fn admitted_replica_keeps_its_place_when_a_new_entry_would_take_the_relay_over_b
     );
     assert_eq!(change.newly_over_budget, 1);
     assert_eq!(state.quarantined()[0].entry, state_pool_label(&a));
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Current);
 }
 
 #[test]
@@ -1090,7 +1090,7 @@ fn a_hot_pair_scores_one_relay_and_switches_to_the_other_at_once_without_flappin
     // A's connection breaks: B's replica answers at once, nothing to install.
     state.suspend_relay(0);
     assert_eq!(scored_keys(&state, now), [key_b]);
-    assert_eq!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    assert_eq!(state.pools(now)[0].replica, ReplicaState::Current);
     assert_eq!(depth(&state), full);
     assert_eq!(
         state.poll_switch(),
@@ -1208,12 +1208,12 @@ fn a_hot_standbys_replica_answers_for_a_scored_pool_that_cannot() {
     // yet: nothing answers.
     state.invalidate(key_a);
     assert_eq!(depth(&state), None);
-    assert_ne!(state.pools(now)[0].replica, ReplicaStatus::Current);
+    assert_ne!(state.pools(now)[0].replica, ReplicaState::Current);
     // B's replica is current: it answers for A's, the DC still scored through A.
     install(&mut state, key_b, &mut b, now);
     assert_eq!(depth(&state), full);
     let pool = &state.pools(now)[0];
-    assert_eq!((pool.key, pool.replica), (key_a, ReplicaStatus::Current));
+    assert_eq!((pool.key, pool.replica), (key_a, ReplicaState::Current));
     assert!(pool.through_standby);
     // A's own replica is back: it answers again.
     install(&mut state, key_a, &mut a, now);
@@ -1419,7 +1419,7 @@ fn a_pools_host_lane_is_followed_scored_and_dropped_with_the_catalog() {
         (
             kvrelay_ckf::CacheTier::Host,
             lane_key,
-            ReplicaStatus::Current
+            ReplicaState::Current
         )
     );
     assert_eq!(state.relay_keys(0).len(), 2);

@@ -19,8 +19,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::sync::Arc;
 
 use kvrelay_consumer::{
-    CandidateReadiness, CandidateShape, Coverage, Ranking, ReplicaStatus, ScoredCandidate,
-    ScoredLeg,
+    CandidateReadiness, CandidateShape, Coverage, Ranking, ReplicaState, ScoredCandidate, ScoredLeg,
 };
 use kvrelay_router::api::{self, BatchRequest, RouteRequest, RouteResponse};
 use kvrelay_router::config::HttpSection;
@@ -76,7 +75,7 @@ fn ranking(n: usize) -> Ranking {
                     pool: Arc::from(format!("pool{i}")),
                     endpoint: endpoint.clone(),
                     block_size: 16,
-                    replica: ReplicaStatus::Current,
+                    replica: ReplicaState::Current,
                     coverage: Coverage::Complete,
                     prefix_blocks: Some(i as u32 % 65),
                     prefix_tokens: Some(i as u32 % 65 * 16),

@@ -6,7 +6,7 @@
 //! most [`MAX_REASONS`] of them (then a count of the rest), so a large fleet's answer
 //! stays small.
 
-use kvrelay_consumer::{PoolStatus, RelayStatus, ReplicaStatus};
+use kvrelay_consumer::{PoolStatus, RelayStatus, ReplicaState};
 use serde::Serialize;
 
 /// Reasons listed in one answer; the rest are counted.
@@ -37,7 +37,7 @@ pub struct PoolState<'a> {
     /// The pool id.
     pub pool: &'a str,
     /// Its replica's state.
-    pub replica: ReplicaStatus,
+    pub replica: ReplicaState,
 }
 
 impl<'a> From<&'a PoolStatus> for PoolState<'a> {
@@ -80,7 +80,7 @@ pub fn assess<'a>(
     let mut n_pools = 0;
     for pool in pools {
         n_pools += 1;
-        if pool.replica == ReplicaStatus::Current {
+        if pool.replica == ReplicaState::Current {
             pools_current += 1;
         } else {
             reasons.push(format!(
@@ -126,21 +126,21 @@ mod tests {
         }
     }
 
-    fn pool<'a>(dc: &'a str, pool: &'a str, replica: ReplicaStatus) -> PoolState<'a> {
+    fn pool<'a>(dc: &'a str, pool: &'a str, replica: ReplicaState) -> PoolState<'a> {
         PoolState { dc, pool, replica }
     }
 
     #[test]
     fn ready_only_when_every_relay_has_a_catalog_and_every_pool_is_current() {
         let relays = [relay("a", Some(3), false), relay("b", Some(1), false)];
-        let pools = [pool("a", "p1", ReplicaStatus::Current)];
+        let pools = [pool("a", "p1", ReplicaState::Current)];
         let answer = assess(&relays, pools);
         assert!(answer.ready, "{answer:?}");
         assert_eq!((answer.relays_current, answer.pools_current), (2, 1));
 
         let pools = [
-            pool("a", "p1", ReplicaStatus::Current),
-            pool("b", "p2", ReplicaStatus::Assembling),
+            pool("a", "p1", ReplicaState::Current),
+            pool("b", "p2", ReplicaState::Assembling),
         ];
         let answer = assess(&relays, pools);
         assert!(!answer.ready);
@@ -170,7 +170,7 @@ mod tests {
             &relays,
             names
                 .iter()
-                .map(|name| pool("a", name, ReplicaStatus::Missing)),
+                .map(|name| pool("a", name, ReplicaState::Missing)),
         );
         assert_eq!(answer.reasons.len(), MAX_REASONS + 1);
         assert_eq!(answer.reasons[MAX_REASONS], "... and 5 more");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use kvrelay_codec::v1::{Message, ProducerIdentity, StreamRequest, StreamRpc};
-use kvrelay_consumer::{Consumer, ConsumerConfig, ReplicaStatus, ScoreRequest};
+use kvrelay_consumer::{Consumer, ConsumerConfig, ReplicaState, ScoreRequest};
 use kvrelay_server::{
     PoolMirror, ProbeStream, Relay, RelayConfig, RelayProgress, WORKLOAD_TOKEN_SEED, WorkloadConfig,
 };
@@ -190,7 +190,7 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
         let current = consumer
             .pools()
             .iter()
-            .filter(|pool| pool.replica == ReplicaStatus::Current)
+            .filter(|pool| pool.replica == ReplicaState::Current)
             .count();
         let now = Instant::now();
         let rate =
@@ -221,7 +221,7 @@ async fn demo(args: &DemoArgs, cards: PathBuf) -> Result<DemoReport> {
             .wait_until(DEMO_DEADLINE, |state, now| {
                 state.pools(now).iter().any(|status| {
                     status.producer == pool.producer
-                        && status.replica == ReplicaStatus::Current
+                        && status.replica == ReplicaState::Current
                         && status.sequence == Some(table.sequence)
                 })
             })

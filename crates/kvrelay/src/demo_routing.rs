@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use kvrelay_ckf::{CacheTier, RouterEvent, SourceId, TierChange, TierEvent};
-use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
+use kvrelay_consumer::{ReplicaState, ScoreRequest};
 use kvrelay_ingest::{RequestRecord, WorkerCache};
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
 use kvrelay_server::{AuthConfig, ListenerTls, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
@@ -474,7 +474,7 @@ async fn run_policy(
         .consumer()
         .wait_until(DEADLINE, |state, now| {
             let pools = state.pools(now);
-            pools.len() == n_pools && pools.iter().all(|p| p.replica == ReplicaStatus::Current)
+            pools.len() == n_pools && pools.iter().all(|p| p.replica == ReplicaState::Current)
         })
         .await;
     if !current {

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use kvrelay_ckf::{EventPayload, RouterEvent, StoredBlock, StoredBlocks};
 use kvrelay_codec::v1::{CatalogUpdate, Message, ProducerIdentity, StreamRequest, StreamRpc};
-use kvrelay_consumer::{Consumer, ReplicaStatus, ResubscribeReason, ScoreRequest};
+use kvrelay_consumer::{Consumer, ReplicaState, ResubscribeReason, ScoreRequest};
 use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 
 mod support;
@@ -119,7 +119,7 @@ async fn assert_converged(
             .wait_until(DEADLINE, |state, now| {
                 state.pools(now).iter().any(|status| {
                     status.producer == pool.producer
-                        && status.replica == ReplicaStatus::Current
+                        && status.replica == ReplicaState::Current
                         && status.sequence == Some(table.sequence)
                 })
             })
@@ -179,10 +179,10 @@ fn score_trace(consumer: &Consumer, catalog: &CatalogUpdate, n: usize) -> (usize
                 // An answer comes only from a current replica; anything else is unknown.
                 assert_eq!(
                     leg.prefix_blocks.is_some(),
-                    leg.replica == ReplicaStatus::Current,
+                    leg.replica == ReplicaState::Current,
                     "{leg:?}"
                 );
-                if leg.replica == ReplicaStatus::Current {
+                if leg.replica == ReplicaState::Current {
                     current_legs += 1;
                 }
                 if leg.prefix_blocks.is_some_and(|blocks| blocks > 0) {
@@ -342,7 +342,7 @@ async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
             pools.len() == EXAMPLE_POOLS
                 && pools
                     .iter()
-                    .all(|status| status.replica == ReplicaStatus::Current)
+                    .all(|status| status.replica == ReplicaState::Current)
         })
         .await;
     assert!(all_current, "{:?}", consumer.pools());
@@ -372,7 +372,7 @@ async fn a_lagging_consumer_is_cut_off_and_recovers_to_current() {
             .wait_until(DEADLINE, |state, now| {
                 state.pools(now).iter().any(|status| {
                     status.producer == pool.producer
-                        && status.replica == ReplicaStatus::Current
+                        && status.replica == ReplicaState::Current
                         && status.sequence == Some(table.sequence)
                 })
             })
@@ -643,7 +643,7 @@ async fn after_an_outage_every_pool_resumes_without_a_snapshot() {
             pools.len() == EXAMPLE_POOLS
                 && pools
                     .iter()
-                    .all(|status| status.replica == ReplicaStatus::Current)
+                    .all(|status| status.replica == ReplicaState::Current)
         })
         .await;
     assert!(all_current, "{:?}", consumer.pools());
@@ -678,7 +678,7 @@ async fn after_an_outage_every_pool_resumes_without_a_snapshot() {
             .wait_until(DEADLINE, |state, now| {
                 state.pools(now).iter().any(|status| {
                     status.producer == pool.producer
-                        && status.replica == ReplicaStatus::Current
+                        && status.replica == ReplicaState::Current
                         && status.sequence == Some(table.sequence)
                 })
             })

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvrelay_consumer::{
-    BearerToken, Consumer, ConsumerConfig, ConsumerMetrics, RelayTls, ReplicaStatus, ScoreRequest,
+    BearerToken, Consumer, ConsumerConfig, ConsumerMetrics, RelayTls, ReplicaState, ScoreRequest,
 };
 use kvrelay_server::{AuthConfig, ListenerTls, Relay};
 use kvrelay_tls::test_ca::Purpose;
@@ -85,7 +85,7 @@ async fn assert_all_current(consumer: &Consumer) {
             pools.len() == EXAMPLE_POOLS
                 && pools
                     .iter()
-                    .all(|pool| pool.replica == ReplicaStatus::Current)
+                    .all(|pool| pool.replica == ReplicaState::Current)
         })
         .await;
     assert!(

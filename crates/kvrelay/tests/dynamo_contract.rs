@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use kvrelay_codec::v1::CatalogUpdate;
-use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaStatus, ScoreRequest};
+use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaState, ScoreRequest};
 use kvrelay_server::{DynamoConfig, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 
 mod support;
@@ -56,7 +56,7 @@ async fn wait_current(consumer: &Consumer, relay: &Relay) {
             .wait_until(DEADLINE, |state, now| {
                 state.pools(now).iter().any(|status| {
                     status.producer == pool.producer
-                        && status.replica == ReplicaStatus::Current
+                        && status.replica == ReplicaState::Current
                         && status.sequence == Some(table.sequence)
                 })
             })

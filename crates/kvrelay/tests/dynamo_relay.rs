@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaStatus, ScoreRequest};
+use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaState, ScoreRequest};
 
 #[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
 mod interop;
@@ -40,7 +40,7 @@ fn depth(consumer: &Consumer, request: &ScoreRequest) -> Option<u32> {
         .candidates
         .iter()
         .flat_map(|candidate| &candidate.legs)
-        .filter(|leg| leg.replica == ReplicaStatus::Current)
+        .filter(|leg| leg.replica == ReplicaState::Current)
         .filter_map(|leg| leg.prefix_blocks)
         .max()
 }
@@ -89,7 +89,7 @@ async fn the_consumer_follows_dynamos_relay_and_finds_what_its_worker_cached() {
 
     let pools = consumer.pools();
     assert_eq!(pools.len(), 1, "{pools:?}");
-    assert_eq!(pools[0].replica, ReplicaStatus::Current);
+    assert_eq!(pools[0].replica, ReplicaState::Current);
 
     // Dynamo's relay restarts on the same address, with a worker that cached something
     // else: the old replica is dropped (never scored), the new incarnation's is used.

@@ -17,7 +17,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use kvrelay_consumer::{
-    BackoffConfig, Consumer, ConsumerConfig, RelayEndpoint, ReplicaStatus, StandbyMode,
+    BackoffConfig, Consumer, ConsumerConfig, RelayEndpoint, ReplicaState, StandbyMode,
 };
 use support::{RelayProcess, quick_consumer};
 
@@ -34,7 +34,7 @@ async fn all_current(consumer: &Consumer) {
             pools.len() == EXAMPLE_POOLS
                 && pools
                     .iter()
-                    .all(|status| status.replica == ReplicaStatus::Current)
+                    .all(|status| status.replica == ReplicaState::Current)
         })
         .await;
     assert!(current, "{:?}\n{:?}", consumer.pools(), consumer.relays());
@@ -62,7 +62,7 @@ async fn current_through_another(consumer: &Consumer, left: &[u64]) -> Duration 
             let pools = state.pools(now);
             pools.len() == EXAMPLE_POOLS
                 && pools.iter().all(|status| {
-                    status.replica == ReplicaStatus::Current
+                    status.replica == ReplicaState::Current
                         && !left.contains(&status.producer.producer_incarnation)
                 })
         })
@@ -173,7 +173,7 @@ async fn a_consumer_fails_over_within_a_relay_pair_and_never_counts_the_dc_twice
             state
                 .pools(now)
                 .iter()
-                .all(|status| status.replica != ReplicaStatus::Current)
+                .all(|status| status.replica != ReplicaState::Current)
         })
         .await;
     assert!(gone, "{:?}", consumer.pools());

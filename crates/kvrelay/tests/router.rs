@@ -17,7 +17,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvrelay_consumer::{ReplicaStatus, ScoreRequest};
+use kvrelay_consumer::{ReplicaState, ScoreRequest};
 use kvrelay_router::api::RouteResponse;
 use kvrelay_router::{RelaySection, RouterConfig, RouterService};
 use kvrelay_server::{AuthConfig, ListenerTls, Relay, WORKLOAD_TOKEN_SEED};
@@ -199,7 +199,7 @@ async fn the_router_answers_what_the_consumer_scores_and_tells_readiness() {
             let pools = state.pools(now);
             pools.len() == EXAMPLE_POOLS
                 && pools.iter().all(|pool| {
-                    pool.replica == ReplicaStatus::Current
+                    pool.replica == ReplicaState::Current
                         && pool.sequence.is_some_and(|seq| sequences.contains(&seq))
                 })
         })

@@ -20,7 +20,7 @@ use kvrelay_consumer::link::pool::{
     PoolFollow, PoolStream, ReplicaAfterStream, StreamEnd, begin_refused,
 };
 use kvrelay_consumer::{
-    BackoffConfig, ConsumerConfig, ConsumerState, Limits, PoolKey, RelayEndpoint, ReplicaStatus,
+    BackoffConfig, ConsumerConfig, ConsumerState, Limits, PoolKey, RelayEndpoint, ReplicaState,
     ScoreRequest,
 };
 use kvrelay_identity::hashing::HashSalt;
@@ -443,14 +443,14 @@ impl Pair {
     }
 
     /// The replica's state now.
-    pub(crate) fn replica(&self) -> ReplicaStatus {
+    pub(crate) fn replica(&self) -> ReplicaState {
         self.state.pools(self.now).remove(0).replica
     }
 
     /// The sequence of a current replica.
     pub(crate) fn current_sequence(&self) -> Option<u64> {
         let status = self.state.pools(self.now).remove(0);
-        (status.replica == ReplicaStatus::Current)
+        (status.replica == ReplicaState::Current)
             .then_some(status.sequence)
             .flatten()
     }

@@ -331,7 +331,7 @@ fn the_fast_parser_declines_what_serde_refuses_and_parse_names_the_field() {
 mod direct_encoding {
     use std::sync::Arc;
 
-    use kvrelay_consumer::{CandidateReadiness, CandidateShape, Coverage, ReplicaStatus};
+    use kvrelay_consumer::{CandidateReadiness, CandidateShape, Coverage, ReplicaState};
     use proptest::prelude::*;
 
     use super::*;
@@ -385,10 +385,10 @@ mod direct_encoding {
             any::<u32>(),
             (
                 prop::sample::select(vec![
-                    ReplicaStatus::Current,
-                    ReplicaStatus::Assembling,
-                    ReplicaStatus::Stale,
-                    ReplicaStatus::Missing,
+                    ReplicaState::Current,
+                    ReplicaState::Assembling,
+                    ReplicaState::Stale,
+                    ReplicaState::Missing,
                 ]),
                 prop_oneof![
                     Just(Coverage::Complete),
