@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kvrelay_codec::v1::{
     CatalogUpdate, ErrorMessage, ErrorReason, LoadWindow, Message, PoolLoad, ReadinessState,
-    RelayIdentity, TopologyEntry, TopologyUpdate,
+    RelayIdentity,
 };
 use kvrelay_consumer::link::RelayLink;
 use kvrelay_consumer::link::epoch::{EpochFault, EpochSession, SideLoss, SilenceStep};
@@ -18,7 +18,7 @@ use kvrelay_consumer::{
     BackoffConfig, CandidateReadiness, ConsumerConfig, ConsumerState, Limits, RelayEndpoint,
 };
 use kvrelay_pacing::NO_JITTER;
-use support::pair::request;
+use support::pair::{request, topology};
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
 
 const BACKOFF: BackoffConfig =
@@ -125,24 +125,6 @@ impl Epoch {
     fn advance(&mut self, by: Duration) {
         self.now += by;
     }
-}
-
-fn topology(relay: RelayIdentity, state: ReadinessState) -> Message {
-    Message::TopologyUpdate(TopologyUpdate {
-        relay,
-        revision: 1,
-        entries: vec![TopologyEntry {
-            namespace: "prod".into(),
-            canonical_model: "llama".into(),
-            state,
-            present_roles: Vec::new(),
-            missing_roles: Vec::new(),
-            members: Vec::new(),
-            duplicate_role_endpoints: Vec::new(),
-            legacy_fallback_active: false,
-            adapters: Vec::new(),
-        }],
-    })
 }
 
 #[test]
@@ -261,7 +243,7 @@ fn only_catalogs_keep_the_catalog_fresh() {
     for _ in 0..10 {
         epoch.advance(bound / 10);
         epoch.send_window(10).unwrap();
-        let update = topology(epoch.relay, ReadinessState::Ready);
+        let update = Message::TopologyUpdate(topology(epoch.relay, ReadinessState::Ready));
         epoch
             .session
             .handle_topology(epoch.now, &update, &mut epoch.state, NO_JITTER)
@@ -284,9 +266,9 @@ fn a_lost_load_stream_makes_loads_unknown_and_reopens_after_backoff() {
     epoch.send_catalog(catalog).unwrap();
     epoch.send_window(50).unwrap();
     assert_eq!(epoch.load(), Some(0.5));
-    assert_eq!(epoch.session.poll_load_reopen(), None, "open");
+    assert_eq!(epoch.session.load_stream().poll_timeout(), None, "open");
     // The relay sends a topology update on the load stream: the stream is lost.
-    let wrong = topology(epoch.relay, ReadinessState::Ready);
+    let wrong = Message::TopologyUpdate(topology(epoch.relay, ReadinessState::Ready));
     let loss = epoch
         .session
         .handle_load(epoch.now, &wrong, &mut epoch.state, NO_JITTER)
@@ -296,20 +278,23 @@ fn a_lost_load_stream_makes_loads_unknown_and_reopens_after_backoff() {
         "{loss:?}"
     );
     assert_eq!(epoch.load(), None, "unknown, never stale");
-    let reopen = epoch.session.poll_load_reopen().unwrap();
+    let reopen = epoch.session.load_stream().poll_timeout().unwrap();
     assert_eq!(reopen, epoch.now + BACKOFF.initial);
     // Reopening fails once: the next try backs off further.
     epoch.advance(BACKOFF.initial);
-    epoch.session.handle_load_open_failed(epoch.now, NO_JITTER);
-    let second = epoch.session.poll_load_reopen().unwrap();
+    epoch
+        .session
+        .load_stream()
+        .handle_open_failed(epoch.now, NO_JITTER);
+    let second = epoch.session.load_stream().poll_timeout().unwrap();
     assert!(
         second - epoch.now > BACKOFF.initial,
         "{:?}",
         second - epoch.now
     );
     epoch.now = second;
-    epoch.session.handle_load_opened(epoch.now);
-    assert_eq!(epoch.session.poll_load_reopen(), None);
+    epoch.session.load_stream().handle_opened(epoch.now);
+    assert_eq!(epoch.session.load_stream().poll_timeout(), None);
     epoch.send_window(20).unwrap();
     assert_eq!(epoch.load(), Some(0.2));
     // The replicas were never touched.
@@ -322,12 +307,12 @@ fn a_lost_topology_stream_makes_readiness_unknown_until_it_reopens() {
     let catalog = epoch.catalog();
     epoch.send_catalog(catalog).unwrap();
     assert_eq!(
-        epoch.session.poll_topology_open(),
+        epoch.session.topology_stream().poll_timeout(),
         Some(epoch.now),
         "opened at once"
     );
-    epoch.session.handle_topology_opened(epoch.now);
-    let ready = topology(epoch.relay, ReadinessState::Ready);
+    epoch.session.topology_stream().handle_opened(epoch.now);
+    let ready = Message::TopologyUpdate(topology(epoch.relay, ReadinessState::Ready));
     assert_eq!(
         epoch
             .session
@@ -340,7 +325,7 @@ fn a_lost_topology_stream_makes_readiness_unknown_until_it_reopens() {
         .handle_topology_lost(epoch.now, &mut epoch.state, NO_JITTER);
     assert_eq!(epoch.readiness(), CandidateReadiness::Unknown);
     assert_eq!(
-        epoch.session.poll_topology_open(),
+        epoch.session.topology_stream().poll_timeout(),
         Some(epoch.now + BACKOFF.initial)
     );
 }

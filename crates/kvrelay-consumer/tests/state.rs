@@ -16,7 +16,7 @@ use kvrelay_consumer::{
     StandbyMode, served_base_models,
 };
 use kvrelay_identity::hashing::HashSalt;
-use support::pair::request;
+use support::pair::{request, topology};
 use support::{PoolSpec, Producer, catalog_of, relay_identity};
 
 fn state(n_relays: usize) -> ConsumerState {
@@ -734,27 +734,6 @@ fn scored_depths_never_undercount_an_exact_index_and_inflation_is_rare() {
     );
     assert_eq!(under, 0, "no false negatives for current replicas");
     assert!(inflated * 100 <= checks, "inflation stays below 1%");
-}
-
-fn topology(
-    relay: kvrelay_codec::v1::RelayIdentity,
-    state: kvrelay_codec::v1::ReadinessState,
-) -> kvrelay_codec::v1::TopologyUpdate {
-    kvrelay_codec::v1::TopologyUpdate {
-        relay,
-        revision: 1,
-        entries: vec![kvrelay_codec::v1::TopologyEntry {
-            namespace: "prod".into(),
-            canonical_model: "llama".into(),
-            state,
-            present_roles: Vec::new(),
-            missing_roles: Vec::new(),
-            members: Vec::new(),
-            duplicate_role_endpoints: Vec::new(),
-            legacy_fallback_active: false,
-            adapters: Vec::new(),
-        }],
-    }
 }
 
 #[test]

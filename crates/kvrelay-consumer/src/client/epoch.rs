@@ -373,27 +373,27 @@ async fn relay_epoch(
                     Ok(SilenceStep::Nothing) => {}
                 }
             }
-            () = sleep_until_std(session.poll_topology_open()), if topology.is_none() => {
+            () = sleep_until_std(session.topology_stream().poll_timeout()), if topology.is_none() => {
                 match open(shared, relay, "topology", StreamRpc::WatchTopology).await {
                     Ok(stream) => {
                         topology = Some(stream);
-                        session.handle_topology_opened(Instant::now());
+                        session.topology_stream().handle_opened(Instant::now());
                     }
                     Err(err) => {
                         debug!(peer = %addr, error = %err, "topology stream open failed");
-                        session.handle_topology_open_failed(Instant::now(), rand::random::<f64>());
+                        session.topology_stream().handle_open_failed(Instant::now(), rand::random::<f64>());
                     }
                 }
             }
-            () = sleep_until_std(session.poll_load_reopen()), if load.is_none() => {
+            () = sleep_until_std(session.load_stream().poll_timeout()), if load.is_none() => {
                 match open(shared, relay, "load", StreamRpc::WatchLoad).await {
                     Ok(stream) => {
                         load = Some(stream);
-                        session.handle_load_opened(Instant::now());
+                        session.load_stream().handle_opened(Instant::now());
                     }
                     Err(err) => {
                         debug!(peer = %addr, error = %err, "load stream reopen failed");
-                        session.handle_load_open_failed(Instant::now(), rand::random::<f64>());
+                        session.load_stream().handle_open_failed(Instant::now(), rand::random::<f64>());
                     }
                 }
             }

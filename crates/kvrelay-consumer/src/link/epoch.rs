@@ -138,9 +138,7 @@ pub struct EpochSession {
     silence: SilenceWatch,
     marked_silent: bool,
     load: SideStream,
-    load_open: bool,
     topology: SideStream,
-    topology_open: bool,
     subscribed: HashSet<PoolKey>,
 }
 
@@ -164,9 +162,7 @@ impl EpochSession {
             silence: SilenceWatch::new(limits),
             marked_silent: false,
             load,
-            load_open: true,
             topology: SideStream::new(backoff, now),
-            topology_open: false,
             subscribed: HashSet::new(),
         }
     }
@@ -284,7 +280,6 @@ impl EpochSession {
     /// The load stream closed or failed at `now`: loads are unknown until it reopens, and
     /// silence is not known without windows (the catalog deadline still watches).
     pub fn handle_load_lost(&mut self, now: Instant, state: &mut ConsumerState, jitter: f64) {
-        self.load_open = false;
         self.silence.disarm();
         if self.marked_silent {
             self.marked_silent = false;
@@ -294,23 +289,10 @@ impl EpochSession {
         self.load.handle_lost(now, jitter);
     }
 
-    /// When to reopen the load stream; `None` while it is open.
-    pub fn poll_load_reopen(&self) -> Option<Instant> {
-        if self.load_open {
-            return None;
-        }
-        self.load.poll_timeout()
-    }
-
-    /// The load stream (re)opened at `now`.
-    pub fn handle_load_opened(&mut self, now: Instant) {
-        self.load_open = true;
-        self.load.handle_opened(now);
-    }
-
-    /// Reopening the load stream failed at `now`.
-    pub fn handle_load_open_failed(&mut self, now: Instant, jitter: f64) {
-        self.load.handle_open_failed(now, jitter);
+    /// The load stream's reopening: when (`poll_timeout`, `None` while it is open), and
+    /// the driver reports it opened or failed to.
+    pub fn load_stream(&mut self) -> &mut SideStream {
+        &mut self.load
     }
 
     /// A topology stream message arrived at `now`: the number of entries that failed
@@ -333,28 +315,14 @@ impl EpochSession {
     /// The topology stream closed or failed at `now`: readiness is unknown until it
     /// reopens.
     pub fn handle_topology_lost(&mut self, now: Instant, state: &mut ConsumerState, jitter: f64) {
-        self.topology_open = false;
         state.clear_topology(self.relay);
         self.topology.handle_lost(now, jitter);
     }
 
-    /// When to (re)open the topology stream; `None` while it is open.
-    pub fn poll_topology_open(&self) -> Option<Instant> {
-        if self.topology_open {
-            return None;
-        }
-        self.topology.poll_timeout()
-    }
-
-    /// The topology stream opened at `now`.
-    pub fn handle_topology_opened(&mut self, now: Instant) {
-        self.topology_open = true;
-        self.topology.handle_opened(now);
-    }
-
-    /// Opening the topology stream failed at `now`.
-    pub fn handle_topology_open_failed(&mut self, now: Instant, jitter: f64) {
-        self.topology.handle_open_failed(now, jitter);
+    /// The topology stream's (re)opening: when (`poll_timeout`: at once when the epoch
+    /// starts, `None` while it is open), and the driver reports it opened or failed to.
+    pub fn topology_stream(&mut self) -> &mut SideStream {
+        &mut self.topology
     }
 
     /// When the relay is silent unless a load window arrives first.

@@ -53,6 +53,28 @@ pub(crate) fn chain_depths(
         .collect()
 }
 
+/// A topology of one entry (`prod`, `llama`) in `state`, from `relay`.
+pub(crate) fn topology(
+    relay: RelayIdentity,
+    state: kvrelay_codec::v1::ReadinessState,
+) -> kvrelay_codec::v1::TopologyUpdate {
+    kvrelay_codec::v1::TopologyUpdate {
+        relay,
+        revision: 1,
+        entries: vec![kvrelay_codec::v1::TopologyEntry {
+            namespace: "prod".into(),
+            canonical_model: "llama".into(),
+            state,
+            present_roles: Vec::new(),
+            missing_roles: Vec::new(),
+            members: Vec::new(),
+            duplicate_role_endpoints: Vec::new(),
+            legacy_fallback_active: false,
+            adapters: Vec::new(),
+        }],
+    }
+}
+
 /// The chains a pair's producer stores (by index) and its tests score.
 pub(crate) fn chains() -> Vec<Vec<u32>> {
     (0..6u32)
