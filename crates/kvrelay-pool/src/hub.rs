@@ -239,17 +239,10 @@ struct HubTask {
 }
 
 /// Cancels `stopped` however the task exits.
-struct StoppedGuard(CancellationToken);
-
-impl Drop for StoppedGuard {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
 impl HubTask {
     async fn run(mut self) {
-        let _stopped = StoppedGuard(self.shared.stopped.clone());
+        // Stopped (cancelled) however the task ends.
+        let _stopped = self.shared.stopped.clone().drop_guard();
         let cancel = self.shared.cancel.clone();
         let mut tick = tokio::time::interval(TIMEOUT_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
