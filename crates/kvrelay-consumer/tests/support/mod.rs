@@ -78,24 +78,23 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 /// subscribers are served from.
 struct FakePool {
     spec: PoolSpec,
-    descriptor: PoolDescriptor,
-    filter: PoolFilter,
+    /// The producer filter, its descriptor and the relay's frame encoder.
+    producer: Producer,
     publisher: Publisher<()>,
     /// Bumped whenever a subscriber may have something new to send.
     wake: watch::Sender<u64>,
     /// Subscribers of the current generation.
     live: HashSet<SubscriberId>,
-    /// One-shot wire faults per subscriber: skip or corrupt its next delta frame.
     /// Subscribers told to send a heartbeat once they have nothing else to send.
     heartbeat_now: HashSet<SubscriberId>,
     /// Subscribers whose connection is to be dropped (no error frame: a broken link).
     cut_now: HashSet<SubscriberId>,
-    next_engine_id: u64,
 }
 
 impl FakePool {
     fn new(spec: PoolSpec, dc_name: &str, incarnation: u64, generation: u64) -> Self {
-        let filter = PoolFilter::new(CkfConfig::new(spec.expected_blocks)).expect("filter");
+        let producer = Producer::new(&spec, dc_name, relay_identity(incarnation), generation);
+        let filter = &producer.filter;
         // Quiet streams heartbeat every second (the relay's default is 10 s), so a
         // dropped frame shows as a gap within a test's patience even when nothing follows.
         let limits = StreamLimits {
@@ -105,15 +104,13 @@ impl FakePool {
         let publisher = Publisher::new(filter.sequence(), filter.words().to_vec(), limits)
             .expect("default stream limits");
         Self {
-            descriptor: descriptor(&spec, dc_name, incarnation, generation, &filter),
             spec,
-            filter,
+            producer,
             publisher,
             wake: watch::channel(0).0,
             live: HashSet::new(),
             heartbeat_now: HashSet::new(),
             cut_now: HashSet::new(),
-            next_engine_id: 1,
         }
     }
 
@@ -259,8 +256,10 @@ impl Core {
             .iter()
             .enumerate()
             .partition(|(index, _)| self.stalled.contains(index));
-        let mut pools: Vec<PoolDescriptor> =
-            listed.iter().map(|(_, p)| p.descriptor.clone()).collect();
+        let mut pools: Vec<PoolDescriptor> = listed
+            .iter()
+            .map(|(_, p)| p.producer.descriptor.clone())
+            .collect();
         pools.extend(self.extra.iter().cloned());
         CatalogUpdate {
             relay: self.relay,
@@ -269,7 +268,7 @@ impl Core {
             coverage: Vec::new(),
             stalled: stalled
                 .iter()
-                .map(|(_, p)| p.descriptor.producer.pool_id)
+                .map(|(_, p)| p.producer.descriptor.producer.pool_id)
                 .collect(),
             tier_lanes: Vec::new(),
         }
@@ -320,10 +319,7 @@ impl FakeRelay {
         specs: Vec<PoolSpec>,
     ) -> Self {
         let addr = listener.local_addr().expect("local addr");
-        let relay = RelayIdentity {
-            drt_instance_id: 7,
-            relay_incarnation: incarnation,
-        };
+        let relay = relay_identity(incarnation);
         let pools: Vec<FakePool> = specs
             .into_iter()
             .map(|spec| FakePool::new(spec, dc_name, incarnation, 1))
@@ -404,51 +400,17 @@ impl FakeRelay {
         salt: HashSalt<'_>,
     ) -> Vec<u64> {
         let mut core = self.core.lock();
-        let block_size = core.pools[pool].spec.block_size;
-        let hashes = block_hashes(
-            tokens,
-            block_size,
-            KvQueryHashFormat::DynamoStandardV1,
-            salt,
-        );
-        let fake = &mut core.pools[pool];
-        let blocks: Vec<StoredBlock> = hashes
-            .iter()
-            .map(|&token_hash| {
-                let engine_block_id = fake.next_engine_id;
-                fake.next_engine_id += 1;
-                StoredBlock {
-                    engine_block_id,
-                    token_hash,
-                }
-            })
-            .collect();
-        let event = RouterEvent {
-            source: SourceId::new(worker, 0),
-            event_id: fake.next_engine_id,
-            payload: EventPayload::Stored(StoredBlocks {
-                parent_engine_block_id: None,
-                blocks,
-            }),
-        };
-        fake.filter.apply(&event).expect("apply");
-        if let Some(delta) = fake.filter.take_delta().expect("delta") {
+        let (hashes, delta) = core.pools[pool].producer.store_delta(worker, tokens, salt);
+        if let Some(delta) = delta {
             core.publish_delta(pool, delta);
         }
-        sequence_hashes(&hashes)
+        hashes
     }
 
     /// Clears every block of `worker` in pool `pool` and publishes the delta.
     pub(crate) fn clear(&self, pool: usize, worker: u64) {
         let mut core = self.core.lock();
-        let fake = &mut core.pools[pool];
-        let event = RouterEvent {
-            source: SourceId::new(worker, 0),
-            event_id: 0,
-            payload: EventPayload::AllCleared,
-        };
-        fake.filter.apply(&event).expect("apply");
-        if let Some(delta) = fake.filter.take_delta().expect("delta") {
+        if let Some(delta) = core.pools[pool].producer.clear_delta(worker) {
             core.publish_delta(pool, delta);
         }
     }
@@ -474,17 +436,18 @@ impl FakeRelay {
     pub(crate) fn producer_state(&self, pool: usize) -> (u64, Vec<u64>) {
         let core = self.core.lock();
         let fake = &core.pools[pool];
-        (fake.filter.sequence(), fake.filter.words().to_vec())
+        let filter = &fake.producer.filter;
+        (filter.sequence(), filter.words().to_vec())
     }
 
     /// The producer identity of `pool`.
     pub(crate) fn producer(&self, pool: usize) -> ProducerIdentity {
-        self.core.lock().pools[pool].descriptor.producer
+        self.core.lock().pools[pool].producer.descriptor.producer
     }
 
     /// Whether the producer holds canonical hash `hash` in `pool`.
     pub(crate) fn contains(&self, pool: usize, hash: u64) -> bool {
-        self.core.lock().pools[pool].filter.contains(hash)
+        self.core.lock().pools[pool].producer.filter.contains(hash)
     }
 
     /// Replaces `pool`'s producer with a new layout generation (fresh, empty filter);
@@ -494,7 +457,7 @@ impl FakeRelay {
         let incarnation = core.relay.relay_incarnation;
         let dc = core.dc_name;
         let old = &core.pools[pool];
-        let generation = old.descriptor.producer.layout_generation + 1;
+        let generation = old.producer.descriptor.producer.layout_generation + 1;
         let replacement = FakePool::new(old.spec.clone(), dc, incarnation, generation);
         // The old generation's subscribers see the new producer on their next wake.
         let old = std::mem::replace(&mut core.pools[pool], replacement);
@@ -506,7 +469,7 @@ impl FakeRelay {
     /// Appends a raw descriptor to the catalog (for quarantine tests) and publishes it.
     pub(crate) fn add_raw_descriptor(&self, build: impl FnOnce(PoolDescriptor) -> PoolDescriptor) {
         let mut core = self.core.lock();
-        let template = core.pools[0].descriptor.clone();
+        let template = core.pools[0].producer.descriptor.clone();
         core.extra.push(build(template));
         core.publish_catalog();
     }
@@ -539,7 +502,7 @@ impl FakeRelay {
             .iter()
             .zip(loads)
             .map(|(pool, &(used, total))| PoolLoad {
-                producer: pool.descriptor.producer,
+                producer: pool.producer.descriptor.producer,
                 kv_used_blocks: Some(used),
                 total_kv_blocks: Some(total),
                 kv_observed_ranks: 1,
@@ -849,7 +812,7 @@ impl Drop for Unsubscribe {
         let mut core = self.core.lock();
         let fake = &mut core.pools[self.pool];
         // A replaced generation's publisher is gone with its subscribers.
-        if fake.descriptor.producer == self.producer {
+        if fake.producer.descriptor.producer == self.producer {
             fake.publisher.handle_unsubscribe(self.id);
             fake.live.remove(&self.id);
             fake.heartbeat_now.remove(&self.id);
@@ -870,12 +833,12 @@ fn subscribe(
     let Some(pool) = guard
         .pools
         .iter()
-        .position(|p| p.descriptor.producer == expected)
+        .position(|p| p.producer.descriptor.producer == expected)
     else {
         let known = guard
             .pools
             .iter()
-            .any(|p| p.descriptor.producer.pool_id == expected.pool_id);
+            .any(|p| p.producer.descriptor.producer.pool_id == expected.pool_id);
         return Err(if known {
             ErrorReason::ProducerChanged
         } else {
@@ -919,15 +882,14 @@ fn next_step(
     chunks_sent: &mut u32,
 ) -> Step {
     let mut guard = core.lock();
-    let relay = guard.relay;
     let fake = &mut guard.pools[pool];
-    if fake.descriptor.producer != expected {
+    if fake.producer.descriptor.producer != expected {
         return Step::Finish(error_frame(
             ErrorReason::ProducerChanged,
             "generation retired",
         ));
     }
-    let encoder = PoolFrameEncoder::new(relay, expected, limits());
+    let encoder = fake.producer.encoder;
     if fake.cut_now.remove(&id) {
         return Step::Close;
     }
