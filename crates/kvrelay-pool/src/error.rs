@@ -404,6 +404,33 @@ pub enum SubscribeError {
     },
 }
 
+/// Why a publication hub could not start, or had to stop and fence its generation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HubFailure {
+    /// The generation retired before its hub started.
+    #[error("pool generation retired")]
+    Retired,
+    /// The pool actor refused the publication lease.
+    #[error("failed to attach to the pool actor: {0}")]
+    Attach(FeedError),
+    /// The actor's feed is of another producer than the hub's.
+    #[error("pool actor identity differs from the hub's producer")]
+    IdentityMismatch,
+    /// The stream bounds derived for the pool cannot work.
+    #[error("stream limits: {0}")]
+    StreamLimits(#[from] kvrelay_ckf::stream::StreamLimitsError),
+    /// The registry is shutting down (its encoding permits are closed).
+    #[error("encoding permits closed")]
+    PermitsClosed,
+    /// A delta could not be encoded.
+    #[error("delta encoding failed: {0}")]
+    Encode(#[from] kvrelay_codec::v1::EncodeError),
+    /// The publisher refused a delta: the actor's feed broke its sequence.
+    #[error("the publisher refused a delta: {0}")]
+    Publish(#[from] kvrelay_ckf::stream::PublishError),
+}
+
 /// Why a subscription stream ended. Every end is terminal: the subscriber must open a new
 /// subscription (and take a new snapshot) to continue.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -426,7 +453,7 @@ pub enum SubscriptionEnd {
     #[error("invalid publication: {reason}")]
     InvalidPublication {
         /// What was wrong.
-        reason: String,
+        reason: HubFailure,
     },
     /// The registry is shutting down.
     #[error("relay shutting down")]

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::actor::{FeedItem, PoolActorHandle, PublicationFeed};
-use crate::error::{SubscribeError, SubscriptionEnd};
+use crate::error::{HubFailure, SubscribeError, SubscriptionEnd};
 use crate::frame::{encoder, sent_now_us};
 use crate::limits::Limits;
 use crate::registry::core::SlotHub;
@@ -38,7 +38,7 @@ use crate::subscription::{self, PoolSubscription};
 use kvrelay_codec::session::PoolFrameEncoder;
 
 /// Called once with a reason when the hub fails terminally; fences the generation.
-pub(crate) type FailureCallback = Arc<dyn Fn(String) + Send + Sync>;
+pub(crate) type FailureCallback = Arc<dyn Fn(HubFailure) + Send + Sync>;
 
 /// How often the hub checks the publisher's deadlines without new deltas.
 const TIMEOUT_TICK: Duration = Duration::from_secs(1);
@@ -122,17 +122,17 @@ impl HubHandle {
         actor: &PoolActorHandle,
         feed: PublicationFeed,
         context: HubContext,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, HubFailure> {
         if feed.identity != context.identity {
             actor.detach_publication(feed.lease);
-            return Err("pool actor identity differs from the hub's producer".to_owned());
+            return Err(HubFailure::IdentityMismatch);
         }
         let stream_limits = stream_limits(&context.limits, feed.words.len());
         let publisher = match Publisher::new(feed.sequence, feed.words, stream_limits) {
             Ok(publisher) => publisher,
             Err(error) => {
                 actor.detach_publication(feed.lease);
-                return Err(error.to_string());
+                return Err(error.into());
             }
         };
         let shared = Arc::new(HubShared {
@@ -255,16 +255,18 @@ impl HubTask {
                         let _ = reply.send(());
                     }
                     Some(FeedItem::Delta(delta)) => {
-                        if let Err(reason) = self.on_delta(delta, &cancel).await {
-                            if cancel.is_cancelled() {
-                                break self.cancel_reason();
+                        match self.on_delta(delta, &cancel).await {
+                            Ok(true) => {}
+                            Ok(false) => break self.cancel_reason(),
+                            Err(_) if cancel.is_cancelled() => break self.cancel_reason(),
+                            Err(reason) => {
+                                tracing::error!(%reason, "publication hub failed, fencing the generation");
+                                self.shared.finish(SubscriptionEnd::InvalidPublication { reason: reason.clone() });
+                                (self.context.on_failure)(reason);
+                                self.answer_barriers();
+                                self.retire_gauges();
+                                return;
                             }
-                            tracing::error!(%reason, "publication hub failed, fencing the generation");
-                            self.shared.finish(SubscriptionEnd::InvalidPublication { reason: reason.clone() });
-                            (self.context.on_failure)(reason);
-                            self.answer_barriers();
-                            self.retire_gauges();
-                            return;
                         }
                     }
                     None => break SubscriptionEnd::ProducerWithdrawn,
@@ -327,22 +329,23 @@ impl HubTask {
         }
     }
 
-    async fn on_delta(&mut self, delta: Delta, cancel: &CancellationToken) -> Result<(), String> {
+    /// Hands one delta to the publisher; `Ok(false)` when cancelled meanwhile.
+    async fn on_delta(
+        &mut self,
+        delta: Delta,
+        cancel: &CancellationToken,
+    ) -> Result<bool, HubFailure> {
         let live = self.shared.publisher.lock().live_subscriber_count() > 0;
         // Encoded once, outside the lock, for every subscriber it goes to alone.
         let encoded = if live {
             let permit = tokio::select! {
                 biased;
-                () = cancel.cancelled() => return Err("publication hub cancelled".to_owned()),
+                () = cancel.cancelled() => return Ok(false),
                 permit = self.shared.encoding.clone().acquire_owned() => {
-                    permit.map_err(|_| "encoding permits closed".to_owned())?
+                    permit.map_err(|_| HubFailure::PermitsClosed)?
                 }
             };
-            let bytes = self
-                .shared
-                .encoder
-                .delta(&delta, sent_now_us())
-                .map_err(|error| format!("delta encoding failed: {error}"))?;
+            let bytes = self.shared.encoder.delta(&delta, sent_now_us())?;
             drop(permit);
             Some(bytes)
         } else {
@@ -351,9 +354,8 @@ impl HubTask {
         self.shared
             .publisher
             .lock()
-            .handle_delta(delta, Instant::now().into_std(), |_| encoded)
-            .map_err(|error| error.to_string())?;
+            .handle_delta(delta, Instant::now().into_std(), |_| encoded)?;
         self.shared.wake_all();
-        Ok(())
+        Ok(true)
     }
 }

@@ -122,8 +122,9 @@ pub use checkpoint::{
     PoolCheckpoint, SourceCheckpoint,
 };
 pub use error::{
-    ActorError, AttachError, BatchSubmitError, FeedError, LimitsError, LoadCapacityError,
-    PoolError, PoolFault, RegistrationError, SubscribeError, SubscriptionEnd, TransferError,
+    ActorError, AttachError, BatchSubmitError, FeedError, HubFailure, LimitsError,
+    LoadCapacityError, PoolError, PoolFault, RegistrationError, SubscribeError, SubscriptionEnd,
+    TransferError,
 };
 pub use filter::{FilterStats, SourceMappings};
 pub use health::PoolHealth;

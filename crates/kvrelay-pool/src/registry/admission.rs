@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::core::{HubStep, InitOutcome};
 use super::{PoolRegistry, RegistryInner};
 use crate::actor::PoolActorHandle;
-use crate::error::SubscribeError;
+use crate::error::{HubFailure, SubscribeError};
 use crate::hub::{HubContext, HubHandle, SubscribeOptions};
 use crate::subscription::PoolSubscription;
 
@@ -108,15 +108,13 @@ impl PoolRegistry {
         }
     }
 
-    async fn start_hub(&self, init: &Initialization) -> Result<HubHandle, String> {
+    async fn start_hub(&self, init: &Initialization) -> Result<HubHandle, HubFailure> {
         #[cfg(test)]
         self.inner.gates.initialization.pass(&init.cancel).await?;
         let feed = tokio::select! {
             biased;
-            () = init.cancel.cancelled() => return Err("pool generation retired".to_owned()),
-            feed = init.actor.attach_publication() => {
-                feed.map_err(|error| format!("failed to attach to the pool actor: {error}"))?
-            }
+            () = init.cancel.cancelled() => return Err(HubFailure::Retired),
+            feed = init.actor.attach_publication() => feed.map_err(HubFailure::Attach)?,
         };
         let lease = feed.lease;
         #[cfg(test)]
@@ -126,7 +124,7 @@ impl PoolRegistry {
         }
         if init.cancel.is_cancelled() {
             init.actor.detach_publication(lease);
-            return Err("pool generation retired".to_owned());
+            return Err(HubFailure::Retired);
         }
         HubHandle::spawn(&init.actor, feed, self.hub_context(init))
     }

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::HubFailure;
+
 /// Test-only gates that freeze hub initialisation and eviction at chosen points.
 #[derive(Default)]
 pub(super) struct Gates {
@@ -19,13 +21,13 @@ pub(super) struct Gates {
 pub(super) struct Gate(Option<Arc<Semaphore>>);
 
 impl Gate {
-    pub(super) async fn pass(&self, cancel: &CancellationToken) -> Result<(), String> {
+    pub(super) async fn pass(&self, cancel: &CancellationToken) -> Result<(), HubFailure> {
         let Some(gate) = &self.0 else {
             return Ok(());
         };
         tokio::select! {
             biased;
-            () = cancel.cancelled() => Err("pool generation retired".to_owned()),
+            () = cancel.cancelled() => Err(HubFailure::Retired),
             permit = gate.acquire() => {
                 drop(permit);
                 Ok(())

@@ -5,7 +5,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{EntryState, RegistryCore};
-use crate::error::SubscribeError;
+use crate::error::{HubFailure, SubscribeError};
 use kvrelay_identity::{PoolId, ProducerIdentity};
 
 /// What a hub handle must tell the core.
@@ -42,7 +42,7 @@ pub(crate) enum InitOutcome<H> {
     /// The generation retired meanwhile: shut this hub down.
     Discard(Option<H>),
     /// Start failed and the generation is active: fence it with this reason.
-    Fence(String),
+    Fence(HubFailure),
 }
 
 /// An idle hub claimed for eviction.
@@ -57,7 +57,7 @@ pub(super) enum HubPhase<H> {
     Initializing,
     Ready(H),
     Evicting,
-    Failed(String),
+    Failed(HubFailure),
     Retired,
 }
 
@@ -190,7 +190,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         match &slot.phase {
             HubPhase::Ready(hub) => Ok(HubStep::Ready(hub.clone())),
             HubPhase::Failed(reason) => Err(SubscribeError::Unavailable {
-                reason: reason.clone(),
+                reason: reason.to_string(),
             }),
             HubPhase::Retired => Err(retired()),
             HubPhase::Initializing | HubPhase::Evicting => {
@@ -323,7 +323,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     pub(crate) fn finish_initialization(
         &mut self,
         generation: u64,
-        result: Result<H, String>,
+        result: Result<H, HubFailure>,
     ) -> InitOutcome<H> {
         let active = self.generation_is_active(generation);
         let Some(slot) = self.slots.get_mut(&generation) else {

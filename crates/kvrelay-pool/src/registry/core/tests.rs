@@ -7,6 +7,7 @@ use kvrelay_identity::{
 
 use super::slot::Admission;
 use super::*;
+use crate::error::HubFailure;
 
 #[derive(Clone)]
 struct TestHub {
@@ -213,8 +214,8 @@ fn a_failed_start_fences_only_an_active_generation() {
     let a = core.begin_admission(&first).unwrap();
     step(&mut core, &a, false);
     assert!(matches!(
-        core.finish_initialization(a.generation, Err("boom".to_owned())),
-        InitOutcome::Fence(_)
+        core.finish_initialization(a.generation, Err(HubFailure::IdentityMismatch)),
+        InitOutcome::Fence(HubFailure::IdentityMismatch)
     ));
     assert_eq!(core.slot_phase(a.generation), "failed");
     assert_eq!(core.hubs_in_use(), 0);
