@@ -74,7 +74,7 @@ pub use stats::{ReplayOutcome, SourceStats};
 pub use trace_replay::{TraceReplayConfig, spawn_trace_replay};
 pub use workload::{
     BUILTIN_REQUEST_TRACE, CacheChange, DEFAULT_WORKLOAD_SEED, Routing, StoredRun, TraceWorkload,
-    WorkerCache, WorkloadConfig, block_token_hash, block_tokens, request_tokens,
+    TraceWorkloadConfig, WorkerCache, block_token_hash, block_tokens, request_tokens,
     route_by_first_block,
 };
 pub use zmq_config::{FaultInjection, ZmqSourceConfig, ZmqWire};

@@ -39,7 +39,7 @@ pub enum Routing {
     FirstBlock,
 }
 
-/// The default [`WorkloadConfig::seed`]: the relay's embedded workload synthesizes block
+/// The default [`TraceWorkloadConfig::seed`]: the relay's embedded workload synthesizes block
 /// tokens with it, so a consumer scoring
 /// `request_tokens(hash_ids, block_size, DEFAULT_WORKLOAD_SEED)` finds what it stored.
 pub const DEFAULT_WORKLOAD_SEED: u64 = 0x6b76_7265_6c61_7931;
@@ -58,7 +58,7 @@ pub fn route_by_first_block(hash_ids: &[u64], n_workers: usize) -> Option<usize>
 
 /// Generator settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkloadConfig {
+pub struct TraceWorkloadConfig {
     /// Workers (sources), each with `dp_rank` 0.
     pub n_workers: u32,
     /// The first worker's id; the others follow consecutively.
@@ -73,7 +73,7 @@ pub struct WorkloadConfig {
     pub seed: u64,
 }
 
-impl Default for WorkloadConfig {
+impl Default for TraceWorkloadConfig {
     fn default() -> Self {
         Self {
             n_workers: 4,
@@ -89,7 +89,7 @@ impl Default for WorkloadConfig {
 /// A generated workload: router events in time order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceWorkload {
-    config: WorkloadConfig,
+    config: TraceWorkloadConfig,
     events: Vec<TimedEvent>,
     n_requests: usize,
 }
@@ -98,16 +98,16 @@ impl TraceWorkload {
     /// Simulates `requests` under `config`.
     ///
     /// ```
-    /// use kvrelay_ingest::{RequestRecord, TraceWorkload, WorkloadConfig};
+    /// use kvrelay_ingest::{RequestRecord, TraceWorkload, TraceWorkloadConfig};
     /// let requests = vec![
     ///     RequestRecord { timestamp: 0, input_length: 32, output_length: 1, hash_ids: vec![1, 2] },
     ///     RequestRecord { timestamp: 5, input_length: 48, output_length: 1, hash_ids: vec![1, 2, 3] },
     /// ];
-    /// let workload = TraceWorkload::generate(&requests, WorkloadConfig::default());
+    /// let workload = TraceWorkload::generate(&requests, TraceWorkloadConfig::default());
     /// // The second request reuses blocks 1 and 2 on the same worker and stores block 3.
     /// assert_eq!(workload.events().len(), 2);
     /// ```
-    pub fn generate(requests: &[RequestRecord], config: WorkloadConfig) -> Self {
+    pub fn generate(requests: &[RequestRecord], config: TraceWorkloadConfig) -> Self {
         let n_workers = config.n_workers.max(1) as usize;
         let mut workers: Vec<WorkerCache> = (0..n_workers)
             .map(|idx| {
@@ -154,7 +154,7 @@ impl TraceWorkload {
     }
 
     /// The workload of the shipped request trace.
-    pub fn builtin(config: WorkloadConfig) -> Result<Self, TraceError> {
+    pub fn builtin(config: TraceWorkloadConfig) -> Result<Self, TraceError> {
         let requests = parse_request_trace(BUILTIN_REQUEST_TRACE)?;
         Ok(Self::generate(&requests, config))
     }
@@ -170,7 +170,7 @@ impl TraceWorkload {
     }
 
     /// The settings it was generated with.
-    pub fn config(&self) -> &WorkloadConfig {
+    pub fn config(&self) -> &TraceWorkloadConfig {
         &self.config
     }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use kvrelay_ckf::{EventPayload, SourceId};
 use kvrelay_ingest::{
     BUILTIN_REQUEST_TRACE, Limits, RequestRecord, Routing, SourceOutput, TraceError,
-    TraceReplayConfig, TraceWorkload, WorkloadConfig, format_event_trace, parse_event_trace,
+    TraceReplayConfig, TraceWorkload, TraceWorkloadConfig, format_event_trace, parse_event_trace,
     parse_request_trace, spawn_trace_replay,
 };
 
@@ -21,7 +21,7 @@ fn repo_file(name: &str) -> PathBuf {
 /// default settings. Set `KVRELAY_BLESS=1` to rewrite it.
 #[test]
 fn shipped_event_trace_equals_the_generator_output() {
-    let workload = TraceWorkload::builtin(WorkloadConfig::default()).unwrap();
+    let workload = TraceWorkload::builtin(TraceWorkloadConfig::default()).unwrap();
     let text = format_event_trace(&workload.header(), workload.events());
     let path = repo_file("traces/events-small.jsonl");
     if std::env::var_os("KVRELAY_BLESS").is_some() {
@@ -41,7 +41,7 @@ fn shipped_event_trace_equals_the_generator_output() {
 
 #[test]
 fn event_trace_roundtrips_through_its_text_format() {
-    let workload = TraceWorkload::builtin(WorkloadConfig::default()).unwrap();
+    let workload = TraceWorkload::builtin(TraceWorkloadConfig::default()).unwrap();
     let text = format_event_trace(&workload.header(), workload.events());
     let parsed = parse_event_trace(&text).unwrap();
     assert_eq!(parsed.header, workload.header());
@@ -125,10 +125,10 @@ fn check_engine_semantics(workload: &TraceWorkload) -> BTreeMap<SourceId, usize>
 #[test]
 fn generated_events_respect_engine_semantics_and_capacity() {
     for routing in [Routing::KvAware, Routing::RoundRobin, Routing::FirstBlock] {
-        let config = WorkloadConfig {
+        let config = TraceWorkloadConfig {
             capacity_blocks: 64,
             routing,
-            ..WorkloadConfig::default()
+            ..TraceWorkloadConfig::default()
         };
         let workload = TraceWorkload::builtin(config).unwrap();
         let held = check_engine_semantics(&workload);
@@ -148,10 +148,10 @@ fn mooncake_trace_generates_valid_events() {
     let text = std::fs::read_to_string(&path).unwrap();
     let requests = parse_request_trace(&text).unwrap();
     assert_eq!(requests.len(), 3993);
-    let config = WorkloadConfig {
+    let config = TraceWorkloadConfig {
         n_workers: 8,
         capacity_blocks: 4_096,
-        ..WorkloadConfig::default()
+        ..TraceWorkloadConfig::default()
     };
     let workload = TraceWorkload::generate(&requests[..800], config);
     check_engine_semantics(&workload);
@@ -179,7 +179,7 @@ fn kv_aware_routing_reuses_a_cached_prefix() {
             hash_ids: vec![1, 2, 3, 4],
         },
     ];
-    let workload = TraceWorkload::generate(&requests, WorkloadConfig::default());
+    let workload = TraceWorkload::generate(&requests, TraceWorkloadConfig::default());
     let events = workload.events();
     assert_eq!(events.len(), 3);
     assert_eq!(events[2].event.source, events[0].event.source);
@@ -205,7 +205,7 @@ fn request_trace_line_without_hash_ids_is_an_error() {
 
 #[tokio::test(start_paused = true)]
 async fn trace_replay_emits_every_event_in_order_then_ends() {
-    let workload = TraceWorkload::builtin(WorkloadConfig::default()).unwrap();
+    let workload = TraceWorkload::builtin(TraceWorkloadConfig::default()).unwrap();
     let expected: Vec<_> = workload.events().iter().map(|e| e.event.clone()).collect();
     let mut source = spawn_trace_replay(
         workload.into_events(),

@@ -10,9 +10,9 @@ use kvrelay_identity::EndpointId;
 
 use crate::instance::DiscoveryQuery;
 
-/// Which endpoints one relay supervises. Validate with [`DiscoveryConfig::validate`].
+/// Which endpoints one relay supervises. Validate with [`DiscoveryScope::validate`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DiscoveryConfig {
+pub struct DiscoveryScope {
     /// Namespaces to watch (one server-side query each). Exclusive with `watch_all`.
     pub namespaces: Vec<String>,
     /// Keep only endpoints under one of these `ns[.component[.endpoint]]` prefixes; empty
@@ -25,7 +25,7 @@ pub struct DiscoveryConfig {
 /// Why a discovery scope was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum DiscoveryConfigError {
+pub enum DiscoveryScopeError {
     /// Neither a namespace nor `watch_all` was given.
     #[error("discovery scope needs at least one namespace or watch_all")]
     NoScope,
@@ -73,31 +73,31 @@ pub enum DiscoveryConfigError {
     },
 }
 
-impl DiscoveryConfig {
+impl DiscoveryScope {
     /// Checks the scope rules: namespaces xor `watch_all`; entries non-empty, without
     /// surrounding whitespace and unique; each prefix equal to a namespace or starting with
     /// `<namespace>.` (any prefix is allowed with `watch_all`).
-    pub fn validate(&self) -> Result<(), DiscoveryConfigError> {
+    pub fn validate(&self) -> Result<(), DiscoveryScopeError> {
         if !self.watch_all && self.namespaces.is_empty() {
-            return Err(DiscoveryConfigError::NoScope);
+            return Err(DiscoveryScopeError::NoScope);
         }
         if self.watch_all && !self.namespaces.is_empty() {
-            return Err(DiscoveryConfigError::WatchAllWithNamespaces {
+            return Err(DiscoveryScopeError::WatchAllWithNamespaces {
                 namespaces: self.namespaces.clone(),
             });
         }
         let mut seen = HashSet::new();
         for namespace in &self.namespaces {
             if namespace.trim().is_empty() {
-                return Err(DiscoveryConfigError::EmptyNamespace);
+                return Err(DiscoveryScopeError::EmptyNamespace);
             }
             if namespace.trim() != namespace {
-                return Err(DiscoveryConfigError::NamespaceWhitespace {
+                return Err(DiscoveryScopeError::NamespaceWhitespace {
                     namespace: namespace.clone(),
                 });
             }
             if !seen.insert(namespace) {
-                return Err(DiscoveryConfigError::DuplicateNamespace {
+                return Err(DiscoveryScopeError::DuplicateNamespace {
                     namespace: namespace.clone(),
                 });
             }
@@ -105,15 +105,15 @@ impl DiscoveryConfig {
         let mut seen = HashSet::new();
         for prefix in &self.endpoint_prefixes {
             if prefix.trim().is_empty() {
-                return Err(DiscoveryConfigError::EmptyPrefix);
+                return Err(DiscoveryScopeError::EmptyPrefix);
             }
             if prefix.trim() != prefix {
-                return Err(DiscoveryConfigError::PrefixWhitespace {
+                return Err(DiscoveryScopeError::PrefixWhitespace {
                     prefix: prefix.clone(),
                 });
             }
             if !seen.insert(prefix) {
-                return Err(DiscoveryConfigError::DuplicatePrefix {
+                return Err(DiscoveryScopeError::DuplicatePrefix {
                     prefix: prefix.clone(),
                 });
             }
@@ -124,7 +124,7 @@ impl DiscoveryConfig {
                         .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
                 });
             if !inside {
-                return Err(DiscoveryConfigError::PrefixOutsideNamespaces {
+                return Err(DiscoveryScopeError::PrefixOutsideNamespaces {
                     prefix: prefix.clone(),
                 });
             }
@@ -191,8 +191,8 @@ mod tests {
         EndpointId::new(ns, component, name).unwrap()
     }
 
-    fn config(namespaces: &[&str], prefixes: &[&str], watch_all: bool) -> DiscoveryConfig {
-        DiscoveryConfig {
+    fn config(namespaces: &[&str], prefixes: &[&str], watch_all: bool) -> DiscoveryScope {
+        DiscoveryScope {
             namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
             endpoint_prefixes: prefixes.iter().map(|s| (*s).to_owned()).collect(),
             watch_all,
@@ -203,8 +203,8 @@ mod tests {
     #[test]
     fn scope_needs_namespaces_or_watch_all() {
         assert_eq!(
-            DiscoveryConfig::default().validate(),
-            Err(DiscoveryConfigError::NoScope)
+            DiscoveryScope::default().validate(),
+            Err(DiscoveryScopeError::NoScope)
         );
         let all = config(&[], &[], true);
         assert_eq!(all.validate(), Ok(()));
@@ -215,7 +215,7 @@ mod tests {
     fn watch_all_with_namespaces_is_rejected() {
         assert!(matches!(
             config(&["a"], &[], true).validate(),
-            Err(DiscoveryConfigError::WatchAllWithNamespaces { .. })
+            Err(DiscoveryScopeError::WatchAllWithNamespaces { .. })
         ));
     }
 
@@ -262,7 +262,7 @@ mod tests {
     fn prefix_outside_namespaces_is_rejected() {
         assert_eq!(
             config(&["prod-a"], &["prod-b.backend"], false).validate(),
-            Err(DiscoveryConfigError::PrefixOutsideNamespaces {
+            Err(DiscoveryScopeError::PrefixOutsideNamespaces {
                 prefix: "prod-b.backend".into()
             })
         );
@@ -281,11 +281,11 @@ mod tests {
     fn surrounding_whitespace_is_rejected() {
         assert!(matches!(
             config(&[" prod-a"], &[], false).validate(),
-            Err(DiscoveryConfigError::NamespaceWhitespace { .. })
+            Err(DiscoveryScopeError::NamespaceWhitespace { .. })
         ));
         assert!(matches!(
             config(&["prod-a"], &["prod-a.backend "], false).validate(),
-            Err(DiscoveryConfigError::PrefixWhitespace { .. })
+            Err(DiscoveryScopeError::PrefixWhitespace { .. })
         ));
     }
 
@@ -293,19 +293,19 @@ mod tests {
     fn empty_and_duplicate_entries_are_rejected() {
         assert_eq!(
             config(&[""], &[], false).validate(),
-            Err(DiscoveryConfigError::EmptyNamespace)
+            Err(DiscoveryScopeError::EmptyNamespace)
         );
         assert!(matches!(
             config(&["a", "a"], &[], false).validate(),
-            Err(DiscoveryConfigError::DuplicateNamespace { .. })
+            Err(DiscoveryScopeError::DuplicateNamespace { .. })
         ));
         assert_eq!(
             config(&["a"], &[" "], false).validate(),
-            Err(DiscoveryConfigError::EmptyPrefix)
+            Err(DiscoveryScopeError::EmptyPrefix)
         );
         assert!(matches!(
             config(&["a"], &["a.b", "a.b"], false).validate(),
-            Err(DiscoveryConfigError::DuplicatePrefix { .. })
+            Err(DiscoveryScopeError::DuplicatePrefix { .. })
         ));
     }
 }

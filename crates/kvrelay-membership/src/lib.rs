@@ -1,7 +1,7 @@
 //! Model cards, discovery, and the membership projection with topology and readiness.
 //!
 //! This crate owns what a relay learns from discovery: the model deployment card schema
-//! ([`ModelDeploymentCard`]), the discovery scope ([`DiscoveryConfig`]), the incremental
+//! ([`ModelDeploymentCard`]), the discovery scope ([`DiscoveryScope`]), the incremental
 //! projection of cards into endpoint memberships ([`MembershipProjection`] →
 //! [`MembershipView`]) with conflicts of three scopes, and serving topology/readiness
 //! ([`TopologyState`]).
@@ -36,7 +36,7 @@ mod topology;
 mod watch;
 
 pub use card::{LoraInfo, ModelDeploymentCard, ModelType, RuntimeConfig, WorkerType};
-pub use config::{DiscoveryConfig, DiscoveryConfigError, EndpointFilter};
+pub use config::{DiscoveryScope, DiscoveryScopeError, EndpointFilter};
 pub use diagnostic::{Diagnostic, ProjectionStats};
 #[cfg(feature = "watch")]
 pub use discovery::{Discovery, DiscoveryError, DiscoveryFuture, DiscoveryWatch};

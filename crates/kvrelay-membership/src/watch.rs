@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{DiscoveryConfig, DiscoveryConfigError};
+use crate::config::{DiscoveryScope, DiscoveryScopeError};
 use crate::diagnostic::ProjectionStats;
 use crate::discovery::{Discovery, DiscoveryError, DiscoveryWatch};
 use crate::instance::{DiscoveryQuery, ModelCardInstance};
@@ -67,7 +67,7 @@ impl Default for WatchConfig {
 pub enum MembershipWatchError {
     /// The discovery scope is invalid.
     #[error("invalid discovery scope: {0}")]
-    Config(#[from] DiscoveryConfigError),
+    Config(#[from] DiscoveryScopeError),
     /// The initial listing failed.
     #[error("initial discovery listing failed: {0}")]
     Discovery(#[from] DiscoveryError),
@@ -110,12 +110,12 @@ impl MembershipWatch {
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// use std::sync::Arc;
-    /// use kvrelay_membership::{DiscoveryConfig, MemoryDiscovery, MembershipWatch,
+    /// use kvrelay_membership::{DiscoveryScope, MemoryDiscovery, MembershipWatch,
     ///     ModelCardInstance, ModelCardInstanceId, WatchConfig};
     /// use tokio_util::sync::CancellationToken;
     ///
     /// let discovery = Arc::new(MemoryDiscovery::new());
-    /// let scope = DiscoveryConfig { namespaces: vec!["prod".into()], ..Default::default() };
+    /// let scope = DiscoveryScope { namespaces: vec!["prod".into()], ..Default::default() };
     /// let cancel = CancellationToken::new();
     /// let watch = MembershipWatch::start(discovery.clone(), &scope, WatchConfig::default(), &cancel)
     ///     .await
@@ -132,7 +132,7 @@ impl MembershipWatch {
     /// ```
     pub async fn start(
         discovery: Arc<dyn Discovery>,
-        scope: &DiscoveryConfig,
+        scope: &DiscoveryScope,
         config: WatchConfig,
         parent: &CancellationToken,
     ) -> Result<Self, MembershipWatchError> {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use kvrelay_identity::EndpointId;
 use kvrelay_membership::{
-    Discovery, DiscoveryConfig, DiscoveryEvent, DiscoveryQuery, DiscoveryWatch, EtcdClientLimits,
+    Discovery, DiscoveryEvent, DiscoveryQuery, DiscoveryScope, DiscoveryWatch, EtcdClientLimits,
     EtcdDiscovery, EtcdError, MembershipSubscription, MembershipView, MembershipWatch,
     ModelCardInstance, ModelCardInstanceId, WatchConfig,
 };
@@ -258,9 +258,9 @@ async fn membership_watch_rebinds_and_reconciles_across_server_restarts() {
     etcd.put_card(&card("prod", "x", 1)).await.unwrap();
     etcd.put_card(&card("prod", "y", 2)).await.unwrap();
 
-    let scope = DiscoveryConfig {
+    let scope = DiscoveryScope {
         namespaces: vec!["prod".into()],
-        ..DiscoveryConfig::default()
+        ..DiscoveryScope::default()
     };
     let discovery: Arc<dyn Discovery> = Arc::new(etcd.clone());
     let watch = MembershipWatch::start(

@@ -28,7 +28,7 @@ pub use listeners::{
 pub use overrides::RelayOverrides;
 use sources::MAX_CARD_FILE_BYTES_CEILING;
 pub use sources::{
-    DiscoveryBackend, DiscoveryConfig, EngineKind, NatsConfig, SourceConfig, WorkloadConfig,
+    DiscoveryBackend, DiscoveryConfig, NatsConfig, SourceConfig, SourceEngine, WorkloadConfig,
 };
 pub use state::{
     DEFAULT_CHECKPOINT_INTERVAL_MS, DEFAULT_CHECKPOINT_MAX_AGE_MS,
@@ -415,7 +415,7 @@ impl RelayConfig {
                     reason: "must be namespace.component.endpoint",
                 });
             }
-            let dynamo = source.engine == EngineKind::Dynamo;
+            let dynamo = source.engine == SourceEngine::Dynamo;
             if dynamo && source.replay.is_some() {
                 return Err(ConfigError::InvalidField {
                     field: "sources.replay",
@@ -462,7 +462,7 @@ mod tests {
         };
         let dynamo = parse(&source("engine = \"dynamo\"\npublisher_id = 42")).unwrap();
         dynamo.validate().unwrap();
-        assert_eq!(dynamo.sources[0].engine, EngineKind::Dynamo);
+        assert_eq!(dynamo.sources[0].engine, SourceEngine::Dynamo);
         assert_eq!(dynamo.sources[0].publisher_id, Some(42));
         for (extra, field) in [
             ("engine = \"dynamo\"", "sources.publisher_id"),

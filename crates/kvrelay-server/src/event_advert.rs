@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kvrelay_identity::EndpointId;
 use serde::Deserialize;
 
-use crate::config::{EngineKind, SourceConfig};
+use crate::config::{SourceConfig, SourceEngine};
 
 /// The topic of KV event adverts; very old runtimes used [`LEGACY_KV_EVENTS_TOPIC`].
 pub(crate) const KV_EVENTS_TOPIC: &str = "kv-events";
@@ -99,7 +99,7 @@ pub(crate) struct SourceAdvert {
     /// The data-parallel rank.
     pub(crate) dp_rank: u32,
     /// The engine, when the metadata names one.
-    pub(crate) engine: Option<EngineKind>,
+    pub(crate) engine: Option<SourceEngine>,
     /// Whether the advert carries a recovery target.
     pub(crate) recoverable: bool,
 }
@@ -150,7 +150,7 @@ struct SourceMetadata {
     #[serde(default)]
     recovery_target: Option<serde_json::Value>,
     #[serde(default)]
-    engine: Option<EngineKind>,
+    engine: Option<SourceEngine>,
 }
 
 #[derive(Deserialize)]
@@ -316,13 +316,13 @@ pub(crate) fn join(sources: &[SourceAdvert], channels: &[ChannelAdvert]) -> Vec<
                     dp_rank: source.dp_rank,
                     // What a Dynamo worker's advertised channel carries, unless the
                     // advert names an engine publishing its own batches there.
-                    engine: source.engine.unwrap_or(EngineKind::Dynamo),
+                    engine: source.engine.unwrap_or(SourceEngine::Dynamo),
                     zmq: channel.zmq.clone(),
                     replay: None,
                     metrics_url: None,
                     publisher_id: match source.engine {
-                        None | Some(EngineKind::Dynamo) => Some(source.publisher_id),
-                        Some(EngineKind::Vllm | EngineKind::Sglang) => None,
+                        None | Some(SourceEngine::Dynamo) => Some(source.publisher_id),
+                        Some(SourceEngine::Vllm | SourceEngine::Sglang) => None,
                     },
                 },
             ),
@@ -418,7 +418,7 @@ mod tests {
                 endpoint: "bench.worker.generate".to_owned(),
                 worker_id: 11_393_913_980_618_096_623,
                 dp_rank: 0,
-                engine: EngineKind::Dynamo,
+                engine: SourceEngine::Dynamo,
                 zmq: "tcp://127.0.0.1:46207".to_owned(),
                 replay: None,
                 metrics_url: None,
@@ -436,7 +436,7 @@ mod tests {
             &[parse_channel(CHANNEL_FIXTURE).unwrap()],
         );
         assert_eq!(joined.len(), 1);
-        assert_eq!(joined[0].engine, EngineKind::Vllm);
+        assert_eq!(joined[0].engine, SourceEngine::Vllm);
         assert_eq!(joined[0].publisher_id, None);
     }
 
@@ -447,7 +447,7 @@ mod tests {
             value["metadata"] = value["metadata"].to_string().into();
         });
         let advert = parse_source(&text).unwrap();
-        assert_eq!(advert.engine, Some(EngineKind::Sglang));
+        assert_eq!(advert.engine, Some(SourceEngine::Sglang));
         assert_eq!(advert.worker_id, 11_393_913_980_618_096_623);
     }
 

@@ -38,9 +38,9 @@ pub use config::{
     DEFAULT_CHECKPOINT_MAX_FILE_BYTES, DEFAULT_CHECKPOINT_SHUTDOWN_TIMEOUT_MS, DEFAULT_DC_ID,
     DEFAULT_DENSE_SIZE_CLASSES_PER_OCTAVE, DEFAULT_DYNAMO_LISTEN, DEFAULT_REPLAY_SPEED,
     DEFAULT_TIER_CAPACITY_RATIO, DEFAULT_WAN_LISTEN, DiscoveryBackend, DiscoveryConfig,
-    DynamoConfig, EngineKind, ExposureWarning, FilterFormat, FiltersConfig, MAX_BLOCKS_PER_CHUNK,
-    MAX_TIER_CAPACITY_RATIO, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, StateConfig,
-    TierConfig, TiersConfig, WanConfig, WorkloadConfig,
+    DynamoConfig, ExposureWarning, FilterFormat, FiltersConfig, MAX_BLOCKS_PER_CHUNK,
+    MAX_TIER_CAPACITY_RATIO, NatsConfig, RelayConfig, RelayOverrides, SourceConfig, SourceEngine,
+    StateConfig, TierConfig, TiersConfig, WanConfig, WorkloadConfig,
 };
 pub use host::{
     DiscoveryStartError, PoolReport, ProducerTable, Relay, RelayError, RelayProgress,

@@ -16,9 +16,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRpc, decode_message};
-use kvrelay_server::{
-    AuthConfig, EngineKind as ConfigEngine, ProbeStream, Relay, RelayConfig, SourceConfig,
-};
+use kvrelay_server::{AuthConfig, ProbeStream, Relay, RelayConfig, SourceConfig, SourceEngine};
 use support::{
     DEADLINE, cpu_time, deployment, first_message, mib, next, request, rss_bytes, write_card,
 };
@@ -533,7 +531,7 @@ async fn a_non_reading_subscriber_in_snapshot_is_cut_off_by_the_snapshot_progres
         endpoint: "prod.big.generate".to_owned(),
         worker_id: 0x31,
         dp_rank: 0,
-        engine: ConfigEngine::Vllm,
+        engine: SourceEngine::Vllm,
         zmq: format!("tcp://{engine_addr}"),
         replay: None,
         metrics_url: None,

@@ -11,7 +11,7 @@
 mod support;
 
 use kvrelay_codec::v1::StreamRpc;
-use kvrelay_server::{EngineKind as ConfigEngine, ProbeStream, Relay, SourceConfig};
+use kvrelay_server::{ProbeStream, Relay, SourceConfig, SourceEngine};
 use support::{DEADLINE, Feed, mirror_at_producer, publish_until_resident, request, single_worker};
 use zeromq::{PubSocket, Socket};
 
@@ -30,7 +30,7 @@ async fn zmq_engine_events_reach_a_wan_replica() {
         endpoint: "prod.backend.generate".to_owned(),
         worker_id: 0x11,
         dp_rank: 0,
-        engine: ConfigEngine::Vllm,
+        engine: SourceEngine::Vllm,
         zmq: endpoint,
         replay: None,
         metrics_url: None,
@@ -91,7 +91,7 @@ async fn scraped_kv_usage_becomes_the_pool_load() {
         endpoint: "prod.backend.generate".to_owned(),
         worker_id: 0x11,
         dp_rank: 0,
-        engine: ConfigEngine::Vllm,
+        engine: SourceEngine::Vllm,
         // No engine publishes here; only the metrics endpoint matters in this test.
         zmq: "tcp://127.0.0.1:9".to_owned(),
         replay: None,

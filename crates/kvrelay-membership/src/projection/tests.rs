@@ -643,7 +643,7 @@ fn undrained_diagnostics_are_bounded_and_drops_counted() {
 
 #[test]
 fn cards_outside_the_filter_are_ignored() {
-    let config = crate::DiscoveryConfig {
+    let config = crate::DiscoveryScope {
         namespaces: vec!["prod".into()],
         endpoint_prefixes: vec!["prod.backend.generate".into()],
         watch_all: false,

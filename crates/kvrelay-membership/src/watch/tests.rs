@@ -23,10 +23,10 @@ fn card(endpoint: &str, worker: u64) -> ModelCardInstance {
     }
 }
 
-fn scope() -> DiscoveryConfig {
-    DiscoveryConfig {
+fn scope() -> DiscoveryScope {
+    DiscoveryScope {
         namespaces: vec!["prod".into()],
-        ..DiscoveryConfig::default()
+        ..DiscoveryScope::default()
     }
 }
 
@@ -81,14 +81,14 @@ async fn invalid_scope_is_rejected_before_listing() {
     let discovery: Arc<dyn Discovery> = Arc::new(MemoryDiscovery::new());
     let result = MembershipWatch::start(
         discovery,
-        &DiscoveryConfig::default(),
+        &DiscoveryScope::default(),
         WatchConfig::default(),
         &CancellationToken::new(),
     )
     .await;
     assert_eq!(
         result.err(),
-        Some(MembershipWatchError::Config(DiscoveryConfigError::NoScope))
+        Some(MembershipWatchError::Config(DiscoveryScopeError::NoScope))
     );
 }
 

@@ -93,7 +93,7 @@ pub struct SourceConfig {
     #[serde(default)]
     pub dp_rank: u32,
     /// Which engine publishes the events.
-    pub engine: EngineKind,
+    pub engine: SourceEngine,
     /// ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
     pub zmq: String,
     /// Optional ZMQ ROUTER replay endpoint (vLLM and SGLang only).
@@ -110,7 +110,7 @@ pub struct SourceConfig {
 /// An engine kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum EngineKind {
+pub enum SourceEngine {
     /// vLLM.
     Vllm,
     /// SGLang.

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvrelay_membership::{
-    DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryConfig as MembershipScope, EtcdClientLimits,
-    EtcdDiscovery, FileDiscovery, MembershipLimits, MembershipView, MembershipWatch,
-    ProjectionStats, WatchConfig,
+    DEFAULT_ETCD_TIMEOUT, Discovery, DiscoveryScope, EtcdClientLimits, EtcdDiscovery,
+    FileDiscovery, MembershipLimits, MembershipView, MembershipWatch, ProjectionStats, WatchConfig,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -39,7 +38,7 @@ pub(crate) const FILE_RESCAN_INTERVAL: Duration = Duration::from_millis(500);
 /// Connects the configured backend and starts the membership watch (first listing done).
 pub(crate) async fn start(
     config: &DiscoveryConfig,
-    scope: &MembershipScope,
+    scope: &DiscoveryScope,
     cancel: &CancellationToken,
 ) -> Result<Discovering, DiscoveryStartError> {
     let mut files = None;

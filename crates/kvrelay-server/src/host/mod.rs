@@ -33,7 +33,7 @@ use std::time::Duration;
 use kvrelay_ckf::SourceId;
 use kvrelay_codec::v1::{self, RelayInfo};
 use kvrelay_identity::{DcId, DcRelayIdentity};
-use kvrelay_membership::{DiscoveryConfig as MembershipScope, MembershipView};
+use kvrelay_membership::{DiscoveryScope, MembershipView};
 use kvrelay_pool::{PoolRegistry, RegistryConfig};
 
 use tokio::sync::watch;
@@ -119,7 +119,7 @@ impl Relay {
             }),
             None => None,
         };
-        let scope = MembershipScope {
+        let scope = DiscoveryScope {
             namespaces: config.discovery.namespaces.clone(),
             endpoint_prefixes: config.discovery.endpoint_prefixes.clone(),
             watch_all: config.discovery.watch_all,

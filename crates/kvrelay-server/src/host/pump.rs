@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::config::{EngineKind, SourceConfig};
+use crate::config::{SourceConfig, SourceEngine};
 use crate::host::state::HostState;
 use crate::host::supervisor::SourceKey;
 use crate::metrics::DispositionLabel;
@@ -146,10 +146,10 @@ pub(crate) fn spawn_zmq(
         worker_id: config.worker_id,
         dp_rank: config.dp_rank,
         wire: match config.engine {
-            EngineKind::Vllm => ZmqWire::Engine(kvrelay_ingest::EngineKind::Vllm),
-            EngineKind::Sglang => ZmqWire::Engine(kvrelay_ingest::EngineKind::Sglang),
+            SourceEngine::Vllm => ZmqWire::Engine(kvrelay_ingest::EngineKind::Vllm),
+            SourceEngine::Sglang => ZmqWire::Engine(kvrelay_ingest::EngineKind::Sglang),
             // Validated (configured) or set from the advert (discovered).
-            EngineKind::Dynamo => ZmqWire::DynamoEventPlane {
+            SourceEngine::Dynamo => ZmqWire::DynamoEventPlane {
                 publisher_id: config.publisher_id.unwrap_or_default(),
             },
         },

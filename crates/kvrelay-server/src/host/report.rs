@@ -16,7 +16,7 @@ use kvrelay_tls::TlsError;
 pub enum DiscoveryStartError {
     /// The scope (namespaces, prefixes, `watch_all`) breaks its rules.
     #[error("scope: {0}")]
-    Scope(#[from] kvrelay_membership::DiscoveryConfigError),
+    Scope(#[from] kvrelay_membership::DiscoveryScopeError),
     /// etcd could not be reached.
     #[error("connecting to etcd {endpoints:?}: {source}")]
     Etcd {

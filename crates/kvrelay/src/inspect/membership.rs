@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use kvrelay_identity::{ModelTarget, WorkerRole};
 use kvrelay_membership::{
-    DiscoveryConfig, EndpointMembership, MembershipLimits, MembershipProjection, MembershipView,
+    DiscoveryScope, EndpointMembership, MembershipLimits, MembershipProjection, MembershipView,
     read_card_dir,
 };
 use serde::Serialize;
@@ -37,7 +37,7 @@ pub(crate) struct MembershipArgs {
 }
 
 pub(crate) fn run(args: &MembershipArgs) -> Result<()> {
-    let scope = DiscoveryConfig {
+    let scope = DiscoveryScope {
         namespaces: args.namespaces.clone(),
         endpoint_prefixes: args.endpoint_prefixes.clone(),
         watch_all: args.watch_all,

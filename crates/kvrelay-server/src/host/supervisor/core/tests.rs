@@ -7,7 +7,7 @@ use kvrelay_membership::{
 };
 
 use super::*;
-use crate::config::EngineKind;
+use crate::config::SourceEngine;
 
 fn card(total_kv_blocks: Option<u64>, dp_start: u32, dp_size: u32) -> serde_json::Value {
     card_with_block_size(total_kv_blocks, dp_start, dp_size, 16)
@@ -65,7 +65,7 @@ fn engine(endpoint: &str, worker_id: u64) -> SourceConfig {
         endpoint: endpoint.to_owned(),
         worker_id,
         dp_rank: 0,
-        engine: EngineKind::Vllm,
+        engine: SourceEngine::Vllm,
         zmq: "tcp://127.0.0.1:9".to_owned(),
         replay: None,
         metrics_url: None,
