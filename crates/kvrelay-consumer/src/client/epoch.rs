@@ -18,7 +18,7 @@ use super::subscription::run_subscription;
 use crate::catalog::PoolKey;
 use crate::config::StandbyMode;
 use crate::link::epoch::{EpochFault, EpochSession, SilenceStep};
-use crate::link::{EpochEnd, Reach, RelayLink, ViewAfterEpoch};
+use crate::link::{EpochEnd, Reach, RelayLink, SideStream, ViewAfterEpoch};
 use crate::metrics::{Counter, ResubscribeReason};
 use crate::wire::{Endpoint, WireError, WireStream};
 
@@ -374,28 +374,10 @@ async fn relay_epoch(
                 }
             }
             () = sleep_until_std(session.topology_stream().poll_timeout()), if topology.is_none() => {
-                match open(shared, relay, "topology", StreamRpc::WatchTopology).await {
-                    Ok(stream) => {
-                        topology = Some(stream);
-                        session.topology_stream().handle_opened(Instant::now());
-                    }
-                    Err(err) => {
-                        debug!(peer = %addr, error = %err, "topology stream open failed");
-                        session.topology_stream().handle_open_failed(Instant::now(), rand::random::<f64>());
-                    }
-                }
+                topology = open_side(shared, relay, "topology", StreamRpc::WatchTopology, session.topology_stream()).await;
             }
             () = sleep_until_std(session.load_stream().poll_timeout()), if load.is_none() => {
-                match open(shared, relay, "load", StreamRpc::WatchLoad).await {
-                    Ok(stream) => {
-                        load = Some(stream);
-                        session.load_stream().handle_opened(Instant::now());
-                    }
-                    Err(err) => {
-                        debug!(peer = %addr, error = %err, "load stream reopen failed");
-                        session.load_stream().handle_open_failed(Instant::now(), rand::random::<f64>());
-                    }
-                }
+                load = open_side(shared, relay, "load", StreamRpc::WatchLoad, session.load_stream()).await;
             }
         }
     };
@@ -403,6 +385,28 @@ async fn relay_epoch(
     subscriptions.close();
     subscriptions.wait().await;
     result
+}
+
+/// Opens a side stream (`load`, `topology`) now and tells its `side` link how that went
+/// (on failure it schedules the next try).
+async fn open_side(
+    shared: &Shared,
+    relay: usize,
+    suffix: &'static str,
+    rpc: StreamRpc,
+    side: &mut SideStream,
+) -> Option<WireStream> {
+    match open(shared, relay, suffix, rpc).await {
+        Ok(stream) => {
+            side.handle_opened(Instant::now());
+            Some(stream)
+        }
+        Err(err) => {
+            debug!(peer = %shared.endpoint(relay).addr, stream = suffix, error = %err, "side stream open failed");
+            side.handle_open_failed(Instant::now(), rand::random::<f64>());
+            None
+        }
+    }
 }
 
 /// Sleeps until `deadline` (a std instant of the same clock), or forever without one.
