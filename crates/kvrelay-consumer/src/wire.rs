@@ -8,12 +8,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures::StreamExt;
 use kvrelay_codec::Limits as CodecLimits;
-use kvrelay_codec::v1::{
-    DecodeError, Message, StreamRequest, StreamRpc, decode_message, encode_message,
-};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use kvrelay_codec::framing::{FramingError, MessageCodec};
+use kvrelay_codec::v1::{DecodeError, Message, StreamRequest, StreamRpc, encode_message};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_util::codec::FramedRead;
 
 use kvrelay_tls::{BearerToken, RelayConnector};
 use tonic::transport::Channel;
@@ -166,16 +167,16 @@ fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
 /// safe).
 pub(crate) struct FramedStream {
     addr: String,
-    socket: Box<dyn Socket>,
-    buf: BytesMut,
-    limits: CodecLimits,
+    /// The codec's `MessageCodec` over the socket: every frame is checked against the
+    /// limits before its body is buffered, and the buffer survives a cancelled read.
+    frames: FramedRead<Box<dyn Socket>, MessageCodec>,
 }
 
 impl std::fmt::Debug for FramedStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FramedStream")
             .field("addr", &self.addr)
-            .field("buffered", &self.buf.len())
+            .field("buffered", &self.frames.read_buffer().len())
             .finish_non_exhaustive()
     }
 }
@@ -302,62 +303,139 @@ impl FramedStream {
             addr: addr.to_owned(),
             detail: err.to_string(),
         })?;
-        let mut stream = Self {
-            addr: addr.to_owned(),
-            socket,
-            buf: BytesMut::with_capacity(64 * 1024),
-            limits,
+        let mut socket = socket;
+        let sent = async {
+            socket.write_all(&out).await?;
+            // TLS buffers writes; the request must reach the relay before we wait for
+            // frames.
+            socket.flush().await
         };
-        stream
-            .socket
-            .write_all(&out)
-            .await
-            .map_err(|source| stream.io(source))?;
-        // TLS buffers writes; the request must reach the relay before we wait for frames.
-        stream
-            .socket
-            .flush()
-            .await
-            .map_err(|source| stream.io(source))?;
-        Ok(stream)
+        sent.await.map_err(|source| io_error(addr, source))?;
+        Ok(Self {
+            addr: addr.to_owned(),
+            frames: FramedRead::with_capacity(socket, MessageCodec::new(limits), 64 * 1024),
+        })
     }
 
     /// The next message, or `None` at a clean end of stream. Cancel safe: bytes read
     /// before a cancellation stay buffered for the next call.
+    /// A connection closed in the middle of a frame is an IO error, not a clean end.
     async fn next(&mut self) -> Result<Option<Message>, WireError> {
-        loop {
-            match decode_message(&mut self.buf, &self.limits) {
-                Ok(Some(message)) => return Ok(Some(message)),
-                Ok(None) => {}
-                Err(source) => {
-                    return Err(WireError::Decode {
-                        addr: self.addr.clone(),
-                        source,
-                    });
-                }
-            }
-            let n = self
-                .socket
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|source| self.io(source))?;
-            if n == 0 {
-                return Ok(None);
-            }
+        let addr = &self.addr;
+        match self.frames.next().await {
+            None => Ok(None),
+            Some(Ok(message)) => Ok(Some(message)),
+            Some(Err(FramingError::Io(source))) => Err(io_error(addr, source)),
+            Some(Err(FramingError::Decode(source))) => Err(WireError::Decode {
+                addr: addr.clone(),
+                source,
+            }),
+            Some(Err(FramingError::Frame(frame))) => Err(WireError::Decode {
+                addr: addr.clone(),
+                source: DecodeError::from(frame),
+            }),
+            // The message codec only decodes; any other framing failure is the
+            // transport's.
+            Some(Err(other)) => Err(io_error(addr, std::io::Error::other(other.to_string()))),
+        }
+    }
+}
+
+/// An IO failure on the connection to `addr`. With TLS 1.3 the client finishes its
+/// handshake before the relay has checked the client certificate; a refusal arrives as an
+/// alert on the first read or write, and is reported as a TLS failure.
+fn io_error(addr: &str, source: std::io::Error) -> WireError {
+    let is_tls = source
+        .get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+    let addr = addr.to_owned();
+    if is_tls {
+        WireError::Tls { addr, source }
+    } else {
+        WireError::Io { addr, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
+
+    use kvrelay_codec::v1::{ErrorMessage, ErrorReason};
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    fn endpoint(addr: String) -> Endpoint {
+        Endpoint {
+            addr,
+            tls: None,
+            token: None,
+            protocol: RelayProtocol::Kvrelay,
+            channel: Arc::new(OnceLock::new()),
         }
     }
 
-    fn io(&self, source: std::io::Error) -> WireError {
-        // With TLS 1.3 the client finishes its handshake before the relay has checked the
-        // client certificate; a refusal arrives as an alert on the first read or write.
-        let is_tls = source
-            .get_ref()
-            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
-        let addr = self.addr.clone();
-        if is_tls {
-            WireError::Tls { addr, source }
-        } else {
-            WireError::Io { addr, source }
-        }
+    /// A relay on 127.0.0.1 that reads the stream request and writes `bytes`, then closes.
+    async fn relay_writing(bytes: Vec<u8>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 256];
+            let _ = socket.read(&mut request).await.unwrap();
+            socket.write_all(&bytes).await.unwrap();
+        });
+        addr
+    }
+
+    fn error_frame() -> Vec<u8> {
+        let mut frame = BytesMut::new();
+        let message = Message::Error(ErrorMessage::new(ErrorReason::Internal, "bye"));
+        encode_message(&message, &CodecLimits::default(), &mut frame).unwrap();
+        frame.to_vec()
+    }
+
+    async fn open(addr: String) -> FramedStream {
+        FramedStream::open(
+            &endpoint(addr),
+            "test",
+            StreamRpc::WatchCatalog,
+            1 << 20,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_mid_frame_is_an_error_not_a_clean_end() {
+        let mut bytes = error_frame();
+        let whole = bytes.clone();
+        bytes.extend_from_slice(&whole[..whole.len() / 2]);
+        let mut stream = open(relay_writing(bytes).await).await;
+        assert!(matches!(stream.next().await, Ok(Some(Message::Error(_)))));
+        let end = stream.next().await;
+        assert!(matches!(end, Err(WireError::Io { .. })), "{end:?}");
+    }
+
+    #[tokio::test]
+    async fn a_clean_close_after_whole_frames_ends_the_stream() {
+        let mut stream = open(relay_writing(error_frame()).await).await;
+        assert!(matches!(stream.next().await, Ok(Some(Message::Error(_)))));
+        assert!(matches!(stream.next().await, Ok(None)));
+    }
+
+    #[tokio::test]
+    async fn a_frame_declared_over_the_limit_is_refused_from_its_header() {
+        // Only a header declaring 8 MiB: refused without waiting for (or buffering) a body.
+        let mut header = error_frame()[..16].to_vec();
+        header[12..16].copy_from_slice(&(8u32 << 20).to_le_bytes());
+        let mut stream = open(relay_writing(header).await).await;
+        let refused = stream.next().await;
+        assert!(
+            matches!(refused, Err(WireError::Decode { .. })),
+            "{refused:?}"
+        );
     }
 }
