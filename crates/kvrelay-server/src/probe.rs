@@ -8,10 +8,13 @@
 use std::net::SocketAddr;
 
 use bytes::BytesMut;
+use futures::StreamExt;
+use kvrelay_codec::framing::{FramingError, RawFrameCodec};
 use kvrelay_codec::v1::{DecodeError, EncodeError, Message, StreamRequest, encode_message};
-use kvrelay_codec::{FrameError, RawFrame, decode_frame};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use kvrelay_codec::{FrameError, RawFrame};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_util::codec::FramedRead;
 
 /// A probe stream failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,9 +42,8 @@ pub enum ProbeError {
 /// One open stream.
 #[derive(Debug)]
 pub struct ProbeStream<T> {
-    io: T,
-    buf: BytesMut,
-    limits: kvrelay_codec::Limits,
+    /// The codec's frame adapter over the transport (the receive buffer lives in it).
+    frames: FramedRead<T, RawFrameCodec>,
 }
 
 impl ProbeStream<TcpStream> {
@@ -71,22 +73,23 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ProbeStream<T> {
         io.write_all(&frame).await.map_err(io_error)?;
         io.flush().await.map_err(io_error)?;
         Ok(Self {
-            io,
-            buf: BytesMut::with_capacity(64 * 1024),
-            limits,
+            frames: FramedRead::with_capacity(io, RawFrameCodec::new(limits), 64 * 1024),
         })
     }
 
-    /// The next raw frame, or `None` when the relay closed the stream.
+    /// The next raw frame, or `None` when the relay closed the stream after a whole frame
+    /// (closed in the middle of one is an IO error).
     pub async fn next_frame(&mut self) -> Result<Option<RawFrame>, ProbeError> {
-        loop {
-            if let Some(frame) = decode_frame(&mut self.buf, &self.limits)? {
-                return Ok(Some(frame));
-            }
-            let n = self.io.read_buf(&mut self.buf).await.map_err(io_error)?;
-            if n == 0 {
-                return Ok(None);
-            }
+        match self.frames.next().await {
+            None => Ok(None),
+            Some(Ok(frame)) => Ok(Some(frame)),
+            Some(Err(FramingError::Frame(err))) => Err(err.into()),
+            Some(Err(FramingError::Decode(err))) => Err(err.into()),
+            Some(Err(FramingError::Io(err))) => Err(io_error(err)),
+            Some(Err(other)) => Err(ProbeError::Io {
+                peer: "stream".to_owned(),
+                message: other.to_string(),
+            }),
         }
     }
 
@@ -100,7 +103,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ProbeStream<T> {
 
     /// Writes raw bytes (tests of hostile clients).
     pub async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ProbeError> {
-        self.io.write_all(bytes).await.map_err(io_error)
+        self.frames
+            .get_mut()
+            .write_all(bytes)
+            .await
+            .map_err(io_error)
     }
 }
 

@@ -8,10 +8,12 @@
 //! token is taken out of the request as soon as it is decoded, so no later log line, error
 //! message or `Debug` output can carry it.
 
-use bytes::BytesMut;
+use futures::StreamExt;
+use kvrelay_codec::MessageKind;
+use kvrelay_codec::framing::{FramingError, RawFrameCodec};
 use kvrelay_codec::v1::{ErrorReason, StreamRequest};
-use kvrelay_codec::{MessageKind, decode_frame};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::AsyncRead;
+use tokio_util::codec::FramedRead;
 
 use crate::wan::source::StreamFailure;
 use kvrelay_tls::BearerToken;
@@ -45,36 +47,37 @@ pub(crate) async fn read_stream_request<R: AsyncRead + Unpin>(
     let limits = kvrelay_codec::Limits {
         max_frame_len: max_request_len,
     };
-    let mut buf = BytesMut::with_capacity(INITIAL_REQUEST_BUFFER);
-    let frame = loop {
-        match decode_frame(&mut buf, &limits) {
-            Ok(Some(frame)) => break frame,
-            Ok(None) => {}
-            Err(err) => {
-                let reason = kvrelay_codec::v1::DecodeError::from(err.clone()).reason();
-                return Err(StreamFailure::new(
-                    reason,
-                    format!("stream request: {err} (max_request_len)"),
-                ));
-            }
+    // The codec checks the declared length against `max_request_len` from the header,
+    // before any body is buffered.
+    let mut frames =
+        FramedRead::with_capacity(reader, RawFrameCodec::new(limits), INITIAL_REQUEST_BUFFER);
+    let frame = match frames.next().await {
+        Some(Ok(frame)) => frame,
+        Some(Err(FramingError::Frame(err))) => {
+            let reason = kvrelay_codec::v1::DecodeError::from(err.clone()).reason();
+            return Err(StreamFailure::new(
+                reason,
+                format!("stream request: {err} (max_request_len)"),
+            ));
         }
-        let n = reader.read_buf(&mut buf).await.map_err(|err| {
-            StreamFailure::new(
+        Some(Err(err)) => {
+            return Err(StreamFailure::new(
                 ErrorReason::InvalidRequest,
                 format!("reading request: {err}"),
-            )
-        })?;
-        if n == 0 {
+            ));
+        }
+        None => {
             return Err(StreamFailure::new(
                 ErrorReason::InvalidRequest,
                 "connection closed before a complete stream request",
             ));
         }
     };
-    if !buf.is_empty() {
+    let following = frames.read_buffer().len();
+    if following > 0 {
         return Err(StreamFailure::new(
             ErrorReason::InvalidRequest,
-            format!("{} bytes follow the stream request", buf.len()),
+            format!("{following} bytes follow the stream request"),
         ));
     }
     if frame.kind() != Some(MessageKind::StreamRequest) {
@@ -116,6 +119,7 @@ pub(crate) async fn read_stream_request<R: AsyncRead + Unpin>(
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
 
+    use bytes::BytesMut;
     use kvrelay_codec::v1::{Message, StreamRpc, encode_message};
 
     use super::*;
@@ -154,6 +158,29 @@ mod tests {
             .err()
             .unwrap();
         assert!(failure.message.contains("max_request_len"), "{failure:?}");
+    }
+
+    #[tokio::test]
+    async fn a_request_cut_short_or_followed_by_bytes_is_refused() {
+        let whole = encoded(&catalog_request(None));
+        let cut = &whole[..whole.len() - 3];
+        let failure = read_stream_request(&mut &cut[..], 64 * 1024)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(failure.reason, ErrorReason::InvalidRequest, "{failure:?}");
+        let mut followed = whole.clone();
+        followed.extend_from_slice(b"xyz");
+        let failure = read_stream_request(&mut followed.as_slice(), 64 * 1024)
+            .await
+            .err()
+            .unwrap();
+        assert!(failure.message.contains("3 bytes follow"), "{failure:?}");
+        assert!(
+            read_stream_request(&mut whole.as_slice(), 64 * 1024)
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
