@@ -400,8 +400,32 @@ pub enum SubscribeError {
     #[error("pool publication unavailable: {reason}")]
     Unavailable {
         /// What happened.
-        reason: String,
+        reason: Unavailability,
     },
+}
+
+/// Why a pool's publication cannot take a subscriber now (`SubscribeError::Unavailable`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unavailability {
+    /// The generation retired (before or while the subscriber waited for it).
+    #[error("pool generation retired")]
+    Retired,
+    /// Another generation of the pool became active while the subscriber was admitted.
+    #[error("pool publication generation changed")]
+    GenerationChanged,
+    /// The slot's admission counter would overflow (2^64 admissions in flight).
+    #[error("pool publication admission counter exhausted")]
+    AdmissionsExhausted,
+    /// The generation's hub failed and fenced it.
+    #[error("publication hub failed: {0}")]
+    HubFailed(HubFailure),
+    /// The generation's hub has already stopped.
+    #[error("publication hub stopped: {0}")]
+    HubStopped(SubscriptionEnd),
+    /// The registry is shutting down.
+    #[error("relay shutting down")]
+    ShuttingDown,
 }
 
 /// Why a publication hub could not start, or had to stop and fence its generation.
@@ -461,7 +485,7 @@ pub enum SubscriptionEnd {
     /// A frame could not be encoded (a bug: please report it).
     #[error("internal error: {reason}")]
     Internal {
-        /// What happened.
-        reason: String,
+        /// What the encoder refused.
+        reason: kvrelay_codec::v1::EncodeError,
     },
 }

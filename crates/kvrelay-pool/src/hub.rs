@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::actor::{FeedItem, PoolActorHandle, PublicationFeed};
-use crate::error::{HubFailure, SubscribeError, SubscriptionEnd};
+use crate::error::{HubFailure, SubscribeError, SubscriptionEnd, Unavailability};
 use crate::frame::{encoder, sent_now_us};
 use crate::limits::Limits;
 use crate::registry::core::SlotHub;
@@ -171,7 +171,7 @@ impl HubHandle {
     ) -> Result<PoolSubscription, SubscribeError> {
         if let Some(end) = self.shared.end.get() {
             return Err(SubscribeError::Unavailable {
-                reason: format!("publication hub stopped: {end}"),
+                reason: Unavailability::HubStopped(end.clone()),
             });
         }
         let started = self.shared.publisher.lock().handle_subscribe(

@@ -124,7 +124,7 @@ pub use checkpoint::{
 pub use error::{
     ActorError, AttachError, BatchSubmitError, FeedError, HubFailure, LimitsError,
     LoadCapacityError, PoolError, PoolFault, RegistrationError, SubscribeError, SubscriptionEnd,
-    TransferError,
+    TransferError, Unavailability,
 };
 pub use filter::{FilterStats, SourceMappings};
 pub use health::PoolHealth;

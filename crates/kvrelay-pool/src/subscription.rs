@@ -189,9 +189,8 @@ impl PoolSubscription {
         &self,
         transmit: Transmit<Option<Bytes>>,
     ) -> Result<PoolFrame, SubscriptionEnd> {
-        let internal = |error: kvrelay_codec::v1::EncodeError| SubscriptionEnd::Internal {
-            reason: error.to_string(),
-        };
+        let internal =
+            |reason: kvrelay_codec::v1::EncodeError| SubscriptionEnd::Internal { reason };
         match transmit {
             Transmit::Delta {
                 delta,

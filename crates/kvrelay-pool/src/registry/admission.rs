@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::core::{HubStep, InitOutcome};
 use super::{PoolRegistry, RegistryInner};
 use crate::actor::PoolActorHandle;
-use crate::error::{HubFailure, SubscribeError};
+use crate::error::{HubFailure, SubscribeError, Unavailability};
 use crate::hub::{HubContext, HubHandle, SubscribeOptions};
 use crate::subscription::PoolSubscription;
 
@@ -36,7 +36,7 @@ impl PoolRegistry {
     ) -> Result<PoolSubscription, SubscribeError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(SubscribeError::Unavailable {
-                reason: "relay shutting down".to_owned(),
+                reason: Unavailability::ShuttingDown,
             });
         }
         let admission = self.inner.core.lock().begin_admission(&expected)?;
@@ -58,7 +58,7 @@ impl PoolRegistry {
                         _ = changed.changed() => {}
                         () = admission.generation_cancel.cancelled() => {
                             return Err(SubscribeError::Unavailable {
-                                reason: "pool generation retired".to_owned(),
+                                reason: Unavailability::Retired,
                             });
                         }
                     }
@@ -158,7 +158,7 @@ impl PoolRegistry {
     /// so a requester that retires meanwhile cannot strand the victim or leak its unit.
     async fn reclaim_capacity(&self, init: &Initialization) -> Result<(), SubscribeError> {
         let retired = || SubscribeError::Unavailable {
-            reason: "pool generation retired while waiting for publication hub capacity".to_owned(),
+            reason: Unavailability::Retired,
         };
         let coordinator = tokio::select! {
             biased;

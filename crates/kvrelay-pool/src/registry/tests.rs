@@ -1071,7 +1071,12 @@ pub(super) mod behaviour {
             .unwrap()
             .unwrap_err();
         assert!(
-            matches!(error, SubscribeError::Unavailable { .. }),
+            matches!(
+                error,
+                SubscribeError::Unavailable {
+                    reason: crate::Unavailability::Retired
+                }
+            ),
             "{error}"
         );
         wait_for("the requester slot to retire", || {

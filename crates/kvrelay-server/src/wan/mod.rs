@@ -3,10 +3,10 @@
 //! The accept loop admits at most `max_connections` sockets at once and at most
 //! `max_connections_per_peer` from one IP address (extra sockets are closed at once, counted
 //! and logged rate-limited), backs off while the process is out of descriptors
-//! ([`crate::accept`]), hands each socket to [`connection::serve`] in a task owned by the
-//! server's `TaskTracker`, and stops accepting when its token is cancelled. Shutdown cancels
-//! the token (every stream sends `publication_unavailable` and closes) and waits for the
-//! tracker.
+//! ([`kvrelay_http::AcceptBackoff`]), hands each socket to [`connection::serve`] in a task
+//! owned by the server's `TaskTracker`, and stops accepting when its token is cancelled.
+//! Shutdown cancels the token (every stream sends `publication_unavailable` and closes) and
+//! waits for the tracker.
 
 pub(crate) mod connection;
 pub(crate) mod open;

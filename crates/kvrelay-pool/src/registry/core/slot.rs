@@ -5,7 +5,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{EntryState, RegistryCore};
-use crate::error::{HubFailure, SubscribeError};
+use crate::error::{HubFailure, SubscribeError, Unavailability};
 use kvrelay_identity::{PoolId, ProducerIdentity};
 
 /// What a hub handle must tell the core.
@@ -93,7 +93,7 @@ impl<H> HubSlot<H> {
 
 fn retired() -> SubscribeError {
     SubscribeError::Unavailable {
-        reason: "pool generation retired".to_owned(),
+        reason: Unavailability::Retired,
     }
 }
 
@@ -149,8 +149,8 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         slot.pending_admissions =
             slot.pending_admissions
                 .checked_add(1)
-                .ok_or_else(|| SubscribeError::Unavailable {
-                    reason: "pool publication admission counter exhausted".to_owned(),
+                .ok_or(SubscribeError::Unavailable {
+                    reason: Unavailability::AdmissionsExhausted,
                 })?;
         Ok(admission)
     }
@@ -178,7 +178,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             })?;
         if current.generation != admission.generation {
             return Err(SubscribeError::Unavailable {
-                reason: "pool publication generation changed".to_owned(),
+                reason: Unavailability::GenerationChanged,
             });
         }
         let has_room = self.hubs_in_use < self.max_hubs;
@@ -190,7 +190,7 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         match &slot.phase {
             HubPhase::Ready(hub) => Ok(HubStep::Ready(hub.clone())),
             HubPhase::Failed(reason) => Err(SubscribeError::Unavailable {
-                reason: reason.to_string(),
+                reason: Unavailability::HubFailed(reason.clone()),
             }),
             HubPhase::Retired => Err(retired()),
             HubPhase::Initializing | HubPhase::Evicting => {
