@@ -26,7 +26,9 @@ use kvrelay_consumer::{
 use kvrelay_identity::hashing::HashSalt;
 use kvrelay_pacing::NO_JITTER;
 
-use super::{PoolSpec, Producer, catalog_of, cut_off_reason, error_frame, limits, relay_identity};
+use super::producer::{
+    PoolSpec, Producer, catalog_of, cut_off_reason, error_frame, limits, relay_identity,
+};
 
 /// A score request for `tokens` of the pair's model.
 pub(crate) fn request(tokens: Vec<u32>) -> ScoreRequest {
