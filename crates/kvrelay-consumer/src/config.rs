@@ -453,6 +453,31 @@ impl ConsumerConfig {
         }
     }
 
+    /// The most sockets this consumer holds open at once, by its bounds: per followed
+    /// relay on kvrelay's protocol, its catalog, load and topology streams plus
+    /// [`Limits::max_pool_streams_per_relay`] pool and lane streams; on Dynamo's contract,
+    /// one HTTP/2 connection; with [`StandbyMode::OnDemand`], one probe per standby
+    /// address besides. A process embedding the consumer needs this many descriptors
+    /// beyond its own (the router adds its listener's and warns at start when the open
+    /// file limit is lower).
+    pub fn max_open_connections(&self) -> u64 {
+        const SIDE_STREAMS: u64 = 3;
+        let pool_streams = self.limits.max_pool_streams_per_relay as u64;
+        let followed: u64 = self
+            .followed_relays()
+            .iter()
+            .map(|(_, relay)| match relay.protocol {
+                RelayProtocol::Kvrelay => SIDE_STREAMS.saturating_add(pool_streams),
+                RelayProtocol::DynamoGrpc => 1,
+            })
+            .fold(0, u64::saturating_add);
+        let probes: u64 = match self.standby {
+            StandbyMode::OnDemand => self.relays.iter().map(|r| r.standby.len() as u64).sum(),
+            StandbyMode::Hot => 0,
+        };
+        followed.saturating_add(probes)
+    }
+
     /// Checks the relay list, weights and bounds, and loads every relay's TLS material
     /// (so a missing or malformed PEM file is reported here, naming the file).
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -605,6 +630,26 @@ pub enum ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sockets at once: 3 side streams + the pool-stream bound per followed kvrelay relay,
+    /// one connection per Dynamo relay, one probe per on-demand standby; hot standbys are
+    /// followed relays of their own.
+    #[test]
+    fn max_open_connections_counts_every_stream_the_bounds_allow() {
+        let kvrelay = RelayEndpoint::new("127.0.0.1:7400", "a")
+            .with_standby(vec!["127.0.0.1:7401".into(), "127.0.0.1:7402".into()]);
+        let dynamo = RelayEndpoint {
+            protocol: RelayProtocol::DynamoGrpc,
+            ..RelayEndpoint::new("127.0.0.1:7500", "b")
+        };
+        let mut config = ConsumerConfig::new(vec![kvrelay, dynamo]);
+        config.limits.max_pool_streams_per_relay = 10;
+        assert_eq!(config.max_open_connections(), (3 + 10) + 1 + 2);
+        config.standby = StandbyMode::Hot;
+        assert_eq!(config.max_open_connections(), 3 * (3 + 10) + 1);
+        config.limits.max_pool_streams_per_relay = usize::MAX;
+        assert_eq!(config.max_open_connections(), u64::MAX, "saturates");
+    }
 
     fn check(text: &str, addr: &str, dc: &str, cost: f64) {
         let relay: RelayEndpoint = text.parse().unwrap();

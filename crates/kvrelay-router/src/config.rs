@@ -527,6 +527,22 @@ impl RouterConfig {
         config.validate()?;
         Ok(config)
     }
+
+    /// The most file descriptors the router may hold at once by its bounds: `consumer`'s
+    /// connections ([`ConsumerConfig::max_open_connections`]), the HTTP listener and
+    /// `[http] max_connections`, and [`RouterConfig::DESCRIPTOR_RESERVE`] for the runtime,
+    /// standard streams and files read while running. `kvrelay router` compares it with the
+    /// open file limit at start.
+    pub fn max_open_descriptors(&self, consumer: &ConsumerConfig) -> u64 {
+        consumer
+            .max_open_connections()
+            .saturating_add(1 + u64::from(self.http.max_connections))
+            .saturating_add(Self::DESCRIPTOR_RESERVE)
+    }
+
+    /// Descriptors [`RouterConfig::max_open_descriptors`] keeps for the process itself
+    /// (the runtime's event queue and wakers, standard streams, PEM and token files).
+    pub const DESCRIPTOR_RESERVE: u64 = 64;
 }
 
 impl RouterConfig {

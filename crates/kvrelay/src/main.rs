@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod demo_routing;
+mod fd_limit;
 mod hash;
 mod inspect;
 mod relay;

@@ -106,6 +106,9 @@ pub(crate) fn run(args: RelayArgs) -> Result<()> {
     let config =
         resolve(args.clone_for_config(secret_env(TOKEN_ENV), secret_env(ADMIN_TOKEN_ENV)))?;
     init_logging(&args.log, args.log_format);
+    // One descriptor per WAN, admin and engine connection: the soft default is too low.
+    let limit = crate::fd_limit::raise_open_file_limit();
+    tracing::info!(soft_before = %crate::fd_limit::shown(limit.before), soft = %crate::fd_limit::shown(limit.now), hard = %crate::fd_limit::shown(limit.hard), "open file limit");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -10,7 +10,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use kvrelay_consumer::ConsumerConfig;
 use kvrelay_router::{RouterConfig, RouterService};
+
+use crate::fd_limit::raise_open_file_limit;
 
 use crate::relay::{LogFormat, init_logging};
 use crate::usage::usage;
@@ -36,8 +39,9 @@ pub(crate) struct RouterArgs {
     log_format: LogFormat,
 }
 
-/// Defaults, then the file, then environment and flags (already merged by clap).
-fn resolve(args: &RouterArgs) -> Result<RouterConfig> {
+/// Defaults, then the file, then environment and flags (already merged by clap); with the
+/// consumer configuration they make (checked now, before anything starts).
+fn resolve(args: &RouterArgs) -> Result<(RouterConfig, ConsumerConfig)> {
     let mut config = match &args.config {
         Some(path) => RouterConfig::from_file(path).map_err(|err| usage(err.to_string()))?,
         None => RouterConfig::default(),
@@ -53,16 +57,45 @@ fn resolve(args: &RouterArgs) -> Result<RouterConfig> {
             .collect::<Result<_>>()?;
     }
     // Everything else (tokens, PEMs, bounds) is checked now, before anything starts.
-    config
+    let consumer = config
         .consumer_config(crate::relay::secret_env)
         .map_err(|err| usage(err.to_string()))?;
-    Ok(config)
+    Ok((config, consumer))
+}
+
+/// Raises the open file limit and says whether the router's bounds fit under it: past
+/// the limit, connects and accepts fail with EMFILE (the API backs off and keeps what it
+/// has, but a DC's pools go unfollowed), so the operator is told how many it may need.
+fn check_descriptors(config: &RouterConfig, consumer: &ConsumerConfig) {
+    let limit = raise_open_file_limit();
+    let demand = config.max_open_descriptors(consumer);
+    tracing::info!(
+        soft_before = %crate::fd_limit::shown(limit.before),
+        soft = %crate::fd_limit::shown(limit.now),
+        hard = %crate::fd_limit::shown(limit.hard),
+        demand,
+        "open file limit"
+    );
+    if !limit.fits(demand) {
+        tracing::warn!(
+            soft = %crate::fd_limit::shown(limit.now),
+            hard = %crate::fd_limit::shown(limit.hard),
+            demand,
+            relays = config.relays.len(),
+            max_pool_streams_per_relay = consumer.limits.max_pool_streams_per_relay,
+            http_max_connections = config.http.max_connections,
+            "the open file limit is below what the router's bounds allow at once; raise \
+             the hard limit (e.g. systemd LimitNOFILE) or lower \
+             [consumer] max_pool_streams_per_relay or [http] max_connections"
+        );
+    }
 }
 
 /// Runs the router until a signal, then shuts it down gracefully.
 pub(crate) fn run(args: RouterArgs) -> Result<()> {
-    let config = resolve(&args)?;
+    let (config, consumer) = resolve(&args)?;
     init_logging(&args.log, args.log_format);
+    check_descriptors(&config, &consumer);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -105,10 +138,12 @@ mod tests {
         )
         .unwrap();
         let path = file.to_str().unwrap();
-        let from_file = resolve(&Cli::parse_from(["router", "--config", path]).args).unwrap();
+        let (from_file, consumer) =
+            resolve(&Cli::parse_from(["router", "--config", path]).args).unwrap();
+        assert_eq!(consumer.relays[0].dc, "file-dc");
         assert_eq!(from_file.listen.port(), 9100);
         assert_eq!(from_file.relays[0].dc, "file-dc");
-        let overridden = resolve(
+        let (overridden, _) = resolve(
             &Cli::parse_from([
                 "router",
                 "--config",

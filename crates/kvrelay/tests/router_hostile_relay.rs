@@ -263,18 +263,21 @@ impl RouterProcess {
             .kill_on_drop(true);
         let mut child = command.spawn().expect("the router starts");
         let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut early = String::new();
         let http = tokio::time::timeout(Duration::from_secs(30), async {
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(rest) = line.strip_prefix("kvrelay router: HTTP ") {
                     return rest.split(' ').next().unwrap().parse().unwrap();
                 }
+                early.push_str(&line);
+                early.push('\n');
             }
-            panic!("the router exited before printing its address");
+            panic!("the router exited before printing its address:\n{early}");
         })
         .await
         .expect("the router prints its address in time");
         // Keep draining stderr so the router never blocks on a full pipe.
-        let log = Arc::new(std::sync::Mutex::new(String::new()));
+        let log = Arc::new(std::sync::Mutex::new(early));
         tokio::spawn({
             let log = Arc::clone(&log);
             async move {
@@ -491,4 +494,36 @@ async fn thousands_of_pools_from_a_relay_leave_the_router_descriptors_to_serve()
         descriptors < 1024 - 256,
         "{descriptors} descriptors open: the API has room"
     );
+}
+
+/// The router raises its soft open file limit to the hard one at start (the common soft
+/// default, 1,024, is below what four relays' pool streams allow), and warns, naming the
+/// keys to change, when its bounds still allow more descriptors than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_raises_its_open_file_limit_and_warns_when_its_bounds_exceed_it() {
+    let relay = HostileRelay::start(4, 1024).await;
+    let router = RouterProcess::start(
+        &["prlimit", "--nofile=256:2048", "--"],
+        relay.addr,
+        "max_pool_streams_per_relay = 4096",
+    )
+    .await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", router.pid())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        open_files.split_whitespace().collect::<Vec<_>>()[3..5],
+        ["2048", "2048"],
+        "{open_files}"
+    );
+    wait_for(&router, "the descriptor warning", async || {
+        let log = router.log.lock().unwrap();
+        log.contains("open file limit is below")
+            && log.contains("demand=")
+            && log.contains("max_pool_streams_per_relay")
+    })
+    .await;
+    router.assert_serving().await;
 }

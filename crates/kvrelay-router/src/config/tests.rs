@@ -432,3 +432,29 @@ fn a_pairs_standby_mode_is_on_demand_unless_hot_is_asked() {
         "{refused}"
     );
 }
+
+/// The router's descriptor bound is the consumer's connections plus its HTTP listener and
+/// connections plus the reserve; it grows with every bound that opens sockets.
+#[test]
+fn max_open_descriptors_adds_the_http_side_to_the_consumers_connections() {
+    let toml = r#"
+        [http]
+        max_connections = 100
+        [consumer]
+        max_pool_streams_per_relay = 20
+        [[relays]]
+        address = "10.0.0.1:7400"
+        dc = "us-east"
+        [[relays]]
+        address = "10.0.0.3:7400"
+        standby = ["10.0.0.4:7400"]
+        dc = "eu-west"
+    "#;
+    let config = RouterConfig::from_toml(toml).unwrap();
+    let consumer = config.consumer_config(no_env).unwrap();
+    assert_eq!(consumer.max_open_connections(), 2 * (3 + 20) + 1);
+    assert_eq!(
+        config.max_open_descriptors(&consumer),
+        consumer.max_open_connections() + 1 + 100 + RouterConfig::DESCRIPTOR_RESERVE
+    );
+}
