@@ -308,13 +308,9 @@ async fn relay_epoch(
                         .update(|state| session.handle_load(now, &message, state, jitter))
                         .err()
                         .map(|loss| loss.to_string()),
-                    Ok(None) => {
+                    Ok(None) | Err(_) => {
                         shared.update(|state| session.handle_load_lost(now, state, jitter));
-                        Some("load stream closed".to_owned())
-                    }
-                    Err(err) => {
-                        shared.update(|state| session.handle_load_lost(now, state, jitter));
-                        Some(err.to_string())
+                        Some(message.err().map_or_else(|| "load stream closed".to_owned(), |err| err.to_string()))
                     }
                 };
                 match lost {
@@ -342,13 +338,9 @@ async fn relay_epoch(
                             Err(loss) => Some(loss.to_string()),
                         }
                     }
-                    Ok(None) => {
+                    Ok(None) | Err(_) => {
                         shared.update(|state| session.handle_topology_lost(now, state, jitter));
-                        Some("topology stream closed".to_owned())
-                    }
-                    Err(err) => {
-                        shared.update(|state| session.handle_topology_lost(now, state, jitter));
-                        Some(err.to_string())
+                        Some(message.err().map_or_else(|| "topology stream closed".to_owned(), |err| err.to_string()))
                     }
                 };
                 if let Some(failure) = lost {
