@@ -53,6 +53,9 @@ pub const MIN_DEFAULT_BACKLOG_BYTES: u64 = 1 << 20;
 pub const DEFAULT_MIN_UNCOALESCED_BACKLOG_BYTES: u64 = 16 << 20;
 /// Default bytes of recent deltas retained for resumption (16 MiB).
 pub const DEFAULT_RESUME_WINDOW_BYTES: u64 = 16 << 20;
+/// Default [`StreamLimits::max_delta_images`]: 349,525, what one CBI1 delta payload
+/// carries (`kvrelay_codec::cbi1::MAX_DELTA_IMAGES`; the codec tests that they agree).
+pub const DEFAULT_MAX_DELTA_IMAGES: usize = 349_525;
 /// Default quiet time after which a subscriber gets a heartbeat (10 s).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 /// Default longest time between two snapshot chunks handed to one subscriber (60 s).
@@ -129,6 +132,10 @@ pub struct StreamLimits {
     /// since from the resume window; if the window no longer reaches it, it is refused
     /// ([`SubscribeRefused::SnapshotLimit`]) and retries later.
     pub max_pinned_snapshots: usize,
+    /// Bucket images one delta handed out may carry ([`DEFAULT_MAX_DELTA_IMAGES`], what
+    /// one frame holds). A lagging subscriber's backlog is coalesced in runs that each fit;
+    /// a published delta must fit on its own.
+    pub max_delta_images: usize,
 }
 
 impl Default for StreamLimits {
@@ -142,6 +149,7 @@ impl Default for StreamLimits {
             snapshot_progress_timeout: DEFAULT_SNAPSHOT_PROGRESS_TIMEOUT,
             chunk_buckets: NonZeroU32::MIN.saturating_add(SNAPSHOT_CHUNK_BUCKETS - 1),
             max_pinned_snapshots: DEFAULT_MAX_PINNED_SNAPSHOTS,
+            max_delta_images: DEFAULT_MAX_DELTA_IMAGES,
         }
     }
 }
@@ -168,6 +176,11 @@ impl StreamLimits {
         if self.max_pinned_snapshots == 0 {
             return Err(StreamLimitsError::Zero {
                 field: "max_pinned_snapshots",
+            });
+        }
+        if self.max_delta_images == 0 {
+            return Err(StreamLimitsError::Zero {
+                field: "max_delta_images",
             });
         }
         if self.max_backlog_bytes == Some(0) {
@@ -679,6 +692,7 @@ impl<T: Clone> Publisher<T> {
             }
         }
         let backlog = self.backlog;
+        let max_images = self.limits.max_delta_images;
         for cursor in self.cursors.values_mut() {
             if cursor.cut_off.is_some() {
                 continue;
@@ -690,7 +704,7 @@ impl<T: Clone> Publisher<T> {
                 covers: 1,
             });
             cursor.pending_bytes = cursor.pending_bytes.saturating_add(bytes);
-            if let Err(cut) = cursor.fit_backlog(backlog.of(cursor.coalesce)) {
+            if let Err(cut) = cursor.fit_backlog(backlog.of(cursor.coalesce), max_images) {
                 self.stats.cut_offs_backlog += 1;
                 cursor.cut(cut);
             }
@@ -874,7 +888,10 @@ impl<T: Clone> Publisher<T> {
             cursor.pending_bytes = cursor.pending_bytes.saturating_add(pending.bytes);
         }
         if cursor
-            .fit_backlog(self.backlog.of(cursor.coalesce))
+            .fit_backlog(
+                self.backlog.of(cursor.coalesce),
+                self.limits.max_delta_images,
+            )
             .is_err()
         {
             cursor.pending.clear();
@@ -929,33 +946,17 @@ impl<T: Clone> Publisher<T> {
             return Poll::Transmit(transmit);
         }
         if !cursor.pending.is_empty() {
-            let covers: usize = cursor.pending.iter().map(|p| p.covers).sum();
-            let transmit = if cursor.pending.len() > 1 && cursor.coalesce {
-                let merged = coalesce(cursor.pending.iter().map(|p| &*p.delta));
-                cursor.pending.clear();
-                cursor.pending_bytes = 0;
-                self.stats.coalesced_frames += 1;
-                self.stats.coalesced_deltas += covers as u64;
-                // `pending` was non-empty, so there is a merged delta.
-                merged.map(|delta| Transmit::Delta {
-                    delta: Arc::new(delta),
-                    encoded: None,
-                    covers,
-                })
-            } else {
-                cursor.pending.pop_front().map(|pending| {
-                    cursor.pending_bytes = cursor.pending_bytes.saturating_sub(pending.bytes);
-                    if pending.covers > 1 {
-                        self.stats.coalesced_frames += 1;
-                        self.stats.coalesced_deltas += pending.covers as u64;
-                    }
-                    Transmit::Delta {
-                        delta: pending.delta,
-                        encoded: pending.encoded,
-                        covers: pending.covers,
-                    }
-                })
-            };
+            let transmit = cursor.take_run(self.limits.max_delta_images).map(|run| {
+                if run.covers > 1 {
+                    self.stats.coalesced_frames += 1;
+                    self.stats.coalesced_deltas += run.covers as u64;
+                }
+                Transmit::Delta {
+                    delta: run.delta,
+                    encoded: run.encoded,
+                    covers: run.covers,
+                }
+            });
             if let Some(Transmit::Delta { delta, .. }) = &transmit {
                 cursor.sent_sequence = delta.sequence;
                 cursor.last_sent = Some(now);
@@ -1006,24 +1007,19 @@ impl<T: Clone> Publisher<T> {
 }
 
 impl<T> Cursor<T> {
-    /// Keeps the backlog within `bound`, coalescing it when the subscriber accepts that.
-    fn fit_backlog(&mut self, bound: u64) -> Result<(), CutOff> {
+    /// Keeps the backlog within `bound`, coalescing it (in runs of at most `max_images`
+    /// images each) when the subscriber accepts that.
+    fn fit_backlog(&mut self, bound: u64, max_images: usize) -> Result<(), CutOff> {
         if self.pending_bytes <= bound {
             return Ok(());
         }
         if self.coalesce && self.pending.len() > 1 {
-            let covers = self.pending.iter().map(|p| p.covers).sum();
-            if let Some(merged) = coalesce(self.pending.iter().map(|p| &*p.delta)) {
-                let bytes = delta_wire_bytes(&merged);
-                self.pending.clear();
-                self.pending.push_back(Pending {
-                    delta: Arc::new(merged),
-                    encoded: None,
-                    bytes,
-                    covers,
-                });
-                self.pending_bytes = bytes;
+            let mut runs = VecDeque::new();
+            while let Some(run) = self.take_run(max_images) {
+                runs.push_back(run);
             }
+            self.pending_bytes = runs.iter().map(|run: &Pending<T>| run.bytes).sum();
+            self.pending = runs;
             if self.pending_bytes <= bound {
                 return Ok(());
             }
@@ -1031,6 +1027,50 @@ impl<T> Cursor<T> {
         Err(CutOff::Backlog {
             bytes: self.pending_bytes,
             limit: bound,
+        })
+    }
+
+    /// Takes what is handed out next: with coalescing, the pending deltas merged into one
+    /// (all of them when the merge fits `max_images`, else the longest run at the front
+    /// whose images fit before merging); without, the first. `None` when nothing waits.
+    /// A run of one is handed out as it is (a published delta fits on its own).
+    fn take_run(&mut self, max_images: usize) -> Option<Pending<T>> {
+        let mut run_len = 1;
+        let mut merged = None;
+        if self.coalesce && self.pending.len() > 1 {
+            let whole = coalesce(self.pending.iter().map(|p| &*p.delta))?;
+            if whole.images.len() <= max_images {
+                run_len = self.pending.len();
+                merged = Some(whole);
+            } else {
+                let mut images = self.pending.front()?.delta.images.len();
+                for pending in self.pending.iter().skip(1) {
+                    images += pending.delta.images.len();
+                    if images > max_images {
+                        break;
+                    }
+                    run_len += 1;
+                }
+                if run_len > 1 {
+                    merged = coalesce(self.pending.iter().take(run_len).map(|p| &*p.delta));
+                }
+            }
+        }
+        let Some(merged) = merged else {
+            let first = self.pending.pop_front()?;
+            self.pending_bytes = self.pending_bytes.saturating_sub(first.bytes);
+            return Some(first);
+        };
+        let mut covers = 0;
+        for pending in self.pending.drain(..run_len) {
+            covers += pending.covers;
+            self.pending_bytes = self.pending_bytes.saturating_sub(pending.bytes);
+        }
+        Some(Pending {
+            bytes: delta_wire_bytes(&merged),
+            delta: Arc::new(merged),
+            encoded: None,
+            covers,
         })
     }
 

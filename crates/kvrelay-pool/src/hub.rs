@@ -127,7 +127,7 @@ impl HubHandle {
             actor.detach_publication(feed.lease);
             return Err(HubFailure::IdentityMismatch);
         }
-        let stream_limits = stream_limits(&context.limits, feed.words.len());
+        let stream_limits = stream_limits(&context.limits);
         let publisher = match Publisher::new(feed.sequence, feed.words, stream_limits) {
             Ok(publisher) => publisher,
             Err(error) => {
@@ -211,19 +211,21 @@ impl HubHandle {
     }
 }
 
-/// The publisher's limits for a table of `bucket_count` buckets: the configured stream
-/// limits, with the backlog bound capped so that one coalesced delta always fits a frame.
-fn stream_limits(limits: &Limits, bucket_count: usize) -> StreamLimits {
-    let frame_cap = u64::from(limits.codec.max_frame_len)
-        .saturating_sub(kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD);
+/// The publisher's limits: the configured stream limits, with every delta handed out (a
+/// lagging subscriber's backlog is coalesced in runs) small enough for one frame: within
+/// the CBI1 payload's capacity and `max_frame_len`.
+fn stream_limits(limits: &Limits) -> StreamLimits {
+    let frame_images = u64::from(limits.codec.max_frame_len)
+        .saturating_sub(kvrelay_ckf::stream::DELTA_FRAME_OVERHEAD)
+        / kvrelay_ckf::stream::IMAGE_WIRE_BYTES;
+    let frame_images = usize::try_from(frame_images).unwrap_or(usize::MAX);
     StreamLimits {
-        max_backlog_bytes: Some(
-            limits
-                .stream
-                .backlog_bound(bucket_count)
-                .min(frame_cap)
-                .max(1),
-        ),
+        max_delta_images: limits
+            .stream
+            .max_delta_images
+            .min(kvrelay_codec::cbi1::MAX_DELTA_IMAGES)
+            .min(frame_images)
+            .max(1),
         ..limits.stream.clone()
     }
 }
@@ -357,5 +359,32 @@ impl HubTask {
             .handle_delta(delta, Instant::now().into_std(), |_| encoded)?;
         self.shared.wake_all();
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every delta a hub's publisher hands out fits one frame: by default as many images
+    /// as a CBI1 payload carries, fewer when `max_frame_len` is smaller.
+    #[test]
+    fn deltas_handed_out_fit_one_frame() {
+        let defaults = Limits::default();
+        assert_eq!(
+            stream_limits(&defaults).max_delta_images,
+            kvrelay_codec::cbi1::MAX_DELTA_IMAGES
+        );
+        let mut small = Limits::default();
+        small.codec.max_frame_len = 1 << 20;
+        assert_eq!(
+            stream_limits(&small).max_delta_images,
+            ((1 << 20) - 256) / 12
+        );
+        assert_eq!(
+            stream_limits(&small).max_backlog_bytes,
+            small.stream.max_backlog_bytes,
+            "the backlog bound is the configured one"
+        );
     }
 }

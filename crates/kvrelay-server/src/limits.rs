@@ -116,8 +116,8 @@ pub struct Limits {
     /// Largest frame read or written, in bytes.
     pub max_frame_len: u32,
     /// Bytes of deltas pending for one subscriber, after coalescing, before it is cut off
-    /// as lagged; unset: one snapshot of the pool's table (at least 1 MiB), capped so a
-    /// coalesced delta fits `max_frame_len`.
+    /// as lagged; unset: one snapshot of the pool's table (at least 1 MiB). A backlog that
+    /// merges into more than one frame holds is sent as several coalesced deltas.
     pub subscriber_backlog_bytes: Option<u64>,
     /// The backlog bound of a subscriber that takes every delta one by one (the gRPC door
     /// of Dynamo's contract, protocol minor 0) is at least this many bytes; 0: the same

@@ -450,6 +450,68 @@ fn snapshots_at_the_pin_bound_share_the_newest_version_or_are_refused() {
     }
 }
 
+/// A lagging subscriber's backlog that merges into more images than one delta may carry
+/// is handed out in runs that each fit, chaining exactly, instead of one delta no frame
+/// can hold; the replica ends equal to the producer, with no snapshot.
+#[test]
+fn a_backlog_coalesces_in_runs_that_each_fit_a_frame() {
+    let bucket_count = 64;
+    let stream_limits = StreamLimits {
+        max_delta_images: 10,
+        ..limits(64)
+    };
+    let now = Instant::now();
+    let mut producer = vec![0u64; bucket_count];
+    let mut publisher: Publisher<u64> = Publisher::new(0, producer.clone(), stream_limits).unwrap();
+    let (id, _) = publisher.handle_subscribe(None, true, now).unwrap();
+    let mut replica = ModelReplica::new(bucket_count);
+    while let Poll::Transmit(transmit) = publisher.poll_transmit(id, now) {
+        replica.apply(&transmit, 64, true);
+    }
+    // 12 deltas of 4 distinct buckets each: 48 images, no bucket written twice.
+    for step in 0..12u32 {
+        let images: Vec<(u32, u64)> = (0..4)
+            .map(|k| (step * 4 + k, u64::from(step) + 1))
+            .collect();
+        for &(bucket, word) in &images {
+            producer[bucket as usize] = word;
+        }
+        publisher
+            .handle_delta(delta(u64::from(step), &images), now, |d| d.sequence)
+            .unwrap();
+    }
+    let mut sizes = Vec::new();
+    let mut base = 0;
+    while let Poll::Transmit(transmit) = publisher.poll_transmit(id, now) {
+        if let Transmit::Delta { delta, covers, .. } = &transmit {
+            assert_eq!(delta.base_sequence, base, "runs chain");
+            base = delta.sequence;
+            sizes.push((delta.images.len(), *covers));
+        }
+        replica.apply(&transmit, 64, true);
+    }
+    // Runs of two deltas (8 images; a third would make 12 > 10).
+    assert_eq!(sizes, vec![(8, 2); 6]);
+    assert_eq!(replica.words, producer);
+    assert_eq!(publisher.stats().coalesced_frames, 6);
+    assert_eq!(publisher.stats().snapshots, 1);
+}
+
+/// A zero `max_delta_images` is refused, naming the field.
+#[test]
+fn a_zero_max_delta_images_is_refused() {
+    let zero = StreamLimits {
+        max_delta_images: 0,
+        ..StreamLimits::default()
+    };
+    assert_eq!(
+        zero.validate(),
+        Err(StreamLimitsError::Zero {
+            field: "max_delta_images"
+        })
+    );
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// Publish a delta writing these buckets.
@@ -486,6 +548,8 @@ proptest! {
         window in prop_oneof![Just(0u64), Just(2_000), Just(1 << 20)],
         coalescing in proptest::collection::vec(proptest::bool::ANY, 3),
         pins in prop_oneof![Just(1usize), Just(2), Just(8)],
+        // Published deltas carry at most 5 images, so each fits on its own.
+        max_images in prop_oneof![Just(DEFAULT_MAX_DELTA_IMAGES), Just(5usize), Just(8)],
     ) {
         let bucket_count = 32usize;
         let stream_limits = StreamLimits {
@@ -494,6 +558,7 @@ proptest! {
             heartbeat_interval: Duration::from_secs(10),
             snapshot_progress_timeout: Duration::from_secs(60),
             max_pinned_snapshots: pins,
+            max_delta_images: max_images,
             ..limits(chunk_buckets)
         };
         let t0 = Instant::now();
@@ -541,6 +606,9 @@ proptest! {
                     for _ in 0..k {
                         match publisher.poll_transmit(id, now) {
                             Poll::Transmit(transmit) => {
+                                if let Transmit::Delta { delta, .. } = &transmit {
+                                    prop_assert!(delta.images.len() <= max_images, "a delta of {} images", delta.images.len());
+                                }
                                 if let Some(at) = replicas[n].apply(&transmit, chunk_buckets as usize, coalescing[n]) {
                                     prop_assert_eq!(&replicas[n].words, &history[&at], "replica differs at {}", at);
                                 }

@@ -234,6 +234,17 @@ mod tests {
         );
     }
 
+    /// ckf's publisher hands out deltas of at most its `max_delta_images`, by default what
+    /// one delta payload carries, and charges each image what it takes on the wire: the
+    /// two crates' numbers must agree.
+    #[test]
+    fn the_publishers_delta_bounds_match_the_payload() {
+        use kvrelay_ckf::stream::{DEFAULT_MAX_DELTA_IMAGES, IMAGE_WIRE_BYTES, StreamLimits};
+        assert_eq!(DEFAULT_MAX_DELTA_IMAGES, MAX_DELTA_IMAGES);
+        assert_eq!(StreamLimits::default().max_delta_images, MAX_DELTA_IMAGES);
+        assert_eq!(IMAGE_WIRE_BYTES, DELTA_IMAGE_LEN as u64);
+    }
+
     #[test]
     fn decoder_rejects_out_of_range_bucket() {
         let mut bytes = encode(&images(2));
