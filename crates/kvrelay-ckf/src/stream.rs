@@ -1030,19 +1030,27 @@ impl<T> Cursor<T> {
         })
     }
 
-    /// Takes what is handed out next: with coalescing, the pending deltas merged into one
-    /// (all of them when the merge fits `max_images`, else the longest run at the front
-    /// whose images fit before merging); without, the first. `None` when nothing waits.
-    /// A run of one is handed out as it is (a published delta fits on its own).
+    /// Takes what is handed out next: with coalescing, the pending deltas merged into one;
+    /// without, the first. `None` when nothing waits. A merge must fit `max_images`: when
+    /// the pending images, counted before merging, are at most twice that, the whole
+    /// backlog is merged and used if it fits (overlap usually folds it); otherwise, or if
+    /// it does not fit, the longest run at the front whose images fit before merging is
+    /// (a bound that needs no merge to check, so a long backlog costs one merge per run,
+    /// not a merge of everything per run). A run of one is handed out as it is (a
+    /// published delta fits on its own).
     fn take_run(&mut self, max_images: usize) -> Option<Pending<T>> {
         let mut run_len = 1;
         let mut merged = None;
         if self.coalesce && self.pending.len() > 1 {
-            let whole = coalesce(self.pending.iter().map(|p| &*p.delta))?;
-            if whole.images.len() <= max_images {
-                run_len = self.pending.len();
-                merged = Some(whole);
-            } else {
+            let total: usize = self.pending.iter().map(|p| p.delta.images.len()).sum();
+            if total <= max_images.saturating_mul(2) {
+                merged = coalesce(self.pending.iter().map(|p| &*p.delta))
+                    .filter(|whole| whole.images.len() <= max_images);
+                if merged.is_some() {
+                    run_len = self.pending.len();
+                }
+            }
+            if merged.is_none() {
                 let mut images = self.pending.front()?.delta.images.len();
                 for pending in self.pending.iter().skip(1) {
                     images += pending.delta.images.len();
