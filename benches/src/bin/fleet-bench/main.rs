@@ -26,6 +26,11 @@
 //! per request, accuracy of the filter's depths against the exact ones (underestimates
 //! must be 0), wrong best-DC picks, filter bits per resident membership and bytes, and a
 //! probe's false-positive rate (never-stored hashes against every lane).
+//!
+//! **The relay's side of the first DC's pool** (`relay_pool` in the JSON): its producer's
+//! apply rate and memory, then (`relay_pool.publication`, `relay_side.rs`) what publishing
+//! it costs: the snapshot's encoding and its trip over loopback TCP into a replica, and
+//! what a subscriber that missed 10 to 6,000 deltas of churn is sent to catch up.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -41,6 +46,7 @@ use serde_json::{Value, json};
 mod applying;
 mod fleet;
 mod mixed;
+mod relay_side;
 
 use applying::{quantile_us, scoring_while_applying};
 
@@ -57,7 +63,7 @@ const REFERENCE_RATIOS: [(usize, f64); 3] = [(4, 0.345), (16, 0.165), (64, 0.084
 /// ai-dynamo/dynamo#11225), per membership: the yardstick for ours at whatever size fits.
 const REFERENCE_ROUTER_BYTES_PER_MEMBERSHIP: f64 = 2.0 * (1u64 << 30) as f64 / 640e6;
 
-fn rounded(value: f64, digits: i32) -> f64 {
+pub(crate) fn rounded(value: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (value * scale).round() / scale
 }
@@ -110,6 +116,7 @@ fn run(
     blocks_per_dc: u64,
     n_requests: usize,
     density: FilterDensity,
+    outages: &[u64],
 ) -> Result<Value> {
     let started = Instant::now();
     let mut fleet = Fleet::new(template, blocks_per_dc, density)?;
@@ -141,6 +148,7 @@ fn run(
                 "owner_bytes_per_block": per_block(memory.owner_bytes),
                 "dirty_window_bytes": memory.dirty_window_bytes,
             });
+            relay_pool["publication"] = relay_side::measure(&mut filter, outages)?;
         }
         if dc == 0 {
             first_snapshot = chunks;
@@ -471,6 +479,12 @@ fn main() -> Result<()> {
         return replicas_only(&template, n_dcs, blocks_per_dc, density);
     }
     let n_requests = if quick { 20_000 } else { 100_000 };
+    // Deltas a subscriber misses (100 a second at the default publication window).
+    let outages: &[u64] = if quick {
+        &[10, 100, 1_000]
+    } else {
+        &[10, 100, 1_000, 6_000]
+    };
     let mut runs = Vec::new();
     let mut table_rows = Vec::new();
     let mut mixed_rows: Vec<(&str, Value)> = Vec::new();
@@ -489,7 +503,14 @@ fn main() -> Result<()> {
             eprintln!(
                 "==> fleet: {n_dcs} DCs x {blocks_per_dc} blocks, {name} filters, {n_requests} requests"
             );
-            let mut figures = run(&template, n_dcs, blocks_per_dc, n_requests, density)?;
+            let mut figures = run(
+                &template,
+                n_dcs,
+                blocks_per_dc,
+                n_requests,
+                density,
+                outages,
+            )?;
             eprintln!("==> fleet: the router's replicas alone ({name}), in a process of their own");
             let replicas = measure_replicas_process(&trace, n_dcs, blocks_per_dc, density)?;
             let rss = replicas["rss_bytes"].as_u64().unwrap_or(0);
