@@ -150,6 +150,19 @@ struct Drained {
     cut_off: bool,
 }
 
+impl Drained {
+    /// One catch-up as reported: what was sent, against the snapshot's bytes.
+    fn to_json(&self, kind: &str, snapshot_bytes: u64) -> Value {
+        json!({
+            "kind": kind,
+            "frames": self.frames,
+            "bytes": self.bytes,
+            "vs_snapshot_bytes": rounded(self.bytes as f64 / snapshot_bytes as f64, 4),
+            "poll_encode_ms": rounded(self.busy.as_secs_f64() * 1e3, 2),
+        })
+    }
+}
+
 /// Polls `id` until idle, encoding every frame; applies each to `replica`.
 fn drain(
     publisher: &mut Publisher<()>,
@@ -409,20 +422,8 @@ pub(crate) fn measure(filter: &mut PoolFilter, outages: &[u64]) -> Result<Value>
         let row = json!({
             "missed_deltas": missed,
             "missed_seconds_at_100_deltas_per_s": rounded(missed as f64 / DELTAS_PER_SECOND, 2),
-            "connected": {
-                "kind": connected_kind,
-                "frames": caught_up.frames,
-                "bytes": caught_up.bytes,
-                "vs_snapshot_bytes": rounded(caught_up.bytes as f64 / snapshot.bytes as f64, 4),
-                "poll_encode_ms": rounded(caught_up.busy.as_secs_f64() * 1e3, 2),
-            },
-            "reconnected": {
-                "kind": reconnect_kind,
-                "frames": resumed.frames,
-                "bytes": resumed.bytes,
-                "vs_snapshot_bytes": rounded(resumed.bytes as f64 / snapshot.bytes as f64, 4),
-                "poll_encode_ms": rounded(resumed.busy.as_secs_f64() * 1e3, 2),
-            },
+            "connected": caught_up.to_json(connected_kind, snapshot.bytes),
+            "reconnected": resumed.to_json(reconnect_kind, snapshot.bytes),
         });
         eprintln!(
             "  relay side: {missed} deltas missed: connected {connected_kind} {} B, reconnected {reconnect_kind} {} B",
