@@ -85,10 +85,19 @@ fn false_positive_rate(table: &QueryTable, n_lanes: usize, probes: u64) -> f64 {
 
 /// The formats a run builds, by name.
 fn density_named(name: &str) -> Result<FilterDensity> {
+    let lighter = |load_percent| FilterDensity::Dense {
+        load_percent,
+        size_classes_per_octave: 0,
+    };
     match name {
         "dense" => Ok(FilterDensity::DENSE),
+        "dense90" => Ok(lighter(90)),
+        "dense85" => Ok(lighter(85)),
+        "dense80" => Ok(lighter(80)),
         "v1" => Ok(FilterDensity::V1),
-        other => bail!("--formats: `{other}` is not a format (dense, v1)"),
+        other => {
+            bail!("--formats: `{other}` is not a format (dense, dense90, dense85, dense80, v1)")
+        }
     }
 }
 
@@ -97,8 +106,13 @@ fn density_name(density: FilterDensity) -> &'static str {
         FilterDensity::V1 => "v1",
         FilterDensity::Dense {
             size_classes_per_octave: 0,
-            ..
-        } => "dense",
+            load_percent,
+        } => match load_percent {
+            90 => "dense90",
+            85 => "dense85",
+            80 => "dense80",
+            _ => "dense",
+        },
         FilterDensity::Dense { .. } => "dense_classed",
     }
 }
@@ -434,7 +448,7 @@ fn main() -> Result<()> {
     let flags = Flags::from_env();
     if flags.wants_help() {
         println!(
-            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N] [--formats dense,v1]"
+            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N] [--formats dense,v1] (also dense90, dense85, dense80: lighter dense loads)"
         );
         return Ok(());
     }
