@@ -404,6 +404,15 @@ pub enum SubscribeError {
     },
 }
 
+impl SubscribeError {
+    /// The generation retired (before or while the subscriber waited for it).
+    pub(crate) fn retired() -> Self {
+        Self::Unavailable {
+            reason: Unavailability::Retired,
+        }
+    }
+}
+
 /// Why a pool's publication cannot take a subscriber now (`SubscribeError::Unavailable`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -138,6 +138,11 @@ fn producer_of(filter: &PoolFilter) -> ProducerIdentity {
     }
 }
 
+/// An empty replica of `format`, as a consumer starts one.
+fn new_replica(format: kvrelay_identity::CkfFormat) -> Result<Replica> {
+    Replica::new(format).map_err(|err| anyhow!("a replica: {err}"))
+}
+
 /// What one subscriber was handed until it had nothing more to take.
 #[derive(Default)]
 struct Drained {
@@ -231,7 +236,7 @@ fn send_over_loopback(
     let reader = std::thread::spawn(move || -> Result<(Instant, Vec<u64>)> {
         let (mut socket, _) = listener.accept().context("accepting the sender")?;
         let limits = Limits::default();
-        let mut replica = Replica::new(format).map_err(|err| anyhow!("a replica: {err}"))?;
+        let mut replica = new_replica(format)?;
         let mut buf = BytesMut::with_capacity(8 << 20);
         let mut read = vec![0u8; 1 << 20];
         loop {
@@ -300,8 +305,7 @@ pub(crate) fn measure(filter: &mut PoolFilter, outages: &[u64]) -> Result<Value>
     let (mut connected, _) = publisher
         .handle_subscribe(None, true, now)
         .map_err(|err| anyhow!("subscribing: {err}"))?;
-    let mut connected_replica =
-        Replica::new(filter.format()).map_err(|err| anyhow!("a replica: {err}"))?;
+    let mut connected_replica = new_replica(filter.format())?;
     let mut frames = Vec::new();
     let snapshot = drain(
         &mut publisher,
@@ -335,8 +339,7 @@ pub(crate) fn measure(filter: &mut PoolFilter, outages: &[u64]) -> Result<Value>
     let omissions_before = filter.counters().capacity_omissions;
     for &missed in outages {
         let held = publisher.sequence();
-        let mut reconnect_replica =
-            Replica::new(filter.format()).map_err(|err| anyhow!("a replica: {err}"))?;
+        let mut reconnect_replica = new_replica(filter.format())?;
         for chunk in filter.snapshot().map_err(|err| anyhow!("{err}"))?.chunks {
             reconnect_replica
                 .install_chunk(&chunk)
@@ -375,8 +378,7 @@ pub(crate) fn measure(filter: &mut PoolFilter, outages: &[u64]) -> Result<Value>
                 .handle_subscribe(None, true, now)
                 .map_err(|err| anyhow!("resubscribing: {err}"))?;
             connected = id;
-            connected_replica =
-                Replica::new(filter.format()).map_err(|err| anyhow!("a replica: {err}"))?;
+            connected_replica = new_replica(filter.format())?;
             caught_up = drain(
                 &mut publisher,
                 &encoder,
@@ -399,8 +401,7 @@ pub(crate) fn measure(filter: &mut PoolFilter, outages: &[u64]) -> Result<Value>
             .handle_subscribe(Some(held), true, now)
             .map_err(|err| anyhow!("reconnecting: {err}"))?;
         if let Start::Snapshot { .. } = start {
-            reconnect_replica =
-                Replica::new(filter.format()).map_err(|err| anyhow!("a replica: {err}"))?;
+            reconnect_replica = new_replica(filter.format())?;
         }
         let resumed = drain(
             &mut publisher,

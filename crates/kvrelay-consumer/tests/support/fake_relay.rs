@@ -193,15 +193,7 @@ impl FakeRelay {
             .into_iter()
             .map(|spec| FakePool::new(spec, dc_name, incarnation, 1))
             .collect();
-        let empty_catalog = CatalogUpdate {
-            relay,
-            revision: 0,
-            pools: Vec::new(),
-            coverage: Vec::new(),
-            stalled: Vec::new(),
-            tier_lanes: Vec::new(),
-        };
-        let (catalog_tx, _) = watch::channel(empty_catalog);
+        let (catalog_tx, _) = watch::channel(catalog_of(relay, 0, &[]));
         let (load_tx, _) = watch::channel(LoadWindow {
             relay,
             window_sequence: 0,

@@ -57,9 +57,7 @@ impl PoolRegistry {
                     tokio::select! {
                         _ = changed.changed() => {}
                         () = admission.generation_cancel.cancelled() => {
-                            return Err(SubscribeError::Unavailable {
-                                reason: Unavailability::Retired,
-                            });
+                            return Err(SubscribeError::retired());
                         }
                     }
                 }
@@ -157,14 +155,11 @@ impl PoolRegistry {
     /// another pool and takes over its capacity. The eviction runs in its own tracked task
     /// so a requester that retires meanwhile cannot strand the victim or leak its unit.
     async fn reclaim_capacity(&self, init: &Initialization) -> Result<(), SubscribeError> {
-        let retired = || SubscribeError::Unavailable {
-            reason: Unavailability::Retired,
-        };
         let coordinator = tokio::select! {
             biased;
-            () = init.cancel.cancelled() => return Err(retired()),
+            () = init.cancel.cancelled() => return Err(SubscribeError::retired()),
             permit = self.inner.eviction_coordinator.clone().acquire_owned() => {
-                permit.map_err(|_| retired())?
+                permit.map_err(|_| SubscribeError::retired())?
             }
         };
         let limit = SubscribeError::InitializedHubLimit {
@@ -192,7 +187,7 @@ impl PoolRegistry {
         });
         tokio::select! {
             biased;
-            () = init.cancel.cancelled() => Err(retired()),
+            () = init.cancel.cancelled() => Err(SubscribeError::retired()),
             granted = granted_rx => match granted {
                 Ok(true) => Ok(()),
                 _ => Err(limit),

@@ -91,12 +91,6 @@ impl<H> HubSlot<H> {
     }
 }
 
-fn retired() -> SubscribeError {
-    SubscribeError::Unavailable {
-        reason: Unavailability::Retired,
-    }
-}
-
 impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
     /// Marks a generation's hub slot for retirement; returns a Ready hub to shut down.
     pub(crate) fn retire_slot(&mut self, generation: u64) -> Option<H> {
@@ -142,9 +136,12 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
             identity: entry.identity,
             generation_cancel: entry.cancel.child_token(),
         };
-        let slot = self.slots.get_mut(&generation).ok_or_else(retired)?;
+        let slot = self
+            .slots
+            .get_mut(&generation)
+            .ok_or_else(SubscribeError::retired)?;
         if slot.retirement_requested || matches!(slot.phase, HubPhase::Retired) {
-            return Err(retired());
+            return Err(SubscribeError::retired());
         }
         slot.pending_admissions =
             slot.pending_admissions
@@ -186,13 +183,13 @@ impl<A: Clone, H: SlotHub> RegistryCore<A, H> {
         let slot = self
             .slots
             .get_mut(&admission.generation)
-            .ok_or_else(retired)?;
+            .ok_or_else(SubscribeError::retired)?;
         match &slot.phase {
             HubPhase::Ready(hub) => Ok(HubStep::Ready(hub.clone())),
             HubPhase::Failed(reason) => Err(SubscribeError::Unavailable {
                 reason: Unavailability::HubFailed(reason.clone()),
             }),
-            HubPhase::Retired => Err(retired()),
+            HubPhase::Retired => Err(SubscribeError::retired()),
             HubPhase::Initializing | HubPhase::Evicting => {
                 Ok(HubStep::Wait(slot.changed.subscribe()))
             }
