@@ -35,7 +35,7 @@ pub(crate) fn admit_within(
             if was_admitted(&pool.producer) != kept_first {
                 continue;
             }
-            let bytes = replica_bytes(&pool.producer);
+            let bytes = replica_bytes(pool.replica_producer());
             if let Some(total) = taken.checked_add(bytes)
                 && total <= budget
             {
@@ -54,14 +54,15 @@ pub(crate) fn admit_within(
             projected.admitted.push(pool);
             continue;
         }
-        let bucket_count = pool.producer.ckf_format.bucket_count;
+        let replica = pool.replica_producer();
+        let bucket_count = replica.ckf_format.bucket_count;
         projected.quarantined.push(QuarantinedEntry {
             dc: dc.to_owned(),
             entry: pool.entry.pool_label.to_string(),
             reason: format!(
                 "over budget: replica of {bucket_count} buckets needs {} bytes, more than \
                  remains of max_replica_bytes_per_relay {budget}",
-                replica_bytes(&pool.producer)
+                replica_bytes(replica)
             ),
         });
     }
@@ -75,7 +76,7 @@ pub(crate) fn admit_lanes_within(projected: &mut ProjectedCatalog, dc: &str, bud
     let mut taken = projected
         .admitted
         .iter()
-        .map(|pool| replica_bytes(&pool.producer))
+        .map(|pool| replica_bytes(pool.replica_producer()))
         .fold(0u64, u64::saturating_add);
     let mut dropped = Vec::new();
     for pool in &mut projected.admitted {

@@ -277,6 +277,8 @@ mod tests {
     ) -> PoolEntry {
         PoolEntry {
             key: PoolKey(key),
+            pool_id: crate::catalog::test_pool_id(key),
+            format_twin: None,
             relay,
             pool_label: format!("pool-{key}").into(),
             namespace: ns.to_owned(),

@@ -51,6 +51,11 @@ pub(crate) struct Roles {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PoolEntry {
     pub(crate) key: PoolKey,
+    /// The pool's id on the wire (a DC's relays name one pool alike).
+    pub(crate) pool_id: kvrelay_codec::v1::PoolId,
+    /// The pool's format twin this consumer follows instead of the pool's own filter
+    /// (the catalog's device lane: the same blocks in a smaller format), if any.
+    pub(crate) format_twin: Option<kvrelay_codec::v1::ProducerIdentity>,
     /// Index of the relay (in the configuration) that published it.
     pub(crate) relay: usize,
     /// The pool id as text, for output.
@@ -169,4 +174,19 @@ pub struct QuarantinedEntry {
     pub entry: String,
     /// Why it was quarantined.
     pub reason: String,
+}
+
+/// A pool id of test entries, distinct per `n`.
+#[cfg(test)]
+pub(crate) fn test_pool_id(n: u64) -> kvrelay_codec::v1::PoolId {
+    let digest = kvrelay_codec::v1::DigestId {
+        digest: [n as u8; 16],
+        source: kvrelay_codec::v1::IdentitySource::Explicit,
+    };
+    kvrelay_codec::v1::PoolId {
+        identity_version: 1,
+        cache_semantics: digest,
+        routing_scope: digest,
+        dc_id: 1,
+    }
 }

@@ -410,6 +410,11 @@ pub struct ConsumerConfig {
     /// followed and scored. Off: device memory only, as with a relay that keeps no lanes
     /// (no lane replica memory). Default on.
     pub follow_tier_lanes: bool,
+    /// Whether a pool's format twin (a relay with `[filters] format = "v1_and_dense"`
+    /// publishes each v1 pool's blocks again in the dense format) is followed in place of
+    /// the pool's own filter: the same answers from about 0.6x the replica memory. Off:
+    /// every pool is followed in its own format. Default on.
+    pub follow_format_twins: bool,
 }
 
 impl ConsumerConfig {
@@ -423,6 +428,7 @@ impl ConsumerConfig {
             subscriber_id: "kvrelay-consumer".to_owned(),
             standby: StandbyMode::OnDemand,
             follow_tier_lanes: true,
+            follow_format_twins: true,
         }
     }
 

@@ -19,6 +19,14 @@ pub(crate) struct AdmittedPool {
     pub(crate) entry: PoolEntry,
 }
 
+impl AdmittedPool {
+    /// The producer whose stream the pool's replica follows: its format twin if the
+    /// consumer adopted one, else the pool's own.
+    pub(crate) fn replica_producer(&self) -> &ProducerIdentity {
+        self.entry.format_twin.as_ref().unwrap_or(&self.producer)
+    }
+}
+
 /// A catalog split into admitted entries and quarantined ones.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct ProjectedCatalog {
@@ -124,6 +132,8 @@ fn project_descriptor(descriptor: &PoolDescriptor) -> Result<PoolEntry, String> 
     let endpoint = &descriptor.serving_endpoint;
     Ok(PoolEntry {
         key: PoolKey(0),
+        pool_id: *descriptor.pool_id(),
+        format_twin: None,
         relay: 0,
         pool_label: descriptor.pool_id().to_string().into(),
         namespace: endpoint.namespace.clone(),
@@ -141,23 +151,57 @@ fn project_descriptor(descriptor: &PoolDescriptor) -> Result<PoolEntry, String> 
     })
 }
 
-/// Attaches to each admitted pool the lanes `update` names for it that this consumer can
-/// follow: a known tier (host, disk; a newer relay's tiers are skipped) whose replica
-/// format it speaks. A catalog whose lanes break the rules (an unlisted pool, a tier
-/// twice, a block size that is not a multiple of the pool's) keeps its pools and loses
-/// every lane, with one quarantine entry saying why: pools score as device-only.
-pub(crate) fn attach_lanes(dc: &str, update: &CatalogUpdate, out: &mut ProjectedCatalog) {
+/// Whether `update`'s lanes may be used: none, or all valid. A catalog whose lanes break
+/// the rules (an unlisted pool, a tier twice, a block size that is not a multiple of the
+/// pool's) keeps its pools and loses every lane, with one quarantine entry saying why:
+/// pools score as device-only, each in its own format.
+pub(crate) fn lanes_usable(dc: &str, update: &CatalogUpdate, out: &mut ProjectedCatalog) -> bool {
     if update.tier_lanes.is_empty() {
-        return;
+        return false;
     }
-    if let Err(err) = update.validate_tier_lanes() {
-        out.quarantined.push(QuarantinedEntry {
-            dc: dc.to_owned(),
-            entry: "tier_lanes".to_owned(),
-            reason: format!("malformed: {err}; pools scored on device memory only"),
-        });
-        return;
+    match update.validate_tier_lanes() {
+        Ok(()) => true,
+        Err(err) => {
+            out.quarantined.push(QuarantinedEntry {
+                dc: dc.to_owned(),
+                entry: "tier_lanes".to_owned(),
+                reason: format!(
+                    "malformed: {err}; pools scored on device memory only, in their own format"
+                ),
+            });
+            false
+        }
     }
+}
+
+/// Gives each admitted pool the format twin `update` names for it, when the twin is worth
+/// following: a device lane (tier 0) of the pool's block size, in a replica format this
+/// consumer speaks, whose replica is smaller than the pool's (a dense twin of a v1
+/// pool). The pool is then subscribed to through its twin; everything else about it (its
+/// load, coverage, lanes, identity in status) stays the pool's. `update`'s lanes must
+/// have passed [`lanes_usable`].
+pub(crate) fn adopt_format_twins(update: &CatalogUpdate, out: &mut ProjectedCatalog) {
+    let device = kvrelay_ckf::CacheTier::Device.code();
+    for pool in &mut out.admitted {
+        let pool_bytes = crate::budget::replica_bytes(&pool.producer);
+        pool.entry.format_twin = update
+            .tier_lanes
+            .iter()
+            .find(|lane| lane.pool_id == pool.producer.pool_id && lane.tier == device)
+            .filter(|twin| {
+                twin.block_size == pool.entry.block_size
+                    && domain_format(&twin.producer).is_some()
+                    && crate::budget::replica_bytes(&twin.producer) < pool_bytes
+            })
+            .map(|twin| twin.producer);
+    }
+}
+
+/// Attaches to each admitted pool the lanes `update` names for it that this consumer can
+/// follow: a known lower tier (host, disk; a newer relay's tiers, and device lanes, which
+/// are format twins, are skipped) whose replica format it speaks. `update`'s lanes must
+/// have passed [`lanes_usable`].
+pub(crate) fn attach_lanes(update: &CatalogUpdate, out: &mut ProjectedCatalog) {
     for pool in &mut out.admitted {
         let pool_id = pool.producer.pool_id;
         let block_size = pool.entry.block_size.max(1);

@@ -801,6 +801,8 @@ mod tests {
     fn entry(key: u64, relay: usize, ns: &str, roles: Roles, block_size: u32) -> PoolEntry {
         PoolEntry {
             key: PoolKey(key),
+            pool_id: crate::catalog::test_pool_id(key),
+            format_twin: None,
             relay,
             pool_label: format!("pool-{key}").into(),
             namespace: ns.to_owned(),
@@ -914,18 +916,7 @@ mod tests {
             tier,
             stride,
             producer: kvrelay_codec::v1::ProducerIdentity {
-                pool_id: kvrelay_codec::v1::PoolId {
-                    identity_version: 1,
-                    cache_semantics: kvrelay_codec::v1::DigestId {
-                        digest: [key as u8; 16],
-                        source: kvrelay_codec::v1::IdentitySource::Explicit,
-                    },
-                    routing_scope: kvrelay_codec::v1::DigestId {
-                        digest: [key as u8; 16],
-                        source: kvrelay_codec::v1::IdentitySource::Explicit,
-                    },
-                    dc_id: 1,
-                },
+                pool_id: crate::catalog::test_pool_id(key),
                 producer_incarnation: 1,
                 layout_generation: key,
                 ckf_format: kvrelay_codec::v1::CkfFormat {

@@ -376,6 +376,8 @@ pub struct ConsumerState {
     max_replica_bytes_per_relay: u64,
     /// Whether pools' lower-tier lanes are followed ([`ConsumerConfig::follow_tier_lanes`]).
     follow_tier_lanes: bool,
+    /// Whether pools' format twins are followed ([`ConsumerConfig::follow_format_twins`]).
+    follow_format_twins: bool,
     relay_views: Vec<RelayView>,
     /// Per relay: the DC id its pools carry, pinned by the first catalog that admitted
     /// one (kept across reconnects and restarts: a relay address serves one DC).
@@ -417,6 +419,7 @@ impl ConsumerState {
             max_pools_per_relay: config.limits.max_pools_per_relay,
             max_replica_bytes_per_relay: config.limits.max_replica_bytes_per_relay,
             follow_tier_lanes: config.follow_tier_lanes,
+            follow_format_twins: config.follow_format_twins,
             relay_views: relays.iter().map(|_| RelayView::default()).collect(),
             relay_dc_ids: vec![None; relays.len()],
             entries: Vec::new(),
@@ -622,8 +625,13 @@ impl ConsumerState {
             .map_err(CatalogError::MalformedStalled)?;
         let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
-        if self.follow_tier_lanes {
-            projection::attach_lanes(&config.dc, update, &mut projected);
+        if projection::lanes_usable(&config.dc, update, &mut projected) {
+            if self.follow_format_twins {
+                projection::adopt_format_twins(update, &mut projected);
+            }
+            if self.follow_tier_lanes {
+                projection::attach_lanes(update, &mut projected);
+            }
         }
         let dc_id = self.quarantine_foreign_dcs(relay, &mut projected);
         let view = &self.relay_views[relay];
@@ -694,9 +702,17 @@ impl ConsumerState {
         } in projected.admitted
         {
             entry.relay = relay;
+            // A pool kept under the same generation keeps its replica, unless what the
+            // replica follows changed (its format twin came or went).
+            let replica_producer = entry.format_twin.unwrap_or(producer);
             entry.key = match previous.remove(&producer) {
-                Some(old) => old.key,
-                None => self.new_key(relay, producer, &mut change),
+                Some(old) if old.format_twin == entry.format_twin => old.key,
+                Some(old) => {
+                    self.forget(old.key);
+                    change.removed.push(old.key);
+                    self.new_key(relay, replica_producer, &mut change)
+                }
+                None => self.new_key(relay, replica_producer, &mut change),
             };
             for lane in &mut entry.tier_lanes {
                 lane.key = match previous_lanes.remove(&lane.producer) {
@@ -1277,9 +1293,7 @@ impl ConsumerState {
         entries
             .iter()
             .map(|entry| {
-                let (_, producer) = self.producers.get(&entry.key)?;
-                let (_, alternate) =
-                    standby.get(&(self.relay_dcs[entry.relay], producer.pool_id))?;
+                let (_, alternate) = standby.get(&(self.relay_dcs[entry.relay], entry.pool_id))?;
                 (alternate.block_size == entry.block_size
                     && alternate.hash_format == entry.hash_format)
                     .then_some(alternate.key)

@@ -396,6 +396,9 @@ impl Actor {
             }
             Command::Restore { sources, reply } => {
                 let result = self.state.restore(&sources);
+                if result.is_ok() {
+                    self.restore_twin(&sources).await;
+                }
                 // Published as one window: subscribers see all of it or none of it.
                 self.publish().await;
                 let _ = reply.send(result);
@@ -460,11 +463,16 @@ impl Actor {
             EventPayload::Stored(stored) => stored.blocks.len() as u64,
             EventPayload::Removed(_) | EventPayload::AllCleared => 0,
         };
-        let cleared = matches!(event.payload, EventPayload::AllCleared) && result.is_ok();
+        let accepted = result.is_ok();
         self.after_apply(event.source, event.event_id, stored_blocks, result)
             .await;
-        if cleared {
-            self.clear_lanes(event.source, event.event_id).await;
+        if accepted {
+            match &event.payload {
+                EventPayload::AllCleared => self.clear_lanes(event.source, event.event_id).await,
+                EventPayload::Stored(_) | EventPayload::Removed(_) => {
+                    self.forward_to_twin(event).await;
+                }
+            }
         }
     }
 

@@ -256,6 +256,10 @@ pub struct ConsumerSection {
     /// Whether pools' lower-tier lanes (host memory, disk) are followed and scored
     /// (relays with `[tiers]`); `false` scores device memory only.
     pub follow_tier_lanes: bool,
+    /// Whether a pool's dense format twin (relays with `[filters] format =
+    /// "v1_and_dense"`) is followed in place of its v1 filter (about 0.6x the replica
+    /// memory, the same answers); `false` follows every pool in its own format.
+    pub follow_format_twins: bool,
     /// First reconnect/resubscribe delay (before jitter), ms.
     pub backoff_initial_ms: u64,
     /// Longest reconnect/resubscribe delay (before jitter), ms.
@@ -284,6 +288,7 @@ impl Default for ConsumerSection {
             standby_probe_interval_ms: millis(limits.standby_probe_interval),
             standby_mode: StandbyModeKey::default(),
             follow_tier_lanes: true,
+            follow_format_twins: true,
             backoff_initial_ms: millis(BackoffConfig::DEFAULT_INITIAL),
             backoff_max_ms: millis(BackoffConfig::DEFAULT_MAX),
         }
@@ -517,6 +522,7 @@ impl RouterConfig {
         config.limits = self.consumer.limits();
         config.standby = self.consumer.standby_mode.0;
         config.follow_tier_lanes = self.consumer.follow_tier_lanes;
+        config.follow_format_twins = self.consumer.follow_format_twins;
         config.backoff = BackoffConfig {
             initial: Duration::from_millis(self.consumer.backoff_initial_ms),
             max: Duration::from_millis(self.consumer.backoff_max_ms),

@@ -5,7 +5,8 @@
 use bytes::BytesMut;
 use kvrelay_ckf::stream::CutOff;
 use kvrelay_ckf::{
-    CkfConfig, Delta, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    CkfConfig, Delta, EventPayload, FilterDensity, PoolFilter, RouterEvent, SourceId, StoredBlock,
+    StoredBlocks,
 };
 use kvrelay_codec::Limits;
 use kvrelay_codec::cbi1::snapshot_chunk_count;
@@ -97,7 +98,7 @@ pub(crate) fn descriptor(
             producer_incarnation: incarnation,
             layout_generation: generation,
             ckf_format: CkfFormat {
-                format_version: 1,
+                format_version: u32::from(format.format_version()),
                 seed: format.seed(),
                 bucket_count: u64::from(format.bucket_count()),
                 fingerprint_bits: 16,
@@ -161,7 +162,19 @@ pub(crate) struct Producer {
 
 impl Producer {
     pub(crate) fn new(spec: &PoolSpec, dc: &str, relay: RelayIdentity, generation: u64) -> Self {
-        let filter = PoolFilter::new(CkfConfig::new(spec.expected_blocks)).expect("filter");
+        Self::with_density(spec, dc, relay, generation, FilterDensity::V1)
+    }
+
+    /// A producer whose filter is built in `density` (v1 or dense).
+    pub(crate) fn with_density(
+        spec: &PoolSpec,
+        dc: &str,
+        relay: RelayIdentity,
+        generation: u64,
+        density: FilterDensity,
+    ) -> Self {
+        let config = CkfConfig::new(spec.expected_blocks).with_density(density);
+        let filter = PoolFilter::new(config).expect("filter");
         let descriptor = descriptor(spec, dc, relay.relay_incarnation, generation, &filter);
         Self {
             encoder: PoolFrameEncoder::new(relay, descriptor.producer, limits()),

@@ -1,11 +1,11 @@
-//! Lower-tier lanes: attached, published in their pool's descriptor, fed through their
-//! pool's actor and retired with it.
+//! Lanes (lower tiers and format twins): attached, published in their pool's descriptor,
+//! fed through their pool's actor and retired with it.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "test")]
 
 use kvrelay_ckf::{
-    CacheTier, EventPayload, RouterEvent, SourceId, StoredBlock, StoredBlocks, TierChange,
-    TierEvent,
+    CacheTier, EventPayload, FilterDensity, RemovedBlocks, RouterEvent, SourceId, StoredBlock,
+    StoredBlocks, TierChange, TierEvent,
 };
 
 use super::tests::Gates;
@@ -19,6 +19,14 @@ fn lane(tier: CacheTier, block_size: u32) -> LaneRequest {
         tier,
         expected_unique_blocks: 64,
         block_size,
+        density: FilterDensity::V1,
+    }
+}
+
+fn dense() -> FilterDensity {
+    FilterDensity::Dense {
+        load_percent: 95,
+        size_classes_per_octave: 0,
     }
 }
 
@@ -185,7 +193,11 @@ async fn a_stored_chain_on_a_tier_chains_inside_the_lane() {
 async fn invalid_lanes_are_refused_before_anything_is_reserved() {
     let registry = registry_with(test_limits(), Gates::default());
     for (lanes, reason) in [
-        (vec![lane(CacheTier::Device, 64)], "device"),
+        (vec![lane(CacheTier::Device, 64)], "format must differ"),
+        (
+            vec![LaneRequest::format_twin(128, 64, dense())],
+            "block size is the pool's",
+        ),
         (
             vec![lane(CacheTier::Host, 64), lane(CacheTier::Host, 128)],
             "twice",
@@ -239,4 +251,110 @@ async fn a_tier_event_for_a_stopped_lane_is_counted() {
     let stats = attachment.actor.stats().await.unwrap();
     assert_eq!((stats.tier_events, stats.tier_events_without_lane), (1, 1));
     registry.detach(attachment).await;
+}
+
+/// Every block of `source` a lane or pool holds, as sorted (engine id, canonical) pairs.
+async fn holdings(actor: &PoolActorHandle) -> Vec<(SourceId, Vec<(u64, u64)>)> {
+    actor.flush().await.unwrap();
+    let mut sources = actor.export_mappings().await.unwrap();
+    sources.sort_by_key(|entry| entry.source);
+    sources
+        .into_iter()
+        .map(|mut entry| {
+            entry.mappings.sort_unstable();
+            (entry.source, entry.mappings)
+        })
+        .collect()
+}
+
+/// A v1 pool's dense format twin holds exactly what the pool's filter holds after every
+/// kind of change: chains (one refused for an unknown parent), removals, a source's
+/// clear and a checkpoint restore, and is subscribed to like any lane.
+#[tokio::test]
+async fn a_format_twin_holds_what_its_pool_holds_in_its_own_format() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let mut attach = request(pool(6), "ns.c.e", "llama");
+    let expected = attach.expected_unique_blocks;
+    attach.tier_lanes = vec![
+        lane(CacheTier::Host, 64),
+        LaneRequest::format_twin(64, expected, dense()),
+    ];
+    let attachment = registry.attach(attach).await.unwrap();
+    let tiers: Vec<CacheTier> = attachment.tier_lanes.iter().map(|l| l.tier).collect();
+    assert_eq!(tiers, [CacheTier::Device, CacheTier::Host]);
+    let twin = &attachment.tier_lanes[0];
+    assert_eq!(twin.pool, pool(6).tier_lane(CacheTier::Device.code()));
+    let pool_format = *attachment.actor.identity().format();
+    let twin_format = *twin.actor.identity().format();
+    assert_eq!(pool_format.format_version(), 1);
+    assert_eq!(twin_format.format_version(), 2);
+    assert!(twin_format.bucket_count() < pool_format.bucket_count());
+    let descriptor = registry.catalog().pool(pool(6)).unwrap().clone();
+    assert_eq!(descriptor.tier_lanes[0].block_size, 64);
+    assert_eq!(descriptor.tier_lanes[0].producer, twin.actor.identity());
+
+    let chain = |source: u64, parent: Option<u64>, ids: &[u64]| RouterEvent {
+        source: SourceId::new(source, 0),
+        event_id: 0,
+        payload: EventPayload::Stored(StoredBlocks {
+            parent_engine_block_id: parent,
+            blocks: ids
+                .iter()
+                .map(|&id| StoredBlock {
+                    engine_block_id: id,
+                    token_hash: id * 7,
+                })
+                .collect(),
+        }),
+    };
+    let pool_actor = &attachment.actor;
+    for event in [
+        chain(1, None, &[1, 2, 3]),
+        chain(1, Some(3), &[4]),
+        chain(2, None, &[1, 2]),
+        // Refused by the pool's filter (unknown parent): the twin never sees it.
+        chain(2, Some(99), &[5]),
+        RouterEvent {
+            source: SourceId::new(1, 0),
+            event_id: 0,
+            payload: EventPayload::Removed(RemovedBlocks {
+                engine_block_ids: vec![4],
+            }),
+        },
+        chain(3, None, &[8, 9]),
+        RouterEvent {
+            source: SourceId::new(3, 0),
+            event_id: 0,
+            payload: EventPayload::AllCleared,
+        },
+    ] {
+        pool_actor.submit(event).await.unwrap();
+    }
+    let held = holdings(pool_actor).await;
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert_eq!(holdings(&twin.actor).await, held);
+    let stats = (
+        pool_actor.stats().await.unwrap().filter.resident_blocks,
+        twin.actor.stats().await.unwrap().filter.resident_blocks,
+    );
+    // Sources 1 and 2 share blocks 1 and 2 (same tokens, no parent): 3 distinct blocks.
+    assert_eq!(stats, (3, 3));
+    // The host lane got no device event.
+    let host = &attachment.tier_lanes[1];
+    assert!(holdings(&host.actor).await.is_empty());
+
+    // The twin is a lane: subscribed to by its producer.
+    let mut subscription = registry.subscribe(twin.actor.identity()).await.unwrap();
+    let first = subscription.next_frame().await.unwrap();
+    assert_eq!(first.kind, PoolFrameKind::SnapshotChunk);
+    let exported = pool_actor.export_mappings().await.unwrap();
+    registry.detach(attachment).await;
+
+    // A restored generation's twin gets the restored mappings too.
+    let mut attach = request(pool(6), "ns.c.e", "llama");
+    attach.tier_lanes = vec![LaneRequest::format_twin(64, expected, dense())];
+    let restored = registry.attach(attach).await.unwrap();
+    assert_eq!(restored.actor.restore(exported).await.unwrap(), 5);
+    assert_eq!(holdings(&restored.tier_lanes[0].actor).await, held);
+    registry.detach(restored).await;
 }

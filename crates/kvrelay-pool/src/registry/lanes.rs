@@ -1,7 +1,7 @@
 //! Lower-tier lanes of a pool: what an attach asks for, what it returns, and the checks
 //! a request's lanes pass before anything is reserved.
 
-use kvrelay_ckf::CacheTier;
+use kvrelay_ckf::{CacheTier, CkfConfig, FilterDensity};
 use kvrelay_identity::PoolId;
 
 use kvrelay_identity::ProducerIdentity;
@@ -12,16 +12,41 @@ use crate::actor::PoolActorHandle;
 use crate::error::AttachError;
 use crate::filter::FilterState;
 
-/// One lower-tier lane of a pool to attach: a filter of what the pool's workers hold on
-/// `tier`, fed the tier events the pool's actor resolves and forwards.
+/// One lane of a pool to attach: a filter of what the pool's workers hold on `tier`.
+///
+/// A lower tier's lane (host, disk) is fed the tier events the pool's actor resolves and
+/// forwards. A **device** lane is the pool's *format twin*: the same blocks as the pool's
+/// own filter, in another format (a dense twin of a v1 pool), fed every device event the
+/// pool's filter accepts, so consumers that read the other format can follow it while
+/// older ones keep the pool's ([`LaneRequest::format_twin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneRequest {
-    /// The tier (host or disk; never device).
+    /// The tier: host or disk, or device for a format twin.
     pub tier: CacheTier,
     /// Filter sizing: expected unique blocks resident on the tier (> 0).
     pub expected_unique_blocks: u64,
-    /// Tokens per lane block: a positive multiple of the pool's block size.
+    /// Tokens per lane block: a positive multiple of the pool's block size (a twin's is
+    /// the pool's).
     pub block_size: u32,
+    /// The lane filter's format: v1 for lower tiers; a twin's differs from its pool's.
+    pub density: FilterDensity,
+}
+
+impl LaneRequest {
+    /// The format twin of a pool of `block_size`-token blocks sized for `expected` blocks:
+    /// a device lane in `density`.
+    pub fn format_twin(
+        block_size: u32,
+        expected_unique_blocks: u64,
+        density: FilterDensity,
+    ) -> Self {
+        Self {
+            tier: CacheTier::Device,
+            expected_unique_blocks,
+            block_size,
+            density,
+        }
+    }
 }
 
 /// An attached lane of a pool generation (retired with it).
@@ -37,8 +62,9 @@ pub struct LaneAttachment {
     pub actor: PoolActorHandle,
 }
 
-/// Checks a request's lanes and sizes their filters: a lower tier each, at most once,
-/// with a block size that is a positive multiple of the pool's and expected blocks.
+/// Checks a request's lanes and sizes their filters: each tier at most once, a lower tier
+/// with a block size that is a positive multiple of the pool's, a device lane (the format
+/// twin) with the pool's block size in a format other than the pool's.
 pub(super) fn validate_lanes(
     request: &AttachRequest,
 ) -> Result<Vec<(LaneRequest, u64)>, AttachError> {
@@ -51,7 +77,14 @@ pub(super) fn validate_lanes(
             reason,
         };
         if lane.tier == CacheTier::Device {
-            return Err(invalid("the device tier is the pool itself"));
+            if lane.density == request.filter_density {
+                return Err(invalid(
+                    "a device lane is a format twin: its format must differ from the pool's",
+                ));
+            }
+            if lane.block_size != pool_block_size {
+                return Err(invalid("a format twin's block size is the pool's"));
+            }
         }
         if request.tier_lanes[..index]
             .iter()
@@ -65,16 +98,22 @@ pub(super) fn validate_lanes(
             ));
         }
         let lane_pool = request.pool.tier_lane(lane.tier.code());
-        let bytes = kvrelay_ckf::format::bucket_count_for(lane.expected_unique_blocks)
+        let bytes = lane_config(lane)
+            .format()
             .map_err(|error| AttachError::Filter {
                 pool: lane_pool,
                 error,
-            })?
-            .saturating_mul(8);
+            })
+            .map(|format| u64::from(format.bucket_count()).saturating_mul(8))?;
         lanes.push((*lane, bytes));
     }
     lanes.sort_by_key(|(lane, _)| lane.tier);
     Ok(lanes)
+}
+
+/// How a lane's filter is sized.
+fn lane_config(lane: &LaneRequest) -> CkfConfig {
+    CkfConfig::new(lane.expected_unique_blocks).with_density(lane.density)
 }
 
 /// A lane built and named, waiting for its commit.
@@ -90,11 +129,7 @@ impl PoolRegistry {
         let mut built = Vec::with_capacity(lanes.len());
         for ((lane, _), reserved) in lanes.iter().zip(reserved) {
             let state = self
-                .build_filter(
-                    reserved.pool,
-                    kvrelay_ckf::CkfConfig::new(lane.expected_unique_blocks),
-                    FilterState::build,
-                )
+                .build_filter(reserved.pool, lane_config(lane), FilterState::build)
                 .await?;
             let identity = self.producer_identity(*reserved, &state)?;
             built.push((*lane, state, identity, *reserved));

@@ -19,13 +19,20 @@ pub enum FilterFormat {
     /// older than the format quarantine such a pool as unsupported (named and counted),
     /// so upgrade routers first.
     Dense,
+    /// Both, for fleets upgrading their routers: every pool is published in v1 and has
+    /// a dense *format twin* (a device lane in the catalog's `tier_lanes`, fed every
+    /// event the pool's filter accepts). Routers that read the dense format follow the
+    /// twin; older ones never see it and keep the v1 pool. The relay keeps both filters
+    /// (about 1.6x the memory and apply work of v1 alone); the `[dynamo]` door publishes
+    /// the v1 pools.
+    V1AndDense,
 }
 
 /// `[filters]`: the format of every pool's filter (tier lanes stay v1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FiltersConfig {
-    /// `"v1"` (the default) or `"dense"`.
+    /// `"v1"` (the default), `"dense"` or `"v1_and_dense"`.
     pub format: FilterFormat,
     /// The dense table's design load, in percent of its slots at the pool's expected
     /// blocks (50..=97; 95 by default). Ignored for v1.
@@ -57,11 +64,7 @@ impl FiltersConfig {
     pub fn validate(&self, dynamo_door: bool) -> Result<(), ConfigError> {
         // The rules are ckf's (one place): both values are checked through its sizing,
         // whatever the format, so a bad value is refused before anyone switches to dense.
-        let dense = FilterDensity::Dense {
-            load_percent: self.dense_load_percent,
-            size_classes_per_octave: self.dense_size_classes_per_octave,
-        };
-        match CkfConfig::new(1).with_density(dense).format() {
+        match CkfConfig::new(1).with_density(self.dense()).format() {
             Err(kvrelay_ckf::ConfigError::InvalidDenseLoad { load_percent }) => {
                 return Err(ConfigError::InvalidField {
                     field: "filters.dense_load_percent",
@@ -84,7 +87,7 @@ impl FiltersConfig {
                 field: "filters.format",
                 value: "dense".to_owned(),
                 reason: "the [dynamo] door publishes the Dynamo contract, which carries CKF \
-                         format 1 only: use \"v1\" or remove [dynamo]",
+                         format 1 only: use \"v1\" or \"v1_and_dense\", or remove [dynamo]",
             });
         }
         Ok(())
@@ -93,11 +96,20 @@ impl FiltersConfig {
     /// The density pools are built in.
     pub fn density(&self) -> FilterDensity {
         match self.format {
-            FilterFormat::V1 => FilterDensity::V1,
-            FilterFormat::Dense => FilterDensity::Dense {
-                load_percent: self.dense_load_percent,
-                size_classes_per_octave: self.dense_size_classes_per_octave,
-            },
+            FilterFormat::V1 | FilterFormat::V1AndDense => FilterDensity::V1,
+            FilterFormat::Dense => self.dense(),
+        }
+    }
+
+    /// The density of every pool's format twin, if pools have one (`"v1_and_dense"`).
+    pub fn twin_density(&self) -> Option<FilterDensity> {
+        (self.format == FilterFormat::V1AndDense).then(|| self.dense())
+    }
+
+    fn dense(&self) -> FilterDensity {
+        FilterDensity::Dense {
+            load_percent: self.dense_load_percent,
+            size_classes_per_octave: self.dense_size_classes_per_octave,
         }
     }
 }
@@ -173,5 +185,23 @@ mod tests {
         assert_eq!(field, "filters.format");
         assert!(reason.contains("format 1 only"), "{reason}");
         assert_eq!(FiltersConfig::default().validate(true), Ok(()));
+        // Publishing both keeps the door's pools v1.
+        let both = parse("format = \"v1_and_dense\"").unwrap();
+        assert_eq!(both.validate(true), Ok(()));
+    }
+
+    #[test]
+    fn v1_and_dense_builds_v1_pools_with_dense_twins() {
+        let both = parse("format = \"v1_and_dense\"\ndense_load_percent = 90").unwrap();
+        assert_eq!(both.density(), FilterDensity::V1);
+        assert_eq!(
+            both.twin_density(),
+            Some(FilterDensity::Dense {
+                load_percent: 90,
+                size_classes_per_octave: 8
+            })
+        );
+        assert_eq!(FiltersConfig::default().twin_density(), None);
+        assert_eq!(parse("format = \"dense\"").unwrap().twin_density(), None);
     }
 }

@@ -73,6 +73,7 @@ impl TiersConfig {
                 expected_unique_blocks: ((device_blocks as f64) * config.capacity_ratio)
                     .clamp(1.0, u64::MAX as f64) as u64,
                 block_size: block_size.saturating_mul(config.blocks_per_chunk),
+                density: kvrelay_ckf::FilterDensity::V1,
             })
             .collect()
     }
@@ -134,11 +135,13 @@ mod tests {
                     tier: CacheTier::Host,
                     expected_unique_blocks: 4000,
                     block_size: 32,
+                    density: kvrelay_ckf::FilterDensity::V1,
                 },
                 LaneRequest {
                     tier: CacheTier::Disk,
                     expected_unique_blocks: 16_000,
                     block_size: 16,
+                    density: kvrelay_ckf::FilterDensity::V1,
                 },
             ]
         );

@@ -206,6 +206,7 @@ impl Relay {
                 degraded_readings: supervisor::degraded_readings(&limits),
                 tiers: config.tiers.clone(),
                 filter_density: config.filters.density(),
+                twin_density: config.filters.twin_density(),
             },
             configured_sources,
             source_updates,

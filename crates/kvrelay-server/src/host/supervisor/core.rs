@@ -66,6 +66,8 @@ pub(crate) struct CoreConfig {
     pub(crate) tiers: crate::config::TiersConfig,
     /// The format every pool's filter is built in (`[filters]`).
     pub(crate) filter_density: kvrelay_ckf::FilterDensity,
+    /// The format of every pool's format twin, if pools have one (`[filters]`).
+    pub(crate) twin_density: Option<kvrelay_ckf::FilterDensity>,
 }
 
 /// Identifies one event source.
@@ -707,10 +709,7 @@ impl SupervisionCore {
                 expected_unique_blocks: expected_unique_blocks(membership),
                 filter_density: self.config.filter_density,
                 load_capacity: Some(capacities(membership)),
-                tier_lanes: self.config.tiers.lanes(
-                    binding.query_semantics.kv_block_size(),
-                    expected_unique_blocks(membership),
-                ),
+                tier_lanes: pool_lanes(&self.config, binding, membership),
             };
             self.slots.insert(
                 endpoint.clone(),
@@ -1028,6 +1027,24 @@ pub(crate) fn capacities(membership: &EndpointMembership) -> Vec<WorkerCapacity>
             total_kv_blocks: config.total_kv_blocks,
         })
         .collect()
+}
+
+/// The lanes a pool is attached with: its lower tiers (`[tiers]`), then its format twin
+/// if `[filters]` asks for one (sized like the pool, in the twin's format).
+fn pool_lanes(
+    config: &CoreConfig,
+    binding: &Binding,
+    membership: &EndpointMembership,
+) -> Vec<kvrelay_pool::LaneRequest> {
+    let block_size = binding.query_semantics.kv_block_size();
+    let expected = expected_unique_blocks(membership);
+    let mut lanes = config.tiers.lanes(block_size, expected);
+    if let Some(density) = config.twin_density {
+        lanes.push(kvrelay_pool::LaneRequest::format_twin(
+            block_size, expected, density,
+        ));
+    }
+    lanes
 }
 
 pub(crate) fn expected_unique_blocks(membership: &EndpointMembership) -> u64 {

@@ -82,6 +82,7 @@ fn config() -> CoreConfig {
         degraded_readings: 3,
         tiers: crate::config::TiersConfig::default(),
         filter_density: kvrelay_ckf::FilterDensity::V1,
+        twin_density: None,
     }
 }
 
