@@ -8,6 +8,7 @@ use kvrelay_http::{AcceptErrorKind, ConnectionOutcome, ListenerEvents};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -47,6 +48,8 @@ pub struct RouterMetrics {
     accept_errors: Family<KindLabel, Counter>,
     scored: Counter,
     unauthorized: Counter,
+    open_file_limit: Gauge,
+    max_open_descriptors: Gauge,
 }
 
 /// Latency buckets: 10 µs doubling to ~1.3 s.
@@ -94,9 +97,24 @@ impl RouterMetrics {
             "API requests refused for a missing or wrong bearer token ([auth])",
             unauthorized.clone(),
         );
+        let open_file_limit = Gauge::default();
+        registry.register(
+            "open_file_limit",
+            "The process's soft open file limit at start (0 when unlimited)",
+            open_file_limit.clone(),
+        );
+        let max_open_descriptors = Gauge::default();
+        registry.register(
+            "max_open_descriptors",
+            "Descriptors the router's bounds allow at once (RouterConfig::max_open_descriptors): \
+             above open_file_limit, connects and accepts can fail with EMFILE",
+            max_open_descriptors.clone(),
+        );
         Self {
             registry,
             unauthorized,
+            open_file_limit,
+            max_open_descriptors,
             requests,
             latency,
             connections,
@@ -118,6 +136,16 @@ impl RouterMetrics {
         self.latency
             .get_or_create(&RouteLabel { route })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the descriptor budget: the soft open file limit (`None`: unlimited, left
+    /// at 0) and what the configured bounds allow at once.
+    pub fn descriptor_budget(&self, open_file_limit: Option<u64>, max_open_descriptors: u64) {
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        if let Some(limit) = open_file_limit {
+            self.open_file_limit.set(gauge(limit));
+        }
+        self.max_open_descriptors.set(gauge(max_open_descriptors));
     }
 
     /// Counts `n` scored route requests.

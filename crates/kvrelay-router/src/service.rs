@@ -468,6 +468,7 @@ impl RouterService {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, RouterError> {
         let consumer_config = config.consumer_config(&env)?;
+        let descriptor_demand = config.max_open_descriptors(&consumer_config);
         let token = config.api_token(&env)?;
         let tls = config
             .tls
@@ -496,6 +497,9 @@ impl RouterService {
                 .map_err(|err| RouterError::Config(RouterConfigError::Consumer(err)))?,
         );
         let metrics = Arc::new(RouterMetrics::new());
+        // Read, never raised here: the binary raises it before the runtime starts.
+        let open_file_limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        metrics.descriptor_budget(open_file_limit, descriptor_demand);
         let state = Arc::new(
             AppState::new(consumer.clone(), metrics.clone(), config.http).with_token(token),
         );
