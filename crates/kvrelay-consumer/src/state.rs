@@ -625,7 +625,9 @@ impl ConsumerState {
             .map_err(CatalogError::MalformedStalled)?;
         let mut projected = projection::project_catalog(&config.dc, update)
             .map_err(|dup| CatalogError::DuplicatePool { pool: dup.pool })?;
-        if projection::lanes_usable(&config.dc, update, &mut projected) {
+        if (self.follow_format_twins || self.follow_tier_lanes)
+            && projection::lanes_usable(&config.dc, update, &mut projected)
+        {
             if self.follow_format_twins {
                 projection::adopt_format_twins(update, &mut projected);
             }
@@ -696,15 +698,15 @@ impl ConsumerState {
             })
             .collect();
         let mut next = HashMap::with_capacity(projected.admitted.len());
-        for AdmittedPool {
-            producer,
-            mut entry,
-        } in projected.admitted
-        {
-            entry.relay = relay;
+        for admitted in projected.admitted {
             // A pool kept under the same generation keeps its replica, unless what the
             // replica follows changed (its format twin came or went).
-            let replica_producer = entry.format_twin.unwrap_or(producer);
+            let replica_producer = *admitted.replica_producer();
+            let AdmittedPool {
+                producer,
+                mut entry,
+            } = admitted;
+            entry.relay = relay;
             entry.key = match previous.remove(&producer) {
                 Some(old) if old.format_twin == entry.format_twin => old.key,
                 Some(old) => {

@@ -529,5 +529,8 @@ async fn the_router_raises_its_open_file_limit_and_warns_when_its_bounds_exceed_
     // The metrics say it too, for alerts: the limit and the (larger) demand.
     assert_eq!(router.metric("kvrelay_router_open_file_limit ").await, 2048);
     let demand = router.metric("kvrelay_router_max_open_descriptors ").await;
-    assert!(demand > 4096 + 64, "the pool streams and the reserve at least: {demand}");
+    assert!(
+        demand > 4096 + 64,
+        "the pool streams and the reserve at least: {demand}"
+    );
 }
