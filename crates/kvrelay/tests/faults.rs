@@ -17,21 +17,14 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use support::{RelayProcess, VllmEngine as Engine, http_get, removed, sample, stored, write_card};
+use support::{VllmEngine as Engine, get_json, http_get, removed, sample, stored, vllm_relay};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-const ENDPOINT: &str = "prod.backend.generate";
 
 async fn get(admin: SocketAddr, path: &str) -> (u16, String) {
     http_get(admin, path)
         .await
         .unwrap_or_else(|| panic!("GET {path} got no answer"))
-}
-
-async fn get_json(admin: SocketAddr, path: &str) -> serde_json::Value {
-    let (status, body) = get(admin, path).await;
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap()
 }
 
 /// Polls `path` every 20 ms until `accept` takes its status and body (bounded).
@@ -56,32 +49,9 @@ async fn poll_until<T>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_relay_counts_unknown_parents_and_keeps_the_pool_live() {
-    // Reserve a port for the engine, which is not up yet.
-    let reserved = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let engine_addr = reserved.local_addr().unwrap();
-    drop(reserved);
-
-    let dir = tempfile::tempdir().unwrap();
-    let cards = dir.path().join("cards");
-    std::fs::create_dir_all(&cards).unwrap();
-    write_card(&cards, 1024);
-    let config = dir.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[sources]]\nendpoint = \"{ENDPOINT}\"\nworker_id = 17\ndp_rank = 0\n\
-             engine = \"vllm\"\nzmq = \"tcp://{engine_addr}\"\n"
-        ),
-    )
-    .unwrap();
-    let relay = RelayProcess::start_with_cards(
-        cards.to_str().unwrap(),
-        &[],
-        &["--config", config.to_str().unwrap()],
-        &[],
-    )
-    .await;
-    let admin = relay.admin;
+    // The engine is not up yet.
+    let setup = vllm_relay("").await;
+    let admin = setup.relay.admin;
 
     // Before: the pool exists but no engine is reachable, and readiness names it.
     let pool = poll_until(admin, "/v1/pools", |status, body| {
@@ -100,7 +70,7 @@ async fn a_restarted_relay_counts_unknown_parents_and_keeps_the_pool_live() {
 
     // The engine comes up; the source connects and the relay is ready.
     let context = zmq::Context::new();
-    let mut engine = Engine::bind(&context, engine_addr);
+    let mut engine = Engine::bind(&context, setup.engine_addr);
     poll_until(admin, "/readyz", |status, _| (status == 200).then_some(())).await;
 
     // PUB/SUB drops what is sent before the subscription lands: publish removals of

@@ -342,3 +342,95 @@ pub(crate) fn sample(metrics: &str, series: &str) -> Option<u64> {
         .and_then(|value| value.parse::<f64>().ok())
         .map(|value| value as u64)
 }
+
+/// `GET path` on `addr`, answered 200 with JSON.
+pub(crate) async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let (status, body) = http_get(addr, path)
+        .await
+        .unwrap_or_else(|| panic!("GET {path} got no answer"));
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|_| panic!("GET {path}: {body}"))
+}
+
+/// A `kvrelay relay` process with [`write_card`]'s 1,024-block card and one vLLM source of
+/// it (worker 17, rank 0) whose engine is not up yet (its address is reserved here).
+pub(crate) struct VllmRelay {
+    pub(crate) relay: RelayProcess,
+    /// Where the engine publishes ([`VllmEngine::bind`] it there).
+    pub(crate) engine_addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a [`VllmRelay`] whose config file ends with `extra` (TOML tables).
+pub(crate) async fn vllm_relay(extra: &str) -> VllmRelay {
+    let reserved = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let engine_addr = reserved.local_addr().unwrap();
+    drop(reserved);
+    let dir = tempfile::tempdir().unwrap();
+    let cards = dir.path().join("cards");
+    std::fs::create_dir_all(&cards).unwrap();
+    write_card(&cards, 1024);
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[sources]]\nendpoint = \"prod.backend.generate\"\nworker_id = 17\ndp_rank = 0\n\
+             engine = \"vllm\"\nzmq = \"tcp://{engine_addr}\"\n\n{extra}"
+        ),
+    )
+    .unwrap();
+    let relay = RelayProcess::start_with_cards(
+        cards.to_str().unwrap(),
+        &[],
+        &["--config", config.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    VllmRelay {
+        relay,
+        engine_addr,
+        _dir: dir,
+    }
+}
+
+/// PUB/SUB drops what is sent before the subscription lands: publishes removals of
+/// unknown blocks (counted no-ops) until the relay applied one (30 s at most); returns
+/// the pool's stats path.
+pub(crate) async fn warm_up(admin: SocketAddr, engine: &mut VllmEngine) -> String {
+    let pools = get_json(admin, "/v1/pools").await;
+    let stats_path = format!(
+        "/v1/pools/{}/stats",
+        pools["pools"][0]["pool"].as_str().unwrap()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        engine.publish(removed(&[1_000_000 + engine.seq]));
+        let applied = get_json(admin, &stats_path).await["stats"]["events_applied"]
+            .as_u64()
+            .unwrap_or(0);
+        if applied > 0 {
+            return stats_path;
+        }
+        assert!(std::time::Instant::now() < deadline, "no batch arrived");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The relay's first catalog pool and first lane, once `/v1/catalog` lists both (30 s at
+/// most).
+pub(crate) async fn first_pool_and_lane(
+    admin: SocketAddr,
+) -> (serde_json::Value, serde_json::Value) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let catalog = get_json(admin, "/v1/catalog").await;
+        if let (Some(pool), Some(lane)) = (catalog["pools"].get(0), catalog["tier_lanes"].get(0)) {
+            return (pool.clone(), lane.clone());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lane in the catalog: {catalog}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
