@@ -22,9 +22,9 @@ pub enum FilterFormat {
     /// Both, for fleets upgrading their routers: every pool is published in v1 and has
     /// a dense *format twin* (a device lane in the catalog's `tier_lanes`, fed every
     /// event the pool's filter accepts). Routers that read the dense format follow the
-    /// twin; older ones never see it and keep the v1 pool. The relay keeps both filters
-    /// (about 1.6x the memory and apply work of v1 alone); the `[dynamo]` door publishes
-    /// the v1 pools.
+    /// twin; older ones never see it and keep the v1 pool. The twin is a second producer
+    /// with its own exact index, so the relay's pool memory and apply work about double;
+    /// the `[dynamo]` door publishes the v1 pools.
     V1AndDense,
 }
 
