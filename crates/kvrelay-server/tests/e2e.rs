@@ -113,11 +113,11 @@ async fn a_stalled_subscriber_is_cut_off_while_others_keep_up() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = deployment(dir.path(), 50);
     // Short timeouts cut the stall quickly.
-    add_big_pool(&config);
+    support::add_big_pool(&config);
     config.limits.snapshot_progress_timeout_ms = 2_000;
     config.limits.write_timeout_ms = 2_000;
     let relay = Relay::start(config).await.unwrap();
-    let big = big_pool(&relay).await;
+    let big = support::big_pool(&relay).await;
     let subscribe = request(StreamRpc::SubscribePool {
         expected_producer: big,
         resume_from_sequence: None,
@@ -436,21 +436,6 @@ async fn metrics_when(relay: &Relay, ready: impl Fn(&str) -> bool) -> String {
     }
 }
 
-/// One stored block from worker `0x31` (the big pool's), keyed by `id`.
-fn big_pool_store(id: u64) -> kvrelay_ckf::RouterEvent {
-    kvrelay_ckf::RouterEvent {
-        source: kvrelay_ckf::SourceId::new(0x31, 0),
-        event_id: id,
-        payload: kvrelay_ckf::EventPayload::Stored(kvrelay_ckf::StoredBlocks {
-            parent_engine_block_id: None,
-            blocks: vec![kvrelay_ckf::StoredBlock {
-                engine_block_id: id,
-                token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            }],
-        }),
-    }
-}
-
 /// A relay whose big pool (2^20+ buckets, an 8 MiB snapshot) has one subscriber stalled
 /// mid-snapshot on a version a later change pinned: the pin bound (1) is reached. Returns
 /// the relay, the big pool's producer and the stalled stream (kept open by the caller).
@@ -464,15 +449,15 @@ async fn relay_with_a_pinned_snapshot(
 ) {
     // The trace workload is the pools' event source (it also routes `submit`).
     let mut config = deployment(dir, 5);
-    add_big_pool(&config);
+    support::add_big_pool(&config);
     config.limits.max_pinned_snapshots_per_pool = 1;
     config.limits.resume_window_bytes = resume_window_bytes;
     let relay = Relay::start(config).await.unwrap();
-    let big = big_pool(&relay).await;
+    let big = support::big_pool(&relay).await;
     tokio::time::timeout(DEADLINE, relay.workload_finished())
         .await
         .unwrap();
-    relay.submit(big_pool_store(1)).await.unwrap();
+    relay.submit(support::big_pool_store(1)).await.unwrap();
     relay.flush().await;
 
     // A subscriber with a tiny receive buffer that never reads: its snapshot stays in
@@ -490,7 +475,7 @@ async fn relay_with_a_pinned_snapshot(
         ) >= 1.0
     })
     .await;
-    relay.submit(big_pool_store(2)).await.unwrap();
+    relay.submit(support::big_pool_store(2)).await.unwrap();
     relay.flush().await;
     (relay, big, stalled)
 }
@@ -550,36 +535,6 @@ async fn at_the_pin_bound_without_a_resume_window_a_subscriber_is_refused_and_co
     // A subscriber that never reads would hold shutdown to its timeout.
     drop(stalled);
     relay.shutdown().await.unwrap();
-}
-
-/// Adds a pool of 3,000,000 expected blocks (worker `0x31`) to `config`'s card directory:
-/// a filter of 2^20+ buckets, whose 8 MiB snapshot cannot hide in socket buffers (the
-/// kernel's send buffer grows to 4 MiB at most).
-fn add_big_pool(config: &kvrelay_server::RelayConfig) {
-    let cards = config.discovery.dir.clone().unwrap();
-    support::write_card(
-        &cards,
-        ("prod", "big", "generate"),
-        0x31,
-        "model-c",
-        "aggregated",
-        3_000_000,
-        1,
-    );
-}
-
-/// Waits for the three pools of a deployment with [`add_big_pool`] and returns the big one.
-async fn big_pool(relay: &Relay) -> kvrelay_codec::v1::ProducerIdentity {
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
-        .await
-        .unwrap();
-    relay
-        .catalog()
-        .pools
-        .into_iter()
-        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
-        .unwrap()
-        .producer
 }
 
 /// A subscriber with a tiny receive buffer that never reads.

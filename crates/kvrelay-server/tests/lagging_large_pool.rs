@@ -17,9 +17,6 @@ use kvrelay_codec::v1::{Message, PoolPayload, StreamRpc};
 use kvrelay_server::{PoolMirror, ProbeStream, Relay};
 use support::{DEADLINE, deployment, request};
 
-/// Expected blocks of the large pool: a v1 filter of 2^20 buckets (an 8 MiB snapshot).
-const LARGE_POOL_BLOCKS: u64 = 3_000_000;
-
 /// Blocks stored while the subscriber reads nothing: about 1 M bucket images, of which
 /// socket buffers hold at most ~4 MiB (~350 k); the rest waits in the relay.
 const BLOCKS_WHILE_STALLED: u64 = 1_000_000;
@@ -28,32 +25,14 @@ const BLOCKS_WHILE_STALLED: u64 = 1_000_000;
 async fn a_backlog_larger_than_one_frame_arrives_as_several_coalesced_deltas() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = deployment(dir.path(), 5);
-    let cards = config.discovery.dir.clone().unwrap();
-    support::write_card(
-        &cards,
-        ("prod", "large", "generate"),
-        0x31,
-        "model-c",
-        "aggregated",
-        LARGE_POOL_BLOCKS,
-        1,
-    );
+    support::add_big_pool(&config);
     // Room for the whole backlog: the subscriber must lag, not be cut off.
     config.limits.subscriber_backlog_bytes = Some(64 << 20);
     let relay = Relay::start(config).await.unwrap();
-    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
-        .await
-        .unwrap();
+    let large = support::big_pool(&relay).await;
     tokio::time::timeout(DEADLINE, relay.workload_finished())
         .await
         .unwrap();
-    let large = relay
-        .catalog()
-        .pools
-        .into_iter()
-        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
-        .unwrap()
-        .producer;
     assert_eq!(large.ckf_format.bucket_count, 1 << 20);
 
     // A subscriber with a small receive buffer reads its snapshot, then stops reading.
@@ -73,7 +52,7 @@ async fn a_backlog_larger_than_one_frame_arrives_as_several_coalesced_deltas() {
 
     // Stored while it reads nothing, then published.
     for id in 1..=BLOCKS_WHILE_STALLED {
-        relay.submit(large_pool_store(id)).await.unwrap();
+        relay.submit(support::big_pool_store(id)).await.unwrap();
     }
     relay.flush().await;
     let table = relay.producer_table(&large).await.unwrap();
@@ -119,20 +98,5 @@ async fn next_pool_frame(
     match tokio::time::timeout(DEADLINE, stream.next_message()).await {
         Ok(Ok(Some(Message::PoolFrame(frame)))) => frame,
         other => panic!("expected a pool frame: {other:?}"),
-    }
-}
-
-/// One stored block of the large pool's worker (`0x31`), keyed by `id`.
-fn large_pool_store(id: u64) -> kvrelay_ckf::RouterEvent {
-    kvrelay_ckf::RouterEvent {
-        source: kvrelay_ckf::SourceId::new(0x31, 0),
-        event_id: id,
-        payload: kvrelay_ckf::EventPayload::Stored(kvrelay_ckf::StoredBlocks {
-            parent_engine_block_id: None,
-            blocks: vec![kvrelay_ckf::StoredBlock {
-                engine_block_id: id,
-                token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            }],
-        }),
     }
 }

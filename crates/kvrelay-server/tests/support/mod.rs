@@ -407,3 +407,48 @@ pub(crate) fn advert_records(
     });
     (source, channel)
 }
+
+/// One stored block from worker `0x31` (the big pool's), keyed by `id`.
+pub(crate) fn big_pool_store(id: u64) -> kvrelay_ckf::RouterEvent {
+    kvrelay_ckf::RouterEvent {
+        source: kvrelay_ckf::SourceId::new(0x31, 0),
+        event_id: id,
+        payload: kvrelay_ckf::EventPayload::Stored(kvrelay_ckf::StoredBlocks {
+            parent_engine_block_id: None,
+            blocks: vec![kvrelay_ckf::StoredBlock {
+                engine_block_id: id,
+                token_hash: id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            }],
+        }),
+    }
+}
+
+/// Adds a pool of 3,000,000 expected blocks (worker `0x31`) to `config`'s card directory:
+/// a filter of 2^20+ buckets, whose 8 MiB snapshot cannot hide in socket buffers (the
+/// kernel's send buffer grows to 4 MiB at most).
+pub(crate) fn add_big_pool(config: &RelayConfig) {
+    let cards = config.discovery.dir.clone().unwrap();
+    write_card(
+        &cards,
+        ("prod", "big", "generate"),
+        0x31,
+        "model-c",
+        "aggregated",
+        3_000_000,
+        1,
+    );
+}
+
+/// Waits for the three pools of a deployment with [`add_big_pool`] and returns the big one.
+pub(crate) async fn big_pool(relay: &Relay) -> kvrelay_codec::v1::ProducerIdentity {
+    tokio::time::timeout(DEADLINE, relay.wait_for_pools(3))
+        .await
+        .unwrap();
+    relay
+        .catalog()
+        .pools
+        .into_iter()
+        .max_by_key(|pool| pool.producer.ckf_format.bucket_count)
+        .unwrap()
+        .producer
+}
