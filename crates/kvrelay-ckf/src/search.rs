@@ -15,7 +15,9 @@
 //! before or after any one delta; lanes that left the search are never read):
 //!
 //! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 and the last `window` positions in one
-//!    batch; the lanes that miss first at a gallop position form one bracket;
+//!    batch; the lanes that miss first at a gallop position form one bracket. A group of
+//!    more than [`STAGED_GALLOP_LANES`] lanes probes position 0 alone first and gallops
+//!    only with the lanes holding it (one more round trip, far fewer lines fetched);
 //! 2. refine: `FANOUT`-ary rounds; each round probes `FANOUT − 1` split points of every open
 //!    bracket and splits its lanes by where they first miss. A bracket that this round
 //!    resolves completely also probes the `window` positions below it, so its lanes are
@@ -169,6 +171,13 @@ pub(crate) fn search(
 /// `FANOUT` parts. Wider rounds cost more probes but fewer dependent memory round trips.
 const FANOUT: u32 = 4;
 
+/// Ready lanes of a group above which the gallop probes position 0 alone first, and the
+/// rest of its positions only for the lanes holding it. Up to this many lanes span at
+/// most two cache lines per row, so fetching them all at every gallop position costs
+/// less than the extra round trip; past it, one round trip saves up to 8 lines per
+/// row for every lane that misses the first block.
+const STAGED_GALLOP_LANES: u32 = 16;
+
 /// The `FANOUT - 1` split points of `lo..hi`, which cut it into `FANOUT` parts; strictly
 /// increasing and in `lo + 1..hi` when `hi - lo >= FANOUT`.
 fn split_points(lo: u32, hi: u32) -> [u32; FANOUT as usize - 1] {
@@ -276,15 +285,26 @@ impl<V: ProbeView> GroupSearch<'_, V> {
 
     fn gallop(&mut self, ready: u64, n: u32) {
         let last = n - 1;
+        // A wide group first learns which lanes hold position 0: the gallop's batch
+        // fetches every asked lane's lines at every gallop position, and with dozens of
+        // lanes that is more lines than the core keeps in flight (its prefetches stall),
+        // while in a fleet most lanes usually miss the first block already.
+        let galloping = if ready.count_ones() > STAGED_GALLOP_LANES {
+            self.queue(0, ready);
+            self.probe_batch();
+            self.present(0, ready)
+        } else {
+            ready
+        };
         let mut position = 0u32;
         loop {
-            self.queue(position, ready);
+            self.queue(position, galloping);
             if position >= last {
                 break;
             }
             position = position.saturating_mul(2).saturating_add(1).min(last);
         }
-        self.queue_window(n, ready);
+        self.queue_window(n, galloping);
         self.probe_batch();
         let mut alive = ready;
         let mut lo = 0u32;
@@ -632,6 +652,106 @@ mod tests {
         let (depths, probes) = run(&fake, 64, 2);
         assert!(depths.iter().all(|&d| d == Some(40)));
         assert!(probes <= 16, "{probes} probes");
+    }
+
+    /// A [`Fake`] that records every prefetch as `(position, lanes)`.
+    struct Recording {
+        fake: Fake,
+        prefetched: std::cell::RefCell<Vec<(usize, u64)>>,
+    }
+
+    impl Prober for Recording {
+        type View<'a> = &'a Recording;
+        fn n_lanes(&self) -> usize {
+            self.fake.n_lanes()
+        }
+        fn ready_lanes(&self, group: usize) -> u64 {
+            self.fake.ready_lanes(group)
+        }
+        fn view(&self) -> &Recording {
+            self
+        }
+    }
+
+    impl ProbeView for &Recording {
+        fn locate(&self, hash: u64) -> Location {
+            (&self.fake).locate(hash)
+        }
+        fn prefetch(&self, location: &Location, _group: usize, lanes: u64) {
+            self.prefetched.borrow_mut().push((location.first, lanes));
+        }
+        fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64 {
+            (&self.fake).probe(location, group, lanes)
+        }
+    }
+
+    /// Depths and prefetches of a search over `n_lanes` lanes of which those in `holders`
+    /// hold all `n` positions and the others none.
+    fn search_recorded(
+        n_lanes: usize,
+        holders: u64,
+        n: usize,
+    ) -> (Vec<Option<u32>>, Vec<(usize, u64)>) {
+        let recording = Recording {
+            fake: Fake {
+                present: (0..n_lanes)
+                    .map(|lane| prefix_lane(n, if holders >> lane & 1 == 1 { n } else { 0 }))
+                    .collect(),
+                ready: vec![true; n_lanes],
+            },
+            prefetched: std::cell::RefCell::default(),
+        };
+        let hashes: Vec<u64> = (0..n as u64).collect();
+        let mut depths = Vec::new();
+        search(
+            &recording,
+            &hashes,
+            2,
+            &mut SearchScratch::default(),
+            &mut depths,
+        );
+        (depths, recording.prefetched.into_inner())
+    }
+
+    #[test]
+    fn a_wide_group_gallops_only_with_the_lanes_holding_the_first_block() {
+        let n = 32;
+        let holders: u64 = (1 << 0) | (1 << 10) | (1 << 20) | (1 << 30);
+        let (depths, prefetched) = search_recorded(40, holders, n);
+        for (lane, depth) in depths.iter().enumerate() {
+            let expected = if holders >> lane & 1 == 1 {
+                n as u32
+            } else {
+                0
+            };
+            assert_eq!(*depth, Some(expected), "lane {lane}");
+        }
+        assert_eq!(
+            prefetched.first(),
+            Some(&(0, (1 << 40) - 1)),
+            "position 0 first, alone"
+        );
+        assert!(
+            prefetched
+                .iter()
+                .filter(|(position, _)| *position == 0)
+                .count()
+                == 1
+        );
+        for (position, lanes) in &prefetched[1..] {
+            assert_eq!(
+                lanes & !holders,
+                0,
+                "position {position} fetched {lanes:#x}"
+            );
+        }
+        // A group of at most STAGED_GALLOP_LANES lanes fetches every gallop position for
+        // every lane in its first batch.
+        let narrow = STAGED_GALLOP_LANES as usize;
+        let (depths, prefetched) = search_recorded(narrow, holders & ((1 << narrow) - 1), n);
+        assert_eq!(depths[1], Some(0));
+        let all = (1u64 << narrow) - 1;
+        assert!(prefetched.contains(&(1, all)) && prefetched.contains(&(3, all)));
     }
 
     #[test]
