@@ -41,6 +41,7 @@ pub mod counters;
 pub mod event;
 mod exact;
 pub mod format;
+pub mod huge_pages;
 pub mod image;
 mod keyhash;
 mod lineage;

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use crate::addressing::Addressing;
 use crate::bucket;
 use crate::format::ConfigError;
+use crate::huge_pages::zeroed_words;
 use crate::image::{BucketImage, Delta, SnapshotChunk};
 use crate::prefetch::prefetch_element;
 use crate::replica::{ReplicaError, ReplicaStatus, Sequencer};
@@ -74,12 +75,18 @@ impl PrefixDepths {
 pub struct QueryConfig {
     /// Positions re-checked below each depth, `1..=MAX_VERIFICATION_WINDOW`.
     pub verification_window: u32,
+    /// Ask Linux to back the rows with transparent huge pages (`madvise(MADV_HUGEPAGE)`
+    /// on every rows allocation of 2 MiB or more, before it is first touched). A probe
+    /// then rarely misses the TLB; the system's setting still decides (`never` turns
+    /// it off for every program). No effect on other systems.
+    pub huge_pages: bool,
 }
 
 impl Default for QueryConfig {
     fn default() -> Self {
         Self {
             verification_window: DEFAULT_VERIFICATION_WINDOW,
+            huge_pages: true,
         }
     }
 }
@@ -123,6 +130,10 @@ pub struct QueryTable {
     format: CkfFormat,
     addressing: Addressing,
     window: u32,
+    /// [`QueryConfig::huge_pages`].
+    advise_huge_pages: bool,
+    /// The kernel accepted the huge-page advice for the current rows.
+    rows_advised: bool,
     stride: usize,
     /// Bucket rows plus up to `ROW_ALIGN_WORDS - 1` words of padding; the rows start at
     /// `offset`, the first 64-byte boundary of the allocation, so a row of up to 8 lanes is
@@ -157,6 +168,8 @@ pub struct GrownRows {
     words: Vec<AtomicU64>,
     offset: usize,
     stride: usize,
+    /// The kernel accepted the huge-page advice for `words`.
+    advised: bool,
     /// The table's stride and revision the rows were copied at.
     from_stride: usize,
     from_revision: u64,
@@ -215,19 +228,6 @@ fn table_words(bucket_count: usize, stride: usize) -> usize {
     bucket_count
         .saturating_mul(stride)
         .saturating_add(ROW_ALIGN_WORDS - 1)
-}
-
-/// `n` zeroed atomic words, or the allocator's refusal.
-fn zeroed_words(n: usize, what: &'static str) -> Result<Vec<AtomicU64>, ConfigError> {
-    let mut words = Vec::new();
-    words
-        .try_reserve_exact(n)
-        .map_err(|_| ConfigError::AllocationFailed {
-            what,
-            bytes: n as u64 * 8,
-        })?;
-    words.resize_with(n, || AtomicU64::new(0));
-    Ok(words)
 }
 
 /// One delta's hold on the table: the write counter and the stripes of every row it
@@ -300,15 +300,17 @@ impl QueryTable {
         let n_stripes = (format.bucket_count() as usize)
             .next_power_of_two()
             .min(MAX_STRIPES);
-        let stripes = zeroed_words(n_stripes, "query table stripes")?.into_boxed_slice();
+        let (stripes, _) = zeroed_words(n_stripes, "query table stripes", false)?;
         Ok(Self {
             format,
             addressing: Addressing::new(format),
             window,
+            advise_huge_pages: config.huge_pages,
+            rows_advised: false,
             stride: 0,
             words: Vec::new(),
             offset: 0,
-            stripes,
+            stripes: stripes.into_boxed_slice(),
             stripe_mask: n_stripes - 1,
             writing: WriteCounter::default(),
             lanes: Vec::new(),
@@ -316,6 +318,13 @@ impl QueryTable {
             revision: AtomicU64::new(0),
             writer: Mutex::new(()),
         })
+    }
+
+    /// Whether the kernel accepted [`QueryConfig::huge_pages`]'s advice for the current
+    /// rows (false when not asked, below 2 MiB, or not on Linux); the system's setting
+    /// and its free huge pages decide what the rows get (docs/ckf.md, "Huge pages").
+    pub fn huge_pages_advised(&self) -> bool {
+        self.rows_advised
     }
 
     /// The shared format of every lane.
@@ -384,6 +393,7 @@ impl QueryTable {
             std::mem::swap(&mut self.words, &mut rows.words);
             std::mem::swap(&mut self.offset, &mut rows.offset);
             std::mem::swap(&mut self.stride, &mut rows.stride);
+            std::mem::swap(&mut self.rows_advised, &mut rows.advised);
             // Retired: never swapped in again.
             rows.from_stride = usize::MAX;
             self.bump_revision();
@@ -584,7 +594,7 @@ impl QueryTable {
         let new_stride = self.next_stride();
         let bucket_count = self.format.bucket_count() as usize;
         let n_words = table_words(bucket_count, new_stride);
-        let words = zeroed_words(n_words, "query table")?;
+        let (words, advised) = zeroed_words(n_words, "query table", self.advise_huge_pages)?;
         // The allocation never moves after this (no pushes), so the offset stays valid.
         let misalignment = (words.as_ptr() as usize / 8) % ROW_ALIGN_WORDS;
         let offset = (ROW_ALIGN_WORDS - misalignment) % ROW_ALIGN_WORDS;
@@ -604,6 +614,7 @@ impl QueryTable {
             words,
             offset,
             stride: new_stride,
+            advised,
             from_stride: self.stride,
             from_revision: self.revision.load(Ordering::Relaxed),
         })

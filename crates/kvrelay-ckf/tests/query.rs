@@ -378,3 +378,39 @@ fn a_new_lanes_chunks_go_in_beside_queries_and_an_answering_lane_refuses_them() 
     assert!(!table.install_chunk(lane, &small[0]).unwrap());
     assert_eq!(table.prefix_depths(&hashes).depth(lane), None);
 }
+
+#[test]
+fn large_rows_are_advised_onto_huge_pages_and_answer_the_same() {
+    let tokens: Vec<u64> = (0..24u64).map(|i| i * 7 + 1).collect();
+    let hashes = sequence_hashes(&tokens);
+    let capacity = 1 << 20;
+    let format = PoolFilter::new(CkfConfig::new(capacity)).unwrap().format();
+    // Linux accepts the advice whenever it was built with transparent huge pages, whatever
+    // the system's setting; a table of small rows is never advised.
+    let can_advise = cfg!(target_os = "linux")
+        && std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists();
+    let mut answers = Vec::new();
+    for huge_pages in [true, false] {
+        let config = QueryConfig {
+            huge_pages,
+            ..QueryConfig::default()
+        };
+        let mut table = QueryTable::new(format, config).unwrap();
+        assert!(!table.huge_pages_advised(), "no rows yet");
+        for (i, depth) in [24, 10, 0].into_iter().enumerate() {
+            let lane = table.add_lane().unwrap();
+            assert!(table.table_bytes() >= 4 << 20);
+            assert_eq!(table.huge_pages_advised(), huge_pages && can_advise);
+            let mut filter = PoolFilter::new(CkfConfig::new(capacity)).unwrap();
+            store_prefix(&mut filter, &tokens, depth, i as u64 + 1);
+            for chunk in filter.snapshot().unwrap().chunks {
+                table.install_chunk(lane, &chunk).unwrap();
+            }
+        }
+        answers.push(table.prefix_depths(&hashes).depths().to_vec());
+    }
+    assert_eq!(answers[0], vec![Some(24), Some(10), Some(0)]);
+    assert_eq!(answers[0], answers[1]);
+    let (small, _) = build(&tokens, &[Some(3)]);
+    assert!(small.table_bytes() < 2 << 20 && !small.huge_pages_advised());
+}

@@ -32,21 +32,27 @@
 //! it costs: the snapshot's encoding and its trip over loopback TCP into a replica, and
 //! what a subscriber that missed 10 to 6,000 deltas of churn is sent to catch up.
 
+// The run's figures are one `json!` object, deeper than the macro's default limit.
+#![recursion_limit = "256"]
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use kvrelay_benches::{Flags, process_memory};
 use kvrelay_ckf::{
-    CkfConfig, FilterDensity, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
-    SnapshotChunk,
+    CkfConfig, FilterDensity, PoolFilter, PrefixDepths, PrefixQuery, QueryTable, SnapshotChunk,
 };
 use serde_json::{Value, json};
 
 mod applying;
 mod fleet;
 mod mixed;
+mod pages;
 mod relay_side;
+
+#[global_allocator]
+static ALLOCATOR: pages::AdvisingAllocator = pages::AdvisingAllocator;
 
 use applying::{quantile_us, scoring_while_applying};
 
@@ -248,6 +254,7 @@ fn run(
     table_lat.sort_unstable();
 
     let table_bytes = table.table_bytes();
+    let table_advised = table.huge_pages_advised();
     let fp_probes = if n_requests >= 100_000 {
         200_000
     } else {
@@ -284,6 +291,9 @@ fn run(
         "capacity_omissions": capacity_omissions,
         "depth_inflation_blocks_per_dc_answer": inflation_blocks as f64 / (n_requests * n_dcs) as f64,
         "query_table_bytes": table_bytes,
+        "huge_pages": pages::huge_pages(),
+        "query_table_huge_pages_advised": table_advised,
+        "process_huge_page_bytes": pages::anon_huge_page_bytes(),
         "exact_index_bytes": exact_bytes,
         "process_rss_bytes": process_memory(std::process::id()).map_or(0, |m| m.current_bytes),
         "score_p99_idle_us": rounded(applying.idle_p99_us, 2),
@@ -334,7 +344,7 @@ impl<'a> Fleet<'a> {
             zipf: Zipf::new(TENANTS),
             blocks_per_dc,
             config,
-            table: QueryTable::new(format, QueryConfig::default()).context("query table")?,
+            table: QueryTable::new(format, pages::query_config()).context("query table")?,
         })
     }
 
@@ -398,6 +408,7 @@ fn replicas_only(
         "{}",
         json!({
             "rss_bytes": memory.current_bytes,
+            "huge_page_bytes": pages::anon_huge_page_bytes(),
             "table_bytes": table.table_bytes(),
             "memberships": memberships,
         })
@@ -422,6 +433,7 @@ fn measure_replicas_process(
         .arg(n_dcs.to_string())
         .arg("--blocks-per-dc")
         .arg(blocks_per_dc.to_string())
+        .args((!pages::huge_pages()).then_some("--small-pages"))
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("starting the replicas-only process")?;
@@ -433,8 +445,9 @@ fn measure_replicas_process(
 }
 
 /// Flags of `fleet-bench`.
-const FLAGS: [&str; 8] = [
+const FLAGS: [&str; 9] = [
     "quick",
+    "small-pages",
     "formats",
     "trace",
     "json",
@@ -448,12 +461,13 @@ fn main() -> Result<()> {
     let flags = Flags::from_env();
     if flags.wants_help() {
         println!(
-            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N] [--formats dense,v1] (also dense90, dense85, dense80: lighter dense loads)"
+            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N] [--formats dense,v1] (also dense90, dense85, dense80: lighter dense loads) [--small-pages] (neither the query table nor the exact baseline on transparent huge pages)"
         );
         return Ok(());
     }
     flags.ensure_known(&FLAGS)?;
     let quick = flags.switch("quick");
+    pages::use_huge_pages(!flags.switch("small-pages"));
     let trace = PathBuf::from(
         flags
             .raw("trace")
@@ -531,6 +545,7 @@ fn main() -> Result<()> {
             let memberships = replicas["memberships"].as_u64().unwrap_or(0).max(1);
             let per_membership = rss as f64 / memberships as f64;
             figures["router_rss_bytes"] = json!(rss);
+            figures["router_huge_page_bytes"] = replicas["huge_page_bytes"].clone();
             figures["router_rss_bytes_per_membership"] = json!(rounded(per_membership, 3));
             figures["router_rss_vs_reference_per_membership"] = json!(rounded(
                 per_membership / REFERENCE_ROUTER_BYTES_PER_MEMBERSHIP,

@@ -8,9 +8,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kvrelay_ckf::{
-    CkfConfig, FilterDensity, PoolFilter, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
-};
+use kvrelay_ckf::{CkfConfig, FilterDensity, PoolFilter, PrefixDepths, PrefixQuery, QueryTable};
 use kvrelay_identity::CkfFormat;
 use serde_json::{Value, json};
 
@@ -67,7 +65,8 @@ pub(crate) fn run_mixed(
         let table = match tables.tables.iter().position(|(f, _)| *f == format) {
             Some(table) => table,
             None => {
-                let table = QueryTable::new(format, QueryConfig::default()).context("a table")?;
+                let table =
+                    QueryTable::new(format, crate::pages::query_config()).context("a table")?;
                 tables.tables.push((format, table));
                 tables.answers.push(PrefixDepths::default());
                 tables.tables.len() - 1
