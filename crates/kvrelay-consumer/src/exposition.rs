@@ -78,6 +78,12 @@ impl Collector for Snapshot {
         )?;
         gauge(
             &mut encoder,
+            "query_table_huge_page_advised_bytes",
+            "Of query_table_bytes, those in tables the kernel took the huge-page advice for.",
+            m.query_table_huge_page_advised_bytes as f64,
+        )?;
+        gauge(
+            &mut encoder,
             "replica_max_age_seconds",
             "Largest time since a replica last heard from its relay, seconds.",
             m.max_replica_age.as_secs_f64(),
@@ -284,6 +290,7 @@ mod tests {
             ("replica_max_sequence_lag", "gauge"),
             ("replica_max_age_seconds", "gauge"),
             ("query_table_bytes", "gauge"),
+            ("query_table_huge_page_advised_bytes", "gauge"),
             ("resubscribes", "counter"),
             ("quarantined_entries", "gauge"),
             ("quarantined", "counter"),

@@ -110,6 +110,10 @@ pub struct ConsumerMetrics {
     /// Bytes the query tables hold now (what replicas really take, spare stride
     /// included), bounded by [`crate::Limits::max_query_table_bytes`].
     pub query_table_bytes: u64,
+    /// Of [`Self::query_table_bytes`], those in tables whose rows the kernel took the
+    /// huge-page advice for (`kvrelay_ckf::QueryConfig::huge_pages`); what it actually
+    /// backs with huge pages is `AnonHugePages` in the process's `smaps_rollup`.
+    pub query_table_huge_page_advised_bytes: u64,
     /// Resubscriptions by reason, in [`ResubscribeReason::ALL`] order.
     pub resubscribes: Vec<(ResubscribeReason, u64)>,
     /// Catalog entries currently quarantined (unsupported or malformed), over all relays.

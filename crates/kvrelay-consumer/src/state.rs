@@ -1216,6 +1216,7 @@ impl ConsumerState {
             .filter(|entry| self.store.status(entry.key, now) == ReplicaState::Current)
             .count() as u64;
         out.query_table_bytes = self.store.table_bytes();
+        out.query_table_huge_page_advised_bytes = self.store.huge_page_advised_bytes();
         out.max_replica_age = max_age;
         out.max_replica_sequence_lag = max_lag;
         out.quarantined_entries = self

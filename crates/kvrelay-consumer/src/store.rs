@@ -361,6 +361,16 @@ impl ReplicaStore {
             .sum()
     }
 
+    /// Of [`Self::table_bytes`], those in tables whose rows the kernel took the
+    /// huge-page advice for.
+    pub(crate) fn huge_page_advised_bytes(&self) -> u64 {
+        self.tables
+            .values()
+            .filter(|entry| entry.table.huge_pages_advised())
+            .map(|entry| entry.table.table_bytes())
+            .sum()
+    }
+
     /// Drops `key`'s slot and frees its lane; returns whether it existed.
     pub(crate) fn remove(&mut self, key: PoolKey) -> bool {
         let Some(slot) = self.slots.remove(&key) else {
@@ -738,6 +748,26 @@ mod tests {
         // The allocator recovered: the next attempt gets a lane.
         store.reset(PoolKey(1), format()).unwrap();
         assert_eq!(store.tables[&format()].table.n_lanes(), 1);
+    }
+
+    #[test]
+    fn tables_of_2_mib_or_more_count_as_advised_onto_huge_pages() {
+        let mut store = ReplicaStore::new(Duration::from_secs(30), u64::MAX);
+        store.reset(PoolKey(1), format()).unwrap();
+        assert_eq!(
+            store.huge_page_advised_bytes(),
+            0,
+            "a 8 KiB table is not advised"
+        );
+        let large = CkfFormat::v1(7, 1 << 19).unwrap();
+        store.reset(PoolKey(2), large).unwrap();
+        let large_bytes = store.tables[&large].table.table_bytes();
+        assert!(large_bytes >= 4 << 20);
+        // Linux takes the advice whenever it was built with transparent huge pages.
+        let can_advise = cfg!(target_os = "linux")
+            && std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists();
+        let expected = if can_advise { large_bytes } else { 0 };
+        assert_eq!(store.huge_page_advised_bytes(), expected);
     }
 
     #[test]
