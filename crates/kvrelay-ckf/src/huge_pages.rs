@@ -4,10 +4,11 @@
 //! every probe also misses the TLB and walks the page tables, one more dependent memory
 //! access per row. Backed by 2 MiB pages the same table needs 512 times fewer
 //! translations (fleet benchmark, 64 DCs: the median query took 15–33 % less time, and so
-//! did the exact map's, docs/benchmarks.md). Linux gives an anonymous mapping huge pages by default only when
-//! `/sys/kernel/mm/transparent_hugepage/enabled` is `always`; under the common `madvise`
-//! setting a program has to ask for them with `madvise(MADV_HUGEPAGE)`, which is what
-//! [`advise_huge_pages`] does for an allocation before its first touch. Under `never`
+//! did the exact map's, docs/benchmarks.md). Linux gives an anonymous mapping huge pages
+//! by default only when `/sys/kernel/mm/transparent_hugepage/enabled` is `always`; under
+//! the common `madvise` setting a program has to ask for them with
+//! `madvise(MADV_HUGEPAGE)`, which is what [`advise_huge_pages`] does for an allocation
+//! before its first touch. Under `never`
 //! (or on other systems) the request does nothing and the table keeps small pages.
 
 use std::mem::MaybeUninit;

@@ -757,7 +757,7 @@ mod tests {
         assert_eq!(
             store.huge_page_advised_bytes(),
             0,
-            "a 8 KiB table is not advised"
+            "an 8 KiB table is not advised"
         );
         let large = CkfFormat::v1(7, 1 << 19).unwrap();
         store.reset(PoolKey(2), large).unwrap();
