@@ -712,6 +712,22 @@ fn coverage_must_name_listed_pools_once_with_a_share_of_at_most_100() {
 }
 
 #[test]
+fn an_overfull_coverage_state_round_trips_with_its_share() {
+    let mut update = catalog(vec![descriptor(1)]);
+    update.coverage = vec![PoolCoverage {
+        state: CoverageState::Overfull,
+        ..coverage_of(&update.pools[0], 20)
+    }];
+    let mut body = BytesMut::new();
+    update.encode_body(&mut body).unwrap();
+    let decoded = CatalogUpdate::decode_body(&body, frame::PROTOCOL_MINOR).unwrap();
+    assert_eq!(decoded.coverage[0].state, CoverageState::Overfull);
+    assert_eq!(decoded.coverage[0].state.code(), 3);
+    assert_eq!(decoded.coverage[0].unroutable_percent, 20);
+    assert!(decoded.validate().is_ok());
+}
+
+#[test]
 fn an_unrecognized_coverage_state_decodes_and_validates() {
     // A newer relay's state: kept as a code for the consumer to report.
     let mut update = catalog(vec![descriptor(1)]);

@@ -115,6 +115,12 @@ pub enum Coverage {
     /// The relay is rebuilding the filter from its engines' replay (a relay start, a
     /// resume, a restarted engine): it misses what the replay has not reached yet.
     Recovering,
+    /// The pool's filter, or one of its lanes, holds blocks it could not place (capacity
+    /// omissions: the engines cache more than their cards declared).
+    Overfull {
+        /// The omitted share of the owned blocks, percent (a multiple of 10; 0: under 5 %).
+        omitted_percent: u8,
+    },
     /// A state a newer relay sent that this consumer does not know: not complete.
     Unrecognized {
         /// The state's wire code.
@@ -131,6 +137,7 @@ impl Coverage {
             Self::Complete => "complete",
             Self::Degraded { .. } => "degraded",
             Self::Recovering => "recovering",
+            Self::Overfull { .. } => "overfull",
             Self::Unrecognized { .. } => "unrecognized",
         }
     }
@@ -140,14 +147,24 @@ impl Coverage {
         self == Self::Complete
     }
 
-    /// The share of recent events the relay could not route, percent (0 when complete).
+    /// The share of recent events the relay could not route, percent (0 unless degraded
+    /// or unrecognized).
     pub fn unroutable_percent(self) -> u8 {
         match self {
-            Self::Complete | Self::Recovering => 0,
+            Self::Complete | Self::Recovering | Self::Overfull { .. } => 0,
             Self::Degraded { unroutable_percent }
             | Self::Unrecognized {
                 unroutable_percent, ..
             } => unroutable_percent,
+        }
+    }
+
+    /// The share of the pool's owned blocks its filter could not place, percent (0 unless
+    /// overfull).
+    pub fn omitted_percent(self) -> u8 {
+        match self {
+            Self::Overfull { omitted_percent } => omitted_percent,
+            _ => 0,
         }
     }
 
@@ -157,6 +174,9 @@ impl Coverage {
         match coverage.state {
             kvrelay_codec::v1::CoverageState::Degraded => Self::Degraded { unroutable_percent },
             kvrelay_codec::v1::CoverageState::Recovering => Self::Recovering,
+            kvrelay_codec::v1::CoverageState::Overfull => Self::Overfull {
+                omitted_percent: unroutable_percent,
+            },
             other => Self::Unrecognized {
                 code: other.code(),
                 unroutable_percent,

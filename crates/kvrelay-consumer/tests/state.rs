@@ -214,8 +214,27 @@ fn a_degraded_pool_answers_and_says_so_until_the_relay_clears_it() {
     assert!(!coverage.is_complete());
     assert_eq!(coverage.as_str(), "unrecognized");
 
+    // An overfull filter's share is its omitted share, not an unroutable one.
+    degraded.revision = 4;
+    degraded.coverage[0].state = CoverageState::Overfull;
+    degraded.coverage[0].unroutable_percent = 40;
+    state.apply_catalog(0, &degraded).unwrap();
+    let coverage = state.pools(now)[0].coverage;
+    assert_eq!(
+        coverage,
+        Coverage::Overfull {
+            omitted_percent: 40
+        }
+    );
+    assert_eq!(
+        (coverage.omitted_percent(), coverage.unroutable_percent()),
+        (40, 0)
+    );
+    let ranking = state.score(&request(vec![1; 8]), now).unwrap();
+    assert_eq!(ranking.candidates[0].legs[0].coverage, coverage);
+
     state
-        .apply_catalog(0, &catalog_of(relay, 4, &[&producer]))
+        .apply_catalog(0, &catalog_of(relay, 5, &[&producer]))
         .unwrap();
     assert_eq!(state.pools(now)[0].coverage, Coverage::Complete);
 }

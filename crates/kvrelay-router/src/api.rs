@@ -374,13 +374,17 @@ pub struct LegView<'a> {
     pub block_size: u32,
     /// The replica's state for this answer.
     pub replica: &'static str,
-    /// What the relay says of the pool's filter: `complete`, `degraded` (an engine's
-    /// history was lost: a prefix found is cached, one not found may be too) or
-    /// `unrecognized` (a newer relay's state).
+    /// What the relay says of the pool's filter: `complete`, `recovering` (being rebuilt
+    /// from the engines' replay), `degraded` (an engine's history was lost), `overfull`
+    /// (the filter could not place every block) or `unrecognized` (a newer relay's
+    /// state). Anything but `complete`: a prefix found is cached, one not found may be too.
     pub coverage: &'static str,
-    /// The share of the pool's recent events its relay could not route, percent (0 when
-    /// complete).
+    /// The share of the pool's recent events its relay could not route, percent (0 unless
+    /// degraded or unrecognized).
     pub unroutable_percent: u8,
+    /// The share of the pool's owned blocks its filter could not place, percent (0 unless
+    /// overfull).
+    pub omitted_percent: u8,
     /// Estimated cached leading blocks; `null` when the replica is unusable.
     pub prefix_blocks: Option<u32>,
     /// Estimated cached leading tokens; `null` when the replica is unusable.
@@ -430,6 +434,7 @@ impl<'a> From<&'a ScoredLeg> for LegView<'a> {
             replica: leg.replica.as_str(),
             coverage: leg.coverage.as_str(),
             unroutable_percent: leg.coverage.unroutable_percent(),
+            omitted_percent: leg.coverage.omitted_percent(),
             prefix_blocks: leg.prefix_blocks,
             prefix_tokens: leg.prefix_tokens,
             host_blocks: leg.host_blocks,
@@ -503,6 +508,8 @@ pub struct PoolView {
     pub coverage: &'static str,
     /// The share of the pool's recent events its relay could not route, percent.
     pub unroutable_percent: u8,
+    /// The share of the pool's owned blocks its filter could not place, percent.
+    pub omitted_percent: u8,
     /// The installed sequence, when ready.
     pub sequence: Option<u64>,
     /// The newest sequence the relay announced.
@@ -578,6 +585,7 @@ impl PoolsView {
                     replica: pool.replica.as_str(),
                     coverage: pool.coverage.as_str(),
                     unroutable_percent: pool.coverage.unroutable_percent(),
+                    omitted_percent: pool.coverage.omitted_percent(),
                     sequence: pool.sequence,
                     announced_sequence: pool.announced_sequence,
                     age_seconds: pool.age.map(|age: Duration| age.as_secs_f64()),

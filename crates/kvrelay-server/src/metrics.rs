@@ -9,104 +9,22 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+mod labels;
+
+pub(crate) use self::labels::{
+    AcceptErrorLabels, CategoryLabel, CauseLabel, ComponentLabel, DispositionLabel,
+    MEMORY_INGEST_QUEUES, MEMORY_PINNED_SNAPSHOTS, MEMORY_POOL_FILTERS, MEMORY_PUBLICATION_MIRRORS,
+    MEMORY_RESUME_WINDOWS, MEMORY_SUBSCRIBER_BACKLOGS, OutcomeLabel, ReasonLabel, RejectionLabels,
+    RpcLabel, RpcReasonLabels, StartLabel, StateLabel, StreamLabel, TierLabel,
+};
+
 use crate::admission::StreamKind;
 use crate::source_metrics::SourceMetrics;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct StreamLabel {
-    pub(crate) stream: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct RejectionLabels {
-    pub(crate) stream: &'static str,
-    pub(crate) scope: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ReasonLabel {
-    pub(crate) reason: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct OutcomeLabel {
-    pub(crate) outcome: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct DispositionLabel {
-    pub(crate) disposition: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct AcceptErrorLabels {
-    /// `wan` or `admin`.
-    pub(crate) listener: &'static str,
-    /// `fd_limit` (EMFILE, ENFILE, ENOBUFS, ENOMEM) or `other`.
-    pub(crate) kind: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct StateLabel {
-    pub(crate) state: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct RpcLabel {
-    /// The contract's method name.
-    pub(crate) rpc: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct RpcReasonLabels {
-    pub(crate) rpc: &'static str,
-    pub(crate) reason: &'static str,
-}
-
-/// A lower cache tier (`host`, `disk`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct TierLabel {
-    pub(crate) tier: &'static str,
-}
-
-/// A part of the relay's memory (`kvrelay_memory_bytes{component}`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ComponentLabel {
-    pub(crate) component: &'static str,
-}
-
-/// Every pool's and lane's producer state: its table, dirty window, exact ownership index
-/// and lineage maps (read with the pools' health).
-pub(crate) const MEMORY_POOL_FILTERS: ComponentLabel = ComponentLabel {
-    component: "pool_filters",
-};
-/// The other parts, read from the publication hubs' and sources' gauges at each scrape.
-const MEMORY_PUBLICATION_MIRRORS: ComponentLabel = ComponentLabel {
-    component: "publication_mirrors",
-};
-const MEMORY_PINNED_SNAPSHOTS: ComponentLabel = ComponentLabel {
-    component: "pinned_snapshots",
-};
-const MEMORY_RESUME_WINDOWS: ComponentLabel = ComponentLabel {
-    component: "resume_windows",
-};
-const MEMORY_SUBSCRIBER_BACKLOGS: ComponentLabel = ComponentLabel {
-    component: "subscriber_backlogs",
-};
-const MEMORY_INGEST_QUEUES: ComponentLabel = ComponentLabel {
-    component: "ingest_queues",
-};
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct CategoryLabel {
-    pub(crate) category: &'static str,
-}
 
 /// Every metric the relay exports, registered in one registry.
 #[derive(Debug)]
@@ -150,6 +68,8 @@ pub(crate) struct RelayMetrics {
     pub(crate) pools_stalled: Gauge,
     /// Pools whose recent events were mostly unroutable (history lost).
     pub(crate) pools_degraded: Gauge,
+    /// Pools whose filter (or a lane's) could not place some owned blocks lately.
+    pub(crate) pools_overfull: Gauge,
     /// Pool checkpoint writes by outcome (ok, failed, too_large).
     pub(crate) checkpoint_writes: Family<OutcomeLabel, Counter>,
     /// Checkpoint restores at pool start by outcome (restored, none, stale, other_pool,
@@ -230,16 +150,6 @@ pub(crate) struct StreamMetrics {
     coalesced_deltas: Counter,
     snapshots_shared: Counter,
     snapshot_refusals: Counter,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct CauseLabel {
-    pub(crate) cause: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct StartLabel {
-    pub(crate) start: &'static str,
 }
 
 impl StreamMetrics {
@@ -457,6 +367,12 @@ impl RelayMetrics {
             "Pools whose events over the last 30 s were mostly unroutable (the engine's history is lost; the filter misses what it caches)",
             pools_degraded.clone(),
         );
+        let pools_overfull = Gauge::default();
+        registry.register(
+            "pools_overfull",
+            "Pools whose filter, or one of its lanes, could not place some owned blocks over the last 30 s (capacity omissions: the cards declared too little capacity)",
+            pools_overfull.clone(),
+        );
         let checkpoint_writes = Family::<OutcomeLabel, Counter>::default();
         registry.register(
             "checkpoint_writes",
@@ -643,6 +559,7 @@ impl RelayMetrics {
             memory,
             pools_stalled,
             pools_degraded,
+            pools_overfull,
             checkpoint_writes,
             checkpoint_restores,
             checkpoint_restored_mappings,

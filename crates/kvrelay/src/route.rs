@@ -198,6 +198,7 @@ fn report_json(report: &RouteReport) -> Value {
             "replica": p.replica.as_str(),
             "coverage": p.coverage.as_str(),
             "unroutable_percent": p.coverage.unroutable_percent(),
+            "omitted_percent": p.coverage.omitted_percent(),
             "sequence": p.sequence,
         })).collect::<Vec<_>>(),
         "relay_errors": report.relay_errors.iter().map(|(dc, error)| json!({
@@ -230,6 +231,7 @@ fn candidate_json(rank: usize, candidate: &ScoredCandidate) -> Value {
             "replica": leg.replica.as_str(),
             "coverage": leg.coverage.as_str(),
             "unroutable_percent": leg.coverage.unroutable_percent(),
+            "omitted_percent": leg.coverage.omitted_percent(),
             "prefix_blocks": leg.prefix_blocks,
             "prefix_tokens": leg.prefix_tokens,
             "load": leg.load,

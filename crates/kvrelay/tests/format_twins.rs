@@ -96,3 +96,69 @@ async fn twin_following_and_older_consumers_score_the_same_pool_in_their_own_for
     follows_twins.shutdown().await;
     own_format.shutdown().await;
 }
+
+/// A pool whose engines cache more than their cards declared: the dense twin, sized to
+/// the declared capacity, cannot place every block. The relay says so: the catalog
+/// advertises the pool as overfull with the omitted share, its stats name the omitted
+/// blocks, `kvrelay_pools_overfull` counts it, and a twin-following consumer reports the
+/// coverage on the pool and on every leg (it still scores what the filter holds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twin_that_cannot_place_every_block_is_advertised_overfull() {
+    let setup = vllm_relay("[filters]\nformat = \"v1_and_dense\"\n").await;
+    let admin = setup.relay.admin;
+    let context = zmq::Context::new();
+    let mut engine = VllmEngine::bind(&context, setup.engine_addr);
+    let stats_path = warm_up(admin, &mut engine).await;
+    let consumer = quick_consumer(vec![RelayEndpoint::new(
+        &setup.relay.wan.to_string(),
+        "dc-proc",
+    )]);
+
+    // The card declares 1,024 blocks; the engine stores 4,000 (one chain, 8 events).
+    let first = 10_000u64;
+    for chunk in 0..8u64 {
+        let ids: Vec<u64> = (first + chunk * 500..first + (chunk + 1) * 500).collect();
+        let parent = (chunk > 0).then(|| ids[0] - 1);
+        engine.publish(stored(&ids, parent));
+    }
+
+    let deadline = Instant::now() + DEADLINE;
+    let coverage = loop {
+        let pools = consumer.pools();
+        if let Some(coverage) = pools.first().map(|pool| pool.coverage)
+            && coverage.as_str() == "overfull"
+        {
+            break coverage;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool was never advertised overfull: {pools:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // At least 4,000 − 1,100 of 4,000 owned blocks did not fit in the twin: over 70 %.
+    assert!(coverage.omitted_percent() >= 70, "{coverage:?}");
+    assert_eq!(coverage.unroutable_percent(), 0);
+
+    let stats = support::get_json(admin, &stats_path).await;
+    let omitted = stats["overfull"]["omitted_blocks"].as_u64().unwrap();
+    let owned = stats["overfull"]["owned_blocks"].as_u64().unwrap();
+    assert_eq!(owned, 4_000, "{stats}");
+    assert!(omitted * 10 >= owned * 7, "{stats}");
+    let (_, metrics) = support::http_get(admin, "/metrics").await.unwrap();
+    assert_eq!(support::sample(&metrics, "kvrelay_pools_overfull"), Some(1));
+    let (status, _) = support::http_get(admin, "/readyz").await.unwrap();
+    assert_eq!(status, 200, "an overfull pool makes progress: still ready");
+
+    // Scoring goes on: the chain's first blocks were placed before the twin filled up.
+    let request = ScoreRequest {
+        tokens: support::tokens_of(&[first, first + 1]),
+        model: "model-a".to_owned(),
+        ..ScoreRequest::default()
+    };
+    let ranking = consumer.score(&request).unwrap();
+    let leg = &ranking.candidates[0].legs[0];
+    assert_eq!(leg.coverage, coverage);
+    assert_eq!(leg.prefix_blocks, Some(2));
+    consumer.shutdown().await;
+}

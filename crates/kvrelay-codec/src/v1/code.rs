@@ -141,6 +141,13 @@ wire_code! {
         /// start, a resume, a restarted engine): it misses what the replay has not reached
         /// yet. The share is 0.
         Recovering = 2, "recovering";
+        /// The pool's filter, or one of its lanes (a format twin, a lower tier), holds
+        /// blocks it could not place (capacity omissions: the engines cache more than their
+        /// cards declared): a prefix it does not report may be cached. The share is the
+        /// omitted share of the owned blocks, percent, rounded to a multiple of 10 (0:
+        /// under 5 %). Receivers older than this state report it as unrecognized, never
+        /// as complete.
+        Overfull = 3, "overfull";
     }
 }
 

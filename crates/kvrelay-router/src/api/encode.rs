@@ -81,6 +81,8 @@ fn write_leg(out: &mut Vec<u8>, leg: &ScoredLeg) {
     string(out, leg.coverage.as_str());
     out.extend_from_slice(b",\"unroutable_percent\":");
     integer(out, leg.coverage.unroutable_percent());
+    out.extend_from_slice(b",\"omitted_percent\":");
+    integer(out, leg.coverage.omitted_percent());
     out.extend_from_slice(b",\"prefix_blocks\":");
     or_null(out, leg.prefix_blocks, integer);
     out.extend_from_slice(b",\"prefix_tokens\":");

@@ -395,6 +395,7 @@ mod direct_encoding {
                     Just(Coverage::Recovering),
                     any::<u8>()
                         .prop_map(|unroutable_percent| Coverage::Degraded { unroutable_percent }),
+                    any::<u8>().prop_map(|omitted_percent| Coverage::Overfull { omitted_percent }),
                     (any::<u32>(), any::<u8>()).prop_map(|(code, unroutable_percent)| {
                         Coverage::Unrecognized {
                             code,

@@ -65,6 +65,7 @@ impl AdminView for HostAdminView {
                     "generation": status.generation,
                     "stalled": pool_facts.is_some_and(|facts| facts.stalled),
                     "degraded": pool_facts.is_some_and(|facts| facts.degraded.is_some()),
+                    "overfull": pool_facts.is_some_and(|facts| facts.overfull.is_some()),
                     "recovering": pool_facts.is_some_and(|facts| facts.joining_sources() > 0),
                     "advertised": pool_facts.is_none_or(|facts| !facts.stalled),
                     "links": {"stats": format!("/v1/pools/{key}/stats")},
@@ -90,6 +91,10 @@ impl AdminView for HostAdminView {
             "degraded": pool_facts.and_then(|facts| facts.degraded).map(|degraded| json!({
                 "unroutable_events": degraded.unroutable_events,
                 "events": degraded.events,
+            })),
+            "overfull": pool_facts.and_then(|facts| facts.overfull).map(|fill| json!({
+                "omitted_blocks": fill.omitted_blocks,
+                "owned_blocks": fill.owned_blocks,
             })),
             "joining_sources": pool_facts.map_or(0, PoolFacts::joining_sources),
             "stall_timeout_ms": self.state.limits.pool_stall_timeout_ms,

@@ -180,6 +180,14 @@ impl HostState {
         self.metrics
             .pools_degraded
             .set(i64::try_from(degraded).unwrap_or(i64::MAX));
+        let overfull = facts
+            .pools
+            .values()
+            .filter(|pool| pool.overfull.is_some())
+            .count();
+        self.metrics
+            .pools_overfull
+            .set(i64::try_from(overfull).unwrap_or(i64::MAX));
         *self.facts.lock().unwrap_or_else(PoisonError::into_inner) = facts;
     }
 

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use self::core::{Command, HealthFact, SupervisionCore};
+use self::core::{Command, FilterFill, HealthFact, SupervisionCore};
 pub(crate) use self::core::{CoreConfig, CoverageFact, HostFacts, PoolFacts, SourceKey};
 use crate::config::SourceConfig;
 use crate::host::checkpoint::Checkpointer;
@@ -359,19 +359,23 @@ impl Supervisor {
         let mut healths = Vec::with_capacity(attachments.len());
         let mut lane_resident: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut filter_bytes = 0u64;
+        let fill_of = |health: &kvrelay_pool::PoolHealth| {
+            FilterFill::of(
+                health.stats.filter.owned_blocks,
+                health.stats.filter.resident_blocks,
+            )
+        };
         for (endpoint, attachment) in attachments {
             let health = attachment.actor.health(now);
             filter_bytes = filter_bytes.saturating_add(health.stats.filter.memory_bytes);
-            readings.push((
-                endpoint.clone(),
-                attachment.generation,
-                HealthFact {
-                    pending_events: health.pending_events,
-                    stalled_for: health.stalled_for,
-                    events_applied: health.stats.events_applied,
-                    unroutable_events: health.stats.unroutable_events,
-                },
-            ));
+            let mut fill = fill_of(&health);
+            let reading = HealthFact {
+                pending_events: health.pending_events,
+                stalled_for: health.stalled_for,
+                events_applied: health.stats.events_applied,
+                unroutable_events: health.stats.unroutable_events,
+                fill,
+            };
             healths.push((
                 wire::pool_key(&attachment.pool),
                 attachment.generation,
@@ -384,8 +388,14 @@ impl Supervisor {
                 *lane_resident.entry(lane.tier.name()).or_default() +=
                     health.stats.filter.resident_blocks;
                 filter_bytes = filter_bytes.saturating_add(health.stats.filter.memory_bytes);
+                fill = fill.fuller(fill_of(&health));
                 healths.push((wire::pool_key(&lane.pool), lane.generation, health));
             }
+            readings.push((
+                endpoint.clone(),
+                attachment.generation,
+                HealthFact { fill, ..reading },
+            ));
         }
         self.state.record_health(&healths);
         self.state

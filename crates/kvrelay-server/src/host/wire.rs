@@ -69,6 +69,9 @@ pub(crate) fn catalog_update(
                     (v1::CoverageState::Degraded, unroutable_percent.min(100))
                 }
                 CoverageFact::Recovering => (v1::CoverageState::Recovering, 0),
+                CoverageFact::Overfull { omitted_percent } => {
+                    (v1::CoverageState::Overfull, omitted_percent.min(100))
+                }
             };
             known_incomplete.push(v1::PoolCoverage {
                 pool_id: pool_id.into(),

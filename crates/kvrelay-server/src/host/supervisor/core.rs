@@ -27,6 +27,11 @@
 //!   from the start: a relay start, a resume, a restarted engine) is *recovering*: named
 //!   by readiness and in the catalog's coverage until every source has joined (a
 //!   degraded pool is advertised as degraded);
+//! - a pool whose filter, or one of its lanes (a format twin, a lower tier), held owned
+//!   blocks it could not place (capacity omissions) at any reading of the last
+//!   `degraded_readings` is *overfull*: counted and advertised with the largest omitted
+//!   share of the window in the catalog's coverage (unless degraded), but still ready (it
+//!   makes progress; the cards declared too little capacity);
 //! - a pool whose actor holds pending events without progress for `stall_bound` is
 //!   *stalled*: withheld from the advertised catalog and named by readiness until it
 //!   makes progress again.
@@ -154,6 +159,68 @@ pub(crate) struct HealthFact {
     pub(crate) events_applied: u64,
     /// Stored events dropped as unroutable since the generation started (cumulative).
     pub(crate) unroutable_events: u64,
+    /// The fill of the pool's filter or one of its lanes, whichever omits the largest
+    /// share ([`FilterFill::fuller`]).
+    pub(crate) fill: FilterFill,
+}
+
+/// How many of a filter's owned blocks it could not place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct FilterFill {
+    /// Canonical blocks owned by at least one source.
+    pub(crate) owned_blocks: u64,
+    /// Owned blocks the filter holds no fingerprint for (capacity omissions).
+    pub(crate) omitted_blocks: u64,
+}
+
+impl FilterFill {
+    /// A filter's fill from its owned and resident block counts.
+    pub(crate) fn of(owned_blocks: u64, resident_blocks: u64) -> Self {
+        Self {
+            owned_blocks,
+            omitted_blocks: owned_blocks.saturating_sub(resident_blocks),
+        }
+    }
+
+    /// Whether the filter misses any owned block.
+    pub(crate) fn is_overfull(self) -> bool {
+        self.omitted_blocks > 0
+    }
+
+    /// Of two filters, the one omitting the larger share of its owned blocks (a pool is
+    /// as incomplete as its least complete filter: a consumer may follow any of them).
+    pub(crate) fn fuller(self, other: Self) -> Self {
+        let share = |fill: Self, of: Self| {
+            u128::from(fill.omitted_blocks) * u128::from(of.owned_blocks.max(1))
+        };
+        if share(other, self) > share(self, other) {
+            other
+        } else {
+            self
+        }
+    }
+
+    /// The omitted share in percent, rounded to the nearest multiple of 10.
+    pub(crate) fn omitted_percent_rounded(self) -> u8 {
+        percent_rounded_to_ten(self.omitted_blocks, self.owned_blocks)
+    }
+}
+
+/// `part` of `whole` in percent, rounded to the nearest multiple of 10 (so a drifting
+/// share does not re-send the catalog); 100 at most.
+fn percent_rounded_to_ten(part: u64, whole: u64) -> u8 {
+    // In u128: `part × 10` must not saturate for counts near u64::MAX.
+    let whole = u128::from(whole.max(1));
+    let tenths = (u128::from(part).min(whole) * 10 + whole / 2) / whole;
+    u8::try_from(tenths * 10).unwrap_or(100)
+}
+
+/// One health reading as the history keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HealthReading {
+    events_applied: u64,
+    unroutable_events: u64,
+    fill: FilterFill,
 }
 
 /// Over the last window of readings: events dropped as unroutable, and all events.
@@ -166,14 +233,7 @@ pub(crate) struct Degraded {
 impl Degraded {
     /// The unroutable share in percent, rounded to the nearest multiple of 10.
     pub(crate) fn unroutable_percent_rounded(self) -> u8 {
-        let events = self.events.max(1);
-        let tenths = self
-            .unroutable_events
-            .min(events)
-            .saturating_mul(10)
-            .saturating_add(events / 2)
-            / events;
-        u8::try_from(tenths * 10).unwrap_or(100)
+        percent_rounded_to_ten(self.unroutable_events, self.events)
     }
 }
 
@@ -185,6 +245,9 @@ pub(crate) enum CoverageFact {
     Degraded { unroutable_percent: u8 },
     /// A source is still joining: its engine's history is being replayed.
     Recovering,
+    /// Its filter (or a lane's) could not place some owned blocks; the largest omitted
+    /// share of the window in percent, rounded to a multiple of 10.
+    Overfull { omitted_percent: u8 },
 }
 
 /// Readiness and per-pool facts, for admin and metrics.
@@ -212,6 +275,9 @@ pub(crate) struct PoolFacts {
     pub(crate) stalled: bool,
     /// Set while most of its recent events were unroutable.
     pub(crate) degraded: Option<Degraded>,
+    /// Set while a reading of the window found owned blocks its filter (or a lane's)
+    /// could not place: the fill with the largest omitted share.
+    pub(crate) overfull: Option<FilterFill>,
 }
 
 impl PoolFacts {
@@ -283,10 +349,10 @@ pub(crate) struct SupervisionCore {
     /// and advertised engines), to notice the ones that leave.
     pool_sources: BTreeMap<EndpointId, (u64, BTreeSet<SourceId>)>,
     stalled: BTreeSet<PoolId>,
-    /// Per attached pool and generation: its last `degraded_readings + 1` cumulative
-    /// (applied, unroutable) event counts, oldest first.
-    event_history: BTreeMap<(PoolId, u64), VecDeque<(u64, u64)>>,
-    /// The advertised coverage of pools known incomplete (degraded, recovering).
+    /// Per attached pool and generation: its last `degraded_readings + 1` readings
+    /// (cumulative applied and unroutable event counts, filter fill), oldest first.
+    event_history: BTreeMap<(PoolId, u64), VecDeque<HealthReading>>,
+    /// The advertised coverage of pools known incomplete (degraded, recovering, overfull).
     coverage: BTreeMap<PoolId, CoverageFact>,
     /// Times the withheld set or the coverage changed: added to the registry revision so
     /// the advertised catalog's revision moves whenever its content does.
@@ -485,7 +551,11 @@ impl SupervisionCore {
                 .event_history
                 .entry((binding.pool, *generation))
                 .or_default();
-            history.push_back((fact.events_applied, fact.unroutable_events));
+            history.push_back(HealthReading {
+                events_applied: fact.events_applied,
+                unroutable_events: fact.unroutable_events,
+                fill: fact.fill,
+            });
             while history.len() > self.config.degraded_readings.max(1) + 1 {
                 history.pop_front();
             }
@@ -607,6 +677,7 @@ impl SupervisionCore {
                     sources,
                     stalled,
                     degraded,
+                    overfull: self.overfull(binding.pool, generation),
                 },
             );
         }
@@ -772,28 +843,49 @@ impl SupervisionCore {
     fn degraded(&self, pool: PoolId, generation: u64) -> Option<Degraded> {
         let history = self.event_history.get(&(pool, generation))?;
         let (first, last) = (history.front()?, history.back()?);
-        let applied = last.0.saturating_sub(first.0);
-        let unroutable = last.1.saturating_sub(first.1);
+        let applied = last.events_applied.saturating_sub(first.events_applied);
+        let unroutable = last
+            .unroutable_events
+            .saturating_sub(first.unroutable_events);
         (unroutable > 0 && unroutable >= applied).then_some(Degraded {
             unroutable_events: unroutable,
             events: applied.saturating_add(unroutable),
         })
     }
 
+    /// Whether `pool`'s generation had owned blocks a filter could not place at any
+    /// reading of its window: the fill with the largest omitted share.
+    fn overfull(&self, pool: PoolId, generation: u64) -> Option<FilterFill> {
+        let history = self.event_history.get(&(pool, generation))?;
+        history
+            .iter()
+            .map(|reading| reading.fill)
+            .filter(|fill| fill.is_overfull())
+            .reduce(FilterFill::fuller)
+    }
+
     /// The coverage the catalog advertises now, for every attached generation known
-    /// incomplete: degraded (with its unroutable share), else recovering while a source
-    /// joins.
+    /// incomplete: degraded (with its unroutable share), else overfull (with its omitted
+    /// share), else recovering while a source joins.
     fn coverage_facts(&self) -> BTreeMap<PoolId, CoverageFact> {
         self.attached()
             .filter_map(|(endpoint, binding, generation, membership)| {
-                let fact = match self.degraded(binding.pool, generation) {
-                    Some(degraded) => CoverageFact::Degraded {
+                let fact = match (
+                    self.degraded(binding.pool, generation),
+                    self.overfull(binding.pool, generation),
+                ) {
+                    (Some(degraded), _) => CoverageFact::Degraded {
                         unroutable_percent: degraded.unroutable_percent_rounded(),
                     },
-                    None if joining_sources(&self.pool_source_states(endpoint, membership)) > 0 => {
+                    (None, Some(fill)) => CoverageFact::Overfull {
+                        omitted_percent: fill.omitted_percent_rounded(),
+                    },
+                    (None, None)
+                        if joining_sources(&self.pool_source_states(endpoint, membership)) > 0 =>
+                    {
                         CoverageFact::Recovering
                     }
-                    None => return None,
+                    (None, None) => return None,
                 };
                 Some((binding.pool, fact))
             })

@@ -747,3 +747,118 @@ fn a_new_generation_starts_with_no_departures() {
     core.handle_attached(&endpoint(A), 2);
     assert!(cleared(&drain(&mut core)).is_empty());
 }
+
+/// One health reading of endpoint A's generation 1 with steady traffic and the given
+/// filter fill.
+fn fill_reading(applied: u64, owned: u64, resident: u64) -> [(EndpointId, u64, HealthFact); 1] {
+    [(
+        endpoint(A),
+        1,
+        HealthFact {
+            events_applied: applied,
+            fill: FilterFill::of(owned, resident),
+            ..HealthFact::default()
+        },
+    )]
+}
+
+/// A pool whose filter could not place some owned blocks is advertised as overfull with
+/// the window's largest omitted share, stays ready, and is complete again once a whole
+/// window passed without omissions; a degraded pool is advertised as degraded.
+#[test]
+fn a_pool_with_capacity_omissions_is_advertised_overfull_until_a_window_passes() {
+    let mut core = one_attached_connected_pool();
+    core.handle_pool_health(&fill_reading(100, 1_000, 1_000));
+    assert_eq!(
+        last_catalog(&drain(&mut core)),
+        None,
+        "complete: nothing new"
+    );
+    // 260 of 1,000 owned blocks did not fit: 26 %, advertised as 30 %.
+    core.handle_pool_health(&fill_reading(200, 1_000, 740));
+    let facts = core.facts();
+    assert!(
+        facts.unready.is_empty(),
+        "overfull is still ready: {facts:?}"
+    );
+    let pool = facts.pools.values().next().unwrap().clone();
+    assert_eq!(
+        pool.overfull,
+        Some(FilterFill {
+            owned_blocks: 1_000,
+            omitted_blocks: 260
+        })
+    );
+    let (_, coverage, overfull_revision) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert_eq!(
+        coverage,
+        BTreeMap::from([(
+            pool.pool,
+            CoverageFact::Overfull {
+                omitted_percent: 30
+            }
+        )])
+    );
+    // Fewer omissions later in the window keep the window's largest share: no re-send.
+    core.handle_pool_health(&fill_reading(300, 1_000, 990));
+    assert_eq!(last_catalog(&drain(&mut core)), None);
+    // A single omission is still overfull (share under 5 %: advertised as 0 %) once the
+    // larger one has left the window (3 intervals, 4 readings).
+    for applied in [400, 500, 600] {
+        core.handle_pool_health(&fill_reading(applied, 1_000, 999));
+    }
+    let (_, coverage, small_revision) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert_eq!(
+        coverage.get(&pool.pool),
+        Some(&CoverageFact::Overfull { omitted_percent: 0 })
+    );
+    assert!(small_revision > overfull_revision);
+    // Degraded wins over overfull (one state per pool on the wire).
+    let mut degraded = fill_reading(600, 1_000, 999);
+    degraded[0].2.unroutable_events = 500;
+    core.handle_pool_health(&degraded);
+    let (_, coverage, _) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert!(
+        matches!(
+            coverage.get(&pool.pool),
+            Some(CoverageFact::Degraded { .. })
+        ),
+        "{coverage:?}"
+    );
+    // A whole window of routable events and no omissions: complete again.
+    for applied in [700, 800, 900, 1_000] {
+        let mut healthy = fill_reading(applied, 1_000, 1_000);
+        healthy[0].2.unroutable_events = 500;
+        core.handle_pool_health(&healthy);
+    }
+    let (_, coverage, _) = last_catalog_with_coverage(&drain(&mut core)).unwrap();
+    assert!(coverage.is_empty(), "complete again: {coverage:?}");
+    assert!(
+        core.facts()
+            .pools
+            .values()
+            .all(|pool| pool.overfull.is_none())
+    );
+}
+
+#[test]
+fn a_pool_is_as_full_as_its_fullest_filter() {
+    let pool = FilterFill::of(1_000, 1_000);
+    let twin = FilterFill::of(1_000, 900);
+    let small_lane = FilterFill::of(10, 5);
+    assert_eq!(pool.fuller(twin), twin);
+    assert_eq!(twin.fuller(pool), twin);
+    assert_eq!(twin.fuller(small_lane), small_lane, "50 % beats 10 %");
+    assert_eq!(small_lane.omitted_percent_rounded(), 50);
+    assert_eq!(
+        FilterFill::default().fuller(FilterFill::of(5, 4)),
+        FilterFill::of(5, 4),
+        "an empty filter omits nothing"
+    );
+    assert!(
+        !FilterFill::of(3, 7).is_overfull(),
+        "more resident than owned never underflows"
+    );
+    assert_eq!(FilterFill::of(u64::MAX, 0).omitted_percent_rounded(), 100);
+    assert_eq!(FilterFill::of(0, 0).omitted_percent_rounded(), 0);
+}
