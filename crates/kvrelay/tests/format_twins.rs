@@ -106,6 +106,8 @@ async fn twin_following_and_older_consumers_score_the_same_pool_in_their_own_for
 async fn a_twin_that_cannot_place_every_block_is_advertised_overfull() {
     let setup = vllm_relay("[filters]\nformat = \"v1_and_dense\"\n").await;
     let admin = setup.relay.admin;
+    // The pool is attached (and listed) before the engine warms up.
+    first_pool_and_lane(admin).await;
     let context = zmq::Context::new();
     let mut engine = VllmEngine::bind(&context, setup.engine_addr);
     let stats_path = warm_up(admin, &mut engine).await;
