@@ -43,6 +43,7 @@ mod exact;
 pub mod format;
 pub mod huge_pages;
 pub mod image;
+pub mod joint;
 mod keyhash;
 mod lineage;
 mod owners;
@@ -65,6 +66,7 @@ pub use event::{
 };
 pub use format::{CkfConfig, ConfigError, FilterDensity};
 pub use image::{BucketImage, Delta, MAX_BUCKET_COUNT, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
+pub use joint::{JointDepths, MAX_JOINT_TABLES, joint_prefix_depths_into};
 pub use ownership::{ApplyError, BarrierSnapshot, PoolFilter, PublishError};
 pub use query::{
     ExactIndex, GrownRows, PrefixDepths, PrefixQuery, QueryConfig, QueryConfigError, QueryTable,

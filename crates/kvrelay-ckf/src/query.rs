@@ -327,6 +327,11 @@ impl QueryTable {
         self.rows_advised
     }
 
+    /// Positions re-checked below each depth ([`QueryConfig::verification_window`]).
+    pub fn verification_window(&self) -> u32 {
+        self.window
+    }
+
     /// The shared format of every lane.
     pub fn format(&self) -> CkfFormat {
         self.format
@@ -622,6 +627,7 @@ impl QueryTable {
 }
 
 impl Prober for QueryTable {
+    type Location = Location;
     type View<'a> = RowView<'a>;
 
     fn n_lanes(&self) -> usize {
@@ -664,6 +670,8 @@ pub(crate) struct RowView<'a> {
 }
 
 impl ProbeView for RowView<'_> {
+    type Location = Location;
+
     /// The fingerprint pattern and the first words of both candidate rows.
     #[inline]
     fn locate(&self, hash: u64) -> Location {

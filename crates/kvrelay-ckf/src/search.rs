@@ -31,12 +31,12 @@
 //! shrinks every open bracket to about `1 / FANOUT`, and each failed verification strictly
 //! lowers those lanes' `hi`.
 
-/// Scratch buffers reused across searches.
+/// Scratch buffers reused across searches (`L`: where its prober locates a hash).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct SearchScratch {
+pub(crate) struct SearchScratch<L = Location> {
     /// Per position, what this search knows about it (see [`PositionState`]). The lane
     /// masks of every position outside `touched` are zero.
-    positions: Vec<PositionState>,
+    positions: Vec<PositionState<L>>,
     /// Counts searches over the scratch's life, so stale locations are told apart without
     /// clearing them.
     epoch: u32,
@@ -55,9 +55,9 @@ pub(crate) struct SearchScratch {
 /// What the search knows about one position. A probe fetches the memory of its lanes
 /// (prefetch); their words are read only when a decision needs them, and kept.
 #[derive(Debug, Clone, Copy, Default)]
-struct PositionState {
+struct PositionState<L> {
     /// Where the position's hash lives; valid when `located_epoch == epoch`.
-    location: Location,
+    location: L,
     located_epoch: u32,
     /// Lanes of the current group probed here so far.
     probed: u64,
@@ -88,9 +88,11 @@ struct Bracket {
 
 /// The per-position presence oracle, answering for 64 lanes (one group) at a time.
 pub(crate) trait Prober {
+    /// Where a hash lives for this prober, computed once per position and search.
+    type Location: Copy + Default;
     /// What locating, prefetching and probing need, copied out once per search so that
     /// the search's loops keep it in registers instead of reloading it through a pointer.
-    type View<'a>: ProbeView
+    type View<'a>: ProbeView<Location = Self::Location>
     where
         Self: 'a;
     fn n_lanes(&self) -> usize;
@@ -101,23 +103,25 @@ pub(crate) trait Prober {
 
 /// Locates, prefetches and probes positions (see [`Prober::view`]).
 pub(crate) trait ProbeView: Copy {
+    /// Where a hash lives (see [`Prober::Location`]).
+    type Location: Copy + Default;
     /// Where `hash` lives (computed once per position and search, before any memory is
     /// touched).
-    fn locate(&self, hash: u64) -> Location;
+    fn locate(&self, hash: u64) -> Self::Location;
     /// Hints that `probe` will read the memory of `lanes` of `group` at `location` (so a
     /// batch's cache misses are all in flight before the first read waits).
-    fn prefetch(&self, location: &Location, group: usize, lanes: u64);
+    fn prefetch(&self, location: &Self::Location, group: usize, lanes: u64);
     /// Which of `lanes` (ready lanes of `group`) hold `location`; bits outside `lanes`
     /// may be set and are ignored.
-    fn probe(&self, location: &Location, group: usize, lanes: u64) -> u64;
+    fn probe(&self, location: &Self::Location, group: usize, lanes: u64) -> u64;
 }
 
 /// Runs the search over `hashes`; writes each lane's depth (`None` when not ready).
-pub(crate) fn search(
-    prober: &impl Prober,
+pub(crate) fn search<P: Prober>(
+    prober: &P,
     hashes: &[u64],
     window: u32,
-    scratch: &mut SearchScratch,
+    scratch: &mut SearchScratch<P::Location>,
     depths: &mut Vec<Option<u32>>,
 ) {
     let n_lanes = prober.n_lanes();
@@ -186,12 +190,12 @@ fn split_points(lo: u32, hi: u32) -> [u32; FANOUT as usize - 1] {
     std::array::from_fn(|i| lo + (span * (i as u64 + 1) / u64::from(FANOUT)) as u32)
 }
 
-struct GroupSearch<'a, V> {
+struct GroupSearch<'a, V: ProbeView> {
     view: V,
     group: usize,
     hashes: &'a [u64],
     window: u32,
-    scratch: &'a mut SearchScratch,
+    scratch: &'a mut SearchScratch<V::Location>,
 }
 
 impl<V: ProbeView> GroupSearch<'_, V> {
@@ -511,6 +515,7 @@ mod tests {
     }
 
     impl Prober for Fake {
+        type Location = Location;
         type View<'a> = &'a Fake;
         fn n_lanes(&self) -> usize {
             self.present.len()
@@ -528,6 +533,7 @@ mod tests {
     }
 
     impl ProbeView for &Fake {
+        type Location = Location;
         fn locate(&self, hash: u64) -> Location {
             Location {
                 key: 1,
@@ -661,6 +667,7 @@ mod tests {
     }
 
     impl Prober for Recording {
+        type Location = Location;
         type View<'a> = &'a Recording;
         fn n_lanes(&self) -> usize {
             self.fake.n_lanes()
@@ -674,6 +681,7 @@ mod tests {
     }
 
     impl ProbeView for &Recording {
+        type Location = Location;
         fn locate(&self, hash: u64) -> Location {
             (&self.fake).locate(hash)
         }

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvrelay_ckf::{
-    Delta, GrownRows, PrefixDepths, PrefixQuery, QueryConfig, QueryTable, ReplicaError,
-    ReplicaStatus as CkfStatus, SnapshotChunk,
+    Delta, GrownRows, JointDepths, PrefixDepths, PrefixQuery, QueryConfig, QueryTable,
+    ReplicaError, ReplicaStatus as CkfStatus, SnapshotChunk, joint_prefix_depths_into,
 };
 use kvrelay_identity::CkfFormat;
 
@@ -654,14 +654,25 @@ impl ReplicaStore {
     }
 }
 
-/// Probe answers kept across calls: one [`PrefixDepths`] per format table touched, so a
-/// warm scoring pass allocates nothing here.
+/// Probe buffers kept across calls, so a warm scoring pass allocates nothing here when
+/// its pools share one format.
 #[derive(Debug, Default)]
 pub(crate) struct ProbeScratch {
-    answers: Vec<(CkfFormat, PrefixDepths)>,
+    /// The formats of this call's usable pools, in first-seen order.
+    formats: Vec<CkfFormat>,
+    /// Per key of this call: its format's index in `formats` and its lane, if usable.
+    key_lanes: Vec<Option<(usize, usize)>>,
+    /// The answer when every usable pool shares one format.
+    single: PrefixDepths,
+    /// The answer over several formats, by index in `formats`.
+    joint: JointDepths,
 }
 
 impl DepthProbe for ReplicaStore {
+    /// Pools of one format are answered by one search of their table; pools of several
+    /// formats (pools of different sizes) by one joint search over their tables
+    /// ([`kvrelay_ckf::joint_prefix_depths_into`]), so the tables' memory round trips
+    /// overlap instead of adding up.
     fn probe(
         &self,
         keys: &[PoolKey],
@@ -670,14 +681,14 @@ impl DepthProbe for ReplicaStore {
         out: &mut [ReplicaDepth],
         scratch: &mut ProbeScratch,
     ) {
-        // One probe run per format table touched, answering all its lanes at once;
-        // `answers[..n_used]` hold this call's runs, the rest are spare buffers.
-        let mut n_used = 0;
+        scratch.formats.clear();
+        scratch.key_lanes.clear();
         // Pools of one request nearly always share one format: remember its table.
         let mut last_table: Option<(CkfFormat, Option<&FormatTable>)> = None;
         for (key, slot_out) in keys.iter().zip(out.iter_mut()) {
             let Some(slot) = self.slots.get(key) else {
                 *slot_out = ReplicaDepth::Unusable(ReplicaState::Missing);
+                scratch.key_lanes.push(None);
                 continue;
             };
             let table = match last_table {
@@ -689,34 +700,53 @@ impl DepthProbe for ReplicaStore {
                 }
             };
             let status = self.slot_status_in(slot, table, now);
+            // A current slot has its format's table (`slot_status_in`).
             if status != ReplicaState::Current {
                 *slot_out = ReplicaDepth::Unusable(status);
+                scratch.key_lanes.push(None);
                 continue;
             }
-            let answers = &mut scratch.answers;
-            let idx = match answers[..n_used]
-                .iter()
-                .position(|(format, _)| *format == slot.format)
-            {
-                Some(idx) => idx,
+            let index = match scratch.formats.iter().position(|f| *f == slot.format) {
+                Some(index) => index,
                 None => {
-                    if n_used == answers.len() {
-                        answers.push((slot.format, PrefixDepths::default()));
-                    }
-                    let (format, depths) = &mut answers[n_used];
-                    *format = slot.format;
-                    match table {
-                        Some(entry) => entry.table.prefix_depths_into(sequence_hashes, depths),
-                        None => *depths = PrefixDepths::default(),
-                    }
-                    n_used += 1;
-                    n_used - 1
+                    scratch.formats.push(slot.format);
+                    scratch.formats.len() - 1
                 }
             };
-            *slot_out = match scratch.answers[idx].1.depth(slot.lane) {
-                Some(depth) => ReplicaDepth::Current(depth),
-                None => ReplicaDepth::Unusable(ReplicaState::Missing),
-            };
+            scratch.key_lanes.push(Some((index, slot.lane)));
+        }
+        let joint = match scratch.formats.as_slice() {
+            [] => return,
+            [format] => {
+                if let Some(entry) = self.tables.get(format) {
+                    entry
+                        .table
+                        .prefix_depths_into(sequence_hashes, &mut scratch.single);
+                }
+                false
+            }
+            formats => {
+                // Every listed format has a table (keys without one were answered above).
+                let tables: Vec<&QueryTable> = formats
+                    .iter()
+                    .filter_map(|format| self.tables.get(format).map(|entry| &entry.table))
+                    .collect();
+                joint_prefix_depths_into(&tables, sequence_hashes, &mut scratch.joint);
+                true
+            }
+        };
+        for (slot_out, key_lane) in out.iter_mut().zip(&scratch.key_lanes) {
+            if let Some((index, lane)) = *key_lane {
+                let depth = if joint {
+                    scratch.joint.depth(index, lane)
+                } else {
+                    scratch.single.depth(lane)
+                };
+                *slot_out = match depth {
+                    Some(depth) => ReplicaDepth::Current(depth),
+                    None => ReplicaDepth::Unusable(ReplicaState::Missing),
+                };
+            }
         }
     }
 }
@@ -729,6 +759,77 @@ mod tests {
 
     fn format() -> CkfFormat {
         CkfFormat::v1(7, 1024).unwrap()
+    }
+
+    /// A pool of `capacity` blocks holding `tokens[..depth]` as one chain, installed
+    /// in `store` under `key` from its snapshot.
+    fn install_pool(
+        store: &mut ReplicaStore,
+        key: PoolKey,
+        capacity: u64,
+        tokens: &[u64],
+        depth: usize,
+    ) {
+        use kvrelay_ckf::{
+            CkfConfig, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+        };
+        let mut filter = PoolFilter::new(CkfConfig::new(capacity)).unwrap();
+        let blocks = tokens[..depth]
+            .iter()
+            .enumerate()
+            .map(|(i, &token_hash)| StoredBlock {
+                engine_block_id: i as u64,
+                token_hash,
+            })
+            .collect();
+        filter
+            .apply(&RouterEvent {
+                source: SourceId::new(1, 0),
+                event_id: 1,
+                payload: EventPayload::Stored(StoredBlocks {
+                    parent_engine_block_id: None,
+                    blocks,
+                }),
+            })
+            .unwrap();
+        store.reset(key, filter.format()).unwrap();
+        for chunk in filter.snapshot().unwrap().chunks {
+            store.install_chunk(key, &chunk, Instant::now()).unwrap();
+        }
+    }
+
+    #[test]
+    fn pools_of_different_formats_are_probed_together_and_answer_as_alone() {
+        let mut store = ReplicaStore::new(Duration::from_secs(30), u64::MAX);
+        let tokens: Vec<u64> = (1..=12).collect();
+        // Three formats (capacities round to different bucket counts), two pools in one.
+        let pools = [(1, 1_000, 12), (2, 5_000, 3), (3, 20_000, 7), (4, 1_000, 5)];
+        for (key, capacity, depth) in pools {
+            install_pool(&mut store, PoolKey(key), capacity, &tokens, depth);
+        }
+        assert_eq!(store.tables.len(), 3);
+        let hashes = kvrelay_identity::hashing::sequence_hashes(&tokens);
+        let now = Instant::now();
+        let keys: Vec<PoolKey> = [1, 2, 9, 3, 4].map(PoolKey).to_vec();
+        let mut out = vec![ReplicaDepth::Current(0); keys.len()];
+        let mut scratch = ProbeScratch::default();
+        store.probe(&keys, &hashes, now, &mut out, &mut scratch);
+        assert_eq!(
+            out,
+            [
+                ReplicaDepth::Current(12),
+                ReplicaDepth::Current(3),
+                ReplicaDepth::Unusable(ReplicaState::Missing),
+                ReplicaDepth::Current(7),
+                ReplicaDepth::Current(5),
+            ]
+        );
+        // Each alone (one format: its table's own search) answers the same.
+        for (i, key) in keys.iter().enumerate() {
+            let mut alone = [ReplicaDepth::Current(0)];
+            store.probe(&[*key], &hashes, now, &mut alone, &mut scratch);
+            assert_eq!(alone[0], out[i], "pool {key:?}");
+        }
     }
 
     #[test]

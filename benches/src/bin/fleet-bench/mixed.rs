@@ -3,12 +3,17 @@
 //! table holds lanes of one format (bucket count and seed), so a router keeps one table
 //! per distinct format and probes each once per position. v1's power-of-two rounding puts
 //! most such DCs in one or two tables; dense formats, sized to each pool, differ for every
-//! DC. This measures what that costs, against the same exact map as the main run.
+//! DC. This measures what that costs, against the same exact map as the main run: the
+//! tables searched jointly (`kvrelay_ckf::joint_prefix_depths_into`, as the consumer
+//! does) and, as a same-run baseline, one after another.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kvrelay_ckf::{CkfConfig, FilterDensity, PoolFilter, PrefixDepths, PrefixQuery, QueryTable};
+use kvrelay_ckf::{
+    CkfConfig, FilterDensity, JointDepths, PoolFilter, PrefixDepths, PrefixQuery, QueryTable,
+    joint_prefix_depths_into,
+};
 use kvrelay_identity::CkfFormat;
 use serde_json::{Value, json};
 
@@ -20,20 +25,20 @@ use crate::fleet::{
 struct Tables {
     tables: Vec<(CkfFormat, QueryTable)>,
     lane_of: Vec<(usize, usize)>,
-    answers: Vec<PrefixDepths>,
 }
 
 impl Tables {
-    /// Every table answers `hashes`; DC `dc`'s depth is then `depth(dc)`.
-    fn query(&mut self, hashes: &[u64]) {
-        for ((_, table), answer) in self.tables.iter().zip(&mut self.answers) {
+    /// Every table answers `hashes` one after another, into `answers` (one per table);
+    /// DC `dc`'s depth is then `depth(answers, dc)`.
+    fn query_one_by_one(&self, hashes: &[u64], answers: &mut [PrefixDepths]) {
+        for ((_, table), answer) in self.tables.iter().zip(answers) {
             table.prefix_depths_into(hashes, answer);
         }
     }
 
-    fn depth(&self, dc: usize) -> u32 {
+    fn depth(&self, answers: &[PrefixDepths], dc: usize) -> u32 {
         let (table, lane) = self.lane_of[dc];
-        self.answers[table].depth(lane).unwrap_or(0)
+        answers[table].depth(lane).unwrap_or(0)
     }
 }
 
@@ -51,7 +56,6 @@ pub(crate) fn run_mixed(
     let mut tables = Tables {
         tables: Vec::new(),
         lane_of: Vec::with_capacity(n_dcs),
-        answers: Vec::new(),
     };
     let mut dcs = Vec::with_capacity(n_dcs);
     let mut memberships = 0u64;
@@ -68,7 +72,6 @@ pub(crate) fn run_mixed(
                 let table =
                     QueryTable::new(format, crate::pages::query_config()).context("a table")?;
                 tables.tables.push((format, table));
-                tables.answers.push(PrefixDepths::default());
                 tables.tables.len() - 1
             }
         };
@@ -85,14 +88,20 @@ pub(crate) fn run_mixed(
     let requests = requests(template, &dcs, n_requests, &mut Rng(0x2545_F491_4F6C_DD1D));
 
     let mut truth = vec![0u32; n_dcs];
-    let mut under = 0u64;
+    let (mut under, mut joint_differs) = (0u64, 0u64);
+    let refs: Vec<&QueryTable> = tables.tables.iter().map(|(_, table)| table).collect();
+    let mut joint = JointDepths::default();
+    let mut answers = vec![PrefixDepths::default(); tables.tables.len()];
     for hashes in &requests {
         truth.iter_mut().for_each(|depth| *depth = 0);
         exact_depths(&exact, hashes, n_dcs, &mut truth);
-        tables.query(hashes);
-        under += (0..n_dcs)
-            .filter(|&dc| tables.depth(dc) < truth[dc])
-            .count() as u64;
+        tables.query_one_by_one(hashes, &mut answers);
+        joint_prefix_depths_into(&refs, hashes, &mut joint);
+        for (dc, &(table, lane)) in tables.lane_of.iter().enumerate() {
+            let depth = joint.depth(table, lane).unwrap_or(0);
+            under += u64::from(depth < truth[dc]);
+            joint_differs += u64::from(depth != tables.depth(&answers, dc));
+        }
     }
 
     let (exact_median, table_median) = paired_medians(
@@ -102,12 +111,27 @@ pub(crate) fn run_mixed(
             truth[0]
         },
         |hashes| {
-            tables.query(hashes);
-            tables.depth(0)
+            joint_prefix_depths_into(&refs, hashes, &mut joint);
+            joint.depth(0, 0).unwrap_or(0)
+        },
+    );
+    let (exact_median_again, sequential_median) = paired_medians(
+        &requests,
+        |hashes| {
+            exact_depths(&exact, hashes, n_dcs, &mut truth);
+            truth[0]
+        },
+        |hashes| {
+            tables.query_one_by_one(hashes, &mut answers);
+            tables.depth(&answers, 0)
         },
     );
     let per_second = |d: Duration| n_requests as f64 / d.as_secs_f64();
     let (exact_qps, table_qps) = (per_second(exact_median), per_second(table_median));
+    let (exact_again_qps, sequential_qps) = (
+        per_second(exact_median_again),
+        per_second(sequential_median),
+    );
     let table_bytes: u64 = tables.tables.iter().map(|(_, t)| t.table_bytes()).sum();
     Ok(json!({
         "dcs": n_dcs,
@@ -116,6 +140,9 @@ pub(crate) fn run_mixed(
         "query_per_s": table_qps.round() as u64,
         "exact_per_s": exact_qps.round() as u64,
         "query_vs_exact": (table_qps / exact_qps * 1000.0).round() / 1000.0,
+        "sequential_query_per_s": sequential_qps.round() as u64,
+        "sequential_vs_exact": (sequential_qps / exact_again_qps * 1000.0).round() / 1000.0,
+        "joint_vs_sequential_answers_differing": joint_differs,
         "bits_per_membership": (table_bytes as f64 * 800.0 / memberships.max(1) as f64).round() / 100.0,
         "underestimates": under,
     }))
