@@ -244,6 +244,18 @@ impl ProbeView for JointView<'_> {
         }
     }
 
+    /// Every table's lines: lanes of different tables never share one.
+    fn lines_per_row(&self, group: usize, lanes: u64) -> u32 {
+        parts_of(self.parts, self.group_parts, group)
+            .iter()
+            .filter_map(|part| {
+                let table_lanes = (lanes >> part.shift) & part.mask;
+                let view = self.views.get(part.table)?.as_ref()?;
+                Some(view.lines_per_row(part.table_group, table_lanes))
+            })
+            .sum()
+    }
+
     #[inline]
     fn probe(&self, location: &JointLocation, group: usize, lanes: u64) -> u64 {
         let mut present = 0u64;

@@ -697,6 +697,14 @@ impl ProbeView for RowView<'_> {
         }
     }
 
+    /// Lines holding one of `lanes` (rows start on a line boundary, as does every group).
+    #[inline]
+    fn lines_per_row(&self, _group: usize, lanes: u64) -> u32 {
+        (0..8)
+            .map(|line| u32::from((lanes >> (line * 8)) & 0xFF != 0))
+            .sum()
+    }
+
     /// Tests only the asked lanes (the search asks for the few lanes a decision needs),
     /// reading both rows again while a delta writing either of them runs.
     #[inline]

@@ -15,9 +15,10 @@
 //! before or after any one delta; lanes that left the search are never read):
 //!
 //! 1. gallop: probe positions 0, 1, 3, 7, …, 2^k − 1 and the last `window` positions in one
-//!    batch; the lanes that miss first at a gallop position form one bracket. A group of
-//!    more than [`STAGED_GALLOP_LANES`] lanes probes position 0 alone first and gallops
-//!    only with the lanes holding it (one more round trip, far fewer lines fetched);
+//!    batch; the lanes that miss first at a gallop position form one bracket. A group
+//!    whose ready lanes span more than [`STAGED_GALLOP_LINES`] cache lines per row probes
+//!    position 0 alone first and gallops only with the lanes holding it (one more round
+//!    trip, far fewer lines fetched);
 //! 2. refine: `FANOUT`-ary rounds; each round probes `FANOUT − 1` split points of every open
 //!    bracket and splits its lanes by where they first miss. A bracket that this round
 //!    resolves completely also probes the `window` positions below it, so its lanes are
@@ -114,6 +115,11 @@ pub(crate) trait ProbeView: Copy {
     /// Which of `lanes` (ready lanes of `group`) hold `location`; bits outside `lanes`
     /// may be set and are ignored.
     fn probe(&self, location: &Self::Location, group: usize, lanes: u64) -> u64;
+    /// Cache lines a probe of `lanes` of `group` reads in each candidate row: by default
+    /// lanes packed eight to a line.
+    fn lines_per_row(&self, _group: usize, lanes: u64) -> u32 {
+        lanes.count_ones().div_ceil(8)
+    }
 }
 
 /// Runs the search over `hashes`; writes each lane's depth (`None` when not ready).
@@ -175,12 +181,13 @@ pub(crate) fn search<P: Prober>(
 /// `FANOUT` parts. Wider rounds cost more probes but fewer dependent memory round trips.
 const FANOUT: u32 = 4;
 
-/// Ready lanes of a group above which the gallop probes position 0 alone first, and the
-/// rest of its positions only for the lanes holding it. Up to this many lanes span at
-/// most two cache lines per row, so fetching them all at every gallop position costs
-/// less than the extra round trip; past it, one round trip saves up to 8 lines per
-/// row for every lane that misses the first block.
-const STAGED_GALLOP_LANES: u32 = 16;
+/// Cache lines per row ([`ProbeView::lines_per_row`]) of a group's ready lanes above
+/// which the gallop probes position 0 alone first, and the rest of its positions only for
+/// the lanes holding it. Fetching up to two lines per row at every gallop position costs
+/// less than the extra round trip; past it (more than 16 lanes of one table, or lanes of
+/// several tables in a joint search), one round trip saves the lines of every lane that
+/// misses the first block.
+const STAGED_GALLOP_LINES: u32 = 2;
 
 /// The `FANOUT - 1` split points of `lo..hi`, which cut it into `FANOUT` parts; strictly
 /// increasing and in `lo + 1..hi` when `hi - lo >= FANOUT`.
@@ -293,7 +300,7 @@ impl<V: ProbeView> GroupSearch<'_, V> {
         // fetches every asked lane's lines at every gallop position, and with dozens of
         // lanes that is more lines than the core keeps in flight (its prefetches stall),
         // while in a fleet most lanes usually miss the first block already.
-        let galloping = if ready.count_ones() > STAGED_GALLOP_LANES {
+        let galloping = if self.view.lines_per_row(self.group, ready) > STAGED_GALLOP_LINES {
             self.queue(0, ready);
             self.probe_batch();
             self.present(0, ready)
@@ -753,9 +760,9 @@ mod tests {
                 "position {position} fetched {lanes:#x}"
             );
         }
-        // A group of at most STAGED_GALLOP_LANES lanes fetches every gallop position for
+        // A group of at most STAGED_GALLOP_LINES lines (16 lanes) fetches every gallop position for
         // every lane in its first batch.
-        let narrow = STAGED_GALLOP_LANES as usize;
+        let narrow = STAGED_GALLOP_LINES as usize * 8;
         let (depths, prefetched) = search_recorded(narrow, holders & ((1 << narrow) - 1), n);
         assert_eq!(depths[1], Some(0));
         let all = (1u64 << narrow) - 1;
