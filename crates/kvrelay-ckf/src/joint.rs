@@ -232,13 +232,8 @@ impl ProbeView for JointView<'_> {
 
     #[inline]
     fn prefetch(&self, location: &JointLocation, group: usize, lanes: u64) {
-        for part in parts_of(self.parts, self.group_parts, group) {
-            let table_lanes = (lanes >> part.shift) & part.mask;
-            if let (true, Some(Some(view)), Some(at)) = (
-                table_lanes != 0,
-                self.views.get(part.table),
-                location.0.get(part.table),
-            ) {
+        for (view, part, table_lanes) in self.asked(group, lanes) {
+            if let Some(at) = location.0.get(part.table) {
                 view.prefetch(at, part.table_group, table_lanes);
             }
         }
@@ -246,30 +241,39 @@ impl ProbeView for JointView<'_> {
 
     /// Every table's lines: lanes of different tables never share one.
     fn lines_per_row(&self, group: usize, lanes: u64) -> u32 {
-        parts_of(self.parts, self.group_parts, group)
-            .iter()
-            .filter_map(|part| {
-                let table_lanes = (lanes >> part.shift) & part.mask;
-                let view = self.views.get(part.table)?.as_ref()?;
-                Some(view.lines_per_row(part.table_group, table_lanes))
-            })
+        self.asked(group, lanes)
+            .map(|(view, part, table_lanes)| view.lines_per_row(part.table_group, table_lanes))
             .sum()
     }
 
     #[inline]
     fn probe(&self, location: &JointLocation, group: usize, lanes: u64) -> u64 {
         let mut present = 0u64;
-        for part in parts_of(self.parts, self.group_parts, group) {
-            let table_lanes = (lanes >> part.shift) & part.mask;
-            if let (true, Some(Some(view)), Some(at)) = (
-                table_lanes != 0,
-                self.views.get(part.table),
-                location.0.get(part.table),
-            ) {
+        for (view, part, table_lanes) in self.asked(group, lanes) {
+            if let Some(at) = location.0.get(part.table) {
                 present |=
                     (view.probe(at, part.table_group, table_lanes) & table_lanes) << part.shift;
             }
         }
         present
+    }
+}
+
+impl<'a> JointView<'a> {
+    /// The tables holding some of `lanes` of virtual `group`: each one's view, its part
+    /// of the group and those lanes as its own lane bits.
+    #[inline]
+    fn asked(
+        &self,
+        group: usize,
+        lanes: u64,
+    ) -> impl Iterator<Item = (&RowView<'a>, &'a Part, u64)> + '_ {
+        parts_of(self.parts, self.group_parts, group)
+            .iter()
+            .filter_map(move |part| {
+                let table_lanes = (lanes >> part.shift) & part.mask;
+                let view = self.views.get(part.table)?.as_ref()?;
+                (table_lanes != 0).then_some((view, part, table_lanes))
+            })
     }
 }
