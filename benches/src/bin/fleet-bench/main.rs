@@ -613,17 +613,19 @@ fn main() -> Result<()> {
     }
     if !mixed_rows.is_empty() {
         table.push_str(
-            "\n| DCs of different sizes | format | query tables | joint query/s | exact/s | ratio | tables one by one: ratio | bits/membership | under |\n|---|---|---|---|---|---|---|---|---|\n",
+            "\n| DCs of different sizes | format | query tables | joint query/s | exact/s | ratio | tables one by one: query/s (ratio) | joint / one by one | bits/membership | under |\n|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for (name, run) in &mixed_rows {
             table.push_str(&format!(
-                "| {} | {name} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {name} | {} | {} | {} | {} | {} ({}) | {} | {} | {} |\n",
                 run["dcs"],
                 run["tables"],
                 run["query_per_s"],
                 run["exact_per_s"],
                 run["query_vs_exact"],
+                run["sequential_query_per_s"],
                 run["sequential_vs_exact"],
+                run["joint_vs_sequential"],
                 run["bits_per_membership"],
                 run["underestimates"],
             ));
