@@ -149,27 +149,17 @@ impl RowLoads {
 }
 
 fn stats(c: &mut Criterion) {
-    use kvrelay_ckf::{
-        CkfConfig, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
-    };
+    use kvrelay_ckf::{CkfConfig, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlocks};
     let mut group = c.benchmark_group("ckf_stats");
     // 2^25 expected blocks size the largest v1 table: 2^24 buckets (128 MiB).
     let mut filter = PoolFilter::new(CkfConfig::new(1 << 25)).unwrap();
     assert_eq!(filter.format().bucket_count(), 1 << 24);
-    let blocks = (1..=4096u64)
-        .map(|id| StoredBlock {
-            engine_block_id: id,
-            token_hash: id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        })
-        .collect();
+    let token_hashes = (1..=4096u64).map(|id| id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     filter
         .apply(&RouterEvent {
             source: SourceId::new(1, 0),
             event_id: 1,
-            payload: EventPayload::Stored(StoredBlocks {
-                parent_engine_block_id: None,
-                blocks,
-            }),
+            payload: EventPayload::Stored(StoredBlocks::new_chain(1, token_hashes)),
         })
         .unwrap();
     group.bench_function("incremental", |b| {

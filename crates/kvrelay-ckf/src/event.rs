@@ -56,6 +56,42 @@ pub struct StoredBlocks {
     pub blocks: Vec<StoredBlock>,
 }
 
+impl StoredBlocks {
+    /// A new sequence (no parent) of blocks with the given token hashes, in order, whose
+    /// engine ids count up from `first_engine_block_id` (wrapping).
+    ///
+    /// ```
+    /// use kvrelay_ckf::{StoredBlock, StoredBlocks};
+    ///
+    /// let chain = StoredBlocks::new_chain(7, [0xa, 0xb]);
+    /// assert_eq!(chain.parent_engine_block_id, None);
+    /// assert_eq!(
+    ///     chain.blocks,
+    ///     [
+    ///         StoredBlock { engine_block_id: 7, token_hash: 0xa },
+    ///         StoredBlock { engine_block_id: 8, token_hash: 0xb },
+    ///     ]
+    /// );
+    /// ```
+    pub fn new_chain(
+        first_engine_block_id: u64,
+        token_hashes: impl IntoIterator<Item = u64>,
+    ) -> Self {
+        let blocks = token_hashes
+            .into_iter()
+            .zip(0u64..)
+            .map(|(token_hash, offset)| StoredBlock {
+                engine_block_id: first_engine_block_id.wrapping_add(offset),
+                token_hash,
+            })
+            .collect();
+        Self {
+            parent_engine_block_id: None,
+            blocks,
+        }
+    }
+}
+
 /// One stored block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StoredBlock {

@@ -9,26 +9,21 @@
 
 use kvrelay_ckf::{
     CkfConfig, EventPayload, ExactIndex, FilterDensity, PoolFilter, PrefixQuery, QueryConfig,
-    QueryTable, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    QueryTable, RouterEvent, SourceId, StoredBlocks,
 };
 use kvrelay_identity::hashing::sequence_hashes;
 
 /// Stores `n` distinct blocks as chains of 64 from one source.
 fn fill(filter: &mut PoolFilter, n: u64, salt: u64) {
     for chain in 0..n.div_ceil(64) {
-        let blocks = (chain * 64..((chain + 1) * 64).min(n))
-            .map(|i| StoredBlock {
-                engine_block_id: i,
-                token_hash: i ^ salt,
-            })
-            .collect();
+        let ids = chain * 64..((chain + 1) * 64).min(n);
         let event = RouterEvent {
             source: SourceId::new(1, 0),
             event_id: chain + 1,
-            payload: EventPayload::Stored(StoredBlocks {
-                parent_engine_block_id: None,
-                blocks,
-            }),
+            payload: EventPayload::Stored(StoredBlocks::new_chain(
+                ids.start,
+                ids.map(|i| i ^ salt),
+            )),
         };
         filter.apply(&event).unwrap();
     }
@@ -89,21 +84,11 @@ fn dense_lanes_of_different_pools_answer_like_the_exact_index() {
         // Background blocks fill the table toward its design load.
         fill(&mut filter, 3_800, (pool as u64 + 1) << 40);
         if depth > 0 {
-            let blocks = tokens[..depth]
-                .iter()
-                .enumerate()
-                .map(|(i, &token_hash)| StoredBlock {
-                    engine_block_id: 1 << 32 | i as u64,
-                    token_hash,
-                })
-                .collect();
+            let chain = StoredBlocks::new_chain(1 << 32, tokens[..depth].iter().copied());
             let event = RouterEvent {
                 source: SourceId::new(2, 0),
                 event_id: 1,
-                payload: EventPayload::Stored(StoredBlocks {
-                    parent_engine_block_id: None,
-                    blocks,
-                }),
+                payload: EventPayload::Stored(chain),
             };
             filter.apply(&event).unwrap();
         }

@@ -11,7 +11,7 @@
 
 use kvrelay_ckf::{
     CkfConfig, EventPayload, ExactIndex, FilterDensity, JointDepths, MAX_JOINT_TABLES, PoolFilter,
-    PrefixQuery, QueryConfig, QueryTable, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+    PrefixQuery, QueryConfig, QueryTable, RouterEvent, SourceId, StoredBlocks,
     joint_prefix_depths_into,
 };
 use kvrelay_identity::hashing::sequence_hashes;
@@ -29,21 +29,13 @@ fn config(capacity: u64) -> CkfConfig {
 fn filter_with_prefix(capacity: u64, tokens: &[u64], depth: usize) -> PoolFilter {
     let mut filter = PoolFilter::new(config(capacity)).unwrap();
     if depth > 0 {
-        let blocks = tokens[..depth]
-            .iter()
-            .enumerate()
-            .map(|(i, &token_hash)| StoredBlock {
-                engine_block_id: i as u64,
-                token_hash,
-            })
-            .collect();
         let event = RouterEvent {
             source: SourceId::new(1, 0),
             event_id: 1,
-            payload: EventPayload::Stored(StoredBlocks {
-                parent_engine_block_id: None,
-                blocks,
-            }),
+            payload: EventPayload::Stored(StoredBlocks::new_chain(
+                0,
+                tokens[..depth].iter().copied(),
+            )),
         };
         filter.apply(&event).unwrap();
     }

@@ -683,6 +683,11 @@ impl DepthProbe for ReplicaStore {
     ) {
         scratch.formats.clear();
         scratch.key_lanes.clear();
+        // The tables of the formats in `scratch.formats`, in the same order, taken as each
+        // format is first seen: the first apart, so one format (the usual case) allocates
+        // nothing.
+        let mut first_table: Option<&QueryTable> = None;
+        let mut more_tables: Vec<&QueryTable> = Vec::new();
         // Pools of one request nearly always share one format: remember its table.
         let mut last_table: Option<(CkfFormat, Option<&FormatTable>)> = None;
         for (key, slot_out) in keys.iter().zip(out.iter_mut()) {
@@ -700,40 +705,40 @@ impl DepthProbe for ReplicaStore {
                 }
             };
             let status = self.slot_status_in(slot, table, now);
-            // A current slot has its format's table (`slot_status_in`).
-            if status != ReplicaState::Current {
+            let Some(entry) = table.filter(|_| status == ReplicaState::Current) else {
+                // A slot whose format has no table cannot be read, whatever its status.
+                let status = match status {
+                    ReplicaState::Current => ReplicaState::Missing,
+                    status => status,
+                };
                 *slot_out = ReplicaDepth::Unusable(status);
                 scratch.key_lanes.push(None);
                 continue;
-            }
+            };
             let index = match scratch.formats.iter().position(|f| *f == slot.format) {
                 Some(index) => index,
                 None => {
                     scratch.formats.push(slot.format);
+                    if first_table.is_none() {
+                        first_table = Some(&entry.table);
+                    } else {
+                        more_tables.push(&entry.table);
+                    }
                     scratch.formats.len() - 1
                 }
             };
             scratch.key_lanes.push(Some((index, slot.lane)));
         }
-        let joint = match scratch.formats.as_slice() {
-            [] => return,
-            [format] => {
-                if let Some(entry) = self.tables.get(format) {
-                    entry
-                        .table
-                        .prefix_depths_into(sequence_hashes, &mut scratch.single);
-                }
-                false
-            }
-            formats => {
-                // Every listed format has a table (keys without one were answered above).
-                let tables: Vec<&QueryTable> = formats
-                    .iter()
-                    .filter_map(|format| self.tables.get(format).map(|entry| &entry.table))
-                    .collect();
-                joint_prefix_depths_into(&tables, sequence_hashes, &mut scratch.joint);
-                true
-            }
+        let Some(first_table) = first_table else {
+            return;
+        };
+        let joint = if more_tables.is_empty() {
+            first_table.prefix_depths_into(sequence_hashes, &mut scratch.single);
+            false
+        } else {
+            more_tables.insert(0, first_table);
+            joint_prefix_depths_into(&more_tables, sequence_hashes, &mut scratch.joint);
+            true
         };
         for (slot_out, key_lane) in out.iter_mut().zip(&scratch.key_lanes) {
             if let Some((index, lane)) = *key_lane {
@@ -771,25 +776,15 @@ mod tests {
         depth: usize,
     ) {
         use kvrelay_ckf::{
-            CkfConfig, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlock, StoredBlocks,
+            CkfConfig, EventPayload, PoolFilter, RouterEvent, SourceId, StoredBlocks,
         };
         let mut filter = PoolFilter::new(CkfConfig::new(capacity)).unwrap();
-        let blocks = tokens[..depth]
-            .iter()
-            .enumerate()
-            .map(|(i, &token_hash)| StoredBlock {
-                engine_block_id: i as u64,
-                token_hash,
-            })
-            .collect();
+        let chain = StoredBlocks::new_chain(0, tokens[..depth].iter().copied());
         filter
             .apply(&RouterEvent {
                 source: SourceId::new(1, 0),
                 event_id: 1,
-                payload: EventPayload::Stored(StoredBlocks {
-                    parent_engine_block_id: None,
-                    blocks,
-                }),
+                payload: EventPayload::Stored(chain),
             })
             .unwrap();
         store.reset(key, filter.format()).unwrap();

@@ -16,7 +16,7 @@ use kvrelay_pool::{FaultCategory, PoolActorHandle, PoolHealth};
 use tokio::sync::watch;
 
 use crate::host::checkpoint::SourcePositions;
-use crate::host::supervisor::HostFacts;
+use crate::host::supervisor::{HostFacts, PoolFacts};
 use crate::limits::Limits;
 use crate::metrics::{CategoryLabel, RelayMetrics};
 
@@ -168,26 +168,17 @@ impl HostState {
     pub(crate) fn publish_facts(&self, facts: HostFacts) {
         // `kvrelay_sources{state}` is written from the sources' own probes (source_metrics),
         // the one place that sees every transport state change.
-        let stalled = facts.pools.values().filter(|pool| pool.stalled).count();
-        self.metrics
-            .pools_stalled
-            .set(i64::try_from(stalled).unwrap_or(i64::MAX));
-        let degraded = facts
-            .pools
-            .values()
-            .filter(|pool| pool.degraded.is_some())
-            .count();
+        let count = |counts: fn(&PoolFacts) -> bool| {
+            let pools = facts.pools.values().filter(|pool| counts(pool)).count();
+            i64::try_from(pools).unwrap_or(i64::MAX)
+        };
+        self.metrics.pools_stalled.set(count(|pool| pool.stalled));
         self.metrics
             .pools_degraded
-            .set(i64::try_from(degraded).unwrap_or(i64::MAX));
-        let overfull = facts
-            .pools
-            .values()
-            .filter(|pool| pool.overfull.is_some())
-            .count();
+            .set(count(|pool| pool.degraded.is_some()));
         self.metrics
             .pools_overfull
-            .set(i64::try_from(overfull).unwrap_or(i64::MAX));
+            .set(count(|pool| pool.overfull.is_some()));
         *self.facts.lock().unwrap_or_else(PoisonError::into_inner) = facts;
     }
 
