@@ -25,6 +25,10 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if projects.is_empty() {
         bail!("no fuzz projects found under crates/*/fuzz");
     }
+    // One target directory for every project: the dependencies they share (the ckf and
+    // identity crates, serde, bytes, ...) are built once, with the same flags.
+    let target_dir = workspace_root().join("target").join("fuzz");
+    let target_dir = target_dir.display().to_string();
     for project in projects {
         let output = Command::new("cargo")
             .args(["+nightly", "fuzz", "list"])
@@ -39,7 +43,15 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             let max_time = format!("-max_total_time={seconds}");
             command::run(
                 Command::new("cargo")
-                    .args(["+nightly", "fuzz", "run", target, "--", &max_time])
+                    .args([
+                        "+nightly",
+                        "fuzz",
+                        "run",
+                        "--target-dir",
+                        &target_dir,
+                        target,
+                    ])
+                    .args(["--", &max_time])
                     .current_dir(&project),
                 &format!("fuzz {target} for {seconds} s ({})", project.display()),
             )?;

@@ -12,8 +12,22 @@
 //!   trace format and the [`TraceWorkload`] generator.
 //! - Async shells: the ZMQ source, the NATS source and trace replay wrap the pure parts.
 //!
+//! The transports are default features: `zmq` (the ZMQ source, libzmq) and `nats` (the
+//! NATS source, async-nats). Without them the crate keeps its decoders, the canonicalizer,
+//! trace replay and the event-plane parsers (the fuzz targets build it so).
+//!
 //! Malformed input is a typed error, counted per source and kind; a source never stops
 //! on bad data. Start reading at [`decode_engine_batch`] and [`Canonicalizer`].
+
+// Without a transport, the shells' shared parts (budgets, rejection logs, source
+// bookkeeping) have no caller; they are built anyway, so the crate compiles the same way.
+#![cfg_attr(
+    not(all(feature = "zmq", feature = "nats")),
+    allow(
+        dead_code,
+        reason = "shared shell helpers serve the transport features"
+    )
+)]
 
 mod canonical;
 mod dynamo_event;
@@ -27,6 +41,7 @@ pub mod limits;
 mod log_limit;
 mod metered;
 mod msgpack;
+#[cfg(feature = "nats")]
 mod nats_source;
 mod sequence;
 mod source;
@@ -35,7 +50,9 @@ mod trace_replay;
 mod workload;
 mod zmq_config;
 mod zmq_frames;
+#[cfg(feature = "zmq")]
 mod zmq_source;
+#[cfg(feature = "zmq")]
 mod zmq_transport;
 
 pub use canonical::{
@@ -65,6 +82,7 @@ pub use event_trace::{
 };
 pub use limits::{LimitError, Limits};
 pub use metered::QueueBudget;
+#[cfg(feature = "nats")]
 pub use nats_source::{NatsAuth, NatsSourceConfig, NatsTls, spawn_nats_source};
 pub use sequence::{
     ResetReason, ResumePoint, SequenceAction, SequenceConfig, SequenceTracker, batch_digest,
@@ -79,4 +97,5 @@ pub use workload::{
 };
 pub use zmq_config::{FaultInjection, ZmqSourceConfig, ZmqWire};
 pub use zmq_frames::{ReplayReply, ZmqFrameError, parse_live, parse_replay, replay_request};
+#[cfg(feature = "zmq")]
 pub use zmq_source::spawn_zmq_source;
