@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

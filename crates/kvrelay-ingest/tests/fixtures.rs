@@ -264,7 +264,7 @@ fn zmq_capture_payloads_decode_like_the_standalone_fixtures() {
 }
 
 /// Minimal standard base64 decoder for the capture files.
-pub fn base64_decode(text: &str) -> Vec<u8> {
+fn base64_decode(text: &str) -> Vec<u8> {
     let mut out = Vec::new();
     let mut acc = 0u32;
     let mut bits = 0;

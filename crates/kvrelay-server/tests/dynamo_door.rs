@@ -9,10 +9,9 @@
     reason = "tests fail loudly"
 )]
 
-mod support;
+use crate::support;
 
-#[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
-mod interop;
+use crate::interop;
 
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRpc};
 use kvrelay_server::{MirrorProgress, PoolMirror, ProbeStream, Relay};

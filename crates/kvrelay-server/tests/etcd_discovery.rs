@@ -11,10 +11,9 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
-#[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
-mod interop;
+use crate::interop;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use bytes::BytesMut;
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRpc, decode_message};

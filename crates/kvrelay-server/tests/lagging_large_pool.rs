@@ -11,7 +11,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use kvrelay_codec::v1::{Message, PoolPayload, StreamRpc};
 use kvrelay_server::{PoolMirror, ProbeStream, Relay};

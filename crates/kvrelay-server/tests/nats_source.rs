@@ -8,7 +8,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

@@ -8,7 +8,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use kvrelay_codec::v1::StreamRpc;
 use kvrelay_server::{ProbeStream, Relay, SourceConfig, SourceEngine};

@@ -23,7 +23,7 @@ use kvrelay_codec::v1::{CatalogUpdate, Message, ProducerIdentity, StreamRequest,
 use kvrelay_consumer::{Consumer, ReplicaState, ResubscribeReason, ScoreRequest};
 use kvrelay_server::{PoolMirror, ProbeStream, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 
-mod support;
+use crate::support;
 
 use support::example_config;
 

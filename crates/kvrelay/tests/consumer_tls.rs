@@ -22,7 +22,7 @@ use kvrelay_server::{AuthConfig, ListenerTls, Relay};
 use kvrelay_tls::test_ca::Purpose;
 use support::{Authority, Material, example_config, material};
 
-mod support;
+use crate::support;
 
 /// Bound on every wait of these tests.
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -16,7 +16,7 @@ use kvrelay_codec::v1::CatalogUpdate;
 use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaState, ScoreRequest};
 use kvrelay_server::{DynamoConfig, Relay, RelayConfig, WORKLOAD_TOKEN_SEED};
 
-mod support;
+use crate::support;
 
 use support::example_config;
 

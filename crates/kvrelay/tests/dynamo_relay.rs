@@ -17,9 +17,8 @@ use std::time::Duration;
 
 use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaState, ScoreRequest};
 
-#[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
-mod interop;
-mod support;
+use crate::interop;
+use crate::support;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const BLOCK: u32 = 16;

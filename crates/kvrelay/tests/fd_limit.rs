@@ -12,7 +12,7 @@
     reason = "tests fail by panicking"
 )]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

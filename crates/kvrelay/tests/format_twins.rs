@@ -11,7 +11,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

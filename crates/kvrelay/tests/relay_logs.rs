@@ -11,7 +11,7 @@
     reason = "tests fail by panicking"
 )]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -12,7 +12,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -60,7 +60,7 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) 
     (status, body)
 }
 
-mod support;
+use crate::support;
 
 /// A router on a free loopback port following the relay at `relay`.
 async fn start_router(relay: SocketAddr) -> RouterService {

@@ -20,7 +20,7 @@
     reason = "tests fail by panicking"
 )]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

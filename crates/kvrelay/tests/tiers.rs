@@ -10,7 +10,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

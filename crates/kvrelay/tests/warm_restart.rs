@@ -12,7 +12,7 @@
     reason = "test helpers fail loudly"
 )]
 
-mod support;
+use crate::support;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -1,0 +1,12 @@
+//! Every integration test of this crate, in one test binary: each file beside this one is
+//! a module (they were binaries of their own). One binary links the crate and its
+//! dependencies once instead of once per file, which is most of a cold test build
+//! (ARCHITECTURE.md, Testing). cargo-nextest still runs every test in its own process.
+
+mod support;
+
+mod epoch;
+mod format_twins;
+mod pair;
+mod relay;
+mod state;

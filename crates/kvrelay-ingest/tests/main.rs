@@ -1,0 +1,17 @@
+//! Every integration test of this crate, in one test binary: each file beside this one is
+//! a module (they were binaries of their own). One binary links the crate and its
+//! dependencies once instead of once per file, which is most of a cold test build
+//! (ARCHITECTURE.md, Testing). cargo-nextest still runs every test in its own process.
+
+mod canonical;
+mod fixtures;
+#[cfg(feature = "nats")]
+mod nats;
+mod roundtrip;
+mod trace;
+#[cfg(feature = "zmq")]
+mod zmq_hostile;
+#[cfg(feature = "zmq")]
+mod zmq_loopback;
+#[cfg(feature = "zmq")]
+mod zmq_rejection_logs;

@@ -1,0 +1,20 @@
+//! Every integration test of this crate, in one test binary: each file beside this one is
+//! a module (they were binaries of their own). One binary links the crate and its
+//! dependencies once instead of once per file, which is most of a cold test build
+//! (ARCHITECTURE.md, Testing). cargo-nextest still runs every test in its own process.
+
+#[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
+mod interop;
+mod support;
+
+mod discovered_source;
+mod dynamo_door;
+mod e2e;
+mod edges;
+mod etcd_discovery;
+mod hostile;
+mod lagging_large_pool;
+mod nats_source;
+mod security;
+mod signal;
+mod zmq_source;
