@@ -3,6 +3,13 @@
 //! dependencies once instead of once per file, which is most of a cold test build
 //! (ARCHITECTURE.md, Testing). cargo-nextest still runs every test in its own process.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "tests and their helpers fail loudly"
+)]
+
 #[path = "../../kvrelay-dynamo/tests/interop/mod.rs"]
 mod interop;
 mod support;
