@@ -2,11 +2,6 @@
 //! probe's false-positive rate is there, and that a query table of dense lanes answers
 //! like the exact index (never below it).
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers fail the test on bad input"
-)]
-
 use kvrelay_ckf::{
     CkfConfig, EventPayload, ExactIndex, FilterDensity, PoolFilter, PrefixQuery, QueryConfig,
     QueryTable, RouterEvent, SourceId, StoredBlocks,

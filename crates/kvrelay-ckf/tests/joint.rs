@@ -4,11 +4,6 @@
 //! more than 64 lanes), readiness, and the number of tables (more than
 //! `MAX_JOINT_TABLES` are searched in chunks).
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers fail the test on bad input"
-)]
-
 use kvrelay_ckf::{
     CkfConfig, EventPayload, ExactIndex, FilterDensity, JointDepths, MAX_JOINT_TABLES, PoolFilter,
     PrefixQuery, QueryConfig, QueryTable, RouterEvent, SourceId, StoredBlocks,

@@ -2,11 +2,6 @@
 //! interleavings of stores, removals, clears, worker removals and resets from several
 //! sources, with a tiny filter that saturates; replicas and query lanes follow the stream.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers fail the test on bad input"
-)]
-
 use std::collections::BTreeMap;
 
 use kvrelay_ckf::{

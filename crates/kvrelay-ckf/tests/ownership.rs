@@ -1,11 +1,6 @@
 //! Behaviour of the producer filter: ownership transitions, validation, omissions, resets
 //! and publication.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers fail the test on bad input"
-)]
-
 use kvrelay_ckf::{
     ApplyError, CkfConfig, EventPayload, PoolFilter, RemovedBlocks, Replica, RouterEvent, SourceId,
     StoredBlock, StoredBlocks,

@@ -1,11 +1,6 @@
 //! The multi-pool query table against the exact index: per-pool depths across lane groups
 //! (more than 64 lanes), sparse and dense probes, lanes that are not ready, deltas.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers fail the test on bad input"
-)]
-
 use kvrelay_ckf::{
     Addressing, BucketImage, CkfConfig, Delta, EventPayload, ExactIndex, PoolFilter, PrefixDepths,
     PrefixQuery, QueryConfig, QueryTable, RouterEvent, SnapshotChunk, SourceId, StoredBlock,

@@ -4,11 +4,6 @@
 //! an exact model of residency per (source, tier). The device filter must stay
 //! bit-identical to a filter fed only the device events, as before tiers existed.
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers fail the test on bad input"
-)]
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvrelay_ckf::{

@@ -1,11 +1,6 @@
 //! Reference vectors: the `ckf_address` entries of `vectors/hashing.json` (a copy of the
 //! shared vectors).
 
-#![allow(
-    clippy::unwrap_used,
-    reason = "test helpers fail the test on bad input"
-)]
-
 use kvrelay_ckf::Addressing;
 use kvrelay_identity::CkfFormat;
 use serde_json::Value;

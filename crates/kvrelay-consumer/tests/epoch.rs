@@ -2,8 +2,6 @@
 //! the relay's catalog, load and topology streams do to the consumer's view, and when the
 //! epoch ends, with no socket. The tokio client drives the same session.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
-
 use crate::support;
 
 use std::time::{Duration, Instant};

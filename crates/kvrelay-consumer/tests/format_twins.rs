@@ -3,8 +3,6 @@
 //! smaller twin in place of the pool's own filter; one that does not (an older one, or
 //! `follow_format_twins = false`) keeps the v1 pool and never sees the twin.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
-
 use crate::support;
 
 use std::time::Instant;

@@ -3,8 +3,6 @@
 //! and state on the other, a simulated clock and injected network faults between them.
 //! What the TCP fake's pool-stream tests cover, in microseconds and deterministically.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
-
 use crate::support;
 
 use std::time::Duration;

@@ -1,8 +1,6 @@
 //! The consumer against a fake relay over loopback TCP: convergence, mid-snapshot cuts,
 //! lag, gaps, corruption, producer changes, relay restarts and quarantine.
 
-#![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
-
 use crate::support;
 
 use std::time::{Duration, Instant};

@@ -1,8 +1,6 @@
 //! The sans-IO consumer state driven directly with wire messages: catalog rules,
 //! staleness, sequencing, and scoring accuracy against an exact index.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests fail by panicking")]
-
 use crate::support;
 
 use std::collections::HashMap;

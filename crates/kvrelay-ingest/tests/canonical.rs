@@ -1,7 +1,5 @@
 //! Canonicalization: token hashes per pool semantics, salts, Eagle windows, SGLang bigram
 //! pages, the media / attention-group filtering rule and lower tiers.
-#![allow(clippy::unwrap_used, clippy::panic, reason = "test")]
-
 use std::path::PathBuf;
 
 use kvrelay_ckf::{

@@ -1,10 +1,4 @@
 //! Decoding the engines' own msgpack output (`shared/fixtures/engine-events`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::panic,
-    reason = "test helpers fail loudly on broken fixtures"
-)]
-
 use std::path::PathBuf;
 
 use kvrelay_ingest::{

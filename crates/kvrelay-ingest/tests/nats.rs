@@ -1,12 +1,5 @@
 //! Dynamo router events published on a real `nats-server` (Debian package) on a loopback
 //! port are ingested in order.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test"
-)]
-
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

@@ -1,6 +1,4 @@
 //! The event-trace format, the LRU workload generator, the shipped traces and replay.
-#![allow(clippy::unwrap_used, clippy::panic, reason = "test")]
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 

@@ -3,13 +3,6 @@
 //! after the handshake; an injected reader panic; a publisher naming ranks its card does
 //! not declare. The process lives, the source reconnects (counted) and other sources keep
 //! flowing.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test"
-)]
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;

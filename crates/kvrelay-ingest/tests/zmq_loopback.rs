@@ -1,13 +1,6 @@
 //! A real ZMQ publisher and replay ROUTER on loopback (the test plays the engine): dropped
 //! messages create gaps, the publisher restarts with a reset sequence, and the ingested
 //! state must equal the publisher's ground truth afterwards.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test"
-)]
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

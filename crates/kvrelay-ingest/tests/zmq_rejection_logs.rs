@@ -1,12 +1,5 @@
 //! A flood of malformed messages is counted exactly and logged a few times, not once per
 //! message. (Alone in its binary: it installs the process's global log subscriber.)
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test"
-)]
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,13 +2,6 @@
 //! runtime's discovery records (`event_sources/` + `event_channels/`): its events reach a
 //! WAN replica, and removing the records detaches the source and withdraws the pool.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::path::Path;

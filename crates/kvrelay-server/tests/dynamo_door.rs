@@ -2,13 +2,6 @@
 //! `.proto`, on loopback: the same pools, catalog, readiness and load as the WAN door, the
 //! contract's error statuses and reason metadata, health, reflection, TLS and the token.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests fail loudly"
-)]
-
 use crate::support;
 
 use crate::interop;

@@ -1,13 +1,6 @@
 //! Loopback end-to-end tests of a whole relay: discovery from a card directory, trace replay
 //! into pool actors, and the WAN protocol to a probe client.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use kvrelay_codec::v1::{ErrorReason, Message, StreamRpc};

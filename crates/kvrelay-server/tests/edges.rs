@@ -2,13 +2,6 @@
 //! or a card file can make the relay hold. Each test runs a real relay on 127.0.0.1 with
 //! free ports, bounds every wait by `DEADLINE`, and stops it.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::net::SocketAddr;

@@ -4,13 +4,6 @@
 //! attach, and detach when their lease ends; and real Dynamo 1.6.1 workers registered in
 //! etcd attach the same pool and sources in our relay as in Dynamo's own.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use crate::interop;

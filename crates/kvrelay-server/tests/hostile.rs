@@ -1,13 +1,6 @@
 //! Hostile and mistaken clients: each gets the right error frame and a close, and nobody
 //! else notices.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use bytes::BytesMut;

@@ -4,13 +4,6 @@
 //! equal to the producer (before ckf's `StreamLimits::max_delta_images`, such a stream
 //! ended with `internal`).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use kvrelay_codec::v1::{Message, PoolPayload, StreamRpc};

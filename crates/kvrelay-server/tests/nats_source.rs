@@ -1,13 +1,6 @@
 //! A relay fed by Dynamo router events on a real `nats-server` (Debian package) on a
 //! loopback port: the endpoint's KV-event subject becomes filter content a WAN replica sees.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::process::{Child, Command, Stdio};

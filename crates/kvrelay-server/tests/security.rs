@@ -1,13 +1,6 @@
 //! TLS (server certificate, optional client certificates) and bearer-token authentication
 //! on the WAN listener, with certificates generated per test by the TLS crate's test CA.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::path::{Path, PathBuf};

@@ -2,13 +2,6 @@
 //! `run_until_signal` returns once every task has stopped. (Alone in its test binary:
 //! the signal goes to the whole process.)
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::time::Duration;

@@ -1,13 +1,6 @@
 //! A relay fed by a real vLLM-style ZMQ publisher configured in `[[sources]]`: engine
 //! batches on the wire become filter content a WAN replica sees.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use kvrelay_codec::v1::StreamRpc;

@@ -1,12 +1,6 @@
 //! `kvrelay hash`, `kvrelay inspect dc-id` and `kvrelay inspect ckf-address` run as a
 //! binary against the reference vectors, and reject bad input with exit code 2.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "test helpers fail the test on unexpected output"
-)]
-
 use std::io::Write;
 use std::process::{Command, Output};
 

@@ -8,13 +8,6 @@
 //! depending on the server); this binary crate depends on both, so the real pairing is
 //! tested here.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -4,13 +4,6 @@
 //! a missing or wrong token are refused, counted and explained, never a panic; and
 //! `kvrelay route` does the same from the command line.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;

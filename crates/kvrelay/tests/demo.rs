@@ -2,13 +2,6 @@
 //! its producer, and in the routing comparison the router's choices find more of the
 //! prompts in cache than round robin and least-load routing on the same requests.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use std::process::Command;
 
 #[test]

@@ -3,13 +3,6 @@
 //! ranks every request exactly like the same fleet followed over kvrelay's WAN protocol,
 //! and a relay restart seen over gRPC is a new incarnation the replicas converge on again.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use std::time::Duration;
 
 use kvrelay_codec::v1::CatalogUpdate;

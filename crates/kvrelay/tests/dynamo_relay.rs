@@ -6,13 +6,6 @@
 //! sequences it never stored, or evicted, are not; and a restart of Dynamo's relay (a new
 //! incarnation on the same address) drops the old replica and converges on the new one.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use std::time::Duration;
 
 use kvrelay_consumer::{Consumer, RelayEndpoint, RelayProtocol, ReplicaState, ScoreRequest};

@@ -5,13 +5,6 @@
 //! is reachable, while it publishes and after it is gone. Everything is read the way an
 //! operator reads it: the admin HTTP endpoints of the binary.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::net::SocketAddr;

@@ -5,13 +5,6 @@
 //! is reported; what is asserted is the number of failed accepts, which a spinning loop
 //! drives into the thousands within a second.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests fail by panicking"
-)]
-
 use crate::support;
 
 use std::net::SocketAddr;

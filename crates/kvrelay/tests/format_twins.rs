@@ -4,13 +4,6 @@
 //! consumer older than twins behaves) replicates the v1 pool. Both score the same prefix
 //! from the same vLLM engine's events.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::time::{Duration, Instant};

@@ -4,13 +4,6 @@
 //! debug level, writes no ANSI colours when stderr is not a terminal, and `--log-format
 //! json` writes one JSON object per log line.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests fail by panicking"
-)]
-
 use crate::support;
 
 use std::time::{Duration, Instant};

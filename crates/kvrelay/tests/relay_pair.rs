@@ -5,13 +5,6 @@
 //! back only when B goes away. A followed relay that goes silent (SIGSTOP: its sockets stay
 //! open) is left for B once it missed its load windows, long before the catalog deadline.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::time::{Duration, Instant};

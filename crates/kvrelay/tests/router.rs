@@ -7,13 +7,6 @@
 //! are refused, counted and named by `/readyz`; after a relay restart and a router
 //! restart the router converges again.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -13,13 +13,6 @@
 //!   `max_pool_streams_per_relay` pool streams, does not retry in a loop, and its API
 //!   keeps answering (it stopped accepting before).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "tests fail by panicking"
-)]
-
 use crate::support;
 
 use std::net::SocketAddr;

@@ -3,13 +3,6 @@
 //! 0.33.0's connector sends them: one key per 2-block chunk, no tokens), and a consumer
 //! following the pool and its host lane over the WAN protocol.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::net::SocketAddr;

@@ -5,13 +5,6 @@
 //! with the checkpoint corrupted (discarded and counted) the same restart loses the pool,
 //! as it did before checkpoints existed. A SIGTERM writes a final checkpoint.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail loudly"
-)]
-
 use crate::support;
 
 use std::collections::VecDeque;
