@@ -14,6 +14,9 @@
 //!   [`PoolFilter::reset_source`]; publish with [`PoolFilter::take_delta`] (call it at your
 //!   cadence) and [`PoolFilter::snapshot`] (a barrier: pending tail delta, then chunks).
 //!   [`PoolFilter::counters`] and [`PoolFilter::memory`] for telemetry.
+//! - **Twin** ([`membership`]): [`MembershipFilter`] holds a pool's blocks in another
+//!   format, fed the pool filter's owned-set log ([`PoolFilter::record_memberships`])
+//!   instead of events, with no exact index of its own.
 //! - **Images out** ([`image`]): [`BucketImage`] `{bucket_idx, word}` (absolute word),
 //!   [`Delta`] `{base_sequence, sequence, images}` (coalesced, sorted, never empty) and
 //!   [`SnapshotChunk`] `{sequence, bucket_count, chunk_index, chunk_count, first_bucket,
@@ -46,6 +49,7 @@ pub mod image;
 pub mod joint;
 mod keyhash;
 mod lineage;
+pub mod membership;
 mod owners;
 pub mod ownership;
 mod prefetch;
@@ -67,6 +71,7 @@ pub use event::{
 pub use format::{CkfConfig, ConfigError, FilterDensity};
 pub use image::{BucketImage, Delta, MAX_BUCKET_COUNT, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
 pub use joint::{JointDepths, MAX_JOINT_TABLES, joint_prefix_depths_into};
+pub use membership::{Membership, MembershipFilter};
 pub use ownership::{ApplyError, BarrierSnapshot, PoolFilter, PublishError};
 pub use query::{
     ExactIndex, GrownRows, PrefixDepths, PrefixQuery, QueryConfig, QueryConfigError, QueryTable,

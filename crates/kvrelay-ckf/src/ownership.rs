@@ -13,7 +13,7 @@
 //! sources), `transition` (owner counts and table writes) and `error`.
 
 mod chain;
-mod error;
+pub(crate) mod error;
 mod removal;
 mod reset;
 mod transition;
@@ -29,8 +29,9 @@ use crate::format::{CkfConfig, ConfigError};
 use crate::image::{Delta, SNAPSHOT_CHUNK_BUCKETS, SnapshotChunk};
 use crate::keyhash::KeyMap;
 use crate::lineage::LineageMap;
+use crate::membership::Membership;
 use crate::owners::OwnerEntry;
-use crate::publication::{AllocFailed, DirtyWindow, snapshot_chunks};
+use crate::publication::{DirtyWindow, barrier_snapshot, publish_delta};
 use crate::table::Table;
 
 use chain::PlannedBlock;
@@ -135,6 +136,46 @@ impl PoolFilter {
     /// The filter format (seed and bucket count).
     pub fn format(&self) -> CkfFormat {
         self.format
+    }
+
+    /// Starts (`true`) or stops recording the changes of the owned set: each hash that
+    /// gains its first owner ([`Membership::Joined`]), loses its last
+    /// ([`Membership::Left`]) or is stored again by a source that holds it
+    /// ([`Membership::Reoffered`]), in the order the table saw them. A
+    /// [`MembershipFilter`](crate::MembershipFilter) fed the log holds the same blocks in
+    /// its own format without an exact index of its own. Stopping drops the unread log.
+    ///
+    /// The log grows until [`PoolFilter::take_memberships`]: by at most the blocks of one
+    /// event, or a source's mappings for a clear or reset (16 bytes each), reserved
+    /// before anything changes (an allocation failure rejects the operation).
+    ///
+    /// ```
+    /// use kvrelay_ckf::{CkfConfig, Membership, PoolFilter, SourceId};
+    /// let mut filter = PoolFilter::new(CkfConfig::new(1024))?;
+    /// filter.record_memberships(true);
+    /// filter.store_canonical(SourceId::new(1, 0), &[(100, 11)])?;
+    /// filter.clear_source(SourceId::new(1, 0))?;
+    /// assert_eq!(
+    ///     filter.take_memberships(),
+    ///     [Membership::Joined(11), Membership::Left(11)]
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn record_memberships(&mut self, on: bool) {
+        match (on, self.state.memberships.is_some()) {
+            (true, false) => self.state.memberships = Some(Vec::new()),
+            (false, true) => self.state.memberships = None,
+            _ => {}
+        }
+    }
+
+    /// The owned-set changes recorded since the last call (empty when not recording).
+    pub fn take_memberships(&mut self) -> Vec<Membership> {
+        self.state
+            .memberships
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Applies one router event. On `Err` nothing changed except the rejection counters.
@@ -420,28 +461,13 @@ impl PoolFilter {
     /// Publishes the pending window as a delta `sequence → sequence + 1`; `None` when no
     /// bucket changed net (the sequence does not move). On `Err` the window is kept.
     pub fn take_delta(&mut self) -> Result<Option<Delta>, PublishError> {
-        if self.state.window.is_empty() {
-            self.pending_events = 0;
-            return Ok(None);
-        }
-        if self.sequence == u64::MAX {
-            return Err(PublishError::SequenceExhausted {
-                sequence: self.sequence,
-            });
-        }
-        let (delta, stats) = self
-            .state
-            .window
-            .drain(self.state.table.words(), self.sequence)
-            .map_err(|AllocFailed { bytes }| PublishError::AllocationFailed { bytes })?;
-        let counters = &mut self.state.counters;
-        counters.net_reverted_buckets += stats.net_reverted;
+        let delta = publish_delta(
+            &mut self.state.window,
+            self.state.table.words(),
+            &mut self.sequence,
+            &mut self.state.counters,
+        )?;
         self.pending_events = 0;
-        if let Some(delta) = &delta {
-            counters.deltas_published += 1;
-            counters.images_published += delta.images.len() as u64;
-            self.sequence = delta.sequence;
-        }
         Ok(delta)
     }
 
@@ -459,15 +485,15 @@ impl PoolFilter {
         &mut self,
         chunk_buckets: NonZeroU32,
     ) -> Result<BarrierSnapshot, PublishError> {
-        // Copy first (the only large allocation), then drain: a failed copy keeps the tail.
-        let mut chunks = snapshot_chunks(self.sequence, self.state.table.words(), chunk_buckets)
-            .map_err(|AllocFailed { bytes }| PublishError::AllocationFailed { bytes })?;
-        let tail = self.take_delta()?;
-        for chunk in &mut chunks {
-            chunk.sequence = self.sequence;
-        }
-        self.state.counters.snapshots_taken += 1;
-        Ok(BarrierSnapshot { tail, chunks })
+        let snapshot = barrier_snapshot(
+            &mut self.state.window,
+            self.state.table.words(),
+            &mut self.sequence,
+            &mut self.state.counters,
+            chunk_buckets,
+        )?;
+        self.pending_events = 0;
+        Ok(snapshot)
     }
 
     fn finish_source_operation(&mut self, result: &Result<ApplyOutcome, ApplyError>) {

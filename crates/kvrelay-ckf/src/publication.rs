@@ -9,7 +9,9 @@
 
 use std::num::NonZeroU32;
 
+use crate::counters::FilterCounters;
 use crate::image::{BucketImage, Delta, SnapshotChunk};
+use crate::ownership::{BarrierSnapshot, PublishError};
 
 /// Why publication data could not be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +151,56 @@ impl DirtyWindow {
         };
         Ok((Some(delta), stats))
     }
+}
+
+/// Publishes `window` over `words` as the delta `sequence → sequence + 1` and moves
+/// `sequence`; `None` when no bucket changed net (the sequence does not move). On `Err`
+/// the window is kept. Shared by both producers ([`crate::PoolFilter`],
+/// [`crate::MembershipFilter`]).
+pub(crate) fn publish_delta(
+    window: &mut DirtyWindow,
+    words: &[u64],
+    sequence: &mut u64,
+    counters: &mut FilterCounters,
+) -> Result<Option<Delta>, PublishError> {
+    if window.is_empty() {
+        return Ok(None);
+    }
+    if *sequence == u64::MAX {
+        return Err(PublishError::SequenceExhausted {
+            sequence: *sequence,
+        });
+    }
+    let (delta, stats) = window
+        .drain(words, *sequence)
+        .map_err(|AllocFailed { bytes }| PublishError::AllocationFailed { bytes })?;
+    counters.net_reverted_buckets += stats.net_reverted;
+    if let Some(delta) = &delta {
+        counters.deltas_published += 1;
+        counters.images_published += delta.images.len() as u64;
+        *sequence = delta.sequence;
+    }
+    Ok(delta)
+}
+
+/// The pending changes as `tail`, then `words` at the resulting sequence in chunks of at
+/// most `chunk_buckets` words; on `Err` nothing was published and the window is kept.
+pub(crate) fn barrier_snapshot(
+    window: &mut DirtyWindow,
+    words: &[u64],
+    sequence: &mut u64,
+    counters: &mut FilterCounters,
+    chunk_buckets: NonZeroU32,
+) -> Result<BarrierSnapshot, PublishError> {
+    // Copy first (the only large allocation), then drain: a failed copy keeps the tail.
+    let mut chunks = snapshot_chunks(*sequence, words, chunk_buckets)
+        .map_err(|AllocFailed { bytes }| PublishError::AllocationFailed { bytes })?;
+    let tail = publish_delta(window, words, sequence, counters)?;
+    for chunk in &mut chunks {
+        chunk.sequence = *sequence;
+    }
+    counters.snapshots_taken += 1;
+    Ok(BarrierSnapshot { tail, chunks })
 }
 
 /// Splits `words` into snapshot chunks of at most `chunk_buckets` words at `sequence`.

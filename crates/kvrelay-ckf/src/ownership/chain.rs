@@ -173,7 +173,8 @@ impl PoolFilter {
         n_reoffered: usize,
     ) -> Result<(), ApplyError> {
         let max_touches = n_new * (self.max_kicks as usize + 1) + n_reoffered;
-        self.state.reserve(n_new, max_touches)?;
+        self.state
+            .reserve(n_new, max_touches, n_new + n_reoffered)?;
         if n_new == 0 {
             return Ok(());
         }

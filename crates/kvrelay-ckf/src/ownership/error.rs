@@ -64,6 +64,6 @@ pub enum PublishError {
 }
 
 /// An [`ApplyError::AllocationFailed`] for `bytes` bytes of `what`.
-pub(super) fn alloc(what: &'static str, bytes: u64) -> ApplyError {
+pub(crate) fn alloc(what: &'static str, bytes: u64) -> ApplyError {
     ApplyError::AllocationFailed { what, bytes }
 }

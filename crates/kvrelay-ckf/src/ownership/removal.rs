@@ -13,7 +13,8 @@ impl PoolFilter {
         source: SourceId,
         engine_block_ids: &[u64],
     ) -> Result<ApplyOutcome, ApplyError> {
-        self.state.reserve(0, engine_block_ids.len())?;
+        self.state
+            .reserve(0, engine_block_ids.len(), engine_block_ids.len())?;
         let mut removal = std::mem::take(&mut self.removal);
         removal.clear();
         if removal.try_reserve(engine_block_ids.len()).is_err() {

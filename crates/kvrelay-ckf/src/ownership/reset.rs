@@ -17,7 +17,7 @@ impl PoolFilter {
         source: SourceId,
     ) -> Result<ApplyOutcome, ApplyError> {
         let n_mappings = self.lineage.get(&source).map_or(0, |m| m.len());
-        self.state.reserve(0, n_mappings)?;
+        self.state.reserve(0, n_mappings, n_mappings)?;
         let mut outcome = ApplyOutcome::default();
         if let Some(lineage) = self.lineage.remove(&source) {
             for canonical in lineage.values() {
@@ -43,7 +43,7 @@ impl PoolFilter {
             .filter_map(|s| self.lineage.get(s))
             .map(|m| m.len())
             .sum();
-        self.state.reserve(0, n_mappings)?;
+        self.state.reserve(0, n_mappings, n_mappings)?;
         let mut outcome = ApplyOutcome::default();
         for source in sources {
             if let Some(lineage) = self.lineage.remove(&source) {
@@ -160,7 +160,8 @@ impl PoolFilter {
     ) -> Result<ApplyOutcome, ApplyError> {
         let n_old = self.lineage.get(&source).map_or(0, |m| m.len());
         let max_touches = n_old + order.len() * (self.max_kicks as usize + 1);
-        self.state.reserve(order.len(), max_touches)?;
+        self.state
+            .reserve(order.len(), max_touches, n_old + order.len())?;
         self.lineage
             .try_reserve(1)
             .map_err(|_| alloc("source map", 64))?;
@@ -168,14 +169,18 @@ impl PoolFilter {
         // Commit: new owners first (so kept hashes never drop to zero), then release the
         // old mappings, then admit what is owned but not resident.
         let mut outcome = ApplyOutcome::default();
+        let first_joined = self.state.memberships_len();
         for &canonical in order {
             self.state.acquire(canonical, &mut outcome);
         }
+        let first_left = self.state.memberships_len();
         if let Some(old) = self.lineage.remove(&source) {
             for canonical in old.values() {
                 self.state.release(canonical, &mut outcome);
             }
         }
+        // The table admits after the releases; the log says so.
+        self.state.releases_first(first_joined, first_left);
         for &canonical in order {
             self.state.admit(canonical, &mut outcome);
         }

@@ -8,6 +8,7 @@
 use super::error::{ApplyError, alloc};
 use crate::addressing::Home;
 use crate::counters::{ApplyOutcome, FilterCounters};
+use crate::membership::Membership;
 use crate::owners::{GrowFailed, NotStored, OwnerEntry, OwnerTable};
 use crate::publication::{AllocFailed, DirtyWindow};
 use crate::table::Table;
@@ -19,6 +20,9 @@ pub(super) struct Ownership {
     pub(super) table: Table,
     pub(super) window: DirtyWindow,
     pub(super) counters: FilterCounters,
+    /// Owned-set changes since the caller last took them, when recording
+    /// ([`super::PoolFilter::record_memberships`]); `None` otherwise.
+    pub(super) memberships: Option<Vec<Membership>>,
 }
 
 impl Ownership {
@@ -30,19 +34,30 @@ impl Ownership {
             table,
             window,
             counters: FilterCounters::default(),
+            memberships: None,
         }
     }
 
-    /// Makes room for `n_new_owners` owner entries and `max_touches` window entries, so
-    /// that the transitions after it cannot allocate.
+    /// Makes room for `n_new_owners` owner entries, `max_touches` window entries and (when
+    /// recording) `max_memberships` owned-set changes, so that the transitions after it
+    /// cannot allocate.
     pub(super) fn reserve(
         &mut self,
         n_new_owners: usize,
         max_touches: usize,
+        max_memberships: usize,
     ) -> Result<(), ApplyError> {
         self.owners
             .try_reserve(n_new_owners)
             .map_err(|GrowFailed { bytes }| alloc("owner table", bytes))?;
+        if let Some(log) = &mut self.memberships {
+            log.try_reserve(max_memberships).map_err(|_| {
+                alloc(
+                    "membership log",
+                    (max_memberships * std::mem::size_of::<Membership>()) as u64,
+                )
+            })?;
+        }
         self.window
             .reserve(max_touches)
             .map_err(|AllocFailed { bytes }| alloc("dirty window", bytes))
@@ -52,7 +67,10 @@ impl Ownership {
     pub(super) fn acquire(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
         // Overflow was ruled out by validation, and the slot was reserved.
         match self.owners.add_owner(canonical) {
-            Some((_, true)) => self.counters.canonicals_created += 1,
+            Some((_, true)) => {
+                self.counters.canonicals_created += 1;
+                self.record(Membership::Joined(canonical));
+            }
             Some((_, false)) => {}
             None => self.counters.invariant_violations += 1,
         }
@@ -88,6 +106,9 @@ impl Ownership {
         };
         if created {
             self.counters.canonicals_created += 1;
+            if let Some(log) = &mut self.memberships {
+                log.push(Membership::Joined(canonical));
+            }
         }
         if !entry.resident {
             admit_entry(
@@ -124,6 +145,7 @@ impl Ownership {
     pub(super) fn reoffer(&mut self, canonical: u64, outcome: &mut ApplyOutcome) {
         self.counters.blocks_reoffered += 1;
         outcome.blocks_reoffered += 1;
+        self.record(Membership::Reoffered(canonical));
         let Some(entry) = self.owners.get_mut(canonical) else {
             return;
         };
@@ -171,6 +193,7 @@ impl Ownership {
             Ok(Some(last)) => last.resident,
         };
         self.counters.canonicals_dropped += 1;
+        self.record(Membership::Left(canonical));
         if !resident {
             return;
         }
@@ -181,6 +204,33 @@ impl Ownership {
             outcome.fingerprints_removed += 1;
         } else {
             self.counters.invariant_violations += 1;
+        }
+    }
+}
+
+impl Ownership {
+    /// Logs one owned-set change when recording (room was reserved).
+    #[inline]
+    fn record(&mut self, change: Membership) {
+        if let Some(log) = &mut self.memberships {
+            log.push(change);
+        }
+    }
+
+    /// Length of the membership log (0 when not recording).
+    pub(super) fn memberships_len(&self) -> usize {
+        self.memberships.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Moves the log's changes from `first_joined` on (the hashes a reset acquired, then
+    /// from `first_left` the ones it released) so the releases come first, as the table
+    /// saw them: a consumer of the log frees room before it places the new hashes.
+    pub(super) fn releases_first(&mut self, first_joined: usize, first_left: usize) {
+        if let Some(log) = &mut self.memberships
+            && first_joined <= first_left
+            && first_left <= log.len()
+        {
+            log[first_joined..].rotate_left(first_left - first_joined);
         }
     }
 }
