@@ -36,7 +36,8 @@ use std::sync::Arc;
 
 use kvrelay_ckf::tier::ResolvedChange;
 use kvrelay_ckf::{
-    ApplyError, ApplyOutcome, CacheTier, Delta, EventPayload, RouterEvent, SourceId, TierEvent,
+    ApplyError, ApplyOutcome, CacheTier, Delta, EventPayload, Membership, RouterEvent, SourceId,
+    TierEvent,
 };
 use kvrelay_identity::ProducerIdentity;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -52,6 +53,8 @@ mod handle;
 mod lanes;
 
 pub use fault::{ActorFault, FaultCategory, FaultCounts};
+#[cfg(test)]
+pub(crate) use lanes::MAX_MEMBERSHIPS_PER_COMMAND;
 
 /// A snapshot of one actor's counters and filter statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -166,6 +169,11 @@ enum Command {
     /// A lower-tier event for a pool's actor: resolved against its filter, forwarded.
     ApplyTier {
         event: TierEvent,
+        _permit: OwnedSemaphorePermit,
+    },
+    /// Part of its pool's membership log, for a format twin's actor.
+    ApplyMemberships {
+        changes: Vec<Membership>,
         _permit: OwnedSemaphorePermit,
     },
     /// A resolved lower-tier change for a lane's actor.
@@ -308,9 +316,10 @@ impl Actor {
         let mut command = first;
         for handled in 1..=MAX_COMMANDS_PER_WAKE {
             let events = match &command {
-                Command::Apply { .. } | Command::ApplyTier { .. } | Command::ApplyLane { .. } => {
-                    Some(1)
-                }
+                Command::Apply { .. }
+                | Command::ApplyTier { .. }
+                | Command::ApplyLane { .. }
+                | Command::ApplyMemberships { .. } => Some(1),
                 Command::ApplyBatch { events, .. } => Some(events.len()),
                 _ => None,
             };
@@ -350,6 +359,11 @@ impl Actor {
                 drop(_permit);
                 self.forward_tier_event(event).await;
             }
+            Command::ApplyMemberships { changes, _permit } => {
+                let result = self.state.apply_memberships(&changes);
+                drop(_permit);
+                self.after_memberships(result).await;
+            }
             Command::ApplyLane {
                 source,
                 event_id,
@@ -373,6 +387,7 @@ impl Actor {
                         fault,
                     });
                 }
+                self.forward_memberships().await;
                 self.clear_lanes(source, 0).await;
                 self.publish().await;
                 let _ = reply.send(());
@@ -396,9 +411,8 @@ impl Actor {
             }
             Command::Restore { sources, reply } => {
                 let result = self.state.restore(&sources);
-                if result.is_ok() {
-                    self.restore_twin(&sources).await;
-                }
+                // What the restore (or its undoing) changed in the owned set.
+                self.forward_memberships().await;
                 // Published as one window: subscribers see all of it or none of it.
                 self.publish().await;
                 let _ = reply.send(result);
@@ -463,16 +477,11 @@ impl Actor {
             EventPayload::Stored(stored) => stored.blocks.len() as u64,
             EventPayload::Removed(_) | EventPayload::AllCleared => 0,
         };
-        let accepted = result.is_ok();
+        let cleared = result.is_ok() && matches!(event.payload, EventPayload::AllCleared);
         self.after_apply(event.source, event.event_id, stored_blocks, result)
             .await;
-        if accepted {
-            match &event.payload {
-                EventPayload::AllCleared => self.clear_lanes(event.source, event.event_id).await,
-                EventPayload::Stored(_) | EventPayload::Removed(_) => {
-                    self.forward_to_twin(event).await;
-                }
-            }
+        if cleared {
+            self.clear_lanes(event.source, event.event_id).await;
         }
     }
 
@@ -484,22 +493,7 @@ impl Actor {
         result: Result<ApplyOutcome, PoolFault>,
     ) {
         match result {
-            Ok(outcome) => {
-                self.stats.events_applied += 1;
-                if outcome.capacity_omissions > 0 {
-                    self.stats.capacity_omissions += outcome.capacity_omissions;
-                    let total = self.stats.capacity_omissions;
-                    // Logged on the first omission, then at powers of two.
-                    if total.is_power_of_two() || total == outcome.capacity_omissions {
-                        tracing::warn!(
-                            worker_id = source.worker_id,
-                            dp_rank = source.dp_rank,
-                            omissions = total,
-                            "filter full: blocks owned but not resident"
-                        );
-                    }
-                }
-            }
+            Ok(outcome) => self.count_applied(&outcome, Some(source)),
             Err(PoolFault::Apply(ApplyError::ParentNotFound { .. })) => {
                 self.stats.events_rejected += 1;
                 self.count_unroutable(source, stored_blocks);
@@ -521,7 +515,28 @@ impl Actor {
                 }
             }
         }
+        self.forward_memberships().await;
         self.schedule_publication(Instant::now()).await;
+    }
+
+    /// Counts an applied event (or log) and its capacity omissions; `source` is the
+    /// engine's, `None` for a twin's log.
+    pub(super) fn count_applied(&mut self, outcome: &ApplyOutcome, source: Option<SourceId>) {
+        self.stats.events_applied += 1;
+        if outcome.capacity_omissions == 0 {
+            return;
+        }
+        self.stats.capacity_omissions += outcome.capacity_omissions;
+        let total = self.stats.capacity_omissions;
+        // Logged on the first omission, then at powers of two.
+        if total.is_power_of_two() || total == outcome.capacity_omissions {
+            tracing::warn!(
+                worker_id = source.map(|s| s.worker_id),
+                dp_rank = source.map(|s| s.dp_rank),
+                omissions = total,
+                "filter full: blocks owned but not resident"
+            );
+        }
     }
 
     /// Publishes now when the size bound or the due time is reached, else arms the timer:

@@ -310,6 +310,20 @@ pub enum PoolFault {
         /// Bytes requested.
         bytes: u64,
     },
+    /// A format twin could not apply its pool's membership log (an allocation failed): it
+    /// no longer mirrors its pool, so the generation is rebuilt.
+    #[error("format twin lost part of its pool's membership log: {0}")]
+    TwinDiverged(ApplyError),
+    /// An operation the filter's kind does not take: events, tier changes or mappings
+    /// sent to a format twin (fed its pool's membership log), or a membership log sent
+    /// to a filter fed events.
+    #[error("a {kind} does not take {operation}")]
+    WrongFeed {
+        /// The filter's kind.
+        kind: &'static str,
+        /// What it was sent.
+        operation: &'static str,
+    },
 }
 
 impl PoolFault {
@@ -319,10 +333,12 @@ impl PoolFault {
             Self::Apply(ApplyError::AllocationFailed { .. })
             | Self::Publish(PublishError::AllocationFailed { .. })
             | Self::SnapshotAllocation { .. } => FaultCategory::Resource,
-            Self::Publish(PublishError::SequenceExhausted { .. }) => {
+            Self::Publish(PublishError::SequenceExhausted { .. }) | Self::TwinDiverged(_) => {
                 FaultCategory::ProducerInvariant
             }
-            Self::Apply(_) | Self::Publish(_) => FaultCategory::SourceProtocol,
+            Self::Apply(_) | Self::Publish(_) | Self::WrongFeed { .. } => {
+                FaultCategory::SourceProtocol
+            }
         }
     }
 }

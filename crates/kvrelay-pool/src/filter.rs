@@ -1,14 +1,15 @@
-//! The pool actor's adapter over `kvrelay_ckf::PoolFilter`: wraps its typed errors in
-//! [`PoolFault`] and keeps the per-source block counts load accounting needs. Every read
-//! here is O(1) or O(sources), never a table scan: the actor refreshes its health after
-//! every command.
+//! The pool actor's adapter over its producer: a `kvrelay_ckf::PoolFilter` fed events (a
+//! pool or a lower tier's lane), or a `kvrelay_ckf::MembershipFilter` fed its pool's
+//! membership log (a format twin). Wraps their typed errors in [`PoolFault`] and keeps the
+//! per-source block counts load accounting needs. Every read here is O(1) or O(sources),
+//! never a table scan: the actor refreshes its health after every command.
 
 use std::collections::BTreeMap;
 
 use kvrelay_ckf::tier::{Resolved, ResolvedChange};
 use kvrelay_ckf::{
-    ApplyOutcome, CkfConfig, ConfigError, Delta, FilterCounters, PoolFilter, RouterEvent, SourceId,
-    TierEvent,
+    ApplyOutcome, CkfConfig, ConfigError, Delta, FilterCounters, Membership, MembershipFilter,
+    PoolFilter, RouterEvent, SourceId, TierEvent,
 };
 use kvrelay_identity::CkfFormat;
 
@@ -28,7 +29,8 @@ pub struct FilterStats {
     pub owned_blocks: u64,
     /// Sources holding at least one block.
     pub sources: u64,
-    /// Bytes held by the filter (table, dirty window, lineage, owners).
+    /// Bytes held by the filter (table, dirty window, lineage, owners; a format twin's
+    /// are its table, window and omitted hashes).
     pub memory_bytes: u64,
     /// The filter's cumulative counters (applied, rejected, omissions, unknown removals…).
     pub counters: FilterCounters,
@@ -52,8 +54,29 @@ fn unpredictable_seed() -> u64 {
 
 /// The filter state one actor owns.
 pub(crate) struct FilterState {
-    filter: PoolFilter,
+    producer: Producer,
     blocks_per_source: BTreeMap<SourceId, u64>,
+}
+
+/// What feeds the actor's table.
+enum Producer {
+    /// Events (a pool, or a lower tier's lane): an exact index of its own.
+    Events(PoolFilter),
+    /// Its pool's membership log (a format twin): the pool's exact index decides.
+    Memberships(MembershipFilter),
+}
+
+const TWIN: &str = "format twin";
+const POOL: &str = "filter fed events";
+
+/// Dispatches a read to whichever producer the state holds.
+macro_rules! producer {
+    ($state:expr, $filter:ident => $read:expr) => {
+        match &$state.producer {
+            Producer::Events($filter) => $read,
+            Producer::Memberships($filter) => $read,
+        }
+    };
 }
 
 impl FilterState {
@@ -64,25 +87,82 @@ impl FilterState {
     pub(crate) fn build(config: CkfConfig) -> Result<Self, ConfigError> {
         let filter = PoolFilter::with_placement_seed(config, unpredictable_seed())?;
         Ok(Self {
-            filter,
+            producer: Producer::Events(filter),
+            blocks_per_source: BTreeMap::new(),
+        })
+    }
+
+    /// Builds a format twin's filter as `config` sizes it: fed its pool's membership log
+    /// ([`FilterState::apply_memberships`]), no exact index of its own.
+    pub(crate) fn build_twin(config: CkfConfig) -> Result<Self, ConfigError> {
+        Ok(Self {
+            producer: Producer::Memberships(MembershipFilter::new(config)?),
             blocks_per_source: BTreeMap::new(),
         })
     }
 
     pub(crate) fn format(&self) -> CkfFormat {
-        self.filter.format()
+        producer!(self, filter => filter.format())
+    }
+
+    /// The filter fed events, or the fault of sending `operation` to a twin.
+    fn events_mut(&mut self, operation: &'static str) -> Result<&mut PoolFilter, PoolFault> {
+        match &mut self.producer {
+            Producer::Events(filter) => Ok(filter),
+            Producer::Memberships(_) => Err(PoolFault::WrongFeed {
+                kind: TWIN,
+                operation,
+            }),
+        }
+    }
+
+    /// Starts recording the owned-set changes a format twin is fed (see
+    /// `PoolFilter::record_memberships`); a twin has nothing to record.
+    pub(crate) fn record_memberships(&mut self) {
+        if let Producer::Events(filter) = &mut self.producer {
+            filter.record_memberships(true);
+        }
+    }
+
+    /// The owned-set changes since the last call (empty unless recording).
+    pub(crate) fn take_memberships(&mut self) -> Vec<Membership> {
+        match &mut self.producer {
+            Producer::Events(filter) => filter.take_memberships(),
+            Producer::Memberships(_) => Vec::new(),
+        }
     }
 
     /// Applies one event; on `Err` nothing changed.
     pub(crate) fn apply(&mut self, event: &RouterEvent) -> Result<ApplyOutcome, PoolFault> {
-        let outcome = self.filter.apply(event)?;
+        let outcome = self.events_mut("engine events")?.apply(event)?;
         self.account(event.source, &outcome);
         Ok(outcome)
     }
 
+    /// Applies a pool's membership log (this is its format twin); on `Err` nothing
+    /// changed.
+    pub(crate) fn apply_memberships(
+        &mut self,
+        changes: &[Membership],
+    ) -> Result<ApplyOutcome, PoolFault> {
+        match &mut self.producer {
+            Producer::Memberships(twin) => twin.apply(changes).map_err(PoolFault::TwinDiverged),
+            Producer::Events(_) => Err(PoolFault::WrongFeed {
+                kind: POOL,
+                operation: "a membership log",
+            }),
+        }
+    }
+
     /// Resolves a lower-tier event against this (device) filter as it stands now.
     pub(crate) fn resolve_tier(&self, event: &TierEvent) -> Result<Resolved, PoolFault> {
-        Ok(kvrelay_ckf::tier::resolve(&self.filter, event)?)
+        match &self.producer {
+            Producer::Events(filter) => Ok(kvrelay_ckf::tier::resolve(filter, event)?),
+            Producer::Memberships(_) => Err(PoolFault::WrongFeed {
+                kind: TWIN,
+                operation: "tier events",
+            }),
+        }
     }
 
     /// Applies a resolved lower-tier change of `source` (this is a lane's filter); on
@@ -92,36 +172,44 @@ impl FilterState {
         source: SourceId,
         change: &ResolvedChange,
     ) -> Result<ApplyOutcome, PoolFault> {
-        let outcome = kvrelay_ckf::tier::apply_resolved(&mut self.filter, source, change)?;
+        let filter = self.events_mut("tier changes")?;
+        let outcome = kvrelay_ckf::tier::apply_resolved(filter, source, change)?;
         self.account(source, &outcome);
         Ok(outcome)
     }
 
-    /// Drops every block of `source`.
+    /// Drops every block of `source` (a twin has no sources: its pool's log carries a
+    /// clear's removals).
     pub(crate) fn clear_source(&mut self, source: SourceId) -> Result<ApplyOutcome, PoolFault> {
-        let outcome = self.filter.clear_source(source)?;
+        let Producer::Events(filter) = &mut self.producer else {
+            return Ok(ApplyOutcome::default());
+        };
+        let outcome = filter.clear_source(source)?;
         self.blocks_per_source.remove(&source);
         Ok(outcome)
     }
 
     /// Drains the pending window into a delta (`None` when nothing changed net).
     pub(crate) fn take_delta(&mut self) -> Result<Option<Delta>, PoolFault> {
-        Ok(self.filter.take_delta()?)
+        Ok(match &mut self.producer {
+            Producer::Events(filter) => filter.take_delta()?,
+            Producer::Memberships(twin) => twin.take_delta()?,
+        })
     }
 
     /// Distinct buckets changed since the last delta.
     pub(crate) fn pending_buckets(&self) -> usize {
-        self.filter.pending_buckets()
+        producer!(self, filter => filter.pending_buckets())
     }
 
     /// The sequence of the last delta.
     pub(crate) fn sequence(&self) -> u64 {
-        self.filter.sequence()
+        producer!(self, filter => filter.sequence())
     }
 
     /// A copy of the table, allocated fallibly.
     pub(crate) fn copy_words(&self) -> Result<Vec<u64>, PoolFault> {
-        let words = self.filter.words();
+        let words = producer!(self, filter => filter.words());
         let mut copy = Vec::new();
         copy.try_reserve_exact(words.len())
             .map_err(|_| PoolFault::SnapshotAllocation {
@@ -132,20 +220,23 @@ impl FilterState {
     }
 
     /// Every source's mappings (engine block id → canonical), in ascending source order;
-    /// copied fallibly.
+    /// copied fallibly. A twin has none (it is rebuilt from its pool's).
     pub(crate) fn export_mappings(&self) -> Result<Vec<SourceMappings>, PoolFault> {
-        let mut sources: Vec<SourceId> = self.filter.sources().collect();
+        let Producer::Events(filter) = &self.producer else {
+            return Ok(Vec::new());
+        };
+        let mut sources: Vec<SourceId> = filter.sources().collect();
         sources.sort_unstable();
         let mut exported = Vec::with_capacity(sources.len());
         for source in sources {
-            let n = self.filter.source_mappings(source).count();
+            let n = filter.source_mappings(source).count();
             let mut mappings = Vec::new();
             mappings
                 .try_reserve_exact(n)
                 .map_err(|_| PoolFault::SnapshotAllocation {
                     bytes: n as u64 * 16,
                 })?;
-            mappings.extend(self.filter.source_mappings(source));
+            mappings.extend(filter.source_mappings(source));
             exported.push(SourceMappings { source, mappings });
         }
         Ok(exported)
@@ -156,38 +247,49 @@ impl FilterState {
     /// first; empty for the fresh generation a restore is meant for) and the fault is
     /// returned.
     pub(crate) fn restore(&mut self, sources: &[SourceMappings]) -> Result<u64, PoolFault> {
+        let filter = self.events_mut("restored mappings")?;
         let mut previous = Vec::with_capacity(sources.len());
         for entry in sources {
-            let held: Vec<(u64, u64)> = self.filter.source_mappings(entry.source).collect();
+            let held: Vec<(u64, u64)> = filter.source_mappings(entry.source).collect();
             previous.push(SourceMappings {
                 source: entry.source,
                 mappings: held,
             });
         }
         let mut restored_blocks = 0u64;
+        let mut failed = None;
         for (index, entry) in sources.iter().enumerate() {
-            if let Err(fault) = self.filter.restore_source(entry.source, &entry.mappings) {
+            if let Err(fault) = filter.restore_source(entry.source, &entry.mappings) {
                 for undone in previous[..index].iter().rev() {
                     // Mappings the filter held a moment ago: only an allocation can fail.
-                    let _ = self.filter.restore_source(undone.source, &undone.mappings);
-                    self.recount(undone.source);
+                    let _ = filter.restore_source(undone.source, &undone.mappings);
                 }
-                return Err(fault.into());
+                failed = Some((index, fault));
+                break;
             }
-            restored_blocks += self.recount(entry.source);
+            restored_blocks += filter.source_mappings(entry.source).count() as u64;
         }
-        Ok(restored_blocks)
+        let touched = failed.as_ref().map_or(sources.len(), |(index, _)| *index);
+        for entry in &sources[..touched] {
+            self.recount(entry.source);
+        }
+        match failed {
+            Some((_, fault)) => Err(fault.into()),
+            None => Ok(restored_blocks),
+        }
     }
 
-    /// Sets `source`'s block count from its lineage; returns it.
-    fn recount(&mut self, source: SourceId) -> u64 {
-        let held = self.filter.source_mappings(source).count() as u64;
+    /// Sets `source`'s block count from its lineage (a twin keeps none).
+    fn recount(&mut self, source: SourceId) {
+        let Producer::Events(filter) = &self.producer else {
+            return;
+        };
+        let held = filter.source_mappings(source).count() as u64;
         if held == 0 {
             self.blocks_per_source.remove(&source);
         } else {
             self.blocks_per_source.insert(source, held);
         }
-        held
     }
 
     pub(crate) fn source_blocks(&self) -> Vec<(SourceId, u64)> {
@@ -198,21 +300,25 @@ impl FilterState {
     }
 
     pub(crate) fn stats(&self) -> FilterStats {
-        FilterStats {
-            bucket_count: u64::from(self.filter.format().bucket_count()),
-            occupied_slots: self.filter.occupied_slots(),
-            resident_blocks: self.filter.n_resident(),
-            owned_blocks: self.filter.n_canonicals(),
+        let owned_blocks = match &self.producer {
+            Producer::Events(filter) => filter.n_canonicals(),
+            Producer::Memberships(twin) => twin.n_owned(),
+        };
+        producer!(self, filter => FilterStats {
+            bucket_count: u64::from(filter.format().bucket_count()),
+            occupied_slots: filter.occupied_slots(),
+            resident_blocks: filter.n_resident(),
+            owned_blocks,
             sources: self.blocks_per_source.len() as u64,
-            memory_bytes: self.filter.memory().total_bytes(),
-            counters: *self.filter.counters(),
-        }
+            memory_bytes: filter.memory().total_bytes(),
+            counters: *filter.counters(),
+        })
     }
 
     /// A copy of the table (tests: compare replicas bit for bit).
     #[cfg(test)]
     pub(crate) fn words(&self) -> &[u64] {
-        self.filter.words()
+        producer!(self, filter => filter.words())
     }
 
     fn account(&mut self, source: SourceId, outcome: &ApplyOutcome) {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kvrelay_ckf::tier::ResolvedChange;
-use kvrelay_ckf::{CacheTier, RouterEvent, SourceId, TierEvent};
+use kvrelay_ckf::{CacheTier, Membership, RouterEvent, SourceId, TierEvent};
 use kvrelay_identity::ProducerIdentity;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -34,6 +34,11 @@ impl PoolActorHandle {
         generation: CancellationToken,
         lanes: Vec<(CacheTier, PoolActorHandle)>,
     ) -> Self {
+        let mut state = state;
+        if lanes.iter().any(|(tier, _)| *tier == CacheTier::Device) {
+            // Its format twin is fed the owned-set changes this filter records.
+            state.record_memberships();
+        }
         let (mailbox, commands) = mpsc::channel(limits.actor_mailbox);
         let shared = Arc::new(ActorShared {
             mailbox,
@@ -138,6 +143,20 @@ impl PoolActorHandle {
             source,
             event_id,
             change,
+            _permit: permit,
+        })
+        .await
+    }
+
+    /// Queues part of its pool's membership log for this format twin's actor (from the
+    /// pool's actor), weighted by its length.
+    pub(super) async fn submit_memberships(
+        &self,
+        changes: Vec<Membership>,
+    ) -> Result<(), ActorError> {
+        let weight = clamp_weight(changes.len(), self.shared.max_weight);
+        self.enqueue_one(weight, |permit| Command::ApplyMemberships {
+            changes,
             _permit: permit,
         })
         .await

@@ -1,12 +1,17 @@
 //! A pool actor's lanes: lower-tier events (host, disk, …) resolved against the device
-//! filter and queued to the lane of their tier, accepted device events (and restored
-//! mappings) queued to the pool's format twin (its device lane), and a source's clear
-//! fanned out to every lane.
+//! filter and queued to the lane of their tier, the device filter's membership log
+//! queued to the pool's format twin (its device lane), and a source's clear fanned out
+//! to every lower-tier lane.
 
 use kvrelay_ckf::tier::ResolvedChange;
-use kvrelay_ckf::{CacheTier, EventPayload, RouterEvent, SourceId, TierEvent};
+use kvrelay_ckf::{ApplyOutcome, CacheTier, Membership, SourceId, TierEvent};
+use tokio::time::Instant;
 
-use crate::filter::SourceMappings;
+use crate::error::PoolFault;
+
+/// Most membership changes in one command to a format twin: a clear of a large source
+/// is queued in pieces, so the twin's permits and mailbox pace it like events.
+pub(crate) const MAX_MEMBERSHIPS_PER_COMMAND: usize = 4096;
 
 use super::{Actor, ActorFault, PoolActorHandle};
 
@@ -36,10 +41,15 @@ impl Actor {
             .await;
     }
 
-    /// Queues a clear of `source` to every lane.
+    /// Queues a clear of `source` to every lower-tier lane (the format twin learns what
+    /// the clear dropped from the pool's membership log).
     pub(super) async fn clear_lanes(&mut self, source: SourceId, event_id: u64) {
         let fence = self.fence.clone();
-        for (_, lane) in &self.lanes {
+        for (_, lane) in self
+            .lanes
+            .iter()
+            .filter(|(tier, _)| *tier != CacheTier::Device)
+        {
             tokio::select! {
                 biased;
                 () = fence.cancelled() => return,
@@ -48,35 +58,64 @@ impl Actor {
         }
     }
 
-    /// Queues a device event the pool's filter accepted to its format twin (the device
-    /// lane, if any), which applies it to its own lineage: the twin holds exactly the
-    /// blocks the pool's filter holds. Waits for the twin's permits like a tier lane.
-    pub(super) async fn forward_to_twin(&mut self, event: &RouterEvent) {
+    /// Queues what the pool's filter recorded of its owned set since the last call to its
+    /// format twin (the device lane, if any), in chunks of at most
+    /// [`MAX_MEMBERSHIPS_PER_COMMAND`], waiting for the twin's permits like a tier lane:
+    /// the twin applies them in order and holds exactly the pool's blocks.
+    pub(super) async fn forward_memberships(&mut self) {
+        let changes = self.state.take_memberships();
+        if changes.is_empty() {
+            return;
+        }
         let Some(twin) = self.lane(CacheTier::Device) else {
             return;
         };
-        let change = match &event.payload {
-            EventPayload::Stored(stored) => ResolvedChange::Stored(stored.clone()),
-            EventPayload::Removed(removed) => {
-                ResolvedChange::Removed(removed.engine_block_ids.clone())
+        if changes.len() <= MAX_MEMBERSHIPS_PER_COMMAND {
+            self.submit_memberships_to(&twin, changes).await;
+            return;
+        }
+        for chunk in changes.chunks(MAX_MEMBERSHIPS_PER_COMMAND) {
+            if !self.submit_memberships_to(&twin, chunk.to_vec()).await {
+                return;
             }
-            // A clear reaches every lane through `clear_lanes`.
-            EventPayload::AllCleared => return,
-        };
-        self.submit_to(&twin, event.source, event.event_id, change)
-            .await;
+        }
     }
 
-    /// Gives the format twin what a checkpoint restored into the pool's filter: each
-    /// source's mappings, whose canonical hashes are known.
-    pub(super) async fn restore_twin(&mut self, sources: &[SourceMappings]) {
-        let Some(twin) = self.lane(CacheTier::Device) else {
-            return;
+    /// Queues `changes` to `twin` unless the generation is fenced first; returns whether
+    /// it was queued (a twin that stopped retires with this generation and is counted).
+    async fn submit_memberships_to(
+        &mut self,
+        twin: &PoolActorHandle,
+        changes: Vec<Membership>,
+    ) -> bool {
+        let fence = self.fence.clone();
+        let queued = tokio::select! {
+            biased;
+            () = fence.cancelled() => return false,
+            queued = twin.submit_memberships(changes) => queued.is_ok(),
         };
-        for restored in sources {
-            let change = ResolvedChange::Canonical(restored.mappings.clone());
-            self.submit_to(&twin, restored.source, 0, change).await;
+        if !queued {
+            self.stats.tier_events_without_lane += 1;
         }
+        queued
+    }
+
+    /// After a format twin applied part of its pool's membership log. A log it could not
+    /// apply leaves it no longer mirroring the pool: a `ProducerInvariant` fault, so the
+    /// generation (pool and lanes) is rebuilt.
+    pub(super) async fn after_memberships(&mut self, result: Result<ApplyOutcome, PoolFault>) {
+        match result {
+            Ok(outcome) => self.count_applied(&outcome, None),
+            Err(fault) => {
+                self.stats.events_rejected += 1;
+                self.report(ActorFault {
+                    source: SourceId::new(0, 0),
+                    event_id: 0,
+                    fault,
+                });
+            }
+        }
+        self.schedule_publication(Instant::now()).await;
     }
 
     /// Queues `change` to `lane` unless the generation is fenced first; a lane that

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::panic, reason = "test")]
 
 use kvrelay_ckf::{
-    CacheTier, EventPayload, FilterDensity, RemovedBlocks, RouterEvent, SourceId, StoredBlock,
-    StoredBlocks, TierChange, TierEvent,
+    CacheTier, CkfConfig, EventPayload, FilterDensity, PoolFilter, RemovedBlocks, RouterEvent,
+    SourceId, StoredBlock, StoredBlocks, TierChange, TierEvent,
 };
 
 use super::tests::Gates;
@@ -269,7 +269,8 @@ async fn holdings(actor: &PoolActorHandle) -> Vec<(SourceId, Vec<(u64, u64)>)> {
 
 /// A v1 pool's dense format twin holds exactly what the pool's filter holds after every
 /// kind of change: chains (one refused for an unknown parent), removals, a source's
-/// clear and a checkpoint restore, and is subscribed to like any lane.
+/// clear and a checkpoint restore, word for word what a dense filter fed the same events
+/// holds, without a lineage of its own, and is subscribed to like any lane.
 #[tokio::test]
 async fn a_format_twin_holds_what_its_pool_holds_in_its_own_format() {
     let registry = registry_with(test_limits(), Gates::default());
@@ -308,7 +309,7 @@ async fn a_format_twin_holds_what_its_pool_holds_in_its_own_format() {
         }),
     };
     let pool_actor = &attachment.actor;
-    for event in [
+    let events = [
         chain(1, None, &[1, 2, 3]),
         chain(1, Some(3), &[4]),
         chain(2, None, &[1, 2]),
@@ -327,18 +328,29 @@ async fn a_format_twin_holds_what_its_pool_holds_in_its_own_format() {
             event_id: 0,
             payload: EventPayload::AllCleared,
         },
-    ] {
+    ];
+    let dense_config = CkfConfig::new(expected).with_density(dense());
+    let mut reference = PoolFilter::new(dense_config).unwrap();
+    for event in events {
+        let _ = reference.apply(&event);
         pool_actor.submit(event).await.unwrap();
     }
     let held = holdings(pool_actor).await;
     assert_eq!(held.len(), 2, "{held:?}");
-    assert_eq!(holdings(&twin.actor).await, held);
-    let stats = (
-        pool_actor.stats().await.unwrap().filter.resident_blocks,
-        twin.actor.stats().await.unwrap().filter.resident_blocks,
+    assert_eq!(twin.actor.words().await.unwrap().1, reference.words());
+    assert!(
+        holdings(&twin.actor).await.is_empty(),
+        "a twin keeps no lineage"
     );
+    let pool_stats = pool_actor.stats().await.unwrap().filter;
+    let twin_stats = twin.actor.stats().await.unwrap().filter;
     // Sources 1 and 2 share blocks 1 and 2 (same tokens, no parent): 3 distinct blocks.
-    assert_eq!(stats, (3, 3));
+    assert_eq!(
+        (pool_stats.resident_blocks, twin_stats.resident_blocks),
+        (3, 3)
+    );
+    assert_eq!(twin_stats.owned_blocks, 3);
+    assert_eq!(twin_stats.sources, 0);
     // The host lane got no device event.
     let host = &attachment.tier_lanes[1];
     assert!(holdings(&host.actor).await.is_empty());
@@ -355,6 +367,69 @@ async fn a_format_twin_holds_what_its_pool_holds_in_its_own_format() {
     attach.tier_lanes = vec![LaneRequest::format_twin(64, expected, dense())];
     let restored = registry.attach(attach).await.unwrap();
     assert_eq!(restored.actor.restore(exported).await.unwrap(), 5);
-    assert_eq!(holdings(&restored.tier_lanes[0].actor).await, held);
+    let restored_twin = &restored.tier_lanes[0].actor;
+    assert_eq!(restored_twin.words().await.unwrap().1, reference.words());
+    assert_eq!(restored_twin.stats().await.unwrap().filter.owned_blocks, 3);
     registry.detach(restored).await;
+}
+
+/// A clear of a source holding more blocks than one twin command carries reaches the
+/// twin in pieces, all of them; engine events sent to the twin itself are refused,
+/// counted as a source-protocol fault, and change nothing.
+#[tokio::test]
+async fn a_large_clear_reaches_the_twin_and_the_twin_refuses_engine_events() {
+    let registry = registry_with(test_limits(), Gates::default());
+    let blocks = crate::actor::MAX_MEMBERSHIPS_PER_COMMAND as u64 * 2 + 100;
+    let mut attach = request(pool(7), "ns.c.e", "llama");
+    attach.expected_unique_blocks = blocks;
+    attach.tier_lanes = vec![LaneRequest::format_twin(64, blocks, dense())];
+    let attachment = registry.attach(attach).await.unwrap();
+    let twin = &attachment.tier_lanes[0].actor;
+
+    for first in (0..blocks).step_by(500) {
+        let end = (first + 500).min(blocks);
+        let mut chain = StoredBlocks::new_chain(first, (first..end).map(|i| i * 31 + 5));
+        chain.parent_engine_block_id = first.checked_sub(1);
+        let event = RouterEvent {
+            source: SourceId::new(1, 0),
+            event_id: first,
+            payload: EventPayload::Stored(chain),
+        };
+        attachment.actor.submit(event).await.unwrap();
+    }
+    let pool_owned = attachment.actor.stats().await.unwrap().filter.owned_blocks;
+    assert_eq!(pool_owned, blocks);
+    assert_eq!(twin.stats().await.unwrap().filter.owned_blocks, blocks);
+
+    let refused_before = twin.stats().await.unwrap();
+    twin.submit(stored_event(1)).await.unwrap();
+    let refused = twin.stats().await.unwrap();
+    assert_eq!(refused.events_rejected, refused_before.events_rejected + 1);
+    assert_eq!(
+        refused
+            .faults
+            .get(crate::actor::FaultCategory::SourceProtocol),
+        1
+    );
+    assert_eq!(refused.filter.owned_blocks, blocks);
+
+    attachment
+        .actor
+        .submit(RouterEvent {
+            source: SourceId::new(1, 0),
+            event_id: blocks,
+            payload: EventPayload::AllCleared,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        attachment.actor.stats().await.unwrap().filter.owned_blocks,
+        0
+    );
+    let cleared = twin.stats().await.unwrap();
+    assert_eq!(cleared.filter.owned_blocks, 0);
+    assert_eq!(cleared.filter.occupied_slots, 0);
+    assert_eq!(cleared.filter.counters.invariant_violations, 0);
+    assert!(twin.words().await.unwrap().1.iter().all(|&word| word == 0));
+    registry.detach(attachment).await;
 }

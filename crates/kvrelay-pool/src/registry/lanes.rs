@@ -16,9 +16,10 @@ use crate::filter::FilterState;
 ///
 /// A lower tier's lane (host, disk) is fed the tier events the pool's actor resolves and
 /// forwards. A **device** lane is the pool's *format twin*: the same blocks as the pool's
-/// own filter, in another format (a dense twin of a v1 pool), fed every device event the
-/// pool's filter accepts, so consumers that read the other format can follow it while
-/// older ones keep the pool's ([`LaneRequest::format_twin`]).
+/// own filter, in another format (a dense twin of a v1 pool), fed the pool filter's
+/// membership log (`kvrelay_ckf::MembershipFilter`: no lineage or owner counts of its
+/// own), so consumers that read the other format can follow it while older ones keep the
+/// pool's ([`LaneRequest::format_twin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneRequest {
     /// The tier: host or disk, or device for a format twin.
@@ -128,8 +129,15 @@ impl PoolRegistry {
     ) -> Result<Vec<BuiltLane>, AttachError> {
         let mut built = Vec::with_capacity(lanes.len());
         for ((lane, _), reserved) in lanes.iter().zip(reserved) {
+            // A format twin is fed its pool's membership log (no exact index of its own);
+            // a lower tier's lane is fed events.
+            let builder = if lane.tier == CacheTier::Device {
+                FilterState::build_twin
+            } else {
+                FilterState::build
+            };
             let state = self
-                .build_filter(reserved.pool, lane_config(lane), FilterState::build)
+                .build_filter(reserved.pool, lane_config(lane), builder)
                 .await?;
             let identity = self.producer_identity(*reserved, &state)?;
             built.push((*lane, state, identity, *reserved));
