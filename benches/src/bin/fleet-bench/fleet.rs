@@ -148,7 +148,8 @@ pub(crate) fn rewrites(words: &[u64], rng: &mut Rng) -> Vec<Vec<BucketImage>> {
         .collect()
 }
 
-/// Builds DC `dc`: fills `filter` and marks its blocks in `exact`.
+/// Builds DC `dc`: fills `filter` and marks its blocks in `exact`. `after_apply` runs
+/// after each event the filter applied, outside the apply time (a format twin's feed).
 pub(crate) fn build_dc(
     dc: usize,
     template: &[Vec<u32>],
@@ -156,6 +157,7 @@ pub(crate) fn build_dc(
     target: u64,
     filter: &mut PoolFilter,
     exact: &mut ExactMap,
+    after_apply: &mut dyn FnMut(&mut PoolFilter, &RouterEvent) -> Result<()>,
 ) -> Result<BuiltDc> {
     let mut rng = Rng(splitmix(dc as u64 + 1));
     let bit = 1u64 << dc;
@@ -219,6 +221,7 @@ pub(crate) fn build_dc(
                 .apply(&event)
                 .map_err(|err| anyhow::anyhow!("DC {dc}: the filter refused a store: {err}"))?;
             apply_time += applying.elapsed();
+            after_apply(filter, &event)?;
             if stored.len() as u64 >= target {
                 break;
             }

@@ -30,7 +30,8 @@
 //! **The relay's side of the first DC's pool** (`relay_pool` in the JSON): its producer's
 //! apply rate and memory, then (`relay_pool.publication`, `relay_side.rs`) what publishing
 //! it costs: the snapshot's encoding and its trip over loopback TCP into a replica, and
-//! what a subscriber that missed 10 to 6,000 deltas of churn is sent to catch up.
+//! what a subscriber that missed 10 to 6,000 deltas of churn is sent to catch up; in the
+//! v1 pass, what a dense format twin adds to it (`relay_pool.format_twin`, `twin.rs`).
 
 // The run's figures are one `json!` object, deeper than the macro's default limit.
 #![recursion_limit = "256"]
@@ -50,6 +51,7 @@ mod fleet;
 mod mixed;
 mod pages;
 mod relay_side;
+mod twin;
 
 #[global_allocator]
 static ALLOCATOR: pages::AdvisingAllocator = pages::AdvisingAllocator;
@@ -169,6 +171,9 @@ fn run(
                 "dirty_window_bytes": memory.dirty_window_bytes,
             });
             relay_pool["publication"] = relay_side::measure(&mut filter, outages)?;
+            if density == FilterDensity::V1 {
+                relay_pool["format_twin"] = twin::measure(template, blocks_per_dc)?;
+            }
         }
         if dc == 0 {
             first_snapshot = chunks;
@@ -358,6 +363,7 @@ impl<'a> Fleet<'a> {
             self.blocks_per_dc,
             &mut filter,
             exact,
+            &mut |_, _| Ok(()),
         )?;
         Ok((built, filter))
     }

@@ -63,7 +63,15 @@ pub(crate) fn run_mixed(
         let target = blocks_per_dc * (75 + splitmix(dc as u64 ^ 0xA11C_E5EE) % 51) / 100;
         let mut filter =
             PoolFilter::new(CkfConfig::new(target).with_density(density)).context("a DC filter")?;
-        let built = build_dc(dc, template, &zipf, target, &mut filter, &mut exact)?;
+        let built = build_dc(
+            dc,
+            template,
+            &zipf,
+            target,
+            &mut filter,
+            &mut exact,
+            &mut |_, _| Ok(()),
+        )?;
         memberships += built.resident;
         let format = filter.format();
         let table = match tables.tables.iter().position(|(f, _)| *f == format) {

@@ -20,10 +20,10 @@ pub enum FilterFormat {
     /// so upgrade routers first.
     Dense,
     /// Both, for fleets upgrading their routers: every pool is published in v1 and has
-    /// a dense *format twin* (a device lane in the catalog's `tier_lanes`, fed every
-    /// event the pool's filter accepts). Routers that read the dense format follow the
-    /// twin; older ones never see it and keep the v1 pool. The twin is a second producer
-    /// with its own exact index, so the relay's pool memory and apply work about double;
+    /// a dense *format twin* (a device lane in the catalog's `tier_lanes`, fed the pool
+    /// filter's membership log: the same blocks, no exact index of its own). Routers that
+    /// read the dense format follow the twin; older ones never see it and keep the v1
+    /// pool. The twin adds its table and dirty window to the pool's memory (docs/pool.md);
     /// the `[dynamo]` door publishes the v1 pools.
     V1AndDense,
 }
