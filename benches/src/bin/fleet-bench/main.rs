@@ -31,7 +31,8 @@
 //! apply rate and memory, then (`relay_pool.publication`, `relay_side.rs`) what publishing
 //! it costs: the snapshot's encoding and its trip over loopback TCP into a replica, and
 //! what a subscriber that missed 10 to 6,000 deltas of churn is sent to catch up; in the
-//! v1 pass, what a dense format twin adds to it (`relay_pool.format_twin`, `twin.rs`).
+//! v1 pass of the first DC count, what a dense format twin adds to it
+//! (`relay_pool.format_twin`, `twin.rs`).
 
 // The run's figures are one `json!` object, deeper than the macro's default limit.
 #![recursion_limit = "256"]
@@ -139,6 +140,7 @@ fn run(
     n_requests: usize,
     density: FilterDensity,
     outages: &[u64],
+    measure_twin: bool,
 ) -> Result<Value> {
     let started = Instant::now();
     let mut fleet = Fleet::new(template, blocks_per_dc, density)?;
@@ -171,7 +173,7 @@ fn run(
                 "dirty_window_bytes": memory.dirty_window_bytes,
             });
             relay_pool["publication"] = relay_side::measure(&mut filter, outages)?;
-            if density == FilterDensity::V1 {
+            if measure_twin && density == FilterDensity::V1 {
                 relay_pool["format_twin"] = twin::measure(template, blocks_per_dc)?;
             }
         }
@@ -544,6 +546,8 @@ fn main() -> Result<()> {
                 n_requests,
                 density,
                 outages,
+                // The twin's cost is a relay figure: once per invocation is enough.
+                Some(&n_dcs) == dc_counts.first(),
             )?;
             eprintln!("==> fleet: the router's replicas alone ({name}), in a process of their own");
             let replicas = measure_replicas_process(&trace, n_dcs, blocks_per_dc, density)?;
