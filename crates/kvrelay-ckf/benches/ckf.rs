@@ -6,6 +6,9 @@
 //! - `ckf_query`: 64-block prefix queries over 16 pools (bucket-major query table) vs the
 //!   exact per-pool index behind the same trait, and the memory floor (as many independent
 //!   random row-pair loads as the filter probes, no hashing, no search);
+//! - `ckf_joint`: the same 16 pools split over 4 dense tables of different sizes, searched
+//!   jointly (`joint_prefix_depths_into`, one search over every table) vs one table after
+//!   another;
 //! - `ckf_stats`: reading a 2^24-bucket filter's statistics (occupied slots, load factor,
 //!   resident and owned blocks, counters) as the pool actor does after every command, vs
 //!   the table scan that used to count occupied slots.
@@ -19,10 +22,10 @@
 mod workload;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use kvrelay_ckf::{PrefixDepths, PrefixQuery};
+use kvrelay_ckf::{JointDepths, PrefixDepths, PrefixQuery, QueryTable, joint_prefix_depths_into};
 use workload::{
     ApplySetup, ChainWorkload, QUERY_REQUESTS, QuerySetup, SEQUENCE_BLOCKS, STEPS_PER_BATCH,
-    apply_batch, apply_refcount, block_ops, query_setup,
+    apply_batch, apply_refcount, block_ops, joint_setup, query_setup,
 };
 
 fn apply(c: &mut Criterion) {
@@ -112,6 +115,34 @@ fn query(c: &mut Criterion) {
     group.finish();
 }
 
+fn joint(c: &mut Criterion) {
+    let mut group = c.benchmark_group("ckf_joint");
+    group.throughput(Throughput::Elements(QUERY_REQUESTS as u64));
+    let (work, tables) = joint_setup(11);
+    let tables: Vec<&QueryTable> = tables.iter().collect();
+    let mut joint = JointDepths::default();
+    group.bench_function("joint-4-tables", |b| {
+        b.iter(|| {
+            for request in &work.requests {
+                joint_prefix_depths_into(&tables, request, &mut joint);
+                std::hint::black_box(joint.n_probes());
+            }
+        })
+    });
+    let mut out = PrefixDepths::default();
+    group.bench_function("baseline-one-table-after-another", |b| {
+        b.iter(|| {
+            for request in &work.requests {
+                for table in &tables {
+                    table.prefix_depths_into(request, &mut out);
+                    std::hint::black_box(out.depths());
+                }
+            }
+        })
+    });
+    group.finish();
+}
+
 /// A line-aligned table of rows for the memory-floor baseline.
 struct RowLoads {
     words: Vec<u64>,
@@ -180,5 +211,5 @@ fn stats(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply, query, stats);
+criterion_group!(benches, apply, query, joint, stats);
 criterion_main!(benches);

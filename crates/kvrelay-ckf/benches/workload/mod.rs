@@ -366,3 +366,37 @@ pub(crate) fn query_setup_with_capacity(seed: u64, capacity: u64) -> QuerySetup 
         mean_load: load_sum / QUERY_POOLS as f64,
     }
 }
+
+/// Tables of the joint-search benchmark: pools of different sizes in dense formats.
+pub(crate) const JOINT_TABLES: usize = 4;
+
+/// The query workload's pools split over [`JOINT_TABLES`] dense tables of different
+/// bucket counts (pool `p` in table `p % JOINT_TABLES`, sized 1.0, 1.07, 1.15 and 1.25 ×
+/// [`QUERY_CAPACITY`]): what a router holds when its DCs' pools differ in size.
+pub(crate) fn joint_setup(seed: u64) -> (QueryWorkload, Vec<QueryTable>) {
+    let background = (QUERY_CAPACITY as usize).saturating_sub(QUERY_REQUESTS * QUERY_BLOCKS / 4);
+    let work = QueryWorkload::new(seed, QUERY_POOLS, QUERY_REQUESTS, QUERY_BLOCKS, background);
+    let configs: Vec<CkfConfig> = [100u64, 107, 115, 125]
+        .iter()
+        .map(|percent| {
+            CkfConfig::new(QUERY_CAPACITY * percent / 100)
+                .with_density(kvrelay_ckf::FilterDensity::DENSE)
+        })
+        .collect();
+    let mut tables: Vec<QueryTable> = configs
+        .iter()
+        .map(|config| QueryTable::new(config.format().unwrap(), QueryConfig::default()).unwrap())
+        .collect();
+    for pool in 0..QUERY_POOLS {
+        let table = pool % JOINT_TABLES;
+        let mut filter = PoolFilter::new(configs[table]).unwrap();
+        for event in work.pool_events(pool) {
+            filter.apply(&event).unwrap();
+        }
+        let lane = tables[table].add_lane().unwrap();
+        for chunk in filter.snapshot().unwrap().chunks {
+            tables[table].install_chunk(lane, &chunk).unwrap();
+        }
+    }
+    (work, tables)
+}
