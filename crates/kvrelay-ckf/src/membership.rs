@@ -24,8 +24,8 @@ use crate::format::{CkfConfig, ConfigError};
 use crate::image::{Delta, SNAPSHOT_CHUNK_BUCKETS};
 use crate::keyhash::KeySet;
 use crate::ownership::error::alloc;
-use crate::ownership::{ApplyError, BarrierSnapshot, PublishError};
-use crate::publication::{DirtyWindow, barrier_snapshot, publish_delta};
+use crate::ownership::{ApplyError, BarrierSnapshot, PublishError, readmit};
+use crate::publication::{DirtyWindow, barrier_snapshot, publish_delta, published_table};
 use crate::table::Table;
 
 /// One change of a pool's owned set, in the order its producer's table saw it.
@@ -74,14 +74,7 @@ pub struct MembershipFilter {
 impl MembershipFilter {
     /// An empty filter for `config`; the table is allocated fallibly.
     pub fn new(config: CkfConfig) -> Result<Self, ConfigError> {
-        let format = config.format()?;
-        let table = Table::new(format, config.max_kicks)?;
-        let window = DirtyWindow::new(format.bucket_count() as usize).map_err(|failed| {
-            ConfigError::AllocationFailed {
-                what: "dirty window",
-                bytes: failed.bytes,
-            }
-        })?;
+        let (format, table, window) = published_table(&config)?;
         Ok(Self {
             format,
             max_kicks: config.max_kicks,
@@ -182,19 +175,15 @@ impl MembershipFilter {
             return;
         }
         let home = self.table.addressing().home(canonical);
-        let window = &mut self.window;
-        match self
-            .table
-            .insert_without_relocation(home, |b, prev| window.note(b, prev))
-        {
-            Ok(()) => {
-                self.omitted.remove(&canonical);
-                self.resident += 1;
-                self.counters.fingerprints_inserted += 1;
-                self.counters.late_admissions += 1;
-                outcome.fingerprints_inserted += 1;
-            }
-            Err(_) => self.counters.reoffer_misses += 1,
+        if readmit(
+            &mut self.table,
+            &mut self.window,
+            &mut self.counters,
+            home,
+            outcome,
+        ) {
+            self.omitted.remove(&canonical);
+            self.resident += 1;
         }
     }
 

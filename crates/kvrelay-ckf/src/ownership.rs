@@ -31,11 +31,11 @@ use crate::keyhash::KeyMap;
 use crate::lineage::LineageMap;
 use crate::membership::Membership;
 use crate::owners::OwnerEntry;
-use crate::publication::{DirtyWindow, barrier_snapshot, publish_delta};
-use crate::table::Table;
+use crate::publication::{barrier_snapshot, publish_delta, published_table};
 
 use chain::PlannedBlock;
 use transition::Ownership;
+pub(crate) use transition::readmit;
 
 pub use error::{ApplyError, PublishError};
 
@@ -112,14 +112,7 @@ impl PoolFilter {
         config: CkfConfig,
         placement_seed: u64,
     ) -> Result<Self, ConfigError> {
-        let format = config.format()?;
-        let table = Table::new(format, config.max_kicks)?;
-        let window = DirtyWindow::new(format.bucket_count() as usize).map_err(|failed| {
-            ConfigError::AllocationFailed {
-                what: "dirty window",
-                bytes: failed.bytes,
-            }
-        })?;
+        let (format, table, window) = published_table(&config)?;
         Ok(Self {
             format,
             max_kicks: config.max_kicks,

@@ -9,9 +9,13 @@
 
 use std::num::NonZeroU32;
 
+use kvrelay_identity::CkfFormat;
+
 use crate::counters::FilterCounters;
+use crate::format::{CkfConfig, ConfigError};
 use crate::image::{BucketImage, Delta, SnapshotChunk};
 use crate::ownership::{BarrierSnapshot, PublishError};
+use crate::table::Table;
 
 /// Why publication data could not be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +155,22 @@ impl DirtyWindow {
         };
         Ok((Some(delta), stats))
     }
+}
+
+/// A fresh table in `config`'s format and the dirty window that records its writes, both
+/// allocated fallibly: what either producer publishes from.
+pub(crate) fn published_table(
+    config: &CkfConfig,
+) -> Result<(CkfFormat, Table, DirtyWindow), ConfigError> {
+    let format = config.format()?;
+    let table = Table::new(format, config.max_kicks)?;
+    let window = DirtyWindow::new(format.bucket_count() as usize).map_err(|failed| {
+        ConfigError::AllocationFailed {
+            what: "dirty window",
+            bytes: failed.bytes,
+        }
+    })?;
+    Ok((format, table, window))
 }
 
 /// Publishes `window` over `words` as the delta `sequence → sequence + 1` and moves

@@ -153,19 +153,13 @@ impl Ownership {
             return;
         }
         let home = self.table.addressing().home(canonical);
-        let window = &mut self.window;
-        match self
-            .table
-            .insert_without_relocation(home, |b, prev| window.note(b, prev))
-        {
-            Ok(()) => {
-                entry.resident = true;
-                self.counters.fingerprints_inserted += 1;
-                self.counters.late_admissions += 1;
-                outcome.fingerprints_inserted += 1;
-            }
-            Err(_) => self.counters.reoffer_misses += 1,
-        }
+        entry.resident = readmit(
+            &mut self.table,
+            &mut self.window,
+            &mut self.counters,
+            home,
+            outcome,
+        );
     }
 
     /// Drops one owner of `canonical`; the last owner of a resident hash removes its
@@ -231,6 +225,31 @@ impl Ownership {
             && first_left <= log.len()
         {
             log[first_joined..].rotate_left(first_left - first_joined);
+        }
+    }
+}
+
+/// A re-offered hash that did not fit, offered again without relocation (cheap: it runs
+/// on every re-store): whether it is resident now. Counts the late admission or the miss.
+/// Shared by both producers ([`crate::PoolFilter`], [`crate::MembershipFilter`]).
+#[inline]
+pub(crate) fn readmit(
+    table: &mut Table,
+    window: &mut DirtyWindow,
+    counters: &mut FilterCounters,
+    home: Home,
+    outcome: &mut ApplyOutcome,
+) -> bool {
+    match table.insert_without_relocation(home, |b, prev| window.note(b, prev)) {
+        Ok(()) => {
+            counters.fingerprints_inserted += 1;
+            counters.late_admissions += 1;
+            outcome.fingerprints_inserted += 1;
+            true
+        }
+        Err(_) => {
+            counters.reoffer_misses += 1;
+            false
         }
     }
 }
