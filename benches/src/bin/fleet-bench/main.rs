@@ -122,16 +122,35 @@ fn density_name(density: FilterDensity) -> &'static str {
             80 => "dense80",
             _ => "dense",
         },
-        FilterDensity::Dense { .. } => "dense_classed",
+        FilterDensity::Dense {
+            size_classes_per_octave,
+            ..
+        } => match size_classes_per_octave {
+            1 => "dense_classed1",
+            2 => "dense_classed2",
+            4 => "dense_classed4",
+            16 => "dense_classed16",
+            _ => "dense_classed",
+        },
     }
 }
 
-/// The dense format as the relay builds it by default: 95 %, rounded up to one of 8
-/// sizes per octave (`[filters] dense_size_classes_per_octave`).
-const DENSE_CLASSED: FilterDensity = FilterDensity::Dense {
-    load_percent: 95,
-    size_classes_per_octave: 8,
-};
+/// `--size-classes LIST`: the dense size classes per octave the mixed-size run measures
+/// (8, the relay's default, unless told; each of 1, 2, 4, 8 and 16).
+fn size_classes(flags: &Flags) -> Result<Vec<FilterDensity>> {
+    flags
+        .raw("size-classes")
+        .unwrap_or("8")
+        .split(',')
+        .map(|n| match n.parse::<u8>() {
+            Ok(classes @ (1 | 2 | 4 | 8 | 16)) => Ok(FilterDensity::Dense {
+                load_percent: 95,
+                size_classes_per_octave: classes,
+            }),
+            _ => bail!("--size-classes: `{n}` is not one of 1, 2, 4, 8, 16"),
+        })
+        .collect()
+}
 
 fn run(
     template: &[Vec<u32>],
@@ -453,8 +472,9 @@ fn measure_replicas_process(
 }
 
 /// Flags of `fleet-bench`.
-const FLAGS: [&str; 9] = [
+const FLAGS: [&str; 10] = [
     "quick",
+    "size-classes",
     "small-pages",
     "formats",
     "trace",
@@ -469,7 +489,7 @@ fn main() -> Result<()> {
     let flags = Flags::from_env();
     if flags.wants_help() {
         println!(
-            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N] [--formats dense,v1] (also dense90, dense85, dense80: lighter dense loads) [--small-pages] (neither the query table nor the exact baseline on transparent huge pages)"
+            "fleet-bench [--quick] [--trace PATH] [--json FILE] [--dcs 4,16,64] [--blocks-per-dc N] [--formats dense,v1] (also dense90, dense85, dense80: lighter dense loads) [--size-classes 8] (the dense size classes per octave the mixed-size run measures: any of 1, 2, 4, 8, 16) [--small-pages] (neither the query table nor the exact baseline on transparent huge pages)"
         );
         return Ok(());
     }
@@ -505,6 +525,7 @@ fn main() -> Result<()> {
     if densities.is_empty() || densities.len() > 2 {
         bail!("--formats: one or two of dense, v1");
     }
+    let classed = size_classes(&flags)?;
     let template = load_trace(&trace)?;
     if flags.switch("replicas-only") {
         let (&[n_dcs], Some(blocks_per_dc), &[density]) =
@@ -574,7 +595,7 @@ fn main() -> Result<()> {
             let mut mixed = serde_json::Map::new();
             let mut mixed_densities = densities.clone();
             if densities.contains(&FilterDensity::DENSE) {
-                mixed_densities.push(DENSE_CLASSED);
+                mixed_densities.extend(&classed);
             }
             for &density in &mixed_densities {
                 let name = density_name(density);
