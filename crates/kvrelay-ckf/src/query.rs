@@ -4,7 +4,8 @@
 //! The table stores every lane's replica bucket-major: row `b` holds bucket `b` of every
 //! lane side by side (`stride` words, lanes `0..n_lanes`), so one probe of a hash reads two
 //! rows and answers "which pools hold this hash" for all pools at once. There is no lane
-//! cap; adding a lane beyond the stride re-lays the table out with a doubled stride.
+//! cap; adding a lane beyond the stride re-lays the table out with the next stride
+//! (doubling up to 8 lanes, then a cache line more up to 64, then a quarter more).
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
@@ -159,7 +160,7 @@ pub struct QueryTable {
     writer: Mutex<()>,
 }
 
-/// A table's rows laid out at a doubled stride, built from `&QueryTable` (see
+/// A table's rows laid out at the next stride, built from `&QueryTable` (see
 /// [`QueryTable::prepare_growth`]) so the copy can run while readers still probe the
 /// table; [`QueryTable::add_lane_prepared`] then only swaps them in (and hands back the
 /// old rows, to be freed outside the caller's lock).
@@ -343,7 +344,7 @@ impl QueryTable {
     }
 
     /// Bytes the next [`QueryTable::add_lane`] allocates: 0 while the stride has a spare
-    /// lane, else the whole grown table (doubled stride), which is held next to the old
+    /// lane, else the whole grown table (the next stride), which is held next to the old
     /// one until the re-layout is done. A caller with a memory budget checks this first.
     pub fn add_lane_bytes(&self) -> u64 {
         if self.lanes.len() < self.stride {
@@ -353,7 +354,7 @@ impl QueryTable {
         (words as u64).saturating_mul(8)
     }
 
-    /// Adds an empty lane and returns its index. Grows the row stride (doubling, fallible
+    /// Adds an empty lane and returns its index. Grows the row stride (the next stride, fallible
     /// allocation, re-layout) when full; on `Err` the table is unchanged.
     pub fn add_lane(&mut self) -> Result<usize, QueryConfigError> {
         self.add_lane_prepared(None)
@@ -585,17 +586,26 @@ impl QueryTable {
         }
     }
 
-    /// The stride a growth moves to: from one lane up, doubling.
+    /// The stride a growth moves to: from one lane, doubling up to a cache line's
+    /// worth (8 lanes: rows of 1, 2 or 4 lanes share lines), then a line more per growth
+    /// up to 64 lanes (a fleet of 40 DCs holds a stride of 40, not 64), then a quarter
+    /// more, rounded to lines (so a table of many lanes grows a few times, not every 8).
+    /// Every stride from 8 on is whole lines, so rows start on a line boundary.
     fn next_stride(&self) -> usize {
-        (self.stride * 2).max(1)
+        match self.stride {
+            0 => 1,
+            s if s < ROW_ALIGN_WORDS => s * 2,
+            s if s < 64 => s + ROW_ALIGN_WORDS,
+            s => (s + s / 4).next_multiple_of(ROW_ALIGN_WORDS),
+        }
     }
 
     /// This table's rows copied into a new allocation at the next stride. A caller
     /// holding only `&self` holds the writer lock, so no delta lands mid-copy.
     fn grown_rows(&self) -> Result<GrownRows, ConfigError> {
-        // From one lane up, doubling: a table of one pool holds exactly that pool's
-        // words (a first stride of 4 made one 2^24-bucket pool take 512 MiB, four times
-        // what a consumer's replica budget counts for it).
+        // From one lane up: a table of one pool holds exactly that pool's words (a first
+        // stride of 4 made one 2^24-bucket pool take 512 MiB, four times what a
+        // consumer's replica budget counts for it).
         let new_stride = self.next_stride();
         let bucket_count = self.format.bucket_count() as usize;
         let n_words = table_words(bucket_count, new_stride);
@@ -650,7 +660,6 @@ impl Prober for QueryTable {
             addressing: self.addressing,
             offset: self.offset,
             stride: self.stride,
-            stride_shift: self.stride.trailing_zeros(),
         }
     }
 }
@@ -665,8 +674,6 @@ pub(crate) struct RowView<'a> {
     addressing: Addressing,
     offset: usize,
     stride: usize,
-    /// `log2(stride)`: the stride is a power of two, so a word offset's row is a shift.
-    stride_shift: u32,
 }
 
 impl ProbeView for RowView<'_> {
@@ -764,7 +771,9 @@ impl RowView<'_> {
     /// The stripes guarding `location`'s two rows.
     #[inline]
     fn stripes_of(&self, location: &Location) -> (usize, usize) {
-        let row = |start: usize| start.wrapping_sub(self.offset) >> self.stride_shift;
+        // A division, not a shift: strides are whole lines, not powers of two. Only a
+        // probe beside a delta's write and the writer itself take this path.
+        let row = |start: usize| start.wrapping_sub(self.offset) / self.stride.max(1);
         (
             row(location.first) & self.stripe_mask,
             row(location.second) & self.stripe_mask,

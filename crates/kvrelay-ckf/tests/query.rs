@@ -127,7 +127,8 @@ fn add_lane_bytes_is_what_the_next_lane_allocates() {
     let mut table = QueryTable::new(producer.format(), QueryConfig::default()).unwrap();
     let row_bytes = u64::from(producer.format().bucket_count()) * 8;
     let mut held = 0;
-    for lanes in 1..=9u64 {
+    let mut growths = 0;
+    for lanes in 1..=200u64 {
         let announced = table.add_lane_bytes();
         table.add_lane().unwrap();
         if announced > 0 {
@@ -135,13 +136,33 @@ fn add_lane_bytes_is_what_the_next_lane_allocates() {
             assert_eq!(table.table_bytes(), announced, "lane {lanes}");
             assert!(announced > held);
             held = announced;
+            growths += 1;
         } else {
             assert_eq!(table.table_bytes(), held, "lane {lanes} needed no growth");
         }
-        // The stride doubles: never more than twice the lanes (plus alignment padding).
-        assert!(table.table_bytes() <= 2 * lanes * row_bytes + 64);
+        // Spare lanes: below 8 lanes the stride doubles (rows share cache lines); up to
+        // 64 it is the lanes rounded up to whole lines; past 64, at most a quarter more
+        // (and whole lines). Plus alignment padding.
+        let spare_bound = match lanes {
+            0..8 => 2 * lanes,
+            8..=64 => lanes.next_multiple_of(8),
+            _ => (lanes + lanes / 4).next_multiple_of(8) + 8,
+        };
+        assert!(
+            table.table_bytes() <= spare_bound * row_bytes + 64,
+            "{lanes} lanes hold {} bytes",
+            table.table_bytes()
+        );
+        if lanes == 40 || lanes == 64 {
+            assert_eq!(
+                table.table_bytes(),
+                lanes * row_bytes + 56,
+                "{lanes} lanes, no spare"
+            );
+        }
     }
-    assert_eq!(table.table_bytes(), 16 * row_bytes + 56);
+    // 1, 2, 4, 8, then 16..=64 by lines (7), then 80, 104, 136, 176, 224: few growths.
+    assert_eq!(growths, 4 + 7 + 5);
 }
 
 #[test]
