@@ -664,15 +664,31 @@ pub(crate) struct ProbeScratch {
     key_lanes: Vec<Option<(usize, usize)>>,
     /// The answer when every usable pool shares one format.
     single: PrefixDepths,
-    /// The answer over several formats, by index in `formats`.
+    /// The answers of a few formats searched one by one, by index in `formats`.
+    per_table: Vec<PrefixDepths>,
+    /// The answer over many formats, by index in `formats`.
     joint: JointDepths,
 }
 
+/// Fewest tables a request's pools must span for one joint search; fewer are searched one
+/// by one. Measured (docs/ckf.md, "Where the joint search loses"): against one by one the
+/// joint search gave 0.82–0.98× at 2 tables and 0.79–1.03× at 4, and 1.07–1.9× from 6 or
+/// 7 tables in the fleet's workload.
+const JOINT_MIN_TABLES: usize = 5;
+
+/// How one probe's depths were found.
+enum Searched {
+    OneTable,
+    OneByOne,
+    Jointly,
+}
+
 impl DepthProbe for ReplicaStore {
-    /// Pools of one format are answered by one search of their table; pools of several
-    /// formats (pools of different sizes) by one joint search over their tables
-    /// ([`kvrelay_ckf::joint_prefix_depths_into`]), so the tables' memory round trips
-    /// overlap instead of adding up.
+    /// Pools of one format are answered by one search of their table; pools of a few
+    /// formats (pools of different sizes) by their tables' searches one after another;
+    /// pools of [`JOINT_MIN_TABLES`] formats or more by one joint search over their
+    /// tables ([`kvrelay_ckf::joint_prefix_depths_into`]), so the tables' memory round
+    /// trips overlap instead of adding up.
     fn probe(
         &self,
         keys: &[PoolKey],
@@ -732,20 +748,28 @@ impl DepthProbe for ReplicaStore {
         let Some(first_table) = first_table else {
             return;
         };
-        let joint = if more_tables.is_empty() {
+        let searched = if more_tables.is_empty() {
             first_table.prefix_depths_into(sequence_hashes, &mut scratch.single);
-            false
+            Searched::OneTable
+        } else if more_tables.len() + 1 < JOINT_MIN_TABLES {
+            more_tables.insert(0, first_table);
+            let per_table = &mut scratch.per_table;
+            per_table.resize_with(more_tables.len(), PrefixDepths::default);
+            for (table, answer) in more_tables.iter().zip(per_table) {
+                table.prefix_depths_into(sequence_hashes, answer);
+            }
+            Searched::OneByOne
         } else {
             more_tables.insert(0, first_table);
             joint_prefix_depths_into(&more_tables, sequence_hashes, &mut scratch.joint);
-            true
+            Searched::Jointly
         };
         for (slot_out, key_lane) in out.iter_mut().zip(&scratch.key_lanes) {
             if let Some((index, lane)) = *key_lane {
-                let depth = if joint {
-                    scratch.joint.depth(index, lane)
-                } else {
-                    scratch.single.depth(lane)
+                let depth = match searched {
+                    Searched::OneTable => scratch.single.depth(lane),
+                    Searched::OneByOne => scratch.per_table.get(index).and_then(|a| a.depth(lane)),
+                    Searched::Jointly => scratch.joint.depth(index, lane),
                 };
                 *slot_out = match depth {
                     Some(depth) => ReplicaDepth::Current(depth),
@@ -793,38 +817,55 @@ mod tests {
         }
     }
 
-    #[test]
-    fn pools_of_different_formats_are_probed_together_and_answer_as_alone() {
+    /// Pools `(key, capacity, depth)` installed, probed together with the missing pool 9
+    /// after the first two, answer their depths and as each alone does.
+    fn probed_together_answer_as_alone(pools: &[(u64, u64, usize)], n_formats: usize) {
         let mut store = ReplicaStore::new(Duration::from_secs(30), u64::MAX);
         let tokens: Vec<u64> = (1..=12).collect();
-        // Three formats (capacities round to different bucket counts), two pools in one.
-        let pools = [(1, 1_000, 12), (2, 5_000, 3), (3, 20_000, 7), (4, 1_000, 5)];
-        for (key, capacity, depth) in pools {
+        for &(key, capacity, depth) in pools {
             install_pool(&mut store, PoolKey(key), capacity, &tokens, depth);
         }
-        assert_eq!(store.tables.len(), 3);
+        assert_eq!(store.tables.len(), n_formats);
         let hashes = kvrelay_identity::hashing::sequence_hashes(&tokens);
         let now = Instant::now();
-        let keys: Vec<PoolKey> = [1, 2, 9, 3, 4].map(PoolKey).to_vec();
+        let mut keys: Vec<PoolKey> = pools.iter().map(|&(key, ..)| PoolKey(key)).collect();
+        keys.insert(2, PoolKey(9));
         let mut out = vec![ReplicaDepth::Current(0); keys.len()];
         let mut scratch = ProbeScratch::default();
         store.probe(&keys, &hashes, now, &mut out, &mut scratch);
-        assert_eq!(
-            out,
-            [
-                ReplicaDepth::Current(12),
-                ReplicaDepth::Current(3),
-                ReplicaDepth::Unusable(ReplicaState::Missing),
-                ReplicaDepth::Current(7),
-                ReplicaDepth::Current(5),
-            ]
-        );
+        let mut expected: Vec<ReplicaDepth> = pools
+            .iter()
+            .map(|&(.., depth)| ReplicaDepth::Current(depth as u32))
+            .collect();
+        expected.insert(2, ReplicaDepth::Unusable(ReplicaState::Missing));
+        assert_eq!(out, expected);
         // Each alone (one format: its table's own search) answers the same.
         for (i, key) in keys.iter().enumerate() {
             let mut alone = [ReplicaDepth::Current(0)];
             store.probe(&[*key], &hashes, now, &mut alone, &mut scratch);
             assert_eq!(alone[0], out[i], "pool {key:?}");
         }
+    }
+
+    #[test]
+    fn pools_of_a_few_formats_are_searched_one_by_one_and_answer_as_alone() {
+        // Three formats (capacities round to different bucket counts), two pools in one.
+        let pools = [(1, 1_000, 12), (2, 5_000, 3), (3, 20_000, 7), (4, 1_000, 5)];
+        probed_together_answer_as_alone(&pools, 3);
+    }
+
+    #[test]
+    fn pools_of_many_formats_are_searched_jointly_and_answer_as_alone() {
+        let pools = [
+            (1, 1_000, 12),
+            (2, 5_000, 3),
+            (3, 20_000, 7),
+            (4, 1_000, 5),
+            (5, 80_000, 0),
+            (6, 300_000, 9),
+        ];
+        const { assert!(JOINT_MIN_TABLES <= 5) };
+        probed_together_answer_as_alone(&pools, 5);
     }
 
     #[test]
