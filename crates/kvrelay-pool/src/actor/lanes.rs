@@ -4,10 +4,10 @@
 //! to every lower-tier lane.
 
 use kvrelay_ckf::tier::ResolvedChange;
-use kvrelay_ckf::{ApplyOutcome, CacheTier, Membership, SourceId, TierEvent};
+use kvrelay_ckf::{ApplyOutcome, CacheTier, SourceId, TierEvent};
 use tokio::time::Instant;
 
-use crate::error::PoolFault;
+use crate::error::{ActorError, PoolFault};
 
 /// Most membership changes in one command to a format twin: a clear of a large source
 /// is queued in pieces, so the twin's permits and mailbox pace it like events.
@@ -37,7 +37,7 @@ impl Actor {
             }
         };
         self.stats.offloads_unmapped += resolved.unmapped;
-        self.submit_to(&lane, event.source, event.event_id, resolved.change)
+        self.queue_to_lane(lane.submit_lane(event.source, event.event_id, resolved.change))
             .await;
     }
 
@@ -71,33 +71,17 @@ impl Actor {
             return;
         };
         if changes.len() <= MAX_MEMBERSHIPS_PER_COMMAND {
-            self.submit_memberships_to(&twin, changes).await;
+            self.queue_to_lane(twin.submit_memberships(changes)).await;
             return;
         }
         for chunk in changes.chunks(MAX_MEMBERSHIPS_PER_COMMAND) {
-            if !self.submit_memberships_to(&twin, chunk.to_vec()).await {
+            if !self
+                .queue_to_lane(twin.submit_memberships(chunk.to_vec()))
+                .await
+            {
                 return;
             }
         }
-    }
-
-    /// Queues `changes` to `twin` unless the generation is fenced first; returns whether
-    /// it was queued (a twin that stopped retires with this generation and is counted).
-    async fn submit_memberships_to(
-        &mut self,
-        twin: &PoolActorHandle,
-        changes: Vec<Membership>,
-    ) -> bool {
-        let fence = self.fence.clone();
-        let queued = tokio::select! {
-            biased;
-            () = fence.cancelled() => return false,
-            queued = twin.submit_memberships(changes) => queued.is_ok(),
-        };
-        if !queued {
-            self.stats.tier_events_without_lane += 1;
-        }
-        queued
     }
 
     /// After a format twin applied part of its pool's membership log. A log it could not
@@ -118,23 +102,23 @@ impl Actor {
         self.schedule_publication(Instant::now()).await;
     }
 
-    /// Queues `change` to `lane` unless the generation is fenced first; a lane that
-    /// stopped (it retires with this generation) is counted, not kept.
-    async fn submit_to(
+    /// Queues one command to a lane (`submit`, a lower tier's change or a twin's log)
+    /// unless the generation is fenced first; a lane that stopped (it retires with this
+    /// generation) is counted, not kept. Returns whether the command was queued.
+    async fn queue_to_lane(
         &mut self,
-        lane: &PoolActorHandle,
-        source: SourceId,
-        event_id: u64,
-        change: ResolvedChange,
-    ) {
+        submit: impl Future<Output = Result<(), ActorError>>,
+    ) -> bool {
         let fence = self.fence.clone();
-        let queued = tokio::select! {
+        tokio::select! {
             biased;
-            () = fence.cancelled() => true,
-            queued = lane.submit_lane(source, event_id, change) => queued.is_ok(),
-        };
-        if !queued {
-            self.stats.tier_events_without_lane += 1;
+            () = fence.cancelled() => false,
+            queued = submit => {
+                if queued.is_err() {
+                    self.stats.tier_events_without_lane += 1;
+                }
+                queued.is_ok()
+            }
         }
     }
 
