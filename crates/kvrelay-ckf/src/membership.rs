@@ -24,7 +24,9 @@ use crate::format::{CkfConfig, ConfigError};
 use crate::image::{Delta, SNAPSHOT_CHUNK_BUCKETS};
 use crate::keyhash::KeySet;
 use crate::ownership::error::alloc;
-use crate::ownership::{ApplyError, BarrierSnapshot, PublishError, readmit};
+use crate::ownership::{
+    ApplyError, BarrierSnapshot, PublishError, place, readmit, remove_fingerprint,
+};
 use crate::publication::{DirtyWindow, barrier_snapshot, publish_delta, published_table};
 use crate::table::Table;
 
@@ -136,18 +138,16 @@ impl MembershipFilter {
             return;
         }
         let home = self.table.addressing().home(canonical);
-        let window = &mut self.window;
-        match self.table.insert(home, |b, prev| window.note(b, prev)) {
-            Ok(()) => {
-                self.resident += 1;
-                self.counters.fingerprints_inserted += 1;
-                outcome.fingerprints_inserted += 1;
-            }
-            Err(_) => {
-                self.omitted.insert(canonical);
-                self.counters.capacity_omissions += 1;
-                outcome.capacity_omissions += 1;
-            }
+        if place(
+            &mut self.table,
+            &mut self.window,
+            &mut self.counters,
+            home,
+            outcome,
+        ) {
+            self.resident += 1;
+        } else {
+            self.omitted.insert(canonical);
         }
     }
 
@@ -158,13 +158,14 @@ impl MembershipFilter {
             return;
         }
         let home = self.table.addressing().home(canonical);
-        let window = &mut self.window;
-        if self.table.remove(home, |b, prev| window.note(b, prev)) {
+        if remove_fingerprint(
+            &mut self.table,
+            &mut self.window,
+            &mut self.counters,
+            home,
+            outcome,
+        ) {
             self.resident -= 1;
-            self.counters.fingerprints_removed += 1;
-            outcome.fingerprints_removed += 1;
-        } else {
-            self.counters.invariant_violations += 1;
         }
     }
 

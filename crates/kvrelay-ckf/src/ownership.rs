@@ -35,7 +35,7 @@ use crate::publication::{barrier_snapshot, publish_delta, published_table};
 
 use chain::PlannedBlock;
 use transition::Ownership;
-pub(crate) use transition::readmit;
+pub(crate) use transition::{place, readmit, remove_fingerprint};
 
 pub use error::{ApplyError, PublishError};
 

@@ -192,13 +192,13 @@ impl Ownership {
             return;
         }
         let home = home.unwrap_or_else(|| self.table.addressing().home(canonical));
-        let window = &mut self.window;
-        if self.table.remove(home, |b, prev| window.note(b, prev)) {
-            self.counters.fingerprints_removed += 1;
-            outcome.fingerprints_removed += 1;
-        } else {
-            self.counters.invariant_violations += 1;
-        }
+        remove_fingerprint(
+            &mut self.table,
+            &mut self.window,
+            &mut self.counters,
+            home,
+            outcome,
+        );
     }
 }
 
@@ -227,6 +227,52 @@ impl Ownership {
             log[first_joined..].rotate_left(first_left - first_joined);
         }
     }
+}
+
+/// Places the fingerprint at `home` of a hash that just became owned, with relocation:
+/// whether it fit. Counts the insertion or the capacity omission. Shared by both
+/// producers ([`crate::PoolFilter`], [`crate::MembershipFilter`]), as are
+/// [`remove_fingerprint`] and [`readmit`].
+#[inline]
+pub(crate) fn place(
+    table: &mut Table,
+    window: &mut DirtyWindow,
+    counters: &mut FilterCounters,
+    home: Home,
+    outcome: &mut ApplyOutcome,
+) -> bool {
+    match table.insert(home, |b, prev| window.note(b, prev)) {
+        Ok(()) => {
+            counters.fingerprints_inserted += 1;
+            outcome.fingerprints_inserted += 1;
+            true
+        }
+        Err(_) => {
+            counters.capacity_omissions += 1;
+            outcome.capacity_omissions += 1;
+            false
+        }
+    }
+}
+
+/// Removes the fingerprint at `home` of a resident hash that lost its last owner:
+/// whether it was there. Counts the removal, or an invariant violation when it was not.
+#[inline]
+pub(crate) fn remove_fingerprint(
+    table: &mut Table,
+    window: &mut DirtyWindow,
+    counters: &mut FilterCounters,
+    home: Home,
+    outcome: &mut ApplyOutcome,
+) -> bool {
+    let removed = table.remove(home, |b, prev| window.note(b, prev));
+    if removed {
+        counters.fingerprints_removed += 1;
+        outcome.fingerprints_removed += 1;
+    } else {
+        counters.invariant_violations += 1;
+    }
+    removed
 }
 
 /// A re-offered hash that did not fit, offered again without relocation (cheap: it runs
@@ -265,19 +311,12 @@ fn admit_entry(
     entry: &mut OwnerEntry,
     outcome: &mut ApplyOutcome,
 ) {
-    match table.insert(home, |b, prev| window.note(b, prev)) {
-        Ok(()) => {
-            entry.resident = true;
-            counters.fingerprints_inserted += 1;
-            outcome.fingerprints_inserted += 1;
-            if entry.omitted {
-                counters.late_admissions += 1;
-            }
+    if place(table, window, counters, home, outcome) {
+        entry.resident = true;
+        if entry.omitted {
+            counters.late_admissions += 1;
         }
-        Err(_) => {
-            entry.omitted = true;
-            counters.capacity_omissions += 1;
-            outcome.capacity_omissions += 1;
-        }
+    } else {
+        entry.omitted = true;
     }
 }
