@@ -41,7 +41,7 @@ fn build(
     blocks_per_dc: u64,
     record: bool,
     feed: &mut dyn FnMut(&mut PoolFilter, &kvrelay_ckf::RouterEvent, bool) -> Result<()>,
-) -> Result<(Build, PoolFilter)> {
+) -> Result<Build> {
     let mut pool = PoolFilter::new(CkfConfig::new(blocks_per_dc)).context("the v1 pool")?;
     pool.record_memberships(record);
     let mut exact = ExactMap::default();
@@ -66,24 +66,23 @@ fn build(
             Ok(())
         },
     )?;
-    let measured = Build {
+    Ok(Build {
         blocks: built.blocks_applied,
         resident: built.resident,
         pool_apply: built.apply_time,
         twin_apply,
         pool_bytes: pool.memory().total_bytes(),
-    };
-    Ok((measured, pool))
+    })
 }
 
 /// Runs the three builds (see the module docs) and returns their figures.
 pub(crate) fn measure(template: &[Vec<u32>], blocks_per_dc: u64) -> Result<Value> {
     let twin_config = CkfConfig::new(blocks_per_dc).with_density(TWIN_DENSITY);
     eprintln!("  format twin: the first DC's pool alone, then with each kind of twin");
-    let (alone, _) = build(template, blocks_per_dc, false, &mut |_, _, _| Ok(()))?;
+    let alone = build(template, blocks_per_dc, false, &mut |_, _, _| Ok(()))?;
 
     let mut fed_log = MembershipFilter::new(twin_config).context("the log-fed twin")?;
-    let (with_log, pool) = build(template, blocks_per_dc, true, &mut |pool, _, publish| {
+    let with_log = build(template, blocks_per_dc, true, &mut |pool, _, publish| {
         fed_log
             .apply(&pool.take_memberships())
             .map_err(|err| anyhow!("the log-fed twin refused the log: {err}"))?;
@@ -92,10 +91,9 @@ pub(crate) fn measure(template: &[Vec<u32>], blocks_per_dc: u64) -> Result<Value
         }
         Ok(())
     })?;
-    drop(pool);
 
     let mut fed_events = PoolFilter::new(twin_config).context("the event-fed twin")?;
-    let (with_events, _) = build(template, blocks_per_dc, false, &mut |_, event, publish| {
+    let with_events = build(template, blocks_per_dc, false, &mut |_, event, publish| {
         fed_events
             .apply(event)
             .map_err(|err| anyhow!("the event-fed twin refused an event: {err}"))?;

@@ -343,15 +343,8 @@ pub(crate) fn query_setup_with_capacity(seed: u64, capacity: u64) -> QuerySetup 
     let mut exact = ExactIndex::new();
     let mut load_sum = 0.0;
     for pool in 0..QUERY_POOLS {
-        let mut filter = PoolFilter::new(CkfConfig::new(capacity)).unwrap();
-        for event in work.pool_events(pool) {
-            filter.apply(&event).unwrap();
-        }
+        let filter = install_pool(&work, pool, CkfConfig::new(capacity), &mut table);
         load_sum += filter.occupied_slots() as f64 / (4.0 * f64::from(format.bucket_count()));
-        let lane = table.add_lane().unwrap();
-        for chunk in filter.snapshot().unwrap().chunks {
-            table.install_chunk(lane, &chunk).unwrap();
-        }
         let exact_pool = exact.add_pool();
         for chain in &work.pool_chains[pool] {
             for hash in sequence_hashes(chain) {
@@ -389,14 +382,26 @@ pub(crate) fn joint_setup(seed: u64) -> (QueryWorkload, Vec<QueryTable>) {
         .collect();
     for pool in 0..QUERY_POOLS {
         let table = pool % JOINT_TABLES;
-        let mut filter = PoolFilter::new(configs[table]).unwrap();
-        for event in work.pool_events(pool) {
-            filter.apply(&event).unwrap();
-        }
-        let lane = tables[table].add_lane().unwrap();
-        for chunk in filter.snapshot().unwrap().chunks {
-            tables[table].install_chunk(lane, &chunk).unwrap();
-        }
+        install_pool(&work, pool, configs[table], &mut tables[table]);
     }
     (work, tables)
+}
+
+/// Builds `pool`'s producer filter from the workload's events and installs its snapshot
+/// into a new lane of `table`, as a router's replica; returns the filter.
+fn install_pool(
+    work: &QueryWorkload,
+    pool: usize,
+    config: CkfConfig,
+    table: &mut QueryTable,
+) -> PoolFilter {
+    let mut filter = PoolFilter::new(config).unwrap();
+    for event in work.pool_events(pool) {
+        filter.apply(&event).unwrap();
+    }
+    let lane = table.add_lane().unwrap();
+    for chunk in filter.snapshot().unwrap().chunks {
+        table.install_chunk(lane, &chunk).unwrap();
+    }
+    filter
 }
