@@ -66,8 +66,28 @@ enum Producer {
     Memberships(MembershipFilter),
 }
 
-const TWIN: &str = "format twin";
-const POOL: &str = "filter fed events";
+/// The fault of sending `operation` (events, tier changes, mappings) to a format twin.
+fn not_for_twin(operation: &'static str) -> PoolFault {
+    PoolFault::WrongFeed {
+        kind: "format twin",
+        operation,
+    }
+}
+
+/// Sets `source`'s block count in `blocks_per_source` from `filter`'s lineage; returns it.
+fn recount(
+    filter: &PoolFilter,
+    blocks_per_source: &mut BTreeMap<SourceId, u64>,
+    source: SourceId,
+) -> u64 {
+    let held = filter.source_mappings(source).count() as u64;
+    if held == 0 {
+        blocks_per_source.remove(&source);
+    } else {
+        blocks_per_source.insert(source, held);
+    }
+    held
+}
 
 /// Dispatches a read to whichever producer the state holds.
 macro_rules! producer {
@@ -109,10 +129,7 @@ impl FilterState {
     fn events_mut(&mut self, operation: &'static str) -> Result<&mut PoolFilter, PoolFault> {
         match &mut self.producer {
             Producer::Events(filter) => Ok(filter),
-            Producer::Memberships(_) => Err(PoolFault::WrongFeed {
-                kind: TWIN,
-                operation,
-            }),
+            Producer::Memberships(_) => Err(not_for_twin(operation)),
         }
     }
 
@@ -148,7 +165,7 @@ impl FilterState {
         match &mut self.producer {
             Producer::Memberships(twin) => twin.apply(changes).map_err(PoolFault::TwinDiverged),
             Producer::Events(_) => Err(PoolFault::WrongFeed {
-                kind: POOL,
+                kind: "filter fed events",
                 operation: "a membership log",
             }),
         }
@@ -158,10 +175,7 @@ impl FilterState {
     pub(crate) fn resolve_tier(&self, event: &TierEvent) -> Result<Resolved, PoolFault> {
         match &self.producer {
             Producer::Events(filter) => Ok(kvrelay_ckf::tier::resolve(filter, event)?),
-            Producer::Memberships(_) => Err(PoolFault::WrongFeed {
-                kind: TWIN,
-                operation: "tier events",
-            }),
+            Producer::Memberships(_) => Err(not_for_twin("tier events")),
         }
     }
 
@@ -247,7 +261,13 @@ impl FilterState {
     /// first; empty for the fresh generation a restore is meant for) and the fault is
     /// returned.
     pub(crate) fn restore(&mut self, sources: &[SourceMappings]) -> Result<u64, PoolFault> {
-        let filter = self.events_mut("restored mappings")?;
+        let Self {
+            producer,
+            blocks_per_source,
+        } = self;
+        let Producer::Events(filter) = producer else {
+            return Err(not_for_twin("restored mappings"));
+        };
         let mut previous = Vec::with_capacity(sources.len());
         for entry in sources {
             let held: Vec<(u64, u64)> = filter.source_mappings(entry.source).collect();
@@ -257,39 +277,18 @@ impl FilterState {
             });
         }
         let mut restored_blocks = 0u64;
-        let mut failed = None;
         for (index, entry) in sources.iter().enumerate() {
             if let Err(fault) = filter.restore_source(entry.source, &entry.mappings) {
                 for undone in previous[..index].iter().rev() {
                     // Mappings the filter held a moment ago: only an allocation can fail.
                     let _ = filter.restore_source(undone.source, &undone.mappings);
+                    recount(filter, blocks_per_source, undone.source);
                 }
-                failed = Some((index, fault));
-                break;
+                return Err(fault.into());
             }
-            restored_blocks += filter.source_mappings(entry.source).count() as u64;
+            restored_blocks += recount(filter, blocks_per_source, entry.source);
         }
-        let touched = failed.as_ref().map_or(sources.len(), |(index, _)| *index);
-        for entry in &sources[..touched] {
-            self.recount(entry.source);
-        }
-        match failed {
-            Some((_, fault)) => Err(fault.into()),
-            None => Ok(restored_blocks),
-        }
-    }
-
-    /// Sets `source`'s block count from its lineage (a twin keeps none).
-    fn recount(&mut self, source: SourceId) {
-        let Producer::Events(filter) = &self.producer else {
-            return;
-        };
-        let held = filter.source_mappings(source).count() as u64;
-        if held == 0 {
-            self.blocks_per_source.remove(&source);
-        } else {
-            self.blocks_per_source.insert(source, held);
-        }
+        Ok(restored_blocks)
     }
 
     pub(crate) fn source_blocks(&self) -> Vec<(SourceId, u64)> {
