@@ -335,6 +335,33 @@ impl FilterState {
 mod tests {
     use super::*;
 
+    /// What a format twin refuses is the sender's fault (counted, the generation kept);
+    /// a log it could not apply means it no longer mirrors its pool (the generation is
+    /// rebuilt).
+    #[test]
+    fn a_twins_faults_are_categorised_by_who_must_act() {
+        use crate::actor::FaultCategory;
+        let mut twin = FilterState::build_twin(CkfConfig::new(64)).unwrap();
+        let refused = twin.resolve_tier(&TierEvent {
+            source: SourceId::new(1, 0),
+            event_id: 1,
+            tier: kvrelay_ckf::CacheTier::Host,
+            change: kvrelay_ckf::TierChange::Cleared,
+        });
+        let fault = refused.unwrap_err();
+        assert!(matches!(fault, PoolFault::WrongFeed { .. }), "{fault:?}");
+        assert_eq!(fault.category(), FaultCategory::SourceProtocol);
+        assert!(twin.restore(&[]).is_err());
+        let diverged = PoolFault::TwinDiverged(kvrelay_ckf::ApplyError::AllocationFailed {
+            what: "dirty window",
+            bytes: 1 << 40,
+        });
+        assert_eq!(diverged.category(), FaultCategory::ProducerInvariant);
+        let mut pool = FilterState::build(CkfConfig::new(64)).unwrap();
+        let fault = pool.apply_memberships(&[]).unwrap_err();
+        assert_eq!(fault.category(), FaultCategory::SourceProtocol);
+    }
+
     #[test]
     fn placement_seeds_differ_between_filters() {
         let seeds: BTreeMap<u64, ()> = (0..8).map(|_| (unpredictable_seed(), ())).collect();
