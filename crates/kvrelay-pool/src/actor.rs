@@ -382,7 +382,7 @@ impl Actor {
             Command::ClearSource { source, reply } => {
                 if let Err(fault) = self.state.clear_source(source) {
                     self.report(ActorFault {
-                        source,
+                        source: Some(source),
                         event_id: 0,
                         fault,
                     });
@@ -505,7 +505,7 @@ impl Actor {
                     PoolFault::Apply(ApplyError::ContradictoryBlockId { .. })
                 );
                 self.report(ActorFault {
-                    source,
+                    source: Some(source),
                     event_id,
                     fault,
                 });
@@ -587,7 +587,7 @@ impl Actor {
         match self.state.clear_source(source) {
             Ok(_) => self.stats.contradiction_resets += 1,
             Err(fault) => self.report(ActorFault {
-                source,
+                source: Some(source),
                 event_id: 0,
                 fault,
             }),
@@ -602,8 +602,8 @@ impl Actor {
         // Logged on the first of each category, then at powers of two.
         if count.is_power_of_two() {
             tracing::warn!(
-                worker_id = fault.source.worker_id,
-                dp_rank = fault.source.dp_rank,
+                worker_id = fault.source.map(|source| source.worker_id),
+                dp_rank = fault.source.map(|source| source.dp_rank),
                 category = category.label(),
                 count,
                 error = %fault.fault,
@@ -660,7 +660,7 @@ impl Actor {
                 drop(permit);
                 // The window is kept; a later publication retries.
                 self.report(ActorFault {
-                    source: SourceId::default(),
+                    source: None,
                     event_id: 0,
                     fault,
                 });
@@ -711,7 +711,7 @@ impl Actor {
             Ok(words) => words,
             Err(fault) => {
                 self.report(ActorFault {
-                    source: SourceId::default(),
+                    source: None,
                     event_id: 0,
                     fault: fault.clone(),
                 });

@@ -70,8 +70,10 @@ impl FaultCounts {
 /// One fault of a pool actor, with the filter's typed error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActorFault {
-    /// The source whose event or operation failed (the default source for a publication).
-    pub source: SourceId,
+    /// The source whose event or operation failed; `None` for a fault of the pool as a
+    /// whole, which no one source sent: a publication, or a format twin's membership log
+    /// (the pool's changes from all its sources).
+    pub source: Option<SourceId>,
     /// The event's id (0 for source operations and publications).
     pub event_id: u64,
     /// What happened.

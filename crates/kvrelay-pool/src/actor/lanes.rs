@@ -29,7 +29,7 @@ impl Actor {
             Ok(resolved) => resolved,
             Err(fault) => {
                 self.report(ActorFault {
-                    source: event.source,
+                    source: Some(event.source),
                     event_id: event.event_id,
                     fault,
                 });
@@ -93,7 +93,7 @@ impl Actor {
             Err(fault) => {
                 self.stats.events_rejected += 1;
                 self.report(ActorFault {
-                    source: SourceId::new(0, 0),
+                    source: None,
                     event_id: 0,
                     fault,
                 });

@@ -736,7 +736,7 @@ async fn contradictory_block_ids_are_typed_faults_that_reset_the_source() {
         .latest_fault(FaultCategory::SourceProtocol)
         .unwrap()
         .clone();
-    assert_eq!((fault.source, fault.event_id), (source, 2));
+    assert_eq!((fault.source, fault.event_id), (Some(source), 2));
     assert!(
         matches!(
             fault.fault,

@@ -148,8 +148,9 @@ fn stats_json(health: &PoolHealth) -> serde_json::Value {
         .map(|fault| {
             json!({
                 "category": fault.category().label(),
-                "worker_id": fault.source.worker_id,
-                "dp_rank": fault.source.dp_rank,
+                // `null` for a fault of the pool as a whole (a publication, a twin's log).
+                "worker_id": fault.source.map(|source| source.worker_id),
+                "dp_rank": fault.source.map(|source| source.dp_rank),
                 "event_id": fault.event_id,
                 "error": fault.fault.to_string(),
             })
