@@ -233,7 +233,7 @@ fn run(
             over += u64::from(depth > exact_depth);
             inflation_blocks += u64::from(depth.saturating_sub(exact_depth));
         }
-        best_picks.record(&truth, |dc| ours.depth(dc).unwrap_or(0));
+        best_picks.record(hashes, &truth, |dc| ours.depth(dc).unwrap_or(0));
     }
 
     // Throughput: paired rounds, median of each.
@@ -325,10 +325,9 @@ fn run(
         "build_seconds": rounded(started.elapsed().as_secs_f64(), 1),
         "relay_pool": relay_pool,
     });
-    if let (Value::Object(figures), Value::Object(picks)) = (
-        &mut figures,
-        best_picks.figures(fp_rate, bits_per_membership),
-    ) {
+    if let (Value::Object(figures), Value::Object(picks)) =
+        (&mut figures, best_picks.figures(bits_per_membership))
+    {
         figures.extend(picks);
     }
     Ok(figures)
