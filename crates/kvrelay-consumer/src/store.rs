@@ -751,18 +751,20 @@ impl DepthProbe for ReplicaStore {
         let searched = if more_tables.is_empty() {
             first_table.prefix_depths_into(sequence_hashes, &mut scratch.single);
             Searched::OneTable
-        } else if more_tables.len() + 1 < JOINT_MIN_TABLES {
-            more_tables.insert(0, first_table);
-            let per_table = &mut scratch.per_table;
-            per_table.resize_with(more_tables.len(), PrefixDepths::default);
-            for (table, answer) in more_tables.iter().zip(per_table) {
-                table.prefix_depths_into(sequence_hashes, answer);
-            }
-            Searched::OneByOne
         } else {
-            more_tables.insert(0, first_table);
-            joint_prefix_depths_into(&more_tables, sequence_hashes, &mut scratch.joint);
-            Searched::Jointly
+            let mut tables = more_tables;
+            tables.insert(0, first_table);
+            if tables.len() < JOINT_MIN_TABLES {
+                let per_table = &mut scratch.per_table;
+                per_table.resize_with(tables.len(), PrefixDepths::default);
+                for (table, answer) in tables.iter().zip(per_table) {
+                    table.prefix_depths_into(sequence_hashes, answer);
+                }
+                Searched::OneByOne
+            } else {
+                joint_prefix_depths_into(&tables, sequence_hashes, &mut scratch.joint);
+                Searched::Jointly
+            }
         };
         for (slot_out, key_lane) in out.iter_mut().zip(&scratch.key_lanes) {
             if let Some((index, lane)) = *key_lane {
