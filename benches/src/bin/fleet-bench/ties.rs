@@ -78,23 +78,18 @@ impl BestPicks {
                 .any(|(dc, &depth)| depth == best && estimate(dc) == pick.1);
             self.wrong_ties += u64::from(tied);
         }
-        for (dc, &depth) in truth.iter().enumerate() {
-            if depth + 1 == best {
-                self.short_by_one += 1;
-                self.short_by_one_inflated += u64::from(estimate(dc) > depth);
-            }
-        }
         let first_best = truth.iter().position(|&depth| depth == best).unwrap_or(0);
-        let Some(&boundary) = hashes.get(best as usize - 1) else {
-            return;
-        };
-        for (dc, _) in truth[..first_best]
-            .iter()
-            .enumerate()
-            .filter(|&(_, &depth)| depth + 1 == best)
-        {
-            self.exposed += 1;
-            self.exposed_distinct.insert((boundary, dc));
+        let boundary = hashes.get(best as usize - 1).copied();
+        for (dc, &depth) in truth.iter().enumerate() {
+            if depth + 1 != best {
+                continue;
+            }
+            self.short_by_one += 1;
+            self.short_by_one_inflated += u64::from(estimate(dc) > depth);
+            if let (true, Some(boundary)) = (dc < first_best, boundary) {
+                self.exposed += 1;
+                self.exposed_distinct.insert((boundary, dc));
+            }
         }
     }
 
